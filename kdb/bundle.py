@@ -1,0 +1,439 @@
+"""Open, read and write one bundle file (``.kdb`` or ``.ukdb``).
+
+System bundles are opened read-only (``mode=ro``); user caches read-write, in WAL mode with
+a busy timeout so that readers never wait for a writer. Opening costs O(1) in the file's
+size: one read of ``kdb_meta`` and a probe of ``kern_db``; lookups use the unique index.
+Every read recomputes ``kernel_hash`` over the decoded bytes: a mismatch raises
+:class:`~kdb.errors.CorruptEntryError` naming the file and the key, and the bytes are
+never returned. All SQL uses bound parameters.
+"""
+
+from __future__ import annotations
+
+import datetime as _dt
+import sqlite3
+import threading
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Iterable, Iterator
+
+from kdb import codec as _codec
+from kdb import schema
+from kdb.errors import (
+    BundleNotFoundError,
+    CorruptBundleError,
+    CorruptEntryError,
+    KdbError,
+    NotABundleError,
+    ReadOnlyBundleError,
+    UnsupportedFormatError,
+)
+from kdb.target import Target, parse_bundle_file_name
+
+PRODUCER = "kdbkit 0.1.0"
+BUSY_TIMEOUT_S = 5.0
+
+
+@dataclass(frozen=True)
+class BundleMetadata:
+    """What a bundle says about itself (``kdb_meta``), or what a MIOpen file implies."""
+
+    format_version: int
+    target: Target | None
+    compiler: str = ""
+    binary_format: str = ""
+    codec: str = "zstd"
+    hash: str = "sha256"
+    producer: str = ""
+    created: str = ""
+    dictionary_size: int = 0
+
+    @property
+    def written_by_miopen(self) -> bool:
+        return self.format_version == 0
+
+
+@dataclass(frozen=True)
+class EntryInfo:
+    """One row without its blob: what ``kdb db ls`` shows."""
+
+    kernel_name: str
+    kernel_args: str
+    stored_size: int
+    raw_size: int
+    kernel_hash: str
+    compressed: bool
+
+
+@dataclass(frozen=True)
+class BundleStats:
+    entries: int
+    raw_bytes: int
+    stored_bytes: int
+    dictionary_bytes: int
+    file_bytes: int
+
+    @property
+    def ratio(self) -> float:
+        """Raw over stored (dictionary included): 5.0 means five times smaller."""
+        stored = self.stored_bytes + self.dictionary_bytes
+        return self.raw_bytes / stored if stored else 1.0
+
+
+def _connect(path: Path, writable: bool, create: bool) -> sqlite3.Connection:
+    if writable:
+        uri = path.resolve().as_uri() + ("?mode=rwc" if create else "?mode=rw")
+    else:
+        uri = path.resolve().as_uri() + "?mode=ro"
+    # check_same_thread=False: a Bundle serialises its own use with a lock (below), and the
+    # runtime shares one handle between threads.
+    return sqlite3.connect(uri, uri=True, timeout=BUSY_TIMEOUT_S, check_same_thread=False, isolation_level=None)
+
+
+class Bundle:
+    """One open bundle file. Use :func:`open_bundle` or :meth:`Bundle.create`.
+
+    Thread-safe: one connection per bundle, guarded by a lock. Not shared across
+    processes (each process opens its own; SQLite locks the file between them).
+    """
+
+    def __init__(self, path: Path, conn: sqlite3.Connection, writable: bool, metadata: BundleMetadata,
+                 dictionary: bytes | None):
+        self.path = path
+        self._conn = conn
+        self.writable = writable
+        self.metadata = metadata
+        self._lock = threading.RLock()
+        self._reader = _codec.Codec(metadata.codec, dictionary=dictionary)
+        self._writer: _codec.Codec | None = None
+        self.write_level = _codec.CACHE_LEVEL
+
+    # -- opening -------------------------------------------------------------------------
+
+    @classmethod
+    def open(cls, path: str | Path, *, writable: bool = False, wal: bool = False) -> "Bundle":
+        """Open an existing bundle.
+
+        Args:
+            path: the ``.kdb``/``.ukdb`` file.
+            writable: open read-write (user caches, builders); default read-only.
+            wal: with ``writable``, switch the file to WAL so readers never wait on writers.
+
+        Raises:
+            BundleNotFoundError, NotABundleError, CorruptBundleError, UnsupportedFormatError.
+        """
+        path = Path(path)
+        if not path.is_file():
+            raise BundleNotFoundError(f"{path}: no such bundle file")
+        try:
+            conn = _connect(path, writable, create=False)
+        except sqlite3.Error as exc:
+            raise NotABundleError(f"{path}: cannot open as SQLite ({exc})") from exc
+        try:
+            metadata, dictionary = _read_metadata(conn, path)
+            if writable:
+                _prepare_writable(conn, path, wal)
+                if metadata.format_version < schema.FORMAT_VERSION:
+                    with _transaction(conn, path):
+                        schema.migrate(conn, metadata.format_version)
+                    metadata, dictionary = _read_metadata(conn, path)
+        except BaseException:
+            conn.close()
+            raise
+        return cls(path, conn, writable, metadata, dictionary)
+
+    @classmethod
+    def create(cls, path: str | Path, target: Target, *, compiler: str, binary_format: str,
+               codec: str = "zstd", dictionary: bytes | None = None, wal: bool = False,
+               exist_ok: bool = False) -> "Bundle":
+        """Create a new, empty bundle (or open ``path`` if ``exist_ok`` and it exists).
+
+        Args:
+            path: file to create; its folder must exist.
+            target: what every binary in it is built for.
+            compiler: compiler identity and version, e.g. ``nvrtc 13.0``.
+            binary_format: ``cubin``, ``hsaco`` or ``ocl-binary``.
+            codec: ``zstd`` (default) or ``bzip2`` (MIOpen-compatible files).
+            dictionary: zstd dictionary used for every blob, or None.
+            wal: WAL mode (user caches); bundles meant to ship stay in rollback mode.
+        """
+        path = Path(path)
+        try:
+            conn = _connect(path, writable=True, create=True)
+        except sqlite3.Error as exc:
+            raise KdbError(f"{path}: cannot create bundle ({exc}); check the folder exists and is writable") from exc
+        try:
+            _prepare_writable(conn, path, wal)
+            with _transaction(conn, path):
+                existing = schema.tables(conn)
+                if "kern_db" in existing and not exist_ok:
+                    raise KdbError(f"{path}: already a bundle; remove it first or open it for writing")
+                if "kern_db" not in existing:
+                    schema.create_tables(conn)
+                    meta = {
+                        "format_version": str(schema.FORMAT_VERSION), "backend": target.backend,
+                        "arch": target.arch, "features": ":".join(target.features),
+                        "cu": "" if target.cu is None else str(target.cu), "compiler": compiler,
+                        "binary_format": binary_format, "codec": codec,
+                        "hash": "md5" if codec == "bzip2" else "sha256", "producer": PRODUCER,
+                        "created": _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds"),
+                    }
+                    rows = list(meta.items()) + ([("zstd_dict", dictionary)] if dictionary else [])
+                    conn.executemany("INSERT INTO kdb_meta(key, value) VALUES (?, ?)", rows)
+            metadata, dictionary = _read_metadata(conn, path)
+        except BaseException:
+            conn.close()
+            raise
+        return cls(path, conn, True, metadata, dictionary)
+
+    def close(self) -> None:
+        with self._lock:
+            self._conn.close()
+
+    def __enter__(self) -> "Bundle":
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
+
+    # -- reading -------------------------------------------------------------------------
+
+    def get(self, kernel_name: str, kernel_args: str) -> bytes | None:
+        """The binary stored under (name, args), or None if there is no such entry.
+
+        Raises:
+            CorruptEntryError: the entry does not decode or its hash does not match.
+            CorruptBundleError: SQLite reports the file damaged.
+        """
+        with self._lock:
+            row = self._query_one(
+                "SELECT kernel_blob, kernel_hash, uncompressed_size FROM kern_db "
+                "WHERE kernel_name = ? AND kernel_args = ?", (kernel_name, kernel_args))
+        if row is None:
+            return None
+        return self._decode(kernel_name, kernel_args, *row)
+
+    def _decode(self, name: str, args: str, blob: bytes, expected_hash: str, size: int) -> bytes:
+        where = f"{self.path}: entry {name} [{args}]"
+        try:
+            data = self._reader.decode(blob, size)
+        except _codec.CodecError as exc:
+            raise CorruptEntryError(f"{where} is corrupt: {exc}", path=str(self.path), kernel_name=name,
+                                    kernel_args=args) from exc
+        if _codec.digest(data, self.metadata.hash) != str(expected_hash).lower():
+            raise CorruptEntryError(
+                f"{where} is corrupt: {self.metadata.hash} of the data does not match kernel_hash "
+                "(possible database corruption)", path=str(self.path), kernel_name=name, kernel_args=args)
+        return data
+
+    def entries(self) -> Iterator[EntryInfo]:
+        """Every entry's key and sizes, in key order, without reading blobs into Python."""
+        with self._lock:
+            rows = self._query_all(
+                "SELECT kernel_name, kernel_args, length(kernel_blob), uncompressed_size, kernel_hash "
+                "FROM kern_db ORDER BY kernel_name, kernel_args", ())
+        for name, args, stored, size, h in rows:
+            yield EntryInfo(name, args, stored, size or stored, h, size != 0)
+
+    def items(self) -> Iterator[tuple[str, str, bytes]]:
+        """Every (name, args, decoded bytes), verifying each hash; batches of rows, not all at once."""
+        last = ("", "")
+        while True:
+            with self._lock:
+                rows = self._query_all(
+                    "SELECT kernel_name, kernel_args, kernel_blob, kernel_hash, uncompressed_size FROM kern_db "
+                    "WHERE (kernel_name, kernel_args) > (?, ?) ORDER BY kernel_name, kernel_args LIMIT 256", last)
+            if not rows:
+                return
+            for name, args, blob, h, size in rows:
+                yield name, args, self._decode(name, args, blob, h, size)
+            last = (rows[-1][0], rows[-1][1])
+
+    def count(self) -> int:
+        with self._lock:
+            return self._query_one("SELECT count(*) FROM kern_db", ())[0]
+
+    def stats(self) -> BundleStats:
+        with self._lock:
+            n, raw, stored = self._query_one(
+                "SELECT count(*), coalesce(sum(CASE WHEN uncompressed_size = 0 THEN length(kernel_blob) "
+                "ELSE uncompressed_size END), 0), coalesce(sum(length(kernel_blob)), 0) FROM kern_db", ())
+        return BundleStats(n, raw, stored, self.metadata.dictionary_size, self.path.stat().st_size)
+
+    def integrity_check(self) -> list[str]:
+        """SQLite's ``PRAGMA integrity_check``: empty when the file is sound, else its messages."""
+        with self._lock:
+            rows = self._query_all("PRAGMA integrity_check", ())
+        msgs = [r[0] for r in rows]
+        return [] if msgs == ["ok"] else msgs
+
+    # -- writing -------------------------------------------------------------------------
+
+    def put(self, kernel_name: str, kernel_args: str, binary: bytes) -> None:
+        """Store one binary (replacing an entry with the same key)."""
+        self.put_many([(kernel_name, kernel_args, binary)])
+
+    def put_many(self, entries: Iterable[tuple[str, str, bytes]]) -> int:
+        """Store a batch of (name, args, binary) in one transaction; returns how many.
+
+        Compression happens before the transaction opens, so the write lock is held only
+        for the inserts.
+        """
+        if not self.writable:
+            raise ReadOnlyBundleError(f"{self.path}: opened read-only; open it with writable=True to add entries")
+        codec = self._codec_for_writing()
+        rows = []
+        for name, args, binary in entries:
+            enc = codec.encode(binary)
+            rows.append((name, args, enc.blob, _codec.digest(binary, self.metadata.hash), enc.uncompressed_size))
+        with self._lock, _transaction(self._conn, self.path):
+            self._conn.executemany(
+                "INSERT OR REPLACE INTO kern_db(kernel_name, kernel_args, kernel_blob, kernel_hash, uncompressed_size) "
+                "VALUES (?, ?, ?, ?, ?)", rows)
+        return len(rows)
+
+    def delete(self, kernel_name: str, kernel_args: str) -> bool:
+        """Remove one entry (a corrupt one, say); True if it existed."""
+        if not self.writable:
+            raise ReadOnlyBundleError(f"{self.path}: opened read-only; cannot delete entries")
+        with self._lock, _transaction(self._conn, self.path):
+            cur = self._conn.execute("DELETE FROM kern_db WHERE kernel_name = ? AND kernel_args = ?",
+                                     (kernel_name, kernel_args))
+        return cur.rowcount > 0
+
+    def compact(self) -> None:
+        """VACUUM: drop free pages, so a shipped file holds nothing but its entries."""
+        if not self.writable:
+            raise ReadOnlyBundleError(f"{self.path}: opened read-only; cannot compact")
+        with self._lock:
+            try:
+                self._conn.execute("VACUUM")
+            except sqlite3.DatabaseError as exc:
+                raise _db_error(self.path, exc) from exc
+
+    def _codec_for_writing(self) -> _codec.Codec:
+        if self._writer is None or self._writer.level != self.write_level:
+            self._writer = _codec.Codec(self.metadata.codec, level=self.write_level, dictionary=self._reader.dictionary)
+        return self._writer
+
+    # -- SQLite errors become kdbkit errors that name the file -----------------------------
+
+    def _query_one(self, sql: str, params: tuple):
+        try:
+            return self._conn.execute(sql, params).fetchone()
+        except sqlite3.DatabaseError as exc:
+            raise _db_error(self.path, exc) from exc
+
+    def _query_all(self, sql: str, params: tuple):
+        try:
+            return self._conn.execute(sql, params).fetchall()
+        except sqlite3.DatabaseError as exc:
+            raise _db_error(self.path, exc) from exc
+
+    def __repr__(self) -> str:
+        return f"Bundle({str(self.path)!r}, writable={self.writable})"
+
+
+def open_bundle(path: str | Path, *, writable: bool = False, wal: bool = False) -> Bundle:
+    """Open an existing bundle; see :meth:`Bundle.open`."""
+    return Bundle.open(path, writable=writable, wal=wal)
+
+
+class _transaction:
+    """BEGIN IMMEDIATE ... COMMIT, rolled back on error; SQLite errors name the file."""
+
+    def __init__(self, conn: sqlite3.Connection, path: Path):
+        self.conn, self.path = conn, path
+
+    def __enter__(self):
+        try:
+            self.conn.execute("BEGIN IMMEDIATE")
+        except sqlite3.DatabaseError as exc:
+            raise _db_error(self.path, exc) from exc
+
+    def __exit__(self, exc_type, exc, tb):
+        try:
+            self.conn.execute("COMMIT" if exc_type is None else "ROLLBACK")
+        except sqlite3.DatabaseError as err:
+            if exc_type is None:
+                raise _db_error(self.path, err) from err
+        return False
+
+
+def _db_error(path: Path, exc: sqlite3.DatabaseError) -> KdbError:
+    text = str(exc)
+    if "not a database" in text:
+        return NotABundleError(f"{path}: not a bundle (not an SQLite file)")
+    if "malformed" in text or "corrupt" in text:
+        return CorruptBundleError(
+            f"{path}: the file is damaged ({text}); run `kdb db verify {path}`, then rebuild or reinstall it")
+    if "locked" in text or "busy" in text:
+        return KdbError(f"{path}: database is locked by another process ({text}); retry, or check for a stuck writer")
+    if "readonly" in text or "read-only" in text or "unable to open" in text:
+        return KdbError(f"{path}: cannot write ({text}); check the file and its folder are writable")
+    if "full" in text:
+        return KdbError(f"{path}: disk is full ({text}); free space or point KDB_USER_DB_PATH elsewhere")
+    return CorruptBundleError(f"{path}: SQLite error: {text}")
+
+
+def _prepare_writable(conn: sqlite3.Connection, path: Path, wal: bool) -> None:
+    try:
+        conn.execute(f"PRAGMA busy_timeout = {int(BUSY_TIMEOUT_S * 1000)}")
+        mode = "WAL" if wal else "DELETE"
+        conn.execute(f"PRAGMA journal_mode = {mode}")
+        # NORMAL is durable in WAL mode across application crashes, which is what a cache needs.
+        conn.execute("PRAGMA synchronous = NORMAL")
+    except sqlite3.DatabaseError as exc:
+        raise _db_error(path, exc) from exc
+
+
+def _read_metadata(conn: sqlite3.Connection, path: Path) -> tuple[BundleMetadata, bytes | None]:
+    """Read ``kdb_meta`` (O(1)), or infer a MIOpen file's metadata from its name."""
+    try:
+        names = schema.tables(conn)
+    except sqlite3.DatabaseError as exc:
+        raise _db_error(path, exc) from exc
+    if "kern_db" not in names:
+        raise NotABundleError(f"{path}: SQLite file without a kern_db table, so not a kernel bundle")
+    if "kdb_meta" not in names:
+        return BundleMetadata(0, _target_from_name(path), codec="bzip2", hash="md5", producer="MIOpen"), None
+    try:
+        meta = dict(conn.execute("SELECT key, value FROM kdb_meta").fetchall())
+    except sqlite3.DatabaseError as exc:
+        raise _db_error(path, exc) from exc
+    try:
+        version = int(meta.get("format_version", "0"))
+    except (TypeError, ValueError):
+        raise CorruptBundleError(f"{path}: kdb_meta.format_version is {meta.get('format_version')!r}, not a number")
+    if version > schema.FORMAT_VERSION:
+        raise UnsupportedFormatError(
+            f"{path}: bundle format version {version} is newer than this kdbkit reads ({schema.FORMAT_VERSION}); "
+            "upgrade kdbkit (pip install -U kdbkit) or rebuild the bundle with this version")
+    codec, hash_alg = meta.get("codec", "bzip2"), meta.get("hash", "md5")
+    if codec not in _codec.CODECS or hash_alg not in _codec.HASHES:
+        raise CorruptBundleError(f"{path}: unknown codec {codec!r} or hash {hash_alg!r} in kdb_meta")
+    dictionary = meta.get("zstd_dict")
+    if dictionary is not None and not isinstance(dictionary, bytes):
+        raise CorruptBundleError(f"{path}: kdb_meta.zstd_dict is not a blob")
+    target = None
+    if meta.get("arch"):
+        try:
+            cu = int(meta["cu"]) if meta.get("cu") else None
+            features = tuple(f for f in str(meta.get("features", "")).split(":") if f)
+            target = Target(str(meta.get("backend")), str(meta["arch"]), features, cu)
+        except (KdbError, ValueError) as exc:
+            raise CorruptBundleError(f"{path}: kdb_meta describes no valid target ({exc})") from exc
+    md = BundleMetadata(
+        format_version=version, target=target, compiler=str(meta.get("compiler", "")),
+        binary_format=str(meta.get("binary_format", "")), codec=codec, hash=hash_alg,
+        producer=str(meta.get("producer", "")), created=str(meta.get("created", "")),
+        dictionary_size=len(dictionary) if dictionary else 0)
+    return md, dictionary
+
+
+def _target_from_name(path: Path) -> Target | None:
+    try:
+        name = parse_bundle_file_name(path)
+        return Target(name.backend, name.arch, (), name.cu)
+    except KdbError:
+        return None

@@ -1,0 +1,126 @@
+"""Blob codecs and hashes: how one kernel binary is stored in a ``kern_db`` row.
+
+Layout of a row's blob (MIOpen's convention, kept so that both kinds of file read alike):
+``uncompressed_size == 0`` means the blob is stored raw (compression did not shrink it);
+otherwise ``kernel_blob`` is one frame of the bundle's codec that decodes to exactly
+``uncompressed_size`` bytes. ``kernel_hash`` is the hex digest of the *uncompressed* bytes,
+SHA-256 in kdbkit bundles and MD5 in files written by MIOpen.
+
+Codecs: ``zstd`` (kdbkit; optionally with one trained dictionary per bundle, whose id is
+in every frame) and ``bzip2`` (MIOpen, block size 9; read and written for compatibility).
+"""
+
+from __future__ import annotations
+
+import bz2
+import hashlib
+from dataclasses import dataclass
+
+import zstandard as zstd
+
+CODECS = ("zstd", "bzip2")
+HASHES = ("sha256", "md5")
+
+# Level 19 costs seconds per bundle offline and nothing at read time; user-cache writes
+# sit on the JIT path, where level 3 keeps the store well under the compile time.
+BUNDLE_LEVEL = 19
+CACHE_LEVEL = 3
+
+
+class CodecError(ValueError):
+    """A blob could not be decoded (garbage frame, wrong size, unknown codec)."""
+
+
+def digest(data: bytes, algorithm: str = "sha256") -> str:
+    """Hex digest of ``data`` with ``sha256`` or ``md5``."""
+    if algorithm not in HASHES:
+        raise CodecError(f"unknown hash algorithm {algorithm!r}; known: {', '.join(HASHES)}")
+    return hashlib.new(algorithm, data).hexdigest()
+
+
+@dataclass(frozen=True)
+class Encoded:
+    """A blob as stored: the bytes and the ``uncompressed_size`` column (0 = raw)."""
+
+    blob: bytes
+    uncompressed_size: int
+
+
+class Codec:
+    """Compresses and decompresses the blobs of one bundle.
+
+    Args:
+        name: ``zstd`` or ``bzip2``.
+        level: compression level (zstd 1-22; ignored for bzip2, which always uses 9).
+        dictionary: raw zstd dictionary bytes shared by every blob of the bundle, or None.
+    """
+
+    def __init__(self, name: str = "zstd", level: int = CACHE_LEVEL, dictionary: bytes | None = None):
+        if name not in CODECS:
+            raise CodecError(f"unknown codec {name!r}; known: {', '.join(CODECS)}")
+        if dictionary is not None and name != "zstd":
+            raise CodecError("only the zstd codec takes a dictionary")
+        self.name = name
+        self.level = level
+        self.dictionary = dictionary
+        self._zdict = zstd.ZstdCompressionDict(dictionary) if dictionary else None
+        self._compressor: zstd.ZstdCompressor | None = None
+        self._decompressor: zstd.ZstdDecompressor | None = None
+
+    def _zc(self) -> zstd.ZstdCompressor:
+        if self._compressor is None:
+            self._compressor = zstd.ZstdCompressor(level=self.level, dict_data=self._zdict, write_content_size=True)
+        return self._compressor
+
+    def _zd(self) -> zstd.ZstdDecompressor:
+        if self._decompressor is None:
+            self._decompressor = zstd.ZstdDecompressor(dict_data=self._zdict)
+        return self._decompressor
+
+    def compress_raw(self, data: bytes) -> bytes:
+        """Compress without the raw fallback (used to measure and train)."""
+        if self.name == "zstd":
+            return self._zc().compress(data)
+        return bz2.compress(data, compresslevel=9)
+
+    def encode(self, data: bytes) -> Encoded:
+        """Compress ``data``; keep it raw when compression would not make it smaller."""
+        packed = self.compress_raw(data)
+        if len(packed) >= len(data):
+            return Encoded(bytes(data), 0)
+        return Encoded(packed, len(data))
+
+    def decode(self, blob: bytes, uncompressed_size: int) -> bytes:
+        """Inverse of :meth:`encode`.
+
+        Raises:
+            CodecError: the frame is garbage or does not decode to ``uncompressed_size``.
+        """
+        if uncompressed_size == 0:
+            return bytes(blob)
+        if uncompressed_size < 0:
+            raise CodecError(f"negative uncompressed_size {uncompressed_size}")
+        try:
+            if self.name == "zstd":
+                out = self._zd().decompress(blob, max_output_size=uncompressed_size)
+            else:
+                out = bz2.decompress(blob)
+        except (zstd.ZstdError, OSError, ValueError, EOFError) as exc:
+            raise CodecError(f"{self.name} frame does not decode: {exc}") from exc
+        if len(out) != uncompressed_size:
+            raise CodecError(f"decoded {len(out)} bytes, row says {uncompressed_size}")
+        return out
+
+
+def train_dictionary(samples: list[bytes], dict_size: int = 32 * 1024, level: int = BUNDLE_LEVEL) -> bytes | None:
+    """Train a zstd dictionary over ``samples``; None when there is too little to learn from.
+
+    A dictionary pays off on many similar small blobs (cubins share ELF headers, symbol
+    tables and instruction idioms); the caller decides by comparing total sizes.
+    """
+    if len(samples) < 8 or sum(map(len, samples)) < 4 * dict_size:
+        return None
+    try:
+        return zstd.train_dictionary(dict_size, samples, level=level).as_bytes()
+    except zstd.ZstdError:
+        return None  # zstd refuses some sample sets (too uniform, too small): no dictionary

@@ -1,0 +1,117 @@
+"""Merge several bundles into one.
+
+Inputs must describe the same target and compiler: a bundle holds binaries for one target,
+and the runtime trusts its metadata. ``allow_mixed_cu`` relaxes one thing only: inputs
+for the same arch with different CU counts merge into an arch-wide bundle (MIOpen's
+packages duplicate identical code objects per CU count; merging removes the copies).
+Identical keys with identical bytes are kept once; identical keys with different bytes are
+a conflict, resolved in favour of the first input and reported. Entries stream from the
+inputs to the output; only keys, digests and a training sample are held in memory.
+"""
+
+from __future__ import annotations
+
+import hashlib
+from dataclasses import dataclass, field, replace
+from pathlib import Path
+from typing import Iterator
+
+from kdb.bundle import Bundle, open_bundle
+from kdb.errors import TargetMismatchError
+from kdb.writer import MAX_TRAINING_SAMPLES, choose_dictionary, write_bundle
+
+
+@dataclass
+class MergeReport:
+    out: Path
+    entries: int = 0
+    duplicates: int = 0
+    conflicts: list[tuple[str, str]] = field(default_factory=list)
+
+
+def merge_bundles(out: str | Path, inputs: list[str | Path], *, allow_mixed_cu: bool = False,
+                  dictionary: bool = True) -> MergeReport:
+    """Merge ``inputs`` into a new bundle at ``out`` (written atomically).
+
+    Args:
+        out: the output ``.kdb``; may be one of the inputs.
+        inputs: bundles to read, first one wins on conflicts.
+        allow_mixed_cu: merge the same arch across CU counts into an arch-wide bundle.
+        dictionary: train a zstd dictionary for the output when it pays.
+
+    Returns:
+        A report: entries written, exact duplicates dropped, conflicting keys.
+
+    Raises:
+        TargetMismatchError: inputs differ in backend, arch, features or compiler (or CU
+            count without ``allow_mixed_cu``); the message names both files.
+        KdbError subclasses for unreadable inputs, and CorruptEntryError for bad entries
+            (nothing is written then).
+    """
+    if not inputs:
+        raise ValueError("merge needs at least one input bundle")
+    bundles: list[Bundle] = [open_bundle(p) for p in inputs]
+    try:
+        target, compiler, binary_format = _common_target(bundles, allow_mixed_cu)
+        report = MergeReport(Path(out))
+        dict_bytes = None
+        if dictionary:
+            sample = [data for _, _, data in _take(_all_items(bundles), MAX_TRAINING_SAMPLES)]
+            dict_bytes = choose_dictionary(sample)
+        write_bundle(out, target, _unique(bundles, report), compiler=compiler, binary_format=binary_format,
+                     dictionary=dict_bytes or False)
+        return report
+    finally:
+        for b in bundles:
+            b.close()
+
+
+def _all_items(bundles: list[Bundle]) -> Iterator[tuple[str, str, bytes]]:
+    for bundle in bundles:
+        yield from bundle.items()
+
+
+def _take(it: Iterator, n: int) -> Iterator:
+    for i, x in enumerate(it):
+        if i >= n:
+            return
+        yield x
+
+
+def _unique(bundles: list[Bundle], report: MergeReport) -> Iterator[tuple[str, str, bytes]]:
+    seen: dict[tuple[str, str], bytes] = {}
+    for name, args, data in _all_items(bundles):
+        key, h = (name, args), hashlib.sha256(data).digest()
+        if key not in seen:
+            seen[key] = h
+            report.entries += 1
+            yield name, args, data
+        elif seen[key] == h:
+            report.duplicates += 1
+        else:
+            report.conflicts.append(key)
+
+
+def _common_target(bundles: list[Bundle], allow_mixed_cu: bool):
+    first = bundles[0]
+    base = first.metadata.target
+    if base is None:
+        raise TargetMismatchError(f"{first.path}: names no target (MIOpen file with a non-standard name); "
+                                  "rename it <arch>_<cu>.kdb before merging")
+    for other in bundles[1:]:
+        t, m = other.metadata.target, other.metadata
+        where = f"{first.path} is {base}, {other.path} is {t}"
+        if t is None or (t.backend, t.arch, t.features) != (base.backend, base.arch, base.features):
+            raise TargetMismatchError(f"cannot merge bundles for different targets: {where}")
+        if t.cu != base.cu:
+            if not allow_mixed_cu:
+                raise TargetMismatchError(
+                    f"cannot merge bundles for different CU counts: {where}; pass --allow-mixed-cu "
+                    "to produce an arch-wide bundle")
+            base = replace(base, cu=None)
+        if m.compiler != first.metadata.compiler or m.binary_format != first.metadata.binary_format:
+            raise TargetMismatchError(
+                f"cannot merge bundles built by different compilers: {first.path} by "
+                f"{first.metadata.compiler or 'unknown'}, {other.path} by {m.compiler or 'unknown'}; "
+                "rebuild them with one compiler")
+    return base, first.metadata.compiler, first.metadata.binary_format

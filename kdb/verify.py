@@ -1,0 +1,98 @@
+"""Check a bundle end to end: file, schema, metadata, and every entry's hash.
+
+``verify_bundle`` never raises for a bad file: it returns a report listing each problem
+(with the file, and the key for entry problems) so that ``kdb db verify`` can go through
+many files and exit non-zero if any has one.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from kdb.bundle import Bundle
+from kdb.errors import CorruptEntryError, KdbError
+from kdb.schema import KERN_DB_COLUMNS
+from kdb.target import parse_bundle_file_name
+
+
+@dataclass
+class VerifyReport:
+    path: Path
+    problems: list[str] = field(default_factory=list)
+    entries_checked: int = 0
+    format_version: int | None = None
+
+    @property
+    def ok(self) -> bool:
+        return not self.problems
+
+
+def schema_problems(bundle: Bundle) -> list[str]:
+    """Differences between the file's ``kern_db`` and MIOpen's layout (empty when equal)."""
+    import sqlite_utils  # 0.1 s to import: only verification needs it, never the lookup path
+
+    db = sqlite_utils.Database(bundle._conn)
+    table = db.table("kern_db")
+    problems = []
+    cols = tuple(c.name for c in table.columns)
+    if cols != KERN_DB_COLUMNS:
+        problems.append(f"kern_db columns are {list(cols)}, expected {list(KERN_DB_COLUMNS)}")
+    if not any(ix.unique and ix.columns == ["kernel_name", "kernel_args"] for ix in table.indexes):
+        problems.append("no unique index on kern_db(kernel_name, kernel_args): lookups would scan the table")
+    return problems
+
+
+def name_problems(bundle: Bundle) -> list[str]:
+    """The file name and the metadata must name the same arch and CU count."""
+    target = bundle.metadata.target
+    try:
+        name = parse_bundle_file_name(bundle.path)
+    except KdbError:
+        return []  # a free-form name (a merge output, a test file) says nothing to contradict
+    if target is None:
+        return []
+    if (name.arch, name.cu) != (target.arch, target.cu):
+        return [f"file name says {name.arch} with {name.cu} CUs but the metadata says {target}"]
+    return []
+
+
+def verify_bundle(path: str | Path, *, check_entries: bool = True) -> VerifyReport:
+    """Verify one bundle: SQLite integrity, schema, metadata, name, every entry's hash.
+
+    Args:
+        path: the bundle file.
+        check_entries: decode every blob and compare its hash (the slow part).
+
+    Returns:
+        A report; ``report.ok`` is False if anything is wrong.
+    """
+    report = VerifyReport(Path(path))
+    try:
+        bundle = Bundle.open(path)
+    except KdbError as exc:
+        report.problems.append(str(exc))
+        return report
+    with bundle:
+        report.format_version = bundle.metadata.format_version
+        try:
+            report.problems += [f"{bundle.path}: integrity_check: {m}" for m in bundle.integrity_check()]
+            report.problems += [f"{bundle.path}: {m}" for m in schema_problems(bundle) + name_problems(bundle)]
+            if bundle.metadata.format_version > 0 and bundle.metadata.target is None:
+                report.problems.append(f"{bundle.path}: kdb_meta names no target (backend, arch)")
+            if check_entries:
+                _check_entries(bundle, report)
+        except KdbError as exc:
+            report.problems.append(str(exc))
+    return report
+
+
+def _check_entries(bundle: Bundle, report: VerifyReport) -> None:
+    # Go entry by entry (not bundle.items()) so that one corrupt entry is reported and the
+    # rest are still checked.
+    for info in bundle.entries():
+        try:
+            bundle.get(info.kernel_name, info.kernel_args)
+        except CorruptEntryError as exc:
+            report.problems.append(str(exc))
+        report.entries_checked += 1

@@ -1,0 +1,60 @@
+import os
+
+import pytest
+
+from kdb.codec import Codec, CodecError, digest, train_dictionary
+
+from .conftest import fake_binary
+
+
+@pytest.mark.parametrize("name", ["zstd", "bzip2"])
+def test_round_trip(name):
+    c = Codec(name)
+    data = fake_binary(1)
+    enc = c.encode(data)
+    assert enc.uncompressed_size == len(data) and len(enc.blob) < len(data)
+    assert c.decode(enc.blob, enc.uncompressed_size) == data
+
+
+def test_incompressible_blob_is_stored_raw():
+    data = os.urandom(4096)
+    enc = Codec("zstd").encode(data)
+    assert enc.uncompressed_size == 0 and enc.blob == data
+    assert Codec("zstd").decode(enc.blob, 0) == data
+
+
+def test_garbage_frame_is_a_codec_error():
+    with pytest.raises(CodecError, match="does not decode"):
+        Codec("zstd").decode(b"definitely not zstd", 100)
+    with pytest.raises(CodecError, match="does not decode"):
+        Codec("bzip2").decode(b"BZh9 garbage", 100)
+
+
+def test_wrong_size_is_a_codec_error():
+    enc = Codec("zstd").encode(fake_binary(2))
+    with pytest.raises(CodecError):
+        Codec("zstd").decode(enc.blob, enc.uncompressed_size - 1)
+
+
+def test_dictionary_needs_the_dictionary_to_decode():
+    blobs = [fake_binary(i) for i in range(64)]
+    d = train_dictionary(blobs, dict_size=8 * 1024)
+    assert d is not None
+    with_dict = Codec("zstd", dictionary=d)
+    enc = with_dict.encode(blobs[0])
+    assert with_dict.decode(enc.blob, enc.uncompressed_size) == blobs[0]
+    with pytest.raises(CodecError):
+        Codec("zstd").decode(enc.blob, enc.uncompressed_size)
+
+
+def test_too_few_samples_give_no_dictionary():
+    assert train_dictionary([b"abc"] * 3) is None
+
+
+def test_digests():
+    assert digest(b"abc") == "ba7816bf8f01cfea414140de5dae2223b00361a396177a9cb410ff61f20015ad"
+    assert digest(b"abc", "md5") == "900150983cd24fb0d6963f7d28e17f72"
+    with pytest.raises(CodecError):
+        digest(b"", "crc32")
+    with pytest.raises(CodecError):
+        Codec("lz4")
