@@ -29,8 +29,9 @@ from kdb.errors import (
     UnsupportedFormatError,
 )
 from kdb.target import Target, parse_bundle_file_name
+from kdb.version import __version__
 
-PRODUCER = "kdbkit 0.1.0"
+PRODUCER = f"kdbkit {__version__}"
 BUSY_TIMEOUT_S = 5.0
 
 
@@ -357,6 +358,8 @@ class _transaction:
         except sqlite3.DatabaseError as err:
             if exc_type is None:
                 raise _db_error(self.path, err) from err
+        if isinstance(exc, sqlite3.DatabaseError):  # a failed write inside the block: name the file
+            raise _db_error(self.path, exc) from exc
         return False
 
 

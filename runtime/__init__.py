@@ -1,0 +1,1 @@
+"""kdbkit runtime: devices, backends, program resolution, JIT, CLI."""

@@ -1,0 +1,118 @@
+"""Inspect and maintain the user kernel cache folder (``kdb cache ...``).
+
+The folder holds one ``<arch>.ukdb`` per arch (plus SQLite's ``-wal``/``-shm`` files while
+in use), ``locks/`` with one lock file per program ever compiled, and, after a repair,
+damaged files moved aside as ``*.ukdb.corrupt-<time>``. Its parent holds the folders of
+other kdbkit versions, which this version never reads.
+"""
+
+from __future__ import annotations
+
+import shutil
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from kdb import Bundle, KdbError, open_bundle
+from kdb.version import __version__
+from runtime import env, paths
+
+
+@dataclass
+class CacheFile:
+    path: Path
+    entries: int | None
+    file_bytes: int
+    raw_bytes: int | None
+    target: str | None
+    compiler: str | None
+    problem: str | None = None
+
+
+@dataclass
+class PruneReport:
+    removed_files: list[Path] = field(default_factory=list)
+    removed_entries: int = 0
+    freed_bytes: int = 0
+
+
+def _size(path: Path) -> int:
+    if path.is_dir():
+        return sum(p.stat().st_size for p in path.rglob("*") if p.is_file())
+    return path.stat().st_size if path.exists() else 0
+
+
+def list_cache(folder: Path | None = None) -> list[CacheFile]:
+    """Every ``.ukdb`` in the cache folder with its entry count and sizes."""
+    folder = folder or paths.user_cache_dir()
+    files = []
+    for path in sorted(folder.glob("*.ukdb")):
+        size = sum(_size(Path(str(path) + s)) for s in ("", "-wal", "-shm"))
+        try:
+            with open_bundle(path) as b:
+                st, md = b.stats(), b.metadata
+            files.append(CacheFile(path, st.entries, size, st.raw_bytes, str(md.target), md.compiler))
+        except KdbError as exc:
+            files.append(CacheFile(path, None, size, None, None, None, str(exc)))
+    return files
+
+
+def clear_cache(folder: Path | None = None) -> list[Path]:
+    """Delete every cache file, lock and moved-aside file in the folder; return what went."""
+    folder = folder or paths.user_cache_dir()
+    removed = []
+    for path in sorted(folder.glob("*.ukdb*")):
+        path.unlink(missing_ok=True)
+        removed.append(path)
+    locks = folder / "locks"
+    if locks.is_dir():
+        shutil.rmtree(locks, ignore_errors=True)
+        removed.append(locks)
+    return removed
+
+
+def prune_cache(folder: Path | None = None, *, lock_age_s: float = 7 * 86400) -> PruneReport:
+    """Drop what this version can no longer use, then compact.
+
+    Removes: cache folders of other kdbkit versions (only under the default location, never
+    under ``KDB_CUSTOM_CACHE_DIR``'s parent); damaged files moved aside earlier; lock files
+    untouched for ``lock_age_s``; entries that fail their hash check. Then VACUUMs each file.
+    """
+    custom = env.get_path("KDB_CUSTOM_CACHE_DIR") is not None
+    folder = folder or paths.user_cache_dir()
+    report = PruneReport()
+    if not custom and folder.name == __version__ and folder.parent.is_dir():
+        for other in folder.parent.iterdir():
+            if other.is_dir() and other != folder:
+                report.freed_bytes += _size(other)
+                shutil.rmtree(other, ignore_errors=True)
+                report.removed_files.append(other)
+    for aside in folder.glob("*.ukdb.corrupt-*"):
+        report.freed_bytes += _size(aside)
+        aside.unlink(missing_ok=True)
+        report.removed_files.append(aside)
+    cutoff = time.time() - lock_age_s
+    for lock in (folder / "locks").glob("*.lock") if (folder / "locks").is_dir() else ():
+        if lock.stat().st_mtime < cutoff:
+            lock.unlink(missing_ok=True)
+            report.removed_files.append(lock)
+    for path in folder.glob("*.ukdb"):
+        report.removed_entries += _drop_corrupt_entries(path, report)
+    return report
+
+
+def _drop_corrupt_entries(path: Path, report: PruneReport) -> int:
+    before = _size(path)
+    try:
+        with Bundle.open(path, writable=True, wal=True) as b:
+            removed = 0
+            for info in list(b.entries()):
+                try:
+                    b.get(info.kernel_name, info.kernel_args)
+                except KdbError:
+                    removed += b.delete(info.kernel_name, info.kernel_args)
+            b.compact()
+    except KdbError:
+        return 0  # not a bundle at all: `kdb cache clear` or the runtime's repair handles it
+    report.freed_bytes += max(0, before - _size(path))
+    return removed

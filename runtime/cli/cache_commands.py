@@ -1,0 +1,79 @@
+"""``kdb cache ...``: the user kernel cache (.ukdb files)."""
+
+from __future__ import annotations
+
+from typing import Optional
+
+import typer
+from rich.markup import escape
+from rich.table import Table
+
+from runtime import cache_admin, paths
+from runtime.cli.output import out, print_json, size
+
+app = typer.Typer(help="Inspect and maintain the user kernel cache (.ukdb).", no_args_is_help=True)
+
+
+@app.command("ls")
+def ls(as_json: bool = typer.Option(False, "--json", help="Print JSON for scripts.")) -> None:
+    """List the cache files: arch, compiler, entries and size.
+
+    Example: KDB_CUSTOM_CACHE_DIR=/scratch/kdb kdb cache ls
+    """
+    files = cache_admin.list_cache()
+    if as_json:
+        print_json([f.__dict__ for f in files])
+        return
+    table = Table(title=f"user kernel cache: {paths.user_cache_dir()}")
+    for col in ("file", "target", "compiler", "entries", "size", "problem"):
+        table.add_column(col, overflow="fold")
+    for f in files:
+        table.add_row(f.path.name, f.target or "-", escape(f.compiler or "-"),
+                      "-" if f.entries is None else str(f.entries), size(f.file_bytes), escape(f.problem or ""))
+    out.print(table if files else f"no cache files in {paths.user_cache_dir()}")
+
+
+@app.command("stats")
+def stats(as_json: bool = typer.Option(False, "--json", help="Print JSON for scripts.")) -> None:
+    """Totals for the cache folder: files, entries, bytes on disk and raw.
+
+    Example: kdb cache stats --json
+    """
+    files = cache_admin.list_cache()
+    folder = paths.user_cache_dir()
+    locks = folder / "locks"
+    data = {
+        "folder": str(folder), "files": len(files), "entries": sum(f.entries or 0 for f in files),
+        "file_bytes": sum(f.file_bytes for f in files), "raw_bytes": sum(f.raw_bytes or 0 for f in files),
+        "lock_files": len(list(locks.glob("*.lock"))) if locks.is_dir() else 0,
+        "damaged_files": [str(f.path) for f in files if f.problem],
+    }
+    if as_json:
+        print_json(data)
+        return
+    for k, v in data.items():
+        out.print(f"{k:14} {size(v) if k.endswith('_bytes') else v}")
+
+
+@app.command("clear")
+def clear(yes: bool = typer.Option(False, "--yes", "-y", help="Do not ask for confirmation.")) -> None:
+    """Delete every cache file of this kdbkit version (programs will be compiled again).
+
+    Example: kdb cache clear --yes
+    """
+    folder = paths.user_cache_dir()
+    if not yes and not typer.confirm(f"Delete the kernel cache in {folder}?"):
+        raise typer.Exit(1)
+    removed = cache_admin.clear_cache(folder)
+    out.print(f"removed {len(removed)} item(s) from {folder}")
+
+
+@app.command("prune")
+def prune(lock_days: Optional[float] = typer.Option(7.0, "--lock-days", help="Remove lock files idle this long.")) -> None:
+    """Remove what this version cannot use: other versions' caches, damaged files and entries, old locks.
+
+    Example: kdb cache prune --lock-days 1
+    """
+    report = cache_admin.prune_cache(lock_age_s=(lock_days or 0) * 86400)
+    out.print(f"removed {len(report.removed_files)} file(s) and {report.removed_entries} damaged entr(ies), "
+              f"freed {size(report.freed_bytes)}")

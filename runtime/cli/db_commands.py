@@ -1,0 +1,126 @@
+"""``kdb db ...``: inspect, verify, merge and extract from bundle files."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import List, Optional
+
+import typer
+from rich.table import Table
+
+from kdb import merge_bundles, open_bundle, verify_bundle
+from rich.markup import escape
+
+from runtime.cli.output import err, fail, out, print_json, size
+
+app = typer.Typer(help="Inspect and maintain kernel bundles (.kdb, .ukdb).", no_args_is_help=True)
+
+FileArg = typer.Argument(..., help="A bundle file (.kdb or .ukdb).", show_default=False)
+
+
+@app.command("ls")
+def ls(file: Path = FileArg, as_json: bool = typer.Option(False, "--json", help="Print JSON for scripts.")) -> None:
+    """List the entries of a bundle: kernel name, options, stored and raw size.
+
+    Example: kdb db ls ~/.local/share/kdbkit/db/sm_90_132.kdb
+    """
+    with open_bundle(file) as b:
+        rows = list(b.entries())
+    if as_json:
+        print_json([e.__dict__ for e in rows])
+        return
+    table = Table(title=f"{file} ({len(rows)} entries)")
+    for col, just in (("kernel", "left"), ("options", "left"), ("stored", "right"), ("raw", "right")):
+        table.add_column(col, justify=just, overflow="fold")
+    for e in rows:
+        table.add_row(escape(e.kernel_name), escape(e.kernel_args), size(e.stored_size), size(e.raw_size))
+    out.print(table)
+
+
+@app.command("info")
+def info(file: Path = FileArg, as_json: bool = typer.Option(False, "--json", help="Print JSON for scripts.")) -> None:
+    """Show a bundle's metadata (target, compiler, codec, format) and its statistics.
+
+    Example: kdb db info gfx942_304.kdb --json
+    """
+    with open_bundle(file) as b:
+        md, st = b.metadata, b.stats()
+    data = {
+        "file": str(file), "format_version": md.format_version, "written_by": md.producer or "unknown",
+        "target": str(md.target) if md.target else None, "backend": md.target.backend if md.target else None,
+        "compiler": md.compiler or None, "binary_format": md.binary_format or None, "codec": md.codec,
+        "hash": md.hash, "dictionary_bytes": md.dictionary_size, "created": md.created or None,
+        "entries": st.entries, "raw_bytes": st.raw_bytes, "stored_bytes": st.stored_bytes,
+        "file_bytes": st.file_bytes, "ratio": round(st.ratio, 3),
+    }
+    if as_json:
+        print_json(data)
+        return
+    table = Table(show_header=False, title=str(file))
+    table.add_column(style="bold")
+    table.add_column()
+    for k, v in data.items():
+        if k.endswith("_bytes"):
+            v = f"{size(v)} ({v} B)"
+        table.add_row(k, "-" if v is None else escape(str(v)))
+    out.print(table)
+
+
+@app.command("verify")
+def verify(files: List[Path] = typer.Argument(..., help="Bundle files to check.", show_default=False),
+           quick: bool = typer.Option(False, "--quick", help="Skip decoding every entry.")) -> None:
+    """Check SQLite integrity, schema, metadata and every entry's hash; exit 1 on any problem.
+
+    Example: kdb db verify /opt/kdbkit/db/*.kdb
+    """
+    bad = 0
+    for f in files:
+        report = verify_bundle(f, check_entries=not quick)
+        if report.ok:
+            out.print(f"[green]ok[/]   {f} ({report.entries_checked} entries checked)")
+        else:
+            bad += 1
+            out.print(f"[red]FAIL[/] {f}")
+            for p in report.problems:
+                out.print(f"     {escape(p)}", soft_wrap=True)
+    if bad:
+        err.print(f"{bad} of {len(files)} bundle(s) have problems; rebuild them (`kdb build`) or reinstall the package")
+        raise typer.Exit(1)
+
+
+@app.command("merge")
+def merge(out_file: Path = typer.Argument(..., metavar="OUT", help="Bundle to write.", show_default=False),
+          inputs: List[Path] = typer.Argument(..., metavar="IN...", help="Bundles to merge; the first wins on conflicts.",
+                                              show_default=False),
+          allow_mixed_cu: bool = typer.Option(False, "--allow-mixed-cu",
+                                              help="Merge one arch across CU counts into an arch-wide bundle."),
+          no_dictionary: bool = typer.Option(False, "--no-dictionary", help="Do not train a zstd dictionary.")) -> None:
+    """Merge bundles for one target into OUT (written atomically), dropping duplicate entries.
+
+    Example: kdb db merge gfx90a.kdb gfx90a_104.kdb gfx90a_110.kdb --allow-mixed-cu
+    """
+    report = merge_bundles(out_file, list(inputs), allow_mixed_cu=allow_mixed_cu, dictionary=not no_dictionary)
+    out.print(f"wrote {out_file}: {report.entries} entries ({report.duplicates} duplicates dropped)")
+    if report.conflicts:
+        err.print(f"[yellow]warning:[/] {len(report.conflicts)} key(s) had different binaries; kept the first input's:")
+        for name, args in report.conflicts[:10]:
+            err.print(escape(f"  {name} [{args}]"))
+
+
+@app.command("extract")
+def extract(file: Path = FileArg,
+            name: str = typer.Argument(..., help="Kernel name as `kdb db ls` shows it, e.g. softmax.cl.o.",
+                                       show_default=False),
+            args: str = typer.Option(..., "--args", help="The entry's options exactly as `kdb db ls` shows them."),
+            output: Optional[Path] = typer.Option(None, "-o", "--output", help="Where to write (default: NAME).")) -> None:
+    """Write one entry's binary (decoded, hash-checked) to a file.
+
+    Example: kdb db extract sm_90_132.kdb softmax.cl.o --args "-DN=256 -mcpu=sm_90" -o softmax.cubin
+    """
+    with open_bundle(file) as b:
+        data = b.get(name, args)
+    if data is None:
+        raise fail(f"{file} has no entry {name} [{args}]; list the entries with `kdb db ls {file}`")
+    dest = output or Path(Path(name).name)
+    dest.write_bytes(data)
+    out.print(f"wrote {dest} ({size(len(data))})")

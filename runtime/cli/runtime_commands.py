@@ -1,0 +1,89 @@
+"""``kdb resolve`` and ``kdb devices``: the lookup chain and the local devices."""
+
+from __future__ import annotations
+
+from typing import List, Optional
+
+import typer
+from rich.markup import escape
+from rich.table import Table
+
+from runtime import paths
+from runtime.cli.output import fail, out, print_json, size
+
+
+def _pick_device(index: Optional[int]):
+    from runtime.backends.registry import default_device, discover_devices
+
+    if index is None:
+        return default_device()
+    devices = discover_devices()
+    if not 0 <= index < len(devices):
+        raise fail(f"no device {index}: {len(devices)} device(s) found; list them with `kdb devices`")
+    return devices[index]
+
+
+def resolve(kernel_file: str = typer.Argument(..., help="A file in kernels/, e.g. activation.c.", show_default=False),
+            define: List[str] = typer.Option([], "-D", help="A compile-time define NAME=VALUE (repeatable)."),
+            device: Optional[int] = typer.Option(None, "--device", help="Device index from `kdb devices`."),
+            as_json: bool = typer.Option(False, "--json", help="Print JSON for scripts.")) -> None:
+    """Resolve one program through the chain and show where it came from and each step's time.
+
+    Example: kdb resolve activation.c -D TYPE=float -D OP=1 --device 0
+    """
+    from runtime.handle import Handle
+
+    handle = Handle(_pick_device(device))
+    try:
+        program = handle.program(kernel_file, [f"-D{d}" for d in define])
+    finally:
+        handle.close()
+    data = {"kernel_file": kernel_file, "options": list(program.options), "device": handle.device.name,
+            "target": str(handle.target), "source": program.source, "total_ms": round(program.total_ms, 3),
+            "steps": [{"step": s.name, "ms": round(s.ms, 3), "outcome": s.outcome} for s in program.steps]}
+    if as_json:
+        print_json(data)
+        return
+    table = Table(title=escape(f"{kernel_file} {' '.join(program.options)} on {handle.device.name} ({handle.target})"))
+    for col, just in (("step", "left"), ("outcome", "left"), ("ms", "right")):
+        table.add_column(col, justify=just)
+    for s in program.steps:
+        table.add_row(escape(s.name), s.outcome, f"{s.ms:.3f}")
+    out.print(table)
+    out.print(f"source: [bold]{program.source}[/] in {program.total_ms:.3f} ms")
+
+
+def devices(as_json: bool = typer.Option(False, "--json", help="Print JSON for scripts.")) -> None:
+    """List local devices, their targets, and the system bundle each would use.
+
+    Example: KDB_DEVICE_ARCH=gfx90a KDB_DEVICE_CU=110 kdb devices
+    """
+    from runtime.backends.registry import binary_format_of, discover_devices
+    from runtime.system_bundles import find_system_bundles
+
+    rows = []
+    dirs = paths.system_db_dirs()
+    for d in discover_devices():
+        bundles, trace = find_system_bundles(d.target, binary_format_of(d.backend), dirs)
+        for b in bundles:
+            b.close()
+        used = next((c for c in trace if c.status == "accepted"), None)
+        rows.append({"index": d.index, "backend": d.backend, "name": d.name, "target": str(d.target),
+                     "cu": d.target.cu, "memory_bytes": d.memory_bytes, "driver": d.driver,
+                     "bundle": str(used.path) if used else None, "wanted": d.target.bundle_name(),
+                     "rejected": [{"path": str(c.path), "reason": c.reason} for c in trace if c.status == "rejected"]})
+    if as_json:
+        print_json(rows)
+        return
+    if not rows:
+        raise fail("no devices found; install a backend: pip install 'kdbkit[cuda]', 'kdbkit[hip]' or 'kdbkit[opencl]'")
+    table = Table(title="devices")
+    for col in ("#", "backend", "name", "target", "memory", "system bundle"):
+        table.add_column(col, overflow="fold")
+    for r in rows:
+        bundle = r["bundle"] or f"[yellow]missing {r['wanted']}[/]"
+        table.add_row(str(r["index"]), r["backend"], escape(r["name"]), r["target"], size(r["memory_bytes"]), bundle)
+    out.print(table)
+    for r in rows:
+        for rej in r["rejected"]:
+            out.print(f"[yellow]not used:[/] {escape(rej['path'])}: {escape(rej['reason'])}")

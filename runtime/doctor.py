@@ -1,0 +1,135 @@
+"""Gather what ``kdb doctor`` reports: libraries, compilers, paths, bundles, cache health.
+
+Every probe is wrapped so that a broken or missing library shows as a row saying so,
+never as an exception: the doctor must work best exactly when something is broken.
+"""
+
+from __future__ import annotations
+
+import os
+import platform
+import sqlite3
+import sys
+from dataclasses import dataclass
+from importlib import metadata
+from pathlib import Path
+
+from kdb.version import __version__
+from runtime import paths
+
+
+@dataclass
+class Row:
+    section: str
+    item: str
+    value: str
+    ok: bool = True
+
+
+DISTRIBUTIONS = ("numpy", "zstandard", "sqlite-utils", "typer", "platformdirs", "filelock", "cuda-bindings",
+                 "nvidia-cuda-nvrtc", "nvidia-ml-py", "pyopencl", "pocl-binary-distribution", "hip-python", "amdsmi")
+
+
+def _dist_version(name: str) -> str | None:
+    try:
+        return metadata.version(name)
+    except metadata.PackageNotFoundError:
+        return None
+
+
+def _probe(fn) -> tuple[str, bool]:
+    try:
+        return str(fn()), True
+    except Exception as exc:  # the doctor reports failures; it does not raise them
+        return f"unavailable: {exc}", False
+
+
+def versions() -> list[Row]:
+    rows = [Row("versions", "kdbkit", __version__), Row("versions", "python", platform.python_version()),
+            Row("versions", "sqlite", sqlite3.sqlite_version)]
+    for dist in DISTRIBUTIONS:
+        v = _dist_version(dist)
+        rows.append(Row("versions", dist, v or "not installed", v is not None or dist in _OPTIONAL))
+    return rows
+
+
+_OPTIONAL = {"cuda-bindings", "nvidia-cuda-nvrtc", "nvidia-ml-py", "pyopencl", "pocl-binary-distribution",
+             "hip-python", "amdsmi"}
+
+
+def compilers() -> list[Row]:
+    from runtime.backends import amdgcn_clang, nvrtc
+
+    rows = []
+    value, ok = _probe(nvrtc.nvrtc_identity)
+    rows.append(Row("compilers", "NVRTC (CUDA JIT and offline)", value, ok or "unavailable" in value))
+    value, ok = _probe(amdgcn_clang.clang_identity)
+    rows.append(Row("compilers", "clang for amdgcn (HIP offline)", value, True))
+    return rows
+
+
+def search_paths() -> list[Row]:
+    rows = []
+    for d in paths.system_db_dirs():
+        n = len(list(d.path.glob("*.kdb"))) if d.path.is_dir() else 0
+        state = f"{n} bundle(s)" if d.path.is_dir() else "does not exist"
+        rows.append(Row("system bundles", f"{d.path} ({d.origin})", state))
+    return rows
+
+
+def devices_and_bundles() -> list[Row]:
+    from runtime.backends.registry import binary_format_of, discover_devices
+    from runtime.system_bundles import find_system_bundles
+
+    rows = []
+    devices, ok = _probe(discover_devices)
+    if not ok:
+        return [Row("devices", "discovery", devices, False)]
+    dirs = paths.system_db_dirs()
+    for d in discover_devices():
+        bundles, trace = find_system_bundles(d.target, binary_format_of(d.backend), dirs)
+        for b in bundles:
+            b.close()
+        used = [c for c in trace if c.status == "accepted"]
+        text = f"{d.backend} {d.name}: {d.target}; "
+        text += f"uses {used[0].path}" if used else f"missing {d.target.bundle_name()} (JIT and user cache only)"
+        rows.append(Row("devices", f"#{d.index}", text, True))
+        rows += [Row("devices", f"#{d.index} not used", f"{c.path}: {c.reason}", False)
+                 for c in trace if c.status == "rejected"]
+    if not rows:
+        rows.append(Row("devices", "none", "no GPU and no OpenCL device; pip install 'kdbkit[opencl]'", False))
+    return rows
+
+
+def cache_health() -> list[Row]:
+    from runtime import cache_admin, env
+
+    folder = paths.user_cache_dir()
+    rows = [Row("user cache", "folder", str(folder)),
+            Row("user cache", "enabled", "no (KDB_DISABLE_CACHE)" if env.get_bool("KDB_DISABLE_CACHE") else "yes")]
+    probe = folder if folder.exists() else _first_existing_parent(folder)
+    writable = os.access(probe, os.W_OK)
+    rows.append(Row("user cache", "writable", f"{'yes' if writable else 'NO'} ({probe})", writable))
+    for f in cache_admin.list_cache(folder) if folder.is_dir() else []:
+        rows.append(Row("user cache", f.path.name, f.problem or f"{f.entries} entries, {f.file_bytes} bytes",
+                        f.problem is None))
+    rows.append(Row("user cache", "find-db folder", str(paths.user_db_dir())))
+    return rows
+
+
+def _first_existing_parent(path: Path) -> Path:
+    while not path.exists() and path != path.parent:
+        path = path.parent
+    return path
+
+
+def report() -> list[Row]:
+    """Every row of the doctor's report, in display order."""
+    rows: list[Row] = []
+    for part in (versions, compilers, search_paths, devices_and_bundles, cache_health):
+        try:
+            rows += part()
+        except Exception as exc:  # one failing section must not hide the others
+            rows.append(Row(part.__name__, "error", f"{type(exc).__name__}: {exc}", False))
+    rows.append(Row("environment", "python", sys.executable))
+    return rows

@@ -1,0 +1,299 @@
+"""The registry of every KDB_* environment variable, with typed accessors that never crash.
+
+kdbkit is tuned by environment variables with MIOpen's MIOPEN_* semantics and the prefix ``KDB_``
+(DESIGN.md, "Environment variables"). Each is declared once in ``VARIABLES`` with its kind,
+default and a one-line meaning, which ``kdb env`` prints via ``snapshot()``. ``os.environ`` is
+read on every call, never cached at import. A value that does not parse never raises: it warns
+once (``EnvVarWarning``: the variable, the value, what is accepted) and the default applies, as a
+typo in a shell profile must not stop a training job. An unregistered name (KeyError) or the
+wrong accessor for a kind (TypeError) is a bug in the caller and raises.
+"""
+
+from __future__ import annotations
+
+import difflib
+import enum
+import os
+import sys
+import threading
+import warnings
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Iterable
+
+PREFIX = "KDB_"
+KINDS = ("bool", "int", "str", "path", "pathlist", "flags")
+TRUE_SPELLINGS = ("1", "on", "yes", "true", "enable", "enabled")
+FALSE_SPELLINGS = ("0", "off", "no", "false", "disable", "disabled")
+
+
+class EnvVarWarning(UserWarning):
+    """A KDB_* variable holds a value kdbkit cannot use; its default applies instead."""
+
+
+class CheckNumerics(enum.IntFlag):
+    """Bits of ``KDB_CHECK_NUMERICS``, the same values as MIOpen's MIOPEN_CHECK_NUMERICS."""
+
+    NONE = 0
+    INFO = 0x01  # fully informative: print the result of every check
+    WARN = 0x02  # print only abnormal results (inf, NaN, all zeros)
+    THROW = 0x04  # raise an error when an abnormal value is found
+    ABORT = 0x08  # abort the process when an abnormal value is found
+    STATS = 0x10  # compute and print mean, absmean, min and max
+
+
+@dataclass(frozen=True)
+class EnvVar:
+    """One environment variable kdbkit reads.
+
+    Attributes:
+        name: the full name, starting with ``KDB_``.
+        kind: one of ``KINDS``; decides how the value is parsed.
+        default: the parsed value used when the variable is unset, empty or invalid.
+        meaning: one line for users: what it does and its default.
+    """
+
+    name: str
+    kind: str
+    default: Any
+    meaning: str
+
+    def __post_init__(self) -> None:
+        if not self.name.startswith(PREFIX) or self.kind not in KINDS:
+            raise ValueError(f"EnvVar({self.name!r}, {self.kind!r}): the name must start with "
+                             f"{PREFIX} and the kind be one of {', '.join(KINDS)}")
+
+
+def _conv(family: str, label: str) -> EnvVar:  # MIOPEN_DEBUG_CONV_*: unset means enabled
+    return EnvVar(f"KDB_DEBUG_CONV_{family}", "bool", True,
+                  f"Set to 0 to exclude every {label} convolution solver. Default: enabled.")
+
+
+VARIABLES: tuple[EnvVar, ...] = (
+    EnvVar("KDB_ENABLE_LOGGING", "bool", False, "Log API calls and program resolutions "
+           "(log level 5 unless KDB_LOG_LEVEL is set). Default: off."),
+    EnvVar("KDB_ENABLE_LOGGING_CMD", "bool", False, "Log the `kdb driver` command line that "
+           "reproduces each call. Default: off."),
+    EnvVar("KDB_LOG_LEVEL", "int", 0, "Log verbosity: 1 quiet, 2 fatal, 3 error, 4 warning, "
+           "5 info, 6 detailed info, 7 trace. Default: 0, meaning 4."),
+    EnvVar("KDB_ENABLE_LOGGING_MPMT", "bool", False, "Prefix log lines with [process-id "
+           "thread-id], for multi-process/multi-threaded programs. Default: off."),
+    EnvVar("KDB_ENABLE_LOGGING_ELAPSED_TIME", "bool", False, "Prefix log lines with the "
+           "milliseconds since the previous line. Default: off."),
+    EnvVar("KDB_DISABLE_CACHE", "bool", False, "Neither read nor write the user kernel cache "
+           "(.ukdb): programs not in a bundle are compiled every time. Default: off."),
+    EnvVar("KDB_CUSTOM_CACHE_DIR", "path", None, "Folder of the user kernel cache (.ukdb). "
+           "Default: unset (the per-user cache folder)."),
+    EnvVar("KDB_USER_DB_PATH", "path", None, "Folder of the user find-db (solver rankings "
+           "written by find). Default: unset (the per-user folder)."),
+    EnvVar("KDB_SYSTEM_DB_PATH", "pathlist", (), f"Folders searched in order for system bundles "
+           f"(.kdb), '{os.pathsep}'-separated. Default: unset (the installed packages' folder)."),
+    EnvVar("KDB_DISABLE_JIT", "bool", False, "Never compile at run time: a program in no bundle "
+           "or cache is an error naming it. Default: off (JIT allowed)."),
+    _conv("DIRECT", "direct"), _conv("GEMM", "GEMM"), _conv("WINOGRAD", "Winograd"),
+    _conv("IMPLICIT_GEMM", "implicit-GEMM"), _conv("FFT", "FFT"),
+    EnvVar("KDB_DEBUG_FIND_ONLY_SOLVER", "str", None, "Let find try only this solver (numeric "
+           "id or name). Default: unset (every applicable solver)."),
+    EnvVar("KDB_CHECK_NUMERICS", "flags", CheckNumerics.NONE, "Check buffers for inf/NaN/zero: "
+           "0x01 print all, 0x02 warn, 0x04 raise, 0x08 abort, 0x10 stats. Default: 0 (off)."),
+    EnvVar("KDB_COMPILE_PARALLEL_LEVEL", "int", 20, "Most kernels compiled at once (find, JIT, "
+           "`kdb build`). Default: 20."),
+    # Device overrides for offline work, as MIOPEN_DEVICE_ARCH / MIOPEN_DEVICE_CU.
+    EnvVar("KDB_DEVICE_ARCH", "str", None, "Act as if the device had this arch (gfx942, sm_90...) "
+           "for offline work. Default: unset (detected)."),
+    EnvVar("KDB_DEVICE_CU", "int", None, "Act as if the device had this many compute units, for "
+           "offline work. Default: unset (detected)."),
+    EnvVar("KDB_BACKEND", "str", None, "Look for devices of this backend only: cuda, hip or "
+           "opencl. Default: unset (all backends)."),
+)
+
+_BY_NAME = {var.name: var for var in VARIABLES}
+# Constraints the kind alone does not express; a value outside them falls back like a typo.
+_INT_RANGES: dict[str, tuple[int, int | None]] = {
+    "KDB_LOG_LEVEL": (0, 7), "KDB_COMPILE_PARALLEL_LEVEL": (1, None), "KDB_DEVICE_CU": (1, None),
+    "KDB_CHECK_NUMERICS": (0, 0x1F)}  # 0x1F: every CheckNumerics bit
+_CHOICES: dict[str, tuple[str, ...]] = {"KDB_BACKEND": ("cuda", "hip", "opencl")}
+
+_warned: set[tuple[str, str]] = set()  # (name, raw value): a loop over a bad value warns once
+_warned_lock = threading.Lock()
+
+
+def _stacklevel() -> int:
+    # Point the warning at the first frame outside this module, whatever the call depth.
+    frame, level = sys._getframe(1), 1
+    while frame is not None and frame.f_code.co_filename == __file__:
+        frame, level = frame.f_back, level + 1
+    return level
+
+
+def _fallback(var: EnvVar, raw: str, accepted: str) -> Any:
+    with _warned_lock:
+        first = (var.name, raw) not in _warned
+        _warned.add((var.name, raw))
+    if first:
+        shown = "unset" if var.default is None else str(var.default)
+        warnings.warn(f"{var.name}={raw!r} is not understood (accepted: {accepted}); using the "
+                      f"default ({shown}).", EnvVarWarning, stacklevel=_stacklevel())
+    return var.default
+
+
+def _parse_int(var: EnvVar, text: str) -> Any:
+    lo, hi = _INT_RANGES.get(var.name, (None, None))
+    accepted = "an integer" if var.kind == "int" else "bit flags (decimal or 0x hex)"
+    accepted += "" if lo is None else f" from {lo} to {hi}" if hi is not None else f" from {lo} up"
+    try:
+        # Flags are naturally written in hex; plain ints stay base 10 so "08" is eight.
+        number = int(text, 0 if var.kind == "flags" and text.lower().startswith("0x") else 10)
+    except ValueError:
+        return _fallback(var, text, accepted)
+    if (lo is not None and number < lo) or (hi is not None and number > hi):
+        return _fallback(var, text, accepted)
+    return CheckNumerics(number) if var.name == "KDB_CHECK_NUMERICS" else number
+
+
+def _parse(var: EnvVar, raw: str | None) -> Any:
+    text = (raw or "").strip()
+    if not text:  # `export KDB_X=` is how people clear a variable: treat it as unset
+        return list(var.default) if var.kind == "pathlist" else var.default
+    if var.kind == "bool":
+        if text.lower() in TRUE_SPELLINGS + FALSE_SPELLINGS:
+            return text.lower() in TRUE_SPELLINGS
+        return _fallback(var, text, "/".join(TRUE_SPELLINGS) + " or " + "/".join(FALSE_SPELLINGS))
+    if var.kind in ("int", "flags"):
+        return _parse_int(var, text)
+    if var.kind == "path":
+        return Path(text).expanduser()
+    if var.kind == "pathlist":
+        return [Path(part.strip()).expanduser() for part in text.split(os.pathsep) if part.strip()]
+    choices = _CHOICES.get(var.name)
+    if choices is not None:
+        return text.lower() if text.lower() in choices else _fallback(var, text, ", ".join(choices))
+    return text
+
+
+def _suggest(name: str) -> str | None:
+    # 0.75 accepts a dropped, doubled or swapped letter but not an unrelated KDB_ name.
+    matches = difflib.get_close_matches(name.upper(), list(_BY_NAME), n=1, cutoff=0.75)
+    return matches[0] if matches else None
+
+
+def lookup(name: str | EnvVar) -> EnvVar:
+    """The registry entry for ``name``; an ``EnvVar`` (e.g. a per-solver switch) passes through.
+
+    Args:
+        name: a registered name, or an ``EnvVar`` declared elsewhere.
+    Returns:
+        The ``EnvVar``; a KeyError for an unknown name suggests the closest registered one.
+    """
+    if isinstance(name, EnvVar):
+        return name
+    try:
+        return _BY_NAME[name]
+    except KeyError:
+        hint = _suggest(name)
+        raise KeyError(f"{name} is not a kdbkit environment variable"
+                       + (f"; did you mean {hint}?" if hint else "")) from None
+
+
+def _read(name: str | EnvVar, *kinds: str) -> Any:
+    var = lookup(name)
+    if var.kind not in kinds:
+        accessor = "get_int" if var.kind == "flags" else f"get_{var.kind}"
+        raise TypeError(f"{var.name} has kind {var.kind}: read it with {accessor}()")
+    return _parse(var, os.environ.get(var.name))
+
+
+def get_bool(name: str | EnvVar) -> bool:
+    """A ``bool`` variable: one of ``TRUE_SPELLINGS``/``FALSE_SPELLINGS``, any case.
+
+    Args:
+        name: a registered name or an ``EnvVar`` of kind ``bool``.
+    Returns:
+        The value; the default when unset, empty or unrecognised (which warns once).
+    """
+    return _read(name, "bool")
+
+
+def get_int(name: str | EnvVar) -> int | None:
+    """An ``int`` (base 10) or ``flags`` (decimal or 0x hex) variable, range-checked.
+
+    Args:
+        name: a registered name or an ``EnvVar`` of kind ``int`` or ``flags``.
+    Returns:
+        The value (``CheckNumerics`` for KDB_CHECK_NUMERICS); the default, possibly None,
+        when unset or invalid (which warns once).
+    """
+    return _read(name, "int", "flags")
+
+
+def get_str(name: str | EnvVar) -> str | None:
+    """A ``str`` variable, stripped; one with fixed choices (KDB_BACKEND) is lower-cased.
+
+    Args:
+        name: a registered name or an ``EnvVar`` of kind ``str``.
+    Returns:
+        The value; the default when unset or not one of its choices (which warns once).
+    """
+    return _read(name, "str")
+
+
+def get_path(name: str | EnvVar) -> Path | None:
+    """A ``path`` variable, ``~`` expanded; the path need not exist.
+
+    Args:
+        name: a registered name or an ``EnvVar`` of kind ``path``.
+    Returns:
+        The path; None when unset or empty.
+    """
+    return _read(name, "path")
+
+
+def get_pathlist(name: str | EnvVar) -> list[Path]:
+    """A ``pathlist`` variable: paths separated by ``os.pathsep``, in order, empties dropped.
+
+    Args:
+        name: a registered name or an ``EnvVar`` of kind ``pathlist``.
+    Returns:
+        The paths; an empty list when unset.
+    """
+    return _read(name, "pathlist")
+
+
+def value(name: str | EnvVar) -> Any:
+    """Any variable, parsed as its kind's accessor would.
+
+    Args:
+        name: a registered name or an ``EnvVar``.
+    Returns:
+        The parsed value, or the default.
+    """
+    return _read(name, *KINDS)
+
+
+def snapshot(extra: Iterable[EnvVar] = ()) -> list[tuple[EnvVar, str | None, Any]]:
+    """Every variable with its text and parsed value, for ``kdb env``.
+
+    Args:
+        extra: variables declared elsewhere (per-solver switches) to list after the registry.
+    Returns:
+        ``(var, raw, parsed)`` per variable in registry order; ``raw`` is None when unset.
+    """
+    return [(var, os.environ.get(var.name), _parse(var, os.environ.get(var.name)))
+            for var in (*VARIABLES, *extra)]
+
+
+def unknown_kdb_variables(known: Iterable[str] = ()) -> list[str]:
+    """KDB_* variables set in the environment that kdbkit does not read: likely typos.
+
+    Args:
+        known: more names to accept, e.g. the solver catalogue's per-solver switches.
+    Returns:
+        One entry per unknown name, sorted: the name, plus ``(did you mean KDB_X?)`` when a
+        registered name is close, e.g. ``KDB_DISABLE_JITT (did you mean KDB_DISABLE_JIT?)``.
+    """
+    accepted = set(_BY_NAME).union(known)
+    entries = []
+    for name in sorted(n for n in os.environ if n.startswith(PREFIX) and n not in accepted):
+        hint = _suggest(name)
+        entries.append(f"{name} (did you mean {hint}?)" if hint else name)
+    return entries

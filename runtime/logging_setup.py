@@ -1,0 +1,225 @@
+"""kdbkit's logging: MIOpen's levels and switches on top of Python's ``logging``, to stderr.
+
+``KDB_LOG_LEVEL`` takes MIOpen's MIOPEN_LOG_LEVEL values: 1 quiet, 2 fatal, 3 error, 4 warning,
+5 info, 6 info2 (detailed), 7 trace, with 0 or unset meaning 4 (MIOpen's release default), or
+5 when ``KDB_ENABLE_LOGGING`` asks for API calls and resolutions. They map to Python levels in
+``PYTHON_LEVELS``, with two added ones: ``INFO2`` between INFO and DEBUG, ``TRACE`` below DEBUG.
+As in MIOpen, the API-call channel (``log_api_call``, ``KDB_ENABLE_LOGGING``) and the command
+channel (``log_command``, ``KDB_ENABLE_LOGGING_CMD``) are independent of the level. Each line
+reads ``kdbkit Warning [pid tid] 12.345 ms [runtime.handle] message``: the ids with
+``KDB_ENABLE_LOGGING_MPMT``, the milliseconds since the previous line with
+``KDB_ENABLE_LOGGING_ELAPSED_TIME``, the logger's name below ``kdbkit`` when there is one. One
+handler sits on the ``kdbkit`` logger, which does not propagate, so the host application's root
+logger is never touched. Nothing happens at import: the first ``get_logger``, ``warn_once`` or
+``log_*`` call configures, reading the environment then and again only on
+``configure_logging(force=True)``.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import sys
+import threading
+import time
+from dataclasses import dataclass
+from types import MappingProxyType
+
+from runtime.env import get_bool, get_int
+
+ROOT_NAME = "kdbkit"
+INFO2 = 15  # MIOpen's Info2 (level 6): between INFO and DEBUG
+TRACE = 5  # MIOpen's Trace (level 7): below DEBUG
+DEFAULT_LEVEL = 4  # what KDB_LOG_LEVEL 0/unset means, as in MIOpen's release builds
+PYTHON_LEVELS = MappingProxyType({
+    1: logging.CRITICAL + 1,  # quiet: above every level, so nothing passes
+    2: logging.CRITICAL, 3: logging.ERROR, 4: logging.WARNING, 5: logging.INFO, 6: INFO2, 7: TRACE,
+})
+_WORDS = {logging.CRITICAL: "Fatal", logging.ERROR: "Error", logging.WARNING: "Warning",
+          logging.INFO: "Info", INFO2: "Info2", logging.DEBUG: "Debug", TRACE: "Trace"}
+_OWNED = "_kdbkit_owned"  # marks the handler configure_logging installed, to replace only it
+
+
+@dataclass(frozen=True)
+class _Settings:
+    level: int  # KDB level, 1..7
+    api_calls: bool
+    commands: bool
+    mpmt: bool
+    elapsed: bool
+
+
+_settings: _Settings | None = None
+_config_lock = threading.RLock()
+_once_keys: set[str] = set()
+_once_lock = threading.Lock()
+
+
+def effective_log_level() -> int:
+    """The KDB log level (1..7) the environment asks for now.
+
+    Returns:
+        ``KDB_LOG_LEVEL`` when set to 1..7; else 5 if ``KDB_ENABLE_LOGGING`` is on, else 4.
+        An invalid ``KDB_LOG_LEVEL`` warns once (``EnvVarWarning``) and counts as unset.
+    """
+    level = get_int("KDB_LOG_LEVEL") or 0
+    if level:
+        return level
+    return 5 if get_bool("KDB_ENABLE_LOGGING") else DEFAULT_LEVEL
+
+
+class _StderrHandler(logging.StreamHandler):
+    """Writes to whatever ``sys.stderr`` is at emit time (a redirect, pytest's capture)."""
+
+    def __init__(self) -> None:
+        logging.Handler.__init__(self)  # StreamHandler's would pin today's sys.stderr
+
+    @property
+    def stream(self):  # type: ignore[override]
+        return sys.stderr
+
+
+class _Formatter(logging.Formatter):
+    """``kdbkit <Level> [pid tid] <ms> ms [logger] message``, prefixes as configured."""
+
+    def __init__(self, mpmt: bool, elapsed: bool) -> None:
+        super().__init__()
+        self._mpmt, self._elapsed = mpmt, elapsed
+        self._previous: float | None = None
+
+    def format(self, record: logging.LogRecord) -> str:
+        word = getattr(record, "kdb_label", None) or _WORDS.get(record.levelno)
+        parts = [ROOT_NAME, word or logging.getLevelName(record.levelno).title()]
+        if self._mpmt:
+            # The native thread id (the LWP MIOpen prints) matches `top -H` and debuggers; the
+            # handler is synchronous, so the formatting thread is the one that logged.
+            parts.append(f"[{record.process or os.getpid()} {threading.get_native_id()}]")
+        if self._elapsed:
+            # Handler.handle() holds the handler's lock around format(): no race on _previous.
+            now = time.perf_counter()
+            elapsed_ms = 0.0 if self._previous is None else (now - self._previous) * 1e3
+            self._previous = now
+            parts.append(f"{elapsed_ms:.3f} ms")
+        if record.name != ROOT_NAME:
+            parts.append(f"[{record.name.removeprefix(ROOT_NAME + '.')}]")
+        parts.append(record.getMessage())
+        line = " ".join(parts)
+        if record.exc_info:
+            line += "\n" + self.formatException(record.exc_info)
+        if record.stack_info:
+            line += "\n" + self.formatStack(record.stack_info)
+        return line
+
+
+def configure_logging(force: bool = False) -> logging.Logger:
+    """Install kdbkit's one stderr handler on the ``kdbkit`` logger, from the environment.
+
+    Calling it again does nothing unless ``force``, which re-reads the KDB_* variables and
+    replaces the handler it installed before (handlers the application added stay).
+
+    Args:
+        force: re-read the environment even if logging is already configured.
+    Returns:
+        The ``kdbkit`` logger: level set from ``KDB_LOG_LEVEL``, ``propagate`` False.
+    """
+    global _settings
+    logger = logging.getLogger(ROOT_NAME)
+    if _settings is not None and not force:  # the common path takes no lock
+        return logger
+    with _config_lock:
+        if _settings is not None and not force:
+            return logger
+        logging.addLevelName(INFO2, "INFO2")
+        logging.addLevelName(TRACE, "TRACE")
+        settings = _Settings(
+            level=effective_log_level(), api_calls=get_bool("KDB_ENABLE_LOGGING"),
+            commands=get_bool("KDB_ENABLE_LOGGING_CMD"), mpmt=get_bool("KDB_ENABLE_LOGGING_MPMT"),
+            elapsed=get_bool("KDB_ENABLE_LOGGING_ELAPSED_TIME"))
+        for old in [h for h in logger.handlers if getattr(h, _OWNED, False)]:
+            logger.removeHandler(old)
+            old.close()
+        handler = _StderrHandler()
+        setattr(handler, _OWNED, True)
+        handler.setFormatter(_Formatter(settings.mpmt, settings.elapsed))
+        logger.addHandler(handler)
+        logger.setLevel(PYTHON_LEVELS[settings.level])
+        logger.propagate = False  # kdbkit's records never reach the application's root logger
+        _settings = settings
+        return logger
+
+
+def get_logger(name: str | None = None) -> logging.Logger:
+    """A logger below ``kdbkit``, configuring logging on first use.
+
+    Args:
+        name: a module path such as ``runtime.handle`` (``__name__`` works); ``kdbkit.``
+            is prepended unless present. None gives the ``kdbkit`` logger itself.
+    Returns:
+        The logger, e.g. ``kdbkit.runtime.handle``.
+    """
+    configure_logging()
+    if not name or name == ROOT_NAME:
+        return logging.getLogger(ROOT_NAME)
+    prefix = ROOT_NAME + "."
+    return logging.getLogger(name if name.startswith(prefix) else prefix + name)
+
+
+def _emit(logger: logging.Logger | None, label: str, message: str) -> bool:
+    logger = logger or get_logger()
+    if logging.root.manager.disable >= logging.INFO:  # the application's logging.disable()
+        return False
+    caller = sys._getframe(2)
+    record = logger.makeRecord(logger.name, logging.INFO, caller.f_code.co_filename,
+                               caller.f_lineno, message, None, None, caller.f_code.co_name,
+                               extra={"kdb_label": label})
+    # handle() skips the level check that info() makes: these channels have their own switch.
+    logger.handle(record)
+    return True
+
+
+def log_api_call(message: str, *, logger: logging.Logger | None = None) -> bool:
+    """Log an API call or program resolution when ``KDB_ENABLE_LOGGING`` is on, at any level.
+
+    Args:
+        message: the call with its arguments, e.g. ``softmax(x: 4x1000 f32, axis=-1)``.
+        logger: the logger to use; the ``kdbkit`` logger by default.
+    Returns:
+        True if the line was emitted (labelled ``API``).
+    """
+    configure_logging()
+    return bool(_settings and _settings.api_calls) and _emit(logger, "API", message)
+
+
+def log_command(line: str, *, logger: logging.Logger | None = None) -> bool:
+    """Log the driver command line reproducing a call, when ``KDB_ENABLE_LOGGING_CMD`` is on.
+
+    Like MIOpen's MIOPEN_ENABLE_LOGGING_CMD, this does not depend on ``KDB_LOG_LEVEL``.
+
+    Args:
+        line: the command, e.g. ``kdb driver softmax -n 4 -c 1000 -t fp32``.
+        logger: the logger to use; the ``kdbkit`` logger by default.
+    Returns:
+        True if the line was emitted (labelled ``Command``).
+    """
+    configure_logging()
+    return bool(_settings and _settings.commands) and _emit(logger, "Command", line)
+
+
+def warn_once(key: str, message: str, *, logger: logging.Logger | None = None) -> bool:
+    """Log a warning the first time ``key`` is seen in this process; later calls are silent.
+
+    Thread-safe: of many threads racing with the same key, exactly one logs.
+
+    Args:
+        key: what makes the warning unique, e.g. ``missing-system-db:sm_90_132.kdb``.
+        message: e.g. ``Missing system database file: sm_90_132.kdb Performance may degrade``.
+        logger: the logger to use; the ``kdbkit`` logger by default.
+    Returns:
+        True if this call logged (subject to the level), False if the key was seen before.
+    """
+    with _once_lock:
+        if key in _once_keys:
+            return False
+        _once_keys.add(key)
+    (logger or get_logger()).warning(message)
+    return True

@@ -1,0 +1,84 @@
+"""Where kdbkit looks for system bundles and keeps its per-user files.
+
+System bundles (read-only), searched in this order:
+1. ``KDB_SYSTEM_DB_PATH`` (a path list);
+2. installed kernel packages: entry points in group ``kdbkit.bundles`` whose value is a
+   callable returning a folder, or a module whose folder holds the ``.kdb`` files;
+3. ``<sys.prefix>/share/kdbkit/db``.
+
+Per-user files live in a folder per kdbkit version, as MIOpen's do, so an upgrade never
+reads a cache written by an older release: ``KDB_CUSTOM_CACHE_DIR`` or the platform's
+user cache folder (``~/.cache/kdbkit/<version>``) for ``.ukdb`` kernel caches;
+``KDB_USER_DB_PATH`` or the platform's user data folder for the find-db.
+Nothing is created here; callers create folders when they first write.
+"""
+
+from __future__ import annotations
+
+import sys
+from dataclasses import dataclass
+from importlib import metadata
+from pathlib import Path
+
+from kdb.version import __version__
+from runtime import env
+from runtime.logging_setup import get_logger
+
+ENTRY_POINT_GROUP = "kdbkit.bundles"
+
+
+@dataclass(frozen=True)
+class SearchDir:
+    """A folder searched for system bundles and why it is searched."""
+
+    path: Path
+    origin: str  # "KDB_SYSTEM_DB_PATH", "package <name>", "sys.prefix"
+
+
+def system_db_dirs() -> list[SearchDir]:
+    """Folders searched for system bundles, in order, duplicates removed."""
+    dirs = [SearchDir(p, "KDB_SYSTEM_DB_PATH") for p in env.get_pathlist("KDB_SYSTEM_DB_PATH")]
+    dirs += _entry_point_dirs()
+    dirs.append(SearchDir(Path(sys.prefix) / "share" / "kdbkit" / "db", "sys.prefix"))
+    seen, unique = set(), []
+    for d in dirs:
+        key = d.path.expanduser().resolve() if d.path.exists() else d.path
+        if key not in seen:
+            seen.add(key)
+            unique.append(SearchDir(d.path.expanduser(), d.origin))
+    return unique
+
+
+def _entry_point_dirs() -> list[SearchDir]:
+    found = []
+    for ep in metadata.entry_points(group=ENTRY_POINT_GROUP):
+        try:
+            obj = ep.load()
+            path = Path(obj() if callable(obj) else Path(obj.__file__).parent)
+        except Exception as exc:  # a broken kernel package must not stop the runtime
+            get_logger("runtime.paths").warning(
+                "kernel package entry point %s = %s failed to load (%s); its bundles are skipped. "
+                "Reinstall that package.", ep.name, ep.value, exc)
+            continue
+        found.append(SearchDir(path, f"package {ep.name}"))
+    return found
+
+
+def user_cache_dir() -> Path:
+    """Folder of the user kernel caches (``.ukdb``)."""
+    custom = env.get_path("KDB_CUSTOM_CACHE_DIR")
+    if custom is not None:
+        return custom.expanduser()
+    import platformdirs  # deferred: only needed once a cache is actually opened
+
+    return platformdirs.user_cache_path("kdbkit") / __version__
+
+
+def user_db_dir() -> Path:
+    """Folder of the user find-db (solver rankings)."""
+    custom = env.get_path("KDB_USER_DB_PATH")
+    if custom is not None:
+        return custom.expanduser()
+    import platformdirs
+
+    return platformdirs.user_data_path("kdbkit") / __version__

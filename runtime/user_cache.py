@@ -1,0 +1,160 @@
+"""The per-user kernel cache (``<arch>.ukdb``): read, write, and survive when it can't.
+
+One file per arch in :func:`runtime.paths.user_cache_dir`, shared by every process and
+thread of the user, in WAL mode (readers never wait for a writer) with a busy timeout.
+The file is arch-wide: the key holds the full arch and everything else that changes a
+binary, so devices of one arch with different CU counts share entries.
+
+Failure policy — the runtime must keep running:
+- folder missing and not creatable, read-only, or the file cannot be opened: warn once
+  with the path and the remedy, then run without the cache (JIT results stay in memory);
+- the file is not a bundle or is damaged at open: move it aside (``*.corrupt-<time>``,
+  nothing is deleted) and start a new one;
+- an entry whose hash does not match: delete it, so the caller rebuilds it;
+- a write fails (disk full, read-only, locked past the timeout): warn once and stop writing.
+"""
+
+from __future__ import annotations
+
+import os
+import threading
+import time
+from pathlib import Path
+
+from kdb import Bundle, CorruptBundleError, CorruptEntryError, KdbError, NotABundleError, Target
+from kdb.target import USER_SUFFIX
+from runtime.logging_setup import get_logger, warn_once
+from runtime.program_key import ProgramKey
+
+_log = get_logger("runtime.user_cache")
+DISABLE_HINT = "set KDB_CUSTOM_CACHE_DIR to a writable folder, or KDB_DISABLE_CACHE=1 to silence this"
+
+
+class UserCache:
+    """Lazily opened user cache for one arch.
+
+    Args:
+        folder: where the ``.ukdb`` lives.
+        target: the device's target (its arch-wide form names the file).
+        compiler: identity of the local compiler, recorded in a new file's metadata.
+        binary_format: what the backend loads.
+    """
+
+    def __init__(self, folder: Path, target: Target, *, compiler: str, binary_format: str):
+        self.path = folder / target.arch_wide().bundle_name(USER_SUFFIX)
+        self._target = Target(target.backend, target.arch)
+        self._compiler = compiler
+        self._binary_format = binary_format
+        self._bundle: Bundle | None = None
+        self._broken = False  # set once: no more reads or writes this process
+        self._read_only = False
+        self._lock = threading.Lock()
+
+    @property
+    def usable(self) -> bool:
+        return not self._broken
+
+    def _open(self) -> Bundle | None:
+        with self._lock:
+            if self._bundle is None and not self._broken:
+                self._bundle = self._open_or_repair()
+                self._broken = self._bundle is None
+            return self._bundle
+
+    def _open_or_repair(self) -> Bundle | None:
+        try:
+            self.path.parent.mkdir(parents=True, exist_ok=True)
+        except OSError as exc:
+            return self._give_up(f"cannot create the cache folder {self.path.parent} ({exc.strerror or exc})")
+        for attempt in (1, 2):
+            try:
+                return Bundle.create(self.path, self._target, compiler=self._compiler,
+                                     binary_format=self._binary_format, wal=True, exist_ok=True)
+            except (NotABundleError, CorruptBundleError) as exc:
+                if attempt == 2 or not self._move_aside(exc):
+                    return self._give_up(str(exc))
+            except KdbError as exc:
+                return self._open_read_only(str(exc))
+        return None
+
+    def _open_read_only(self, why: str) -> Bundle | None:
+        """A cache we cannot write may still be read (a prebuilt cache in a read-only image)."""
+        if self.path.is_file():
+            try:
+                bundle = Bundle.open(self.path)
+            except KdbError:
+                return self._give_up(why)
+            self._stop_writing(why)
+            return bundle
+        return self._give_up(why)
+
+    def _move_aside(self, exc: Exception) -> bool:
+        aside = self.path.with_name(f"{self.path.name}.corrupt-{time.strftime('%Y%m%d-%H%M%S')}-{os.getpid()}")
+        try:
+            os.replace(self.path, aside)
+            for suffix in ("-wal", "-shm"):
+                Path(str(self.path) + suffix).unlink(missing_ok=True)
+        except OSError:
+            return False
+        warn_once(f"ukdb-corrupt:{self.path}",
+                  f"User kernel cache {self.path} was damaged ({exc}); moved it to {aside.name} and started a "
+                  "new one. Programs it held will be compiled again.", logger=_log)
+        return True
+
+    def _give_up(self, why: str) -> None:
+        warn_once(f"ukdb-unusable:{self.path}",
+                  f"User kernel cache {self.path} is unusable: {why}. Running without it: compiled programs are "
+                  f"kept in memory only and recompiled in every new process; {DISABLE_HINT}.", logger=_log)
+        return None
+
+    def get(self, key: ProgramKey) -> bytes | None:
+        """The cached binary, or None (absent, corrupt and now removed, or cache unusable)."""
+        bundle = self._open()
+        if bundle is None:
+            return None
+        try:
+            return bundle.get(key.kernel_name, key.kernel_args)
+        except CorruptEntryError as exc:
+            _log.warning("%s; removing the entry so that it is rebuilt", exc)
+            self._delete(bundle, key)
+            return None
+        except KdbError as exc:
+            self._broken = True
+            self._give_up(str(exc))
+            return None
+
+    def discard(self, key: ProgramKey) -> None:
+        """Remove an entry that decoded but does not load, so that it is rebuilt."""
+        bundle = self._open()
+        if bundle is not None and not self._read_only:
+            self._delete(bundle, key)
+
+    def _delete(self, bundle: Bundle, key: ProgramKey) -> None:
+        try:
+            bundle.delete(key.kernel_name, key.kernel_args)
+        except KdbError as exc:
+            self._stop_writing(str(exc))
+
+    def put(self, key: ProgramKey, binary: bytes) -> bool:
+        """Store a binary; False (after one warning) if the cache cannot be written."""
+        bundle = self._open()
+        if bundle is None or self._read_only:
+            return False
+        try:
+            bundle.put(key.kernel_name, key.kernel_args, binary)
+            return True
+        except KdbError as exc:
+            self._stop_writing(str(exc))
+            return False
+
+    def _stop_writing(self, why: str) -> None:
+        self._read_only = True
+        warn_once(f"ukdb-write:{self.path}",
+                  f"Cannot write the user kernel cache {self.path}: {why}. New programs are kept in memory only; "
+                  f"{DISABLE_HINT}.", logger=_log)
+
+    def close(self) -> None:
+        with self._lock:
+            if self._bundle is not None:
+                self._bundle.close()
+                self._bundle = None

@@ -1,0 +1,266 @@
+"""Tests of runtime.env: the KDB_* registry, parsing, fallbacks and typo detection."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import warnings
+from pathlib import Path
+
+import pytest
+
+from runtime import env
+from runtime.env import CheckNumerics, EnvVar, EnvVarWarning
+
+# DESIGN.md, "Environment variables", plus the device overrides; kept here rather than parsed
+# from ../shared/DESIGN.md because CI checks out the repository alone.
+EXPECTED = [
+    "KDB_ENABLE_LOGGING", "KDB_ENABLE_LOGGING_CMD", "KDB_LOG_LEVEL", "KDB_ENABLE_LOGGING_MPMT",
+    "KDB_ENABLE_LOGGING_ELAPSED_TIME", "KDB_DISABLE_CACHE", "KDB_CUSTOM_CACHE_DIR",
+    "KDB_USER_DB_PATH", "KDB_SYSTEM_DB_PATH", "KDB_DISABLE_JIT", "KDB_DEBUG_CONV_DIRECT",
+    "KDB_DEBUG_CONV_GEMM", "KDB_DEBUG_CONV_WINOGRAD", "KDB_DEBUG_CONV_IMPLICIT_GEMM",
+    "KDB_DEBUG_CONV_FFT", "KDB_DEBUG_FIND_ONLY_SOLVER", "KDB_CHECK_NUMERICS",
+    "KDB_COMPILE_PARALLEL_LEVEL", "KDB_DEVICE_ARCH", "KDB_DEVICE_CU", "KDB_BACKEND",
+]
+TRUE = ["1", "on", "yes", "true", "enable", "enabled"]
+FALSE = ["0", "off", "no", "false", "disable", "disabled"]
+REPO = Path(__file__).resolve().parents[2]
+
+
+@pytest.fixture(autouse=True)
+def clean_env(monkeypatch):
+    """No KDB_* from the outer shell, and a fresh once-only warning memory per test."""
+    for name in [n for n in os.environ if n.startswith("KDB_")]:
+        monkeypatch.delenv(name)
+    monkeypatch.setattr(env, "_warned", set())
+
+
+def _no_warning(func, *args):
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        return func(*args)
+
+
+# The registry ---------------------------------------------------------------------------------
+
+def test_registry_lists_exactly_the_documented_variables():
+    names = [var.name for var in env.VARIABLES]
+    assert len(names) == len(set(names)), "duplicate entries"
+    assert sorted(names) == sorted(EXPECTED)
+
+
+@pytest.mark.parametrize("var", env.VARIABLES, ids=lambda v: v.name)
+def test_every_variable_has_a_one_line_meaning_with_its_default(var):
+    assert var.kind in env.KINDS
+    assert var.meaning and "\n" not in var.meaning and len(var.meaning) < 160
+    assert "Default:" in var.meaning
+
+
+@pytest.mark.parametrize("var", env.VARIABLES, ids=lambda v: v.name)
+def test_unset_gives_the_default_without_warning(var):
+    expected = list(var.default) if var.kind == "pathlist" else var.default
+    assert _no_warning(env.value, var.name) == expected
+
+
+def test_kinds_and_defaults_of_note():
+    kinds = {var.name: (var.kind, var.default) for var in env.VARIABLES}
+    assert kinds["KDB_SYSTEM_DB_PATH"][0] == "pathlist"
+    assert kinds["KDB_CHECK_NUMERICS"][0] == "flags"
+    assert kinds["KDB_COMPILE_PARALLEL_LEVEL"] == ("int", 20)
+    assert kinds["KDB_LOG_LEVEL"] == ("int", 0)
+    # As MIOPEN_DEBUG_CONV_*: families are on unless switched off.
+    assert all(kinds[n] == ("bool", True) for n in EXPECTED if n.startswith("KDB_DEBUG_CONV_"))
+
+
+def test_envvar_is_frozen_and_validated():
+    var = env.VARIABLES[0]
+    with pytest.raises(AttributeError):
+        var.default = True  # type: ignore[misc]
+    with pytest.raises(ValueError):
+        EnvVar("KDB_X", "float", 0, "m")
+    with pytest.raises(ValueError):
+        EnvVar("MIOPEN_X", "bool", False, "m")
+
+
+def test_check_numerics_bits_match_miopen():
+    assert [int(f) for f in (CheckNumerics.INFO, CheckNumerics.WARN, CheckNumerics.THROW,
+                             CheckNumerics.ABORT, CheckNumerics.STATS)] == [1, 2, 4, 8, 16]
+
+
+# Booleans ------------------------------------------------------------------------------------
+
+@pytest.mark.parametrize("spelling", TRUE)
+@pytest.mark.parametrize("variant", [str.lower, str.upper, str.title, lambda s: f"  {s}\t"])
+def test_true_spellings(monkeypatch, spelling, variant):
+    monkeypatch.setenv("KDB_DISABLE_JIT", variant(spelling))
+    assert _no_warning(env.get_bool, "KDB_DISABLE_JIT") is True
+
+
+@pytest.mark.parametrize("spelling", FALSE)
+@pytest.mark.parametrize("variant", [str.lower, str.upper, str.title, lambda s: f" {s} "])
+def test_false_spellings(monkeypatch, spelling, variant):
+    monkeypatch.setenv("KDB_DEBUG_CONV_GEMM", variant(spelling))
+    assert _no_warning(env.get_bool, "KDB_DEBUG_CONV_GEMM") is False
+
+
+def test_empty_bool_is_unset(monkeypatch):
+    monkeypatch.setenv("KDB_DEBUG_CONV_FFT", "  ")
+    assert _no_warning(env.get_bool, "KDB_DEBUG_CONV_FFT") is True
+
+
+@pytest.mark.parametrize("name, default", [("KDB_DISABLE_JIT", False),
+                                           ("KDB_DEBUG_CONV_WINOGRAD", True)])
+def test_bad_bool_warns_once_and_uses_default(monkeypatch, name, default):
+    monkeypatch.setenv(name, "maybe")
+    with pytest.warns(EnvVarWarning) as record:
+        assert env.get_bool(name) is default
+    text = str(record[0].message)
+    assert name in text and "'maybe'" in text
+    assert all(spelling in text for spelling in TRUE + FALSE)
+    assert record[0].filename == __file__, "the warning should point at the caller"
+    assert _no_warning(env.get_bool, name) is default  # second read: silent
+    monkeypatch.setenv(name, "perhaps")  # another bad value is news: warn again
+    with pytest.warns(EnvVarWarning, match="perhaps"):
+        env.get_bool(name)
+
+
+# Integers and flags --------------------------------------------------------------------------
+
+def test_int_parses_and_strips(monkeypatch):
+    monkeypatch.setenv("KDB_COMPILE_PARALLEL_LEVEL", " 8 ")
+    assert env.get_int("KDB_COMPILE_PARALLEL_LEVEL") == 8
+    monkeypatch.setenv("KDB_DEVICE_CU", "132")
+    assert env.get_int("KDB_DEVICE_CU") == 132
+
+
+@pytest.mark.parametrize("name, text, default", [
+    ("KDB_COMPILE_PARALLEL_LEVEL", "eight", 20), ("KDB_COMPILE_PARALLEL_LEVEL", "2.5", 20),
+    ("KDB_COMPILE_PARALLEL_LEVEL", "0", 20), ("KDB_LOG_LEVEL", "9", 0), ("KDB_LOG_LEVEL", "-1", 0),
+    ("KDB_DEVICE_CU", "lots", None), ("KDB_CHECK_NUMERICS", "0x40", CheckNumerics.NONE),
+    ("KDB_CHECK_NUMERICS", "junk", CheckNumerics.NONE),
+])
+def test_bad_int_warns_once_and_uses_default(monkeypatch, name, text, default):
+    monkeypatch.setenv(name, text)
+    with pytest.warns(EnvVarWarning, match=name) as record:
+        assert env.get_int(name) == default
+    message = str(record[0].message)
+    assert repr(text) in message
+    assert ("an integer" in message) or ("bit flags" in message), "should say what is accepted"
+    assert _no_warning(env.get_int, name) == default
+
+
+@pytest.mark.parametrize("text, flags", [
+    ("0x14", CheckNumerics.THROW | CheckNumerics.STATS), ("0X02", CheckNumerics.WARN),
+    ("5", CheckNumerics.INFO | CheckNumerics.THROW), ("0", CheckNumerics.NONE), ("31", 0x1F),
+])
+def test_check_numerics_flags(monkeypatch, text, flags):
+    monkeypatch.setenv("KDB_CHECK_NUMERICS", text)
+    value = _no_warning(env.get_int, "KDB_CHECK_NUMERICS")
+    assert isinstance(value, CheckNumerics) and value == flags
+
+
+# Strings and paths ---------------------------------------------------------------------------
+
+def test_str_and_choices(monkeypatch):
+    monkeypatch.setenv("KDB_DEVICE_ARCH", " gfx942 ")
+    assert env.get_str("KDB_DEVICE_ARCH") == "gfx942"
+    monkeypatch.setenv("KDB_BACKEND", "CUDA")
+    assert env.get_str("KDB_BACKEND") == "cuda"
+    monkeypatch.setenv("KDB_BACKEND", "vulkan")
+    with pytest.warns(EnvVarWarning, match="cuda, hip, opencl"):
+        assert env.get_str("KDB_BACKEND") is None
+
+
+def test_path_expands_user(monkeypatch, tmp_path):
+    monkeypatch.setenv("HOME", str(tmp_path))
+    monkeypatch.setenv("KDB_CUSTOM_CACHE_DIR", "~/kcache")
+    assert env.get_path("KDB_CUSTOM_CACHE_DIR") == tmp_path / "kcache"
+    monkeypatch.setenv("KDB_USER_DB_PATH", "")
+    assert env.get_path("KDB_USER_DB_PATH") is None
+
+
+def test_pathlist_splits_on_pathsep_in_order(monkeypatch):
+    monkeypatch.setenv("KDB_SYSTEM_DB_PATH", os.pathsep.join(["/opt/b", "", " /opt/a ", "/c"]))
+    assert env.get_pathlist("KDB_SYSTEM_DB_PATH") == [Path("/opt/b"), Path("/opt/a"), Path("/c")]
+    monkeypatch.setenv("KDB_SYSTEM_DB_PATH", "/only")
+    assert env.get_pathlist("KDB_SYSTEM_DB_PATH") == [Path("/only")]
+    monkeypatch.delenv("KDB_SYSTEM_DB_PATH")
+    assert env.get_pathlist("KDB_SYSTEM_DB_PATH") == []
+
+
+# Accessor misuse, generic access, per-solver switches -----------------------------------------
+
+def test_wrong_accessor_and_unknown_name_raise():
+    with pytest.raises(TypeError, match="get_int"):
+        env.get_bool("KDB_LOG_LEVEL")
+    with pytest.raises(TypeError, match="get_pathlist"):
+        env.get_path("KDB_SYSTEM_DB_PATH")
+    with pytest.raises(KeyError, match="did you mean KDB_DISABLE_JIT"):
+        env.get_bool("KDB_DISABLE_JITT")
+
+
+def test_value_dispatches_on_kind(monkeypatch):
+    monkeypatch.setenv("KDB_ENABLE_LOGGING", "yes")
+    monkeypatch.setenv("KDB_LOG_LEVEL", "6")
+    monkeypatch.setenv("KDB_DEBUG_FIND_ONLY_SOLVER", "ConvDirectNaive")
+    assert env.value("KDB_ENABLE_LOGGING") is True
+    assert env.value("KDB_LOG_LEVEL") == 6
+    assert env.value("KDB_DEBUG_FIND_ONLY_SOLVER") == "ConvDirectNaive"
+
+
+def test_environment_is_read_at_call_time(monkeypatch):
+    monkeypatch.setenv("KDB_DISABLE_CACHE", "1")
+    assert env.get_bool("KDB_DISABLE_CACHE") is True
+    monkeypatch.setenv("KDB_DISABLE_CACHE", "0")
+    assert env.get_bool("KDB_DISABLE_CACHE") is False
+
+
+def test_a_switch_declared_elsewhere_uses_the_same_accessors(monkeypatch):
+    switch = EnvVar("KDB_DEBUG_CONV_DIRECT_NAIVE", "bool", True, "Naive direct. Default: on.")
+    assert env.get_bool(switch) is True
+    monkeypatch.setenv(switch.name, "off")
+    assert env.get_bool(switch) is False
+    assert env.snapshot(extra=[switch])[-1] == (switch, "off", False)
+
+
+# snapshot and typos --------------------------------------------------------------------------
+
+def test_snapshot_covers_every_variable_with_raw_and_parsed(monkeypatch):
+    monkeypatch.setenv("KDB_LOG_LEVEL", " 5")
+    monkeypatch.setenv("KDB_BACKEND", "nonsense")
+    with pytest.warns(EnvVarWarning):
+        rows = env.snapshot()
+    assert [var.name for var, _, _ in rows] == [var.name for var in env.VARIABLES]
+    assert sorted(var.name for var, _, _ in rows) == sorted(EXPECTED)
+    by_name = {var.name: (raw, parsed) for var, raw, parsed in rows}
+    assert by_name["KDB_LOG_LEVEL"] == (" 5", 5)
+    assert by_name["KDB_BACKEND"] == ("nonsense", None)  # bad value: raw shown, default used
+    assert by_name["KDB_DISABLE_JIT"] == (None, False)
+
+
+def test_unknown_variables_are_listed_with_a_suggestion(monkeypatch):
+    monkeypatch.setenv("KDB_DISABLE_JITT", "1")
+    monkeypatch.setenv("KDB_LOG_LEVLE", "5")
+    monkeypatch.setenv("KDB_SOMETHING_ELSE", "1")
+    monkeypatch.setenv("KDB_DISABLE_JIT", "1")  # registered: not listed
+    monkeypatch.setenv("MIOPEN_DISABLE_JITT", "1")  # not ours: not listed
+    assert env.unknown_kdb_variables() == [
+        "KDB_DISABLE_JITT (did you mean KDB_DISABLE_JIT?)",
+        "KDB_LOG_LEVLE (did you mean KDB_LOG_LEVEL?)",
+        "KDB_SOMETHING_ELSE",
+    ]
+    assert env.unknown_kdb_variables(known=["KDB_SOMETHING_ELSE"])[-1].startswith("KDB_LOG")
+
+
+def test_nothing_listed_when_environment_is_clean():
+    assert env.unknown_kdb_variables() == []
+
+
+def test_import_reads_nothing_and_warns_nothing():
+    # A bad value at import time must not warn: only reading the variable does.
+    out = subprocess.run(
+        [sys.executable, "-W", "error", "-c", "import runtime.env"], cwd=REPO,
+        env={**os.environ, "KDB_DISABLE_JIT": "maybe", "PYTHONPATH": str(REPO)},
+        capture_output=True, text=True, check=False)
+    assert out.returncode == 0, out.stderr
