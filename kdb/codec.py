@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import bz2
 import hashlib
+import threading
 from dataclasses import dataclass
 
 import zstandard as zstd
@@ -64,18 +65,22 @@ class Codec:
         self.level = level
         self.dictionary = dictionary
         self._zdict = zstd.ZstdCompressionDict(dictionary) if dictionary else None
-        self._compressor: zstd.ZstdCompressor | None = None
-        self._decompressor: zstd.ZstdDecompressor | None = None
+        # zstd (de)compressor objects must not be used by two threads at once (a shared one
+        # crashed the process under parallel JIT); one per thread, made on first use.
+        self._local = threading.local()
 
     def _zc(self) -> zstd.ZstdCompressor:
-        if self._compressor is None:
-            self._compressor = zstd.ZstdCompressor(level=self.level, dict_data=self._zdict, write_content_size=True)
-        return self._compressor
+        zc = getattr(self._local, "compressor", None)
+        if zc is None:
+            zc = self._local.compressor = zstd.ZstdCompressor(level=self.level, dict_data=self._zdict,
+                                                              write_content_size=True)
+        return zc
 
     def _zd(self) -> zstd.ZstdDecompressor:
-        if self._decompressor is None:
-            self._decompressor = zstd.ZstdDecompressor(dict_data=self._zdict)
-        return self._decompressor
+        zd = getattr(self._local, "decompressor", None)
+        if zd is None:
+            zd = self._local.decompressor = zstd.ZstdDecompressor(dict_data=self._zdict)
+        return zd
 
     def compress_raw(self, data: bytes) -> bytes:
         """Compress without the raw fallback (used to measure and train)."""

@@ -58,3 +58,26 @@ def test_digests():
         digest(b"", "crc32")
     with pytest.raises(CodecError):
         Codec("lz4")
+
+
+def test_one_codec_is_safe_across_threads():
+    import threading
+
+    c = Codec("zstd")
+    blobs = [fake_binary(i) for i in range(16)]
+    errors = []
+
+    def work(i):
+        try:
+            for _ in range(50):
+                enc = c.encode(blobs[i])
+                assert c.decode(enc.blob, enc.uncompressed_size) == blobs[i]
+        except Exception as exc:
+            errors.append(exc)
+
+    threads = [threading.Thread(target=work, args=(i,)) for i in range(16)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert not errors
