@@ -1,0 +1,148 @@
+/* kdb_compat.h: the kernel dialect. One kernel source, three compilers.
+ *
+ * A kdbkit kernel is plain C plus the macros below, and compiles unchanged as
+ *   - CUDA C++ with NVRTC                       (__CUDACC__ / __CUDACC_RTC__ / __NVCC__)
+ *   - HIP with hiprtc, or clang offline for amdgcn with -nogpulib -nogpuinc (__HIP__)
+ *   - OpenCL C with PoCL or any OpenCL driver   (__OPENCL_VERSION__)
+ *
+ * The HIP branch uses clang attributes and builtins only, never the ROCm headers or device
+ * libraries, because the offline build (clang -x hip -nogpulib -nogpuinc) has neither; the
+ * same spelling also compiles under hiprtc, so there is one HIP branch.
+ *
+ * Vocabulary (x, y and z exist for every id and size):
+ *   KDB_KERNEL            start of a kernel definition: `KDB_KERNEL void name(...)`; C linkage
+ *                         in CUDA/HIP so that the symbol is `name`, not a mangled one
+ *   KDB_DEVICE_FN         a helper function callable from kernels (static inline)
+ *   KDB_GLOBAL            address space of a pointer argument to device memory
+ *   KDB_RESTRICT          restrict qualifier for pointer arguments
+ *   KDB_SHARED(T, n, N)   declare `T n[N]` in shared (CUDA/HIP) / local (OpenCL) memory, at
+ *                         kernel scope; N must be a compile-time constant (use -D macros).
+ *                         KDB_LOCAL(T, n, N) is the same, spelled the OpenCL way
+ *   KDB_LOCAL_ID_X        thread index within its block   (threadIdx.x / get_local_id(0))
+ *   KDB_GROUP_ID_X        block index within the grid     (blockIdx.x  / get_group_id(0))
+ *   KDB_LOCAL_SIZE_X      threads per block               (blockDim.x  / get_local_size(0))
+ *   KDB_NUM_GROUPS_X      blocks in the grid              (gridDim.x   / get_num_groups(0))
+ *   KDB_GLOBAL_ID_X       KDB_GROUP_ID_X * KDB_LOCAL_SIZE_X + KDB_LOCAL_ID_X
+ *   KDB_BARRIER           block-wide barrier that also orders shared/local memory
+ *   KDB_EXPF KDB_SQRTF KDB_FMAXF KDB_FMINF KDB_FABSF KDB_FMAF   single-precision math
+ *
+ * Ids are `int` everywhere (OpenCL's size_t and HIP's unsigned builtins are cast), so that
+ * index arithmetic with negative intermediate values behaves the same on every backend.
+ */
+#ifndef KDB_COMPAT_H
+#define KDB_COMPAT_H
+
+#if defined(__OPENCL_VERSION__)
+/* ---------------------------------------------------------------- OpenCL C */
+#define KDB_BACKEND_OPENCL 1
+#if defined(cl_khr_fp64)
+#pragma OPENCL EXTENSION cl_khr_fp64 : enable /* lets -DKDB_DTYPE=double build before OpenCL 3.0 */
+#endif
+#define KDB_KERNEL __kernel
+#define KDB_DEVICE_FN static inline
+#define KDB_GLOBAL __global
+#define KDB_RESTRICT restrict
+#define KDB_SHARED(type, name, n) __local type name[n]
+
+#define KDB_LOCAL_ID_X ((int)get_local_id(0))
+#define KDB_LOCAL_ID_Y ((int)get_local_id(1))
+#define KDB_LOCAL_ID_Z ((int)get_local_id(2))
+#define KDB_GROUP_ID_X ((int)get_group_id(0))
+#define KDB_GROUP_ID_Y ((int)get_group_id(1))
+#define KDB_GROUP_ID_Z ((int)get_group_id(2))
+#define KDB_LOCAL_SIZE_X ((int)get_local_size(0))
+#define KDB_LOCAL_SIZE_Y ((int)get_local_size(1))
+#define KDB_LOCAL_SIZE_Z ((int)get_local_size(2))
+#define KDB_NUM_GROUPS_X ((int)get_num_groups(0))
+#define KDB_NUM_GROUPS_Y ((int)get_num_groups(1))
+#define KDB_NUM_GROUPS_Z ((int)get_num_groups(2))
+
+#define KDB_BARRIER barrier(CLK_LOCAL_MEM_FENCE)
+
+#define KDB_EXPF(x) exp((float)(x))
+#define KDB_SQRTF(x) sqrt((float)(x))
+#define KDB_FMAXF(a, b) fmax((float)(a), (float)(b))
+#define KDB_FMINF(a, b) fmin((float)(a), (float)(b))
+#define KDB_FABSF(x) fabs((float)(x))
+#define KDB_FMAF(a, b, c) fma((float)(a), (float)(b), (float)(c))
+
+#elif defined(__HIP__) || defined(__HIPCC_RTC__)
+/* ---------------------------------------------------------------- HIP / amdgcn */
+#define KDB_BACKEND_HIP 1
+#define KDB_KERNEL extern "C" __attribute__((global))
+#define KDB_DEVICE_FN static __attribute__((device)) inline __attribute__((always_inline))
+#define KDB_GLOBAL
+#define KDB_RESTRICT __restrict__
+#define KDB_SHARED(type, name, n) __attribute__((shared)) type name[n]
+
+#define KDB_LOCAL_ID_X ((int)__builtin_amdgcn_workitem_id_x())
+#define KDB_LOCAL_ID_Y ((int)__builtin_amdgcn_workitem_id_y())
+#define KDB_LOCAL_ID_Z ((int)__builtin_amdgcn_workitem_id_z())
+#define KDB_GROUP_ID_X ((int)__builtin_amdgcn_workgroup_id_x())
+#define KDB_GROUP_ID_Y ((int)__builtin_amdgcn_workgroup_id_y())
+#define KDB_GROUP_ID_Z ((int)__builtin_amdgcn_workgroup_id_z())
+#define KDB_LOCAL_SIZE_X ((int)__builtin_amdgcn_workgroup_size_x())
+#define KDB_LOCAL_SIZE_Y ((int)__builtin_amdgcn_workgroup_size_y())
+#define KDB_LOCAL_SIZE_Z ((int)__builtin_amdgcn_workgroup_size_z())
+/* grid_size is the total number of work-items (HSA dispatch packet), not of groups. */
+#define KDB_NUM_GROUPS_X ((int)(__builtin_amdgcn_grid_size_x() / __builtin_amdgcn_workgroup_size_x()))
+#define KDB_NUM_GROUPS_Y ((int)(__builtin_amdgcn_grid_size_y() / __builtin_amdgcn_workgroup_size_y()))
+#define KDB_NUM_GROUPS_Z ((int)(__builtin_amdgcn_grid_size_z() / __builtin_amdgcn_workgroup_size_z()))
+
+/* What HIP's __syncthreads() expands to: release fence, s_barrier, acquire fence. */
+#define KDB_BARRIER                                          \
+    do {                                                     \
+        __builtin_amdgcn_fence(__ATOMIC_RELEASE, "workgroup"); \
+        __builtin_amdgcn_s_barrier();                        \
+        __builtin_amdgcn_fence(__ATOMIC_ACQUIRE, "workgroup"); \
+    } while (0)
+
+#define KDB_EXPF(x) __builtin_expf(x)
+#define KDB_SQRTF(x) __builtin_sqrtf(x)
+#define KDB_FMAXF(a, b) __builtin_fmaxf((a), (b))
+#define KDB_FMINF(a, b) __builtin_fminf((a), (b))
+#define KDB_FABSF(x) __builtin_fabsf(x)
+#define KDB_FMAF(a, b, c) __builtin_fmaf((a), (b), (c))
+
+#elif defined(__CUDACC__) || defined(__CUDACC_RTC__) || defined(__NVCC__)
+/* ---------------------------------------------------------------- CUDA (NVRTC, nvcc) */
+#define KDB_BACKEND_CUDA 1
+#define KDB_KERNEL extern "C" __global__
+#define KDB_DEVICE_FN static __device__ __forceinline__
+#define KDB_GLOBAL
+#define KDB_RESTRICT __restrict__
+#define KDB_SHARED(type, name, n) __shared__ type name[n]
+
+#define KDB_LOCAL_ID_X ((int)threadIdx.x)
+#define KDB_LOCAL_ID_Y ((int)threadIdx.y)
+#define KDB_LOCAL_ID_Z ((int)threadIdx.z)
+#define KDB_GROUP_ID_X ((int)blockIdx.x)
+#define KDB_GROUP_ID_Y ((int)blockIdx.y)
+#define KDB_GROUP_ID_Z ((int)blockIdx.z)
+#define KDB_LOCAL_SIZE_X ((int)blockDim.x)
+#define KDB_LOCAL_SIZE_Y ((int)blockDim.y)
+#define KDB_LOCAL_SIZE_Z ((int)blockDim.z)
+#define KDB_NUM_GROUPS_X ((int)gridDim.x)
+#define KDB_NUM_GROUPS_Y ((int)gridDim.y)
+#define KDB_NUM_GROUPS_Z ((int)gridDim.z)
+
+#define KDB_BARRIER __syncthreads()
+
+#define KDB_EXPF(x) expf(x)
+#define KDB_SQRTF(x) sqrtf(x)
+#define KDB_FMAXF(a, b) fmaxf((a), (b))
+#define KDB_FMINF(a, b) fminf((a), (b))
+#define KDB_FABSF(x) fabsf(x)
+#define KDB_FMAF(a, b, c) fmaf((a), (b), (c))
+
+#else
+#error "kdb_compat.h: unknown compiler; expected OpenCL C, HIP (clang/hiprtc) or CUDA (NVRTC/nvcc)"
+#endif
+
+#define KDB_LOCAL(type, name, n) KDB_SHARED(type, name, n)
+
+#define KDB_GLOBAL_ID_X (KDB_GROUP_ID_X * KDB_LOCAL_SIZE_X + KDB_LOCAL_ID_X)
+#define KDB_GLOBAL_ID_Y (KDB_GROUP_ID_Y * KDB_LOCAL_SIZE_Y + KDB_LOCAL_ID_Y)
+#define KDB_GLOBAL_ID_Z (KDB_GROUP_ID_Z * KDB_LOCAL_SIZE_Z + KDB_LOCAL_ID_Z)
+
+#endif /* KDB_COMPAT_H */

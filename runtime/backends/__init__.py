@@ -1,0 +1,40 @@
+"""GPU backends (CUDA, HIP, OpenCL) behind one interface, and the discovery of local devices.
+
+Public API::
+
+    discover_devices() -> list[DeviceInfo]   CUDA, then HIP, then OpenCL; env overrides applied
+    default_device() -> DeviceInfo           first GPU, else first OpenCL device
+    open_backend(device) -> Backend          compile / load / launch / memory / timing
+
+Importing this package loads no vendor library and probes no device: each vendor module
+imports its library inside the functions that need it.
+"""
+
+from runtime.backends.base import (
+    Backend,
+    BackendUnavailableError,
+    BinaryLoadError,
+    Buffer,
+    CompileError,
+    CompilerUnavailableError,
+    DeviceInfo,
+    Kernel,
+    Module,
+)
+from runtime.backends.registry import DeviceOverrideError, default_device, discover_devices, open_backend
+
+__all__ = [
+    "Backend",
+    "BackendUnavailableError",
+    "BinaryLoadError",
+    "Buffer",
+    "CompileError",
+    "CompilerUnavailableError",
+    "DeviceInfo",
+    "DeviceOverrideError",
+    "Kernel",
+    "Module",
+    "default_device",
+    "discover_devices",
+    "open_backend",
+]

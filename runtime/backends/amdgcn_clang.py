@@ -1,0 +1,123 @@
+"""Offline AMD GPU builds: kernel source to a code object with a stock clang, no ROCm needed.
+
+The packager uses this to build bundles for gfx90a, gfx942, gfx1100, ... on a machine with
+neither an AMD GPU nor ROCm: Debian's ``clang-19`` + ``lld-19`` compile the kernel dialect in
+HIP mode for ``amdgcn-amd-amdhsa``::
+
+    clang-19 -x hip --offload-arch=gfx942 --cuda-device-only --no-gpu-bundle-output \
+             -nogpulib -nogpuinc -O3 -I kernels -o out.co kernel.c
+
+which gives a raw ELF code object (not a clang offload bundle), loadable with
+``hipModuleLoadData``. ``-nogpulib -nogpuinc`` mean no ROCm device libraries and headers, which
+is why ``kernels/kdb_compat.h`` spells everything with clang builtins in its HIP branch.
+OpenCL C is not used for amdgcn: it needs the device libraries for ``get_local_id``.
+"""
+
+from __future__ import annotations
+
+import re
+import shutil
+import subprocess
+import tempfile
+from functools import lru_cache
+from pathlib import Path
+from typing import Sequence
+
+from runtime.backends.base import CompileError, CompilerUnavailableError
+
+# Newest first: a newer clang knows more gfx targets. Plain "clang" last, since distributions
+# often ship an old default whose amdgcn backend lacks recent targets.
+CLANG_CANDIDATES = ("clang-19", "clang-20", "clang-21", "clang-18", "clang")
+_TARGET_RE = re.compile(r"gfx[0-9a-f]+(?::[a-z][a-z0-9]*[+-])*")
+_TIMEOUT_S = 600
+
+
+def find_clang(candidates: Sequence[str] = CLANG_CANDIDATES) -> str | None:
+    """Return the path of the first clang on PATH among ``candidates``, or ``None``."""
+    for name in candidates:
+        path = shutil.which(name)
+        if path:
+            return path
+    return None
+
+
+def _require_clang(clang: str | None) -> str:
+    path = clang or find_clang()
+    if path is None:
+        raise CompilerUnavailableError(
+            "no clang for amdgcn offline builds on PATH (looked for "
+            f"{', '.join(CLANG_CANDIDATES)}); install it with `apt-get install clang-19 lld-19`"
+        )
+    return path
+
+
+@lru_cache(maxsize=8)
+def clang_identity(clang: str | None = None) -> str:
+    """``"clang <version>"`` of the compiler, e.g. ``"clang 19.1.7"``, read from ``--version``.
+
+    Raises:
+        CompilerUnavailableError: no clang, or its version line cannot be read.
+    """
+    path = _require_clang(clang)
+    try:
+        out = subprocess.run([path, "--version"], capture_output=True, text=True, timeout=60, check=True).stdout
+    except (OSError, subprocess.SubprocessError) as e:
+        raise CompilerUnavailableError(f"{path} --version failed: {e}") from e
+    m = re.search(r"clang version (\d+\.\d+\.\d+)", out)
+    if not m:
+        raise CompilerUnavailableError(f"cannot read a clang version from `{path} --version`: {out.splitlines()[:1]}")
+    return f"clang {m.group(1)}"
+
+
+def compile_amdgcn(
+    source: str,
+    arch: str,
+    options: Sequence[str] = (),
+    include_dirs: Sequence[Path] = (),
+    *,
+    name: str = "kernel.c",
+    clang: str | None = None,
+) -> bytes:
+    """Compile ``source`` in HIP mode to an AMD GPU code object for ``arch``.
+
+    Args:
+        source: kernel source text (the kdbkit dialect).
+        arch: ``gfx942``, or with target features ``gfx90a:xnack-``.
+        options: extra compiler options, e.g. ``("-DTILE=16",)``.
+        include_dirs: folders for ``#include "..."`` (passed as ``-I``).
+        name: the source's file name, shown in diagnostics.
+        clang: the compiler to use; default :func:`find_clang`.
+
+    Returns:
+        The code object (ELF, ``e_machine == EM_AMDGPU``).
+
+    Raises:
+        CompileError: clang rejected the source; the message holds its diagnostics.
+        CompilerUnavailableError: no clang, or ``arch`` is not a gfx target.
+    """
+    if not _TARGET_RE.fullmatch(arch):
+        raise CompilerUnavailableError(
+            f"{arch!r} is not an AMD GPU target: expected gfx<id>[:<feature>±], e.g. gfx90a:xnack-"
+        )
+    path = _require_clang(clang)
+    with tempfile.TemporaryDirectory(prefix="kdb-amdgcn-") as tmp:
+        src = Path(tmp) / Path(name).name
+        src.write_text(source, encoding="utf-8")
+        out = Path(tmp) / "out.co"
+        cmd = [
+            path, "-x", "hip", f"--offload-arch={arch}", "--cuda-device-only", "--no-gpu-bundle-output",
+            "-nogpulib", "-nogpuinc", "-O3",
+            *[f"-I{d}" for d in include_dirs],
+            *options,
+            "-o", str(out), str(src),
+        ]  # fmt: skip
+        try:
+            proc = subprocess.run(cmd, capture_output=True, text=True, timeout=_TIMEOUT_S)
+        except (OSError, subprocess.SubprocessError) as e:
+            raise CompilerUnavailableError(f"running {path} failed: {e}") from e
+        if proc.returncode != 0 or not out.is_file():
+            raise CompileError(
+                f"{name} failed to compile for {arch} with {Path(path).name} (exit {proc.returncode}):\n"
+                + proc.stderr.strip()
+            )
+        return out.read_bytes()

@@ -1,0 +1,403 @@
+"""The CUDA backend: NVRTC to compile, the CUDA driver API (``cuda-bindings``) to run.
+
+Devices are found through the driver (compute capability, SM count, PCI bus id) and named
+through NVML when ``nvidia-ml-py`` is installed (marketing name, memory, driver version). A
+missing driver or library means "no CUDA devices", never an error at import or discovery.
+
+Binaries are cubins for exactly the device's arch. Before ``cuModuleLoadData`` the cubin's
+ELF header is read (:func:`runtime.backends.elf_notes.cubin_arch`) and a cubin for another
+arch is refused: SASS does not run across major versions, and refusing minor mismatches too
+keeps one bundle per arch, as the bundle names promise.
+
+Each call makes this backend's context current first, so several backends (devices) can be
+used from one thread. Work goes to the context's legacy default stream, so copies
+(``cuMemcpyHtoD``/``DtoH``, synchronous) and launches are ordered without extra syncs.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import logging
+from pathlib import Path
+from typing import Any, Sequence
+
+import numpy as np
+
+from kdb.target import Target
+from runtime.backends.args import (
+    LaunchArgumentError,
+    LaunchError,
+    check_host_out,
+    check_launch_args,
+    scalar_bytes,
+)
+from runtime.backends.base import (
+    Backend,
+    BackendUnavailableError,
+    BinaryLoadError,
+    Buffer,
+    DeviceInfo,
+    Kernel,
+    Module,
+)
+from runtime.backends.elf_notes import cubin_arch
+from runtime.backends.nvrtc import compile_cuda, nvrtc_identity
+
+log = logging.getLogger("kdb.backends.cuda")
+
+_REMEDY = "install the CUDA extra (pip install 'kdbkit[cuda]') and an NVIDIA driver"
+
+
+def _driver():
+    """Import the driver binding lazily; importing kdbkit must not load libcuda."""
+    try:
+        from cuda.bindings import driver
+    except Exception as e:
+        raise BackendUnavailableError(f"cuda-bindings is not available ({e}); {_REMEDY}") from e
+    return driver
+
+
+class CudaCallError(BackendUnavailableError):
+    """A CUDA driver call returned an error; the message names the call and the error."""
+
+
+def _check(result, call: str, driver):
+    """Unpack a driver ``(CUresult, *values)`` tuple; raise naming ``call`` on any error."""
+    err, *values = result
+    if err != driver.CUresult.CUDA_SUCCESS:
+        name = str(err)
+        try:
+            _, text = driver.cuGetErrorString(err)
+            name = f"{err.name}: {text.decode() if isinstance(text, bytes) else text}"
+        except Exception:
+            pass  # the error string is a courtesy; the code itself is in `name`
+        raise CudaCallError(f"{call} failed ({name})")
+    if not values:
+        return None
+    return values[0] if len(values) == 1 else tuple(values)
+
+
+def sm_arch(major: int, minor: int) -> str:
+    """``sm_<major><minor>`` from a compute capability: (9, 0) -> ``sm_90``, (12, 1) -> ``sm_121``."""
+    return f"sm_{major}{minor}"
+
+
+def _attribute(driver, dev, name: str) -> int:
+    """One ``CU_DEVICE_ATTRIBUTE_<name>`` of ``dev``."""
+    attr = getattr(driver.CUdevice_attribute, f"CU_DEVICE_ATTRIBUTE_{name}")
+    return int(_check(driver.cuDeviceGetAttribute(attr, dev), f"cuDeviceGetAttribute({name})", driver))
+
+
+def device_arch(driver, dev) -> str:
+    """The ``sm_<NN>`` arch of a ``CUdevice``, from its compute capability."""
+    major = _attribute(driver, dev, "COMPUTE_CAPABILITY_MAJOR")
+    minor = _attribute(driver, dev, "COMPUTE_CAPABILITY_MINOR")
+    return sm_arch(major, minor)
+
+
+def discover() -> list[DeviceInfo]:
+    """List CUDA devices in CUDA ordinal order; an empty list when there is no usable driver.
+
+    Never raises: a missing cuda-bindings, libcuda or GPU means no CUDA devices.
+    """
+    try:
+        driver = _driver()
+        (err,) = driver.cuInit(0)
+    except Exception as e:  # BackendUnavailableError, or libcuda not found when the call loads it
+        log.debug("no CUDA devices: %s", e)
+        return []
+    if err != driver.CUresult.CUDA_SUCCESS:
+        log.debug("no CUDA devices: cuInit returned %s", err)
+        return []
+    try:
+        count = _check(driver.cuDeviceGetCount(), "cuDeviceGetCount", driver)
+    except Exception as e:
+        log.warning("CUDA driver present but cuDeviceGetCount failed: %s", e)
+        return []
+    nvml = _NvmlNames()
+    try:
+        devices = []
+        for ordinal in range(count):
+            try:
+                devices.append(_device_info(driver, ordinal, nvml))
+            except Exception as e:
+                log.warning("skipping CUDA device %d: %s", ordinal, e)
+        return devices
+    finally:
+        nvml.close()
+
+
+def _device_info(driver, ordinal: int, nvml: "_NvmlNames") -> DeviceInfo:
+    dev = _check(driver.cuDeviceGet(ordinal), "cuDeviceGet", driver)
+    sms = _attribute(driver, dev, "MULTIPROCESSOR_COUNT")
+    name = _check(driver.cuDeviceGetName(256, dev), "cuDeviceGetName", driver)
+    name = name.split(b"\0", 1)[0].decode() if isinstance(name, bytes) else str(name)
+    memory = int(_check(driver.cuDeviceTotalMem(dev), "cuDeviceTotalMem", driver))
+    # NVML numbers devices by PCI order, CUDA by speed: match the two by PCI bus id.
+    bus_id = _check(driver.cuDeviceGetPCIBusId(64, dev), "cuDeviceGetPCIBusId", driver)
+    bus_id = bus_id.split(b"\0", 1)[0].decode() if isinstance(bus_id, bytes) else str(bus_id)
+    nv_name, nv_memory = nvml.lookup(bus_id)
+    version = _check(driver.cuDriverGetVersion(), "cuDriverGetVersion", driver)
+    driver_text = nvml.driver_version() or f"CUDA {version // 1000}.{(version % 1000) // 10}"
+    return DeviceInfo(
+        backend="cuda",
+        index=ordinal,
+        name=nv_name or name,
+        target=Target("cuda", device_arch(driver, dev), (), sms),
+        memory_bytes=nv_memory or memory,
+        driver=driver_text,
+    )
+
+
+def check_cubin(data: bytes, hardware_arch: str, device_name: str) -> str:
+    """Check, from its ELF header, that a cubin runs on a GPU of ``hardware_arch``.
+
+    Args:
+        data: the binary.
+        hardware_arch: the GPU's ``sm_<NN>`` from its compute capability.
+        device_name: for messages.
+
+    Returns:
+        The cubin's arch.
+
+    Raises:
+        BinaryLoadError: not a cubin (garbage, PTX text, a fatbin, an AMD code object), or
+            built for another arch.
+    """
+    built_for = cubin_arch(data, what=f"binary for {device_name}")
+    reason = Target("cuda", hardware_arch).accepts(Target("cuda", built_for))
+    if reason is not None:
+        raise BinaryLoadError(
+            f"{device_name} is {hardware_arch} but this cubin was built for {built_for} ({reason}); "
+            f"rebuild it for {hardware_arch}, e.g. `kdb build --target {hardware_arch}`"
+        )
+    return built_for
+
+
+class _NvmlNames:
+    """NVML, if installed, for names, memory and the driver version; silent when absent."""
+
+    def __init__(self):
+        self._nvml = None
+        try:
+            import pynvml
+
+            pynvml.nvmlInit()
+            self._nvml = pynvml
+        except Exception as e:  # no nvidia-ml-py, or no libnvidia-ml
+            log.debug("NVML unavailable: %s", e)
+
+    def lookup(self, bus_id: str) -> tuple[str | None, int | None]:
+        if self._nvml is None:
+            return None, None
+        try:
+            handle = self._nvml.nvmlDeviceGetHandleByPciBusId(bus_id)
+            name = self._nvml.nvmlDeviceGetName(handle)
+            memory = self._nvml.nvmlDeviceGetMemoryInfo(handle).total
+            return (name.decode() if isinstance(name, bytes) else name), int(memory)
+        except Exception as e:
+            log.debug("NVML has no device at %s: %s", bus_id, e)
+            return None, None
+
+    def driver_version(self) -> str | None:
+        if self._nvml is None:
+            return None
+        try:
+            version = self._nvml.nvmlSystemGetDriverVersion()
+            return version.decode() if isinstance(version, bytes) else version
+        except Exception:
+            return None
+
+    def close(self) -> None:
+        if self._nvml is not None:
+            try:
+                self._nvml.nvmlShutdown()
+            except Exception:
+                pass
+
+
+class CudaBuffer(Buffer):
+    """``nbytes`` of device memory from ``cuMemAlloc``."""
+
+    def __init__(self, backend: "CudaBackend", ptr, nbytes: int):
+        self._backend = backend
+        self.ptr = ptr
+        self.nbytes = nbytes
+        self.freed = False
+
+    def free(self) -> None:
+        if not self.freed:
+            self._backend._activate()
+            _check(self._backend._drv.cuMemFree(self.ptr), "cuMemFree", self._backend._drv)
+            self.freed = True
+
+
+class CudaKernel(Kernel):
+    def __init__(self, name: str, function, module: "CudaModule"):
+        self.name = name
+        self.function = function
+        self._module = module  # keeps the module loaded while the kernel is in use
+
+
+class CudaModule(Module):
+    """A cubin loaded with ``cuModuleLoadData``."""
+
+    def __init__(self, backend: "CudaBackend", handle):
+        self._backend = backend
+        self.handle = handle
+
+    def function(self, name: str) -> Kernel:
+        drv = self._backend._drv
+        self._backend._activate()
+        err, fn = drv.cuModuleGetFunction(self.handle, name.encode())
+        if err != drv.CUresult.CUDA_SUCCESS:
+            raise BinaryLoadError(
+                f"no kernel {name!r} in this cubin on {self._backend.device.name} ({err.name}); "
+                "CUDA kernels must be declared with KDB_KERNEL (extern \"C\") to keep their names"
+            )
+        return CudaKernel(name, fn, self)
+
+
+class CudaBackend(Backend):
+    """One CUDA device, through its primary context."""
+
+    name = "cuda"
+    binary_format = "cubin"
+
+    def __init__(self, device: DeviceInfo):
+        """Open ``device`` (as returned by :func:`discover`): retain its primary context.
+
+        Raises:
+            BackendUnavailableError: no driver, or the device cannot be opened.
+        """
+        if device.backend != "cuda":
+            raise BackendUnavailableError(f"{device.name} is a {device.backend} device, not a CUDA one")
+        drv = _driver()
+        try:
+            _check(drv.cuInit(0), "cuInit", drv)
+        except CudaCallError:
+            raise
+        except Exception as e:
+            raise BackendUnavailableError(f"the CUDA driver cannot be loaded ({e}); {_REMEDY}") from e
+        self._drv = drv
+        self.device = device
+        self._dev = _check(drv.cuDeviceGet(device.index), "cuDeviceGet", drv)
+        # What the hardware runs, whatever KDB_DEVICE_ARCH says: cubins are checked against it.
+        self.hardware_arch = device_arch(drv, self._dev)
+        self._ctx = _check(drv.cuDevicePrimaryCtxRetain(self._dev), "cuDevicePrimaryCtxRetain", drv)
+        self._activate()
+
+    def __repr__(self) -> str:
+        return f"CudaBackend({self.device.name!r}, {self.device.target})"
+
+    def _activate(self) -> None:
+        _check(self._drv.cuCtxSetCurrent(self._ctx), "cuCtxSetCurrent", self._drv)
+
+    def close(self) -> None:
+        """Release the primary context (buffers and modules of this backend become invalid)."""
+        if self._ctx is not None:
+            _check(self._drv.cuDevicePrimaryCtxRelease(self._dev), "cuDevicePrimaryCtxRelease", self._drv)
+            self._ctx = None
+
+    def compiler_identity(self) -> str:
+        return nvrtc_identity()
+
+    def compile(self, source: str, *, name: str, options: Sequence[str], include_dirs: Sequence[Path]) -> bytes:
+        """Compile with NVRTC to a cubin for the device's target arch (see :func:`compile_cuda`)."""
+        return compile_cuda(source, self.device.target.arch, options, include_dirs, name=name)
+
+    def load(self, binary: bytes) -> Module:
+        """Load a cubin after checking, from its ELF header, that it was built for this GPU.
+
+        Raises:
+            BinaryLoadError: not a cubin, built for another arch, or refused by the driver.
+        """
+        data = bytes(binary)
+        built_for = check_cubin(data, self.hardware_arch, self.device.name)
+        self._activate()
+        err, module = self._drv.cuModuleLoadData(data)
+        if err != self._drv.CUresult.CUDA_SUCCESS:
+            raise BinaryLoadError(f"cuModuleLoadData refused a {built_for} cubin on {self.device.name} ({err.name})")
+        return CudaModule(self, module)
+
+    def launch(
+        self,
+        kernel: Kernel,
+        grid: tuple[int, int, int],
+        block: tuple[int, int, int],
+        args: Sequence[Any],
+        shared_bytes: int = 0,
+    ) -> None:
+        """``cuLaunchKernel`` with ``kernelParams``: an array of pointers to each argument's bytes."""
+        if not isinstance(kernel, CudaKernel):
+            raise LaunchArgumentError(f"{kernel!r} was not loaded by the CUDA backend")
+        check_launch_args(kernel.name, args, CudaBuffer)
+        # One C buffer per argument holding its exact bytes (a device pointer is 8 bytes); the
+        # driver copies them during the call, so they only need to outlive it.
+        holders = [
+            ctypes.c_uint64(int(a.ptr)) if isinstance(a, CudaBuffer) else scalar_bytes(a) for a in args
+        ]
+        pointers = (ctypes.c_void_p * max(len(holders), 1))(*[ctypes.addressof(h) for h in holders])
+        self._activate()
+        try:
+            _check(
+                self._drv.cuLaunchKernel(
+                    kernel.function,
+                    *(int(g) for g in grid),
+                    *(int(b) for b in block),
+                    int(shared_bytes),
+                    0,  # legacy default stream
+                    ctypes.addressof(pointers) if holders else 0,
+                    0,
+                ),
+                f"cuLaunchKernel({kernel.name}, grid={tuple(grid)}, block={tuple(block)})",
+                self._drv,
+            )
+        except CudaCallError as e:
+            raise LaunchError(str(e)) from e
+
+    def alloc(self, nbytes: int) -> Buffer:
+        self._activate()
+        # cuMemAlloc refuses 0 bytes; one byte keeps empty tensors legal.
+        ptr = _check(self._drv.cuMemAlloc(max(int(nbytes), 1)), "cuMemAlloc", self._drv)
+        return CudaBuffer(self, ptr, int(nbytes))
+
+    def to_device(self, array: np.ndarray) -> Buffer:
+        host = np.ascontiguousarray(array)
+        buf = self.alloc(host.nbytes)
+        if host.nbytes:
+            _check(self._drv.cuMemcpyHtoD(buf.ptr, host, host.nbytes), "cuMemcpyHtoD", self._drv)
+        return buf
+
+    def to_host(self, buffer: Buffer, out: np.ndarray) -> np.ndarray:
+        if not isinstance(buffer, CudaBuffer):
+            raise LaunchArgumentError(f"{buffer!r} is not a CUDA buffer of {self.device.name}")
+        check_host_out(out, buffer.nbytes, self.device.name)
+        self._activate()
+        if out.nbytes:
+            _check(self._drv.cuMemcpyDtoH(out, buffer.ptr, out.nbytes), "cuMemcpyDtoH", self._drv)
+        return out
+
+    def synchronize(self) -> None:
+        self._activate()
+        _check(self._drv.cuCtxSynchronize(), "cuCtxSynchronize", self._drv)
+
+    def time_ms(self, fn, repeat: int = 1) -> float:
+        """Time ``repeat`` calls of ``fn`` between two events on the default stream."""
+        drv = self._drv
+        self._activate()
+        flags = drv.CUevent_flags.CU_EVENT_DEFAULT
+        start = _check(drv.cuEventCreate(flags), "cuEventCreate", drv)
+        end = _check(drv.cuEventCreate(flags), "cuEventCreate", drv)
+        try:
+            _check(drv.cuEventRecord(start, 0), "cuEventRecord", drv)
+            for _ in range(repeat):
+                fn()
+            self._activate()
+            _check(drv.cuEventRecord(end, 0), "cuEventRecord", drv)
+            _check(drv.cuEventSynchronize(end), "cuEventSynchronize", drv)
+            ms = _check(drv.cuEventElapsedTime(start, end), "cuEventElapsedTime", drv)
+        finally:
+            drv.cuEventDestroy(start)
+            drv.cuEventDestroy(end)
+        return float(ms) / max(repeat, 1)
