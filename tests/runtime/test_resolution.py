@@ -1,0 +1,172 @@
+"""The lookup chain end to end on PoCL: memory, system bundle, user cache, JIT, with real kernels."""
+
+from __future__ import annotations
+
+import sqlite3
+
+import numpy as np
+import pytest
+
+from kdb import Target, open_bundle, write_bundle
+from runtime import kernel_sources
+from runtime.handle import JitDisabledError
+from runtime.program_key import normalise_options, program_key
+from runtime.samples import SAMPLES, run_samples
+from tests.runtime.chain_fixtures import isolated, make_handle, ocl_backend, ocl_device, private_kernels  # noqa: F401
+
+RELU = SAMPLES[0]
+
+
+def _system_bundle(folder, backend, target: Target, samples=SAMPLES, name=None, bundle_target=None):
+    """Build a system bundle the way the packager does: compile, key with the compiler's identity."""
+    compiler = backend.compiler_identity()
+    entries = []
+    for s in samples:
+        opts = normalise_options(s.options)
+        key = program_key(kernel_file=s.kernel_file, options=opts, arch=target.full_arch,
+                          source_digest=kernel_sources.source_digest(s.kernel_file), compiler=compiler)
+        binary = backend.compile(kernel_sources.read_source(s.kernel_file), name=s.kernel_file, options=list(opts),
+                                 include_dirs=[kernel_sources.kernels_dir()])
+        entries.append((key.kernel_name, key.kernel_args, binary))
+    bt = bundle_target or target
+    return write_bundle(folder / (name or bt.bundle_name()), bt, entries, compiler=compiler,
+                        binary_format=backend.binary_format)
+
+
+def test_jit_then_user_cache_then_memory(make_handle, isolated):
+    first = make_handle()
+    results = run_samples(first, seed=1)
+    assert [r.source for r in results] == ["jit"] * len(SAMPLES)
+    assert all(r.ok for r in results), [(r.name, r.rel_error) for r in results]
+    again = first.program(RELU.kernel_file, RELU.options)
+    assert again.source == "memory"
+
+    second = make_handle()  # a new handle has an empty memory cache: the user cache serves
+    results = run_samples(second, seed=2)
+    assert [r.source for r in results] == ["user"] * len(SAMPLES)
+    assert all(r.ok for r in results)
+    ukdb = isolated / "cache" / second.target.arch_wide().bundle_name(".ukdb")
+    assert open_bundle(ukdb).count() == len(SAMPLES)
+
+
+def test_system_bundle_comes_first(make_handle, isolated, ocl_backend):
+    _system_bundle(isolated / "system", ocl_backend, ocl_backend.device.target)
+    handle = make_handle()
+    results = run_samples(handle, seed=3)
+    assert [r.source for r in results] == ["system"] * len(SAMPLES) and all(r.ok for r in results)
+    assert not (isolated / "cache").exists()  # nothing compiled, nothing written
+    assert [s[0] for s in results[0].steps] == ["memory", f"system {ocl_backend.device.target.bundle_name()}"]
+
+
+def test_arch_wide_bundle_serves_when_the_exact_one_is_missing(make_handle, isolated, ocl_backend):
+    target = ocl_backend.device.target
+    _system_bundle(isolated / "system", ocl_backend, target, samples=SAMPLES[:1], bundle_target=target.arch_wide())
+    handle = make_handle()
+    assert handle.program(RELU.kernel_file, RELU.options).source == "system"
+    assert handle.program(SAMPLES[1].kernel_file, SAMPLES[1].options).source == "jit"  # not in the bundle
+
+
+def test_missing_system_bundle_warns_once(make_handle, isolated, capfd, monkeypatch):
+    from runtime import logging_setup
+
+    monkeypatch.setattr(logging_setup, "_once_keys", set())
+    logging_setup.configure_logging(force=True)
+    h = make_handle()
+    h.program(RELU.kernel_file, RELU.options)
+    make_handle().program(RELU.kernel_file, RELU.options)
+    err = capfd.readouterr().err
+    line = f"Missing system database file: {h.target.bundle_name()} Performance may degrade"
+    assert err.count(line) == 1
+
+
+def test_wrong_target_bundle_is_never_loaded(make_handle, isolated, ocl_backend):
+    # A bundle whose file name matches the device but whose metadata names another OpenCL device.
+    other = Target("opencl", "ocl-000000000000", (), ocl_backend.device.target.cu)
+    _system_bundle(isolated / "system", ocl_backend, ocl_backend.device.target, samples=SAMPLES[:1],
+                   name=ocl_backend.device.target.bundle_name(), bundle_target=other)
+    handle = make_handle()
+    assert handle.program(RELU.kernel_file, RELU.options).source == "jit"
+    assert any(c.status == "rejected" and "arch" in c.reason for c in handle.system_trace)
+
+
+def test_corrupt_system_entry_is_skipped(make_handle, isolated, ocl_backend):
+    path = _system_bundle(isolated / "system", ocl_backend, ocl_backend.device.target, samples=SAMPLES[:1])
+    conn = sqlite3.connect(path)
+    conn.execute("UPDATE kern_db SET kernel_hash = 'bad'")
+    conn.commit()
+    conn.close()
+    program = make_handle().program(RELU.kernel_file, RELU.options)
+    assert program.source == "jit"
+    assert any(s.outcome == "corrupt" for s in program.steps)
+
+
+def test_disable_jit_names_the_program_and_the_bundle(make_handle, monkeypatch):
+    monkeypatch.setenv("KDB_DISABLE_JIT", "1")
+    handle = make_handle()
+    with pytest.raises(JitDisabledError) as info:
+        handle.program(RELU.kernel_file, RELU.options)
+    msg = str(info.value)
+    assert "activation.c" in msg and handle.target.bundle_name() in msg
+    assert "kdb build --target" in msg and "KDB_DISABLE_JIT" in msg
+
+
+def test_disable_jit_still_uses_the_user_cache(make_handle, monkeypatch):
+    make_handle().program(RELU.kernel_file, RELU.options)
+    monkeypatch.setenv("KDB_DISABLE_JIT", "1")
+    assert make_handle().program(RELU.kernel_file, RELU.options).source == "user"
+
+
+def test_disable_cache_neither_reads_nor_writes(make_handle, isolated, monkeypatch):
+    monkeypatch.setenv("KDB_DISABLE_CACHE", "yes")
+    assert make_handle().program(RELU.kernel_file, RELU.options).source == "jit"
+    assert make_handle().program(RELU.kernel_file, RELU.options).source == "jit"
+    assert not (isolated / "cache").exists()
+
+
+def test_option_order_does_not_change_the_key(make_handle):
+    make_handle().program("matmul_tiled.c", ["-DTILE=16", "-DUNUSED=1"])
+    assert make_handle().program("matmul_tiled.c", "-DUNUSED=1 -D TILE=16").source == "user"
+
+
+def test_editing_an_included_header_invalidates(make_handle, private_kernels):
+    make_handle().program(RELU.kernel_file, RELU.options)
+    assert make_handle().program(RELU.kernel_file, RELU.options).source == "user"
+    header = private_kernels / "kdb_compat.h"
+    header.write_text(header.read_text() + "\n/* edited */\n")
+    assert make_handle().program(RELU.kernel_file, RELU.options).source == "jit"
+
+
+def test_another_compiler_version_is_never_used(make_handle, monkeypatch, ocl_backend):
+    make_handle().program(RELU.kernel_file, RELU.options)
+    real = ocl_backend.compiler_identity()
+    monkeypatch.setattr(type(ocl_backend), "compiler_identity", lambda self: real + " (upgraded)")
+    assert make_handle().program(RELU.kernel_file, RELU.options).source == "jit"
+
+
+def test_parallel_resolution_of_many_programs(make_handle, monkeypatch):
+    monkeypatch.setenv("KDB_COMPILE_PARALLEL_LEVEL", "4")
+    handle = make_handle()
+    reqs = [("activation.c", [f"-DSALT={i}"]) for i in range(6)]
+    programs = handle.programs(reqs)
+    assert [p.source for p in programs] == ["jit"] * 6
+    assert len({id(p.module) for p in programs}) == 6
+
+
+def test_resolution_is_logged_with_source_and_time(make_handle, monkeypatch, capfd):
+    from runtime import logging_setup
+
+    monkeypatch.setenv("KDB_ENABLE_LOGGING", "1")
+    logging_setup.configure_logging(force=True)
+    try:
+        make_handle().program(RELU.kernel_file, RELU.options)
+        err = capfd.readouterr().err
+        assert "resolve activation.c" in err and ": jit in " in err and " ms" in err
+    finally:
+        monkeypatch.delenv("KDB_ENABLE_LOGGING")
+        logging_setup.configure_logging(force=True)
+
+
+def test_results_are_right_for_random_inputs(make_handle):
+    for seed in range(3):
+        assert all(r.ok for r in run_samples(make_handle(), seed=seed))
+    assert np.isfinite(run_samples(make_handle(), seed=9)[2].rel_error)
