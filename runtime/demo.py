@@ -35,7 +35,9 @@ def child(device_index: int | None) -> int:
 
 def run_pass(cache_dir: Path, device_index: int | None) -> dict:
     """One pass in a fresh Python process; returns its parsed results."""
-    env = dict(os.environ, KDB_CUSTOM_CACHE_DIR=str(cache_dir))
+    # PoCL and the CUDA driver keep caches of their own; turn them off so that "jit" shows
+    # what a compile really costs on a machine that has never run these kernels.
+    env = dict(os.environ, KDB_CUSTOM_CACHE_DIR=str(cache_dir), POCL_KERNEL_CACHE="0", CUDA_CACHE_DISABLE="1")
     cmd = [sys.executable, "-m", "runtime.demo", "--child"]
     if device_index is not None:
         cmd += ["--device", str(device_index)]

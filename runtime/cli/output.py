@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import os
 import sys
 from typing import Any
 
@@ -12,6 +13,9 @@ from rich.markup import escape
 
 out = Console(highlight=False, soft_wrap=True)
 err = Console(stderr=True, highlight=False, soft_wrap=True)
+if not out.is_terminal and "COLUMNS" not in os.environ:
+    out.width = 140  # piped or captured output: rich would assume 80 columns and fold tables
+
 
 
 def size(n: int) -> str:
