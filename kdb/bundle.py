@@ -11,6 +11,7 @@ never returned. All SQL uses bound parameters.
 from __future__ import annotations
 
 import datetime as _dt
+import os
 import sqlite3
 import threading
 from dataclasses import dataclass
@@ -81,11 +82,14 @@ class BundleStats:
         return self.raw_bytes / stored if stored else 1.0
 
 
-def _connect(path: Path, writable: bool, create: bool) -> sqlite3.Connection:
+def _connect(path: Path, writable: bool, create: bool, immutable: bool = False) -> sqlite3.Connection:
+    base = Path(os.path.abspath(path)).as_uri()  # abspath, not resolve(): no syscall per path component
     if writable:
-        uri = path.resolve().as_uri() + ("?mode=rwc" if create else "?mode=rw")
+        uri = base + ("?mode=rwc" if create else "?mode=rw")
     else:
-        uri = path.resolve().as_uri() + "?mode=ro"
+        # immutable: no file locks or change checks (half the open time); right for installed
+        # bundles, which are only ever replaced whole by a rename, never edited in place.
+        uri = base + ("?mode=ro&immutable=1" if immutable else "?mode=ro")
     # check_same_thread=False: a Bundle serialises its own use with a lock (below), and the
     # runtime shares one handle between threads.
     return sqlite3.connect(uri, uri=True, timeout=BUSY_TIMEOUT_S, check_same_thread=False, isolation_level=None)
@@ -112,13 +116,15 @@ class Bundle:
     # -- opening -------------------------------------------------------------------------
 
     @classmethod
-    def open(cls, path: str | Path, *, writable: bool = False, wal: bool = False) -> "Bundle":
+    def open(cls, path: str | Path, *, writable: bool = False, wal: bool = False, immutable: bool = False) -> "Bundle":
         """Open an existing bundle.
 
         Args:
             path: the ``.kdb``/``.ukdb`` file.
             writable: open read-write (user caches, builders); default read-only.
             wal: with ``writable``, switch the file to WAL so readers never wait on writers.
+            immutable: read-only, promise the file will not change while open (installed
+                system bundles): SQLite skips locking.
 
         Raises:
             BundleNotFoundError, NotABundleError, CorruptBundleError, UnsupportedFormatError.
@@ -127,7 +133,7 @@ class Bundle:
         if not path.is_file():
             raise BundleNotFoundError(f"{path}: no such bundle file")
         try:
-            conn = _connect(path, writable, create=False)
+            conn = _connect(path, writable, create=False, immutable=immutable and not writable)
         except sqlite3.Error as exc:
             raise NotABundleError(f"{path}: cannot open as SQLite ({exc})") from exc
         try:
@@ -302,12 +308,18 @@ class Bundle:
                                      (kernel_name, kernel_args))
         return cur.rowcount > 0
 
-    def compact(self) -> None:
-        """VACUUM: drop free pages, so a shipped file holds nothing but its entries."""
+    def compact(self, page_size: int | None = None) -> None:
+        """VACUUM: drop free pages, so a shipped file holds nothing but its entries.
+
+        Args:
+            page_size: rebuild the file with this page size (a power of two, 512-65536).
+        """
         if not self.writable:
             raise ReadOnlyBundleError(f"{self.path}: opened read-only; cannot compact")
         with self._lock:
             try:
+                if page_size is not None:
+                    self._conn.execute(f"PRAGMA page_size = {int(page_size)}")
                 self._conn.execute("VACUUM")
             except sqlite3.DatabaseError as exc:
                 raise _db_error(self.path, exc) from exc
@@ -335,9 +347,9 @@ class Bundle:
         return f"Bundle({str(self.path)!r}, writable={self.writable})"
 
 
-def open_bundle(path: str | Path, *, writable: bool = False, wal: bool = False) -> Bundle:
+def open_bundle(path: str | Path, *, writable: bool = False, wal: bool = False, immutable: bool = False) -> Bundle:
     """Open an existing bundle; see :meth:`Bundle.open`."""
-    return Bundle.open(path, writable=writable, wal=wal)
+    return Bundle.open(path, writable=writable, wal=wal, immutable=immutable)
 
 
 class _transaction:

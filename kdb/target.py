@@ -30,6 +30,12 @@ _FEATURE = r"[a-z][a-z0-9]*[+-]"
 _TARGET_RE = re.compile(rf"^(?P<arch>{_ARCH})(?P<features>(?::{_FEATURE})*)(?:_(?P<cu>\d+))?$")
 _FILE_RE = re.compile(rf"^(?P<arch>{_ARCH})(?:_(?P<cu>\d+))?\.(?P<ext>kdb|ukdb)$")
 
+_ARCH_BY_BACKEND = (
+    ("cuda", re.compile(r"sm_\d+[a-z]?")),
+    ("hip", re.compile(r"gfx[0-9a-f]+")),
+    ("opencl", re.compile(r"ocl-[0-9a-f]{6,64}")),
+)
+
 BUNDLE_SUFFIX = ".kdb"
 USER_SUFFIX = ".ukdb"
 
@@ -40,12 +46,9 @@ def backend_of_arch(arch: str) -> str:
     Raises:
         BundleNameError: the arch follows none of the known spellings.
     """
-    if re.fullmatch(r"sm_\d+[a-z]?", arch):
-        return "cuda"
-    if re.fullmatch(r"gfx[0-9a-f]+", arch):
-        return "hip"
-    if re.fullmatch(r"ocl-[0-9a-f]{6,64}", arch):
-        return "opencl"
+    for backend, pattern in _ARCH_BY_BACKEND:
+        if pattern.fullmatch(arch):
+            return backend
     raise BundleNameError(
         f"unknown arch {arch!r}: expected sm_<NN> (CUDA), gfx<id> (AMD) or ocl-<hex> (OpenCL)"
     )

@@ -23,6 +23,9 @@ DICT_SIZE = 32 * 1024
 # Training on every blob of a 100k-entry bundle buys nothing over a sample and costs minutes.
 MAX_TRAINING_SAMPLES = 2000
 BATCH = 1000  # entries per transaction: bounded memory for bundles of any size
+# 16 KiB pages pack several compressed kernels per page; with 4 KiB pages each blob of a
+# few kB spills into overflow pages of its own (measured: files 25% smaller, same speed).
+PAGE_SIZE = 16384
 
 
 def choose_dictionary(blobs: list[bytes], level: int = _codec.BUNDLE_LEVEL, dict_size: int = DICT_SIZE) -> bytes | None:
@@ -77,7 +80,7 @@ def write_bundle(path: str | Path, target: Target, entries: Iterable[tuple[str, 
             it = iter(entries)
             while batch := list(itertools.islice(it, BATCH)):
                 bundle.put_many(batch)
-            bundle.compact()
+            bundle.compact(page_size=PAGE_SIZE)
         os.replace(tmp, path)
     finally:
         for leftover in (tmp, tmp + "-journal"):

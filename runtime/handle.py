@@ -16,7 +16,7 @@ import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
-from typing import Iterable, Sequence
+from typing import Iterable, Iterator, Sequence
 
 from kdb import Bundle, CorruptEntryError, KdbError
 from runtime import env, kernel_sources, paths
@@ -24,7 +24,7 @@ from runtime.backends.base import Backend, BinaryLoadError, CompilerUnavailableE
 from runtime.jit import build_once
 from runtime.logging_setup import get_logger, log_api_call, warn_once
 from runtime.program_key import ProgramKey, normalise_options, program_key
-from runtime.system_bundles import Candidate, find_system_bundles
+from runtime.system_bundles import Candidate, SystemBundleSearch
 from runtime.user_cache import UserCache
 
 _log = get_logger("runtime.handle")
@@ -101,27 +101,31 @@ class Handle:
         self._memory: dict[tuple[str, tuple[str, ...]], Program] = {}
         self._digests: dict[str, str] = {}
         self._lock = threading.Lock()
-        self._system: list[Bundle] | None = None
-        self.system_trace: list[Candidate] = []
+        self._system: SystemBundleSearch | None = None
         self._user: UserCache | None = None
         self._compiler: str | None = None
         self._compiler_error: str | None = None
 
     # -- lazily opened sources -----------------------------------------------------------
 
-    def _system_bundles(self) -> list[Bundle]:
+    def _system_bundles(self) -> Iterator[Bundle]:
+        """Accepted system bundles, best first, opened only as far as the caller iterates."""
         with self._lock:
             if self._system is None:
-                self._system, self.system_trace = find_system_bundles(
-                    self.target, self.backend.binary_format, paths.system_db_dirs())
-                if not self._system:
-                    name = self.target.bundle_name()
-                    warn_once(f"missing-system-db:{name}", f"Missing system database file: {name} Performance may degrade",
-                              logger=_log)
-                    for c in self.system_trace:
-                        if c.status == "rejected":
-                            _log.warning("system bundle %s not used: %s", c.path, c.reason)
-            return self._system
+                self._system = SystemBundleSearch(self.target, self.backend.binary_format, paths.iter_system_db_dirs())
+        yield from self._system
+        if self._system.found_none:
+            name = self.target.bundle_name()
+            if warn_once(f"missing-system-db:{name}", f"Missing system database file: {name} Performance may degrade",
+                         logger=_log):
+                for c in self._system.trace:
+                    if c.status == "rejected":
+                        _log.warning("system bundle %s not used: %s", c.path, c.reason)
+
+    @property
+    def system_trace(self) -> list[Candidate]:
+        """Every system bundle considered so far, accepted or rejected with the reason."""
+        return self._system.trace if self._system is not None else []
 
     def compiler(self) -> str | None:
         """The local compiler's identity, or None (with the reason kept) if unavailable."""
@@ -242,7 +246,7 @@ class Handle:
 
     def _jit(self, kernel_file: str, opts: tuple[str, ...], key: ProgramKey | None, cache: UserCache | None,
              steps: list[Step]) -> Program:
-        searched = ", ".join(c.path.name for c in self.system_trace if c.status == "accepted") or "no system bundle"
+        searched = ", ".join(str(c.path) for c in self.system_trace if c.status == "accepted") or "no system bundle"
         if not self.allow_jit:
             raise JitDisabledError(
                 f"no program {kernel_file} [{' '.join(opts)}] for {self.target.full_arch} in {searched}"
@@ -267,8 +271,8 @@ class Handle:
     def close(self) -> None:
         """Close the bundles and the user cache this handle opened."""
         with self._lock:
-            for b in self._system or []:
-                b.close()
+            if self._system is not None:
+                self._system.close()
             self._system = None
             if self._user is not None:
                 self._user.close()

@@ -12,7 +12,9 @@ identity, not this digest, covers them.
 
 from __future__ import annotations
 
+import functools
 import hashlib
+import os
 import re
 from pathlib import Path, PurePosixPath
 
@@ -20,7 +22,7 @@ from kdb.errors import KdbError
 
 # A marker file that only kdbkit's kernels folder has; it tells ours from other "kernels" dirs.
 _MARKER = "kdb_compat.h"
-_DIGEST_SCHEMA = b"kdb-source-digest/1"
+_DIGEST_SCHEMA = b"kdb-source-digest/2"
 _QUOTED_INCLUDE = re.compile(r'^[ \t]*#[ \t]*include[ \t]*"([^"]+)"', re.MULTILINE)
 
 
@@ -28,8 +30,9 @@ class KernelSourceError(KdbError, FileNotFoundError):
     """A kernel source, or a file it includes, cannot be found or read."""
 
 
+@functools.lru_cache(maxsize=1)
 def kernels_dir() -> Path:
-    """Return the folder holding the kernel sources.
+    """Return the folder holding the kernel sources (found once per process).
 
     Returns:
         ``runtime/_kernels`` inside an installed wheel, else ``<checkout>/kernels``.
@@ -80,34 +83,70 @@ def quoted_includes(text: str) -> list[str]:
     return _QUOTED_INCLUDE.findall(text)
 
 
+# Per-process cache, one entry per file: its (mtime_ns, size) stamp, the SHA-256 of its
+# bytes and the files it includes. A later digest of a kernel then costs one stat per file
+# instead of reading and scanning each (the shared header above all); a file whose stamp
+# changed is read again, so an edited source always gives a new digest.
+_files: dict[str, tuple[tuple[int, int], bytes, tuple[str, ...]]] = {}
+
+
+def _file_info(path: str) -> tuple[bytes, tuple[str, ...]] | None:
+    """(SHA-256 of the file, its quoted includes), or None if there is no such file."""
+    try:
+        st = os.stat(path)
+    except (FileNotFoundError, NotADirectoryError):
+        return None
+    stamp = (st.st_mtime_ns, st.st_size)
+    cached = _files.get(path)
+    if cached is not None and cached[0] == stamp:
+        return cached[1], cached[2]
+    try:
+        with open(path, "rb") as f:
+            data = f.read()
+    except (FileNotFoundError, IsADirectoryError, NotADirectoryError):
+        return None
+    info = (hashlib.sha256(data).digest(), tuple(quoted_includes(data.decode("utf-8", "replace"))))
+    _files[path] = (stamp, *info)
+    return info
+
+
 def source_digest(name: str) -> str:
     """SHA-256 (hex) over kernel source ``name`` and every file it includes with quotes.
 
-    Each file is hashed once, in depth-first include order, as length-prefixed
-    ``(relative path, bytes)`` fields after a schema tag, so moving text between files or
-    renaming a header changes the digest.
+    Each file counts once, in depth-first include order, as length-prefixed
+    ``(relative path, SHA-256 of its bytes)`` fields after a schema tag, so editing any file,
+    moving text between files or renaming a header changes the digest.
 
     Raises:
         KernelSourceError: the source or one of its (transitive) quoted includes is missing;
             the message names the missing file and the file that includes it.
     """
-    root = kernels_dir()
+    root = str(kernels_dir())
     h = hashlib.sha256()
     h.update(_DIGEST_SCHEMA)
-    seen: set[Path] = set()
+    seen: set[str] = set()
 
-    def visit(path: Path) -> None:
+    def visit(inc: str, base: str | None, included_from: str | None) -> None:
+        rel = PurePosixPath(inc)
+        if rel.is_absolute() or ".." in rel.parts:
+            raise KernelSourceError(f"kernel source name {inc!r} must be a plain path inside {root}")
+        for folder in ((base, root) if base is not None and base != root else (root,)):
+            path = os.path.join(folder, inc)
+            info = _file_info(path)
+            if info is not None:
+                break
+        else:
+            where = f" (included from {included_from})" if included_from else ""
+            raise KernelSourceError(f"kernel source {inc!r}{where} not found in {root}")
         if path in seen:
             return
         seen.add(path)
-        data = path.read_bytes()
-        label = path.relative_to(root).as_posix().encode()
-        for field in (label, data):
+        rel_name = os.path.relpath(path, root).replace(os.sep, "/")
+        for field in (rel_name.encode(), info[0]):
             h.update(len(field).to_bytes(8, "little"))
             h.update(field)
-        rel_name = path.relative_to(root).as_posix()
-        for inc in quoted_includes(data.decode("utf-8", "replace")):
-            visit(_resolve(inc, root, base=path.parent, included_from=rel_name))
+        for child in info[1]:
+            visit(child, os.path.dirname(path), rel_name)
 
-    visit(_resolve(name, root))
+    visit(name, None, None)
     return h.hexdigest()

@@ -2,9 +2,9 @@
 
 System bundles (read-only), searched in this order:
 1. ``KDB_SYSTEM_DB_PATH`` (a path list);
-2. installed kernel packages: entry points in group ``kdbkit.bundles`` whose value is a
-   callable returning a folder, or a module whose folder holds the ``.kdb`` files;
-3. ``<sys.prefix>/share/kdbkit/db``.
+2. ``<sys.prefix>/share/kdbkit/db``;
+3. installed kernel packages: entry points in group ``kdbkit.bundles`` whose value is a
+   callable returning a folder, or a module whose folder holds the ``.kdb`` files.
 
 Per-user files live in a folder per kdbkit version, as MIOpen's do, so an upgrade never
 reads a cache written by an older release: ``KDB_CUSTOM_CACHE_DIR`` or the platform's
@@ -17,8 +17,8 @@ from __future__ import annotations
 
 import sys
 from dataclasses import dataclass
-from importlib import metadata
 from pathlib import Path
+from typing import Iterator
 
 from kdb.version import __version__
 from runtime import env
@@ -35,21 +35,35 @@ class SearchDir:
     origin: str  # "KDB_SYSTEM_DB_PATH", "package <name>", "sys.prefix"
 
 
+def iter_system_db_dirs() -> Iterator[SearchDir]:
+    """Folders searched for system bundles, in order, duplicates removed, made lazily.
+
+    Installed packages are asked (an entry-point scan of every installed distribution,
+    milliseconds in a large environment) only once the folders before them are exhausted.
+    """
+    seen = set()
+
+    def fresh(dirs):
+        for d in dirs:
+            path = d.path.expanduser()
+            key = path.resolve() if path.exists() else path
+            if key not in seen:
+                seen.add(key)
+                yield SearchDir(path, d.origin)
+
+    yield from fresh(SearchDir(p, "KDB_SYSTEM_DB_PATH") for p in env.get_pathlist("KDB_SYSTEM_DB_PATH"))
+    yield from fresh([SearchDir(Path(sys.prefix) / "share" / "kdbkit" / "db", "sys.prefix")])
+    yield from fresh(_entry_point_dirs())
+
+
 def system_db_dirs() -> list[SearchDir]:
-    """Folders searched for system bundles, in order, duplicates removed."""
-    dirs = [SearchDir(p, "KDB_SYSTEM_DB_PATH") for p in env.get_pathlist("KDB_SYSTEM_DB_PATH")]
-    dirs += _entry_point_dirs()
-    dirs.append(SearchDir(Path(sys.prefix) / "share" / "kdbkit" / "db", "sys.prefix"))
-    seen, unique = set(), []
-    for d in dirs:
-        key = d.path.expanduser().resolve() if d.path.exists() else d.path
-        if key not in seen:
-            seen.add(key)
-            unique.append(SearchDir(d.path.expanduser(), d.origin))
-    return unique
+    """Every folder searched for system bundles, in order (see :func:`iter_system_db_dirs`)."""
+    return list(iter_system_db_dirs())
 
 
 def _entry_point_dirs() -> list[SearchDir]:
+    from importlib import metadata  # 40 ms to import: only when bundles are first looked for
+
     found = []
     for ep in metadata.entry_points(group=ENTRY_POINT_GROUP):
         try:

@@ -6,15 +6,20 @@ opens, its metadata names a target that ``T`` accepts (same backend and arch, sa
 count if it has one, no features the device lacks) and its binaries are of the format the
 backend loads. Every other candidate is rejected with its reason, so a wrong binary is
 never loaded and a user can see why a bundle was not used (``kdb devices``, ``kdb doctor``).
-This is a pure function of the folders and the target; it opens files read-only.
+
+The search is lazy: the runtime asks for the i-th accepted bundle only when the ones before
+it lack a program, so a process whose first bundle has everything opens one file and never
+scans the installed packages. Files are opened read-only and immutable.
 """
 
 from __future__ import annotations
 
+import threading
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Iterable, Iterator
 
-from kdb import Bundle, KdbError
+from kdb import Bundle, BundleNotFoundError, KdbError
 from kdb.target import Target
 from runtime.paths import SearchDir
 
@@ -29,41 +34,102 @@ class Candidate:
     reason: str = ""
 
 
-def find_system_bundles(target: Target, binary_format: str, dirs: list[SearchDir]) -> tuple[list[Bundle], list[Candidate]]:
-    """Open the bundles that fit ``target``, best first.
+class SystemBundleSearch:
+    """The accepted system bundles for one target, found one at a time as they are needed.
 
     Args:
         target: the device's target (with its CU count and features).
         binary_format: what the backend loads (``cubin``, ``hsaco``, ``ocl-binary``).
-        dirs: folders to search, in order (see :func:`runtime.paths.system_db_dirs`).
+        dirs: folders to search, in order; consumed lazily (see
+            :func:`runtime.paths.iter_system_db_dirs`).
+    """
+
+    def __init__(self, target: Target, binary_format: str, dirs: Iterable[SearchDir]):
+        self.target = target
+        self.binary_format = binary_format
+        self.trace: list[Candidate] = []
+        self._dirs_iter = iter(dirs)
+        self._dirs: list[SearchDir] = []
+        self._accepted: list[Bundle] = []
+        self._pending = self._search()
+        self._exhausted = False
+        self._lock = threading.Lock()
+
+    def _all_dirs(self) -> Iterator[SearchDir]:
+        yield from self._dirs
+        for d in self._dirs_iter:
+            self._dirs.append(d)
+            yield d
+
+    def _search(self) -> Iterator[Bundle]:
+        names = [self.target.bundle_name()]
+        if self.target.cu is not None:
+            names.append(self.target.arch_wide().bundle_name())
+        for name in names:
+            for d in self._all_dirs():
+                bundle = self._consider(d, d.path / name)
+                if bundle is not None:
+                    yield bundle
+
+    def _consider(self, d: SearchDir, path: Path) -> Bundle | None:
+        try:
+            bundle = Bundle.open(path, immutable=True)
+        except BundleNotFoundError:
+            self.trace.append(Candidate(path, d.origin, "missing"))
+            return None
+        except KdbError as exc:
+            self.trace.append(Candidate(path, d.origin, "rejected", str(exc)))
+            return None
+        reason = _why_not(bundle, self.target, self.binary_format)
+        if reason:
+            bundle.close()
+            self.trace.append(Candidate(path, d.origin, "rejected", reason))
+            return None
+        self.trace.append(Candidate(path, d.origin, "accepted"))
+        return bundle
+
+    def get(self, i: int) -> Bundle | None:
+        """The i-th accepted bundle (best first), or None when there are no more."""
+        with self._lock:
+            while len(self._accepted) <= i and not self._exhausted:
+                nxt = next(self._pending, None)
+                if nxt is None:
+                    self._exhausted = True
+                else:
+                    self._accepted.append(nxt)
+            return self._accepted[i] if i < len(self._accepted) else None
+
+    def __iter__(self) -> Iterator[Bundle]:
+        i = 0
+        while (bundle := self.get(i)) is not None:
+            yield bundle
+            i += 1
+
+    def complete(self) -> list[Bundle]:
+        """Finish the search; every accepted bundle, and ``trace`` now lists every candidate."""
+        return list(self)
+
+    @property
+    def found_none(self) -> bool:
+        """True once the search is over and accepted nothing."""
+        return self._exhausted and not self._accepted
+
+    def close(self) -> None:
+        with self._lock:
+            for b in self._accepted:
+                b.close()
+            self._accepted.clear()
+            self._exhausted = True
+
+
+def find_system_bundles(target: Target, binary_format: str, dirs: Iterable[SearchDir]) -> tuple[list[Bundle], list[Candidate]]:
+    """Open every bundle that fits ``target``, best first, and the trace of all candidates.
 
     Returns:
         The accepted bundles (open, read-only; the caller closes them) and the trace.
     """
-    names = [target.bundle_name()]
-    if target.cu is not None:
-        names.append(target.arch_wide().bundle_name())
-    accepted: list[Bundle] = []
-    trace: list[Candidate] = []
-    for name in names:
-        for d in dirs:
-            path = d.path / name
-            if not path.is_file():
-                trace.append(Candidate(path, d.origin, "missing"))
-                continue
-            try:
-                bundle = Bundle.open(path)
-            except KdbError as exc:
-                trace.append(Candidate(path, d.origin, "rejected", str(exc)))
-                continue
-            reason = _why_not(bundle, target, binary_format)
-            if reason:
-                bundle.close()
-                trace.append(Candidate(path, d.origin, "rejected", reason))
-            else:
-                accepted.append(bundle)
-                trace.append(Candidate(path, d.origin, "accepted"))
-    return accepted, trace
+    search = SystemBundleSearch(target, binary_format, dirs)
+    return search.complete(), search.trace
 
 
 def _why_not(bundle: Bundle, target: Target, binary_format: str) -> str | None:

@@ -165,6 +165,8 @@ def check_cubin(data: bytes, hardware_arch: str, device_name: str) -> str:
             built for another arch.
     """
     built_for = cubin_arch(data, what=f"binary for {device_name}")
+    if built_for == hardware_arch:
+        return built_for  # the common case, on every load: skip building Target objects
     reason = Target("cuda", hardware_arch).accepts(Target("cuda", built_for))
     if reason is not None:
         raise BinaryLoadError(
@@ -312,7 +314,7 @@ class CudaBackend(Backend):
         Raises:
             BinaryLoadError: not a cubin, built for another arch, or refused by the driver.
         """
-        data = bytes(binary)
+        data = binary if isinstance(binary, bytes) else bytes(binary)
         built_for = check_cubin(data, self.hardware_arch, self.device.name)
         self._activate()
         err, module = self._drv.cuModuleLoadData(data)

@@ -10,7 +10,9 @@ that knows its arch.
 
 from __future__ import annotations
 
+import os
 import re
+import sys
 from functools import lru_cache
 from pathlib import Path
 from typing import Sequence
@@ -58,9 +60,39 @@ def nvrtc_version() -> tuple[int, int]:
     return int(major), int(minor)
 
 
+# Where NVIDIA's wheels put libnvrtc, below a sys.path entry (CUDA 13 and CUDA 12 layouts).
+_WHEEL_LIB_DIRS = ("nvidia/cu13/lib", "nvidia/cuda_nvrtc/lib")
+_BUILTINS_RE = re.compile(r"libnvrtc-builtins\.so\.(\d+)\.(\d+)")
+
+
+@lru_cache(maxsize=1)
+def wheel_nvrtc_version() -> tuple[int, int] | None:
+    """NVRTC's ``(major, minor)`` read from the ``nvidia-cuda-nvrtc`` wheel's file names.
+
+    Loading libnvrtc (140 MB) takes about 100 ms, a cost a user-cache hit must not pay just
+    to learn the version for its key. cuda-bindings loads NVRTC from the wheels first (then
+    conda, then the system), so the wheel's ``libnvrtc-builtins.so.<major>.<minor>`` names
+    the compiler that will run; :func:`compile_cuda` checks that against the loaded library.
+    None when no wheel is found (the library is loaded and asked instead).
+    """
+    for entry in sys.path:
+        for sub in _WHEEL_LIB_DIRS:
+            try:
+                names = os.listdir(os.path.join(entry or ".", sub))
+            except OSError:
+                continue
+            if not any(n.startswith("libnvrtc.so") for n in names):
+                continue
+            for n in names:
+                m = _BUILTINS_RE.fullmatch(n)
+                if m:
+                    return int(m[1]), int(m[2])
+    return None
+
+
 def nvrtc_identity() -> str:
     """``"nvrtc <major>.<minor>"``, the compiler identity recorded in bundles and cache keys."""
-    major, minor = nvrtc_version()
+    major, minor = wheel_nvrtc_version() or nvrtc_version()
     return f"nvrtc {major}.{minor}"
 
 
@@ -132,6 +164,12 @@ def compile_cuda(
             raise CompileError(
                 f"{name} failed to compile for {arch} with nvrtc ({' '.join(opts)}):\n{log}"
             )
+        advertised = wheel_nvrtc_version()
+        if advertised is not None and advertised != nvrtc_version():
+            # Keys were made with the wheel's version: never store a binary under another compiler's key.
+            raise CompilerUnavailableError(
+                f"the NVRTC library loaded is {nvrtc_version()} but the nvidia-cuda-nvrtc wheel is {advertised}; "
+                "another libnvrtc was loaded first (LD_PRELOAD, or another package): make one NVRTC visible")
         size = _check(nvrtc.nvrtcGetCUBINSize(prog), "nvrtcGetCUBINSize", nvrtc)
         cubin = bytearray(size)
         _check(nvrtc.nvrtcGetCUBIN(prog, cubin), "nvrtcGetCUBIN", nvrtc)

@@ -119,3 +119,10 @@ def test_arch_wide_target_round_trips(tmp_path, entries):
     p = write_bundle(tmp_path / "gfx90a.kdb", Target.parse("gfx90a:xnack-"), entries, compiler="clang 19",
                      binary_format="hsaco")
     assert open_bundle(p).metadata.target == Target.parse("gfx90a:xnack-")
+
+
+def test_shipped_bundles_use_16k_pages_and_no_journal(bundle_path):
+    conn = sqlite3.connect(bundle_path)
+    assert conn.execute("PRAGMA page_size").fetchone()[0] == 16384
+    assert conn.execute("PRAGMA journal_mode").fetchone()[0] == "delete"
+    assert conn.execute("PRAGMA freelist_count").fetchone()[0] == 0

@@ -12,13 +12,21 @@ KDB_VARS_TO_CLEAR = ("KDB_DISABLE_CACHE", "KDB_DISABLE_JIT", "KDB_SYSTEM_DB_PATH
                      "KDB_DEVICE_ARCH", "KDB_DEVICE_CU", "KDB_ENABLE_LOGGING", "KDB_LOG_LEVEL")
 
 
-def opencl_device():
-    pytest.importorskip("pyopencl", reason="pyopencl is not installed: pip install 'kdbkit[opencl]'")
+def chain_backend_name() -> str:
+    """The backend the lookup-chain tests run on: KDB_TEST_BACKEND, default opencl (PoCL)."""
+    return os.environ.get("KDB_TEST_BACKEND", "opencl")
+
+
+def pick_device():
     from runtime.backends.registry import discover_devices
 
-    devices = [d for d in discover_devices() if d.backend == "opencl"]
+    name = chain_backend_name()
+    if name == "opencl":
+        pytest.importorskip("pyopencl", reason="pyopencl is not installed: pip install 'kdbkit[opencl]'")
+    devices = [d for d in discover_devices() if d.backend == name]
     if not devices:
-        pytest.skip("no OpenCL device: pip install pocl-binary-distribution")
+        pytest.skip(f"no {name} device for the lookup-chain tests (KDB_TEST_BACKEND={name}); "
+                    "for PoCL: pip install 'kdbkit[opencl]' && scripts/ensure_cpu_opencl.sh")
     return devices[0]
 
 
@@ -34,25 +42,25 @@ def isolated(monkeypatch, tmp_path) -> Path:
 
 
 @pytest.fixture(scope="session")
-def ocl_device():
-    return opencl_device()
+def chain_device():
+    return pick_device()
 
 
 @pytest.fixture(scope="session")
-def ocl_backend(ocl_device):
+def chain_backend(chain_device):
     from runtime.backends.registry import open_backend
 
-    return open_backend(ocl_device)
+    return open_backend(chain_device)
 
 
 @pytest.fixture
-def make_handle(isolated, ocl_backend):
+def make_handle(isolated, chain_backend):
     from runtime.handle import Handle
 
     handles = []
 
     def make():
-        h = Handle(backend=ocl_backend)
+        h = Handle(backend=chain_backend)
         handles.append(h)
         return h
 
@@ -75,5 +83,5 @@ def private_kernels(monkeypatch, tmp_path) -> Path:
 def child_env(tmp_path: Path, **extra: str) -> dict[str, str]:
     env = {k: v for k, v in os.environ.items() if k not in KDB_VARS_TO_CLEAR}
     env.update(KDB_CUSTOM_CACHE_DIR=str(tmp_path / "cache"), KDB_SYSTEM_DB_PATH=str(tmp_path / "system"),
-               KDB_BACKEND="opencl", **extra)
+               KDB_BACKEND=chain_backend_name(), **extra)
     return env

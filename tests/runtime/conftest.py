@@ -16,8 +16,8 @@ from runtime.kernel_sources import kernels_dir, read_source
 from tests.runtime.chain_fixtures import (  # noqa: F401
     isolated,
     make_handle,
-    ocl_backend,
-    ocl_device,
+    chain_backend,
+    chain_device,
     private_kernels,
 )
 

@@ -10,7 +10,7 @@ import pytest
 
 from kdb import Bundle, open_bundle
 from runtime.samples import SAMPLES, run_samples
-from tests.runtime.chain_fixtures import isolated, make_handle, ocl_backend, ocl_device  # noqa: F401
+from tests.runtime.chain_fixtures import isolated, make_handle, chain_backend, chain_device  # noqa: F401
 
 RELU = SAMPLES[0]
 
@@ -132,7 +132,7 @@ def test_corrupt_entry_is_removed_and_rebuilt(make_handle, isolated, capfd, fres
     assert make_handle().program(RELU.kernel_file, RELU.options).source == "user"
 
 
-def test_entry_that_decodes_but_does_not_load_is_replaced(make_handle, isolated, ocl_backend):
+def test_entry_that_decodes_but_does_not_load_is_replaced(make_handle, isolated, chain_backend):
     h = make_handle()
     h.program(RELU.kernel_file, RELU.options)
     path = _ukdb(h)

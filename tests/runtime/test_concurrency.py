@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 
 from kdb import open_bundle, verify_bundle
-from tests.runtime.chain_fixtures import child_env, isolated, make_handle, ocl_backend, ocl_device  # noqa: F401
+from tests.runtime.chain_fixtures import child_env, isolated, make_handle, chain_backend, chain_device  # noqa: F401
 
 ROOT = Path(__file__).resolve().parents[2]
 N = 8
@@ -38,7 +38,7 @@ def _ukdb(tmp_path):
 
 
 @pytest.mark.slow
-def test_processes_racing_on_one_key_compile_it_once(isolated, ocl_device):
+def test_processes_racing_on_one_key_compile_it_once(isolated, chain_device):
     outs = _race(isolated, [["same"]] * N)
     sources = [o[0] for o in outs]
     assert sources.count("jit") == 1, sources  # the others waited on the lock and read the result
@@ -48,7 +48,7 @@ def test_processes_racing_on_one_key_compile_it_once(isolated, ocl_device):
 
 
 @pytest.mark.slow
-def test_processes_on_different_keys_all_land(isolated, ocl_device):
+def test_processes_on_different_keys_all_land(isolated, chain_device):
     outs = _race(isolated, [[f"p{i}a", f"p{i}b", "shared"] for i in range(N)])
     flat = [s for o in outs for s in o]
     assert len(flat) == 3 * N
@@ -57,15 +57,15 @@ def test_processes_on_different_keys_all_land(isolated, ocl_device):
     assert open_bundle(path).count() == 2 * N + 1 and verify_bundle(path).ok
 
 
-def test_threads_racing_on_one_key_compile_it_once(make_handle, ocl_backend, monkeypatch):
+def test_threads_racing_on_one_key_compile_it_once(make_handle, chain_backend, monkeypatch):
     compiles = []
-    real = type(ocl_backend).compile
+    real = type(chain_backend).compile
 
     def counting(self, *a, **k):
         compiles.append(1)
         return real(self, *a, **k)
 
-    monkeypatch.setattr(type(ocl_backend), "compile", counting)
+    monkeypatch.setattr(type(chain_backend), "compile", counting)
     handles = [make_handle() for _ in range(N)]
     sources, errors = [], []
 

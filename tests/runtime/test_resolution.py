@@ -7,30 +7,18 @@ import sqlite3
 import numpy as np
 import pytest
 
-from kdb import Target, open_bundle, write_bundle
-from runtime import kernel_sources
+from kdb import Target, open_bundle
+from packager.device_build import build_device_bundle
 from runtime.handle import JitDisabledError
-from runtime.program_key import normalise_options, program_key
 from runtime.samples import SAMPLES, run_samples
-from tests.runtime.chain_fixtures import isolated, make_handle, ocl_backend, ocl_device, private_kernels  # noqa: F401
+from tests.runtime.chain_fixtures import isolated, make_handle, chain_backend, chain_device, private_kernels  # noqa: F401
 
 RELU = SAMPLES[0]
 
 
 def _system_bundle(folder, backend, target: Target, samples=SAMPLES, name=None, bundle_target=None):
-    """Build a system bundle the way the packager does: compile, key with the compiler's identity."""
-    compiler = backend.compiler_identity()
-    entries = []
-    for s in samples:
-        opts = normalise_options(s.options)
-        key = program_key(kernel_file=s.kernel_file, options=opts, arch=target.full_arch,
-                          source_digest=kernel_sources.source_digest(s.kernel_file), compiler=compiler)
-        binary = backend.compile(kernel_sources.read_source(s.kernel_file), name=s.kernel_file, options=list(opts),
-                                 include_dirs=[kernel_sources.kernels_dir()])
-        entries.append((key.kernel_name, key.kernel_args, binary))
-    bt = bundle_target or target
-    return write_bundle(folder / (name or bt.bundle_name()), bt, entries, compiler=compiler,
-                        binary_format=backend.binary_format)
+    return build_device_bundle(backend, [(s.kernel_file, s.options) for s in samples], folder,
+                               target=bundle_target or target, file_name=name)
 
 
 def test_jit_then_user_cache_then_memory(make_handle, isolated):
@@ -49,18 +37,18 @@ def test_jit_then_user_cache_then_memory(make_handle, isolated):
     assert open_bundle(ukdb).count() == len(SAMPLES)
 
 
-def test_system_bundle_comes_first(make_handle, isolated, ocl_backend):
-    _system_bundle(isolated / "system", ocl_backend, ocl_backend.device.target)
+def test_system_bundle_comes_first(make_handle, isolated, chain_backend):
+    _system_bundle(isolated / "system", chain_backend, chain_backend.device.target)
     handle = make_handle()
     results = run_samples(handle, seed=3)
     assert [r.source for r in results] == ["system"] * len(SAMPLES) and all(r.ok for r in results)
     assert not (isolated / "cache").exists()  # nothing compiled, nothing written
-    assert [s[0] for s in results[0].steps] == ["memory", f"system {ocl_backend.device.target.bundle_name()}"]
+    assert [s[0] for s in results[0].steps] == ["memory", f"system {chain_backend.device.target.bundle_name()}"]
 
 
-def test_arch_wide_bundle_serves_when_the_exact_one_is_missing(make_handle, isolated, ocl_backend):
-    target = ocl_backend.device.target
-    _system_bundle(isolated / "system", ocl_backend, target, samples=SAMPLES[:1], bundle_target=target.arch_wide())
+def test_arch_wide_bundle_serves_when_the_exact_one_is_missing(make_handle, isolated, chain_backend):
+    target = chain_backend.device.target
+    _system_bundle(isolated / "system", chain_backend, target, samples=SAMPLES[:1], bundle_target=target.arch_wide())
     handle = make_handle()
     assert handle.program(RELU.kernel_file, RELU.options).source == "system"
     assert handle.program(SAMPLES[1].kernel_file, SAMPLES[1].options).source == "jit"  # not in the bundle
@@ -79,18 +67,21 @@ def test_missing_system_bundle_warns_once(make_handle, isolated, capfd, monkeypa
     assert err.count(line) == 1
 
 
-def test_wrong_target_bundle_is_never_loaded(make_handle, isolated, ocl_backend):
-    # A bundle whose file name matches the device but whose metadata names another OpenCL device.
-    other = Target("opencl", "ocl-000000000000", (), ocl_backend.device.target.cu)
-    _system_bundle(isolated / "system", ocl_backend, ocl_backend.device.target, samples=SAMPLES[:1],
-                   name=ocl_backend.device.target.bundle_name(), bundle_target=other)
+def test_wrong_target_bundle_is_never_loaded(make_handle, isolated, chain_backend):
+    # A bundle whose file name matches the device but whose metadata names another arch.
+    mine = chain_backend.device.target
+    other_arch = {"cuda": "sm_10" if mine.arch != "sm_10" else "sm_11", "hip": "gfx000",
+                  "opencl": "ocl-000000000000"}[mine.backend]
+    other = Target(mine.backend, other_arch, (), mine.cu)
+    _system_bundle(isolated / "system", chain_backend, chain_backend.device.target, samples=SAMPLES[:1],
+                   name=chain_backend.device.target.bundle_name(), bundle_target=other)
     handle = make_handle()
     assert handle.program(RELU.kernel_file, RELU.options).source == "jit"
     assert any(c.status == "rejected" and "arch" in c.reason for c in handle.system_trace)
 
 
-def test_corrupt_system_entry_is_skipped(make_handle, isolated, ocl_backend):
-    path = _system_bundle(isolated / "system", ocl_backend, ocl_backend.device.target, samples=SAMPLES[:1])
+def test_corrupt_system_entry_is_skipped(make_handle, isolated, chain_backend):
+    path = _system_bundle(isolated / "system", chain_backend, chain_backend.device.target, samples=SAMPLES[:1])
     conn = sqlite3.connect(path)
     conn.execute("UPDATE kern_db SET kernel_hash = 'bad'")
     conn.commit()
@@ -136,10 +127,10 @@ def test_editing_an_included_header_invalidates(make_handle, private_kernels):
     assert make_handle().program(RELU.kernel_file, RELU.options).source == "jit"
 
 
-def test_another_compiler_version_is_never_used(make_handle, monkeypatch, ocl_backend):
+def test_another_compiler_version_is_never_used(make_handle, monkeypatch, chain_backend):
     make_handle().program(RELU.kernel_file, RELU.options)
-    real = ocl_backend.compiler_identity()
-    monkeypatch.setattr(type(ocl_backend), "compiler_identity", lambda self: real + " (upgraded)")
+    real = chain_backend.compiler_identity()
+    monkeypatch.setattr(type(chain_backend), "compiler_identity", lambda self: real + " (upgraded)")
     assert make_handle().program(RELU.kernel_file, RELU.options).source == "jit"
 
 

@@ -1,0 +1,284 @@
+#!/usr/bin/env python3
+"""Time to a launched kernel in a fresh process, from each source of the lookup chain.
+
+For each mode, N fresh Python processes each: open the device (not timed: CUDA init and
+the primary context cost the same whichever source follows), then time
+``Handle.program(...)`` + ``program.function(...)`` (resolve) and one launch + synchronise:
+- ``jit``: empty user cache, no system bundle, ``CUDA_CACHE_DISABLE=1`` (NVRTC compiles);
+- ``user``: the user cache holds the program (filled once beforehand);
+- ``system``: a system bundle for this device holds it;
+- ``bare``: the same cubin, read from a file, through ``cuModuleLoadData`` +
+  ``cuModuleGetFunction`` and nothing else: the floor that kdbkit adds its lookup to
+  (the file read is not timed);
+- ``bare+read``: the same, timing the read of the cubin file too: what a program that
+  ships loose cubin files pays.
+Each kdbkit process resolves the sample kernels in order; the first one pays for finding
+and opening the bundles, so the JSON keeps the first and the later ones apart. The bare
+mode loads the same three cubins in the same order. Medians over the processes are
+compared against the targets: a system hit at most 1.5x the bare load, and at least 100x
+faster than the JIT.
+
+Usage: python scripts/bench_startup.py [--runs 15] [--out docs]   (needs a CUDA GPU)
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import platform
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+
+
+# -- child side: one fresh process, one mode ------------------------------------------------
+
+def child(mode: str, cubin_dir: str | None) -> None:
+    import numpy as np
+
+    from runtime.backends.registry import default_device, discover_devices, open_backend
+    from runtime.samples import SAMPLES
+
+    t_start = time.perf_counter()
+    device = next((d for d in discover_devices() if d.backend == "cuda"), None) or default_device()
+    backend = open_backend(device)
+    n = 1 << 16
+    x = backend.to_device(np.ones(n, np.float32))
+    y = backend.alloc(4 * n)
+    backend.synchronize()
+    t_ready = time.perf_counter()
+    rows = []
+    if mode in ("bare", "bare+read"):
+        from cuda.bindings import driver
+
+        for s in SAMPLES:
+            t_read = time.perf_counter()
+            cubin = (Path(cubin_dir) / f"{s.name}.cubin").read_bytes()
+            t0 = time.perf_counter() if mode == "bare" else t_read
+            err, module = driver.cuModuleLoadData(cubin)
+            assert err == driver.CUresult.CUDA_SUCCESS, err
+            err, fn = driver.cuModuleGetFunction(module, _entry(s.name).encode())
+            assert err == driver.CUresult.CUDA_SUCCESS, err
+            t1 = time.perf_counter()
+            rows.append({"kernel": s.name, "resolve_ms": (t1 - t0) * 1e3, "source": mode})
+        launch_ms = None
+    else:
+        from runtime.handle import Handle
+
+        handle = Handle(backend=backend)
+        for s in SAMPLES:
+            t0 = time.perf_counter()
+            program = handle.program(s.kernel_file, s.options)
+            program.function(_entry(s.name))
+            t1 = time.perf_counter()
+            rows.append({"kernel": s.name, "resolve_ms": (t1 - t0) * 1e3, "source": program.source,
+                         "steps": [(st.name, round(st.ms, 4), st.outcome) for st in program.steps]})
+        relu = handle.program(SAMPLES[0].kernel_file, SAMPLES[0].options).function("relu_fwd")
+        t0 = time.perf_counter()
+        backend.launch(relu, (64, 1, 1), (256, 1, 1), [x, y, np.int32(n)])
+        backend.synchronize()
+        launch_ms = (time.perf_counter() - t0) * 1e3
+    if mode == "system":
+        rows[0]["breakdown"] = breakdown(backend)
+    json.dump({"mode": mode, "rows": rows, "first_launch_ms": launch_ms, "device_open_ms": (t_ready - t_start) * 1e3,
+               "device": device.name, "target": str(device.target), "compiler": backend.compiler_identity()},
+              sys.stdout)
+
+
+def breakdown(backend) -> dict:
+    """Time each part of a system hit for one more program, in this (already warm) process."""
+    from kdb import open_bundle
+    from runtime import kernel_sources, paths
+    from runtime.program_key import normalise_options, program_key
+
+    parts = {}
+
+    def timed(name, fn):
+        t0 = time.perf_counter()
+        value = fn()
+        parts[name] = (time.perf_counter() - t0) * 1e3
+        return value
+
+    kernel_sources._files.clear()
+    opts = timed("normalise_options", lambda: normalise_options(("-DKDB_DTYPE=double",)))
+    digest = timed("source_digest (cold)", lambda: kernel_sources.source_digest("activation.c"))
+    timed("source_digest (warm)", lambda: kernel_sources.source_digest("activation.c"))
+    first_dir = timed("first system dir", lambda: next(paths.iter_system_db_dirs()))
+    path = first_dir.path / backend.device.target.bundle_name()
+    bundle = timed("open bundle", lambda: open_bundle(path, immutable=True))
+    key = timed("program_key", lambda: program_key(kernel_file="activation.c", options=opts,
+                                                   arch=backend.device.target.full_arch, source_digest=digest,
+                                                   compiler=bundle.metadata.compiler))
+    other = program_key(kernel_file="activation.c", options=("-DKDB_DTYPE=float",),
+                        arch=backend.device.target.full_arch, source_digest=digest, compiler=bundle.metadata.compiler)
+    timed("bundle.get (miss)", lambda: bundle.get(key.kernel_name, key.kernel_args))
+    blob = timed("bundle.get (hit)", lambda: bundle.get(other.kernel_name, other.kernel_args))
+    module = timed("backend.load", lambda: backend.load(blob))
+    timed("module.function", lambda: module.function("relu_fwd"))
+    parts["blob_bytes"] = len(blob)
+    return parts
+
+
+def _entry(sample_name: str) -> str:
+    return {"relu": "relu_fwd", "reduce_sum": "reduce_sum", "sgemm": "sgemm_tiled"}[sample_name]
+
+
+# -- parent side -------------------------------------------------------------------------------
+
+def run_child(mode: str, env: dict, cubin_dir: Path | None = None) -> dict:
+    cmd = [sys.executable, __file__, "--child", mode] + (["--cubins", str(cubin_dir)] if cubin_dir else [])
+    t0 = time.perf_counter()
+    proc = subprocess.run(cmd, env=env, capture_output=True, text=True, cwd=ROOT)
+    wall = (time.perf_counter() - t0) * 1e3
+    if proc.returncode != 0:
+        raise SystemExit(f"{mode} child failed:\n{proc.stderr}")
+    out = json.loads(proc.stdout)
+    out["process_wall_ms"] = wall
+    return out
+
+
+def prepare(work: Path) -> tuple[Path, Path]:
+    """Build the system bundle and extract its cubins for the bare mode."""
+    from kdb import open_bundle
+    from packager.device_build import build_device_bundle
+    from runtime.backends.registry import discover_devices, open_backend
+    from runtime.samples import SAMPLES
+
+    device = next(d for d in discover_devices() if d.backend == "cuda")
+    backend = open_backend(device)
+    system = work / "system"
+    system.mkdir()
+    path = build_device_bundle(backend, [(s.kernel_file, s.options) for s in SAMPLES], system)
+    cubins = work / "cubins"
+    cubins.mkdir()
+    with open_bundle(path) as b:
+        by_file = {name: data for name, _args, data in b.items()}
+    for s in SAMPLES:
+        (cubins / f"{s.name}.cubin").write_bytes(by_file[f"{s.kernel_file}.o"])
+    return system, cubins
+
+
+def summarise(runs: list[dict]) -> dict:
+    def med(values):
+        return statistics.median(values) if values else None
+
+    kernels = [r["kernel"] for r in runs[0]["rows"]]
+    per_kernel = {k: med([run["rows"][i]["resolve_ms"] for run in runs]) for i, k in enumerate(kernels)}
+    sources = sorted({r["source"] for run in runs for r in run["rows"]})
+    return {
+        "processes": len(runs), "sources_seen": sources,
+        "first_resolve_ms": per_kernel[kernels[0]],
+        "later_resolve_ms": med([run["rows"][i]["resolve_ms"] for run in runs for i in range(1, len(kernels))]),
+        "per_kernel_resolve_ms": per_kernel,
+        "first_launch_ms": med([r["first_launch_ms"] for r in runs if r["first_launch_ms"] is not None]),
+        "device_open_ms": med([r["device_open_ms"] for r in runs]),
+        "process_wall_ms": med([r["process_wall_ms"] for r in runs]),
+        "raw_first_resolve_ms": [run["rows"][0]["resolve_ms"] for run in runs],
+    }
+
+
+def plot(results: dict, path: Path) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    modes = ["bare", "bare+read", "system", "user", "jit"]
+    first = [results[m]["first_resolve_ms"] for m in modes]
+    later = [results[m]["later_resolve_ms"] for m in modes]
+    fig, ax = plt.subplots(figsize=(8, 4.5))
+    xs = range(len(modes))
+    ax.bar([x - 0.2 for x in xs], first, width=0.4, label="first kernel in the process")
+    ax.bar([x + 0.2 for x in xs], later, width=0.4, label="later kernels")
+    ax.set_yscale("log")
+    ax.set_xticks(list(xs), ["bare load", "bare load\n+ file read", "system\nbundle", "user\ncache", "JIT\n(NVRTC)"])
+    ax.set_ylabel("ms to a launchable kernel (median, log)")
+    ax.set_title(f"Fresh-process resolve time on {results['device']}")
+    for x, v in zip(xs, first):
+        ax.annotate(f"{v:.3g}", (x - 0.2, v), ha="center", va="bottom", fontsize=8)
+    for x, v in zip(xs, later):
+        ax.annotate(f"{v:.3g}", (x + 0.2, v), ha="center", va="bottom", fontsize=8)
+    ax.legend()
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--runs", type=int, default=15, help="fresh processes per mode")
+    ap.add_argument("--out", type=Path, default=ROOT / "docs", help="folder for the JSON, PNG and report")
+    ap.add_argument("--child", help=argparse.SUPPRESS)
+    ap.add_argument("--cubins", help=argparse.SUPPRESS)
+    args = ap.parse_args()
+    if args.child:
+        child(args.child, args.cubins)
+        return
+
+    work = Path(tempfile.mkdtemp(prefix="kdbkit-bench-startup-"))
+    system, cubins = prepare(work)
+    base = {k: v for k, v in os.environ.items() if not k.startswith("KDB_")}
+    base.update(PYTHONPATH=os.pathsep.join(filter(None, [str(ROOT), os.environ.get("PYTHONPATH")])),
+                KDB_BACKEND="cuda", CUDA_CACHE_DISABLE="1")
+    empty_system = work / "no-system"
+    empty_system.mkdir()
+    user_cache = work / "user-cache"
+    results: dict = {}
+    modes = {
+        "bare": lambda i: (dict(base), cubins),
+        "bare+read": lambda i: (dict(base), cubins),
+        "system": lambda i: (dict(base, KDB_SYSTEM_DB_PATH=str(system), KDB_CUSTOM_CACHE_DIR=str(work / f"s{i}")), None),
+        "user": lambda i: (dict(base, KDB_SYSTEM_DB_PATH=str(empty_system), KDB_CUSTOM_CACHE_DIR=str(user_cache)), None),
+        "jit": lambda i: (dict(base, KDB_SYSTEM_DB_PATH=str(empty_system), KDB_CUSTOM_CACHE_DIR=str(work / f"j{i}")), None),
+    }
+    run_child("user", modes["user"](0)[0])  # fill the user cache once
+    run_child("bare", dict(base), cubins)  # warm the page cache for every mode alike
+    raw: dict = {m: [] for m in modes}
+    for i in range(args.runs):  # interleave modes so drift hits them alike
+        for mode, make in modes.items():
+            env, cub = make(i)
+            raw[mode].append(run_child(mode, env, cub))
+    for mode in modes:
+        results[mode] = summarise(raw[mode])
+        expected = mode
+        if results[mode]["sources_seen"] != [expected]:
+            raise SystemExit(f"{mode}: programs came from {results[mode]['sources_seen']}, expected {expected}")
+    info = raw["system"][0]
+    results.update(device=info["device"], target=info["target"], compiler=info["compiler"],
+                   python=platform.python_version(), runs=args.runs,
+                   command="python scripts/bench_startup.py --runs %d" % args.runs)
+    sysm, bare, jit = results["system"], results["bare"], results["jit"]
+    results["breakdown_ms"] = {k: statistics.median(r["rows"][0]["breakdown"][k] for r in raw["system"])
+                               for k in raw["system"][0]["rows"][0]["breakdown"]}
+    results["targets"] = {
+        "system_first_over_bare": sysm["first_resolve_ms"] / bare["first_resolve_ms"],
+        "system_later_over_bare": sysm["later_resolve_ms"] / bare["later_resolve_ms"],
+        "system_first_over_bare_read": sysm["first_resolve_ms"] / results["bare+read"]["first_resolve_ms"],
+        "system_later_over_bare_read": sysm["later_resolve_ms"] / results["bare+read"]["later_resolve_ms"],
+        "jit_first_over_system_first": jit["first_resolve_ms"] / sysm["first_resolve_ms"],
+        "jit_later_over_system_later": jit["later_resolve_ms"] / sysm["later_resolve_ms"],
+    }
+    t = results["targets"]
+    t["pass_system_within_1_5x_bare"] = t["system_later_over_bare"] <= 1.5 and t["system_first_over_bare"] <= 1.5
+    t["pass_system_100x_faster_than_jit"] = min(t["jit_first_over_system_first"], t["jit_later_over_system_later"]) >= 100
+    args.out.mkdir(parents=True, exist_ok=True)
+    (args.out / "bench_startup.json").write_text(json.dumps(results, indent=2))
+    plot(results, args.out / "bench_startup.png")
+    print(f"{'mode':9} {'first ms':>10} {'later ms':>10} {'launch ms':>10} {'device ms':>10} {'process ms':>11}")
+    for mode in ("bare", "bare+read", "system", "user", "jit"):
+        r = results[mode]
+        launch = "-" if r["first_launch_ms"] is None else f"{r['first_launch_ms']:.3f}"
+        print(f"{mode:9} {r['first_resolve_ms']:10.3f} {r['later_resolve_ms']:10.3f} {launch:>10} "
+              f"{r['device_open_ms']:10.1f} {r['process_wall_ms']:11.1f}")
+    print(json.dumps(results["targets"], indent=2))
+    print(json.dumps(results["breakdown_ms"], indent=2))
+
+
+if __name__ == "__main__":
+    main()
