@@ -30,6 +30,10 @@ DISTRIBUTIONS = ("numpy", "zstandard", "sqlite-utils", "typer", "platformdirs", 
                  "nvidia-cuda-nvrtc", "nvidia-ml-py", "pyopencl", "pocl-binary-distribution", "hip-python", "amdsmi")
 
 
+_OPTIONAL = {"cuda-bindings", "nvidia-cuda-nvrtc", "nvidia-ml-py", "pyopencl", "pocl-binary-distribution",
+             "hip-python", "amdsmi"}
+
+
 def _dist_version(name: str) -> str | None:
     try:
         return metadata.version(name)
@@ -53,19 +57,12 @@ def versions() -> list[Row]:
     return rows
 
 
-_OPTIONAL = {"cuda-bindings", "nvidia-cuda-nvrtc", "nvidia-ml-py", "pyopencl", "pocl-binary-distribution",
-             "hip-python", "amdsmi"}
-
-
 def compilers() -> list[Row]:
     from runtime.backends import amdgcn_clang, nvrtc
 
-    rows = []
-    value, ok = _probe(nvrtc.nvrtc_identity)
-    rows.append(Row("compilers", "NVRTC (CUDA JIT and offline)", value, ok or "unavailable" in value))
-    value, ok = _probe(amdgcn_clang.clang_identity)
-    rows.append(Row("compilers", "clang for amdgcn (HIP offline)", value, True))
-    return rows
+    # A missing compiler is a fact to show, not a problem: bundles and caches work without one.
+    return [Row("compilers", "NVRTC (CUDA JIT and offline)", _probe(nvrtc.nvrtc_identity)[0]),
+            Row("compilers", "clang for amdgcn (HIP offline)", _probe(amdgcn_clang.clang_identity)[0])]
 
 
 def search_paths() -> list[Row]:
@@ -79,20 +76,18 @@ def search_paths() -> list[Row]:
 
 def devices_and_bundles() -> list[Row]:
     from runtime.backends.registry import binary_format_of, discover_devices
-    from runtime.system_bundles import find_system_bundles
+    from runtime.system_bundles import bundle_for_device
 
+    try:
+        devices = discover_devices()
+    except Exception as exc:  # e.g. a malformed KDB_DEVICE_ARCH: report it, keep going
+        return [Row("devices", "discovery", f"failed: {exc}", False)]
     rows = []
-    devices, ok = _probe(discover_devices)
-    if not ok:
-        return [Row("devices", "discovery", devices, False)]
     dirs = paths.system_db_dirs()
-    for d in discover_devices():
-        bundles, trace = find_system_bundles(d.target, binary_format_of(d.backend), dirs)
-        for b in bundles:
-            b.close()
-        used = [c for c in trace if c.status == "accepted"]
+    for d in devices:
+        used, trace = bundle_for_device(d.target, binary_format_of(d.backend), dirs)
         text = f"{d.backend} {d.name}: {d.target}; "
-        text += f"uses {used[0].path}" if used else f"missing {d.target.bundle_name()} (JIT and user cache only)"
+        text += f"uses {used.path}" if used else f"missing {d.target.bundle_name()} (JIT and user cache only)"
         rows.append(Row("devices", f"#{d.index}", text, True))
         rows += [Row("devices", f"#{d.index} not used", f"{c.path}: {c.reason}", False)
                  for c in trace if c.status == "rejected"]

@@ -132,6 +132,17 @@ def find_system_bundles(target: Target, binary_format: str, dirs: Iterable[Searc
     return search.complete(), search.trace
 
 
+def bundle_for_device(target: Target, binary_format: str, dirs: Iterable[SearchDir]) -> tuple[Candidate | None, list[Candidate]]:
+    """Which system bundle a device would use first, and the whole trace (files closed again).
+
+    For reports (``kdb devices``, ``kdb doctor``), not for resolution: it opens every candidate.
+    """
+    bundles, trace = find_system_bundles(target, binary_format, dirs)
+    for b in bundles:
+        b.close()
+    return next((c for c in trace if c.status == "accepted"), None), trace
+
+
 def _why_not(bundle: Bundle, target: Target, binary_format: str) -> str | None:
     md = bundle.metadata
     if md.target is None:

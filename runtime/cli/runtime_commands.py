@@ -59,15 +59,12 @@ def devices(as_json: bool = typer.Option(False, "--json", help="Print JSON for s
     Example: KDB_DEVICE_ARCH=gfx90a KDB_DEVICE_CU=110 kdb devices
     """
     from runtime.backends.registry import binary_format_of, discover_devices
-    from runtime.system_bundles import find_system_bundles
+    from runtime.system_bundles import bundle_for_device
 
     rows = []
     dirs = paths.system_db_dirs()
     for d in discover_devices():
-        bundles, trace = find_system_bundles(d.target, binary_format_of(d.backend), dirs)
-        for b in bundles:
-            b.close()
-        used = next((c for c in trace if c.status == "accepted"), None)
+        used, trace = bundle_for_device(d.target, binary_format_of(d.backend), dirs)
         rows.append({"index": d.index, "backend": d.backend, "name": d.name, "target": str(d.target),
                      "cu": d.target.cu, "memory_bytes": d.memory_bytes, "driver": d.driver,
                      "bundle": str(used.path) if used else None, "wanted": d.target.bundle_name(),
