@@ -45,7 +45,7 @@ class BundleMetadata:
     compiler: str = ""
     binary_format: str = ""
     codec: str = "zstd"
-    hash: str = "sha256"
+    hash: str = "xxh3_128"
     producer: str = ""
     created: str = ""
     dictionary_size: int = 0
@@ -182,7 +182,7 @@ class Bundle:
                         "arch": target.arch, "features": ":".join(target.features),
                         "cu": "" if target.cu is None else str(target.cu), "compiler": compiler,
                         "binary_format": binary_format, "codec": codec,
-                        "hash": "md5" if codec == "bzip2" else "sha256", "producer": PRODUCER,
+                        "hash": "md5" if codec == "bzip2" else _codec.DEFAULT_HASH, "producer": PRODUCER,
                         "created": _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds"),
                     }
                     rows = list(meta.items()) + ([("zstd_dict", dictionary)] if dictionary else [])

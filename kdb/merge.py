@@ -18,7 +18,7 @@ from typing import Iterator
 
 from kdb.bundle import Bundle, open_bundle
 from kdb.errors import TargetMismatchError
-from kdb.writer import MAX_TRAINING_SAMPLES, choose_dictionary, write_bundle
+from kdb.writer import choose_dictionary, training_sample, write_bundle
 
 
 @dataclass
@@ -56,8 +56,11 @@ def merge_bundles(out: str | Path, inputs: list[str | Path], *, allow_mixed_cu: 
         report = MergeReport(Path(out))
         dict_bytes = None
         if dictionary:
-            sample = [data for _, _, data in _take(_all_items(bundles), MAX_TRAINING_SAMPLES)]
-            dict_bytes = choose_dictionary(sample)
+            # A random sample across all inputs, read entry by entry: keys first (cheap), then
+            # only the chosen blobs.
+            keys = [(b, e.kernel_name, e.kernel_args) for b in bundles for e in b.entries()]
+            chosen = training_sample(keys)
+            dict_bytes = choose_dictionary([b.get(n, a) for b, n, a in chosen], total=len(keys))
         write_bundle(out, target, _unique(bundles, report), compiler=compiler, binary_format=binary_format,
                      dictionary=dict_bytes or False)
         return report
@@ -69,13 +72,6 @@ def merge_bundles(out: str | Path, inputs: list[str | Path], *, allow_mixed_cu: 
 def _all_items(bundles: list[Bundle]) -> Iterator[tuple[str, str, bytes]]:
     for bundle in bundles:
         yield from bundle.items()
-
-
-def _take(it: Iterator, n: int) -> Iterator:
-    for i, x in enumerate(it):
-        if i >= n:
-            return
-        yield x
 
 
 def _unique(bundles: list[Bundle], report: MergeReport) -> Iterator[tuple[str, str, bytes]]:

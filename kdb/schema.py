@@ -11,7 +11,7 @@ Format version 1 (this file writes it)::
 ``format_version``, ``backend``, ``arch``, ``features`` (colon-joined), ``cu`` (empty for
 an arch-wide bundle), ``compiler`` (identity and version, e.g. ``nvrtc 13.0``),
 ``binary_format`` (``cubin``, ``hsaco``, ``ocl-binary``), ``codec`` (``zstd``/``bzip2``),
-``hash`` (``sha256``/``md5``), ``zstd_dict`` (optional), ``producer`` (``kdbkit 0.1.0``),
+``hash`` (``xxh3_128``/``sha256``/``md5``), ``zstd_dict`` (optional), ``producer`` (``kdbkit 0.1.0``),
 ``created`` (UTC ISO-8601).
 
 Version 0 is a file written by MIOpen: ``kern_db`` alone, bzip2 blobs, MD5 hashes; it is

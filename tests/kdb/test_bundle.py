@@ -21,7 +21,7 @@ def test_metadata_is_recorded(bundle_path, target):
     md = open_bundle(bundle_path).metadata
     assert md.format_version == FORMAT_VERSION
     assert md.target == target
-    assert (md.compiler, md.binary_format, md.codec, md.hash) == ("nvrtc 13.0", "cubin", "zstd", "sha256")
+    assert (md.compiler, md.binary_format, md.codec, md.hash) == ("nvrtc 13.0", "cubin", "zstd", "xxh3_128")
     assert md.producer.startswith("kdbkit") and md.created
 
 
@@ -126,3 +126,34 @@ def test_shipped_bundles_use_16k_pages_and_no_journal(bundle_path):
     assert conn.execute("PRAGMA page_size").fetchone()[0] == 16384
     assert conn.execute("PRAGMA journal_mode").fetchone()[0] == "delete"
     assert conn.execute("PRAGMA freelist_count").fetchone()[0] == 0
+
+
+def test_streamed_entries_with_a_dictionary(tmp_path, target):
+    many = ((f"k{i}.o", f"-DI={i}", fake_binary(i)) for i in range(300))  # an iterator, not a list
+    p = write_bundle(tmp_path / "s.kdb", target, many, compiler="c", binary_format="cubin")
+    b = open_bundle(p)
+    assert b.count() == 300 and b.metadata.dictionary_size > 0
+    assert b.get("k299.o", "-DI=299") == fake_binary(299)
+
+
+def test_training_sample_is_bounded_random_and_repeatable():
+    from kdb.writer import MAX_TRAINING_SAMPLES, training_sample
+
+    blobs = [bytes([i % 3]) * 10 + i.to_bytes(4, "little") for i in range(3 * MAX_TRAINING_SAMPLES)]
+    sample = training_sample(blobs)
+    assert len(sample) == MAX_TRAINING_SAMPLES and sample == training_sample(blobs)
+    assert len({b[0] for b in sample}) == 3  # every family; a stride of 3 would see one
+
+
+def test_bundles_hashed_with_sha256_still_read(bundle_path, entries):
+    import hashlib
+
+    conn = sqlite3.connect(bundle_path)
+    for name, args, data in entries:
+        conn.execute("UPDATE kern_db SET kernel_hash=? WHERE kernel_name=? AND kernel_args=?",
+                     (hashlib.sha256(data).hexdigest(), name, args))
+    conn.execute("UPDATE kdb_meta SET value='sha256' WHERE key='hash'")
+    conn.commit()
+    conn.close()
+    b = open_bundle(bundle_path)
+    assert b.metadata.hash == "sha256" and b.get(*entries[0][:2]) == entries[0][2]

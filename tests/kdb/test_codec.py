@@ -52,7 +52,8 @@ def test_too_few_samples_give_no_dictionary():
 
 
 def test_digests():
-    assert digest(b"abc") == "ba7816bf8f01cfea414140de5dae2223b00361a396177a9cb410ff61f20015ad"
+    assert digest(b"abc") == "06b05ab6733a618578af5f94892f3950"  # XXH3-128, the default
+    assert digest(b"abc", "sha256") == "ba7816bf8f01cfea414140de5dae2223b00361a396177a9cb410ff61f20015ad"
     assert digest(b"abc", "md5") == "900150983cd24fb0d6963f7d28e17f72"
     with pytest.raises(CodecError):
         digest(b"", "crc32")
