@@ -40,7 +40,9 @@ def kernels_dir() -> Path:
     Raises:
         KernelSourceError: neither exists (a broken install).
     """
-    runtime_dir = Path(__file__).resolve().parent
+    # abspath, not resolve(): one lstat per path component is a cost on every first call in
+    # sandboxes where system calls are slow, and ../kernels is found the same way either way.
+    runtime_dir = Path(os.path.dirname(os.path.abspath(__file__)))
     candidates = (runtime_dir / "_kernels", runtime_dir.parent / "kernels")
     for candidate in candidates:
         if (candidate / _MARKER).is_file():
@@ -141,7 +143,7 @@ def source_digest(name: str) -> str:
         if path in seen:
             return
         seen.add(path)
-        rel_name = os.path.relpath(path, root).replace(os.sep, "/")
+        rel_name = path[len(root) + 1:].replace(os.sep, "/")  # path is root/... by construction
         for field in (rel_name.encode(), info[0]):
             h.update(len(field).to_bytes(8, "little"))
             h.update(field)

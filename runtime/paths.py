@@ -15,6 +15,7 @@ Nothing is created here; callers create folders when they first write.
 
 from __future__ import annotations
 
+import os
 import sys
 from dataclasses import dataclass
 from pathlib import Path
@@ -46,7 +47,7 @@ def iter_system_db_dirs() -> Iterator[SearchDir]:
     def fresh(dirs):
         for d in dirs:
             path = d.path.expanduser()
-            key = path.resolve() if path.exists() else path
+            key = os.path.abspath(path)  # not resolve(): no syscalls; a symlinked twin is only searched twice
             if key not in seen:
                 seen.add(key)
                 yield SearchDir(path, d.origin)
