@@ -1,0 +1,44 @@
+"""Where system bundles are looked for: the variable, sys.prefix, then installed kernel packages."""
+
+import sys
+
+from kdb import Target, write_bundle
+from runtime import paths
+from runtime.system_bundles import find_system_bundles
+
+
+def _fake_kernel_package(root, name, entry_value):
+    dist = root / f"{name}-1.0.dist-info"
+    dist.mkdir(parents=True)
+    (dist / "entry_points.txt").write_text(f"[console_scripts]\nx = y:z\n\n[kdbkit.bundles]\n{name} = {entry_value}\n")
+
+
+def test_kernel_packages_are_found_through_entry_points(tmp_path, monkeypatch):
+    site = tmp_path / "site"
+    pkg = site / "kdbkit_kernels_test"
+    pkg.mkdir(parents=True)
+    (pkg / "__init__.py").write_text("from pathlib import Path\n\ndef bundle_dir():\n    return Path(__file__).parent / 'db'\n")
+    (pkg / "db").mkdir()
+    write_bundle(pkg / "db" / "sm_90_132.kdb", Target.parse("sm_90_132"), [("k.c.o", "-mcpu=sm_90", b"x" * 100)],
+                 compiler="nvrtc 13.0", binary_format="cubin")
+    _fake_kernel_package(site, "kdbkit_kernels_test", "kdbkit_kernels_test:bundle_dir")
+    _fake_kernel_package(site, "broken_pkg", "no_such_module_here:nothing")
+    monkeypatch.syspath_prepend(str(site))
+    monkeypatch.setenv("KDB_SYSTEM_DB_PATH", str(tmp_path / "empty"))
+    dirs = paths.system_db_dirs()
+    origins = [d.origin for d in dirs]
+    assert origins[0] == "KDB_SYSTEM_DB_PATH" and origins[1] == "sys.prefix"
+    assert "package kdbkit_kernels_test" in origins and "package broken_pkg" not in origins
+    found, trace = find_system_bundles(Target.parse("sm_90_132"), "cubin", dirs)
+    assert [b.path for b in found] == [pkg / "db" / "sm_90_132.kdb"]
+    for b in found:
+        b.close()
+    sys.modules.pop("kdbkit_kernels_test", None)
+
+
+def test_the_search_is_lazy(tmp_path, monkeypatch):
+    monkeypatch.setenv("KDB_SYSTEM_DB_PATH", str(tmp_path))
+    scanned = []
+    monkeypatch.setattr(paths, "_entry_point_dirs", lambda: scanned.append(1) or iter(()))
+    first = next(paths.iter_system_db_dirs())
+    assert first.path == tmp_path and scanned == []  # installed packages not asked yet
