@@ -1004,7 +1004,6 @@ def main(argv: list[str] | None = None) -> int:
     # -- measure each bundle in fresh processes --
     bundles = []
     lookups_big = None
-    big_imm_sql = None
     rng = random.Random(12345)
     for n in sorted(sizes):
         path = work / f"bench-{n}.kdb"
@@ -1031,7 +1030,6 @@ def main(argv: list[str] | None = None) -> int:
             imm_runs = [_child(["--child-lookup", str(path), str(keys_file), str(warmup), "immutable"])
                         for _ in range(lookup_runs)]
             imm_lk = {k: [x for r in imm_runs for x in r[k]] for k in ("get_ns", "sql_ns")}
-            big_imm_sql = imm_lk["sql_ns"]
         lk = {k: [x for r in runs for x in r[k]] for k in runs[0] if isinstance(runs[0][k], list)}
         rec = dict(results[f"build-{n}"])
         rec.pop("ident", None)

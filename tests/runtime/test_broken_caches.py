@@ -10,7 +10,6 @@ import pytest
 
 from kdb import Bundle, open_bundle
 from runtime.samples import SAMPLES, run_samples
-from tests.runtime.chain_fixtures import isolated, make_handle, chain_backend, chain_device  # noqa: F401
 
 RELU = SAMPLES[0]
 

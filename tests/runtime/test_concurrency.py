@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 
 from kdb import open_bundle, verify_bundle
-from tests.runtime.chain_fixtures import child_env, isolated, make_handle, chain_backend, chain_device  # noqa: F401
+from tests.runtime.chain_fixtures import child_env
 
 ROOT = Path(__file__).resolve().parents[2]
 N = 8

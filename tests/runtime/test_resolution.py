@@ -11,7 +11,6 @@ from kdb import Target, open_bundle
 from packager.device_build import build_device_bundle
 from runtime.handle import JitDisabledError
 from runtime.samples import SAMPLES, run_samples
-from tests.runtime.chain_fixtures import isolated, make_handle, chain_backend, chain_device, private_kernels  # noqa: F401
 
 RELU = SAMPLES[0]
 
