@@ -9,6 +9,7 @@ This package depends on neither ``runtime`` nor ``packager``.
 
 from kdb.bundle import Bundle, BundleMetadata, BundleStats, EntryInfo, open_bundle
 from kdb.errors import (
+    BundleBusyError,
     BundleNameError,
     BundleNotFoundError,
     CorruptBundleError,
@@ -28,5 +29,5 @@ __all__ = [
     "Bundle", "BundleMetadata", "BundleStats", "EntryInfo", "open_bundle", "write_bundle", "merge_bundles",
     "MergeReport", "verify_bundle", "VerifyReport", "Target", "bundle_file_name", "parse_bundle_file_name",
     "KdbError", "BundleNotFoundError", "NotABundleError", "CorruptBundleError", "CorruptEntryError",
-    "UnsupportedFormatError", "TargetMismatchError", "BundleNameError", "ReadOnlyBundleError",
+    "UnsupportedFormatError", "TargetMismatchError", "BundleNameError", "ReadOnlyBundleError", "BundleBusyError",
 ]

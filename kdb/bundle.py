@@ -21,6 +21,7 @@ from typing import Iterable, Iterator
 from kdb import codec as _codec
 from kdb import schema
 from kdb.errors import (
+    BundleBusyError,
     BundleNotFoundError,
     CorruptBundleError,
     CorruptEntryError,
@@ -333,7 +334,15 @@ class Bundle:
 
     def _query_one(self, sql: str, params: tuple):
         try:
-            return self._conn.execute(sql, params).fetchone()
+            cur = self._conn.execute(sql, params)
+            try:
+                return cur.fetchone()
+            finally:
+                # Reset the statement now: a half-stepped SELECT keeps its read transaction,
+                # and in WAL mode that pins an old snapshot, so this connection would not see
+                # an entry another process (or thread) has stored since: a re-check after
+                # taking the compile lock would miss, and the program be compiled twice.
+                cur.close()
         except sqlite3.DatabaseError as exc:
             raise _db_error(self.path, exc) from exc
 
@@ -383,7 +392,7 @@ def _db_error(path: Path, exc: sqlite3.DatabaseError) -> KdbError:
         return CorruptBundleError(
             f"{path}: the file is damaged ({text}); run `kdb db verify {path}`, then rebuild or reinstall it")
     if "locked" in text or "busy" in text:
-        return KdbError(f"{path}: database is locked by another process ({text}); retry, or check for a stuck writer")
+        return BundleBusyError(f"{path}: database is locked by another process ({text}); retry, or check for a stuck writer")
     if "readonly" in text or "read-only" in text or "unable to open" in text:
         return KdbError(f"{path}: cannot write ({text}); check the file and its folder are writable")
     if "full" in text:
@@ -394,8 +403,11 @@ def _db_error(path: Path, exc: sqlite3.DatabaseError) -> KdbError:
 def _prepare_writable(conn: sqlite3.Connection, path: Path, wal: bool) -> None:
     try:
         conn.execute(f"PRAGMA busy_timeout = {int(BUSY_TIMEOUT_S * 1000)}")
-        mode = "WAL" if wal else "DELETE"
-        conn.execute(f"PRAGMA journal_mode = {mode}")
+        mode = "wal" if wal else "delete"
+        # Switching the journal mode takes an exclusive lock: only ask when it must change,
+        # so that processes opening an existing WAL cache at once do not contend for it.
+        if conn.execute("PRAGMA journal_mode").fetchone()[0].lower() != mode:
+            conn.execute(f"PRAGMA journal_mode = {mode}")
         # NORMAL is durable in WAL mode across application crashes, which is what a cache needs.
         conn.execute("PRAGMA synchronous = NORMAL")
     except sqlite3.DatabaseError as exc:

@@ -46,5 +46,9 @@ class BundleNameError(KdbError, ValueError):
     """A file name does not follow ``<arch>_<cu>.kdb``, ``<arch>.kdb`` or ``<name>.ukdb``."""
 
 
+class BundleBusyError(KdbError):
+    """Another connection holds a lock longer than the busy timeout; retrying may succeed."""
+
+
 class ReadOnlyBundleError(KdbError):
     """A write was attempted on a bundle opened read-only."""

@@ -11,22 +11,43 @@ Failure policy — the runtime must keep running:
 - the file is not a bundle or is damaged at open: move it aside (``*.corrupt-<time>``,
   nothing is deleted) and start a new one;
 - an entry whose hash does not match: delete it, so the caller rebuilds it;
-- a write fails (disk full, read-only, locked past the timeout): warn once and stop writing.
+- a write fails (disk full, read-only): warn once and stop writing;
+- the file is locked past SQLite's busy timeout (many processes opening or writing at once):
+  retry with randomised exponential back-off for up to :data:`BUSY_RETRY_S`, as MIOpen does,
+  before treating it as one of the failures above.
 """
 
 from __future__ import annotations
 
 import os
+import random
 import threading
 import time
 from pathlib import Path
 
-from kdb import Bundle, CorruptBundleError, CorruptEntryError, KdbError, NotABundleError, Target
+from kdb import Bundle, BundleBusyError, CorruptBundleError, CorruptEntryError, KdbError, NotABundleError, Target
 from kdb.target import USER_SUFFIX
 from runtime.logging_setup import get_logger, warn_once
 from runtime.program_key import ProgramKey
 
 _log = get_logger("runtime.user_cache")
+BUSY_RETRY_S = 30.0
+
+
+def with_backoff(fn, retry_s: float = BUSY_RETRY_S):
+    """Call ``fn``; while it raises BundleBusyError, retry after a random, doubling pause."""
+    deadline = time.monotonic() + retry_s
+    pause = 0.005
+    while True:
+        try:
+            return fn()
+        except BundleBusyError:
+            if time.monotonic() >= deadline:
+                raise
+            time.sleep(random.uniform(pause / 2, pause))
+            pause = min(pause * 2, 1.0)
+
+
 DISABLE_HINT = "set KDB_CUSTOM_CACHE_DIR to a writable folder, or KDB_DISABLE_CACHE=1 to silence this"
 
 
@@ -68,8 +89,8 @@ class UserCache:
             return self._give_up(f"cannot create the cache folder {self.path.parent} ({exc.strerror or exc})")
         for attempt in (1, 2):
             try:
-                return Bundle.create(self.path, self._target, compiler=self._compiler,
-                                     binary_format=self._binary_format, wal=True, exist_ok=True)
+                return with_backoff(lambda: Bundle.create(self.path, self._target, compiler=self._compiler,
+                                                          binary_format=self._binary_format, wal=True, exist_ok=True))
             except (NotABundleError, CorruptBundleError) as exc:
                 if attempt == 2 or not self._move_aside(exc):
                     return self._give_up(str(exc))
@@ -113,7 +134,7 @@ class UserCache:
         if bundle is None:
             return None
         try:
-            return bundle.get(key.kernel_name, key.kernel_args)
+            return with_backoff(lambda: bundle.get(key.kernel_name, key.kernel_args))
         except CorruptEntryError as exc:
             _log.warning("%s; removing the entry so that it is rebuilt", exc)
             self._delete(bundle, key)
@@ -131,7 +152,7 @@ class UserCache:
 
     def _delete(self, bundle: Bundle, key: ProgramKey) -> None:
         try:
-            bundle.delete(key.kernel_name, key.kernel_args)
+            with_backoff(lambda: bundle.delete(key.kernel_name, key.kernel_args))
         except KdbError as exc:
             self._stop_writing(str(exc))
 
@@ -141,7 +162,7 @@ class UserCache:
         if bundle is None or self._read_only:
             return False
         try:
-            bundle.put(key.kernel_name, key.kernel_args, binary)
+            with_backoff(lambda: bundle.put(key.kernel_name, key.kernel_args, binary))
             return True
         except KdbError as exc:
             self._stop_writing(str(exc))

@@ -157,3 +157,16 @@ def test_bundles_hashed_with_sha256_still_read(bundle_path, entries):
     conn.close()
     b = open_bundle(bundle_path)
     assert b.metadata.hash == "sha256" and b.get(*entries[0][:2]) == entries[0][2]
+
+
+def test_a_reader_sees_entries_written_after_its_last_read(tmp_path, target):
+    """A lookup must not leave a read transaction open (a stale WAL snapshot)."""
+    path = tmp_path / "u.ukdb"
+    writer = Bundle.create(path, target, compiler="c", binary_format="cubin", wal=True)
+    writer.put("a.o", "-x", b"1" * 100)
+    reader = Bundle.open(path, writable=True, wal=True)
+    assert reader.get("a.o", "-x") == b"1" * 100  # one row: fetchone() alone would leave the statement open
+    assert reader.get("b.o", "-y") is None
+    writer.put("b.o", "-y", b"2" * 100)
+    assert reader.get("b.o", "-y") == b"2" * 100
+    assert not reader._conn.in_transaction

@@ -142,3 +142,24 @@ def test_entry_that_decodes_but_does_not_load_is_replaced(make_handle, isolated,
     program = make_handle().program(RELU.kernel_file, RELU.options)
     assert program.source == "jit" and any(s.outcome == "unloadable" for s in program.steps)
     assert make_handle().program(RELU.kernel_file, RELU.options).source == "user"
+
+
+def test_busy_database_is_retried_with_backoff():
+    from kdb import BundleBusyError
+    from runtime.user_cache import with_backoff
+
+    calls = []
+
+    def flaky():
+        calls.append(1)
+        if len(calls) < 3:
+            raise BundleBusyError("database is locked")
+        return "done"
+
+    assert with_backoff(flaky) == "done" and len(calls) == 3
+
+    def always_busy():
+        raise BundleBusyError("database is locked")
+
+    with pytest.raises(BundleBusyError):
+        with_backoff(always_busy, retry_s=0.05)
