@@ -19,6 +19,7 @@ still check loaded binaries against what the hardware really is.
 
 from __future__ import annotations
 
+import importlib
 import os
 from dataclasses import replace
 from typing import Callable
@@ -170,32 +171,30 @@ def default_device(devices: list[DeviceInfo] | None = None) -> DeviceInfo:
     )
 
 
+# Where each backend class lives; imported on first use (the modules load no vendor library).
+_BACKEND_CLASSES = {
+    "cuda": ("runtime.backends.cuda", "CudaBackend"),
+    "hip": ("runtime.backends.hip", "HipBackend"),
+    "opencl": ("runtime.backends.opencl", "OpenCLBackend"),
+}
+
+
+def _backend_class(backend: str, what: str) -> type[Backend]:
+    if backend not in _BACKEND_CLASSES:
+        raise BackendUnavailableError(f"unknown backend {backend!r} for {what}; expected one of {', '.join(BACKENDS)}")
+    module, name = _BACKEND_CLASSES[backend]
+    return getattr(importlib.import_module(module), name)
+
+
 def open_backend(device: DeviceInfo) -> Backend:
     """Open the backend that drives ``device``.
 
     Raises:
         BackendUnavailableError: the vendor library is missing or the device cannot be opened.
     """
-    if device.backend == "cuda":
-        from runtime.backends.cuda import CudaBackend
-
-        return CudaBackend(device)
-    if device.backend == "hip":
-        from runtime.backends.hip import HipBackend
-
-        return HipBackend(device)
-    if device.backend == "opencl":
-        from runtime.backends.opencl import OpenCLBackend
-
-        return OpenCLBackend(device)
-    raise BackendUnavailableError(
-        f"unknown backend {device.backend!r} for {device.name}; expected one of {', '.join(BACKENDS)}"
-    )
-
-
-BINARY_FORMATS = {"cuda": "cubin", "hip": "hsaco", "opencl": "ocl-binary"}
+    return _backend_class(device.backend, device.name)(device)
 
 
 def binary_format_of(backend: str) -> str:
     """The binary format a backend loads, as recorded in bundles (``cubin``, ``hsaco``, ``ocl-binary``)."""
-    return BINARY_FORMATS[backend]
+    return _backend_class(backend, "a binary format").binary_format
