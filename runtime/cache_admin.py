@@ -16,6 +16,7 @@ from pathlib import Path
 from kdb import Bundle, KdbError, open_bundle
 from kdb.version import __version__
 from runtime import env, paths
+from runtime.user_cache import LOCKS
 
 
 @dataclass
@@ -64,7 +65,7 @@ def clear_cache(folder: Path | None = None) -> list[Path]:
     for path in sorted(folder.glob("*.ukdb*")):
         path.unlink(missing_ok=True)
         removed.append(path)
-    locks = folder / "locks"
+    locks = folder / LOCKS
     if locks.is_dir():
         shutil.rmtree(locks, ignore_errors=True)
         removed.append(locks)
@@ -92,7 +93,7 @@ def prune_cache(folder: Path | None = None, *, lock_age_s: float = 7 * 86400) ->
         aside.unlink(missing_ok=True)
         report.removed_files.append(aside)
     cutoff = time.time() - lock_age_s
-    for lock in (folder / "locks").glob("*.lock") if (folder / "locks").is_dir() else ():
+    for lock in (folder / LOCKS).glob("*.lock") if (folder / LOCKS).is_dir() else ():
         if lock.stat().st_mtime < cutoff:
             lock.unlink(missing_ok=True)
             report.removed_files.append(lock)

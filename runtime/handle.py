@@ -258,7 +258,7 @@ class Handle:
                 f"compiler to build it: {self._compiler_error}")
         source = kernel_sources.read_source(kernel_file)
         include_dirs = [kernel_sources.kernels_dir()]
-        lock_dir = cache.path.parent / "locks" if cache is not None and cache.usable else None
+        lock_dir = cache.lock_dir if cache is not None and cache.usable else None
         with _Timer(steps, "jit") as t:
             binary, origin = build_once(key, cache, lock_dir, lambda: self.backend.compile(
                 source, name=kernel_file, options=list(opts), include_dirs=include_dirs))

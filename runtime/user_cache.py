@@ -32,6 +32,7 @@ from runtime.program_key import ProgramKey
 
 _log = get_logger("runtime.user_cache")
 BUSY_RETRY_S = 30.0
+LOCKS = "locks"  # sub-folder of the cache folder holding one compile lock per program key
 
 
 def with_backoff(fn, retry_s: float = BUSY_RETRY_S):
@@ -74,6 +75,11 @@ class UserCache:
     @property
     def usable(self) -> bool:
         return not self._broken
+
+    @property
+    def lock_dir(self) -> Path:
+        """Where the per-key compile locks of this cache live."""
+        return self.path.parent / LOCKS
 
     def _open(self) -> Bundle | None:
         with self._lock:

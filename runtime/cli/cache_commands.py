@@ -10,6 +10,7 @@ from rich.table import Table
 
 from runtime import cache_admin, paths
 from runtime.cli.output import out, print_json, size
+from runtime.user_cache import LOCKS
 
 app = typer.Typer(help="Inspect and maintain the user kernel cache (.ukdb).", no_args_is_help=True)
 
@@ -41,7 +42,7 @@ def stats(as_json: bool = typer.Option(False, "--json", help="Print JSON for scr
     """
     files = cache_admin.list_cache()
     folder = paths.user_cache_dir()
-    locks = folder / "locks"
+    locks = folder / LOCKS
     data = {
         "folder": str(folder), "files": len(files), "entries": sum(f.entries or 0 for f in files),
         "file_bytes": sum(f.file_bytes for f in files), "raw_bytes": sum(f.raw_bytes or 0 for f in files),
