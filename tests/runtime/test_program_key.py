@@ -42,3 +42,20 @@ def test_fields_cannot_bleed_into_each_other():
 def test_unobserved_inputs_are_refused(field):
     with pytest.raises(ValueError, match="must be observed"):
         program_key(**{**BASE, field: ""})
+
+
+def test_key_layout_is_stable_so_shipped_bundles_keep_matching():
+    # Computed by kdbkit 0.1.0, which fed the fields to SHA-256 one by one; a faster
+    # implementation must give the same bytes, or every installed bundle would miss.
+    key = program_key(kernel_file="softmax.c", options=("-DKDB_DTYPE=float", "-DTILE=16"), arch="gfx90a:xnack-",
+                      source_digest="ab" * 32, compiler="nvrtc 13.0")
+    assert key.digest == "9962a85eed37526497eaa54559d68d1bca7d1bec06478155d4623972031811e9"
+
+
+def test_normalising_is_remembered_but_lists_and_errors_still_work():
+    opts = ["-DB=2", "-DA=1"]
+    assert normalise_options(opts) == normalise_options(tuple(opts)) == ("-DA=1", "-DB=2")
+    opts.append("-DA=3")  # the caller's list changes: its new value is normalised, not a stale one
+    for _ in range(2):  # a refused input is refused every time, not remembered as a result
+        with pytest.raises(OptionsError):
+            normalise_options(opts)
