@@ -230,6 +230,10 @@ class Handle:
             warn_once(f"corrupt:{where}:{key}", f"{exc}; skipping it", logger=_log)
             timer.outcome = "corrupt"
             return None
+        except KdbError as exc:  # the file itself is damaged where this lookup reads it
+            warn_once(f"damaged:{where}", f"{exc}; looking elsewhere", logger=_log)
+            timer.outcome = "damaged"
+            return None
         if binary is None:
             return None
         try:

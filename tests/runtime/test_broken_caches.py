@@ -1,4 +1,5 @@
-"""A broken user cache never stops the runtime: it warns once, keeps results in memory, repairs what it can."""
+"""A broken user cache or system bundle never stops the runtime: it warns once, keeps results in memory,
+repairs what it can."""
 
 from __future__ import annotations
 
@@ -163,3 +164,28 @@ def test_busy_database_is_retried_with_backoff():
 
     with pytest.raises(BundleBusyError):
         with_backoff(always_busy, retry_s=0.05)
+
+
+def test_a_system_bundle_damaged_anywhere_never_stops_the_runtime(make_handle, isolated, chain_backend, capfd,
+                                                                  fresh_warnings):
+    from packager.device_build import build_device_bundle
+
+    requests = [(s.kernel_file, s.options) for s in SAMPLES]
+    make_handle().programs(requests)  # the user cache now holds every program: the safe fallback
+    (isolated / "built").mkdir()
+    good = build_device_bundle(chain_backend, requests, isolated / "built").read_bytes()
+    page = 16384
+    assert len(good) >= 4 * page
+    installed = isolated / "system" / chain_backend.device.target.bundle_name()
+    outcomes = set()
+    for start in range(page, len(good), page):  # page 0 is the header: SQLite refuses that file at open
+        bad = bytearray(good)
+        bad[start:start + page] = bytes(b ^ 0xA5 for b in bad[start:start + page])
+        installed.write_bytes(bytes(bad))
+        handle = make_handle()
+        results = run_samples(handle, seed=start)
+        assert all(r.ok for r in results), start
+        assert {r.source for r in results} <= {"system", "user"}
+        outcomes.update(step[2] for r in results for step in r.steps)
+    assert "damaged" in outcomes or "corrupt" in outcomes  # some damage was met at lookup, and survived
+    assert "the file is damaged" in capfd.readouterr().err
