@@ -1,5 +1,10 @@
 """``Handle.program``: a kernel program from the fastest source that has it.
 
+Making a handle opens the device, digests every kernel source and opens the best system
+bundle, so that a later hit reads no file but its bundle's pages (see :meth:`Handle.prepare_steps`).
+A handle therefore sees the kernel sources as they were when it was made; make a new one to
+pick up edits (a JIT compile always keys what it compiles by the source as it is then).
+
 Resolution order, each step timed:
 1. memory — programs this handle already loaded;
 2. system — installed bundles that fit the device (exact ``<arch>_<cu>.kdb``, then
@@ -22,7 +27,7 @@ from kdb import Bundle, CorruptEntryError, KdbError
 from runtime import env, kernel_sources, paths
 from runtime.backends.base import Backend, BinaryLoadError, CompilerUnavailableError, DeviceInfo, Kernel, Module
 from runtime.jit import build_once
-from runtime.logging_setup import get_logger, log_api_call, warn_once
+from runtime.logging_setup import api_logging_enabled, get_logger, log_api_call, warn_once
 from runtime.program_key import ProgramKey, normalise_options, program_key
 from runtime.system_bundles import Candidate, SystemBundleSearch
 from runtime.user_cache import UserCache
@@ -96,6 +101,7 @@ class Handle:
         self.backend = backend
         self.device = backend.device
         self.target = self.device.target
+        self._arch = self.target.full_arch  # every key names it
         self.use_cache = not env.get_bool("KDB_DISABLE_CACHE")
         self.allow_jit = not env.get_bool("KDB_DISABLE_JIT")
         self._memory: dict[tuple[str, tuple[str, ...]], Program] = {}
@@ -105,15 +111,48 @@ class Handle:
         self._user: UserCache | None = None
         self._compiler: str | None = None
         self._compiler_error: str | None = None
+        self.prepare_steps: list[Step] = self._prepare()
+
+    def _prepare(self) -> list[Step]:
+        """Work done once per handle instead of on a program's first lookup; each step timed.
+
+        It sits next to the device open (about 260 ms for a CUDA context, measured), so the
+        first program of a process costs about what a later one does.
+        """
+        steps: list[Step] = []
+        with _Timer(steps, "digest kernel sources") as t:
+            try:
+                self._digests.update(kernel_sources.source_digests())
+                t.outcome = f"{len(self._digests)} sources"
+            except kernel_sources.KernelSourceError as exc:
+                t.outcome = "failed"  # program() raises it again, for the file it is asked for
+                _log.debug("kernel sources not digested: %s", exc)
+        with _Timer(steps, "open system bundle") as t:
+            first = self._system_search().get(0)
+            t.outcome = first.path.name if first is not None else "none"
+            if first is not None:
+                first.warm_up()
+        if first is None and self.use_cache:  # without a system bundle, the user cache serves first
+            with _Timer(steps, "open user cache") as t:
+                cache = self._user_cache()
+                if cache is not None:
+                    cache.warm_up()
+                    t.outcome = "opened" if cache.is_open else "none yet"
+                else:
+                    t.outcome = "no compiler"
+        return steps
 
     # -- lazily opened sources -----------------------------------------------------------
 
-    def _system_bundles(self) -> Iterator[Bundle]:
-        """Accepted system bundles, best first, opened only as far as the caller iterates."""
+    def _system_search(self) -> SystemBundleSearch:
         with self._lock:
             if self._system is None:
                 self._system = SystemBundleSearch(self.target, self.backend.binary_format, paths.iter_system_db_dirs())
-        yield from self._system
+            return self._system
+
+    def _system_bundles(self) -> Iterator[Bundle]:
+        """Accepted system bundles, best first, opened only as far as the caller iterates."""
+        yield from self._system_search()
         if self._system.found_none:
             name = self.target.bundle_name()
             if warn_once(f"missing-system-db:{name}", f"Missing system database file: {name} Performance may degrade",
@@ -175,18 +214,18 @@ class Handle:
             CompileError: the compiler rejected the source.
         """
         opts = normalise_options(options)
-        steps: list[Step] = []
-        with _Timer(steps, "memory") as t:
-            hit = self._memory.get((kernel_file, opts))
-            t.outcome = "hit" if hit else "miss"
+        t0 = time.perf_counter()
+        hit = self._memory.get((kernel_file, opts))
+        steps = [Step("memory", (time.perf_counter() - t0) * 1e3, "miss" if hit is None else "hit")]
         if hit is not None:
             program = Program(kernel_file, opts, hit.module, "memory", steps, hit._functions)
         else:
             program = self._resolve(kernel_file, opts, steps)
             with self._lock:
                 self._memory.setdefault((kernel_file, opts), program)
-        log_api_call(f"resolve {kernel_file} [{' '.join(opts)}] on {self.target}: {program.source} in "
-                     f"{program.total_ms:.3f} ms", logger=_log)
+        if api_logging_enabled():
+            log_api_call(f"resolve {kernel_file} [{' '.join(opts)}] on {self.target}: {program.source} in "
+                         f"{program.total_ms:.3f} ms", logger=_log)
         return program
 
     def programs(self, requests: Iterable[tuple[str, str | Sequence[str]]]) -> list[Program]:
@@ -199,7 +238,7 @@ class Handle:
     def _resolve(self, kernel_file: str, opts: tuple[str, ...], steps: list[Step]) -> Program:
         digest = self._source_digest(kernel_file)
         for bundle in self._system_bundles():
-            key = program_key(kernel_file=kernel_file, options=opts, arch=self.target.full_arch,
+            key = program_key(kernel_file=kernel_file, options=opts, arch=self._arch,
                               source_digest=digest, compiler=bundle.metadata.compiler)
             with _Timer(steps, f"system {bundle.path.name}") as t:
                 module = self._load_from(lambda: bundle.get(key.kernel_name, key.kernel_args), key, str(bundle.path), t)
@@ -210,7 +249,7 @@ class Handle:
         compiler = self.compiler()
         key = None
         if compiler is not None:
-            key = program_key(kernel_file=kernel_file, options=opts, arch=self.target.full_arch,
+            key = program_key(kernel_file=kernel_file, options=opts, arch=self._arch,
                               source_digest=digest, compiler=compiler)
         if cache is not None and key is not None:
             with _Timer(steps, "user") as t:
@@ -261,6 +300,13 @@ class Handle:
                 f"no program {kernel_file} [{' '.join(opts)}] for {self.target.full_arch} in {searched}, and no "
                 f"compiler to build it: {self._compiler_error}")
         source = kernel_sources.read_source(kernel_file)
+        # Key what is compiled by the source as it is now, not as the handle first saw it, so
+        # that an edit made since never lands in the cache under the old source's key.
+        digest = kernel_sources.source_digest(kernel_file)
+        if digest != self._digests.get(kernel_file):
+            self._digests[kernel_file] = digest
+            key = program_key(kernel_file=kernel_file, options=opts, arch=self._arch,
+                              source_digest=digest, compiler=self.compiler())
         include_dirs = [kernel_sources.kernels_dir()]
         lock_dir = cache.lock_dir if cache is not None and cache.usable else None
         with _Timer(steps, "jit") as t:

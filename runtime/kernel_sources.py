@@ -80,6 +80,25 @@ def list_sources() -> list[str]:
     return sorted(p.name for p in kernels_dir().glob("*.c"))
 
 
+def source_digests() -> dict[str, str]:
+    """:func:`source_digest` of every kernel source in :func:`kernels_dir`, by name.
+
+    A handle takes this snapshot when it is made, so that resolving a program later costs no
+    file access for its source. A source that cannot be digested (an include is missing) is
+    left out: asking for it later raises, naming the missing file.
+
+    Raises:
+        KernelSourceError: there is no kernels folder at all.
+    """
+    digests = {}
+    for name in list_sources():
+        try:
+            digests[name] = source_digest(name)
+        except KernelSourceError:
+            continue
+    return digests
+
+
 def quoted_includes(text: str) -> list[str]:
     """The file names a source includes with quotes, in order of appearance."""
     return _QUOTED_INCLUDE.findall(text)

@@ -177,6 +177,13 @@ def _emit(logger: logging.Logger | None, label: str, message: str) -> bool:
     return True
 
 
+def api_logging_enabled() -> bool:
+    """Whether :func:`log_api_call` would emit (lets hot paths skip building the message)."""
+    if _settings is None:
+        configure_logging()
+    return bool(_settings and _settings.api_calls)
+
+
 def log_api_call(message: str, *, logger: logging.Logger | None = None) -> bool:
     """Log an API call or program resolution when ``KDB_ENABLE_LOGGING`` is on, at any level.
 

@@ -77,6 +77,10 @@ class UserCache:
         return not self._broken
 
     @property
+    def is_open(self) -> bool:
+        return self._bundle is not None
+
+    @property
     def lock_dir(self) -> Path:
         """Where the per-key compile locks of this cache live."""
         return self.path.parent / LOCKS
@@ -133,6 +137,17 @@ class UserCache:
                   f"User kernel cache {self.path} is unusable: {why}. Running without it: compiled programs are "
                   f"kept in memory only and recompiled in every new process; {DISABLE_HINT}.", logger=_log)
         return None
+
+    def warm_up(self) -> None:
+        """Open the cache now if its file exists, and do a first read's one-time work (see
+        :meth:`kdb.Bundle.warm_up`); nothing is created here, and a broken cache warns as usual."""
+        if self.path.is_file():
+            bundle = self._open()
+            if bundle is not None:
+                try:
+                    with_backoff(bundle.warm_up)
+                except KdbError:
+                    pass  # reported by the get that needs it
 
     def get(self, key: ProgramKey) -> bytes | None:
         """The cached binary, or None (absent, corrupt and now removed, or cache unusable)."""

@@ -29,6 +29,9 @@ def resolve(kernel_file: str = typer.Argument(..., help="A file in kernels/, e.g
             as_json: bool = typer.Option(False, "--json", help="Print JSON for scripts.")) -> None:
     """Resolve one program through the chain and show where it came from and each step's time.
 
+    The first rows are what making the handle did once (digest the kernel sources, open the
+    best system bundle or the user cache); the rest are this program's lookup.
+
     Example: kdb resolve activation.c -D TYPE=float -D OP=1 --device 0
     """
     from runtime.handle import Handle
@@ -40,13 +43,16 @@ def resolve(kernel_file: str = typer.Argument(..., help="A file in kernels/, e.g
         handle.close()
     data = {"kernel_file": kernel_file, "options": list(program.options), "device": handle.device.name,
             "target": str(handle.target), "source": program.source, "total_ms": round(program.total_ms, 3),
-            "steps": [{"step": s.name, "ms": round(s.ms, 3), "outcome": s.outcome} for s in program.steps]}
+            "steps": [{"step": s.name, "ms": round(s.ms, 3), "outcome": s.outcome} for s in program.steps],
+            "handle_steps": [{"step": s.name, "ms": round(s.ms, 3), "outcome": s.outcome} for s in handle.prepare_steps]}
     if as_json:
         print_json(data)
         return
     table = Table(title=escape(f"{kernel_file} {' '.join(program.options)} on {handle.device.name} ({handle.target})"))
     for col, just in (("step", "left"), ("outcome", "left"), ("ms", "right")):
         table.add_column(col, justify=just)
+    for s in handle.prepare_steps:
+        table.add_row(escape(f"handle: {s.name}"), escape(s.outcome), f"{s.ms:.3f}", style="dim")
     for s in program.steps:
         table.add_row(escape(s.name), s.outcome, f"{s.ms:.3f}")
     out.print(table)

@@ -19,9 +19,12 @@ def test_resolve_reports_each_source(kdb, env):
     first = json.loads(out)
     assert code == 0 and first["source"] == "jit"
     assert [s["step"] for s in first["steps"]] == ["memory", "user", "jit", "load"]
+    assert [(s["step"], s["outcome"]) for s in first["handle_steps"]][1:] == [
+        ("open system bundle", "none"), ("open user cache", "none yet")]
     code, out, _ = kdb("resolve", "activation.c", "-D", "KDB_DTYPE=float", "--json")
     second = json.loads(out)
     assert second["source"] == "user" and second["steps"][-1]["outcome"] == "hit"
+    assert second["handle_steps"][-1]["outcome"] == "opened"
     code, out, _ = kdb("resolve", "activation.c", "-D", "KDB_DTYPE=float")
     assert code == 0 and "source: user" in out
 

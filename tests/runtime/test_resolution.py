@@ -45,6 +45,41 @@ def test_system_bundle_comes_first(make_handle, isolated, chain_backend):
     assert [s[0] for s in results[0].steps] == ["memory", f"system {chain_backend.device.target.bundle_name()}"]
 
 
+def test_a_handle_prepares_so_that_a_hit_reads_no_kernel_source(make_handle, isolated, chain_backend, monkeypatch):
+    from runtime import kernel_sources
+
+    _system_bundle(isolated / "system", chain_backend, chain_backend.device.target)
+    handle = make_handle()
+    assert [(s.name, s.outcome) for s in handle.prepare_steps] == [
+        ("digest kernel sources", f"{len(kernel_sources.list_sources())} sources"),
+        ("open system bundle", chain_backend.device.target.bundle_name())]
+    assert [c.status for c in handle.system_trace] == ["accepted"]  # opened before any program
+    touched = []
+    monkeypatch.setattr(kernel_sources, "_file_info", lambda path: touched.append(path))
+    results = run_samples(handle, seed=4)
+    assert [r.source for r in results] == ["system"] * len(SAMPLES) and all(r.ok for r in results)
+    assert touched == []
+
+
+def test_a_handle_opens_an_existing_user_cache_but_creates_none(make_handle, isolated):
+    first = make_handle()
+    assert (first.prepare_steps[-1].name, first.prepare_steps[-1].outcome) == ("open user cache", "none yet")
+    assert not (isolated / "cache").exists()  # making a handle writes nothing
+    assert first.program(RELU.kernel_file, RELU.options).source == "jit"
+    second = make_handle()
+    assert second.prepare_steps[-1].outcome == "opened"
+    assert second.program(RELU.kernel_file, RELU.options).source == "user"
+
+
+def test_an_edit_made_after_the_handle_is_compiled_under_its_own_key(make_handle, private_kernels):
+    handle = make_handle()  # sees the sources as they are now
+    source = private_kernels / RELU.kernel_file
+    source.write_text(source.read_text() + "\n/* edited after the handle was made */\n")
+    assert handle.program(RELU.kernel_file, RELU.options).source == "jit"
+    # Stored under the edited source's key, so a handle that sees the edit finds it.
+    assert make_handle().program(RELU.kernel_file, RELU.options).source == "user"
+
+
 def test_arch_wide_bundle_serves_when_the_exact_one_is_missing(make_handle, isolated, chain_backend):
     target = chain_backend.device.target
     _system_bundle(isolated / "system", chain_backend, target, samples=SAMPLES[:1], bundle_target=target.arch_wide())
