@@ -193,8 +193,7 @@ def log_api_call(message: str, *, logger: logging.Logger | None = None) -> bool:
     Returns:
         True if the line was emitted (labelled ``API``).
     """
-    configure_logging()
-    return bool(_settings and _settings.api_calls) and _emit(logger, "API", message)
+    return api_logging_enabled() and _emit(logger, "API", message)
 
 
 def log_command(line: str, *, logger: logging.Logger | None = None) -> bool:

@@ -141,13 +141,8 @@ class UserCache:
     def warm_up(self) -> None:
         """Open the cache now if its file exists, and do a first read's one-time work (see
         :meth:`kdb.Bundle.warm_up`); nothing is created here, and a broken cache warns as usual."""
-        if self.path.is_file():
-            bundle = self._open()
-            if bundle is not None:
-                try:
-                    with_backoff(bundle.warm_up)
-                except KdbError:
-                    pass  # reported by the get that needs it
+        if self.path.is_file() and (bundle := self._open()) is not None:
+            bundle.warm_up()  # best effort: it swallows errors, which the get that needs it reports
 
     def get(self, key: ProgramKey) -> bytes | None:
         """The cached binary, or None (absent, corrupt and now removed, or cache unusable)."""
