@@ -194,6 +194,10 @@ class Handle:
             digest = self._digests[kernel_file] = kernel_sources.source_digest(kernel_file)
         return digest
 
+    def _key(self, kernel_file: str, opts: tuple[str, ...], digest: str, compiler: str) -> ProgramKey:
+        return program_key(kernel_file=kernel_file, options=opts, arch=self._arch, source_digest=digest,
+                           compiler=compiler)
+
     # -- resolution ----------------------------------------------------------------------
 
     def program(self, kernel_file: str, options: str | Sequence[str] = ()) -> Program:
@@ -238,8 +242,7 @@ class Handle:
     def _resolve(self, kernel_file: str, opts: tuple[str, ...], steps: list[Step]) -> Program:
         digest = self._source_digest(kernel_file)
         for bundle in self._system_bundles():
-            key = program_key(kernel_file=kernel_file, options=opts, arch=self._arch,
-                              source_digest=digest, compiler=bundle.metadata.compiler)
+            key = self._key(kernel_file, opts, digest, bundle.metadata.compiler)
             with _Timer(steps, f"system {bundle.path.name}") as t:
                 module = self._load_from(lambda: bundle.get(key.kernel_name, key.kernel_args), key, str(bundle.path), t)
             if module is not None:
@@ -249,8 +252,7 @@ class Handle:
         compiler = self.compiler()
         key = None
         if compiler is not None:
-            key = program_key(kernel_file=kernel_file, options=opts, arch=self._arch,
-                              source_digest=digest, compiler=compiler)
+            key = self._key(kernel_file, opts, digest, compiler)
         if cache is not None and key is not None:
             with _Timer(steps, "user") as t:
                 module = self._load_from(lambda: cache.get(key), key, str(cache.path), t, discard=cache.discard)
@@ -305,8 +307,7 @@ class Handle:
         digest = kernel_sources.source_digest(kernel_file)
         if digest != self._digests.get(kernel_file):
             self._digests[kernel_file] = digest
-            key = program_key(kernel_file=kernel_file, options=opts, arch=self._arch,
-                              source_digest=digest, compiler=self.compiler())
+            key = self._key(kernel_file, opts, digest, self.compiler())
         include_dirs = [kernel_sources.kernels_dir()]
         lock_dir = cache.lock_dir if cache is not None and cache.usable else None
         with _Timer(steps, "jit") as t:
