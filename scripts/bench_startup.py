@@ -99,17 +99,22 @@ def child(mode: str, cubin_dir: str | None) -> None:
               sys.stdout)
 
 
-def breakdown(backend, handle) -> dict:
-    """Time each part of a system hit for one more program, in this (already warm) process."""
-    from runtime.program_key import normalise_options, program_key
-
-    parts = {}
-
+def _stopwatch(parts: dict):
+    """``timed(name, fn)``: call ``fn``, record its milliseconds in ``parts[name]``, return its value."""
     def timed(name, fn):
         t0 = time.perf_counter()
         value = fn()
         parts[name] = (time.perf_counter() - t0) * 1e3
         return value
+    return timed
+
+
+def breakdown(backend, handle) -> dict:
+    """Time each part of a system hit for one more program, in this (already warm) process."""
+    from runtime.program_key import normalise_options, program_key
+
+    parts: dict = {}
+    timed = _stopwatch(parts)
 
     bundle = next(iter(handle._system_search()))
     opts = timed("normalise_options (options not seen before)", lambda: normalise_options(("-D", "KDB_DTYPE=float")))
@@ -133,13 +138,8 @@ def user_breakdown(backend) -> dict:
     from runtime import paths
     from runtime.backends import nvrtc
 
-    parts = {}
-
-    def timed(name, fn):
-        t0 = time.perf_counter()
-        value = fn()
-        parts[name] = (time.perf_counter() - t0) * 1e3
-        return value
+    parts: dict = {}
+    timed = _stopwatch(parts)
 
     nvrtc.wheel_nvrtc_version.cache_clear()
     timed("compiler identity (wheel probe)", backend.compiler_identity)
