@@ -2,13 +2,13 @@
 
 Public API::
 
-    from kdb import Bundle, open_bundle, write_bundle, merge_bundles, verify_bundle, Target
+    from kdbkit.kdb import Bundle, open_bundle, write_bundle, merge_bundles, verify_bundle, Target
 
 This package depends on neither ``runtime`` nor ``packager``.
 """
 
-from kdb.bundle import Bundle, BundleMetadata, BundleStats, EntryInfo, open_bundle
-from kdb.errors import (
+from kdbkit.kdb.bundle import Bundle, BundleMetadata, BundleStats, EntryInfo, open_bundle
+from kdbkit.kdb.errors import (
     BundleBusyError,
     BundleNameError,
     BundleNotFoundError,
@@ -20,10 +20,10 @@ from kdb.errors import (
     TargetMismatchError,
     UnsupportedFormatError,
 )
-from kdb.merge import MergeReport, merge_bundles
-from kdb.target import Target, bundle_file_name, parse_bundle_file_name
-from kdb.verify import VerifyReport, verify_bundle
-from kdb.writer import write_bundle
+from kdbkit.kdb.merge import MergeReport, merge_bundles
+from kdbkit.kdb.target import Target, bundle_file_name, parse_bundle_file_name
+from kdbkit.kdb.verify import VerifyReport, verify_bundle
+from kdbkit.kdb.writer import write_bundle
 
 __all__ = [
     "Bundle", "BundleMetadata", "BundleStats", "EntryInfo", "open_bundle", "write_bundle", "merge_bundles",

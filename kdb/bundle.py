@@ -18,9 +18,9 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Iterable, Iterator
 
-from kdb import codec as _codec
-from kdb import schema
-from kdb.errors import (
+from kdbkit.kdb import codec as _codec
+from kdbkit.kdb import schema
+from kdbkit.kdb.errors import (
     BundleBusyError,
     BundleNotFoundError,
     CorruptBundleError,
@@ -30,8 +30,8 @@ from kdb.errors import (
     ReadOnlyBundleError,
     UnsupportedFormatError,
 )
-from kdb.target import Target, parse_bundle_file_name
-from kdb.version import __version__
+from kdbkit.kdb.target import Target, parse_bundle_file_name
+from kdbkit.kdb.version import __version__
 
 PRODUCER = f"kdbkit {__version__}"
 BUSY_TIMEOUT_S = 5.0

@@ -16,9 +16,9 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Iterator
 
-from kdb.bundle import Bundle, open_bundle
-from kdb.errors import TargetMismatchError
-from kdb.writer import choose_dictionary, training_sample, write_bundle
+from kdbkit.kdb.bundle import Bundle, open_bundle
+from kdbkit.kdb.errors import TargetMismatchError
+from kdbkit.kdb.writer import choose_dictionary, training_sample, write_bundle
 
 
 @dataclass

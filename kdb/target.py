@@ -21,7 +21,7 @@ import re
 from dataclasses import dataclass, replace
 from pathlib import Path
 
-from kdb.errors import BundleNameError
+from kdbkit.kdb.errors import BundleNameError
 
 BACKENDS = ("cuda", "hip", "opencl")
 

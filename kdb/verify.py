@@ -10,10 +10,10 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from kdb.bundle import Bundle
-from kdb.errors import CorruptEntryError, KdbError
-from kdb.schema import KERN_DB_COLUMNS
-from kdb.target import parse_bundle_file_name
+from kdbkit.kdb.bundle import Bundle
+from kdbkit.kdb.errors import CorruptEntryError, KdbError
+from kdbkit.kdb.schema import KERN_DB_COLUMNS
+from kdbkit.kdb.target import parse_bundle_file_name
 
 
 @dataclass

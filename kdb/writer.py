@@ -16,9 +16,9 @@ import tempfile
 from pathlib import Path
 from typing import Iterable, Sequence
 
-from kdb import codec as _codec
-from kdb.bundle import Bundle
-from kdb.target import Target
+from kdbkit.kdb import codec as _codec
+from kdbkit.kdb.bundle import Bundle
+from kdbkit.kdb.target import Target
 
 DICT_SIZE = 32 * 1024
 # Training on every blob of a 100k-entry bundle buys nothing over a sample and costs minutes.

@@ -11,10 +11,10 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Iterable, Sequence
 
-from kdb import Target, write_bundle
-from runtime import kernel_sources
-from runtime.backends.base import Backend
-from runtime.program_key import normalise_options, program_key
+from kdbkit.kdb import Target, write_bundle
+from kdbkit.runtime import kernel_sources
+from kdbkit.runtime.backends.base import Backend
+from kdbkit.runtime.program_key import normalise_options, program_key
 
 
 def build_device_bundle(backend: Backend, programs: Iterable[tuple[str, str | Sequence[str]]], folder: Path, *,

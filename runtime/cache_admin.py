@@ -13,10 +13,10 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from kdb import Bundle, KdbError, open_bundle
-from kdb.version import __version__
-from runtime import env, paths
-from runtime.user_cache import LOCKS
+from kdbkit.kdb import Bundle, KdbError, open_bundle
+from kdbkit.kdb.version import __version__
+from kdbkit.runtime import env, paths
+from kdbkit.runtime.user_cache import LOCKS
 
 
 @dataclass

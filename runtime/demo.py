@@ -19,9 +19,9 @@ from pathlib import Path
 
 
 def child(device_index: int | None) -> int:
-    from runtime.backends.registry import default_device, discover_devices
-    from runtime.handle import Handle
-    from runtime.samples import run_samples
+    from kdbkit.runtime.backends.registry import default_device, discover_devices
+    from kdbkit.runtime.handle import Handle
+    from kdbkit.runtime.samples import run_samples
 
     t0 = time.perf_counter()
     device = default_device() if device_index is None else discover_devices()[device_index]
@@ -38,7 +38,7 @@ def run_pass(cache_dir: Path, device_index: int | None) -> dict:
     # PoCL and the CUDA driver keep caches of their own; turn them off so that "jit" shows
     # what a compile really costs on a machine that has never run these kernels.
     env = dict(os.environ, KDB_CUSTOM_CACHE_DIR=str(cache_dir), POCL_KERNEL_CACHE="0", CUDA_CACHE_DISABLE="1")
-    cmd = [sys.executable, "-m", "runtime.demo", "--child"]
+    cmd = [sys.executable, "-m", "kdbkit.runtime.demo", "--child"]
     if device_index is not None:
         cmd += ["--device", str(device_index)]
     proc = subprocess.run(cmd, env=env, capture_output=True, text=True)

@@ -14,8 +14,8 @@ from dataclasses import dataclass
 from importlib import metadata
 from pathlib import Path
 
-from kdb.version import __version__
-from runtime import paths
+from kdbkit.kdb.version import __version__
+from kdbkit.runtime import paths
 
 
 @dataclass
@@ -58,7 +58,7 @@ def versions() -> list[Row]:
 
 
 def compilers() -> list[Row]:
-    from runtime.backends import amdgcn_clang, nvrtc
+    from kdbkit.runtime.backends import amdgcn_clang, nvrtc
 
     # A missing compiler is a fact to show, not a problem: bundles and caches work without one.
     return [Row("compilers", "NVRTC (CUDA JIT and offline)", _probe(nvrtc.nvrtc_identity)[0]),
@@ -75,8 +75,8 @@ def search_paths() -> list[Row]:
 
 
 def devices_and_bundles() -> list[Row]:
-    from runtime.backends.registry import binary_format_of, discover_devices
-    from runtime.system_bundles import bundle_for_device
+    from kdbkit.runtime.backends.registry import binary_format_of, discover_devices
+    from kdbkit.runtime.system_bundles import bundle_for_device
 
     try:
         devices = discover_devices()
@@ -97,7 +97,7 @@ def devices_and_bundles() -> list[Row]:
 
 
 def cache_health() -> list[Row]:
-    from runtime import cache_admin, env
+    from kdbkit.runtime import cache_admin, env
 
     folder = paths.user_cache_dir()
     rows = [Row("user cache", "folder", str(folder)),

@@ -23,14 +23,14 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import Iterable, Iterator, Sequence
 
-from kdb import Bundle, CorruptEntryError, KdbError
-from runtime import env, kernel_sources, paths
-from runtime.backends.base import Backend, BinaryLoadError, CompilerUnavailableError, DeviceInfo, Kernel, Module
-from runtime.jit import build_once
-from runtime.logging_setup import api_logging_enabled, get_logger, log_api_call, warn_once
-from runtime.program_key import ProgramKey, normalise_options, program_key
-from runtime.system_bundles import Candidate, SystemBundleSearch
-from runtime.user_cache import UserCache
+from kdbkit.kdb import Bundle, CorruptEntryError, KdbError
+from kdbkit.runtime import env, kernel_sources, paths
+from kdbkit.runtime.backends.base import Backend, BinaryLoadError, CompilerUnavailableError, DeviceInfo, Kernel, Module
+from kdbkit.runtime.jit import build_once
+from kdbkit.runtime.logging_setup import api_logging_enabled, get_logger, log_api_call, warn_once
+from kdbkit.runtime.program_key import ProgramKey, normalise_options, program_key
+from kdbkit.runtime.system_bundles import Candidate, SystemBundleSearch
+from kdbkit.runtime.user_cache import UserCache
 
 _log = get_logger("runtime.handle")
 SOURCES = ("memory", "system", "user", "jit")
@@ -94,7 +94,7 @@ class Handle:
     """
 
     def __init__(self, device: DeviceInfo | None = None, *, backend: Backend | None = None):
-        from runtime.backends.registry import default_device, open_backend
+        from kdbkit.runtime.backends.registry import default_device, open_backend
 
         if backend is None:
             backend = open_backend(device or default_device())

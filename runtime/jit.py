@@ -16,9 +16,9 @@ from typing import Callable, Iterator
 
 from filelock import FileLock, Timeout
 
-from runtime.logging_setup import get_logger, warn_once
-from runtime.program_key import ProgramKey
-from runtime.user_cache import UserCache
+from kdbkit.runtime.logging_setup import get_logger, warn_once
+from kdbkit.runtime.program_key import ProgramKey
+from kdbkit.runtime.user_cache import UserCache
 
 _log = get_logger("runtime.jit")
 # Longer than any sane compile; past it we compile anyway rather than wait forever.

@@ -18,7 +18,7 @@ import os
 import re
 from pathlib import Path, PurePosixPath
 
-from kdb.errors import KdbError
+from kdbkit.kdb.errors import KdbError
 
 # A marker file that only kdbkit's kernels folder has; it tells ours from other "kernels" dirs.
 _MARKER = "kdb_compat.h"
@@ -32,23 +32,22 @@ class KernelSourceError(KdbError, FileNotFoundError):
 
 @functools.lru_cache(maxsize=1)
 def kernels_dir() -> Path:
-    """Return the folder holding the kernel sources (found once per process).
+    """Return the folder holding kdbkit's own kernel sources (found once per process).
 
     Returns:
-        ``runtime/_kernels`` inside an installed wheel, else ``<checkout>/kernels``.
+        ``kernels/`` beside ``runtime/``: in a checkout (and an editable install) the
+        repository's folder, in an installed wheel ``kdbkit/kernels``.
 
     Raises:
-        KernelSourceError: neither exists (a broken install).
+        KernelSourceError: it is missing (a broken install).
     """
     # abspath, not resolve(): one lstat per path component is a cost on every first call in
     # sandboxes where system calls are slow, and ../kernels is found the same way either way.
-    runtime_dir = Path(os.path.dirname(os.path.abspath(__file__)))
-    candidates = (runtime_dir / "_kernels", runtime_dir.parent / "kernels")
-    for candidate in candidates:
-        if (candidate / _MARKER).is_file():
-            return candidate
+    candidate = Path(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))) / "kernels"
+    if (candidate / _MARKER).is_file():
+        return candidate
     raise KernelSourceError(
-        f"kdbkit's kernel sources are missing: looked for {_MARKER} in {', '.join(map(str, candidates))}; "
+        f"kdbkit's kernel sources are missing: no {_MARKER} in {candidate}; "
         "reinstall kdbkit (`pip install --force-reinstall kdbkit`) or run from a full checkout"
     )
 

@@ -25,7 +25,7 @@ import time
 from dataclasses import dataclass
 from types import MappingProxyType
 
-from runtime.env import get_bool, get_int
+from kdbkit.runtime.env import get_bool, get_int
 
 ROOT_NAME = "kdbkit"
 INFO2 = 15  # MIOpen's Info2 (level 6): between INFO and DEBUG

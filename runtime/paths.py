@@ -22,9 +22,9 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Iterator
 
-from kdb.version import __version__
-from runtime import env
-from runtime.logging_setup import get_logger
+from kdbkit.kdb.version import __version__
+from kdbkit.runtime import env
+from kdbkit.runtime.logging_setup import get_logger
 
 ENTRY_POINT_GROUP = "kdbkit.bundles"
 

@@ -12,7 +12,7 @@ from typing import Callable
 
 import numpy as np
 
-from runtime.handle import Handle, Program
+from kdbkit.runtime.handle import Handle, Program
 
 
 @dataclass(frozen=True)

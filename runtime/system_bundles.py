@@ -19,9 +19,9 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Iterable, Iterator
 
-from kdb import Bundle, BundleNotFoundError, KdbError
-from kdb.target import Target
-from runtime.paths import SearchDir
+from kdbkit.kdb import Bundle, BundleNotFoundError, KdbError
+from kdbkit.kdb.target import Target
+from kdbkit.runtime.paths import SearchDir
 
 
 @dataclass(frozen=True)

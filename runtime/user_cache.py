@@ -25,10 +25,10 @@ import threading
 import time
 from pathlib import Path
 
-from kdb import Bundle, BundleBusyError, CorruptBundleError, CorruptEntryError, KdbError, NotABundleError, Target
-from kdb.target import USER_SUFFIX
-from runtime.logging_setup import get_logger, warn_once
-from runtime.program_key import ProgramKey
+from kdbkit.kdb import Bundle, BundleBusyError, CorruptBundleError, CorruptEntryError, KdbError, NotABundleError, Target
+from kdbkit.kdb.target import USER_SUFFIX
+from kdbkit.runtime.logging_setup import get_logger, warn_once
+from kdbkit.runtime.program_key import ProgramKey
 
 _log = get_logger("runtime.user_cache")
 BUSY_RETRY_S = 30.0

@@ -111,16 +111,16 @@ def _nvrtc_compiler() -> str:
 
 def kdb_sources_digest() -> str:
     """Hash of kdb/*.py as they are now: the code that built and read the bundles."""
-    import kdb
+    import kdbkit.kdb
     h = hashlib.sha256()
-    for f in sorted(Path(kdb.__file__).parent.glob("*.py")):
+    for f in sorted(Path(kdbkit.kdb.__file__).parent.glob("*.py")):
         h.update(f.name.encode() + b"\0" + f.read_bytes())
     return h.hexdigest()[:16]
 
 
 def task_build(n: int, path: Path, corpus_dir: Path, level: int | None, reuse: bool) -> dict:
     """Build one n-entry bundle with write_bundle(dictionary=True); time it."""
-    from kdb import Target, open_bundle, write_bundle
+    from kdbkit.kdb import Target, open_bundle, write_bundle
     corpus = _load_corpus(corpus_dir)
     side = path.with_suffix(".build.json")
     ident = {"entries": n, "corpus": corpus.info["size_bytes"]["total"], "count": len(corpus.entries),
@@ -171,7 +171,7 @@ def bundle_rows(path: Path) -> list[tuple[bytes, int]]:
 
 def task_compression(work: Path, corpus_dir: Path) -> dict:
     """Stored size of the distinct corpus under each codec; kdb's writer for the zstd/bzip2 bundles."""
-    from kdb import Target, codec as kcodec, open_bundle, write_bundle
+    from kdbkit.kdb import Target, codec as kcodec, open_bundle, write_bundle
     corpus = _load_corpus(corpus_dir)
     entries = [(e.kernel_name, e.options + " -mcpu=sm_90", e.cubin) for e in corpus.entries]
     blobs = [e.cubin for e in corpus.entries]
@@ -247,8 +247,8 @@ def task_compression(work: Path, corpus_dir: Path) -> dict:
 
 def task_dict_cost(n: int, corpus_dir: Path) -> dict:
     """What write_bundle's dictionary step costs for an n-entry bundle: the same sample it would take."""
-    from kdb import codec as kcodec
-    from kdb.writer import DICT_SIZE, MAX_TRAINING_SAMPLES, choose_dictionary
+    from kdbkit.kdb import codec as kcodec
+    from kdbkit.kdb.writer import DICT_SIZE, MAX_TRAINING_SAMPLES, choose_dictionary
     corpus = _load_corpus(corpus_dir)
     blobs = [entry_blob(i, corpus) for i in range(n)]
     step = max(1, n // MAX_TRAINING_SAMPLES)
@@ -267,7 +267,7 @@ def codec_timings(work: Path, corpus, comp: dict) -> None:
     """Codec speeds on the distinct corpus, measured in the parent once the pool is done (nothing else
     running), best of 3 (decode) or 1 (encode) passes, one core. Adds them to ``comp``."""
     import zstandard as zstd
-    from kdb import codec as kcodec
+    from kdbkit.kdb import codec as kcodec
     blobs = [e.cubin for e in corpus.entries]
     raw = sum(map(len, blobs))
 
@@ -331,7 +331,7 @@ def _run_task(task: tuple) -> tuple[str, dict, float]:
 def _open(path: str, mode: str):
     """open_bundle as the brief's API has it (``default``), or as the runtime opens installed
     system bundles (``immutable``: read-only, SQLite skips locking and change checks)."""
-    from kdb import open_bundle
+    from kdbkit.kdb import open_bundle
     if mode == "immutable":
         return open_bundle(path, immutable=True)
     return open_bundle(path)
@@ -339,13 +339,13 @@ def _open(path: str, mode: str):
 
 def supports_immutable() -> bool:
     import inspect
-    from kdb import open_bundle
+    from kdbkit.kdb import open_bundle
     return "immutable" in inspect.signature(open_bundle).parameters
 
 
 def child_open(bundle: str, keys_file: str, pick: int, mode: str) -> None:
     """Time open_bundle (through its metadata read) and the first get() in this fresh process."""
-    import kdb  # noqa: F401 - imports are not part of the timing
+    import kdbkit.kdb  # noqa: F401 - imports are not part of the timing
     keys = json.loads(Path(keys_file).read_text())["hits"]
     name, args, size = keys[pick % len(keys)]
     t0 = time.perf_counter_ns()
@@ -362,8 +362,8 @@ def child_open(bundle: str, keys_file: str, pick: int, mode: str) -> None:
 
 def child_lookup(bundle: str, keys_file: str, warmup: int, mode: str) -> None:
     """get() latency for the key list, misses, then the lookup's parts timed one by one."""
-    from kdb import codec as kcodec
-    from kdb import open_bundle
+    from kdbkit.kdb import codec as kcodec
+    from kdbkit.kdb import open_bundle
     keys = json.loads(Path(keys_file).read_text())
     hits, misses = keys["hits"], keys["misses"]
     b = _open(bundle, mode)
@@ -1194,7 +1194,7 @@ def ps_study_n_text(n: int) -> str:
 
 def _gcd_training(n: int, corpus_len: int) -> int:
     import math
-    from kdb.writer import MAX_TRAINING_SAMPLES
+    from kdbkit.kdb.writer import MAX_TRAINING_SAMPLES
     return math.gcd(max(1, n // MAX_TRAINING_SAMPLES), corpus_len)
 
 

@@ -44,8 +44,8 @@ sys.path.insert(0, str(ROOT))
 def child(mode: str, cubin_dir: str | None) -> None:
     import numpy as np
 
-    from runtime.backends.registry import default_device, discover_devices, open_backend
-    from runtime.samples import SAMPLES
+    from kdbkit.runtime.backends.registry import default_device, discover_devices, open_backend
+    from kdbkit.runtime.samples import SAMPLES
 
     t_start = time.perf_counter()
     device = next((d for d in discover_devices() if d.backend == "cuda"), None) or default_device()
@@ -71,7 +71,7 @@ def child(mode: str, cubin_dir: str | None) -> None:
             rows.append({"kernel": s.name, "resolve_ms": (t1 - t0) * 1e3, "source": mode})
         launch_ms = None
     else:
-        from runtime.handle import Handle
+        from kdbkit.runtime.handle import Handle
 
         t_h = time.perf_counter()
         handle = Handle(backend=backend)
@@ -111,7 +111,7 @@ def _stopwatch(parts: dict):
 
 def breakdown(backend, handle) -> dict:
     """Time each part of a system hit for one more program, in this (already warm) process."""
-    from runtime.program_key import normalise_options, program_key
+    from kdbkit.runtime.program_key import normalise_options, program_key
 
     parts: dict = {}
     timed = _stopwatch(parts)
@@ -134,9 +134,9 @@ def user_breakdown(backend) -> dict:
     import shutil
     import tempfile
 
-    from kdb import Bundle
-    from runtime import paths
-    from runtime.backends import nvrtc
+    from kdbkit.kdb import Bundle
+    from kdbkit.runtime import paths
+    from kdbkit.runtime.backends import nvrtc
 
     parts: dict = {}
     timed = _stopwatch(parts)
@@ -181,10 +181,10 @@ def run_child(mode: str, env: dict, cubin_dir: Path | None = None) -> dict:
 
 def prepare(work: Path) -> tuple[Path, Path]:
     """Build the system bundle and extract its cubins for the bare mode."""
-    from kdb import open_bundle
-    from packager.device_build import build_device_bundle
-    from runtime.backends.registry import discover_devices, open_backend
-    from runtime.samples import SAMPLES
+    from kdbkit.kdb import open_bundle
+    from kdbkit.packager.device_build import build_device_bundle
+    from kdbkit.runtime.backends.registry import discover_devices, open_backend
+    from kdbkit.runtime.samples import SAMPLES
 
     device = next(d for d in discover_devices() if d.backend == "cuda")
     backend = open_backend(device)

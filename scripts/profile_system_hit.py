@@ -29,18 +29,18 @@ ENTRY = {"relu": "relu_fwd", "reduce_sum": "reduce_sum", "sgemm": "sgemm_tiled"}
 
 
 def child(system_dir: str) -> None:
-    from runtime.backends.registry import discover_devices, open_backend
-    from runtime.samples import SAMPLES
+    from kdbkit.runtime.backends.registry import discover_devices, open_backend
+    from kdbkit.runtime.samples import SAMPLES
 
     device = next(d for d in discover_devices() if d.backend == "cuda")
     backend = open_backend(device)
     backend.synchronize()
     from cuda.bindings import driver
 
-    from kdb import codec as _codec
-    from runtime import kernel_sources
-    from runtime.handle import Handle
-    from runtime.program_key import normalise_options, program_key
+    from kdbkit.kdb import codec as _codec
+    from kdbkit.runtime import kernel_sources
+    from kdbkit.runtime.handle import Handle
+    from kdbkit.runtime.program_key import normalise_options, program_key
 
     pc = time.perf_counter
     out: dict = {}
@@ -118,9 +118,9 @@ def main() -> None:
     if a.child:
         child(a.child)
         return
-    from packager.device_build import build_device_bundle
-    from runtime.backends.registry import discover_devices, open_backend
-    from runtime.samples import SAMPLES
+    from kdbkit.packager.device_build import build_device_bundle
+    from kdbkit.runtime.backends.registry import discover_devices, open_backend
+    from kdbkit.runtime.samples import SAMPLES
 
     work = Path(tempfile.mkdtemp())
     backend = open_backend(next(d for d in discover_devices() if d.backend == "cuda"))

@@ -10,7 +10,7 @@ Importing this package loads no vendor library and probes no device: each vendor
 imports its library inside the functions that need it.
 """
 
-from runtime.backends.base import (
+from kdbkit.runtime.backends.base import (
     Backend,
     BackendUnavailableError,
     BinaryLoadError,
@@ -21,7 +21,7 @@ from runtime.backends.base import (
     Kernel,
     Module,
 )
-from runtime.backends.registry import DeviceOverrideError, default_device, discover_devices, open_backend
+from kdbkit.runtime.backends.registry import DeviceOverrideError, default_device, discover_devices, open_backend
 
 __all__ = [
     "Backend",

@@ -23,7 +23,7 @@ from functools import lru_cache
 from pathlib import Path
 from typing import Sequence
 
-from runtime.backends.base import CompileError, CompilerUnavailableError
+from kdbkit.runtime.backends.base import CompileError, CompilerUnavailableError
 
 # Newest first: a newer clang knows more gfx targets. Plain "clang" last, since distributions
 # often ship an old default whose amdgcn backend lacks recent targets.

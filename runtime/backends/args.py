@@ -13,8 +13,8 @@ from typing import Any, Sequence
 
 import numpy as np
 
-from kdb.errors import KdbError
-from runtime.backends.base import Buffer
+from kdbkit.kdb.errors import KdbError
+from kdbkit.runtime.backends.base import Buffer
 
 
 class LaunchArgumentError(KdbError, TypeError):

@@ -22,8 +22,8 @@ from typing import Any, Sequence
 
 import numpy as np
 
-from kdb.errors import KdbError
-from kdb.target import Target
+from kdbkit.kdb.errors import KdbError
+from kdbkit.kdb.target import Target
 
 
 class BackendUnavailableError(KdbError):

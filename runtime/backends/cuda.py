@@ -23,15 +23,15 @@ from typing import Any, Sequence
 
 import numpy as np
 
-from kdb.target import Target
-from runtime.backends.args import (
+from kdbkit.kdb.target import Target
+from kdbkit.runtime.backends.args import (
     LaunchArgumentError,
     LaunchError,
     check_host_out,
     check_launch_args,
     scalar_bytes,
 )
-from runtime.backends.base import (
+from kdbkit.runtime.backends.base import (
     Backend,
     BackendUnavailableError,
     BinaryLoadError,
@@ -40,8 +40,8 @@ from runtime.backends.base import (
     Kernel,
     Module,
 )
-from runtime.backends.elf_notes import cubin_arch
-from runtime.backends.nvrtc import compile_cuda, nvrtc_identity
+from kdbkit.runtime.backends.elf_notes import cubin_arch
+from kdbkit.runtime.backends.nvrtc import compile_cuda, nvrtc_identity
 
 log = logging.getLogger("kdb.backends.cuda")
 

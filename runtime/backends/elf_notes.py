@@ -35,8 +35,8 @@ from __future__ import annotations
 import struct
 from dataclasses import dataclass
 
-from kdb.errors import KdbError
-from runtime.backends.base import BinaryLoadError
+from kdbkit.kdb.errors import KdbError
+from kdbkit.runtime.backends.base import BinaryLoadError
 
 EM_CUDA = 190
 EM_AMDGPU = 224

@@ -22,15 +22,15 @@ from typing import Any, Sequence
 
 import numpy as np
 
-from kdb.target import Target
-from runtime.backends.args import (
+from kdbkit.kdb.target import Target
+from kdbkit.runtime.backends.args import (
     LaunchArgumentError,
     LaunchError,
     check_host_out,
     check_launch_args,
     scalar_ctype,
 )
-from runtime.backends.base import (
+from kdbkit.runtime.backends.base import (
     Backend,
     BackendUnavailableError,
     BinaryLoadError,
@@ -41,7 +41,7 @@ from runtime.backends.base import (
     Kernel,
     Module,
 )
-from runtime.backends.elf_notes import amdgpu_target, parse_amdgcn_target
+from kdbkit.runtime.backends.elf_notes import amdgpu_target, parse_amdgcn_target
 
 log = logging.getLogger("kdb.backends.hip")
 

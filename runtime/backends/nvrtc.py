@@ -17,7 +17,7 @@ from functools import lru_cache
 from pathlib import Path
 from typing import Sequence
 
-from runtime.backends.base import CompileError, CompilerUnavailableError
+from kdbkit.runtime.backends.base import CompileError, CompilerUnavailableError
 
 _ARCH_RE = re.compile(r"sm_\d+[af]?")
 _REMEDY = "install the CUDA extra: pip install 'kdbkit[cuda]'"

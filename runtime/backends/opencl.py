@@ -27,9 +27,9 @@ from typing import Any, Sequence
 
 import numpy as np
 
-from kdb.target import Target
-from runtime.backends.args import LaunchArgumentError, LaunchError, check_host_out, check_launch_args
-from runtime.backends.base import (
+from kdbkit.kdb.target import Target
+from kdbkit.runtime.backends.args import LaunchArgumentError, LaunchError, check_host_out, check_launch_args
+from kdbkit.runtime.backends.base import (
     Backend,
     BackendUnavailableError,
     BinaryLoadError,

@@ -24,9 +24,9 @@ import os
 from dataclasses import replace
 from typing import Callable
 
-from kdb.errors import BundleNameError, KdbError
-from kdb.target import BACKENDS, Target
-from runtime.backends.base import Backend, BackendUnavailableError, DeviceInfo
+from kdbkit.kdb.errors import BundleNameError, KdbError
+from kdbkit.kdb.target import BACKENDS, Target
+from kdbkit.runtime.backends.base import Backend, BackendUnavailableError, DeviceInfo
 
 ENV_BACKEND = "KDB_BACKEND"
 ENV_DEVICE_ARCH = "KDB_DEVICE_ARCH"
@@ -38,19 +38,19 @@ class DeviceOverrideError(KdbError, ValueError):
 
 
 def _discover_cuda() -> list[DeviceInfo]:
-    from runtime.backends import cuda
+    from kdbkit.runtime.backends import cuda
 
     return cuda.discover()
 
 
 def _discover_hip() -> list[DeviceInfo]:
-    from runtime.backends import hip
+    from kdbkit.runtime.backends import hip
 
     return hip.discover()
 
 
 def _discover_opencl() -> list[DeviceInfo]:
-    from runtime.backends import opencl
+    from kdbkit.runtime.backends import opencl
 
     return opencl.discover()
 
@@ -173,9 +173,9 @@ def default_device(devices: list[DeviceInfo] | None = None) -> DeviceInfo:
 
 # Where each backend class lives; imported on first use (the modules load no vendor library).
 _BACKEND_CLASSES = {
-    "cuda": ("runtime.backends.cuda", "CudaBackend"),
-    "hip": ("runtime.backends.hip", "HipBackend"),
-    "opencl": ("runtime.backends.opencl", "OpenCLBackend"),
+    "cuda": ("kdbkit.runtime.backends.cuda", "CudaBackend"),
+    "hip": ("kdbkit.runtime.backends.hip", "HipBackend"),
+    "opencl": ("kdbkit.runtime.backends.opencl", "OpenCLBackend"),
 }
 
 

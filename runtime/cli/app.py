@@ -13,14 +13,14 @@ import sys
 import typer
 from rich.markup import escape
 
-from kdb.errors import KdbError
-from kdb.version import __version__
-from runtime.cli import cache_commands, db_commands
-from runtime.cli.demo_command import demo
-from runtime.cli.doctor_command import doctor
-from runtime.cli.env_command import env
-from runtime.cli.runtime_commands import devices, resolve
-from runtime.cli.output import err
+from kdbkit.kdb.errors import KdbError
+from kdbkit.kdb.version import __version__
+from kdbkit.runtime.cli import cache_commands, db_commands
+from kdbkit.runtime.cli.demo_command import demo
+from kdbkit.runtime.cli.doctor_command import doctor
+from kdbkit.runtime.cli.env_command import env
+from kdbkit.runtime.cli.runtime_commands import devices, resolve
+from kdbkit.runtime.cli.output import err
 
 app = typer.Typer(
     name="kdb",

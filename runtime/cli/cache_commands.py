@@ -8,9 +8,9 @@ import typer
 from rich.markup import escape
 from rich.table import Table
 
-from runtime import cache_admin, paths
-from runtime.cli.output import out, print_json, size
-from runtime.user_cache import LOCKS
+from kdbkit.runtime import cache_admin, paths
+from kdbkit.runtime.cli.output import out, print_json, size
+from kdbkit.runtime.user_cache import LOCKS
 
 app = typer.Typer(help="Inspect and maintain the user kernel cache (.ukdb).", no_args_is_help=True)
 

@@ -8,10 +8,10 @@ from typing import List, Optional
 import typer
 from rich.table import Table
 
-from kdb import merge_bundles, open_bundle, verify_bundle
+from kdbkit.kdb import merge_bundles, open_bundle, verify_bundle
 from rich.markup import escape
 
-from runtime.cli.output import err, fail, out, print_json, size
+from kdbkit.runtime.cli.output import err, fail, out, print_json, size
 
 app = typer.Typer(help="Inspect and maintain kernel bundles (.kdb, .ukdb).", no_args_is_help=True)
 

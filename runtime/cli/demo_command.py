@@ -8,7 +8,7 @@ from typing import Optional
 import typer
 from rich.table import Table
 
-from runtime.cli.output import fail, out
+from kdbkit.runtime.cli.output import fail, out
 
 
 def demo(cache_dir: Optional[Path] = typer.Option(None, "--cache-dir", help="User cache folder (default: a new empty one)."),
@@ -18,7 +18,7 @@ def demo(cache_dir: Optional[Path] = typer.Option(None, "--cache-dir", help="Use
 
     Example: kdb demo --passes 3
     """
-    from runtime.demo import main_job
+    from kdbkit.runtime.demo import main_job
 
     try:
         runs = main_job(cache_dir, device, passes)

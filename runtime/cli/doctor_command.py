@@ -6,7 +6,7 @@ import typer
 from rich.markup import escape
 from rich.table import Table
 
-from runtime.cli.output import out, print_json
+from kdbkit.runtime.cli.output import out, print_json
 
 
 def doctor(as_json: bool = typer.Option(False, "--json", help="Print JSON for scripts.")) -> None:
@@ -14,7 +14,7 @@ def doctor(as_json: bool = typer.Option(False, "--json", help="Print JSON for sc
 
     Example: kdb doctor --json > doctor.json
     """
-    from runtime.doctor import report
+    from kdbkit.runtime.doctor import report
 
     rows = report()
     if as_json:

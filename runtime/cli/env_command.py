@@ -8,8 +8,8 @@ import typer
 from rich.markup import escape
 from rich.table import Table
 
-from runtime import env as kdb_env
-from runtime.cli.output import err, out, print_json
+from kdbkit.runtime import env as kdb_env
+from kdbkit.runtime.cli.output import err, out, print_json
 
 
 def env(as_json: bool = typer.Option(False, "--json", help="Print JSON for scripts."),

@@ -8,12 +8,12 @@ import typer
 from rich.markup import escape
 from rich.table import Table
 
-from runtime import paths
-from runtime.cli.output import fail, out, print_json, size
+from kdbkit.runtime import paths
+from kdbkit.runtime.cli.output import fail, out, print_json, size
 
 
 def _pick_device(index: Optional[int]):
-    from runtime.backends.registry import default_device, discover_devices
+    from kdbkit.runtime.backends.registry import default_device, discover_devices
 
     if index is None:
         return default_device()
@@ -34,7 +34,7 @@ def resolve(kernel_file: str = typer.Argument(..., help="A file in kernels/, e.g
 
     Example: kdb resolve activation.c -D TYPE=float -D OP=1 --device 0
     """
-    from runtime.handle import Handle
+    from kdbkit.runtime.handle import Handle
 
     handle = Handle(_pick_device(device))
     try:
@@ -64,8 +64,8 @@ def devices(as_json: bool = typer.Option(False, "--json", help="Print JSON for s
 
     Example: KDB_DEVICE_ARCH=gfx90a KDB_DEVICE_CU=110 kdb devices
     """
-    from runtime.backends.registry import binary_format_of, discover_devices
-    from runtime.system_bundles import bundle_for_device
+    from kdbkit.runtime.backends.registry import binary_format_of, discover_devices
+    from kdbkit.runtime.system_bundles import bundle_for_device
 
     rows = []
     dirs = paths.system_db_dirs()

@@ -1,6 +1,6 @@
 import pytest
 
-from runtime.cli.app import main
+from kdbkit.runtime.cli.app import main
 
 
 @pytest.fixture

@@ -2,8 +2,8 @@ import json
 
 import pytest
 
-from kdb import Target, open_bundle, write_bundle
-from runtime.cli.app import app
+from kdbkit.kdb import Target, open_bundle, write_bundle
+from kdbkit.runtime.cli.app import app
 from tests.kdb.conftest import fake_binary, write_miopen_file
 
 ENTRIES = [(f"kernel{i}.cl.o", f"-DTILE={i} -mcpu=sm_90", fake_binary(i)) for i in range(12)]

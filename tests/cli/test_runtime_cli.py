@@ -4,7 +4,7 @@ import json
 
 import pytest
 
-from kdb import open_bundle
+from kdbkit.kdb import open_bundle
 from tests.runtime.chain_fixtures import chain_device, isolated  # noqa: F401
 
 

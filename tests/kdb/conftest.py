@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from kdb import Target, write_bundle
+from kdbkit.kdb import Target, write_bundle
 
 
 def fake_binary(seed: int, size: int = 6000) -> bytes:

@@ -4,7 +4,7 @@ import sqlite3
 
 import pytest
 
-from kdb import (
+from kdbkit.kdb import (
     BundleNotFoundError,
     CorruptBundleError,
     CorruptEntryError,

@@ -3,8 +3,8 @@ import threading
 
 import pytest
 
-from kdb import Bundle, KdbError, ReadOnlyBundleError, Target, open_bundle, write_bundle
-from kdb.schema import FORMAT_VERSION
+from kdbkit.kdb import Bundle, KdbError, ReadOnlyBundleError, Target, open_bundle, write_bundle
+from kdbkit.kdb.schema import FORMAT_VERSION
 
 from .conftest import fake_binary
 
@@ -137,7 +137,7 @@ def test_streamed_entries_with_a_dictionary(tmp_path, target):
 
 
 def test_training_sample_is_bounded_random_and_repeatable():
-    from kdb.writer import MAX_TRAINING_SAMPLES, training_sample
+    from kdbkit.kdb.writer import MAX_TRAINING_SAMPLES, training_sample
 
     blobs = [bytes([i % 3]) * 10 + i.to_bytes(4, "little") for i in range(3 * MAX_TRAINING_SAMPLES)]
     sample = training_sample(blobs)

@@ -2,7 +2,7 @@ import os
 
 import pytest
 
-from kdb.codec import Codec, CodecError, digest, train_dictionary
+from kdbkit.kdb.codec import Codec, CodecError, digest, train_dictionary
 
 from .conftest import fake_binary
 

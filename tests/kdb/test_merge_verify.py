@@ -1,6 +1,6 @@
 import pytest
 
-from kdb import Target, TargetMismatchError, merge_bundles, open_bundle, verify_bundle, write_bundle
+from kdbkit.kdb import Target, TargetMismatchError, merge_bundles, open_bundle, verify_bundle, write_bundle
 
 from .conftest import fake_binary
 

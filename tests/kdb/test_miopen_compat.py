@@ -1,6 +1,6 @@
 """Files written by MIOpen (bzip2, md5, no kdb_meta) read, verify and merge."""
 
-from kdb import Bundle, Target, merge_bundles, open_bundle, verify_bundle
+from kdbkit.kdb import Bundle, Target, merge_bundles, open_bundle, verify_bundle
 
 from .conftest import write_miopen_file
 

@@ -1,6 +1,6 @@
 import pytest
 
-from kdb import BundleNameError, Target, bundle_file_name, parse_bundle_file_name
+from kdbkit.kdb import BundleNameError, Target, bundle_file_name, parse_bundle_file_name
 
 
 @pytest.mark.parametrize("text,backend,arch,features,cu", [

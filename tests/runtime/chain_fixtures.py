@@ -18,7 +18,7 @@ def chain_backend_name() -> str:
 
 
 def pick_device():
-    from runtime.backends.registry import discover_devices
+    from kdbkit.runtime.backends.registry import discover_devices
 
     name = chain_backend_name()
     if name == "opencl":
@@ -48,14 +48,14 @@ def chain_device():
 
 @pytest.fixture(scope="session")
 def chain_backend(chain_device):
-    from runtime.backends.registry import open_backend
+    from kdbkit.runtime.backends.registry import open_backend
 
     return open_backend(chain_device)
 
 
 @pytest.fixture
 def make_handle(isolated, chain_backend):
-    from runtime.handle import Handle
+    from kdbkit.runtime.handle import Handle
 
     handles = []
 
@@ -72,7 +72,7 @@ def make_handle(isolated, chain_backend):
 @pytest.fixture
 def private_kernels(monkeypatch, tmp_path) -> Path:
     """A private copy of kernels/ that a test may edit."""
-    from runtime import kernel_sources
+    from kdbkit.runtime import kernel_sources
 
     copy = tmp_path / "kernels"
     shutil.copytree(kernel_sources.kernels_dir(), copy)

@@ -9,8 +9,8 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from runtime.backends.base import Backend, Module
-from runtime.kernel_sources import kernels_dir, read_source
+from kdbkit.runtime.backends.base import Backend, Module
+from kdbkit.runtime.kernel_sources import kernels_dir, read_source
 
 # The lookup-chain tests' fixtures live in their own module; importing them here registers them.
 from tests.runtime.chain_fixtures import (  # noqa: F401
@@ -25,8 +25,8 @@ from tests.runtime.chain_fixtures import (  # noqa: F401
 @pytest.fixture(scope="session")
 def opencl_backend() -> Backend:
     pytest.importorskip("pyopencl", reason="pyopencl is not installed (pip install 'kdbkit[opencl]')")
-    from runtime.backends import opencl
-    from runtime.backends.registry import default_device
+    from kdbkit.runtime.backends import opencl
+    from kdbkit.runtime.backends.registry import default_device
 
     devices = opencl.discover()
     if not devices:
@@ -36,7 +36,7 @@ def opencl_backend() -> Backend:
 
 @pytest.fixture(scope="session")
 def cuda_backend() -> Backend:
-    from runtime.backends import cuda
+    from kdbkit.runtime.backends import cuda
 
     devices = cuda.discover()
     if not devices:

@@ -3,8 +3,8 @@
 import json
 import sys
 
-from runtime.backends.registry import default_device
-from runtime.handle import Handle
+from kdbkit.runtime.backends.registry import default_device
+from kdbkit.runtime.handle import Handle
 
 salts = sys.argv[1:]
 handle = Handle(default_device())

@@ -11,15 +11,15 @@ import struct
 import numpy as np
 import pytest
 
-from runtime.backends import cuda
-from runtime.backends.base import BinaryLoadError, CompileError, CompilerUnavailableError
-from runtime.backends.elf_notes import EM_CUDA, ElfHeader, cubin_arch, cubin_sm, read_elf_header
-from runtime.kernel_sources import kernels_dir, list_sources, read_source
+from kdbkit.runtime.backends import cuda
+from kdbkit.runtime.backends.base import BinaryLoadError, CompileError, CompilerUnavailableError
+from kdbkit.runtime.backends.elf_notes import EM_CUDA, ElfHeader, cubin_arch, cubin_sm, read_elf_header
+from kdbkit.runtime.kernel_sources import kernels_dir, list_sources, read_source
 
 from .conftest import build
 
 nvrtc = pytest.importorskip("cuda.bindings.nvrtc", reason="cuda-bindings is not installed (pip install 'kdbkit[cuda]')")
-from runtime.backends.nvrtc import compile_cuda, cuda_include_dirs, nvrtc_identity  # noqa: E402
+from kdbkit.runtime.backends.nvrtc import compile_cuda, cuda_include_dirs, nvrtc_identity  # noqa: E402
 
 
 def _cubin(source: str, arch: str, *options: str) -> bytes:

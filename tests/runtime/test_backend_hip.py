@@ -12,12 +12,12 @@ import sys
 
 import pytest
 
-from kdb.target import Target
-from runtime.backends import hip
-from runtime.backends.amdgcn_clang import clang_identity, compile_amdgcn, find_clang
-from runtime.backends.base import BackendUnavailableError, BinaryLoadError, CompileError, CompilerUnavailableError, DeviceInfo
-from runtime.backends.elf_notes import EM_AMDGPU, TargetStringError, amdgpu_target, read_elf_header
-from runtime.kernel_sources import kernels_dir, list_sources, read_source
+from kdbkit.kdb.target import Target
+from kdbkit.runtime.backends import hip
+from kdbkit.runtime.backends.amdgcn_clang import clang_identity, compile_amdgcn, find_clang
+from kdbkit.runtime.backends.base import BackendUnavailableError, BinaryLoadError, CompileError, CompilerUnavailableError, DeviceInfo
+from kdbkit.runtime.backends.elf_notes import EM_AMDGPU, TargetStringError, amdgpu_target, read_elf_header
+from kdbkit.runtime.kernel_sources import kernels_dir, list_sources, read_source
 
 needs_clang = pytest.mark.skipif(
     find_clang() is None, reason="no clang with the amdgcn target on PATH (apt-get install clang-19 lld-19)"

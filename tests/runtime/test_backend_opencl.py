@@ -8,10 +8,10 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from runtime.backends.args import LaunchArgumentError, TransferError
-from runtime.backends.base import BinaryLoadError, CompileError
-from runtime.backends.opencl import ENVELOPE_MAGIC, unwrap_binary, wrap_binary
-from runtime.kernel_sources import kernels_dir, read_source
+from kdbkit.runtime.backends.args import LaunchArgumentError, TransferError
+from kdbkit.runtime.backends.base import BinaryLoadError, CompileError
+from kdbkit.runtime.backends.opencl import ENVELOPE_MAGIC, unwrap_binary, wrap_binary
+from kdbkit.runtime.kernel_sources import kernels_dir, read_source
 
 from .conftest import build
 

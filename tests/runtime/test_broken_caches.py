@@ -9,15 +9,15 @@ import subprocess
 
 import pytest
 
-from kdb import Bundle, open_bundle
-from runtime.samples import SAMPLES, run_samples
+from kdbkit.kdb import Bundle, open_bundle
+from kdbkit.runtime.samples import SAMPLES, run_samples
 
 RELU = SAMPLES[0]
 
 
 @pytest.fixture
 def fresh_warnings(monkeypatch):
-    from runtime import logging_setup
+    from kdbkit.runtime import logging_setup
 
     monkeypatch.setattr(logging_setup, "_once_keys", set())
     logging_setup.configure_logging(force=True)
@@ -49,7 +49,7 @@ def test_read_only_cache_file_is_still_read(make_handle, isolated, monkeypatch, 
     make_handle().program(RELU.kernel_file, RELU.options)
     # Turn the file into one SQLite cannot write: a read-only database via the immutable route is
     # not available to root, so simulate the failure the way SQLite reports it.
-    from runtime import user_cache
+    from kdbkit.runtime import user_cache
 
     real_create = user_cache.Bundle.create
 
@@ -65,7 +65,7 @@ def test_read_only_cache_file_is_still_read(make_handle, isolated, monkeypatch, 
 
 
 def test_full_database_keeps_results_in_memory(make_handle, isolated, monkeypatch, capfd, fresh_warnings):
-    from runtime import user_cache
+    from kdbkit.runtime import user_cache
 
     real_create = user_cache.Bundle.create
 
@@ -146,8 +146,8 @@ def test_entry_that_decodes_but_does_not_load_is_replaced(make_handle, isolated,
 
 
 def test_busy_database_is_retried_with_backoff():
-    from kdb import BundleBusyError
-    from runtime.user_cache import with_backoff
+    from kdbkit.kdb import BundleBusyError
+    from kdbkit.runtime.user_cache import with_backoff
 
     calls = []
 
@@ -168,7 +168,7 @@ def test_busy_database_is_retried_with_backoff():
 
 def test_a_system_bundle_damaged_anywhere_never_stops_the_runtime(make_handle, isolated, chain_backend, capfd,
                                                                   fresh_warnings):
-    from packager.device_build import build_device_bundle
+    from kdbkit.packager.device_build import build_device_bundle
 
     requests = [(s.kernel_file, s.options) for s in SAMPLES]
     make_handle().programs(requests)  # the user cache now holds every program: the safe fallback

@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from kdb import open_bundle, verify_bundle
+from kdbkit.kdb import open_bundle, verify_bundle
 from tests.runtime.chain_fixtures import child_env
 
 ROOT = Path(__file__).resolve().parents[2]

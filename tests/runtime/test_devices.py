@@ -8,11 +8,11 @@ from pathlib import Path
 
 import pytest
 
-from kdb.target import Target
-from runtime.backends import registry
-from runtime.backends.base import BackendUnavailableError, DeviceInfo
-from runtime.backends.opencl import opencl_arch, opencl_compiler_identity
-from runtime.backends.registry import (
+from kdbkit.kdb.target import Target
+from kdbkit.runtime.backends import registry
+from kdbkit.runtime.backends.base import BackendUnavailableError, DeviceInfo
+from kdbkit.runtime.backends.opencl import opencl_arch, opencl_compiler_identity
+from kdbkit.runtime.backends.registry import (
     DeviceOverrideError,
     apply_overrides,
     default_device,

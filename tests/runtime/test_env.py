@@ -10,8 +10,8 @@ from pathlib import Path
 
 import pytest
 
-from runtime import env
-from runtime.env import CheckNumerics, EnvVar, EnvVarWarning
+from kdbkit.runtime import env
+from kdbkit.runtime.env import CheckNumerics, EnvVar, EnvVarWarning
 
 # DESIGN.md, "Environment variables", plus the device overrides; kept here rather than parsed
 # from ../shared/DESIGN.md because CI checks out the repository alone.

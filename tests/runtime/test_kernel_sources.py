@@ -9,8 +9,8 @@ from pathlib import Path
 
 import pytest
 
-from runtime import kernel_sources
-from runtime.kernel_sources import KernelSourceError, kernels_dir, list_sources, read_source, source_digest
+from kdbkit.runtime import kernel_sources
+from kdbkit.runtime.kernel_sources import KernelSourceError, kernels_dir, list_sources, read_source, source_digest
 
 REPO = Path(__file__).resolve().parents[2]
 
@@ -35,20 +35,17 @@ def _load_copy(runtime_dir: Path):
     return module
 
 
-def test_wheel_layout_is_found_and_preferred(tmp_path):
-    site = tmp_path / "site-packages"
-    shutil.copytree(REPO / "kernels", site / "runtime" / "_kernels")
-    # Another distribution's top-level "kernels" package must not be taken for ours.
-    (site / "kernels").mkdir()
-    (site / "kernels" / "__init__.py").write_text("")
-    module = _load_copy(site / "runtime")
-    assert module.kernels_dir() == (site / "runtime" / "_kernels").resolve()
+def test_wheel_layout_is_found(tmp_path):
+    package = tmp_path / "site-packages" / "kdbkit"
+    shutil.copytree(REPO / "kernels", package / "kernels")
+    module = _load_copy(package / "runtime")
+    assert module.kernels_dir() == package / "kernels"
     assert module.source_digest("activation.c") == source_digest("activation.c")
 
 
-def test_missing_kernels_dir_names_the_places_looked(tmp_path):
-    module = _load_copy(tmp_path / "runtime")
-    with pytest.raises(module.KernelSourceError, match="_kernels.*reinstall kdbkit"):
+def test_missing_kernels_dir_names_the_place_looked(tmp_path):
+    module = _load_copy(tmp_path / "kdbkit" / "runtime")
+    with pytest.raises(module.KernelSourceError, match="kdbkit/kernels.*reinstall kdbkit"):
         module.kernels_dir()
 
 

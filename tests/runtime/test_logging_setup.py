@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pytest
 
-from runtime import env, logging_setup as ls
+from kdbkit.runtime import env, logging_setup as ls
 
 REPO = Path(__file__).resolve().parents[2]
 # One record per MIOpen level it belongs to: (KDB level, Python level, word printed).

@@ -2,7 +2,7 @@
 
 import pytest
 
-from runtime.backends import nvrtc
+from kdbkit.runtime.backends import nvrtc
 
 
 def test_wheel_version_matches_the_loaded_library():

@@ -2,9 +2,9 @@
 
 import sys
 
-from kdb import Target, write_bundle
-from runtime import paths
-from runtime.system_bundles import find_system_bundles
+from kdbkit.kdb import Target, write_bundle
+from kdbkit.runtime import paths
+from kdbkit.runtime.system_bundles import find_system_bundles
 
 
 def _fake_kernel_package(root, name, entry_value):

@@ -1,6 +1,6 @@
 import pytest
 
-from runtime.program_key import OptionsError, normalise_options, program_key
+from kdbkit.runtime.program_key import OptionsError, normalise_options, program_key
 
 BASE = dict(kernel_file="softmax.c", options=("-DN=4",), arch="sm_90", source_digest="ab" * 32, compiler="nvrtc 13.0")
 

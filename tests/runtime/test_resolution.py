@@ -7,10 +7,10 @@ import sqlite3
 import numpy as np
 import pytest
 
-from kdb import Target, open_bundle
-from packager.device_build import build_device_bundle
-from runtime.handle import JitDisabledError
-from runtime.samples import SAMPLES, run_samples
+from kdbkit.kdb import Target, open_bundle
+from kdbkit.packager.device_build import build_device_bundle
+from kdbkit.runtime.handle import JitDisabledError
+from kdbkit.runtime.samples import SAMPLES, run_samples
 
 RELU = SAMPLES[0]
 
@@ -46,7 +46,7 @@ def test_system_bundle_comes_first(make_handle, isolated, chain_backend):
 
 
 def test_a_handle_prepares_so_that_a_hit_reads_no_kernel_source(make_handle, isolated, chain_backend, monkeypatch):
-    from runtime import kernel_sources
+    from kdbkit.runtime import kernel_sources
 
     _system_bundle(isolated / "system", chain_backend, chain_backend.device.target)
     handle = make_handle()
@@ -89,7 +89,7 @@ def test_arch_wide_bundle_serves_when_the_exact_one_is_missing(make_handle, isol
 
 
 def test_missing_system_bundle_warns_once(make_handle, isolated, capfd, monkeypatch):
-    from runtime import logging_setup
+    from kdbkit.runtime import logging_setup
 
     monkeypatch.setattr(logging_setup, "_once_keys", set())
     logging_setup.configure_logging(force=True)
@@ -178,7 +178,7 @@ def test_parallel_resolution_of_many_programs(make_handle, monkeypatch):
 
 
 def test_resolution_is_logged_with_source_and_time(make_handle, monkeypatch, capfd):
-    from runtime import logging_setup
+    from kdbkit.runtime import logging_setup
 
     monkeypatch.setenv("KDB_ENABLE_LOGGING", "1")
     logging_setup.configure_logging(force=True)

@@ -1,8 +1,8 @@
 """Choosing system bundles is a pure function of folders and target, with a trace."""
 
-from kdb import Target, write_bundle
-from runtime.paths import SearchDir
-from runtime.system_bundles import find_system_bundles
+from kdbkit.kdb import Target, write_bundle
+from kdbkit.runtime.paths import SearchDir
+from kdbkit.runtime.system_bundles import find_system_bundles
 
 
 def _bundle(folder, name, target, fmt="cubin", compiler="nvrtc 13.0"):

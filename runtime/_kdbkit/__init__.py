@@ -1,0 +1,1 @@
+"""kdbkit (placeholder while the reshape lands; replaced by the lazy public API)."""
