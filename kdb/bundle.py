@@ -22,7 +22,10 @@ from kdbkit.kdb import codec as _codec
 from kdbkit.kdb import schema
 from kdbkit.kdb.errors import (
     BundleBusyError,
+    BundleError,
     BundleNotFoundError,
+    BundleWriteError,
+    CodecError,
     CorruptBundleError,
     CorruptEntryError,
     KdbError,
@@ -132,11 +135,11 @@ class Bundle:
         """
         path = Path(path)
         if not path.is_file():
-            raise BundleNotFoundError(f"{path}: no such bundle file")
+            raise BundleNotFoundError(f"{path}: no such bundle file", "check the path")
         try:
             conn = _connect(path, writable, create=False, immutable=immutable and not writable)
         except sqlite3.Error as exc:
-            raise NotABundleError(f"{path}: cannot open as SQLite ({exc})") from exc
+            raise _db_error(path, exc) from exc
         try:
             metadata, dictionary = _read_metadata(conn, path)
             if writable:
@@ -169,13 +172,16 @@ class Bundle:
         try:
             conn = _connect(path, writable=True, create=True)
         except sqlite3.Error as exc:
-            raise KdbError(f"{path}: cannot create bundle ({exc}); check the folder exists and is writable") from exc
+            raise _db_error(path, exc) from exc
         try:
             _prepare_writable(conn, path, wal)
             with _transaction(conn, path):
                 existing = schema.tables(conn)
                 if "kern_db" in existing and not exist_ok:
-                    raise KdbError(f"{path}: already a bundle; remove it first or open it for writing")
+                    raise BundleError(f"{path}: already a bundle", "remove it first or open it for writing")
+                if "kern_db" not in existing and existing - {"kdb_meta"}:
+                    raise NotABundleError(f"{path}: an SQLite file with other tables ({', '.join(sorted(existing))})",
+                                          "it is not a kernel bundle: use another file name")
                 if "kern_db" not in existing:
                     schema.create_tables(conn)
                     meta = {
@@ -238,15 +244,16 @@ class Bundle:
 
     def _decode(self, name: str, args: str, blob: bytes, expected_hash: str, size: int) -> bytes:
         where = f"{self.path}: entry {name} [{args}]"
+        remedy = f"check the file with `kdb db verify {self.path}`"
         try:
             data = self._reader.decode(blob, size)
-        except _codec.CodecError as exc:
-            raise CorruptEntryError(f"{where} is corrupt: {exc}", path=str(self.path), kernel_name=name,
-                                    kernel_args=args) from exc
+        except CodecError as exc:
+            raise CorruptEntryError(f"{where} is corrupt: {exc.problem}", remedy, path=str(self.path),
+                                    kernel_name=name, kernel_args=args) from exc
         if _codec.digest(data, self.metadata.hash) != str(expected_hash).lower():
             raise CorruptEntryError(
                 f"{where} is corrupt: {self.metadata.hash} of the data does not match kernel_hash "
-                "(possible database corruption)", path=str(self.path), kernel_name=name, kernel_args=args)
+                "(possible database corruption)", remedy, path=str(self.path), kernel_name=name, kernel_args=args)
         return data
 
     def entries(self) -> Iterator[EntryInfo]:
@@ -303,7 +310,7 @@ class Bundle:
         for the inserts.
         """
         if not self.writable:
-            raise ReadOnlyBundleError(f"{self.path}: opened read-only; open it with writable=True to add entries")
+            raise ReadOnlyBundleError(f"{self.path}: opened read-only", "open it with writable=True to add entries")
         codec = self._codec_for_writing()
         rows = []
         for name, args, binary in entries:
@@ -318,11 +325,23 @@ class Bundle:
     def delete(self, kernel_name: str, kernel_args: str) -> bool:
         """Remove one entry (a corrupt one, say); True if it existed."""
         if not self.writable:
-            raise ReadOnlyBundleError(f"{self.path}: opened read-only; cannot delete entries")
+            raise ReadOnlyBundleError(f"{self.path}: opened read-only, so entries cannot be deleted",
+                                      "open it with writable=True")
         with self._lock, _transaction(self._conn, self.path):
             cur = self._conn.execute("DELETE FROM kern_db WHERE kernel_name = ? AND kernel_args = ?",
                                      (kernel_name, kernel_args))
         return cur.rowcount > 0
+
+    def delete_all(self) -> int:
+        """Remove every entry in one transaction (metadata stays); returns how many.
+
+        Safe while other processes use the file: they see the entries until their next read.
+        """
+        if not self.writable:
+            raise ReadOnlyBundleError(f"{self.path}: opened read-only, so entries cannot be deleted",
+                                      "open it with writable=True")
+        with self._lock, _transaction(self._conn, self.path):
+            return self._conn.execute("DELETE FROM kern_db").rowcount
 
     def compact(self, page_size: int | None = None) -> None:
         """VACUUM: drop free pages, so a shipped file holds nothing but its entries.
@@ -331,13 +350,14 @@ class Bundle:
             page_size: rebuild the file with this page size (a power of two, 512-65536).
         """
         if not self.writable:
-            raise ReadOnlyBundleError(f"{self.path}: opened read-only; cannot compact")
+            raise ReadOnlyBundleError(f"{self.path}: opened read-only, so it cannot be compacted",
+                                      "open it with writable=True")
         with self._lock:
             try:
                 if page_size is not None:
                     self._conn.execute(f"PRAGMA page_size = {int(page_size)}")
                 self._conn.execute("VACUUM")
-            except sqlite3.DatabaseError as exc:
+            except sqlite3.Error as exc:
                 raise _db_error(self.path, exc) from exc
 
     def _codec_for_writing(self) -> _codec.Codec:
@@ -358,13 +378,13 @@ class Bundle:
                 # an entry another process (or thread) has stored since: a re-check after
                 # taking the compile lock would miss, and the program be compiled twice.
                 cur.close()
-        except sqlite3.DatabaseError as exc:
+        except sqlite3.Error as exc:
             raise _db_error(self.path, exc) from exc
 
     def _query_all(self, sql: str, params: tuple):
         try:
             return self._conn.execute(sql, params).fetchall()
-        except sqlite3.DatabaseError as exc:
+        except sqlite3.Error as exc:
             raise _db_error(self.path, exc) from exc
 
     def __repr__(self) -> str:
@@ -385,34 +405,47 @@ class _transaction:
     def __enter__(self):
         try:
             self.conn.execute("BEGIN IMMEDIATE")
-        except sqlite3.DatabaseError as exc:
+        except sqlite3.Error as exc:
             raise _db_error(self.path, exc) from exc
 
     def __exit__(self, exc_type, exc, tb):
         try:
             self.conn.execute("COMMIT" if exc_type is None else "ROLLBACK")
-        except sqlite3.DatabaseError as err:
+        except sqlite3.Error as err:
             if exc_type is None:
                 raise _db_error(self.path, err) from err
-        if isinstance(exc, sqlite3.DatabaseError):  # a failed write inside the block: name the file
+        if isinstance(exc, sqlite3.Error):  # a failed write inside the block: name the file
             raise _db_error(self.path, exc) from exc
         return False
 
 
-def _db_error(path: Path, exc: sqlite3.DatabaseError) -> KdbError:
-    text = str(exc)
-    if "not a database" in text:
-        return NotABundleError(f"{path}: not a bundle (not an SQLite file)")
-    if "malformed" in text or "corrupt" in text:
-        return CorruptBundleError(
-            f"{path}: the file is damaged ({text}); run `kdb db verify {path}`, then rebuild or reinstall it")
-    if "locked" in text or "busy" in text:
-        return BundleBusyError(f"{path}: database is locked by another process ({text}); retry, or check for a stuck writer")
-    if "readonly" in text or "read-only" in text or "unable to open" in text:
-        return KdbError(f"{path}: cannot write ({text}); check the file and its folder are writable")
-    if "full" in text:
-        return KdbError(f"{path}: disk is full ({text}); free space or point KDB_USER_DB_PATH elsewhere")
-    return CorruptBundleError(f"{path}: SQLite error: {text}")
+def _db_error(path: Path, exc: sqlite3.Error) -> KdbError:
+    """The kdbkit error for an SQLite failure, chosen by SQLite's (primary) error code.
+
+    The text of SQLite's messages differs between versions and locales; its codes do not.
+    An error without a code (raised by Python's sqlite3 module itself) is a plain BundleError.
+    """
+    code = getattr(exc, "sqlite_errorcode", None)
+    primary = None if code is None else code & 0xFF
+    detail = f"{exc}" + (f", {exc.sqlite_errorname}" if getattr(exc, "sqlite_errorname", None) else "")
+    if primary == sqlite3.SQLITE_NOTADB:
+        return NotABundleError(f"{path}: not a bundle (not an SQLite file)", "check the path")
+    if primary == sqlite3.SQLITE_CORRUPT:
+        return CorruptBundleError(f"{path}: the file is damaged ({detail})",
+                                  f"check it with `kdb db verify {path}`, then rebuild or reinstall it")
+    if primary in (sqlite3.SQLITE_BUSY, sqlite3.SQLITE_LOCKED):
+        return BundleBusyError(f"{path}: database is locked by another process ({detail})",
+                               "retry; if it persists, look for a process stuck writing it")
+    if primary == sqlite3.SQLITE_FULL:
+        return BundleWriteError(f"{path}: the disk is full ({detail})",
+                                "free space, or point KDB_CUSTOM_CACHE_DIR at another disk")
+    if primary in (sqlite3.SQLITE_READONLY, sqlite3.SQLITE_PERM, sqlite3.SQLITE_CANTOPEN):
+        return BundleWriteError(f"{path}: cannot open or write the file ({detail})",
+                                "check that the file and its folder exist and are writable")
+    if primary == sqlite3.SQLITE_IOERR:
+        return BundleWriteError(f"{path}: disk I/O error ({detail})",
+                                "network file systems break SQLite's locking: keep the file on a local disk")
+    return BundleError(f"{path}: SQLite error ({detail})", f"check the file with `kdb db verify {path}`")
 
 
 def _prepare_writable(conn: sqlite3.Connection, path: Path, wal: bool) -> None:
@@ -425,7 +458,7 @@ def _prepare_writable(conn: sqlite3.Connection, path: Path, wal: bool) -> None:
             conn.execute(f"PRAGMA journal_mode = {mode}")
         # NORMAL is durable in WAL mode across application crashes, which is what a cache needs.
         conn.execute("PRAGMA synchronous = NORMAL")
-    except sqlite3.DatabaseError as exc:
+    except sqlite3.Error as exc:
         raise _db_error(path, exc) from exc
 
 
@@ -433,30 +466,32 @@ def _read_metadata(conn: sqlite3.Connection, path: Path) -> tuple[BundleMetadata
     """Read ``kdb_meta`` (O(1)), or infer a MIOpen file's metadata from its name."""
     try:
         names = schema.tables(conn)
-    except sqlite3.DatabaseError as exc:
+    except sqlite3.Error as exc:
         raise _db_error(path, exc) from exc
     if "kern_db" not in names:
-        raise NotABundleError(f"{path}: SQLite file without a kern_db table, so not a kernel bundle")
+        raise NotABundleError(f"{path}: SQLite file without a kern_db table, so not a kernel bundle", "check the path")
     if "kdb_meta" not in names:
         return BundleMetadata(0, _target_from_name(path), codec="bzip2", hash="md5", producer="MIOpen"), None
     try:
         meta = dict(conn.execute("SELECT key, value FROM kdb_meta").fetchall())
-    except sqlite3.DatabaseError as exc:
+    except sqlite3.Error as exc:
         raise _db_error(path, exc) from exc
     try:
         version = int(meta.get("format_version", "0"))
     except (TypeError, ValueError):
-        raise CorruptBundleError(f"{path}: kdb_meta.format_version is {meta.get('format_version')!r}, not a number")
+        raise CorruptBundleError(f"{path}: kdb_meta.format_version is {meta.get('format_version')!r}, not a number",
+                                 "rebuild or reinstall the bundle")
     if version > schema.FORMAT_VERSION:
         raise UnsupportedFormatError(
-            f"{path}: bundle format version {version} is newer than this kdbkit reads ({schema.FORMAT_VERSION}); "
+            f"{path}: bundle format version {version} is newer than this kdbkit reads ({schema.FORMAT_VERSION})",
             "upgrade kdbkit (pip install -U kdbkit) or rebuild the bundle with this version")
     codec, hash_alg = meta.get("codec", "bzip2"), meta.get("hash", "md5")
     if codec not in _codec.CODECS or hash_alg not in _codec.HASHES:
-        raise CorruptBundleError(f"{path}: unknown codec {codec!r} or hash {hash_alg!r} in kdb_meta")
+        raise CorruptBundleError(f"{path}: unknown codec {codec!r} or hash {hash_alg!r} in kdb_meta",
+                                 "rebuild or reinstall the bundle")
     dictionary = meta.get("zstd_dict")
     if dictionary is not None and not isinstance(dictionary, bytes):
-        raise CorruptBundleError(f"{path}: kdb_meta.zstd_dict is not a blob")
+        raise CorruptBundleError(f"{path}: kdb_meta.zstd_dict is not a blob", "rebuild or reinstall the bundle")
     target = None
     if meta.get("arch"):
         try:
@@ -464,7 +499,8 @@ def _read_metadata(conn: sqlite3.Connection, path: Path) -> tuple[BundleMetadata
             features = tuple(f for f in str(meta.get("features", "")).split(":") if f)
             target = Target(str(meta.get("backend")), str(meta["arch"]), features, cu)
         except (KdbError, ValueError) as exc:
-            raise CorruptBundleError(f"{path}: kdb_meta describes no valid target ({exc})") from exc
+            raise CorruptBundleError(f"{path}: kdb_meta describes no valid target ({exc})",
+                                     "rebuild or reinstall the bundle") from exc
     md = BundleMetadata(
         format_version=version, target=target, compiler=str(meta.get("compiler", "")),
         binary_format=str(meta.get("binary_format", "")), codec=codec, hash=hash_alg,

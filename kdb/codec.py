@@ -8,6 +8,11 @@ SHA-256 in kdbkit bundles and MD5 in files written by MIOpen.
 
 Codecs: ``zstd`` (kdbkit; optionally with one trained dictionary per bundle, whose id is
 in every frame) and ``bzip2`` (MIOpen, block size 9; read and written for compatibility).
+
+Decoding is bounded: no entry may claim or expand to more than :data:`MAX_BINARY_BYTES`, and
+no decoder ever produces more than the row's ``uncompressed_size`` (a zstd frame's own
+content size must agree with the row, or the frame is refused before anything is allocated),
+so a small blob that claims or expands to gigabytes is a corrupt entry, not an out-of-memory.
 """
 
 from __future__ import annotations
@@ -20,6 +25,8 @@ from dataclasses import dataclass
 import xxhash
 import zstandard as zstd
 
+from kdbkit.kdb.errors import CodecError
+
 CODECS = ("zstd", "bzip2")
 HASHES = ("xxh3_128", "sha256", "md5")
 DEFAULT_HASH = "xxh3_128"
@@ -28,10 +35,9 @@ DEFAULT_HASH = "xxh3_128"
 # sit on the JIT path, where level 3 keeps the store well under the compile time.
 BUNDLE_LEVEL = 19
 CACHE_LEVEL = 3
-
-
-class CodecError(ValueError):
-    """A blob could not be decoded (garbage frame, wrong size, unknown codec)."""
+# The largest kernel binary an entry may hold: the biggest code objects and cubins seen are a
+# few MB; anything claiming more is damage (or a decompression bomb), refused before decoding.
+MAX_BINARY_BYTES = 256 << 20
 
 
 def digest(data: bytes, algorithm: str = DEFAULT_HASH) -> str:
@@ -39,7 +45,7 @@ def digest(data: bytes, algorithm: str = DEFAULT_HASH) -> str:
     if algorithm == "xxh3_128":
         return xxhash.xxh3_128_hexdigest(data)
     if algorithm not in HASHES:
-        raise CodecError(f"unknown hash algorithm {algorithm!r}; known: {', '.join(HASHES)}")
+        raise CodecError(f"unknown hash algorithm {algorithm!r}", f"use one of {', '.join(HASHES)}")
     return hashlib.new(algorithm, data).hexdigest()
 
 
@@ -62,9 +68,9 @@ class Codec:
 
     def __init__(self, name: str = "zstd", level: int = CACHE_LEVEL, dictionary: bytes | None = None):
         if name not in CODECS:
-            raise CodecError(f"unknown codec {name!r}; known: {', '.join(CODECS)}")
+            raise CodecError(f"unknown codec {name!r}", f"use one of {', '.join(CODECS)}")
         if dictionary is not None and name != "zstd":
-            raise CodecError("only the zstd codec takes a dictionary")
+            raise CodecError("only the zstd codec takes a dictionary", "drop the dictionary or use zstd")
         self.name = name
         self.level = level
         self.dictionary = dictionary
@@ -103,21 +109,33 @@ class Codec:
         """Inverse of :meth:`encode`.
 
         Raises:
-            CodecError: the frame is garbage or does not decode to ``uncompressed_size``.
+            CodecError: the frame is garbage, claims or expands past ``uncompressed_size``
+                or :data:`MAX_BINARY_BYTES`, or decodes to another size.
         """
-        if uncompressed_size == 0:
+        size = uncompressed_size
+        if size == 0:
+            if len(blob) > MAX_BINARY_BYTES:
+                raise CodecError(f"raw entry of {len(blob)} bytes is larger than any kernel binary ({MAX_BINARY_BYTES})")
             return bytes(blob)
-        if uncompressed_size < 0:
-            raise CodecError(f"negative uncompressed_size {uncompressed_size}")
+        if not isinstance(size, int) or size < 0 or size > MAX_BINARY_BYTES:
+            raise CodecError(f"uncompressed_size {size!r} is not a size from 1 to {MAX_BINARY_BYTES} bytes")
         try:
             if self.name == "zstd":
-                out = self._zd().decompress(blob, max_output_size=uncompressed_size)
+                # decompress() allocates what the frame header claims, whatever max_output_size
+                # says: check the claim first (-1 = not recorded; then max_output_size bounds it).
+                claimed = zstd.frame_content_size(blob)
+                if claimed not in (-1, size):
+                    raise CodecError(f"zstd frame claims {claimed} bytes, row says {size}")
+                out = self._zd().decompress(blob, max_output_size=size)
             else:
-                out = bz2.decompress(blob)
+                decoder = bz2.BZ2Decompressor()
+                out = decoder.decompress(blob, max_length=size + 1)
+                if len(out) == size and not decoder.eof:
+                    raise CodecError(f"bzip2 stream does not end at the row's {size} bytes")
         except (zstd.ZstdError, OSError, ValueError, EOFError) as exc:
             raise CodecError(f"{self.name} frame does not decode: {exc}") from exc
-        if len(out) != uncompressed_size:
-            raise CodecError(f"decoded {len(out)} bytes, row says {uncompressed_size}")
+        if len(out) != size:
+            raise CodecError(f"decoded {len(out)} bytes, row says {size}")
         return out
 
 

@@ -1,54 +1,80 @@
-"""The exception hierarchy shared by every layer of kdbkit.
+"""The root of kdbkit's one exception hierarchy, and the bundle format's own errors.
 
-Each message names the file or key involved and the remedy, because the people who see
-these errors are users of libraries built on kdbkit, not its authors. The CLI prints
-``str(error)`` on one line instead of a traceback.
+Every error kdbkit raises on purpose is a :class:`KdbError`. Each carries two parts: the
+``problem`` (what went wrong, naming the file, key or call) and the ``remedy`` (what to do,
+naming a command or variable that exists); ``str(error)`` joins them into the one line the
+CLI prints. Callers that give their own advice (``kdb db verify`` reporting a damaged file)
+show ``problem`` alone. The runtime's errors (devices, compilers, sources) subclass
+:class:`KdbError` in ``kdbkit.runtime.errors``; ``import kdbkit`` exports them all.
 """
 
 from __future__ import annotations
 
 
 class KdbError(Exception):
-    """Base class of every error kdbkit raises on purpose."""
+    """Base class of every error kdbkit raises on purpose.
+
+    Args:
+        problem: what went wrong, naming the file, key or call involved.
+        remedy: what the user can do about it; empty when the problem says it all.
+    """
+
+    def __init__(self, problem: str, remedy: str = ""):
+        self.problem = problem
+        self.remedy = remedy
+        super().__init__(f"{problem}; {remedy}" if remedy else problem)
 
 
-class BundleNotFoundError(KdbError, FileNotFoundError):
+class BundleError(KdbError):
+    """A bundle file cannot be used; the subclasses say why."""
+
+
+class BundleNotFoundError(BundleError, FileNotFoundError):
     """A bundle file does not exist."""
 
 
-class NotABundleError(KdbError):
+class NotABundleError(BundleError):
     """The file exists but is not a kernel bundle (not SQLite, or no ``kern_db`` table)."""
 
 
-class CorruptBundleError(KdbError):
+class CorruptBundleError(BundleError):
     """The file is a bundle but damaged: truncated, failed integrity check, bad metadata."""
 
 
 class CorruptEntryError(CorruptBundleError):
-    """One entry's blob does not decode or does not match its ``kernel_hash``."""
+    """One entry's blob does not decode, is too large, or does not match its ``kernel_hash``."""
 
-    def __init__(self, message: str, *, path: str = "", kernel_name: str = "", kernel_args: str = ""):
-        super().__init__(message)
+    def __init__(self, problem: str, remedy: str = "", *, path: str = "", kernel_name: str = "",
+                 kernel_args: str = ""):
+        super().__init__(problem, remedy)
         self.path = path
         self.kernel_name = kernel_name
         self.kernel_args = kernel_args
 
 
-class UnsupportedFormatError(KdbError):
+class CodecError(KdbError, ValueError):
+    """A blob cannot be decoded or hashed (garbage frame, wrong size, unknown codec or hash)."""
+
+
+class UnsupportedFormatError(BundleError):
     """The bundle was written by a newer format version than this kdbkit reads."""
 
 
-class TargetMismatchError(KdbError):
+class TargetMismatchError(BundleError):
     """Bundles for different targets were combined, or a bundle does not fit a device."""
 
 
 class BundleNameError(KdbError, ValueError):
-    """A file name does not follow ``<arch>_<cu>.kdb``, ``<arch>.kdb`` or ``<name>.ukdb``."""
+    """A target or file name does not follow ``<arch>_<cu>.kdb``, ``<arch>.kdb`` or ``<arch>.ukdb``."""
 
 
-class BundleBusyError(KdbError):
+class BundleBusyError(BundleError):
     """Another connection holds a lock longer than the busy timeout; retrying may succeed."""
 
 
-class ReadOnlyBundleError(KdbError):
+class BundleWriteError(BundleError):
+    """The file or its folder cannot be written: read-only, no permission, disk full, I/O error."""
+
+
+class ReadOnlyBundleError(BundleError):
     """A write was attempted on a bundle opened read-only."""

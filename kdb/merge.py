@@ -17,7 +17,7 @@ from pathlib import Path
 from typing import Iterator
 
 from kdbkit.kdb.bundle import Bundle, open_bundle
-from kdbkit.kdb.errors import TargetMismatchError
+from kdbkit.kdb.errors import KdbError, TargetMismatchError
 from kdbkit.kdb.writer import choose_dictionary, training_sample, write_bundle
 
 
@@ -49,7 +49,7 @@ def merge_bundles(out: str | Path, inputs: list[str | Path], *, allow_mixed_cu: 
             (nothing is written then).
     """
     if not inputs:
-        raise ValueError("merge needs at least one input bundle")
+        raise KdbError("merge needs at least one input bundle", "name the bundles to merge")
     bundles: list[Bundle] = [open_bundle(p) for p in inputs]
     try:
         target, compiler, binary_format = _common_target(bundles, allow_mixed_cu)
@@ -92,22 +92,22 @@ def _common_target(bundles: list[Bundle], allow_mixed_cu: bool):
     first = bundles[0]
     base = first.metadata.target
     if base is None:
-        raise TargetMismatchError(f"{first.path}: names no target (MIOpen file with a non-standard name); "
+        raise TargetMismatchError(f"{first.path}: names no target (a MIOpen file with a non-standard name)",
                                   "rename it <arch>_<cu>.kdb before merging")
     for other in bundles[1:]:
         t, m = other.metadata.target, other.metadata
         where = f"{first.path} is {base}, {other.path} is {t}"
         if t is None or (t.backend, t.arch, t.features) != (base.backend, base.arch, base.features):
-            raise TargetMismatchError(f"cannot merge bundles for different targets: {where}")
+            raise TargetMismatchError(f"cannot merge bundles for different targets: {where}",
+                                      "merge bundles of one target only")
         if t.cu != base.cu:
             if not allow_mixed_cu:
-                raise TargetMismatchError(
-                    f"cannot merge bundles for different CU counts: {where}; pass --allow-mixed-cu "
-                    "to produce an arch-wide bundle")
+                raise TargetMismatchError(f"cannot merge bundles for different CU counts: {where}",
+                                          "pass --allow-mixed-cu to produce an arch-wide bundle")
             base = replace(base, cu=None)
         if m.compiler != first.metadata.compiler or m.binary_format != first.metadata.binary_format:
             raise TargetMismatchError(
                 f"cannot merge bundles built by different compilers: {first.path} by "
-                f"{first.metadata.compiler or 'unknown'}, {other.path} by {m.compiler or 'unknown'}; "
+                f"{first.metadata.compiler or 'unknown'}, {other.path} by {m.compiler or 'unknown'}",
                 "rebuild them with one compiler")
     return base, first.metadata.compiler, first.metadata.binary_format

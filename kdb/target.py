@@ -49,9 +49,7 @@ def backend_of_arch(arch: str) -> str:
     for backend, pattern in _ARCH_BY_BACKEND:
         if pattern.fullmatch(arch):
             return backend
-    raise BundleNameError(
-        f"unknown arch {arch!r}: expected sm_<NN> (CUDA), gfx<id> (AMD) or ocl-<hex> (OpenCL)"
-    )
+    raise BundleNameError(f"unknown arch {arch!r}", "name one as sm_<NN> (CUDA), gfx<id> (AMD) or ocl-<hex> (OpenCL)")
 
 
 @dataclass(frozen=True, order=True)
@@ -72,11 +70,12 @@ class Target:
 
     def __post_init__(self) -> None:
         if self.backend not in BACKENDS:
-            raise BundleNameError(f"unknown backend {self.backend!r}: expected one of {', '.join(BACKENDS)}")
+            raise BundleNameError(f"unknown backend {self.backend!r}", f"use one of {', '.join(BACKENDS)}")
         if backend_of_arch(self.arch) != self.backend:
-            raise BundleNameError(f"arch {self.arch!r} does not belong to backend {self.backend!r}")
+            raise BundleNameError(f"arch {self.arch!r} does not belong to backend {self.backend!r}",
+                                  "name an arch of that backend")
         if self.cu is not None and self.cu <= 0:
-            raise BundleNameError(f"compute-unit count must be positive, got {self.cu}")
+            raise BundleNameError(f"compute-unit count must be positive, got {self.cu}", "give a positive count")
         object.__setattr__(self, "features", tuple(sorted(set(self.features))))
 
     @classmethod
@@ -88,10 +87,8 @@ class Target:
         """
         m = _TARGET_RE.match(text.strip())
         if not m:
-            raise BundleNameError(
-                f"malformed target {text!r}: expected <arch>[:<feature>±]*[_<cu>], "
-                "e.g. sm_90_132, gfx90a:xnack-_110 or gfx942"
-            )
+            raise BundleNameError(f"malformed target {text!r}",
+                                  "write it <arch>[:<feature>±]*[_<cu>], e.g. sm_90_132, gfx90a:xnack-_110 or gfx942")
         features = tuple(f for f in m["features"].split(":") if f)
         cu = int(m["cu"]) if m["cu"] else None
         return cls(backend_of_arch(m["arch"]), m["arch"], features, cu)
@@ -149,7 +146,8 @@ def bundle_file_name(arch: str, cu: int | None, suffix: str = BUNDLE_SUFFIX) -> 
     """Produce ``<arch>_<cu><suffix>`` or ``<arch><suffix>``; the one place names are made."""
     backend_of_arch(arch)
     if suffix not in (BUNDLE_SUFFIX, USER_SUFFIX):
-        raise BundleNameError(f"bundle suffix must be {BUNDLE_SUFFIX} or {USER_SUFFIX}, got {suffix!r}")
+        raise BundleNameError(f"bundle suffix must be {BUNDLE_SUFFIX} or {USER_SUFFIX}, got {suffix!r}",
+                              "use one of those")
     return f"{arch}_{cu}{suffix}" if cu is not None else f"{arch}{suffix}"
 
 
@@ -162,8 +160,6 @@ def parse_bundle_file_name(name: str | Path) -> BundleName:
     base = Path(name).name
     m = _FILE_RE.match(base)
     if not m:
-        raise BundleNameError(
-            f"{base!r} is not a bundle name: expected <arch>_<cu>.kdb, <arch>.kdb or <arch>_<cu>.ukdb "
-            "(e.g. gfx90a_110.kdb, sm_90.kdb)"
-        )
+        raise BundleNameError(f"{base!r} is not a bundle name",
+                              "name it <arch>_<cu>.kdb, <arch>.kdb or <arch>.ukdb (e.g. gfx90a_110.kdb, sm_90.kdb)")
     return BundleName(m["arch"], int(m["cu"]) if m["cu"] else None, m["ext"] == "ukdb")

@@ -68,10 +68,11 @@ def verify_bundle(path: str | Path, *, check_entries: bool = True) -> VerifyRepo
         A report; ``report.ok`` is False if anything is wrong.
     """
     report = VerifyReport(Path(path))
+    # Problems only, never the errors' remedies: those would send the user back here.
     try:
         bundle = Bundle.open(path)
     except KdbError as exc:
-        report.problems.append(str(exc))
+        report.problems.append(exc.problem)
         return report
     with bundle:
         report.format_version = bundle.metadata.format_version
@@ -83,7 +84,7 @@ def verify_bundle(path: str | Path, *, check_entries: bool = True) -> VerifyRepo
             if check_entries:
                 _check_entries(bundle, report)
         except KdbError as exc:
-            report.problems.append(str(exc))
+            report.problems.append(exc.problem)
     return report
 
 
@@ -94,5 +95,5 @@ def _check_entries(bundle: Bundle, report: VerifyReport) -> None:
         try:
             bundle.get(info.kernel_name, info.kernel_args)
         except CorruptEntryError as exc:
-            report.problems.append(str(exc))
+            report.problems.append(exc.problem)
         report.entries_checked += 1

@@ -35,7 +35,7 @@ from __future__ import annotations
 import struct
 from dataclasses import dataclass
 
-from kdbkit.kdb.errors import KdbError
+from kdbkit.kdb.errors import BundleNameError
 from kdbkit.runtime.backends.base import BinaryLoadError
 
 EM_CUDA = 190
@@ -58,9 +58,10 @@ AMDGPU_MACH = {
     0x4A: "gfx1151", 0x4B: "gfx941", 0x4C: "gfx942", 0x4E: "gfx1201", 0x55: "gfx1152",
 }
 _FEATURE_STATE = {2: "-", 3: "+"}  # 0 unsupported and 1 any carry no feature
+_REBUILD = "it is not a binary for this device: rebuild it from source"
 
 
-class TargetStringError(KdbError, ValueError):
+class TargetStringError(BundleNameError):
     """An AMD target string (``gfx90a:xnack-``) is malformed."""
 
 
@@ -90,10 +91,10 @@ def read_elf_header(data: bytes, *, what: str = "binary") -> ElfHeader:
         BinaryLoadError: ``data`` is not a little-endian ELF file.
     """
     if len(data) < 64 or data[:4] != _ELF_MAGIC:
-        raise BinaryLoadError(f"{what} is not an ELF file ({len(data)} bytes, starts {bytes(data[:4])!r})")
+        raise BinaryLoadError(f"{what} is not an ELF file ({len(data)} bytes, starts {bytes(data[:4])!r})", _REBUILD)
     elf_class, byte_order = data[4], data[5]
     if byte_order != 1:
-        raise BinaryLoadError(f"{what} is a big-endian ELF file; GPU binaries are little-endian")
+        raise BinaryLoadError(f"{what} is a big-endian ELF file; GPU binaries are little-endian", _REBUILD)
     e_type, e_machine = struct.unpack_from("<HH", data, 16)
     flags_at = 48 if elf_class == 2 else 36  # after e_entry/e_phoff/e_shoff (8 or 4 bytes each)
     (e_flags,) = struct.unpack_from("<I", data, flags_at)
@@ -116,10 +117,11 @@ def cubin_arch(data: bytes, *, what: str = "cubin") -> str:
     """
     header = read_elf_header(data, what=what)
     if header.e_machine != EM_CUDA:
-        raise BinaryLoadError(f"{what} is an ELF file for machine {header.e_machine}, not a CUDA cubin (EM_CUDA=190)")
+        raise BinaryLoadError(f"{what} is an ELF file for machine {header.e_machine}, not a CUDA cubin (EM_CUDA=190)",
+                              _REBUILD)
     sm = cubin_sm(header)
     if sm < 10:
-        raise BinaryLoadError(f"{what} records no SM arch in its ELF flags (e_flags={header.e_flags:#x})")
+        raise BinaryLoadError(f"{what} records no SM arch in its ELF flags (e_flags={header.e_flags:#x})", _REBUILD)
     return f"sm_{sm}"
 
 
@@ -143,7 +145,7 @@ def amdgpu_target(data: bytes, *, what: str = "code object") -> tuple[str, tuple
         try:
             return parse_amdgcn_target(target.split("--", 1)[-1])
         except TargetStringError as e:
-            raise BinaryLoadError(f"{what}: unreadable amdhsa.target note: {e}") from e
+            raise BinaryLoadError(f"{what}: unreadable amdhsa.target note: {e.problem}", _REBUILD) from e
     mach = AMDGPU_MACH.get(header.e_flags & 0xFF)
     if mach is None:
         raise BinaryLoadError(
@@ -169,13 +171,13 @@ def parse_amdgcn_target(text: str) -> tuple[str, tuple[str, ...]]:
     parts = text.strip().split(":")
     arch = parts[0]
     if not (arch.startswith("gfx") and len(arch) > 3 and all(c in "0123456789abcdef" for c in arch[3:])):
-        raise TargetStringError(
-            f"{text!r} is not an AMD GPU target: expected gfx<id>[:<feature>±...], e.g. gfx90a:xnack-"
-        )
+        raise TargetStringError(f"{text!r} is not an AMD GPU target",
+                                "write it gfx<id>[:<feature>±...], e.g. gfx90a:xnack-")
     features = []
     for feature in parts[1:]:
         if len(feature) < 2 or feature[-1] not in "+-" or not feature[:-1].isalnum():
-            raise TargetStringError(f"{text!r}: target feature {feature!r} is not <name>+ or <name>-")
+            raise TargetStringError(f"{text!r}: target feature {feature!r} is not <name>+ or <name>-",
+                                    "write features as xnack- or sramecc+")
         features.append(feature)
     return arch, tuple(sorted(features))
 

@@ -1,0 +1,76 @@
+"""The runtime's errors: one module, all below :class:`kdbkit.kdb.errors.KdbError`.
+
+They follow the bundle format's convention (a ``problem`` naming the file, key or call, and a
+``remedy`` naming a command or variable that exists), so the CLI prints every one of them as
+one line. A vendor call that fails (:class:`DeviceCallError`) is not the same as a vendor
+library that is missing (:class:`BackendUnavailableError`): the first is a fault to report,
+the second a setup step to take.
+"""
+
+from __future__ import annotations
+
+from kdbkit.kdb.errors import KdbError
+
+
+class OptionsError(KdbError, ValueError):
+    """Compile options that cannot be normalised: a malformed ``-D``, a macro defined twice."""
+
+
+class KernelSourceError(KdbError, FileNotFoundError):
+    """A kernel source, or a file it includes, cannot be found or read."""
+
+
+class BackendUnavailableError(KdbError):
+    """The vendor library for this backend is not installed, or it finds no device."""
+
+
+class DeviceCallError(KdbError):
+    """A CUDA or HIP call returned an error; the message names the call and the error code."""
+
+
+class CompilerUnavailableError(KdbError):
+    """A compiler is missing, cannot report its version, or cannot build for a target."""
+
+
+class CompileError(KdbError):
+    """The compiler rejected a kernel source.
+
+    ``problem`` is one line (the file, the target, the compiler and its first error); ``log``
+    holds the compiler's whole log, which the CLI prints below the line.
+    """
+
+    def __init__(self, problem: str, remedy: str = "fix the source; the compiler's log follows", *, log: str = ""):
+        super().__init__(problem, remedy)
+        self.log = log
+
+    def __str__(self) -> str:
+        return super().__str__() + (f"\n{self.log}" if self.log else "")
+
+
+class BinaryLoadError(KdbError):
+    """A binary could not be loaded on the device (wrong arch, corrupt, refused by the driver)."""
+
+
+class LaunchError(DeviceCallError):
+    """The driver refused or failed a kernel launch."""
+
+
+class LaunchArgumentError(KdbError, TypeError):
+    """A launch argument is neither a device buffer of this backend nor a NumPy scalar."""
+
+
+class TransferError(KdbError, ValueError):
+    """A host array does not fit a copy to or from a device buffer."""
+
+
+class JitDisabledError(KdbError):
+    """A program is in no bundle or cache and ``KDB_DISABLE_JIT`` forbids compiling it."""
+
+
+def first_error_line(log: str) -> str:
+    """The line of a compiler log that says what failed: the first one naming an error."""
+    lines = [line.strip() for line in log.splitlines() if line.strip()]
+    for line in lines:
+        if "error" in line.lower():
+            return line
+    return lines[0] if lines else "no log"
