@@ -2,11 +2,12 @@
 
 kdbkit is tuned by environment variables with MIOpen's MIOPEN_* semantics and the prefix ``KDB_``
 (DESIGN.md, "Environment variables"). Each is declared once in ``VARIABLES`` with its kind,
-default and a one-line meaning, which ``kdb env`` prints via ``snapshot()``. ``os.environ`` is
-read on every call, never cached at import. A value that does not parse never raises: it warns
-once (``EnvVarWarning``: the variable, the value, what is accepted) and the default applies, as a
-typo in a shell profile must not stop a training job. An unregistered name (KeyError) or the
-wrong accessor for a kind (TypeError) is a bug in the caller and raises.
+default and a one-line meaning, which ``kdb env`` prints via ``snapshot()``; this module is the
+one parser of every one of them. ``os.environ`` is read on every call, never cached at import.
+A value that does not parse never raises: it is reported once, as one ``warning:`` line through
+kdbkit's logger (the variable, the value, what is accepted), and the default applies, as a typo
+in a shell profile must not stop a training job. An unregistered name (KeyError) or the wrong
+accessor for a kind (TypeError) is a bug in the caller and raises.
 """
 
 from __future__ import annotations
@@ -14,21 +15,17 @@ from __future__ import annotations
 import difflib
 import enum
 import os
-import sys
 import threading
-import warnings
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Iterable
 
 PREFIX = "KDB_"
-KINDS = ("bool", "int", "str", "path", "pathlist", "flags")
+# choices: a comma-separated subset of fixed words; target: a target such as gfx90a:xnack-_110.
+KINDS = ("bool", "int", "str", "path", "pathlist", "flags", "choices", "target")
 TRUE_SPELLINGS = ("1", "on", "yes", "true", "enable", "enabled")
 FALSE_SPELLINGS = ("0", "off", "no", "false", "disable", "disabled")
-
-
-class EnvVarWarning(UserWarning):
-    """A KDB_* variable holds a value kdbkit cannot use; its default applies instead."""
+BACKEND_CHOICES = ("cuda", "hip", "opencl")  # as kdbkit.kdb.target.BACKENDS, in discovery order
 
 
 class CheckNumerics(enum.IntFlag):
@@ -86,8 +83,10 @@ VARIABLES: tuple[EnvVar, ...] = (
            "Default: unset (the per-user cache folder)."),
     EnvVar("KDB_USER_DB_PATH", "path", None, "Folder of the user find-db (solver rankings "
            "written by find). Default: unset (the per-user folder)."),
-    EnvVar("KDB_SYSTEM_DB_PATH", "pathlist", (), f"Folders searched in order for system bundles "
-           f"(.kdb), '{os.pathsep}'-separated. Default: unset (the installed packages' folder)."),
+    EnvVar("KDB_SYSTEM_DB_PATH", "pathlist", (), f"Folders (or .kdb files) searched in order for system "
+           f"bundles, '{os.pathsep}'-separated. Default: unset (the installed packages' folders)."),
+    EnvVar("KDB_KERNEL_PATH", "pathlist", (), f"Folders of kernel sources searched before kdbkit's own, "
+           f"'{os.pathsep}'-separated (a library's kernels). Default: unset."),
     EnvVar("KDB_DISABLE_JIT", "bool", False, "Never compile at run time: a program in no bundle "
            "or cache is an error naming it. Default: off (JIT allowed)."),
     _conv("DIRECT", "direct"), _conv("GEMM", "GEMM"), _conv("WINOGRAD", "Winograd"),
@@ -99,12 +98,14 @@ VARIABLES: tuple[EnvVar, ...] = (
     EnvVar("KDB_COMPILE_PARALLEL_LEVEL", "int", 20, "Most kernels compiled at once (find, JIT, "
            "`kdb build`). Default: 20."),
     # Device overrides for offline work, as MIOPEN_DEVICE_ARCH / MIOPEN_DEVICE_CU.
-    EnvVar("KDB_DEVICE_ARCH", "str", None, "Act as if the device had this arch (gfx942, sm_90...) "
-           "for offline work. Default: unset (detected)."),
+    EnvVar("KDB_DEVICE_ARCH", "target", None, "Act as if devices of this arch's backend had it "
+           "(gfx942, sm_90, gfx90a:xnack-_110). Default: unset (detected)."),
     EnvVar("KDB_DEVICE_CU", "int", None, "Act as if the device had this many compute units, for "
            "offline work. Default: unset (detected)."),
-    EnvVar("KDB_BACKEND", "str", None, "Look for devices of this backend only: cuda, hip or "
-           "opencl. Default: unset (all backends)."),
+    EnvVar("KDB_BACKEND", "choices", (), "Look for devices of these backends only: cuda, hip, "
+           "opencl, comma-separated. Default: unset (all backends)."),
+    EnvVar("KDB_CLI_TRACEBACK", "bool", False, "Let `kdb` show Python tracebacks instead of one-line "
+           "errors, for bug reports. Default: off."),
 )
 
 _BY_NAME = {var.name: var for var in VARIABLES}
@@ -112,28 +113,30 @@ _BY_NAME = {var.name: var for var in VARIABLES}
 _INT_RANGES: dict[str, tuple[int, int | None]] = {
     "KDB_LOG_LEVEL": (0, 7), "KDB_COMPILE_PARALLEL_LEVEL": (1, None), "KDB_DEVICE_CU": (1, None),
     "KDB_CHECK_NUMERICS": (0, 0x1F)}  # 0x1F: every CheckNumerics bit
-_CHOICES: dict[str, tuple[str, ...]] = {"KDB_BACKEND": ("cuda", "hip", "opencl")}
+_CHOICES: dict[str, tuple[str, ...]] = {"KDB_BACKEND": BACKEND_CHOICES}
 
 _warned: set[tuple[str, str]] = set()  # (name, raw value): a loop over a bad value warns once
 _warned_lock = threading.Lock()
 
 
-def _stacklevel() -> int:
-    # Point the warning at the first frame outside this module, whatever the call depth.
-    frame, level = sys._getframe(1), 1
-    while frame is not None and frame.f_code.co_filename == __file__:
-        frame, level = frame.f_back, level + 1
-    return level
+_collecting = threading.local()  # snapshot() gathers problems here instead of reporting them
 
 
 def _fallback(var: EnvVar, raw: str, accepted: str) -> Any:
+    shown = "unset" if var.default in (None, ()) else str(var.default)
+    message = f"{var.name}={raw!r} is not understood (accepted: {accepted}); using the default ({shown})"
+    problems = getattr(_collecting, "problems", None)
+    if problems is not None:
+        problems.append(message)
+        return var.default
     with _warned_lock:
         first = (var.name, raw) not in _warned
         _warned.add((var.name, raw))
     if first:
-        shown = "unset" if var.default is None else str(var.default)
-        warnings.warn(f"{var.name}={raw!r} is not understood (accepted: {accepted}); using the "
-                      f"default ({shown}).", EnvVarWarning, stacklevel=_stacklevel())
+        # Imported here: logging_setup reads this module's variables to configure itself.
+        from kdbkit.runtime.logging_setup import report_bad_setting
+
+        report_bad_setting(message)
     return var.default
 
 
@@ -165,6 +168,20 @@ def _parse(var: EnvVar, raw: str | None) -> Any:
         return Path(text).expanduser()
     if var.kind == "pathlist":
         return [Path(part.strip()).expanduser() for part in text.split(os.pathsep) if part.strip()]
+    if var.kind == "choices":
+        choices = _CHOICES[var.name]
+        words = [w.strip().lower() for w in text.split(",") if w.strip()]
+        if not words or any(w not in choices for w in words):
+            return _fallback(var, text, f"{', '.join(choices)}, comma-separated")
+        return tuple(c for c in choices if c in words)
+    if var.kind == "target":
+        from kdbkit.kdb.errors import BundleNameError
+        from kdbkit.kdb.target import Target
+
+        try:
+            return Target.parse(text)
+        except BundleNameError as exc:
+            return _fallback(var, text, f"a target such as gfx90a, sm_90, gfx90a:xnack- or gfx942_304 ({exc.problem})")
     choices = _CHOICES.get(var.name)
     if choices is not None:
         return text.lower() if text.lower() in choices else _fallback(var, text, ", ".join(choices))
@@ -248,6 +265,28 @@ def get_path(name: str | EnvVar) -> Path | None:
     return _read(name, "path")
 
 
+def get_choices(name: str | EnvVar) -> tuple[str, ...]:
+    """A ``choices`` variable: a comma-separated subset of its words, in their declared order.
+
+    Args:
+        name: a registered name or an ``EnvVar`` of kind ``choices``.
+    Returns:
+        The words chosen; the default (empty: no restriction) when unset or invalid (which warns once).
+    """
+    return _read(name, "choices")
+
+
+def get_target(name: str | EnvVar):
+    """A ``target`` variable, parsed as :meth:`kdbkit.kdb.target.Target.parse` does.
+
+    Args:
+        name: a registered name or an ``EnvVar`` of kind ``target``.
+    Returns:
+        The ``Target``; None when unset or malformed (which warns once, with the parser's reason).
+    """
+    return _read(name, "target")
+
+
 def get_pathlist(name: str | EnvVar) -> list[Path]:
     """A ``pathlist`` variable: paths separated by ``os.pathsep``, in order, empties dropped.
 
@@ -270,16 +309,27 @@ def value(name: str | EnvVar) -> Any:
     return _read(name, *KINDS)
 
 
-def snapshot(extra: Iterable[EnvVar] = ()) -> list[tuple[EnvVar, str | None, Any]]:
-    """Every variable with its text and parsed value, for ``kdb env``.
+def snapshot(extra: Iterable[EnvVar] = ()) -> list[tuple[EnvVar, str | None, Any, str | None]]:
+    """Every variable with its text, parsed value and problem, for ``kdb env`` (which shows
+    the problems itself: nothing is logged here).
 
     Args:
         extra: variables declared elsewhere (per-solver switches) to list after the registry.
     Returns:
-        ``(var, raw, parsed)`` per variable in registry order; ``raw`` is None when unset.
+        ``(var, raw, parsed, problem)`` per variable in registry order; ``raw`` is None when
+        unset; ``problem`` is the one-line complaint about a value that does not parse, or None.
     """
-    return [(var, os.environ.get(var.name), _parse(var, os.environ.get(var.name)))
-            for var in (*VARIABLES, *extra)]
+    rows = []
+    for var in (*VARIABLES, *extra):
+        raw = os.environ.get(var.name)
+        _collecting.problems = []
+        try:
+            parsed = _parse(var, raw)
+            problem = _collecting.problems[0] if _collecting.problems else None
+        finally:
+            _collecting.problems = None
+        rows.append((var, raw, parsed, problem))
+    return rows
 
 
 def unknown_kdb_variables(known: Iterable[str] = ()) -> list[str]:

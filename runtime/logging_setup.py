@@ -6,13 +6,18 @@
 ``PYTHON_LEVELS``, with two added ones: ``INFO2`` between INFO and DEBUG, ``TRACE`` below DEBUG.
 As in MIOpen, the API-call channel (``log_api_call``, ``KDB_ENABLE_LOGGING``) and the command
 channel (``log_command``, ``KDB_ENABLE_LOGGING_CMD``) are independent of the level. Each line
-reads ``kdbkit Warning [pid tid] 12.345 ms [runtime.handle] message``: the ids with
+reads ``kdbkit warning: [pid tid] 12.345 ms [runtime.handle] message``: the ids with
 ``KDB_ENABLE_LOGGING_MPMT``, the milliseconds since the previous line with
-``KDB_ENABLE_LOGGING_ELAPSED_TIME``, the logger's name below ``kdbkit`` when there is one. One
-handler sits on the ``kdbkit`` logger, which does not propagate, so the host application's root
-logger is never touched. Nothing happens at import: the first ``get_logger``, ``warn_once`` or
-``log_*`` call configures, reading the environment then and again only on
-``configure_logging(force=True)``.
+``KDB_ENABLE_LOGGING_ELAPSED_TIME``, the logger's name below ``kdbkit`` when there is one.
+
+Every module, backends included, logs through :func:`get_logger`, so one tree below
+``kdbkit`` carries every record and the level and prefixes apply everywhere. One handler sits
+on the ``kdbkit`` logger, which does not propagate, so the host application's root logger is
+never touched. Nothing happens at import, nor when a module takes its logger: the first record
+configures, reading the environment then and again only on ``configure_logging(force=True)``.
+What the levels add: 5 (info) one line per program resolved and per device or bundle opened;
+6 (info2) each step of a resolution with its time, every bundle considered and why it was
+rejected; 7 (trace) the keys looked up, compiler command lines and compile-lock waits.
 """
 
 from __future__ import annotations
@@ -35,8 +40,8 @@ PYTHON_LEVELS = MappingProxyType({
     1: logging.CRITICAL + 1,  # quiet: above every level, so nothing passes
     2: logging.CRITICAL, 3: logging.ERROR, 4: logging.WARNING, 5: logging.INFO, 6: INFO2, 7: TRACE,
 })
-_WORDS = {logging.CRITICAL: "Fatal", logging.ERROR: "Error", logging.WARNING: "Warning",
-          logging.INFO: "Info", INFO2: "Info2", logging.DEBUG: "Debug", TRACE: "Trace"}
+_WORDS = {logging.CRITICAL: "fatal", logging.ERROR: "error", logging.WARNING: "warning",
+          logging.INFO: "info", INFO2: "info2", logging.DEBUG: "debug", TRACE: "trace"}
 _OWNED = "_kdbkit_owned"  # marks the handler configure_logging installed, to replace only it
 
 
@@ -53,6 +58,9 @@ _settings: _Settings | None = None
 _config_lock = threading.RLock()
 _once_keys: set[str] = set()
 _once_lock = threading.Lock()
+# Bad settings met while configuring (reading KDB_LOG_LEVEL, say) wait here until the handler
+# exists; per thread, so that another thread's report is never held back by this one.
+_configuring = threading.local()
 
 
 def effective_log_level() -> int:
@@ -60,7 +68,7 @@ def effective_log_level() -> int:
 
     Returns:
         ``KDB_LOG_LEVEL`` when set to 1..7; else 5 if ``KDB_ENABLE_LOGGING`` is on, else 4.
-        An invalid ``KDB_LOG_LEVEL`` warns once (``EnvVarWarning``) and counts as unset.
+        An invalid ``KDB_LOG_LEVEL`` warns once and counts as unset.
     """
     level = get_int("KDB_LOG_LEVEL") or 0
     if level:
@@ -89,7 +97,7 @@ class _Formatter(logging.Formatter):
 
     def format(self, record: logging.LogRecord) -> str:
         word = getattr(record, "kdb_label", None) or _WORDS.get(record.levelno)
-        parts = [ROOT_NAME, word or logging.getLevelName(record.levelno).title()]
+        parts = [f"{ROOT_NAME} {word or logging.getLevelName(record.levelno).lower()}:"]
         if self._mpmt:
             # The native thread id (the LWP MIOpen prints) matches `top -H` and debuggers; the
             # handler is synchronous, so the formatting thread is the one that logged.
@@ -131,10 +139,15 @@ def configure_logging(force: bool = False) -> logging.Logger:
             return logger
         logging.addLevelName(INFO2, "INFO2")
         logging.addLevelName(TRACE, "TRACE")
-        settings = _Settings(
-            level=effective_log_level(), api_calls=get_bool("KDB_ENABLE_LOGGING"),
-            commands=get_bool("KDB_ENABLE_LOGGING_CMD"), mpmt=get_bool("KDB_ENABLE_LOGGING_MPMT"),
-            elapsed=get_bool("KDB_ENABLE_LOGGING_ELAPSED_TIME"))
+        _configuring.pending = []
+        try:
+            settings = _Settings(
+                level=effective_log_level(), api_calls=get_bool("KDB_ENABLE_LOGGING"),
+                commands=get_bool("KDB_ENABLE_LOGGING_CMD"), mpmt=get_bool("KDB_ENABLE_LOGGING_MPMT"),
+                elapsed=get_bool("KDB_ENABLE_LOGGING_ELAPSED_TIME"))
+            pending = _configuring.pending
+        finally:
+            _configuring.pending = None
         for old in [h for h in logger.handlers if getattr(h, _OWNED, False)]:
             logger.removeHandler(old)
             old.close()
@@ -145,27 +158,66 @@ def configure_logging(force: bool = False) -> logging.Logger:
         logger.setLevel(PYTHON_LEVELS[settings.level])
         logger.propagate = False  # kdbkit's records never reach the application's root logger
         _settings = settings
-        return logger
+    for message in pending:
+        logger.warning(message)
+    return logger
 
 
-def get_logger(name: str | None = None) -> logging.Logger:
-    """A logger below ``kdbkit``, configuring logging on first use.
+class KdbLogger(logging.LoggerAdapter):
+    """A logger below ``kdbkit`` that configures logging when it first asks whether to emit.
+
+    Modules take theirs at import (``_log = get_logger(__name__)``) without configuring
+    anything; ``info2`` and ``trace`` log at MIOpen's levels 6 and 7.
+    """
+
+    def isEnabledFor(self, level: int) -> bool:
+        if _settings is None:
+            configure_logging()
+        return self.logger.isEnabledFor(level)
+
+    def process(self, msg, kwargs):
+        return msg, kwargs
+
+    def info2(self, msg, *args, **kwargs) -> None:
+        self.log(INFO2, msg, *args, **kwargs)
+
+    def trace(self, msg, *args, **kwargs) -> None:
+        self.log(TRACE, msg, *args, **kwargs)
+
+
+def get_logger(name: str | None = None) -> KdbLogger:
+    """A logger below ``kdbkit``; nothing is configured until it first logs.
 
     Args:
-        name: a module path such as ``runtime.handle`` (``__name__`` works); ``kdbkit.``
-            is prepended unless present. None gives the ``kdbkit`` logger itself.
+        name: a module path such as ``runtime.handle`` or ``kdbkit.runtime.handle``
+            (``__name__`` works); ``kdbkit.`` is prepended unless present. None gives the
+            ``kdbkit`` logger itself.
     Returns:
-        The logger, e.g. ``kdbkit.runtime.handle``.
+        The logger, e.g. for ``kdbkit.runtime.handle``.
     """
-    configure_logging()
     if not name or name == ROOT_NAME:
-        return logging.getLogger(ROOT_NAME)
+        return KdbLogger(logging.getLogger(ROOT_NAME), {})
     prefix = ROOT_NAME + "."
-    return logging.getLogger(name if name.startswith(prefix) else prefix + name)
+    return KdbLogger(logging.getLogger(name if name.startswith(prefix) else prefix + name), {})
 
 
-def _emit(logger: logging.Logger | None, label: str, message: str) -> bool:
+def report_bad_setting(message: str) -> None:
+    """Warn (one line) that a KDB_* variable holds a value kdbkit cannot use.
+
+    Called by :mod:`kdbkit.runtime.env`; a report made while logging is being configured (a
+    bad ``KDB_LOG_LEVEL``) is emitted once the handler exists.
+    """
+    pending = getattr(_configuring, "pending", None)
+    if pending is not None:
+        pending.append(message)
+    else:
+        get_logger().warning(message)
+
+
+def _emit(logger: logging.Logger | KdbLogger | None, label: str, message: str) -> bool:
     logger = logger or get_logger()
+    if isinstance(logger, KdbLogger):
+        logger = logger.logger
     if logging.root.manager.disable >= logging.INFO:  # the application's logging.disable()
         return False
     caller = sys._getframe(2)
@@ -208,7 +260,7 @@ def log_command(line: str, *, logger: logging.Logger | None = None) -> bool:
         True if the line was emitted (labelled ``Command``).
     """
     configure_logging()
-    return bool(_settings and _settings.commands) and _emit(logger, "Command", line)
+    return bool(_settings and _settings.commands) and _emit(logger, "command", line)
 
 
 def warn_once(key: str, message: str, *, logger: logging.Logger | None = None) -> bool:

@@ -3,15 +3,16 @@
 from __future__ import annotations
 
 import os
+import re
 import subprocess
 import sys
-import warnings
 from pathlib import Path
 
 import pytest
 
+from kdbkit.kdb import Target
 from kdbkit.runtime import env
-from kdbkit.runtime.env import CheckNumerics, EnvVar, EnvVarWarning
+from kdbkit.runtime.env import CheckNumerics, EnvVar
 
 # DESIGN.md, "Environment variables", plus the device overrides; kept here rather than parsed
 # from ../shared/DESIGN.md because CI checks out the repository alone.
@@ -21,7 +22,8 @@ EXPECTED = [
     "KDB_USER_DB_PATH", "KDB_SYSTEM_DB_PATH", "KDB_DISABLE_JIT", "KDB_DEBUG_CONV_DIRECT",
     "KDB_DEBUG_CONV_GEMM", "KDB_DEBUG_CONV_WINOGRAD", "KDB_DEBUG_CONV_IMPLICIT_GEMM",
     "KDB_DEBUG_CONV_FFT", "KDB_DEBUG_FIND_ONLY_SOLVER", "KDB_CHECK_NUMERICS",
-    "KDB_COMPILE_PARALLEL_LEVEL", "KDB_DEVICE_ARCH", "KDB_DEVICE_CU", "KDB_BACKEND",
+    "KDB_COMPILE_PARALLEL_LEVEL", "KDB_DEVICE_ARCH", "KDB_DEVICE_CU", "KDB_BACKEND", "KDB_KERNEL_PATH",
+    "KDB_CLI_TRACEBACK",
 ]
 TRUE = ["1", "on", "yes", "true", "enable", "enabled"]
 FALSE = ["0", "off", "no", "false", "disable", "disabled"]
@@ -29,17 +31,28 @@ REPO = Path(__file__).resolve().parents[2]
 
 
 @pytest.fixture(autouse=True)
-def clean_env(monkeypatch):
+def clean_env(monkeypatch, fresh_log):
     """No KDB_* from the outer shell, and a fresh once-only warning memory per test."""
     for name in [n for n in os.environ if n.startswith("KDB_")]:
         monkeypatch.delenv(name)
-    monkeypatch.setattr(env, "_warned", set())
+    fresh_log()
 
 
-def _no_warning(func, *args):
-    with warnings.catch_warnings():
-        warnings.simplefilter("error")
-        return func(*args)
+@pytest.fixture
+def warnings_seen(capsys):
+    """The kdbkit warning lines written since the last call."""
+    def read() -> list[str]:
+        return [line for line in capsys.readouterr().err.splitlines() if line.startswith("kdbkit warning: ")]
+    return read
+
+
+@pytest.fixture
+def _no_warning(warnings_seen):
+    def call(func, *args):
+        result = func(*args)
+        assert warnings_seen() == []
+        return result
+    return call
 
 
 # The registry ---------------------------------------------------------------------------------
@@ -58,7 +71,7 @@ def test_every_variable_has_a_one_line_meaning_with_its_default(var):
 
 
 @pytest.mark.parametrize("var", env.VARIABLES, ids=lambda v: v.name)
-def test_unset_gives_the_default_without_warning(var):
+def test_unset_gives_the_default_without_warning(var, _no_warning):
     expected = list(var.default) if var.kind == "pathlist" else var.default
     assert _no_warning(env.value, var.name) == expected
 
@@ -92,37 +105,35 @@ def test_check_numerics_bits_match_miopen():
 
 @pytest.mark.parametrize("spelling", TRUE)
 @pytest.mark.parametrize("variant", [str.lower, str.upper, str.title, lambda s: f"  {s}\t"])
-def test_true_spellings(monkeypatch, spelling, variant):
+def test_true_spellings(monkeypatch, spelling, variant, _no_warning):
     monkeypatch.setenv("KDB_DISABLE_JIT", variant(spelling))
     assert _no_warning(env.get_bool, "KDB_DISABLE_JIT") is True
 
 
 @pytest.mark.parametrize("spelling", FALSE)
 @pytest.mark.parametrize("variant", [str.lower, str.upper, str.title, lambda s: f" {s} "])
-def test_false_spellings(monkeypatch, spelling, variant):
+def test_false_spellings(monkeypatch, spelling, variant, _no_warning):
     monkeypatch.setenv("KDB_DEBUG_CONV_GEMM", variant(spelling))
     assert _no_warning(env.get_bool, "KDB_DEBUG_CONV_GEMM") is False
 
 
-def test_empty_bool_is_unset(monkeypatch):
+def test_empty_bool_is_unset(monkeypatch, _no_warning):
     monkeypatch.setenv("KDB_DEBUG_CONV_FFT", "  ")
     assert _no_warning(env.get_bool, "KDB_DEBUG_CONV_FFT") is True
 
 
 @pytest.mark.parametrize("name, default", [("KDB_DISABLE_JIT", False),
                                            ("KDB_DEBUG_CONV_WINOGRAD", True)])
-def test_bad_bool_warns_once_and_uses_default(monkeypatch, name, default):
+def test_bad_bool_warns_once_in_one_line_and_uses_default(monkeypatch, name, default, warnings_seen, _no_warning):
     monkeypatch.setenv(name, "maybe")
-    with pytest.warns(EnvVarWarning) as record:
-        assert env.get_bool(name) is default
-    text = str(record[0].message)
-    assert name in text and "'maybe'" in text
-    assert all(spelling in text for spelling in TRUE + FALSE)
-    assert record[0].filename == __file__, "the warning should point at the caller"
+    assert env.get_bool(name) is default
+    (text,) = warnings_seen()  # one clean line: no file name, no source line, no "UserWarning"
+    assert text.startswith(f"kdbkit warning: {name}='maybe' is not understood (accepted: ")
+    assert all(spelling in text for spelling in TRUE + FALSE) and "Warning" not in text
     assert _no_warning(env.get_bool, name) is default  # second read: silent
     monkeypatch.setenv(name, "perhaps")  # another bad value is news: warn again
-    with pytest.warns(EnvVarWarning, match="perhaps"):
-        env.get_bool(name)
+    env.get_bool(name)
+    assert "perhaps" in warnings_seen()[0]
 
 
 # Integers and flags --------------------------------------------------------------------------
@@ -140,12 +151,11 @@ def test_int_parses_and_strips(monkeypatch):
     ("KDB_DEVICE_CU", "lots", None), ("KDB_CHECK_NUMERICS", "0x40", CheckNumerics.NONE),
     ("KDB_CHECK_NUMERICS", "junk", CheckNumerics.NONE),
 ])
-def test_bad_int_warns_once_and_uses_default(monkeypatch, name, text, default):
+def test_bad_int_warns_once_and_uses_default(monkeypatch, name, text, default, warnings_seen, _no_warning):
     monkeypatch.setenv(name, text)
-    with pytest.warns(EnvVarWarning, match=name) as record:
-        assert env.get_int(name) == default
-    message = str(record[0].message)
-    assert repr(text) in message
+    assert env.get_int(name) == default
+    (message,) = warnings_seen()
+    assert name in message and repr(text) in message
     assert ("an integer" in message) or ("bit flags" in message), "should say what is accepted"
     assert _no_warning(env.get_int, name) == default
 
@@ -154,7 +164,7 @@ def test_bad_int_warns_once_and_uses_default(monkeypatch, name, text, default):
     ("0x14", CheckNumerics.THROW | CheckNumerics.STATS), ("0X02", CheckNumerics.WARN),
     ("5", CheckNumerics.INFO | CheckNumerics.THROW), ("0", CheckNumerics.NONE), ("31", 0x1F),
 ])
-def test_check_numerics_flags(monkeypatch, text, flags):
+def test_check_numerics_flags(monkeypatch, text, flags, _no_warning):
     monkeypatch.setenv("KDB_CHECK_NUMERICS", text)
     value = _no_warning(env.get_int, "KDB_CHECK_NUMERICS")
     assert isinstance(value, CheckNumerics) and value == flags
@@ -162,31 +172,35 @@ def test_check_numerics_flags(monkeypatch, text, flags):
 
 # Strings and paths ---------------------------------------------------------------------------
 
-def test_str_and_choices(monkeypatch):
-    monkeypatch.setenv("KDB_DEVICE_ARCH", " gfx942 ")
-    assert env.get_str("KDB_DEVICE_ARCH") == "gfx942"
+def test_str_choices_and_targets(monkeypatch, warnings_seen):
+    monkeypatch.setenv("KDB_DEBUG_FIND_ONLY_SOLVER", " ConvDirect ")
+    assert env.get_str("KDB_DEBUG_FIND_ONLY_SOLVER") == "ConvDirect"
+    monkeypatch.setenv("KDB_DEVICE_ARCH", " gfx942_304 ")
+    assert env.get_target("KDB_DEVICE_ARCH") == Target("hip", "gfx942", (), 304)
     monkeypatch.setenv("KDB_BACKEND", "CUDA")
-    assert env.get_str("KDB_BACKEND") == "cuda"
+    assert env.get_choices("KDB_BACKEND") == ("cuda",)
+    monkeypatch.setenv("KDB_BACKEND", "opencl, cuda")
+    assert env.get_choices("KDB_BACKEND") == ("cuda", "opencl")  # discovery order, whatever was written
+    assert warnings_seen() == []
     monkeypatch.setenv("KDB_BACKEND", "vulkan")
-    with pytest.warns(EnvVarWarning, match="cuda, hip, opencl"):
-        assert env.get_str("KDB_BACKEND") is None
+    assert env.get_choices("KDB_BACKEND") == ()
+    monkeypatch.setenv("KDB_DEVICE_ARCH", "vega")
+    assert env.get_target("KDB_DEVICE_ARCH") is None
+    backend, arch = warnings_seen()
+    assert "KDB_BACKEND='vulkan'" in backend and "cuda, hip, opencl" in backend
+    assert "KDB_DEVICE_ARCH='vega'" in arch and "malformed target 'vega'" in arch
 
 
-def test_path_expands_user(monkeypatch, tmp_path):
-    monkeypatch.setenv("HOME", str(tmp_path))
-    monkeypatch.setenv("KDB_CUSTOM_CACHE_DIR", "~/kcache")
-    assert env.get_path("KDB_CUSTOM_CACHE_DIR") == tmp_path / "kcache"
-    monkeypatch.setenv("KDB_USER_DB_PATH", "")
-    assert env.get_path("KDB_USER_DB_PATH") is None
-
-
-def test_pathlist_splits_on_pathsep_in_order(monkeypatch):
-    monkeypatch.setenv("KDB_SYSTEM_DB_PATH", os.pathsep.join(["/opt/b", "", " /opt/a ", "/c"]))
-    assert env.get_pathlist("KDB_SYSTEM_DB_PATH") == [Path("/opt/b"), Path("/opt/a"), Path("/c")]
-    monkeypatch.setenv("KDB_SYSTEM_DB_PATH", "/only")
-    assert env.get_pathlist("KDB_SYSTEM_DB_PATH") == [Path("/only")]
-    monkeypatch.delenv("KDB_SYSTEM_DB_PATH")
-    assert env.get_pathlist("KDB_SYSTEM_DB_PATH") == []
+def test_each_variable_has_one_parser():
+    # Nothing outside env.py reads a KDB_* variable from the environment itself, nor keeps its
+    # name in a constant to do so.
+    direct = re.compile(r"""(?:environ(?:\.get)?\s*[(\[]|getenv\()\s*["']KDB_""")
+    alias = re.compile(r"""^\s*\w+\s*=\s*["']KDB_[A-Z_]+["']\s*$""", re.MULTILINE)
+    for folder in ("runtime", "kdb", "packager"):
+        for path in (REPO / folder).rglob("*.py"):
+            if path.name != "env.py":
+                text = path.read_text()
+                assert not direct.search(text) and not alias.search(text), path
 
 
 # Accessor misuse, generic access, per-solver switches -----------------------------------------
@@ -221,22 +235,24 @@ def test_a_switch_declared_elsewhere_uses_the_same_accessors(monkeypatch):
     assert env.get_bool(switch) is True
     monkeypatch.setenv(switch.name, "off")
     assert env.get_bool(switch) is False
-    assert env.snapshot(extra=[switch])[-1] == (switch, "off", False)
+    assert env.snapshot(extra=[switch])[-1] == (switch, "off", False, None)
 
 
 # snapshot and typos --------------------------------------------------------------------------
 
-def test_snapshot_covers_every_variable_with_raw_and_parsed(monkeypatch):
+def test_snapshot_covers_every_variable_with_raw_parsed_and_problem(monkeypatch, warnings_seen):
     monkeypatch.setenv("KDB_LOG_LEVEL", " 5")
     monkeypatch.setenv("KDB_BACKEND", "nonsense")
-    with pytest.warns(EnvVarWarning):
-        rows = env.snapshot()
-    assert [var.name for var, _, _ in rows] == [var.name for var in env.VARIABLES]
-    assert sorted(var.name for var, _, _ in rows) == sorted(EXPECTED)
-    by_name = {var.name: (raw, parsed) for var, raw, parsed in rows}
-    assert by_name["KDB_LOG_LEVEL"] == (" 5", 5)
-    assert by_name["KDB_BACKEND"] == ("nonsense", None)  # bad value: raw shown, default used
-    assert by_name["KDB_DISABLE_JIT"] == (None, False)
+    rows = env.snapshot()
+    assert warnings_seen() == []  # problems are returned for `kdb env` to show, not logged
+    assert [row[0].name for row in rows] == [var.name for var in env.VARIABLES]
+    assert sorted(row[0].name for row in rows) == sorted(EXPECTED)
+    by_name = {var.name: (raw, parsed, problem) for var, raw, parsed, problem in rows}
+    assert by_name["KDB_LOG_LEVEL"] == (" 5", 5, None)
+    raw, parsed, problem = by_name["KDB_BACKEND"]
+    assert (raw, parsed) == ("nonsense", ())  # bad value: raw shown, default used
+    assert problem.startswith("KDB_BACKEND='nonsense' is not understood")
+    assert by_name["KDB_DISABLE_JIT"] == (None, False, None)
 
 
 def test_unknown_variables_are_listed_with_a_suggestion(monkeypatch):
@@ -260,7 +276,6 @@ def test_nothing_listed_when_environment_is_clean():
 def test_import_reads_nothing_and_warns_nothing():
     # A bad value at import time must not warn: only reading the variable does.
     out = subprocess.run(
-        [sys.executable, "-W", "error", "-c", "import runtime.env"], cwd=REPO,
-        env={**os.environ, "KDB_DISABLE_JIT": "maybe", "PYTHONPATH": str(REPO)},
-        capture_output=True, text=True, check=False)
-    assert out.returncode == 0, out.stderr
+        [sys.executable, "-W", "error", "-c", "import kdbkit.runtime.env, kdbkit.runtime.handle"], cwd=REPO,
+        env={**os.environ, "KDB_DISABLE_JIT": "maybe"}, capture_output=True, text=True, check=False)
+    assert out.returncode == 0 and out.stderr == "", out.stderr

@@ -1,4 +1,4 @@
-"""Tests of runtime.logging_setup: MIOpen levels, prefixes, channels, one handler, warn_once."""
+"""Tests of runtime.logging_setup: MIOpen levels, prefixes, channels, one handler, warn_once, laziness."""
 
 from __future__ import annotations
 
@@ -18,9 +18,9 @@ from kdbkit.runtime import env, logging_setup as ls
 
 REPO = Path(__file__).resolve().parents[2]
 # One record per MIOpen level it belongs to: (KDB level, Python level, word printed).
-RECORDS = [(2, logging.CRITICAL, "Fatal"), (3, logging.ERROR, "Error"),
-           (4, logging.WARNING, "Warning"), (5, logging.INFO, "Info"), (6, ls.INFO2, "Info2"),
-           (7, ls.TRACE, "Trace")]
+RECORDS = [(2, logging.CRITICAL, "fatal:"), (3, logging.ERROR, "error:"),
+           (4, logging.WARNING, "warning:"), (5, logging.INFO, "info:"), (6, ls.INFO2, "info2:"),
+           (7, ls.TRACE, "trace:")]
 
 
 @pytest.fixture(autouse=True)
@@ -70,7 +70,7 @@ def test_debug_sits_between_info2_and_trace(configure, capsys):
     ls.get_logger("x").debug("hidden at 6")
     configure(KDB_LOG_LEVEL="7")
     ls.get_logger("x").debug("shown at 7")
-    assert _lines(capsys) == ["kdbkit Debug [x] shown at 7"]
+    assert _lines(capsys) == ["kdbkit debug: [x] shown at 7"]
 
 
 @pytest.mark.parametrize("variables, expected", [
@@ -86,10 +86,13 @@ def test_effective_level(monkeypatch, variables, expected):
 
 
 @pytest.mark.parametrize("bad", ["9", "verbose", "-2"])
-def test_bad_log_level_warns_and_uses_the_default(configure, bad):
-    with pytest.warns(env.EnvVarWarning, match="KDB_LOG_LEVEL"):
-        logger = configure(KDB_LOG_LEVEL=bad)
+def test_bad_log_level_warns_once_in_one_line_and_uses_the_default(configure, capsys, bad):
+    # Met while logging configures itself: the line waits for the handler, then comes out once.
+    logger = configure(KDB_LOG_LEVEL=bad)
     assert logger.level == logging.WARNING
+    ls.configure_logging(force=True)
+    assert _lines(capsys) == [f"kdbkit warning: KDB_LOG_LEVEL={bad!r} is not understood (accepted: an integer "
+                              "from 0 to 7); using the default (0)"]
 
 
 def test_custom_level_names_are_registered(configure):
@@ -106,9 +109,9 @@ def test_plain_format(configure, capsys):
     ls.get_logger("runtime.handle").warning("disk %s", "full")
     ls.get_logger().error("top level")
     ls.get_logger("kdbkit.kdb.bundle").warning("already prefixed")
-    assert _lines(capsys) == ["kdbkit Warning [runtime.handle] disk full",
-                              "kdbkit Error top level",
-                              "kdbkit Warning [kdb.bundle] already prefixed"]
+    assert _lines(capsys) == ["kdbkit warning: [runtime.handle] disk full",
+                              "kdbkit error: top level",
+                              "kdbkit warning: [kdb.bundle] already prefixed"]
 
 
 def test_exception_traceback_follows_the_line(configure, capsys):
@@ -118,7 +121,7 @@ def test_exception_traceback_follows_the_line(configure, capsys):
     except RuntimeError:
         ls.get_logger("x").exception("failed")
     err = capsys.readouterr().err
-    assert err.startswith("kdbkit Error [x] failed\nTraceback")
+    assert err.startswith("kdbkit error: [x] failed\nTraceback")
     assert "RuntimeError: boom" in err
 
 
@@ -135,8 +138,8 @@ def test_mpmt_prefix_has_pid_and_thread_id(configure, capsys):
     thread.start()
     thread.join()
     pid = os.getpid()
-    assert _lines(capsys) == [f"kdbkit Warning [{pid} {threading.get_native_id()}] [mt] main",
-                              f"kdbkit Warning [{pid} {worker_tid[0]}] [mt] worker"]
+    assert _lines(capsys) == [f"kdbkit warning: [{pid} {threading.get_native_id()}] [mt] main",
+                              f"kdbkit warning: [{pid} {worker_tid[0]}] [mt] worker"]
     assert worker_tid[0] != threading.get_native_id()
 
 
@@ -147,7 +150,7 @@ def test_elapsed_prefix_counts_ms_since_previous_line(configure, capsys):
     time.sleep(0.03)
     log.warning("second")
     first, second = _lines(capsys)
-    pattern = re.compile(r"^kdbkit Warning (\d+\.\d{3}) ms \[t\] (first|second)$")
+    pattern = re.compile(r"^kdbkit warning: (\d+\.\d{3}) ms \[t\] (first|second)$")
     assert float(pattern.match(first).group(1)) == 0.0
     assert 25.0 <= float(pattern.match(second).group(1)) < 5000.0
 
@@ -156,7 +159,7 @@ def test_both_prefixes_in_order(configure, capsys):
     configure(KDB_ENABLE_LOGGING_MPMT="1", KDB_ENABLE_LOGGING_ELAPSED_TIME="1")
     ls.get_logger("both").warning("m")
     (line,) = _lines(capsys)
-    assert re.fullmatch(rf"kdbkit Warning \[{os.getpid()} \d+\] \d+\.\d{{3}} ms \[both\] m", line)
+    assert re.fullmatch(rf"kdbkit warning: \[{os.getpid()} \d+\] \d+\.\d{{3}} ms \[both\] m", line)
 
 
 # Channels independent of the level ------------------------------------------------------------
@@ -166,7 +169,7 @@ def test_log_command_only_when_enabled(configure, capsys):
     assert ls.log_command("kdb driver softmax -n 4") is False
     configure(KDB_ENABLE_LOGGING_CMD="1", KDB_LOG_LEVEL="1")  # quiet does not silence it
     assert ls.log_command("kdb driver softmax -n 4") is True
-    assert _lines(capsys) == ["kdbkit Command kdb driver softmax -n 4"]
+    assert _lines(capsys) == ["kdbkit command: kdb driver softmax -n 4"]
 
 
 def test_log_api_call_follows_enable_logging_not_level(configure, capsys):
@@ -175,13 +178,13 @@ def test_log_api_call_follows_enable_logging_not_level(configure, capsys):
     configure(KDB_ENABLE_LOGGING="1", KDB_LOG_LEVEL="3")
     assert ls.log_api_call("softmax(x)", logger=ls.get_logger("runtime.api")) is True
     ls.get_logger("runtime.api").info("ordinary info stays filtered at level 3")
-    assert _lines(capsys) == ["kdbkit API [runtime.api] softmax(x)"]
+    assert _lines(capsys) == ["kdbkit API: [runtime.api] softmax(x)"]
 
 
 def test_enable_logging_shows_info_records(configure, capsys):
     configure(KDB_ENABLE_LOGGING="1")
     ls.get_logger("runtime.resolve").info("softmax.cl from gfx942_304.kdb")
-    assert _lines(capsys) == ["kdbkit Info [runtime.resolve] softmax.cl from gfx942_304.kdb"]
+    assert _lines(capsys) == ["kdbkit info: [runtime.resolve] softmax.cl from gfx942_304.kdb"]
 
 
 # One handler, host logging untouched, nothing at import -----------------------------------------
@@ -196,7 +199,7 @@ def test_handlers_are_not_duplicated(configure, capsys):
     ls.configure_logging(force=True)
     assert len(_owned(logger)) == 1
     ls.get_logger("dup").warning("once")
-    assert _lines(capsys) == ["kdbkit Warning [dup] once"]
+    assert _lines(capsys) == ["kdbkit warning: [dup] once"]
 
 
 def test_force_keeps_handlers_the_application_added(configure):
@@ -225,16 +228,36 @@ def test_root_logger_is_left_alone(configure, capsys):
         assert [h for h in root.handlers if h is not spy] == before
     finally:
         root.removeHandler(spy)
-    assert _lines(capsys) == ["kdbkit Warning [quiet.neighbour] to stderr only"]
+    assert _lines(capsys) == ["kdbkit warning: [quiet.neighbour] to stderr only"]
 
 
 def test_import_configures_nothing():
-    code = ("import logging, runtime.logging_setup; "
+    # Importing every module (each takes its logger at import) configures nothing.
+    code = ("import logging, kdbkit, kdbkit.runtime.handle, kdbkit.runtime.backends.cuda, kdbkit.runtime.cli.app, "
+            "kdbkit.runtime.compilers.opencl; "
             "print(len(logging.getLogger('kdbkit').handlers), len(logging.getLogger().handlers), "
             "logging.getLevelName(15))")
-    out = subprocess.run([sys.executable, "-c", code], cwd=REPO, capture_output=True, text=True,
-                         env={**os.environ, "PYTHONPATH": str(REPO)}, check=True)
+    out = subprocess.run([sys.executable, "-c", code], cwd=REPO, capture_output=True, text=True, check=True)
     assert out.stdout.split() == ["0", "0", "Level", "15"]
+
+
+def test_the_first_record_configures(monkeypatch):
+    code = ("import logging; from kdbkit.runtime.logging_setup import get_logger; log = get_logger('kdbkit.x'); "
+            "print(len(logging.getLogger('kdbkit').handlers)); log.info2('detail %d', 6); "
+            "print(len(logging.getLogger('kdbkit').handlers))")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True,
+                         env={**os.environ, "KDB_LOG_LEVEL": "6"})
+    assert out.stdout.split() == ["0", "1"]
+    assert out.stderr == "kdbkit info2: [x] detail 6\n"
+
+
+def test_every_module_logs_below_the_kdbkit_logger():
+    # No module takes a logger of its own outside the tree (logging.getLogger("kdb...") was the
+    # backends' way): the level and the prefixes apply to every record.
+    for folder in ("runtime", "kdb", "packager"):
+        for path in (REPO / folder).rglob("*.py"):
+            text = path.read_text()
+            assert "logging.getLogger(" not in text or path.name == "logging_setup.py", path
 
 
 # warn_once -----------------------------------------------------------------------------------
@@ -246,7 +269,7 @@ def test_warn_once_emits_once(configure, capsys):
     assert ls.warn_once(key, message) is True
     assert ls.warn_once(key, message) is False
     assert ls.warn_once(key, "a different text, same key") is False
-    assert _lines(capsys) == [f"kdbkit Warning {message}"]
+    assert _lines(capsys) == [f"kdbkit warning: {message}"]
 
 
 def test_warn_once_across_threads(configure, capsys):
@@ -267,4 +290,4 @@ def test_warn_once_across_threads(configure, capsys):
     for thread in threads:
         thread.join()
     assert sorted(results) == [False] * 15 + [True]
-    assert _lines(capsys) == ["kdbkit Warning [race] only one of sixteen"]
+    assert _lines(capsys) == ["kdbkit warning: [race] only one of sixteen"]

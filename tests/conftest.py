@@ -1,0 +1,25 @@
+"""Fixtures shared by every test package."""
+
+from __future__ import annotations
+
+import pytest
+
+
+@pytest.fixture
+def fresh_log(monkeypatch):
+    """kdbkit's logging configured anew from the environment, with no warning seen yet.
+
+    Call the fixture's value after changing KDB_* logging variables to re-read them.
+    """
+    from kdbkit.runtime import env, logging_setup
+
+    monkeypatch.setattr(logging_setup, "_once_keys", set())
+    monkeypatch.setattr(env, "_warned", set())
+
+    def reconfigure():
+        logging_setup.configure_logging(force=True)
+
+    reconfigure()
+    yield reconfigure
+    monkeypatch.undo()
+    logging_setup.configure_logging(force=True)
