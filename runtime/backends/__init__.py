@@ -4,37 +4,14 @@ Public API::
 
     discover_devices() -> list[DeviceInfo]   CUDA, then HIP, then OpenCL; env overrides applied
     default_device() -> DeviceInfo           first GPU, else first OpenCL device
-    open_backend(device) -> Backend          compile / load / launch / memory / timing
+    open_backend(device) -> Backend          load / launch / memory / timing / close
 
-Importing this package loads no vendor library and probes no device: each vendor module
-imports its library inside the functions that need it.
+Compiling is not a backend's job: see ``kdbkit.runtime.compilers``. Importing this package
+loads no vendor library and probes no device: each vendor module imports its library inside
+the functions that need it.
 """
 
-from kdbkit.runtime.backends.base import (
-    Backend,
-    BackendUnavailableError,
-    BinaryLoadError,
-    Buffer,
-    CompileError,
-    CompilerUnavailableError,
-    DeviceInfo,
-    Kernel,
-    Module,
-)
-from kdbkit.runtime.backends.registry import DeviceOverrideError, default_device, discover_devices, open_backend
+from kdbkit.runtime.backends.base import Backend, Buffer, DeviceInfo, Kernel, Module
+from kdbkit.runtime.backends.registry import default_device, discover_devices, open_backend
 
-__all__ = [
-    "Backend",
-    "BackendUnavailableError",
-    "BinaryLoadError",
-    "Buffer",
-    "CompileError",
-    "CompilerUnavailableError",
-    "DeviceInfo",
-    "DeviceOverrideError",
-    "Kernel",
-    "Module",
-    "default_device",
-    "discover_devices",
-    "open_backend",
-]
+__all__ = ["Backend", "Buffer", "DeviceInfo", "Kernel", "Module", "default_device", "discover_devices", "open_backend"]

@@ -13,20 +13,8 @@ from typing import Any, Sequence
 
 import numpy as np
 
-from kdbkit.kdb.errors import KdbError
 from kdbkit.runtime.backends.base import Buffer
-
-
-class LaunchArgumentError(KdbError, TypeError):
-    """A launch argument is neither a device buffer of this backend nor a NumPy scalar."""
-
-
-class LaunchError(KdbError):
-    """The driver refused or failed a kernel launch."""
-
-
-class TransferError(KdbError, ValueError):
-    """A host array does not fit a copy to or from a device buffer."""
+from kdbkit.runtime.errors import LaunchArgumentError, TransferError
 
 
 def check_launch_args(kernel_name: str, args: Sequence[Any], buffer_type: type[Buffer]) -> None:

@@ -1,45 +1,31 @@
 """The one small interface every backend (CUDA, HIP, OpenCL) implements.
 
-A backend compiles kernel source to a binary, loads binaries, launches kernels and moves
-memory. The runtime's lookup chain only ever sees ``compile`` (JIT) and ``load`` (every
-other source), so a binary from a bundle and one from the compiler take the same path.
+A backend drives one device: it loads binaries, launches kernels, moves memory and times
+work. It does not compile: compilers live in ``kdbkit.runtime.compilers`` and need no device.
+The lookup chain hands every binary, whichever source it came from, to ``load``.
 
 Contracts:
-- ``compile`` is pure: same source, options and compiler give equivalent bytes; it raises
-  ``CompileError`` with the compiler log on failure.
 - ``load`` never executes a binary built for another device: backends check what they can
-  (ELF machine/arch notes, OpenCL binary status) and raise ``BinaryLoadError``.
-- ``compiler_identity`` names the compiler and its version; if the version cannot be
-  observed it raises ``CompilerUnavailableError`` instead of guessing.
+  (ELF machine/arch notes, OpenCL envelope) and raise ``BinaryLoadError``.
+- ``close`` releases the device context and everything the backend holds; it is idempotent,
+  and buffers and modules of a closed backend must not be used again.
 """
 
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
 from dataclasses import dataclass
-from pathlib import Path
 from typing import Any, Sequence
 
 import numpy as np
 
-from kdbkit.kdb.errors import KdbError
 from kdbkit.kdb.target import Target
-
-
-class BackendUnavailableError(KdbError):
-    """The vendor library for this backend is not installed or finds no device."""
-
-
-class CompilerUnavailableError(KdbError):
-    """The backend's compiler is missing or its version cannot be observed."""
-
-
-class CompileError(KdbError):
-    """The compiler rejected a kernel source; the message carries its log."""
-
-
-class BinaryLoadError(KdbError):
-    """A binary could not be loaded on the device (wrong arch, corrupt, unsupported)."""
+from kdbkit.runtime.errors import (  # noqa: F401 - re-exported: backends raise them
+    BackendUnavailableError,
+    BinaryLoadError,
+    CompileError,
+    CompilerUnavailableError,
+)
 
 
 @dataclass(frozen=True)
@@ -87,23 +73,15 @@ class Module(ABC):
 
 
 class Backend(ABC):
-    """One device of one vendor API: compile, load, launch, memory, timing."""
+    """One device of one vendor API: load, launch, memory, timing. A context manager."""
 
     name: str  # "cuda" | "hip" | "opencl"
     binary_format: str  # "cubin", "hsaco", "ocl-binary": recorded in bundles, checked on load
     device: DeviceInfo
 
     @abstractmethod
-    def compiler_identity(self) -> str:
-        """``"<compiler> <version>"``, e.g. ``"nvrtc 13.0"`` or ``"pocl 3.0 llvm 14.0.6"``."""
-
-    @abstractmethod
-    def compile(self, source: str, *, name: str, options: Sequence[str], include_dirs: Sequence[Path]) -> bytes:
-        """Compile ``source`` (file ``name``, for the log) for this device's arch to a binary."""
-
-    @abstractmethod
     def load(self, binary: bytes) -> Module:
-        """Load a binary produced by ``compile`` (here or offline for the same target)."""
+        """Load a binary compiled for this device's target (here, or offline by the builder)."""
 
     @abstractmethod
     def launch(
@@ -135,3 +113,13 @@ class Backend(ABC):
     @abstractmethod
     def time_ms(self, fn, repeat: int = 1) -> float:
         """Run ``fn()`` ``repeat`` times between device events; return elapsed ms per run."""
+
+    @abstractmethod
+    def close(self) -> None:
+        """Release the device context and what this backend holds (idempotent)."""
+
+    def __enter__(self) -> "Backend":
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()

@@ -17,20 +17,12 @@ used from one thread. Work goes to the context's legacy default stream, so copie
 from __future__ import annotations
 
 import ctypes
-import logging
-from pathlib import Path
 from typing import Any, Sequence
 
 import numpy as np
 
 from kdbkit.kdb.target import Target
-from kdbkit.runtime.backends.args import (
-    LaunchArgumentError,
-    LaunchError,
-    check_host_out,
-    check_launch_args,
-    scalar_bytes,
-)
+from kdbkit.runtime.backends.args import check_host_out, check_launch_args, scalar_bytes
 from kdbkit.runtime.backends.base import (
     Backend,
     BackendUnavailableError,
@@ -41,11 +33,21 @@ from kdbkit.runtime.backends.base import (
     Module,
 )
 from kdbkit.runtime.backends.elf_notes import cubin_arch
-from kdbkit.runtime.backends.nvrtc import compile_cuda, nvrtc_identity
+from kdbkit.runtime.errors import DeviceCallError, LaunchArgumentError, LaunchError
+from kdbkit.runtime.logging_setup import get_logger
 
-log = logging.getLogger("kdb.backends.cuda")
+log = get_logger(__name__)
 
 _REMEDY = "install the CUDA extra (pip install 'kdbkit[cuda]') and an NVIDIA driver"
+# What to do about a failed driver call depends on the error; these are the ones users meet.
+_CALL_REMEDIES = {
+    "CUDA_ERROR_OUT_OF_MEMORY": "free device memory, or use smaller tensors",
+    "CUDA_ERROR_NO_DEVICE": "check that the GPU is visible (nvidia-smi, CUDA_VISIBLE_DEVICES)",
+    "CUDA_ERROR_INVALID_DEVICE": "check the device index against `kdb devices`",
+    "CUDA_ERROR_LAUNCH_FAILED": "the kernel faulted; run it under compute-sanitizer",
+    "CUDA_ERROR_ILLEGAL_ADDRESS": "the kernel read or wrote out of bounds; run it under compute-sanitizer",
+    "CUDA_ERROR_INVALID_VALUE": "check the launch's grid, block and shared-memory sizes",
+}
 
 
 def _driver():
@@ -53,16 +55,12 @@ def _driver():
     try:
         from cuda.bindings import driver
     except Exception as e:
-        raise BackendUnavailableError(f"cuda-bindings is not available ({e}); {_REMEDY}") from e
+        raise BackendUnavailableError(f"cuda-bindings is not available ({e})", _REMEDY) from e
     return driver
 
 
-class CudaCallError(BackendUnavailableError):
-    """A CUDA driver call returned an error; the message names the call and the error."""
-
-
-def _check(result, call: str, driver):
-    """Unpack a driver ``(CUresult, *values)`` tuple; raise naming ``call`` on any error."""
+def _check(result, call: str, driver, error: type[DeviceCallError] = DeviceCallError):
+    """Unpack a driver ``(CUresult, *values)`` tuple; raise ``error`` naming ``call`` on any error."""
     err, *values = result
     if err != driver.CUresult.CUDA_SUCCESS:
         name = str(err)
@@ -71,7 +69,8 @@ def _check(result, call: str, driver):
             name = f"{err.name}: {text.decode() if isinstance(text, bytes) else text}"
         except Exception:
             pass  # the error string is a courtesy; the code itself is in `name`
-        raise CudaCallError(f"{call} failed ({name})")
+        remedy = _CALL_REMEDIES.get(getattr(err, "name", ""), "see NVIDIA's documentation of that error")
+        raise error(f"{call} failed ({name})", remedy)
     if not values:
         return None
     return values[0] if len(values) == 1 else tuple(values)
@@ -170,9 +169,8 @@ def check_cubin(data: bytes, hardware_arch: str, device_name: str) -> str:
     reason = Target("cuda", hardware_arch).accepts(Target("cuda", built_for))
     if reason is not None:
         raise BinaryLoadError(
-            f"{device_name} is {hardware_arch} but this cubin was built for {built_for} ({reason}); "
-            f"rebuild it for {hardware_arch}, e.g. `kdb build --target {hardware_arch}`"
-        )
+            f"{device_name} is {hardware_arch} but this cubin was built for {built_for} ({reason})",
+            f"rebuild it for {hardware_arch}")
     return built_for
 
 
@@ -254,9 +252,8 @@ class CudaModule(Module):
         err, fn = drv.cuModuleGetFunction(self.handle, name.encode())
         if err != drv.CUresult.CUDA_SUCCESS:
             raise BinaryLoadError(
-                f"no kernel {name!r} in this cubin on {self._backend.device.name} ({err.name}); "
-                "CUDA kernels must be declared with KDB_KERNEL (extern \"C\") to keep their names"
-            )
+                f"no kernel {name!r} in this cubin on {self._backend.device.name} ({err.name})",
+                "CUDA kernels must be declared with KDB_KERNEL (extern \"C\") to keep their names")
         return CudaKernel(name, fn, self)
 
 
@@ -277,10 +274,10 @@ class CudaBackend(Backend):
         drv = _driver()
         try:
             _check(drv.cuInit(0), "cuInit", drv)
-        except CudaCallError:
+        except DeviceCallError:
             raise
         except Exception as e:
-            raise BackendUnavailableError(f"the CUDA driver cannot be loaded ({e}); {_REMEDY}") from e
+            raise BackendUnavailableError(f"the CUDA driver cannot be loaded ({e})", _REMEDY) from e
         self._drv = drv
         self.device = device
         self._dev = _check(drv.cuDeviceGet(device.index), "cuDeviceGet", drv)
@@ -304,15 +301,10 @@ class CudaBackend(Backend):
     def close(self) -> None:
         """Release the primary context (buffers and modules of this backend become invalid)."""
         if self._ctx is not None:
+            self._ctx, ctx = None, self._ctx
+            self._ctx_id = None
             _check(self._drv.cuDevicePrimaryCtxRelease(self._dev), "cuDevicePrimaryCtxRelease", self._drv)
-            self._ctx = None
-
-    def compiler_identity(self) -> str:
-        return nvrtc_identity()
-
-    def compile(self, source: str, *, name: str, options: Sequence[str], include_dirs: Sequence[Path]) -> bytes:
-        """Compile with NVRTC to a cubin for the device's target arch (see :func:`compile_cuda`)."""
-        return compile_cuda(source, self.device.target.arch, options, include_dirs, name=name)
+            del ctx
 
     def load(self, binary: bytes) -> Module:
         """Load a cubin after checking, from its ELF header, that it was built for this GPU.
@@ -333,7 +325,7 @@ class CudaBackend(Backend):
         err, module = self._drv.cuModuleLoadData(data)
         if err != self._drv.CUresult.CUDA_SUCCESS:
             raise BinaryLoadError(f"cuModuleLoadData refused a {cubin_arch(data)} cubin on {self.device.name} "
-                                  f"({err.name})")
+                                  f"({err.name})", "the binary is damaged or needs a newer driver: rebuild it")
         return CudaModule(self, module)
 
     def launch(
@@ -355,22 +347,19 @@ class CudaBackend(Backend):
         ]
         pointers = (ctypes.c_void_p * max(len(holders), 1))(*[ctypes.addressof(h) for h in holders])
         self._activate()
-        try:
-            _check(
-                self._drv.cuLaunchKernel(
-                    kernel.function,
-                    *(int(g) for g in grid),
-                    *(int(b) for b in block),
-                    int(shared_bytes),
-                    0,  # legacy default stream
-                    ctypes.addressof(pointers) if holders else 0,
-                    0,
-                ),
-                f"cuLaunchKernel({kernel.name}, grid={tuple(grid)}, block={tuple(block)})",
-                self._drv,
-            )
-        except CudaCallError as e:
-            raise LaunchError(str(e)) from e
+        _check(
+            self._drv.cuLaunchKernel(
+                kernel.function,
+                *(int(g) for g in grid),
+                *(int(b) for b in block),
+                int(shared_bytes),
+                0,  # legacy default stream
+                ctypes.addressof(pointers) if holders else 0,
+                0,
+            ),
+            f"cuLaunchKernel({kernel.name}, grid={tuple(grid)}, block={tuple(block)})",
+            self._drv, LaunchError,
+        )
 
     def alloc(self, nbytes: int) -> Buffer:
         self._activate()

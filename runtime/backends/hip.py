@@ -1,4 +1,6 @@
-"""The HIP backend: hiprtc to compile, the HIP module API to run, through ``hip-python``.
+"""The HIP backend: the HIP module API to load and run code objects, through ``hip-python``.
+
+(hiprtc, the HIP compiler, lives in ``kdbkit.runtime.compilers.hiprtc``: compiling needs no device.)
 
 ``hip-python`` mirrors the C API: ``from hip import hip, hiprtc``; every call returns a tuple
 whose first element is the error (``hipError_t`` or ``hiprtcResult``) and whose other elements
@@ -16,34 +18,26 @@ with (``xnack-``) must match the device's setting.
 
 from __future__ import annotations
 
-import logging
-from pathlib import Path
 from typing import Any, Sequence
 
 import numpy as np
 
 from kdbkit.kdb.target import Target
-from kdbkit.runtime.backends.args import (
-    LaunchArgumentError,
-    LaunchError,
-    check_host_out,
-    check_launch_args,
-    scalar_ctype,
-)
+from kdbkit.runtime.backends.args import check_host_out, check_launch_args, scalar_ctype
 from kdbkit.runtime.backends.base import (
     Backend,
     BackendUnavailableError,
     BinaryLoadError,
     Buffer,
-    CompileError,
-    CompilerUnavailableError,
     DeviceInfo,
     Kernel,
     Module,
 )
 from kdbkit.runtime.backends.elf_notes import amdgpu_target, parse_amdgcn_target
+from kdbkit.runtime.errors import DeviceCallError, LaunchArgumentError, LaunchError
+from kdbkit.runtime.logging_setup import get_logger
 
-log = logging.getLogger("kdb.backends.hip")
+log = get_logger(__name__)
 
 _REMEDY = "install ROCm and the HIP extra: pip install 'kdbkit[hip]'"
 
@@ -83,39 +77,34 @@ def check_code_object(data: bytes, hardware: Target, device_name: str) -> Target
     if reason is not None:
         raise BinaryLoadError(
             f"{device_name} is {hardware.full_arch} but this code object was built for {built.full_arch} "
-            f"({reason}); rebuild it, e.g. `kdb build --target {hardware.full_arch}`"
-        )
+            f"({reason})", f"rebuild it for {hardware.full_arch}")
     return built
 
 
 def _hip():
     """Import hip-python lazily; importing kdbkit must not load the HIP runtime."""
     try:
-        from hip import hip, hiprtc
+        from hip import hip
     except Exception as e:  # ImportError, or the binding failing to find libamdhip64
-        raise BackendUnavailableError(f"hip-python is not available ({e}); {_REMEDY}") from e
-    return hip, hiprtc
-
-
-class HipCallError(BackendUnavailableError):
-    """A HIP or hiprtc call returned an error; the message names the call and the error."""
+        raise BackendUnavailableError(f"hip-python is not available ({e})", _REMEDY) from e
+    return hip
 
 
 def _code(err) -> int:
     return int(getattr(err, "value", err))
 
 
-def _check(result, call: str):
-    """Unpack a hip-python ``(err, *values)`` tuple; raise naming ``call`` on any error.
+def _check(result, call: str, error: type[DeviceCallError] = DeviceCallError):
+    """Unpack a hip-python ``(err, *values)`` tuple; raise ``error`` naming ``call`` on any error.
 
-    ``hipSuccess`` and ``HIPRTC_SUCCESS`` are both 0, so the check needs no import; the
-    error is read through ``.value`` because the binding's enums are ``enum.Enum`` members.
+    ``hipSuccess`` is 0, so the check needs no import; the error is read through ``.value``
+    because the binding's enums are ``enum.Enum`` members.
     """
     if not isinstance(result, tuple):  # some void-returning calls give the bare error
         result = (result,)
     err, *values = result
     if _code(err) != 0:
-        raise HipCallError(f"{call} failed ({getattr(err, 'name', err)})")
+        raise error(f"{call} failed ({getattr(err, 'name', err)})", "see the HIP documentation of that error")
     if not values:
         return None
     return values[0] if len(values) == 1 else tuple(values)
@@ -127,7 +116,7 @@ def discover() -> list[DeviceInfo]:
     Never raises.
     """
     try:
-        hip, _ = _hip()
+        hip = _hip()
         count = _check(hip.hipGetDeviceCount(), "hipGetDeviceCount")
     except Exception as e:
         log.debug("no HIP devices: %s", e)
@@ -212,11 +201,10 @@ class HipModule(Module):
         self._backend._activate()
         try:
             fn = _check(self._backend._hip.hipModuleGetFunction(self.handle, name.encode()), "hipModuleGetFunction")
-        except HipCallError as e:
+        except DeviceCallError as e:
             raise BinaryLoadError(
-                f"no kernel {name!r} in this code object on {self._backend.device.name} ({e}); "
-                "HIP kernels must be declared with KDB_KERNEL (extern \"C\") to keep their names"
-            ) from e
+                f"no kernel {name!r} in this code object on {self._backend.device.name} ({e.problem})",
+                "HIP kernels must be declared with KDB_KERNEL (extern \"C\") to keep their names") from e
         return HipKernel(name, fn, self)
 
 
@@ -234,7 +222,7 @@ class HipBackend(Backend):
         """
         if device.backend != "hip":
             raise BackendUnavailableError(f"{device.name} is a {device.backend} device, not a HIP one")
-        self._hip, self._hiprtc = _hip()
+        self._hip = _hip()
         self.device = device
         props = self._hip.hipDeviceProp_t()
         _check(self._hip.hipGetDeviceProperties(props, device.index), "hipGetDeviceProperties")
@@ -249,44 +237,6 @@ class HipBackend(Backend):
     def _activate(self) -> None:
         _check(self._hip.hipSetDevice(self.device.index), "hipSetDevice")
 
-    def compiler_identity(self) -> str:
-        """``"hiprtc <major>.<minor>"``.
-
-        Raises:
-            CompilerUnavailableError: hiprtc cannot report its version.
-        """
-        try:
-            major, minor = _check(self._hiprtc.hiprtcVersion(), "hiprtcVersion")
-        except HipCallError as e:
-            raise CompilerUnavailableError(f"hiprtc cannot report its version ({e}); {_REMEDY}") from e
-        return f"hiprtc {major}.{minor}"
-
-    def compile(self, source: str, *, name: str, options: Sequence[str], include_dirs: Sequence[Path]) -> bytes:
-        """Compile with hiprtc for the device's target (``--offload-arch=gfx90a:xnack-``).
-
-        Raises:
-            CompileError: hiprtc rejected the source; the message holds its log.
-        """
-        rtc = self._hiprtc
-        arch = self.device.target.full_arch
-        opts = [f"--offload-arch={arch}", "-O3", *(f"-I{d}" for d in include_dirs), *options]
-        prog = _check(rtc.hiprtcCreateProgram(source.encode(), name.encode(), 0, [], []), "hiprtcCreateProgram")
-        try:
-            encoded = [o.encode() for o in opts]
-            (err,) = rtc.hiprtcCompileProgram(prog, len(encoded), encoded)
-            if _code(err) != 0:
-                size = _check(rtc.hiprtcGetProgramLogSize(prog), "hiprtcGetProgramLogSize")
-                log_buf = bytearray(size)
-                _check(rtc.hiprtcGetProgramLog(prog, log_buf), "hiprtcGetProgramLog")
-                text = log_buf.rstrip(b"\0").decode("utf-8", "replace")
-                raise CompileError(f"{name} failed to compile for {arch} with hiprtc ({' '.join(opts)}):\n{text}")
-            size = _check(rtc.hiprtcGetCodeSize(prog), "hiprtcGetCodeSize")
-            code = bytearray(size)
-            _check(rtc.hiprtcGetCode(prog, code), "hiprtcGetCode")
-            return bytes(code)
-        finally:
-            rtc.hiprtcDestroyProgram(prog)
-
     def load(self, binary: bytes) -> Module:
         """Load a code object after checking its target against this GPU.
 
@@ -299,8 +249,9 @@ class HipBackend(Backend):
         self._activate()
         try:
             module = _check(self._hip.hipModuleLoadData(data), "hipModuleLoadData")
-        except HipCallError as e:
-            raise BinaryLoadError(f"{self.device.name} refused a {arch} code object: {e}") from e
+        except DeviceCallError as e:
+            raise BinaryLoadError(f"{self.device.name} refused a {arch} code object: {e.problem}",
+                                  "the binary is damaged or needs a newer ROCm: rebuild it") from e
         return HipModule(self, module)
 
     def launch(
@@ -321,21 +272,19 @@ class HipBackend(Backend):
         check_launch_args(kernel.name, args, HipBuffer)
         extra = tuple(a.ptr if isinstance(a, HipBuffer) else scalar_ctype(a) for a in args)
         self._activate()
-        try:
-            _check(
-                self._hip.hipModuleLaunchKernel(
-                    kernel.function,
-                    *(int(g) for g in grid),
-                    *(int(b) for b in block),
-                    sharedMemBytes=int(shared_bytes),
-                    stream=None,
-                    kernelParams=None,
-                    extra=extra,
-                ),
-                f"hipModuleLaunchKernel({kernel.name}, grid={tuple(grid)}, block={tuple(block)})",
-            )
-        except HipCallError as e:
-            raise LaunchError(str(e)) from e
+        _check(
+            self._hip.hipModuleLaunchKernel(
+                kernel.function,
+                *(int(g) for g in grid),
+                *(int(b) for b in block),
+                sharedMemBytes=int(shared_bytes),
+                stream=None,
+                kernelParams=None,
+                extra=extra,
+            ),
+            f"hipModuleLaunchKernel({kernel.name}, grid={tuple(grid)}, block={tuple(block)})",
+            LaunchError,
+        )
 
     def alloc(self, nbytes: int) -> Buffer:
         self._activate()
@@ -384,3 +333,9 @@ class HipBackend(Backend):
             hip.hipEventDestroy(end)
         return float(ms) / max(repeat, 1)
 
+    def close(self) -> None:
+        """Wait for the device's work; HIP keeps one context per device, shared, so nothing is released."""
+        if self._hip is not None:
+            self._activate()
+            _check(self._hip.hipDeviceSynchronize(), "hipDeviceSynchronize")
+            self._hip = None

@@ -8,8 +8,9 @@ name, driver version). A bundle built on one machine then only matches devices t
 Binaries: the driver's program binary travels in a small envelope (layout at
 ``ENVELOPE_MAGIC``) recording the device arch, length and SHA-256 of the payload, because PoCL
 checks little itself: a truncated PoCL binary crashes the process inside
-``clCreateProgramWithBinary`` (seen with PoCL 3.1). :meth:`OpenCLBackend.load` checks the
-envelope first and hands the driver only an intact binary made for this very device.
+``clCreateProgramWithBinary`` (seen with PoCL 3.1). The OpenCL compiler
+(``kdbkit.runtime.compilers.opencl``) wraps what it builds; :meth:`OpenCLBackend.load` checks
+the envelope first and hands the driver only an intact binary made for this very device.
 
 Launches use the CUDA convention of the :class:`Backend` interface: ``grid`` blocks of
 ``block`` threads become global size ``grid * block`` and local size ``block``.
@@ -18,30 +19,28 @@ Launches use the CUDA convention of the :class:`Backend` interface: ``grid`` blo
 from __future__ import annotations
 
 import hashlib
-import logging
 import re
 import struct
-import warnings
-from pathlib import Path
 from typing import Any, Sequence
 
 import numpy as np
 
 from kdbkit.kdb.target import Target
-from kdbkit.runtime.backends.args import LaunchArgumentError, LaunchError, check_host_out, check_launch_args
+from kdbkit.runtime.backends.args import check_host_out, check_launch_args
 from kdbkit.runtime.backends.base import (
     Backend,
     BackendUnavailableError,
     BinaryLoadError,
     Buffer,
-    CompileError,
     CompilerUnavailableError,
     DeviceInfo,
     Kernel,
     Module,
 )
+from kdbkit.runtime.errors import LaunchArgumentError, LaunchError
+from kdbkit.runtime.logging_setup import get_logger
 
-log = logging.getLogger("kdb.backends.opencl")
+log = get_logger(__name__)
 
 _REMEDY = "install the OpenCL extra: pip install 'kdbkit[opencl]'"
 
@@ -53,15 +52,14 @@ _REMEDY = "install the OpenCL extra: pip install 'kdbkit[opencl]'"
 #   64 ... payload: the driver's program binary (CL_PROGRAM_BINARIES)
 ENVELOPE_MAGIC = b"KDBOCL\x00\x01"
 _ENVELOPE = struct.Struct("<8s16sQ32s")
-_QUOTED_INCLUDE = re.compile(r'^[ \t]*#[ \t]*include[ \t]*"([^"]+)"[^\n]*$', re.MULTILINE)
 
 
-def _cl():
+def cl_module():
     """Import pyopencl lazily; importing kdbkit must not load an OpenCL ICD."""
     try:
         import pyopencl
     except Exception as e:
-        raise BackendUnavailableError(f"pyopencl is not available ({e}); {_REMEDY}") from e
+        raise BackendUnavailableError(f"pyopencl is not available ({e})", _REMEDY) from e
     return pyopencl
 
 
@@ -80,7 +78,7 @@ def opencl_arch(platform_name: str, platform_version: str, device_name: str, dri
 
 
 def opencl_compiler_identity(platform_name: str, platform_version: str, driver_version: str) -> str:
-    """See :meth:`OpenCLBackend.compiler_identity`; a pure function of the driver's strings.
+    """See :meth:`kdbkit.runtime.compilers.opencl.OpenCLCompiler.identity`; a pure function of the driver's strings.
 
     Raises:
         CompilerUnavailableError: ``driver_version`` is empty.
@@ -90,7 +88,8 @@ def opencl_compiler_identity(platform_name: str, platform_version: str, driver_v
     if pocl:
         return f"pocl {pocl.group(1)}" + (f" llvm {llvm.group(1).rstrip(',')}" if llvm else "")
     if not driver_version.strip():
-        raise CompilerUnavailableError(f"OpenCL platform {platform_name!r} reports no driver version")
+        raise CompilerUnavailableError(f"OpenCL platform {platform_name!r} reports no driver version",
+                                       "update the OpenCL driver")
     return f"{platform_name.strip()} {driver_version.strip()}"
 
 
@@ -107,26 +106,23 @@ def unwrap_binary(data: bytes, arch: str, device_name: str) -> bytes:
     """
     if len(data) < _ENVELOPE.size or data[:8] != ENVELOPE_MAGIC:
         raise BinaryLoadError(
-            f"{device_name}: not a kdbkit OpenCL binary ({len(data)} bytes, starts {bytes(data[:8])!r}); "
-            "it must come from OpenCLBackend.compile"
-        )
+            f"{device_name}: not a kdbkit OpenCL binary ({len(data)} bytes, starts {bytes(data[:8])!r})",
+            "it must come from kdbkit's OpenCL compiler")
     _, built_for, length, digest = _ENVELOPE.unpack_from(data)
     built_for = built_for.rstrip(b"\0").decode("ascii", "replace")
     if built_for != arch:
         raise BinaryLoadError(
-            f"{device_name} is {arch} but this OpenCL binary was built for {built_for}; "
-            "OpenCL binaries only load on the device and driver that built them: rebuild it on this machine"
-        )
+            f"{device_name} is {arch} but this OpenCL binary was built for {built_for}",
+            "OpenCL binaries only load on the device and driver that built them: rebuild it on this machine")
     payload = data[_ENVELOPE.size :]
     if len(payload) != length or hashlib.sha256(payload).digest() != digest:
         raise BinaryLoadError(
             f"{device_name}: OpenCL binary is corrupt or truncated ({len(payload)} of {length} payload bytes, "
-            "checksum mismatch); rebuild it or clear the cache that held it"
-        )
+            "checksum mismatch)", "rebuild it, or clear the cache that held it (`kdb cache clear`)")
     return payload
 
 
-def _all_devices(cl) -> list:
+def all_devices(cl) -> list:
     """Every OpenCL device, platform by platform, in the ICD loader's order."""
     devices = []
     for platform in cl.get_platforms():
@@ -143,8 +139,8 @@ def discover() -> list[DeviceInfo]:
     Never raises: a missing or broken OpenCL installation means no OpenCL devices.
     """
     try:
-        cl = _cl()
-        cl_devices = _all_devices(cl)
+        cl = cl_module()
+        cl_devices = all_devices(cl)
     except Exception as e:  # no pyopencl, no ICD loader, PLATFORM_NOT_FOUND_KHR, ...
         log.debug("no OpenCL devices: %s", e)
         return []
@@ -157,13 +153,14 @@ def discover() -> list[DeviceInfo]:
     return infos
 
 
-def _device_arch(dev) -> str:
+def device_arch(dev) -> str:
+    """The ``ocl-<hash>`` arch of a pyopencl device (see :func:`opencl_arch`)."""
     return opencl_arch(dev.platform.name, dev.platform.version, dev.name, dev.driver_version)
 
 
 def _device_info(index: int, dev) -> DeviceInfo:
     platform = dev.platform
-    arch = _device_arch(dev)
+    arch = device_arch(dev)
     return DeviceInfo(
         backend="opencl",
         index=index,
@@ -226,62 +223,23 @@ class OpenCLBackend(Backend):
         """
         if device.backend != "opencl":
             raise BackendUnavailableError(f"{device.name} is a {device.backend} device, not an OpenCL one")
-        cl = _cl()
-        devices = _all_devices(cl)
+        cl = cl_module()
+        devices = all_devices(cl)
         if device.index >= len(devices) or devices[device.index].name.strip() != device.name:
             raise BackendUnavailableError(
-                f"OpenCL device {device.index} ({device.name}) is no longer present; "
-                "list devices again with discover_devices()"
-            )
+                f"OpenCL device {device.index} ({device.name}) is no longer present",
+                "list the devices again (`kdb devices`)")
         self._cl = cl
         self.device = device
         self._dev = devices[device.index]
         # The device's own arch, not device.target.arch, which KDB_DEVICE_ARCH may override:
         # binaries are checked against what the hardware and driver really are.
-        self._arch = _device_arch(self._dev)
+        self._arch = device_arch(self._dev)
         self._ctx = cl.Context([self._dev])
         self._queue = cl.CommandQueue(self._ctx, self._dev, properties=cl.command_queue_properties.PROFILING_ENABLE)
 
     def __repr__(self) -> str:
         return f"OpenCLBackend({self.device.name!r}, {self.device.target})"
-
-    def compiler_identity(self) -> str:
-        """The OpenCL compiler, e.g. ``"pocl 3.1+debian llvm 15.0.6"``.
-
-        PoCL's platform version names both PoCL and the LLVM inside it; other drivers compile
-        with their own driver, so their platform name and driver version identify the compiler.
-
-        Raises:
-            CompilerUnavailableError: the driver reports no version.
-        """
-        return opencl_compiler_identity(self._dev.platform.name, self._dev.platform.version, self._dev.driver_version)
-
-    def compile(self, source: str, *, name: str, options: Sequence[str], include_dirs: Sequence[Path]) -> bytes:
-        """Build ``source`` for this device and return its program binary in the kdbkit envelope.
-
-        Raises:
-            CompileError: the build failed; the message holds the build log.
-        """
-        cl = self._cl
-        dirs = [Path(d) for d in include_dirs]
-        if any(any(c.isspace() for c in str(d)) for d in dirs):
-            # PoCL splits build options on blanks and has no quoting, so such a folder cannot
-            # be passed as -I: resolve the quoted includes here instead.
-            source, dirs = _inline_includes(source, name, dirs), []
-        opts = [*(f"-I{d}" for d in dirs), *options]
-        try:
-            with warnings.catch_warnings():
-                # pyopencl warns on any non-empty build log; a failure below carries the log.
-                warnings.simplefilter("ignore", cl.CompilerWarning)
-                program = cl.Program(self._ctx, source).build(options=opts, devices=[self._dev], cache_dir=False)
-        except cl.Error as e:
-            raise CompileError(
-                f"{name} failed to compile on {self.device.name} with options {opts}:\n{e}{_hint(str(e))}"
-            ) from e
-        binary = program.get_info(cl.program_info.BINARIES)[0]
-        if not binary:
-            raise CompileError(f"{self.device.name} built {name} but returned an empty program binary")
-        return wrap_binary(self._arch, bytes(binary))
 
     def load(self, binary: bytes) -> Module:
         """Create and build a program from a binary made by :meth:`compile` on this device.
@@ -297,10 +255,8 @@ class OpenCLBackend(Backend):
             program.build(devices=[self._dev])
         except cl.Error as e:
             raise BinaryLoadError(
-                f"{self.device.name} ({self.device.target}) cannot load this OpenCL binary "
-                f"({len(binary)} bytes): {e}; it is corrupt or was built for another device or driver, "
-                "rebuild it on this machine"
-            ) from e
+                f"{self.device.name} ({self.device.target}) cannot load this OpenCL binary ({len(binary)} bytes): {e}",
+                "it is corrupt or was built for another device or driver: rebuild it on this machine") from e
         return OpenCLModule(program, cl, self.device.name)
 
     def launch(
@@ -328,8 +284,8 @@ class OpenCLBackend(Backend):
             kernel.cl_kernel(self._queue, global_size, tuple(int(b) for b in block), *values)
         except cl.Error as e:
             raise LaunchError(
-                f"launching {kernel.name} on {self.device.name} (grid {grid}, block {block}) failed: {e}"
-            ) from e
+                f"launching {kernel.name} on {self.device.name} (grid {grid}, block {block}) failed: {e}",
+                "check the grid and block sizes against the kernel and the device's limits") from e
 
     def alloc(self, nbytes: int) -> Buffer:
         cl = self._cl
@@ -367,8 +323,15 @@ class OpenCLBackend(Backend):
         # first marker's end to the second's is the device time of the calls in between.
         return (end.profile.end - start.profile.end) / 1e6 / max(repeat, 1)
 
+    def close(self) -> None:
+        """Finish queued work and drop the queue and context (pyopencl releases them)."""
+        if self._queue is not None:
+            self._queue.finish()
+            self._queue = None
+            self._ctx = None
 
-def _hint(log_text: str) -> str:
+
+def build_hint(log_text: str) -> str:
     """A remedy for build failures whose cause is the OpenCL installation, not the kernel."""
     if "unknown target CPU" in log_text:
         return (
@@ -377,23 +340,3 @@ def _hint(log_text: str) -> str:
             "pocl-opencl-icd`, or set POCL_LLVM_CPU_NAME where the PoCL build supports it"
         )
     return ""
-
-
-def _inline_includes(source: str, name: str, include_dirs: Sequence[Path], depth: int = 0) -> str:
-    """Replace each ``#include "x"`` by the text of ``x`` found in ``include_dirs``.
-
-    Only for folders PoCL cannot take as ``-I``; include guards keep repeated headers harmless.
-    """
-    if depth > 32:
-        raise CompileError(f"{name}: includes nested more than 32 deep (an include cycle without guards?)")
-
-    def replace(m: re.Match) -> str:
-        inc = m.group(1)
-        for d in include_dirs:
-            path = Path(d) / inc
-            if path.is_file():
-                text = _inline_includes(path.read_text(encoding="utf-8"), inc, include_dirs, depth + 1)
-                return f'#line 1 "{inc}"\n{text}\n#line {source.count(chr(10), 0, m.end()) + 2} "{name}"'
-        raise CompileError(f"{name}: included file {inc!r} not found in {', '.join(map(str, include_dirs))}")
-
-    return _QUOTED_INCLUDE.sub(replace, source)

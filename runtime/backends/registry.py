@@ -3,38 +3,34 @@
 Order: CUDA devices, then HIP, then OpenCL. ``KDB_BACKEND`` (``cuda``, ``hip``, ``opencl``, or
 a comma-separated list) restricts which vendors are asked. Each vendor module imports its
 library inside its ``discover()``, and a missing library means no devices of that vendor, so
-discovery never fails for want of a vendor library.
+discovery never fails for want of a vendor library. Every variable is parsed by
+:mod:`kdbkit.runtime.env`; a malformed one warns once and is ignored.
 
 Overrides, for offline work and for devices whose reported facts are wrong:
 
 - ``KDB_DEVICE_ARCH`` replaces the arch (and target features) of every discovered device of
-  the backend that arch belongs to: ``gfx90a:xnack-`` changes HIP devices, ``sm_80`` CUDA ones.
-  A CU count may ride along (``gfx90a_110``).
+  the backend that arch belongs to: ``gfx90a:xnack-`` changes HIP devices, ``sm_80`` CUDA ones,
+  ``ocl-<hex>`` OpenCL ones. A CU count may ride along (``gfx90a_110``).
 - ``KDB_DEVICE_CU`` replaces the compute-unit count: of the devices ``KDB_DEVICE_ARCH`` changed
   when it is set, else of every device.
 
-The overrides change ``DeviceInfo.target``, which picks bundles and compile targets; backends
-still check loaded binaries against what the hardware really is.
+An override that reaches no device (an AMD arch on a machine with only OpenCL devices) says so
+once. The overrides change ``DeviceInfo.target``, which picks bundles and compile targets;
+backends still check loaded binaries against what the hardware really is.
 """
 
 from __future__ import annotations
 
 import importlib
-import os
-from dataclasses import replace
+from dataclasses import dataclass, replace
 from typing import Callable
 
-from kdbkit.kdb.errors import BundleNameError, KdbError
-from kdbkit.kdb.target import BACKENDS, Target
+from kdbkit.kdb.target import Target
+from kdbkit.runtime import env
 from kdbkit.runtime.backends.base import Backend, BackendUnavailableError, DeviceInfo
+from kdbkit.runtime.logging_setup import get_logger, warn_once
 
-ENV_BACKEND = "KDB_BACKEND"
-ENV_DEVICE_ARCH = "KDB_DEVICE_ARCH"
-ENV_DEVICE_CU = "KDB_DEVICE_CU"
-
-
-class DeviceOverrideError(KdbError, ValueError):
-    """``KDB_BACKEND``, ``KDB_DEVICE_ARCH`` or ``KDB_DEVICE_CU`` holds a value that cannot be used."""
+_log = get_logger(__name__)
 
 
 def _discover_cuda() -> list[DeviceInfo]:
@@ -63,71 +59,57 @@ DISCOVERERS: dict[str, Callable[[], list[DeviceInfo]]] = {
 }
 
 
-def selected_backends(environ: dict[str, str] | None = None) -> tuple[str, ...]:
-    """The backends ``KDB_BACKEND`` allows, in discovery order (all when it is unset or empty).
-
-    Raises:
-        DeviceOverrideError: it names a backend that does not exist.
-    """
-    env = os.environ if environ is None else environ
-    raw = env.get(ENV_BACKEND, "").strip().lower()
-    if not raw:
-        return tuple(DISCOVERERS)
-    wanted = {part.strip() for part in raw.split(",") if part.strip()}
-    unknown = wanted - set(BACKENDS)
-    if unknown:
-        raise DeviceOverrideError(
-            f"{ENV_BACKEND}={raw!r} names unknown backend(s) {', '.join(sorted(unknown))}; "
-            f"use one or more of {', '.join(BACKENDS)}, comma-separated, or unset it"
-        )
-    return tuple(b for b in DISCOVERERS if b in wanted)
+def selected_backends() -> tuple[str, ...]:
+    """The backends ``KDB_BACKEND`` allows, in discovery order (all when it is unset or invalid)."""
+    return env.get_choices("KDB_BACKEND") or tuple(DISCOVERERS)
 
 
-def apply_overrides(devices: list[DeviceInfo], environ: dict[str, str] | None = None) -> list[DeviceInfo]:
-    """Apply ``KDB_DEVICE_ARCH`` / ``KDB_DEVICE_CU`` to discovered devices (a pure function).
+@dataclass(frozen=True)
+class Overrides:
+    """``KDB_DEVICE_ARCH`` and ``KDB_DEVICE_CU`` as parsed; both None when unset."""
+
+    arch: Target | None
+    cu: int | None
+
+    @classmethod
+    def from_env(cls) -> "Overrides":
+        arch = env.get_target("KDB_DEVICE_ARCH")
+        cu = env.get_int("KDB_DEVICE_CU")
+        return cls(arch, cu if cu is not None else (arch.cu if arch is not None else None))
+
+
+def apply_overrides(devices: list[DeviceInfo], overrides: Overrides | None = None) -> list[DeviceInfo]:
+    """Apply ``KDB_DEVICE_ARCH`` / ``KDB_DEVICE_CU`` to discovered devices.
 
     Args:
         devices: as discovered.
-        environ: the environment to read; ``os.environ`` by default.
+        overrides: the overrides to apply; read from the environment by default.
 
     Returns:
-        The devices, with targets replaced where an override applies.
-
-    Raises:
-        DeviceOverrideError: a value does not parse (a malformed arch, a non-positive CU count).
+        The devices, with targets replaced where an override applies. An arch override that
+        matches no device's backend warns once (it would otherwise do nothing, silently).
     """
-    env = os.environ if environ is None else environ
-    arch_text = env.get(ENV_DEVICE_ARCH, "").strip()
-    cu_text = env.get(ENV_DEVICE_CU, "").strip()
-    if not arch_text and not cu_text:
+    o = overrides or Overrides.from_env()
+    if o.arch is None and o.cu is None:
         return devices
-    override: Target | None = None
-    if arch_text:
-        try:
-            override = Target.parse(arch_text)
-        except BundleNameError as e:
-            raise DeviceOverrideError(
-                f"{ENV_DEVICE_ARCH}={arch_text!r} is not an arch: {e}; e.g. gfx90a:xnack-, sm_90 or gfx942_304"
-            ) from e
-    cu: int | None = None
-    if cu_text:
-        if not cu_text.isdigit() or int(cu_text) <= 0:
-            raise DeviceOverrideError(f"{ENV_DEVICE_CU}={cu_text!r} must be a positive integer, e.g. 110")
-        cu = int(cu_text)
-    elif override is not None and override.cu is not None:
-        cu = override.cu
-
-    result = []
+    result, touched = [], 0
     for dev in devices:
         target = dev.target
-        if override is not None:
-            if override.backend != dev.backend:
+        if o.arch is not None:
+            if o.arch.backend != dev.backend:
                 result.append(dev)  # an arch of another vendor says nothing about this device
                 continue
-            target = replace(target, arch=override.arch, features=override.features)
-        if cu is not None:
-            target = replace(target, cu=cu)
+            target = replace(target, arch=o.arch.arch, features=o.arch.features)
+        if o.cu is not None:
+            target = replace(target, cu=o.cu)
+        touched += 1
         result.append(replace(dev, target=target))
+    if o.arch is not None and devices and not touched:
+        found = ", ".join(sorted({d.backend for d in devices}))
+        warn_once(f"override-unused:{o.arch}",
+                  f"KDB_DEVICE_ARCH={o.arch} names a {o.arch.backend} arch but the devices here are {found}: "
+                  f"it changes nothing (KDB_DEVICE_CU neither); unset it, or name an arch of a device "
+                  f"`kdb devices` lists", logger=_log)
     return result
 
 
@@ -137,14 +119,36 @@ def discover_devices() -> list[DeviceInfo]:
     Returns:
         Possibly empty; the same physical GPU may appear twice, once through its native API
         and once through an OpenCL driver.
-
-    Raises:
-        DeviceOverrideError: ``KDB_BACKEND``/``KDB_DEVICE_ARCH``/``KDB_DEVICE_CU`` is malformed.
     """
     devices: list[DeviceInfo] = []
     for backend in selected_backends():
         devices.extend(DISCOVERERS[backend]())
-    return apply_overrides(devices)
+    devices = apply_overrides(devices)
+    _log.info2("devices: %s", ", ".join(f"{d.backend} {d.name} ({d.target})" for d in devices) or "none")
+    return devices
+
+
+def hidden_by_kdb_backend() -> list[DeviceInfo]:
+    """Devices of the backends ``KDB_BACKEND`` leaves out (for messages that say what it hides)."""
+    allowed = selected_backends()
+    return [d for backend in DISCOVERERS if backend not in allowed for d in DISCOVERERS[backend]()]
+
+
+def no_device_error() -> BackendUnavailableError:
+    """The error for "no device at all", naming what ``KDB_BACKEND`` hides when it hides something."""
+    allowed = selected_backends()
+    if len(allowed) < len(DISCOVERERS):
+        hidden = hidden_by_kdb_backend()
+        if hidden:
+            kinds = ", ".join(sorted({d.backend for d in hidden}))
+            return BackendUnavailableError(
+                f"no {'/'.join(allowed)} device found; KDB_BACKEND={','.join(allowed)} hides {len(hidden)} "
+                f"{kinds} device(s)", f"unset KDB_BACKEND or add {kinds} to it")
+    return BackendUnavailableError(
+        "no GPU and no OpenCL device found" + (f" (KDB_BACKEND allows only {', '.join(allowed)})"
+                                              if len(allowed) < len(DISCOVERERS) else ""),
+        "install the CPU device with `pip install 'kdbkit[opencl]'` (then scripts/ensure_cpu_opencl.sh "
+        "in a checkout), or the GPU extras `kdbkit[cuda]` / `kdbkit[hip]` with their drivers")
 
 
 def default_device(devices: list[DeviceInfo] | None = None) -> DeviceInfo:
@@ -163,12 +167,7 @@ def default_device(devices: list[DeviceInfo] | None = None) -> DeviceInfo:
     for dev in found:
         if dev.backend == "opencl":
             return dev
-    allowed = selected_backends()
-    restricted = f" ({ENV_BACKEND} allows only {', '.join(allowed)})" if len(allowed) < len(DISCOVERERS) else ""
-    raise BackendUnavailableError(
-        f"no GPU and no OpenCL device found{restricted}; install the CPU device with "
-        "`pip install 'kdbkit[opencl]'`, or the GPU extras `kdbkit[cuda]` / `kdbkit[hip]` with their drivers"
-    )
+    raise no_device_error()
 
 
 # Where each backend class lives; imported on first use (the modules load no vendor library).
@@ -181,7 +180,8 @@ _BACKEND_CLASSES = {
 
 def _backend_class(backend: str, what: str) -> type[Backend]:
     if backend not in _BACKEND_CLASSES:
-        raise BackendUnavailableError(f"unknown backend {backend!r} for {what}; expected one of {', '.join(BACKENDS)}")
+        raise BackendUnavailableError(f"unknown backend {backend!r} for {what}",
+                                      f"use one of {', '.join(_BACKEND_CLASSES)}")
     module, name = _BACKEND_CLASSES[backend]
     return getattr(importlib.import_module(module), name)
 

@@ -1,16 +1,18 @@
 """Offline AMD GPU builds: kernel source to a code object with a stock clang, no ROCm needed.
 
-The packager uses this to build bundles for gfx90a, gfx942, gfx1100, ... on a machine with
+The builder uses this to make bundles for gfx90a, gfx942, gfx1100, ... on a machine with
 neither an AMD GPU nor ROCm: Debian's ``clang-19`` + ``lld-19`` compile the kernel dialect in
 HIP mode for ``amdgcn-amd-amdhsa``::
 
     clang-19 -x hip --offload-arch=gfx942 --cuda-device-only --no-gpu-bundle-output \
-             -nogpulib -nogpuinc -O3 -I kernels -o out.co kernel.c
+             -nogpulib -nogpuinc -O3 -o out.co kernel.c
 
 which gives a raw ELF code object (not a clang offload bundle), loadable with
 ``hipModuleLoadData``. ``-nogpulib -nogpuinc`` mean no ROCm device libraries and headers, which
-is why ``kernels/kdb_compat.h`` spells everything with clang builtins in its HIP branch.
-OpenCL C is not used for amdgcn: it needs the device libraries for ``get_local_id``.
+is why ``kernels/kdb_compat.h`` spells everything with clang builtins in its HIP branch, and
+why the compiler's identity is its version alone: it is handed no header folder (the
+kernel's own includes arrive inlined). OpenCL C is not used for amdgcn: it needs the device
+libraries for ``get_local_id``.
 """
 
 from __future__ import annotations
@@ -23,13 +25,19 @@ from functools import lru_cache
 from pathlib import Path
 from typing import Sequence
 
-from kdbkit.runtime.backends.base import CompileError, CompilerUnavailableError
+from kdbkit.kdb.target import Target
+from kdbkit.runtime.compilers.base import Compiler
+from kdbkit.runtime.errors import CompileError, CompilerUnavailableError, first_error_line
+from kdbkit.runtime.kernel_sources import KernelSource
+from kdbkit.runtime.logging_setup import get_logger
+from kdbkit.runtime.program_key import ProgramRequest
 
 # Newest first: a newer clang knows more gfx targets. Plain "clang" last, since distributions
 # often ship an old default whose amdgcn backend lacks recent targets.
 CLANG_CANDIDATES = ("clang-19", "clang-20", "clang-21", "clang-18", "clang")
 _TARGET_RE = re.compile(r"gfx[0-9a-f]+(?::[a-z][a-z0-9]*[+-])*")
 _TIMEOUT_S = 600
+_log = get_logger(__name__)
 
 
 def find_clang(candidates: Sequence[str] = CLANG_CANDIDATES) -> str | None:
@@ -45,9 +53,8 @@ def _require_clang(clang: str | None) -> str:
     path = clang or find_clang()
     if path is None:
         raise CompilerUnavailableError(
-            "no clang for amdgcn offline builds on PATH (looked for "
-            f"{', '.join(CLANG_CANDIDATES)}); install it with `apt-get install clang-19 lld-19`"
-        )
+            f"no clang for amdgcn builds on PATH (looked for {', '.join(CLANG_CANDIDATES)})",
+            "install it with `apt-get install clang-19 lld-19`")
     return path
 
 
@@ -62,10 +69,11 @@ def clang_identity(clang: str | None = None) -> str:
     try:
         out = subprocess.run([path, "--version"], capture_output=True, text=True, timeout=60, check=True).stdout
     except (OSError, subprocess.SubprocessError) as e:
-        raise CompilerUnavailableError(f"{path} --version failed: {e}") from e
+        raise CompilerUnavailableError(f"{path} --version failed: {e}", "reinstall clang") from e
     m = re.search(r"clang version (\d+\.\d+\.\d+)", out)
     if not m:
-        raise CompilerUnavailableError(f"cannot read a clang version from `{path} --version`: {out.splitlines()[:1]}")
+        raise CompilerUnavailableError(f"cannot read a clang version from `{path} --version`: {out.splitlines()[:1]}",
+                                       "put a release build of clang first on PATH")
     return f"clang {m.group(1)}"
 
 
@@ -73,7 +81,6 @@ def compile_amdgcn(
     source: str,
     arch: str,
     options: Sequence[str] = (),
-    include_dirs: Sequence[Path] = (),
     *,
     name: str = "kernel.c",
     clang: str | None = None,
@@ -81,10 +88,9 @@ def compile_amdgcn(
     """Compile ``source`` in HIP mode to an AMD GPU code object for ``arch``.
 
     Args:
-        source: kernel source text (the kdbkit dialect).
+        source: the whole translation unit (the kdbkit dialect, quoted includes inlined).
         arch: ``gfx942``, or with target features ``gfx90a:xnack-``.
         options: extra compiler options, e.g. ``("-DTILE=16",)``.
-        include_dirs: folders for ``#include "..."`` (passed as ``-I``).
         name: the source's file name, shown in diagnostics.
         clang: the compiler to use; default :func:`find_clang`.
 
@@ -92,13 +98,12 @@ def compile_amdgcn(
         The code object (ELF, ``e_machine == EM_AMDGPU``).
 
     Raises:
-        CompileError: clang rejected the source; the message holds its diagnostics.
+        CompileError: clang rejected the source; ``.log`` holds its diagnostics.
         CompilerUnavailableError: no clang, or ``arch`` is not a gfx target.
     """
     if not _TARGET_RE.fullmatch(arch):
-        raise CompilerUnavailableError(
-            f"{arch!r} is not an AMD GPU target: expected gfx<id>[:<feature>±], e.g. gfx90a:xnack-"
-        )
+        raise CompilerUnavailableError(f"{arch!r} is not an AMD GPU target",
+                                       "name one as gfx<id>[:<feature>±], e.g. gfx90a:xnack-")
     path = _require_clang(clang)
     with tempfile.TemporaryDirectory(prefix="kdb-amdgcn-") as tmp:
         src = Path(tmp) / Path(name).name
@@ -107,17 +112,40 @@ def compile_amdgcn(
         cmd = [
             path, "-x", "hip", f"--offload-arch={arch}", "--cuda-device-only", "--no-gpu-bundle-output",
             "-nogpulib", "-nogpuinc", "-O3",
-            *[f"-I{d}" for d in include_dirs],
             *options,
             "-o", str(out), str(src),
         ]  # fmt: skip
+        _log.trace("%s", " ".join(cmd))
         try:
             proc = subprocess.run(cmd, capture_output=True, text=True, timeout=_TIMEOUT_S)
         except (OSError, subprocess.SubprocessError) as e:
-            raise CompilerUnavailableError(f"running {path} failed: {e}") from e
+            raise CompilerUnavailableError(f"running {path} failed: {e}", "check the clang installation") from e
         if proc.returncode != 0 or not out.is_file():
-            raise CompileError(
-                f"{name} failed to compile for {arch} with {Path(path).name} (exit {proc.returncode}):\n"
-                + proc.stderr.strip()
-            )
+            log = proc.stderr.strip()
+            raise CompileError(f"{name} failed to compile for {arch} with {Path(path).name} (exit {proc.returncode}): "
+                               f"{first_error_line(log)}", log=f"{' '.join(cmd)}\n{log}")
         return out.read_bytes()
+
+
+class AmdgcnClangCompiler(Compiler):
+    """A stock clang (``clang-19`` and later) building AMD code objects in HIP mode, no ROCm."""
+
+    name = "clang"
+    backend = "hip"
+    binary_format = "hsaco"
+
+    def __init__(self, clang: str | None = None):
+        self._clang = clang
+
+    def identity(self) -> str:
+        return clang_identity(self._clang)
+
+    def unsupported(self, target: Target) -> str | None:
+        reason = super().unsupported(target)
+        if reason is None and not _TARGET_RE.fullmatch(target.full_arch):
+            reason = f"{target.full_arch} is not a gfx target"
+        return reason
+
+    def compile(self, request: ProgramRequest, target: Target, source: KernelSource) -> bytes:
+        return compile_amdgcn(source.text(), target.full_arch, request.options, name=request.kernel_file,
+                              clang=self._clang)

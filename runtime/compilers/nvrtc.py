@@ -1,15 +1,21 @@
-"""CUDA C++ to cubin with NVRTC: the JIT compiler of the CUDA backend and the offline builder.
+"""CUDA C++ to cubin with NVRTC: the CUDA JIT compiler and the offline builder's, with no GPU.
 
 Needs no GPU and no driver: only ``cuda-bindings`` and the ``nvidia-cuda-nvrtc`` wheel, so the
-packager can build cubins for any arch (sm_75 ... sm_121) on a machine without a GPU.
+builder can make cubins for any arch (sm_75 ... sm_121) on a machine without a GPU.
 
 Output is always a cubin (SASS for one arch), never PTX: a PTX made by a newer NVRTC than the
 driver fails to load (``CUDA_ERROR_UNSUPPORTED_PTX_VERSION``), while a cubin loads on any driver
 that knows its arch.
+
+The CUDA runtime headers (``cuda_fp16.h``, ``cuda_bf16.h``) come from the ``nvidia-cuda-runtime``
+wheel and are handed to NVRTC with ``-I``; a change of those headers changes what ``#include
+<cuda_fp16.h>`` compiles to, so their identity (the wheel's version, or a fingerprint of the
+folder when no wheel owns it) is part of :meth:`NvrtcCompiler.identity`, and so of every key.
 """
 
 from __future__ import annotations
 
+import hashlib
 import os
 import re
 import sys
@@ -17,8 +23,14 @@ from functools import lru_cache
 from pathlib import Path
 from typing import Sequence
 
-from kdbkit.runtime.backends.base import CompileError, CompilerUnavailableError
+from kdbkit.kdb.target import Target
+from kdbkit.runtime.compilers.base import Compiler
+from kdbkit.runtime.errors import CompileError, CompilerUnavailableError, first_error_line
+from kdbkit.runtime.kernel_sources import KernelSource
+from kdbkit.runtime.logging_setup import get_logger
+from kdbkit.runtime.program_key import ProgramRequest
 
+_log = get_logger(__name__)
 _ARCH_RE = re.compile(r"sm_\d+[af]?")
 _REMEDY = "install the CUDA extra: pip install 'kdbkit[cuda]'"
 
@@ -28,7 +40,7 @@ def _nvrtc():
     try:
         from cuda.bindings import nvrtc
     except Exception as e:  # ImportError, or the binding failing to find libnvrtc
-        raise CompilerUnavailableError(f"NVRTC is not available ({e}); {_REMEDY}") from e
+        raise CompilerUnavailableError(f"NVRTC is not available ({e})", _REMEDY) from e
     return nvrtc
 
 
@@ -37,7 +49,8 @@ def _check(result, call: str, nvrtc):
     err, *values = result
     if err != nvrtc.nvrtcResult.NVRTC_SUCCESS:
         _, text = nvrtc.nvrtcGetErrorString(err)
-        raise CompilerUnavailableError(f"{call} failed: {text.decode() if isinstance(text, bytes) else text}")
+        raise CompilerUnavailableError(f"{call} failed: {text.decode() if isinstance(text, bytes) else text}",
+                                       _REMEDY)
     if not values:
         return None
     return values[0] if len(values) == 1 else tuple(values)
@@ -56,13 +69,15 @@ def nvrtc_version() -> tuple[int, int]:
     except CompilerUnavailableError:
         raise
     except Exception as e:  # the shared library itself failed to load
-        raise CompilerUnavailableError(f"NVRTC's library cannot be loaded ({e}); {_REMEDY}") from e
+        raise CompilerUnavailableError(f"NVRTC's library cannot be loaded ({e})", _REMEDY) from e
     return int(major), int(minor)
 
 
 # Where NVIDIA's wheels put libnvrtc, below a sys.path entry (CUDA 13 and CUDA 12 layouts).
 _WHEEL_LIB_DIRS = ("nvidia/cu13/lib", "nvidia/cuda_nvrtc/lib")
 _BUILTINS_RE = re.compile(r"libnvrtc-builtins\.so\.(\d+)\.(\d+)")
+_HEADER_SUBDIRS = ("nvidia/cu13/include", "nvidia/cuda_runtime/include", "nvidia/cu12/include")
+_RUNTIME_DIST_RE = re.compile(r"nvidia_cuda_runtime(?:_cu\d+)?-([^-]+)\.dist-info")
 
 
 @lru_cache(maxsize=1)
@@ -90,86 +105,90 @@ def wheel_nvrtc_version() -> tuple[int, int] | None:
     return None
 
 
-def nvrtc_identity() -> str:
-    """``"nvrtc <major>.<minor>"``, the compiler identity recorded in bundles and cache keys."""
-    major, minor = wheel_nvrtc_version() or nvrtc_version()
-    return f"nvrtc {major}.{minor}"
-
-
 @lru_cache(maxsize=1)
-def cuda_include_dirs() -> tuple[Path, ...]:
-    """Folders holding the CUDA runtime headers (``cuda_fp16.h``, ``cuda_bf16.h``, ...).
+def cuda_headers() -> tuple[Path, str] | None:
+    """The CUDA runtime header folder handed to NVRTC, and its identity; None when absent.
 
-    They come from the ``nvidia-cuda-runtime`` wheel, whose layout changed between CUDA 12
-    (``nvidia/cuda_runtime/include``) and CUDA 13 (``nvidia/cu13/include``); both are looked
-    for. Returns an empty tuple when the wheel is absent: kernels that include no CUDA header
-    still compile.
+    The folder comes from the ``nvidia-cuda-runtime`` wheel (``nvidia/cu13/include`` for CUDA
+    13, ``nvidia/cuda_runtime/include`` for 12). Its identity is ``cuda-runtime headers
+    <wheel version>`` when a wheel's metadata sits beside it, else a fingerprint of the
+    folder's file names, sizes and times: never its path, which differs between machines.
     """
-    try:
-        import nvidia  # namespace package shared by NVIDIA's wheels
-    except ImportError:
-        return ()
-    found = []
-    for root in map(Path, getattr(nvidia, "__path__", [])):
-        for sub in ("cu13/include", "cuda_runtime/include", "cu12/include"):
-            candidate = root / sub
-            if (candidate / "cuda_fp16.h").is_file() and candidate not in found:
-                found.append(candidate)
-    return tuple(found)
+    for entry in sys.path:
+        for sub in _HEADER_SUBDIRS:
+            folder = Path(entry or ".", sub)
+            if not (folder / "cuda_fp16.h").is_file():
+                continue
+            try:
+                names = os.listdir(entry or ".")
+            except OSError:
+                names = []
+            versions = sorted(m[1] for n in names if (m := _RUNTIME_DIST_RE.fullmatch(n)))
+            if versions:
+                return folder, f"cuda-runtime headers {versions[-1]}"
+            return folder, f"cuda headers {_folder_fingerprint(folder)}"
+    return None
 
 
-def compile_cuda(
-    source: str,
-    arch: str = "sm_90",
-    options: Sequence[str] = (),
-    include_dirs: Sequence[Path] = (),
-    *,
-    name: str = "kernel.cu",
-) -> bytes:
-    """Compile CUDA C++ ``source`` to a cubin for ``arch`` with NVRTC.
+def _folder_fingerprint(folder: Path) -> str:
+    h = hashlib.sha256()
+    with os.scandir(folder) as entries:
+        for e in sorted(entries, key=lambda e: e.name):
+            if e.is_file():
+                st = e.stat()
+                h.update(f"{e.name}\0{st.st_size}\0{st.st_mtime_ns}\n".encode())
+    return h.hexdigest()[:16]
+
+
+def nvrtc_identity() -> str:
+    """``"nvrtc <major>.<minor>"`` plus the CUDA headers' identity when NVRTC is handed them."""
+    major, minor = wheel_nvrtc_version() or nvrtc_version()
+    headers = cuda_headers()
+    return f"nvrtc {major}.{minor}" + (f" + {headers[1]}" if headers else "")
+
+
+def compile_cuda(text: str, arch: str = "sm_90", options: Sequence[str] = (), *, name: str = "kernel.cu") -> bytes:
+    """Compile CUDA C++ ``text`` to a cubin for ``arch`` with NVRTC.
 
     Args:
-        source: the kernel source text.
+        text: the whole translation unit (quoted includes already inlined).
         arch: ``sm_<NN>`` (optionally ``a``/``f`` suffixed); ``compute_<NN>`` (PTX) is refused.
         options: extra NVRTC options, e.g. ``("-DTILE=16",)``.
-        include_dirs: folders searched by ``#include "..."`` (passed as ``-I``); the CUDA
-            runtime header folder is always added after them.
         name: the source's file name, shown in the compiler log.
 
     Returns:
         The cubin (an ELF file with ``e_machine == EM_CUDA``).
 
     Raises:
-        CompileError: the source does not compile; the message holds NVRTC's log.
+        CompileError: the source does not compile; ``.log`` holds NVRTC's log.
         CompilerUnavailableError: NVRTC is missing, or ``arch`` is not a cubin arch.
     """
     if not _ARCH_RE.fullmatch(arch):
         raise CompilerUnavailableError(
-            f"cannot build a cubin for {arch!r}: expected sm_<NN> such as sm_90 (kdbkit stores cubins, never PTX)"
-        )
+            f"cannot build a cubin for {arch!r}: expected sm_<NN> such as sm_90",
+            "kdbkit stores cubins, never PTX; name a real GPU arch")
     nvrtc = _nvrtc()
-    opts = [f"--gpu-architecture={arch}"]
-    opts += [f"-I{d}" for d in (*include_dirs, *cuda_include_dirs())]
-    opts += list(options)
+    headers = cuda_headers()
+    opts = [f"--gpu-architecture={arch}", *([f"-I{headers[0]}"] if headers else []), *options]
+    _log.trace("nvrtc %s %s", name, " ".join(opts))
     try:
-        prog = _check(nvrtc.nvrtcCreateProgram(source.encode(), name.encode(), 0, [], []), "nvrtcCreateProgram", nvrtc)
+        prog = _check(nvrtc.nvrtcCreateProgram(text.encode(), name.encode(), 0, [], []), "nvrtcCreateProgram", nvrtc)
     except CompilerUnavailableError:
         raise
     except Exception as e:
-        raise CompilerUnavailableError(f"NVRTC's library cannot be loaded ({e}); {_REMEDY}") from e
+        raise CompilerUnavailableError(f"NVRTC's library cannot be loaded ({e})", _REMEDY) from e
     try:
         (err,) = nvrtc.nvrtcCompileProgram(prog, len(opts), [o.encode() for o in opts])
         if err != nvrtc.nvrtcResult.NVRTC_SUCCESS:
             log = _program_log(prog, nvrtc)
-            raise CompileError(
-                f"{name} failed to compile for {arch} with nvrtc ({' '.join(opts)}):\n{log}"
-            )
+            raise CompileError(f"{name} failed to compile for {arch} with nvrtc: {first_error_line(log)}",
+                               log=f"nvrtc {' '.join(opts)}\n{log}")
         advertised = wheel_nvrtc_version()
         if advertised is not None and advertised != nvrtc_version():
             # Keys were made with the wheel's version: never store a binary under another compiler's key.
             raise CompilerUnavailableError(
-                f"the NVRTC library loaded is {nvrtc_version()} but the nvidia-cuda-nvrtc wheel is {advertised}; "
-                "another libnvrtc was loaded first (LD_PRELOAD, or another package): make one NVRTC visible")
+                f"the NVRTC library loaded is {nvrtc_version()} but the nvidia-cuda-nvrtc wheel is {advertised}: "
+                "another libnvrtc was loaded first (LD_PRELOAD, or another package)", "make one NVRTC visible")
         size = _check(nvrtc.nvrtcGetCUBINSize(prog), "nvrtcGetCUBINSize", nvrtc)
         cubin = bytearray(size)
         _check(nvrtc.nvrtcGetCUBIN(prog, cubin), "nvrtcGetCUBIN", nvrtc)
@@ -183,3 +202,23 @@ def _program_log(prog, nvrtc) -> str:
     log = bytearray(size)
     _check(nvrtc.nvrtcGetProgramLog(prog, log), "nvrtcGetProgramLog", nvrtc)
     return log.rstrip(b"\0").decode("utf-8", "replace")
+
+
+class NvrtcCompiler(Compiler):
+    """NVRTC: cubins for every ``sm_NN`` it knows, on any machine."""
+
+    name = "nvrtc"
+    backend = "cuda"
+    binary_format = "cubin"
+
+    def identity(self) -> str:
+        return nvrtc_identity()
+
+    def unsupported(self, target: Target) -> str | None:
+        reason = super().unsupported(target)
+        if reason is None and not _ARCH_RE.fullmatch(target.arch):
+            reason = f"{target.arch} is not a cubin arch (sm_<NN>)"
+        return reason
+
+    def compile(self, request: ProgramRequest, target: Target, source: KernelSource) -> bytes:
+        return compile_cuda(source.text(), target.arch, request.options, name=request.kernel_file)

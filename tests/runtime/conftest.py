@@ -6,11 +6,17 @@ backend; a backend whose device is absent is skipped with the reason, never an e
 
 from __future__ import annotations
 
+import tempfile
+from pathlib import Path
+
 import numpy as np
 import pytest
 
+from kdbkit.kdb import Target
 from kdbkit.runtime.backends.base import Backend, Module
-from kdbkit.runtime.kernel_sources import kernels_dir, read_source
+from kdbkit.runtime.compilers import Compiler, compiler_for
+from kdbkit.runtime.kernel_sources import KernelSearchPath
+from kdbkit.runtime.program_key import ProgramRequest
 
 # The lookup-chain tests' fixtures live in their own module; importing them here registers them.
 from tests.runtime.chain_fixtures import (  # noqa: F401
@@ -44,10 +50,24 @@ def cuda_backend() -> Backend:
     return cuda.CudaBackend(devices[0])
 
 
+def compile_file(target: Target, source: str, *options: str, compiler: Compiler | None = None,
+                 search_path: KernelSearchPath | None = None) -> bytes:
+    """Compile kernel ``source`` (on the default search path) with ``options`` for ``target``."""
+    compiler = compiler or compiler_for(target)
+    read = (search_path or KernelSearchPath()).read(source)
+    return compiler.compile(ProgramRequest(source, options), target, read)
+
+
+def compile_text(target: Target, text: str, *options: str, name: str = "k.c", compiler: Compiler | None = None) -> bytes:
+    """Compile a kernel given as text (it may include kdb_compat.h) for ``target``."""
+    with tempfile.TemporaryDirectory() as folder:
+        (Path(folder) / name).write_text(text)
+        return compile_file(target, name, *options, compiler=compiler, search_path=KernelSearchPath([folder]))
+
+
 def build(backend: Backend, source: str, *options: str) -> Module:
-    """Compile ``kernels/<source>`` with ``options`` on ``backend`` and load the binary."""
-    binary = backend.compile(read_source(source), name=source, options=list(options), include_dirs=[kernels_dir()])
-    return backend.load(binary)
+    """Compile kernel ``source`` with ``options`` for ``backend``'s device and load the binary."""
+    return backend.load(compile_file(backend.device.target, source, *options))
 
 
 class KernelChecks:

@@ -1,4 +1,4 @@
-"""The CUDA backend: NVRTC to cubins and the cubin arch check need no GPU; the rest runs on one.
+"""The CUDA backend and NVRTC: cubins and the cubin arch check need no GPU; the rest runs on one.
 
 Tests marked ``gpu`` run the sample kernels through NVRTC and the driver on the first CUDA
 device and are skipped, with the reason, where there is none.
@@ -11,19 +11,20 @@ import struct
 import numpy as np
 import pytest
 
+from kdbkit.kdb import Target
 from kdbkit.runtime.backends import cuda
-from kdbkit.runtime.backends.base import BinaryLoadError, CompileError, CompilerUnavailableError
 from kdbkit.runtime.backends.elf_notes import EM_CUDA, ElfHeader, cubin_arch, cubin_sm, read_elf_header
-from kdbkit.runtime.kernel_sources import kernels_dir, list_sources, read_source
+from kdbkit.runtime.errors import BinaryLoadError, CompileError, CompilerUnavailableError
+from kdbkit.runtime.kernel_sources import list_sources
 
-from .conftest import build
+from .conftest import build, compile_file, compile_text
 
 nvrtc = pytest.importorskip("cuda.bindings.nvrtc", reason="cuda-bindings is not installed (pip install 'kdbkit[cuda]')")
-from kdbkit.runtime.backends.nvrtc import compile_cuda, cuda_include_dirs, nvrtc_identity  # noqa: E402
+from kdbkit.runtime.compilers.nvrtc import NvrtcCompiler, compile_cuda, cuda_headers, nvrtc_identity  # noqa: E402
 
 
 def _cubin(source: str, arch: str, *options: str) -> bytes:
-    return compile_cuda(read_source(source), arch, list(options), [kernels_dir()], name=source)
+    return compile_file(Target("cuda", arch), source, *options, compiler=NvrtcCompiler())
 
 
 @pytest.fixture(scope="module")
@@ -59,15 +60,29 @@ def test_abi7_cubins_keep_the_sm_in_the_low_byte():
 
 
 def test_header_from_the_wheel_is_found_for_fp16():
-    assert any((d / "cuda_fp16.h").is_file() for d in cuda_include_dirs())
+    folder, identity = cuda_headers()
+    assert (folder / "cuda_fp16.h").is_file()
+    assert identity.startswith("cuda-runtime headers ") and str(folder) not in identity  # content, not place
     source = '#include <cuda_fp16.h>\n#include "kdb_compat.h"\nKDB_KERNEL void h(__half* x) { x[0] = __float2half(1.0f); }\n'
-    assert cubin_arch(compile_cuda(source, "sm_90", [], [kernels_dir()], name="half.cu")) == "sm_90"
+    assert cubin_arch(compile_text(Target("cuda", "sm_90"), source, name="half.cu")) == "sm_90"
+
+
+def test_the_header_folder_is_part_of_the_compiler_identity(monkeypatch):
+    from kdbkit.runtime.compilers import nvrtc as nvrtc_module
+
+    folder, identity = cuda_headers()
+    before = NvrtcCompiler().identity()
+    assert before.startswith("nvrtc ") and before.endswith(identity)
+    monkeypatch.setattr(nvrtc_module, "cuda_headers", lambda: (folder, "cuda-runtime headers 99.0.0"))
+    assert NvrtcCompiler().identity() != before  # other headers: another key for every program
 
 
 def test_compile_error_carries_nvrtc_log():
     source = '#include "kdb_compat.h"\nKDB_KERNEL void broken(float* x) { x[0] = not_declared; }\n'
-    with pytest.raises(CompileError, match='(?s)broken.cu failed to compile for sm_90.*"not_declared" is undefined'):
-        compile_cuda(source, "sm_90", [], [kernels_dir()], name="broken.cu")
+    with pytest.raises(CompileError, match="broken.cu failed to compile for sm_90 with nvrtc: .*not_declared") as info:
+        compile_text(Target("cuda", "sm_90"), source, name="broken.cu")
+    assert '"not_declared" is undefined' in info.value.log and "broken.cu(2)" in info.value.log
+    assert "\n" not in info.value.problem  # one line; the log is apart
 
 
 @pytest.mark.parametrize("arch", ["compute_90", "sm90", "gfx942"])
@@ -78,7 +93,7 @@ def test_only_cubin_arches_are_accepted(arch):
 
 def test_nvrtc_identity():
     major, minor = nvrtc.nvrtcVersion()[1:]
-    assert nvrtc_identity() == f"nvrtc {major}.{minor}"
+    assert nvrtc_identity().startswith(f"nvrtc {major}.{minor}")
 
 
 def test_cubin_check_accepts_the_same_arch(activation_sm80):
@@ -158,4 +173,3 @@ def test_gpu_timing_and_every_sample_compiles(cuda_backend, gpu_modules):
     ms = cuda_backend.time_ms(lambda: cuda_backend.launch(kernel, (256, 1, 1), (256, 1, 1), [x, x, np.int32(1 << 20)]), repeat=5)
     assert ms > 0
     cuda_backend.synchronize()
-    assert cuda_backend.compiler_identity().startswith("nvrtc ")

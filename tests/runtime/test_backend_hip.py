@@ -14,10 +14,17 @@ import pytest
 
 from kdbkit.kdb.target import Target
 from kdbkit.runtime.backends import hip
-from kdbkit.runtime.backends.amdgcn_clang import clang_identity, compile_amdgcn, find_clang
-from kdbkit.runtime.backends.base import BackendUnavailableError, BinaryLoadError, CompileError, CompilerUnavailableError, DeviceInfo
+from kdbkit.runtime.backends.base import DeviceInfo
 from kdbkit.runtime.backends.elf_notes import EM_AMDGPU, TargetStringError, amdgpu_target, read_elf_header
-from kdbkit.runtime.kernel_sources import kernels_dir, list_sources, read_source
+from kdbkit.runtime.compilers.amdgcn_clang import AmdgcnClangCompiler, clang_identity, compile_amdgcn, find_clang
+from kdbkit.runtime.errors import BackendUnavailableError, BinaryLoadError, CompileError, CompilerUnavailableError
+from kdbkit.runtime.kernel_sources import list_sources
+
+from .conftest import compile_file, compile_text
+
+
+def _code_object(source: str, arch: str, *options: str) -> bytes:
+    return compile_file(Target.parse(arch), source, *options, compiler=AmdgcnClangCompiler())
 
 needs_clang = pytest.mark.skipif(
     find_clang() is None, reason="no clang with the amdgcn target on PATH (apt-get install clang-19 lld-19)"
@@ -122,7 +129,7 @@ def test_code_object_check_refuses_non_amd_binaries(binary, match):
 def gfx942_objects() -> dict[str, bytes]:
     if find_clang() is None:
         pytest.skip("no clang with the amdgcn target on PATH (apt-get install clang-19 lld-19)")
-    return {src: compile_amdgcn(read_source(src), "gfx942", [], [kernels_dir()], name=src) for src in list_sources()}
+    return {src: _code_object(src, "gfx942") for src in list_sources()}
 
 
 @needs_clang
@@ -143,7 +150,7 @@ def test_offline_kernel_names_are_not_mangled(gfx942_objects):
 
 @needs_clang
 def test_target_features_reach_the_code_object_and_the_check():
-    blob = compile_amdgcn(read_source("activation.c"), "gfx90a:xnack-", [], [kernels_dir()], name="activation.c")
+    blob = _code_object("activation.c", "gfx90a:xnack-")
     assert amdgpu_target(blob) == ("gfx90a", ("xnack-",))
     ok = hip.check_code_object(blob, Target("hip", "gfx90a", ("sramecc+", "xnack-")), "MI210")
     assert ok.full_arch == "gfx90a:xnack-"
@@ -160,18 +167,17 @@ def test_code_object_for_another_processor_is_refused(gfx942_objects):
 
 @needs_clang
 def test_tile_size_option_reaches_the_compiler():
-    small = compile_amdgcn(read_source("matmul_tiled.c"), "gfx942", ["-DTILE=8"], [kernels_dir()], name="matmul_tiled.c")
+    small = _code_object("matmul_tiled.c", "gfx942", "-DTILE=8")
     # Two TILE*TILE float tiles of LDS: 512 bytes for TILE=8 (2048 for the default 16).
-    assert b"group_segment_fixed_size" in small and small != compile_amdgcn(
-        read_source("matmul_tiled.c"), "gfx942", ["-DTILE=16"], [kernels_dir()], name="matmul_tiled.c"
-    )
+    assert b"group_segment_fixed_size" in small and small != _code_object("matmul_tiled.c", "gfx942", "-DTILE=16")
 
 
 @needs_clang
 def test_offline_compile_error_carries_clang_diagnostics():
     source = '#include "kdb_compat.h"\nKDB_KERNEL void broken(float* x) { x[0] = not_declared; }\n'
-    with pytest.raises(CompileError, match="(?s)broken.c failed to compile for gfx942.*not_declared"):
-        compile_amdgcn(source, "gfx942", [], [kernels_dir()], name="broken.c")
+    with pytest.raises(CompileError, match="broken.c failed to compile for gfx942.*not_declared") as info:
+        compile_text(Target("hip", "gfx942"), source, name="broken.c", compiler=AmdgcnClangCompiler())
+    assert "broken.c:2:" in info.value.log  # the #line markers point at the real file and line
 
 
 @needs_clang

@@ -1,4 +1,4 @@
-"""The OpenCL backend end to end on the local OpenCL device (PoCL on the CPU), checked against NumPy.
+"""The OpenCL compiler and backend end to end on the local OpenCL device (PoCL on the CPU), against NumPy.
 
 Each kernel variant is compiled once per module (a PoCL build takes about a second).
 """
@@ -8,12 +8,10 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from kdbkit.runtime.backends.args import LaunchArgumentError, TransferError
-from kdbkit.runtime.backends.base import BinaryLoadError, CompileError
 from kdbkit.runtime.backends.opencl import ENVELOPE_MAGIC, unwrap_binary, wrap_binary
-from kdbkit.runtime.kernel_sources import kernels_dir, read_source
+from kdbkit.runtime.errors import BinaryLoadError, CompileError, CompilerUnavailableError, LaunchArgumentError, TransferError
 
-from .conftest import build
+from .conftest import build, compile_file, compile_text
 
 
 @pytest.fixture(scope="module")
@@ -33,7 +31,7 @@ def sgemm16(opencl_backend):
 
 @pytest.fixture(scope="module")
 def activation_binary(opencl_backend):
-    return opencl_backend.compile(read_source("activation.c"), name="activation.c", options=[], include_dirs=[kernels_dir()])
+    return compile_file(opencl_backend.device.target, "activation.c")
 
 
 @pytest.mark.parametrize("n, grid", [(1, 1), (1000, 16), (4099, 3)])  # grid * 64 < n exercises the grid-stride loop
@@ -98,17 +96,30 @@ def test_missing_kernel_name_is_a_load_error(activation):
 
 def test_compile_error_carries_the_log(opencl_backend):
     source = '#include "kdb_compat.h"\nKDB_KERNEL void broken(KDB_GLOBAL float* x) { x[0] = not_declared; }\n'
-    with pytest.raises(CompileError, match="(?s)broken.c failed to compile.*not_declared"):
-        opencl_backend.compile(source, name="broken.c", options=[], include_dirs=[kernels_dir()])
+    with pytest.raises(CompileError, match="broken.c failed to compile on .*not_declared") as info:
+        compile_text(opencl_backend.device.target, source, name="broken.c")
+    assert "not_declared" in info.value.log and "\n" not in info.value.problem
 
 
-def test_include_dir_with_blanks_still_compiles(opencl_backend, tmp_path, kernel_checks):
-    # PoCL cannot take such a folder as -I: the backend inlines the includes instead.
-    spaced = tmp_path / "kernel headers"
+def test_kernel_folder_with_blanks_compiles(opencl_backend, tmp_path, kernel_checks):
+    # The compiler gets the includes inlined, so no folder is ever passed to PoCL (which splits -I on blanks).
+    from kdbkit.runtime.kernel_sources import KernelSearchPath, kernels_dir
+
+    spaced = tmp_path / "kernel sources"
     spaced.mkdir()
-    (spaced / "kdb_compat.h").write_text((kernels_dir() / "kdb_compat.h").read_text())
-    binary = opencl_backend.compile(read_source("activation.c"), name="activation.c", options=[], include_dirs=[spaced])
+    (spaced / "mine.c").write_text((kernels_dir() / "activation.c").read_text())
+    binary = compile_file(opencl_backend.device.target, "mine.c", search_path=KernelSearchPath([spaced]))
     kernel_checks.activation(opencl_backend, opencl_backend.load(binary), 100, grid=2)
+
+
+def test_the_opencl_compiler_needs_no_backend_and_names_its_device(opencl_backend):
+    from kdbkit.kdb import Target
+    from kdbkit.runtime.compilers import compiler_for
+
+    compiler = compiler_for(opencl_backend.device.target)
+    assert compiler.identity() and compiler.identity() == compiler.identity()
+    with pytest.raises(CompilerUnavailableError, match="no local OpenCL device is ocl-0123456789ab"):
+        compiler_for(Target("opencl", "ocl-0123456789ab"))
 
 
 def test_plain_python_numbers_are_refused(opencl_backend, activation):
@@ -136,5 +147,3 @@ def test_timing_and_identity(opencl_backend, sgemm16):
     ms = opencl_backend.time_ms(lambda: opencl_backend.launch(kernel, (4, 4, 1), (16, 16, 1), args), repeat=3)
     assert ms > 0
     opencl_backend.synchronize()
-    identity = opencl_backend.compiler_identity()
-    assert identity and identity == opencl_backend.compiler_identity()

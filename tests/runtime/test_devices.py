@@ -12,13 +12,7 @@ from kdbkit.kdb.target import Target
 from kdbkit.runtime.backends import registry
 from kdbkit.runtime.backends.base import BackendUnavailableError, DeviceInfo
 from kdbkit.runtime.backends.opencl import opencl_arch, opencl_compiler_identity
-from kdbkit.runtime.backends.registry import (
-    DeviceOverrideError,
-    apply_overrides,
-    default_device,
-    discover_devices,
-    selected_backends,
-)
+from kdbkit.runtime.backends.registry import Overrides, apply_overrides, default_device, discover_devices, selected_backends
 
 REPO = Path(__file__).resolve().parents[2]
 
@@ -50,41 +44,72 @@ def test_kdb_backend_restricts_discovery(fake_vendors, monkeypatch, value, expec
     assert [d.backend for d in discover_devices()] == expected
 
 
-def test_unknown_kdb_backend_is_refused_with_the_choices():
-    with pytest.raises(DeviceOverrideError, match="metal.*cuda, hip, opencl"):
-        selected_backends({"KDB_BACKEND": "metal"})
+def test_unknown_kdb_backend_warns_with_the_choices_and_allows_all(fake_vendors, monkeypatch, fresh_log, capsys):
+    monkeypatch.setenv("KDB_BACKEND", "metal")
+    assert selected_backends() == ("cuda", "hip", "opencl")
+    assert [d.backend for d in discover_devices()] == ["cuda", "hip", "opencl"]
+    err = capsys.readouterr().err.splitlines()
+    assert err == ["kdbkit warning: KDB_BACKEND='metal' is not understood (accepted: cuda, hip, opencl, "
+                   "comma-separated); using the default (unset)"]
+
+
+def _overrides(arch=None, cu=None):
+    target = Target.parse(arch) if arch else None
+    return Overrides(target, cu if cu is not None else (target.cu if target else None))
 
 
 def test_arch_override_applies_to_its_backend_only():
-    devices = apply_overrides([H100, MI210, POCL], {"KDB_DEVICE_ARCH": "gfx90a:xnack+"})
+    devices = apply_overrides([H100, MI210, POCL], _overrides("gfx90a:xnack+"))
     assert devices[0] == H100 and devices[2] == POCL
     assert str(devices[1].target) == "gfx90a:xnack+_104"
 
 
 def test_arch_override_may_carry_a_cu_count_and_cu_override_wins():
-    (dev,) = apply_overrides([MI210], {"KDB_DEVICE_ARCH": "gfx942_304"})
+    (dev,) = apply_overrides([MI210], _overrides("gfx942_304"))
     assert str(dev.target) == "gfx942_304"
-    (dev,) = apply_overrides([MI210], {"KDB_DEVICE_ARCH": "gfx942_304", "KDB_DEVICE_CU": "228"})
+    (dev,) = apply_overrides([MI210], _overrides("gfx942_304", 228))
     assert str(dev.target) == "gfx942_228"
 
 
 def test_cu_override_alone_applies_to_every_device():
-    devices = apply_overrides([H100, MI210, POCL], {"KDB_DEVICE_CU": "60"})
+    devices = apply_overrides([H100, MI210, POCL], _overrides(cu=60))
     assert [d.target.cu for d in devices] == [60, 60, 60]
     assert [d.target.arch for d in devices] == ["sm_90", "gfx90a", "ocl-0123456789ab"]
 
 
+def test_overrides_apply_to_opencl_devices(fake_vendors, monkeypatch):
+    monkeypatch.setenv("KDB_DEVICE_ARCH", "ocl-00000000abcd")
+    monkeypatch.setenv("KDB_DEVICE_CU", "7")
+    # The arch names one backend: only the OpenCL device takes it, and the CU count with it.
+    assert discover_devices() == [H100, MI210, POCL.__class__(**{**POCL.__dict__,
+                                                                  "target": Target.parse("ocl-00000000abcd_7")})]
+
+
+def test_an_arch_override_that_reaches_no_device_says_so(fake_vendors, monkeypatch, fresh_log, capsys):
+    fake_vendors["cuda"].clear()
+    fake_vendors["hip"].clear()
+    monkeypatch.setenv("KDB_DEVICE_ARCH", "gfx90a")
+    monkeypatch.setenv("KDB_DEVICE_CU", "110")
+    assert discover_devices() == [POCL]  # nothing changed, and the user is told why
+    (line,) = capsys.readouterr().err.splitlines()
+    assert "KDB_DEVICE_ARCH=gfx90a names a hip arch but the devices here are opencl: it changes nothing" in line
+
+
 @pytest.mark.parametrize(
-    "env, match",
+    "variable, value, accepted",
     [
-        ({"KDB_DEVICE_ARCH": "vega"}, "KDB_DEVICE_ARCH='vega' is not an arch"),
-        ({"KDB_DEVICE_CU": "lots"}, "KDB_DEVICE_CU='lots' must be a positive integer"),
-        ({"KDB_DEVICE_CU": "0"}, "KDB_DEVICE_CU='0' must be a positive integer"),
+        ("KDB_DEVICE_ARCH", "vega", "a target such as gfx90a"),
+        ("KDB_DEVICE_CU", "lots", "an integer from 1 up"),
+        ("KDB_DEVICE_CU", "0", "an integer from 1 up"),
     ],
 )
-def test_malformed_overrides_are_refused(env, match):
-    with pytest.raises(DeviceOverrideError, match=match):
-        apply_overrides([H100], env)
+def test_malformed_overrides_warn_once_and_are_ignored(fake_vendors, monkeypatch, fresh_log, capsys, variable,
+                                                         value, accepted):
+    monkeypatch.setenv(variable, value)
+    assert discover_devices()[0] == H100
+    discover_devices()
+    (line,) = capsys.readouterr().err.splitlines()
+    assert line.startswith(f"kdbkit warning: {variable}={value!r} is not understood (accepted: {accepted}")
 
 
 def test_overrides_are_read_at_discovery_time(fake_vendors, monkeypatch):
@@ -108,6 +133,14 @@ def test_no_device_at_all_says_how_to_get_one(fake_vendors):
         default_device()
 
 
+def test_a_kdb_backend_that_hides_every_device_says_so(fake_vendors, monkeypatch):
+    fake_vendors["cuda"].clear()
+    monkeypatch.setenv("KDB_BACKEND", "cuda")
+    with pytest.raises(BackendUnavailableError, match=r"no cuda device found; KDB_BACKEND=cuda hides 2 hip, opencl "
+                                                       r"device\(s\); unset KDB_BACKEND or add hip, opencl to it"):
+        default_device()
+
+
 def test_open_backend_refuses_an_unknown_backend():
     fake = DeviceInfo.__new__(DeviceInfo)
     object.__setattr__(fake, "backend", "metal")
@@ -118,7 +151,8 @@ def test_open_backend_refuses_an_unknown_backend():
 
 def test_importing_the_backends_loads_no_vendor_library():
     code = (
-        "import sys, runtime.backends, runtime.backends.cuda, runtime.backends.hip, runtime.backends.opencl\n"
+        "import sys, kdbkit, kdbkit.runtime.backends, kdbkit.runtime.backends.cuda, kdbkit.runtime.backends.hip\n"
+        "import kdbkit.runtime.backends.opencl, kdbkit.runtime.compilers, kdbkit.runtime.handle\n"
         "vendor = ['pyopencl', 'cuda.bindings.driver', 'cuda.bindings.nvrtc', 'hip', 'amdsmi', 'pynvml']\n"
         "print(','.join(m for m in vendor if m in sys.modules))"
     )

@@ -1,0 +1,56 @@
+"""The one small interface every compiler (NVRTC, clang for amdgcn, hiprtc, OpenCL) implements.
+
+A compiler turns a kernel source into a binary for a target. It needs no device and no
+backend: NVRTC builds cubins for any sm_NN and clang code objects for any gfx on a machine
+without a GPU, which is what the offline builder and the JIT source both rely on.
+
+Contracts:
+- ``identity()`` names the compiler, its version and every system header folder it hands
+  the compiler (their content's identity, not their path), e.g.
+  ``nvrtc 13.0 + cuda-runtime headers 13.5.37``. It is recorded in bundles and keyed, so a
+  binary is never used with another compiler's key. It raises
+  :class:`~kdbkit.runtime.errors.CompilerUnavailableError` when the version cannot be
+  observed, instead of guessing.
+- ``compile()`` compiles exactly the text of the :class:`KernelSource` it is given (includes
+  inlined, no file read again), so the binary matches the digest its key was made from. It
+  raises :class:`~kdbkit.runtime.errors.CompileError` with the compiler's log.
+"""
+
+from __future__ import annotations
+
+from abc import ABC, abstractmethod
+from typing import ClassVar
+
+from kdbkit.kdb.target import Target
+from kdbkit.runtime.kernel_sources import KernelSource
+from kdbkit.runtime.program_key import ProgramRequest
+
+
+class Compiler(ABC):
+    """Compiles kernel sources to binaries of one format, for the targets of one backend."""
+
+    name: ClassVar[str]  # "nvrtc", "clang", "hiprtc", "opencl"
+    backend: ClassVar[str]  # the backend whose devices load its binaries
+    binary_format: ClassVar[str]  # "cubin", "hsaco", "ocl-binary": recorded in bundles
+
+    @abstractmethod
+    def identity(self) -> str:
+        """Name, version and system header folders' identity; raises CompilerUnavailableError."""
+
+    def unsupported(self, target: Target) -> str | None:
+        """Why this compiler cannot build for ``target``, or None when it can."""
+        if target.backend != self.backend:
+            return f"{self.name} builds for {self.backend} targets, not {target.backend} ({target})"
+        return None
+
+    @abstractmethod
+    def compile(self, request: ProgramRequest, target: Target, source: KernelSource) -> bytes:
+        """Compile ``source`` with ``request.options`` for ``target``.
+
+        Raises:
+            CompileError: the source does not compile; ``.log`` holds the compiler's log.
+            CompilerUnavailableError: the compiler is missing or cannot build for ``target``.
+        """
+
+    def __repr__(self) -> str:
+        return f"{type(self).__name__}()"
