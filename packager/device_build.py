@@ -1,9 +1,10 @@
-"""Build a system bundle for a live device with its own backend.
+"""Build a system bundle for one target with kdbkit's compilers: the same requests, keys and compilers as the runtime.
 
-The offline builder (no GPU, every target) comes with the packaging work; this is the
-smallest real builder, used by the startup benchmark and the tests: it compiles programs
-with the device's backend and writes them under the same keys the runtime looks up, keyed
-with the compiler that made them, into ``<folder>/<arch>_<cu>.kdb``.
+The offline builder (catalogues, every target, parallel) comes with the packaging work; this
+is the smallest real builder, used by the startup benchmark and the tests. Each request is
+read once (:meth:`KernelSearchPath.read`), keyed with :func:`program_key` for the target and
+the compiler's identity, compiled from that same read, and written under that key, so the
+runtime finds exactly what was built.
 """
 
 from __future__ import annotations
@@ -12,35 +13,41 @@ from pathlib import Path
 from typing import Iterable, Sequence
 
 from kdbkit.kdb import Target, write_bundle
-from kdbkit.runtime import kernel_sources
-from kdbkit.runtime.backends.base import Backend
-from kdbkit.runtime.program_key import normalise_options, program_key
+from kdbkit.runtime.compilers import Compiler, compiler_for
+from kdbkit.runtime.kernel_sources import KernelSearchPath
+from kdbkit.runtime.program_key import ProgramRequest, program_key
 
 
-def build_device_bundle(backend: Backend, programs: Iterable[tuple[str, str | Sequence[str]]], folder: Path, *,
-                        target: Target | None = None, file_name: str | None = None) -> Path:
-    """Compile ``programs`` (kernel file, options) with ``backend`` into a system bundle.
+def build_bundle(target: Target, programs: Iterable[ProgramRequest | tuple[str, str | Sequence[str]]], folder: Path,
+                 *, compiler: Compiler | None = None, bundle_target: Target | None = None,
+                 file_name: str | None = None, search_path: KernelSearchPath | None = None) -> Path:
+    """Compile ``programs`` for ``target`` into a system bundle.
 
     Args:
-        backend: an opened backend; its device's target names the bundle.
-        programs: (kernel file in ``kernels/``, compile options) pairs.
+        target: what the binaries are compiled for (its arch; the CU count only names the file).
+        programs: requests, or (kernel file, compile options) pairs.
         folder: where to write the bundle (it must exist).
-        target: the target to record, if not the device's own (arch-wide, say).
-        file_name: the file name, if not the target's bundle name.
+        compiler: the compiler; :func:`compiler_for` ``target`` by default.
+        bundle_target: the target to record, if not ``target`` (arch-wide, say).
+        file_name: the file name, if not the recorded target's bundle name.
+        search_path: where kernel files are found; the default path if None.
 
     Returns:
         The bundle's path.
+
+    Raises:
+        CompilerUnavailableError, CompileError, KernelSourceError: as the compiler and the
+        search path raise them; nothing is written then.
     """
-    device_target = backend.device.target
-    target = target or device_target
-    compiler = backend.compiler_identity()
+    compiler = compiler or compiler_for(target)
+    search_path = search_path or KernelSearchPath()
+    identity = compiler.identity()
     entries = []
-    for kernel_file, options in programs:
-        opts = normalise_options(options)
-        key = program_key(kernel_file=kernel_file, options=opts, arch=device_target.full_arch,
-                          source_digest=kernel_sources.source_digest(kernel_file), compiler=compiler)
-        binary = backend.compile(kernel_sources.read_source(kernel_file), name=kernel_file, options=list(opts),
-                                 include_dirs=[kernel_sources.kernels_dir()])
-        entries.append((key.kernel_name, key.kernel_args, binary))
-    return write_bundle(Path(folder) / (file_name or target.bundle_name()), target, entries, compiler=compiler,
-                        binary_format=backend.binary_format)
+    for item in programs:
+        request = item if isinstance(item, ProgramRequest) else ProgramRequest(*item)
+        source = search_path.read(request.kernel_file)
+        key = program_key(request, target=target, compiler=identity, source_digest=source.digest)
+        entries.append((key.kernel_name, key.kernel_args, compiler.compile(request, target, source)))
+    recorded = bundle_target or target
+    return write_bundle(Path(folder) / (file_name or recorded.bundle_name()), recorded, entries, compiler=identity,
+                        binary_format=compiler.binary_format)

@@ -4,6 +4,10 @@ The folder holds one ``<arch>.ukdb`` per arch (plus SQLite's ``-wal``/``-shm`` f
 in use), ``locks/`` with one lock file per program ever compiled, and, after a repair,
 damaged files moved aside as ``*.ukdb.corrupt-<time>``. Its parent holds the folders of
 other kdbkit versions, which this version never reads.
+
+Everything here is safe while other processes use the cache: entries are removed through
+SQLite (never by deleting a live file or its ``-wal``/``-shm``, which would corrupt the
+database under its readers), and a lock file is removed only while this process holds it.
 """
 
 from __future__ import annotations
@@ -13,10 +17,13 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from filelock import FileLock, Timeout
+
 from kdbkit.kdb import Bundle, KdbError, open_bundle
+from kdbkit.kdb.errors import BundleBusyError, CorruptBundleError, NotABundleError
 from kdbkit.kdb.version import __version__
 from kdbkit.runtime import env, paths
-from kdbkit.runtime.user_cache import LOCKS
+from kdbkit.runtime.user_cache import LOCKS, with_backoff
 
 
 @dataclass
@@ -58,18 +65,65 @@ def list_cache(folder: Path | None = None) -> list[CacheFile]:
     return files
 
 
-def clear_cache(folder: Path | None = None) -> list[Path]:
-    """Delete every cache file, lock and moved-aside file in the folder; return what went."""
+@dataclass
+class ClearReport:
+    entries: int = 0  # entries deleted from live cache files
+    removed_files: list[Path] = field(default_factory=list)  # damaged files and unused locks
+    busy_locks: int = 0  # lock files left because a compile holds them now
+
+
+def clear_cache(folder: Path | None = None) -> ClearReport:
+    """Empty the cache folder, safely while other processes use it.
+
+    Live ``.ukdb`` files are emptied through SQLite (their metadata stays, so processes that
+    have them open go on, compiling again what they need); damaged files and moved-aside
+    copies are deleted with their ``-wal``/``-shm`` (no process can use those); lock files are
+    deleted unless a compile holds them now.
+    """
     folder = folder or paths.user_cache_dir()
-    removed = []
-    for path in sorted(folder.glob("*.ukdb*")):
-        path.unlink(missing_ok=True)
-        removed.append(path)
-    locks = folder / LOCKS
-    if locks.is_dir():
-        shutil.rmtree(locks, ignore_errors=True)
-        removed.append(locks)
-    return removed
+    report = ClearReport()
+    for path in sorted(folder.glob("*.ukdb")):
+        try:
+            with Bundle.open(path, writable=True, wal=True) as b:
+                report.entries += with_backoff(b.delete_all)
+                try:
+                    b.compact()
+                except BundleBusyError:
+                    pass  # readers hold the file: its pages are reused by later writes instead
+        except (NotABundleError, CorruptBundleError):
+            _remove_with_journals(path, report)
+    for aside in sorted(folder.glob("*.ukdb.corrupt-*")):
+        _remove_with_journals(aside, report)
+    report.busy_locks = _remove_unheld_locks(folder / LOCKS, report, older_than=None)
+    return report
+
+
+def _remove_with_journals(path: Path, report: ClearReport | PruneReport) -> None:
+    for p in (path, Path(f"{path}-wal"), Path(f"{path}-shm"), Path(f"{path}-journal")):
+        if p.exists():
+            p.unlink(missing_ok=True)
+            report.removed_files.append(p)
+
+
+def _remove_unheld_locks(locks: Path, report, older_than: float | None) -> int:
+    """Delete lock files no compile holds (and untouched since ``older_than``); count the held ones.
+
+    Each is taken without waiting before it is deleted, so a compile holding it keeps it.
+    """
+    held = 0
+    for lock_path in sorted(locks.glob("*.lock")) if locks.is_dir() else ():
+        try:
+            if older_than is not None and lock_path.stat().st_mtime >= older_than:
+                continue
+            lock = FileLock(str(lock_path), timeout=0)
+            with lock:
+                lock_path.unlink(missing_ok=True)
+            report.removed_files.append(lock_path)
+        except Timeout:
+            held += 1
+        except OSError:
+            continue  # gone meanwhile, or not ours to delete
+    return held
 
 
 def prune_cache(folder: Path | None = None, *, lock_age_s: float = 7 * 86400) -> PruneReport:
@@ -92,11 +146,7 @@ def prune_cache(folder: Path | None = None, *, lock_age_s: float = 7 * 86400) ->
         report.freed_bytes += _size(aside)
         aside.unlink(missing_ok=True)
         report.removed_files.append(aside)
-    cutoff = time.time() - lock_age_s
-    for lock in (folder / LOCKS).glob("*.lock") if (folder / LOCKS).is_dir() else ():
-        if lock.stat().st_mtime < cutoff:
-            lock.unlink(missing_ok=True)
-            report.removed_files.append(lock)
+    _remove_unheld_locks(folder / LOCKS, report, older_than=time.time() - lock_age_s)
     for path in folder.glob("*.ukdb"):
         report.removed_entries += _drop_corrupt_entries(path, report)
     return report

@@ -14,6 +14,7 @@ from dataclasses import dataclass
 from importlib import metadata
 from pathlib import Path
 
+from kdbkit.kdb.errors import KdbError
 from kdbkit.kdb.version import __version__
 from kdbkit.runtime import paths
 
@@ -58,19 +59,34 @@ def versions() -> list[Row]:
 
 
 def compilers() -> list[Row]:
-    from kdbkit.runtime.backends import amdgcn_clang, nvrtc
+    from kdbkit.runtime.compilers import compilers_for
 
     # A missing compiler is a fact to show, not a problem: bundles and caches work without one.
-    return [Row("compilers", "NVRTC (CUDA JIT and offline)", _probe(nvrtc.nvrtc_identity)[0]),
-            Row("compilers", "clang for amdgcn (HIP offline)", _probe(amdgcn_clang.clang_identity)[0])]
+    what = {"nvrtc": "NVRTC (CUDA JIT and offline)", "hiprtc": "hiprtc (HIP JIT)",
+            "clang": "clang for amdgcn (HIP offline)"}
+    return [Row("compilers", what[c.name], _probe(c.identity)[0]) for b in ("cuda", "hip") for c in compilers_for(b)]
 
 
 def search_paths() -> list[Row]:
+    from kdbkit.kdb import open_bundle
+
     rows = []
     for d in paths.system_db_dirs():
-        n = len(list(d.path.glob("*.kdb"))) if d.path.is_dir() else 0
-        state = f"{n} bundle(s)" if d.path.is_dir() else "does not exist"
-        rows.append(Row("system bundles", f"{d.path} ({d.origin})", state))
+        where = f"{d.path} ({d.origin})"
+        if d.is_file:
+            try:
+                with open_bundle(d.path) as b:
+                    rows.append(Row("system bundles", where, f"bundle file for {b.metadata.target}"))
+            except KdbError as exc:
+                rows.append(Row("system bundles", where, exc.problem, False))
+        elif d.path.is_dir():
+            rows.append(Row("system bundles", where, f"{len(list(d.path.glob('*.kdb')))} bundle(s)"))
+        elif d.path.exists():
+            rows.append(Row("system bundles", where, "not a folder or a .kdb file", False))
+        else:
+            # a folder nobody created is normal (no package installed there); one named in
+            # KDB_SYSTEM_DB_PATH is a setting pointing nowhere
+            rows.append(Row("system bundles", where, "does not exist", d.origin != "KDB_SYSTEM_DB_PATH"))
     return rows
 
 
@@ -102,9 +118,8 @@ def cache_health() -> list[Row]:
     folder = paths.user_cache_dir()
     rows = [Row("user cache", "folder", str(folder)),
             Row("user cache", "enabled", "no (KDB_DISABLE_CACHE)" if env.get_bool("KDB_DISABLE_CACHE") else "yes")]
-    probe = folder if folder.exists() else _first_existing_parent(folder)
-    writable = os.access(probe, os.W_OK)
-    rows.append(Row("user cache", "writable", f"{'yes' if writable else 'NO'} ({probe})", writable))
+    writable, why = folder_writable(folder)
+    rows.append(Row("user cache", "writable", f"{'yes' if writable else 'NO'} ({why})", writable))
     for f in cache_admin.list_cache(folder) if folder.is_dir() else []:
         rows.append(Row("user cache", f.path.name, f.problem or f"{f.entries} entries, {f.file_bytes} bytes",
                         f.problem is None))
@@ -112,10 +127,20 @@ def cache_health() -> list[Row]:
     return rows
 
 
-def _first_existing_parent(path: Path) -> Path:
-    while not path.exists() and path != path.parent:
-        path = path.parent
-    return path
+def folder_writable(folder: Path) -> tuple[bool, str]:
+    """Whether files can be created in ``folder`` (made first if missing), and what decided it.
+
+    The nearest existing ancestor must be a folder this process may write and enter: a
+    regular file on the way means the folder can never be made.
+    """
+    probe = folder
+    while not probe.exists() and probe != probe.parent:
+        probe = probe.parent
+    if not probe.is_dir():
+        return False, f"{probe} is a file, so {folder} cannot be created"
+    if not os.access(probe, os.W_OK | os.X_OK):
+        return False, f"{probe} is not writable"
+    return True, str(probe)
 
 
 def report() -> list[Row]:

@@ -1,13 +1,22 @@
-"""Where kernel sources live, and the digest that ties a binary to the exact source it came from.
+"""Where kernel sources are found, and one read of a source from which its digest and text both come.
 
-``kernels/`` is data, not an import package (PyPI's name ``kernels`` is taken). In a checkout
-it sits next to ``runtime/``; in an installed wheel, pyproject force-includes it as
-``runtime/_kernels``. Both are looked for, the wheel's first.
+Kernel sources are data, looked up by name (``activation.c``, ``mylib/softmax.c``) along a
+search path: the folders a handle is given, then ``KDB_KERNEL_PATH``, then kdbkit's own
+``kernels/`` (beside ``runtime/`` in a checkout; ``kdbkit/kernels`` in a wheel). The first
+folder holding the name wins, so a library that ships kernels uses kdbkit's keys, bundles,
+caches and chain for them by putting its folder on the path. ``kdb resolve`` shows which
+folder a name came from.
 
-The digest covers the source text and, recursively, every file it includes with quotes
-(``#include "kdb_compat.h"``), so that editing the compatibility header changes the cache key
-of every kernel that uses it. Angle-bracket includes are compiler headers: the compiler
-identity, not this digest, covers them.
+The digest covers the source and, recursively, every file it includes with quotes
+(``#include "kdb_compat.h"``), each found as the preprocessor would: next to the including
+file, then along the search path. It hashes contents and relative names, never folders, so a
+bundle built on one machine matches the same sources installed anywhere. Angle-bracket
+includes are compiler headers: the compiler's identity covers them.
+
+A compile never re-reads a file: :meth:`KernelSearchPath.read` reads every file once and
+returns a :class:`KernelSource` whose digest and compiler text (the includes inlined, with
+``#line`` markers) come from those same bytes, so a binary is never stored under the key of
+another version of its source.
 """
 
 from __future__ import annotations
@@ -16,18 +25,22 @@ import functools
 import hashlib
 import os
 import re
+from dataclasses import dataclass
 from pathlib import Path, PurePosixPath
+from typing import Iterable, Sequence
 
-from kdbkit.kdb.errors import KdbError
+from kdbkit.runtime import env
+from kdbkit.runtime.errors import KernelSourceError
 
 # A marker file that only kdbkit's kernels folder has; it tells ours from other "kernels" dirs.
 _MARKER = "kdb_compat.h"
-_DIGEST_SCHEMA = b"kdb-source-digest/2"
-_QUOTED_INCLUDE = re.compile(r'^[ \t]*#[ \t]*include[ \t]*"([^"]+)"', re.MULTILINE)
-
-
-class KernelSourceError(KdbError, FileNotFoundError):
-    """A kernel source, or a file it includes, cannot be found or read."""
+# Version 3: the compiler is given the includes inlined (see KernelSource.text); a change to
+# that text must change every key, so the inlining rules are part of this version.
+_DIGEST_SCHEMA = b"kdb-source-digest/3"
+_INCLUDE_LINE = re.compile(r'^[ \t]*#[ \t]*include[ \t]*"([^"]+)"[^\n]*$', re.MULTILINE)
+_PRAGMA_ONCE = re.compile(r"^[ \t]*#[ \t]*pragma[ \t]+once\b[^\n]*$", re.MULTILINE)
+_GUARD = re.compile(r"\A(?:\s|//[^\n]*\n|/\*.*?\*/)*#[ \t]*ifndef[ \t]+(\w+)\s*#[ \t]*define[ \t]+\1\b", re.DOTALL)
+MAX_INCLUDE_DEPTH = 32
 
 
 @functools.lru_cache(maxsize=1)
@@ -47,70 +60,28 @@ def kernels_dir() -> Path:
     if (candidate / _MARKER).is_file():
         return candidate
     raise KernelSourceError(
-        f"kdbkit's kernel sources are missing: no {_MARKER} in {candidate}; "
-        "reinstall kdbkit (`pip install --force-reinstall kdbkit`) or run from a full checkout"
-    )
+        f"kdbkit's kernel sources are missing: no {_MARKER} in {candidate}",
+        "reinstall kdbkit (`pip install --force-reinstall kdbkit`) or run from a full checkout")
 
 
-def _resolve(name: str, root: Path, *, base: Path | None = None, included_from: str | None = None) -> Path:
-    """Find ``name`` as the preprocessor would: next to the including file, then in ``root``."""
+def _check_name(name: str, where: str) -> PurePosixPath:
     rel = PurePosixPath(name)
-    if rel.is_absolute() or ".." in rel.parts:
-        raise KernelSourceError(f"kernel source name {name!r} must be a plain path inside {root}")
-    for folder in ([base] if base is not None else []) + [root]:
-        candidate = folder / rel
-        if candidate.is_file():
-            return candidate
-    where = f" (included from {included_from})" if included_from else ""
-    raise KernelSourceError(f"kernel source {name!r}{where} not found in {root}")
+    if not name or rel.is_absolute() or ".." in rel.parts:
+        raise KernelSourceError(f"kernel source name {name!r} must be a relative path inside {where}")
+    return rel
 
 
-def read_source(name: str) -> str:
-    """Return the text of kernel source ``name``, e.g. ``"activation.c"``.
+# -- one file: its bytes' hash and its quoted includes, remembered by stamp ----------------
 
-    Raises:
-        KernelSourceError: no such file in :func:`kernels_dir`, or the name leaves it.
-    """
-    return _resolve(name, kernels_dir()).read_text(encoding="utf-8")
-
-
-def list_sources() -> list[str]:
-    """Names of the kernel sources (``*.c``) in :func:`kernels_dir`, sorted."""
-    # scandir, not Path.glob: glob compiles a pattern per call, which costs more than the
-    # listing itself in a fresh process (measured here: 150 us against 40 us)
-    with os.scandir(kernels_dir()) as entries:
-        return sorted(e.name for e in entries if e.name.endswith(".c") and e.is_file())
-
-
-def source_digests() -> dict[str, str]:
-    """:func:`source_digest` of every kernel source in :func:`kernels_dir`, by name.
-
-    A handle takes this snapshot when it is made, so that resolving a program later costs no
-    file access for its source. A source that cannot be digested (an include is missing) is
-    left out: asking for it later raises, naming the missing file.
-
-    Raises:
-        KernelSourceError: there is no kernels folder at all.
-    """
-    digests = {}
-    for name in list_sources():
-        try:
-            digests[name] = source_digest(name)
-        except KernelSourceError:
-            continue
-    return digests
+# Per-process cache, one entry per path: its (mtime_ns, size) stamp, the SHA-256 of its bytes
+# and the files it includes. A later digest then costs one stat per file instead of a read
+# and a scan; a file whose stamp changed is read again, so an edit always gives a new digest.
+_files: dict[str, tuple[tuple[int, int], bytes, tuple[str, ...]]] = {}
 
 
 def quoted_includes(text: str) -> list[str]:
     """The file names a source includes with quotes, in order of appearance."""
-    return _QUOTED_INCLUDE.findall(text)
-
-
-# Per-process cache, one entry per file: its (mtime_ns, size) stamp, the SHA-256 of its
-# bytes and the files it includes. A later digest of a kernel then costs one stat per file
-# instead of reading and scanning each (the shared header above all); a file whose stamp
-# changed is read again, so an edited source always gives a new digest.
-_files: dict[str, tuple[tuple[int, int], bytes, tuple[str, ...]]] = {}
+    return _INCLUDE_LINE.findall(text)
 
 
 def _file_info(path: str) -> tuple[bytes, tuple[str, ...]] | None:
@@ -123,53 +94,254 @@ def _file_info(path: str) -> tuple[bytes, tuple[str, ...]] | None:
     cached = _files.get(path)
     if cached is not None and cached[0] == stamp:
         return cached[1], cached[2]
-    try:
-        with open(path, "rb") as f:
-            data = f.read()
-    except (FileNotFoundError, IsADirectoryError, NotADirectoryError):
+    data = _read_bytes(path)
+    if data is None:
         return None
     info = (hashlib.sha256(data).digest(), tuple(quoted_includes(data.decode("utf-8", "replace"))))
     _files[path] = (stamp, *info)
     return info
 
 
-def source_digest(name: str) -> str:
-    """SHA-256 (hex) over kernel source ``name`` and every file it includes with quotes.
+def _read_bytes(path: str) -> bytes | None:
+    try:
+        with open(path, "rb") as f:
+            return f.read()
+    except (FileNotFoundError, IsADirectoryError, NotADirectoryError):
+        return None
+    except OSError as exc:
+        raise KernelSourceError(f"cannot read kernel source {path}: {exc.strerror or exc}",
+                                "check the file's permissions") from exc
 
-    Each file counts once, in depth-first include order, as length-prefixed
-    ``(relative path, SHA-256 of its bytes)`` fields after a schema tag, so editing any file,
-    moving text between files or renaming a header changes the digest.
 
-    Raises:
-        KernelSourceError: the source or one of its (transitive) quoted includes is missing;
-            the message names the missing file and the file that includes it.
+@dataclass(frozen=True)
+class SourceFile:
+    """One file of a kernel source: where it was found, its bytes, and where each include led."""
+
+    rel_name: str  # relative to the search-path folder that holds it, "/"-separated
+    path: str
+    data: bytes
+    includes: tuple[tuple[str, str], ...] = ()  # (name in the #include, path it resolved to)
+
+
+@dataclass(frozen=True)
+class KernelSource:
+    """One read of a kernel source and every file it includes: what a compiler is given.
+
+    Attributes:
+        name: the name asked for, e.g. ``activation.c``.
+        folder: the search-path folder it was found in.
+        files: the source first, then every included file in depth-first order, each once.
+        digest: SHA-256 (hex) over the files' relative names and bytes (see :func:`_digest`).
     """
-    root = str(kernels_dir())
-    h = hashlib.sha256()
-    h.update(_DIGEST_SCHEMA)
-    seen: set[str] = set()
 
-    def visit(inc: str, base: str | None, included_from: str | None) -> None:
-        rel = PurePosixPath(inc)
-        if rel.is_absolute() or ".." in rel.parts:
-            raise KernelSourceError(f"kernel source name {inc!r} must be a plain path inside {root}")
-        for folder in ((base, root) if base is not None and base != root else (root,)):
-            path = os.path.join(folder, inc)
-            info = _file_info(path)
-            if info is not None:
-                break
-        else:
-            where = f" (included from {included_from})" if included_from else ""
-            raise KernelSourceError(f"kernel source {inc!r}{where} not found in {root}")
-        if path in seen:
-            return
-        seen.add(path)
-        rel_name = path[len(root) + 1:].replace(os.sep, "/")  # path is root/... by construction
-        for field in (rel_name.encode(), info[0]):
+    name: str
+    folder: Path
+    files: tuple[SourceFile, ...]
+    digest: str
+
+    def text(self) -> str:
+        """The source with every quoted include inlined, as one translation unit.
+
+        Built from the bytes read, never from the disk again. Each inlined file is framed by
+        ``#line`` markers, so the compiler's messages name the real file and line. A header
+        with ``#pragma once`` or a classic include guard is inlined at its first inclusion
+        only (as a preprocessor would see it); others at each.
+        """
+        return _inline(self.files[0], {f.path: f for f in self.files}, [], set())
+
+
+def _inline(file: SourceFile, by_path: dict[str, SourceFile], stack: list[str], done: set[str]) -> str:
+    if len(stack) >= MAX_INCLUDE_DEPTH:
+        raise KernelSourceError(f"includes nested more than {MAX_INCLUDE_DEPTH} deep ({' -> '.join(stack)})",
+                                "an include cycle needs #pragma once or an include guard")
+    stack = [*stack, file.rel_name]
+    text = file.data.decode("utf-8", "replace")
+    if _PRAGMA_ONCE.search(text) or _GUARD.match(text):
+        done.add(file.path)
+    # `#pragma once` outside a real file draws a warning; an empty line keeps the numbering.
+    text = _PRAGMA_ONCE.sub("", text)
+    resolved = dict(file.includes)
+
+    def include(m: re.Match) -> str:
+        child = by_path[resolved[m.group(1)]]
+        resume = f'#line {text.count(chr(10), 0, m.end()) + 2} "{file.rel_name}"'
+        if child.path in done:
+            return resume
+        return f'#line 1 "{child.rel_name}"\n{_inline(child, by_path, stack, done)}\n{resume}'
+
+    return _INCLUDE_LINE.sub(include, text)
+
+
+def _locate(inc: str, includer: tuple[str, str], roots: Sequence[str], included_from: str) -> tuple[str, str, str]:
+    """Find ``#include "inc"`` as the preprocessor would: beside the includer, then along the path.
+
+    Args:
+        includer: (search folder, folder) of the including file.
+        roots: the search path's folders, in order.
+
+    Returns:
+        (search folder that holds it, its name relative to that folder, its path).
+    """
+    rel = _check_name(inc, "the kernel search path")
+    root, base = includer
+    for folder, where in ((root, base), *((r, r) for r in roots)):
+        path = os.path.join(where, *rel.parts)
+        if os.path.isfile(path):
+            return folder, path[len(folder) + 1:].replace(os.sep, "/"), path
+    raise KernelSourceError(f"kernel source {inc!r} (included from {included_from}) not found",
+                            "put it beside the file that includes it or on the kernel search path (KDB_KERNEL_PATH)")
+
+
+class KernelSearchPath:
+    """The folders kernel sources are looked up in, first match wins.
+
+    Args:
+        folders: folders to search before ``KDB_KERNEL_PATH`` and kdbkit's own ``kernels/``
+            (a library's kernels, say).
+    """
+
+    def __init__(self, folders: Iterable[str | Path] = ()):
+        ordered = [Path(f).expanduser() for f in folders]
+        ordered += env.get_pathlist("KDB_KERNEL_PATH")
+        ordered.append(kernels_dir())
+        seen: set[str] = set()
+        self.folders: tuple[Path, ...] = tuple(
+            f for f in (Path(os.path.abspath(p)) for p in ordered) if not (str(f) in seen or seen.add(str(f))))
+        self._roots = [str(f) for f in self.folders]
+
+    def __repr__(self) -> str:
+        return f"KernelSearchPath({[str(f) for f in self.folders]})"
+
+    def find(self, name: str) -> Path:
+        """The search-path folder that holds kernel source ``name``.
+
+        Raises:
+            KernelSourceError: no folder holds it, or the name leaves its folder.
+        """
+        rel = _check_name(name, "a kernel folder")
+        for folder in self.folders:
+            if (folder / rel).is_file():
+                return folder
+        raise KernelSourceError(
+            f"no kernel source {name!r} in {', '.join(map(str, self.folders))}",
+            "check the name, or add its folder to KDB_KERNEL_PATH (or the handle's kernel_path)")
+
+    def names(self) -> list[str]:
+        """The ``*.c`` sources at the top of every folder, each name once (first folder wins)."""
+        names: set[str] = set()
+        for folder in self.folders:
+            # scandir, not Path.glob: glob compiles a pattern per call, which costs more than
+            # the listing itself in a fresh process (measured here: 150 us against 40 us)
+            try:
+                with os.scandir(folder) as entries:
+                    names.update(e.name for e in entries if e.name.endswith(".c") and e.is_file())
+            except OSError:
+                continue  # a folder on KDB_KERNEL_PATH that does not exist holds nothing
+        return sorted(names)
+
+    def _walk(self, name: str, read) -> tuple[Path, list[tuple[str, str, tuple, tuple]]]:
+        """Visit ``name`` and its includes depth-first, each path once.
+
+        ``read(path)`` gives (SHA-256, include names[, bytes]) or None. Returns the folder of
+        ``name`` and, per file, (relative name, path, what ``read`` gave, where each include led).
+        """
+        folder = self.find(name)
+        visited: list[tuple[str, str, tuple, tuple]] = []
+        seen: set[str] = set()
+
+        def visit(root: str, rel: str, path: str) -> None:
+            if path in seen:
+                return
+            seen.add(path)
+            info = read(path)
+            if info is None:  # vanished between the lookup and the read
+                raise KernelSourceError(f"kernel source {path} disappeared while it was read", "retry")
+            children = [(inc, _locate(inc, (root, os.path.dirname(path)), self._roots, rel)) for inc in info[1]]
+            visited.append((rel, path, info, tuple((inc, child[2]) for inc, child in children)))
+            for _, child in children:
+                visit(*child)
+
+        root = str(folder)
+        visit(root, name, os.path.join(root, *PurePosixPath(name).parts))
+        return folder, visited
+
+    def digest(self, name: str) -> str:
+        """SHA-256 (hex) of source ``name`` and every file it includes (see :func:`_digest`).
+
+        Files unchanged since the process last read them (same mtime and size) are not read again.
+
+        Raises:
+            KernelSourceError: the source or one of its quoted includes is missing; the
+                message names the missing file and the file that includes it.
+        """
+        _, visited = self._walk(name, _file_info)
+        return _digest((rel, info[0]) for rel, _, info, _ in visited)
+
+    def read(self, name: str) -> KernelSource:
+        """Read source ``name`` and its includes once, for a compile: digest and text agree.
+
+        Raises:
+            KernelSourceError: as :meth:`digest`.
+        """
+        def fresh(path: str):
+            data = _read_bytes(path)
+            if data is None:
+                return None
+            return hashlib.sha256(data).digest(), tuple(quoted_includes(data.decode("utf-8", "replace"))), data
+
+        folder, visited = self._walk(name, fresh)
+        files = tuple(SourceFile(rel, path, info[2], includes) for rel, path, info, includes in visited)
+        return KernelSource(name, folder, files, _digest((rel, info[0]) for rel, _, info, _ in visited))
+
+
+def _digest(entries: Iterable[tuple[str, bytes]]) -> str:
+    """SHA-256 over a schema tag, then per file its relative name and the SHA-256 of its bytes,
+    each length-prefixed, in depth-first include order: editing any file, moving text between
+    files or renaming a header changes it; the folders the files live in do not."""
+    h = hashlib.sha256(_DIGEST_SCHEMA)
+    for rel, sha in entries:
+        for field in (rel.encode(), sha):
             h.update(len(field).to_bytes(8, "little"))
             h.update(field)
-        for child in info[1]:
-            visit(child, os.path.dirname(path), rel_name)
-
-    visit(name, None, None)
     return h.hexdigest()
+
+
+# -- the default search path (KDB_KERNEL_PATH, then kdbkit's kernels) ---------------------
+
+def default_path() -> KernelSearchPath:
+    """The search path of a handle made without ``kernel_path``."""
+    return KernelSearchPath()
+
+
+def read_source(name: str) -> str:
+    """The text of kernel source ``name`` on the default path, includes left as they are."""
+    folder = default_path().find(name)
+    data = _read_bytes(str(folder / _check_name(name, str(folder))))
+    return (data or b"").decode("utf-8")
+
+
+def list_sources() -> list[str]:
+    """Names of the ``*.c`` sources on the default path, sorted."""
+    return default_path().names()
+
+
+def source_digest(name: str) -> str:
+    """:meth:`KernelSearchPath.digest` on the default path."""
+    return default_path().digest(name)
+
+
+def source_digests(path: KernelSearchPath | None = None, names: Sequence[str] | None = None) -> dict[str, str]:
+    """The digest of every source in ``names`` (default: every ``*.c`` on the path), by name.
+
+    A handle takes this snapshot when it is made, so that resolving a program later costs no
+    file access for its source. A source that cannot be digested (an include is missing) is
+    left out: asking for it later raises, naming the missing file.
+    """
+    path = path or default_path()
+    digests = {}
+    for name in path.names() if names is None else names:
+        try:
+            digests[name] = path.digest(name)
+        except KernelSourceError:
+            continue
+    return digests

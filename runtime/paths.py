@@ -1,7 +1,7 @@
 """Where kdbkit looks for system bundles and keeps its per-user files.
 
 System bundles (read-only), searched in this order:
-1. ``KDB_SYSTEM_DB_PATH`` (a path list);
+1. ``KDB_SYSTEM_DB_PATH`` (a path list of folders, or of ``.kdb`` files named directly);
 2. ``<sys.prefix>/share/kdbkit/db``;
 3. installed kernel packages: entry points in group ``kdbkit.bundles`` whose value is a
    callable returning a folder, or a module whose folder holds the ``.kdb`` files.
@@ -27,14 +27,16 @@ from kdbkit.runtime import env
 from kdbkit.runtime.logging_setup import get_logger
 
 ENTRY_POINT_GROUP = "kdbkit.bundles"
+_log = get_logger(__name__)
 
 
 @dataclass(frozen=True)
 class SearchDir:
-    """A folder searched for system bundles and why it is searched."""
+    """A folder searched for system bundles (or one bundle file named directly) and why."""
 
     path: Path
     origin: str  # "KDB_SYSTEM_DB_PATH", "package <name>", "sys.prefix"
+    is_file: bool = False  # a bundle file, not a folder: only KDB_SYSTEM_DB_PATH names those
 
 
 def iter_system_db_dirs() -> Iterator[SearchDir]:
@@ -51,9 +53,10 @@ def iter_system_db_dirs() -> Iterator[SearchDir]:
             key = os.path.abspath(path)  # not resolve(): no syscalls; a symlinked twin is only searched twice
             if key not in seen:
                 seen.add(key)
-                yield SearchDir(path, d.origin)
+                yield SearchDir(path, d.origin, d.is_file)
 
-    yield from fresh(SearchDir(p, "KDB_SYSTEM_DB_PATH") for p in env.get_pathlist("KDB_SYSTEM_DB_PATH"))
+    yield from fresh(SearchDir(p, "KDB_SYSTEM_DB_PATH", p.suffix == ".kdb" or p.is_file())
+                     for p in env.get_pathlist("KDB_SYSTEM_DB_PATH"))
     yield from fresh([SearchDir(Path(sys.prefix) / "share" / "kdbkit" / "db", "sys.prefix")])
     yield from fresh(_entry_point_dirs())
 
@@ -111,9 +114,8 @@ def _load_entry_points(text: str, dist: str) -> Iterator[SearchDir]:
                 obj = getattr(obj, part)
             path = Path(obj() if callable(obj) else Path(obj.__file__).parent)
         except Exception as exc:  # a broken kernel package must not stop the runtime
-            get_logger("runtime.paths").warning(
-                "kernel package %s: entry point %s = %s failed to load (%s); its bundles are skipped. "
-                "Reinstall that package.", dist, ep_name, value, exc)
+            _log.warning("kernel package %s: entry point %s = %s failed to load (%s); its bundles are skipped. "
+                         "Reinstall that package.", dist, ep_name, value, exc)
             continue
         yield SearchDir(path, f"package {dist}")
 

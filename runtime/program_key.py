@@ -1,11 +1,18 @@
-"""The cache key of a program: built in exactly one function.
+"""A program request and its cache key, built in exactly one function.
 
-A program is one kernel source file compiled with one set of options for one arch. Its
-row in a bundle is ``kernel_name = "<file>.o"`` (MIOpen's convention) and
-``kernel_args = "<normalised options> -mcpu=<arch> --kdb-key=<digest>"``: the readable part
-lets ``kdb db ls`` show what an entry is; the digest makes the key change whenever the
-binary could. Key layout (version :data:`KEY_SCHEMA`): SHA-256 over length-prefixed,
-labelled fields, so no two different inputs can produce the same byte string.
+A program is one kernel source file compiled with one set of options. A
+:class:`ProgramRequest` names it (file and normalised options) and is what every part of
+kdbkit passes around: the runtime's lookup chain, the JIT, and the offline builder, which
+all call :func:`program_key` to turn it into a row of a bundle. That row is
+``kernel_name = "<file>.o"`` (MIOpen's convention) and ``kernel_args = "<normalised options>
+-mcpu=<arch> --kdb-key=<digest>"``: the readable part lets ``kdb db ls`` show what an entry is;
+the digest makes the key change whenever the binary could.
+
+Key layout (version :data:`KEY_SCHEMA`): SHA-256 over length-prefixed, labelled fields, so no
+two different inputs produce the same byte string. Version 2 keys the compiler identity as a
+whole (version and system header folders, see ``kdbkit.runtime.compilers``) and the source
+digest of a search-path lookup with inlined includes (``kdbkit.runtime.kernel_sources``);
+bundles keyed by version 1 no longer match.
 """
 
 from __future__ import annotations
@@ -15,39 +22,45 @@ import hashlib
 import re
 import shlex
 from dataclasses import dataclass
+from typing import Sequence
 
-KEY_SCHEMA = 1
+from kdbkit.kdb.target import Target
+from kdbkit.runtime.errors import OptionsError
+
+KEY_SCHEMA = 2
 
 _DEFINE = re.compile(r"^-D([A-Za-z_][A-Za-z0-9_]*)(?:=(.*))?$")
+_REMEDY = "write each define as -DNAME or -DNAME=VALUE, once"
 
 
-class OptionsError(ValueError):
-    """Options that cannot be normalised (a name defined twice with different values)."""
-
-
-def normalise_options(options: str | list[str] | tuple[str, ...]) -> tuple[str, ...]:
+def normalise_options(options: str | Sequence[str]) -> tuple[str, ...]:
     """Order-independent, duplicate-free compile options (remembered per distinct input).
 
     ``-D NAME=V`` and ``-DNAME=V`` are the same; a bare ``-DNAME`` means ``-DNAME=1`` (as
     compilers define it); options are sorted so that their order does not change the key.
 
     Raises:
-        OptionsError: a name is defined twice with different values, or a ``-D`` lacks a
-            name; order would decide the result, so the caller must say which it means.
+        OptionsError: a ``-D`` without a valid macro name (``-D =3``, ``-D ''``), or a name
+            defined twice with different values (order would decide; the caller must say).
     """
     return _normalise(options if isinstance(options, (str, tuple)) else tuple(options))
 
 
 @functools.lru_cache(maxsize=4096)
 def _normalise(options: str | tuple[str, ...]) -> tuple[str, ...]:
-    tokens = shlex.split(options) if isinstance(options, str) else list(options)
+    try:
+        tokens = shlex.split(options) if isinstance(options, str) else list(options)
+    except ValueError as exc:  # an unbalanced quote
+        raise OptionsError(f"options {options!r} do not parse: {exc}", "balance the quotes") from exc
     merged: list[str] = []
     i = 0
     while i < len(tokens):
         tok = tokens[i]
+        if not isinstance(tok, str):
+            raise OptionsError(f"option {tok!r} is a {type(tok).__name__}, not a string", _REMEDY)
         if tok == "-D":
             if i + 1 >= len(tokens):
-                raise OptionsError("-D at the end of the options names no macro")
+                raise OptionsError("-D at the end of the options names no macro", _REMEDY)
             tok, i = "-D" + tokens[i + 1], i + 1
         merged.append(tok)
         i += 1
@@ -56,15 +69,37 @@ def _normalise(options: str | tuple[str, ...]) -> tuple[str, ...]:
     for tok in merged:
         m = _DEFINE.match(tok)
         if tok.startswith("-D") and not m:
-            raise OptionsError(f"malformed define {tok!r}: expected -DNAME or -DNAME=VALUE")
+            raise OptionsError(f"malformed define {tok!r}: no valid macro name", _REMEDY)
         if m:
             name, value = m.group(1), "1" if m.group(2) is None else m.group(2)
             if defines.get(name, value) != value:
-                raise OptionsError(f"macro {name} is defined twice ({defines[name]!r} and {value!r}); keep one")
+                raise OptionsError(f"macro {name} is defined twice ({defines[name]!r} and {value!r})", "keep one")
             defines[name] = value
-        else:
+        elif tok.strip():
             others.add(tok)
     return tuple(sorted(f"-D{k}={v}" for k, v in defines.items())) + tuple(sorted(others))
+
+
+@dataclass(frozen=True)
+class ProgramRequest:
+    """A kernel source file and the options to compile it with, normalised on creation.
+
+    Attributes:
+        kernel_file: a name on the kernel search path, e.g. ``activation.c``.
+        options: compile options; any order and spelling goes in, the normal form is kept.
+
+    Raises:
+        OptionsError: as :func:`normalise_options`.
+    """
+
+    kernel_file: str
+    options: tuple[str, ...] = ()
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "options", normalise_options(self.options))
+
+    def __str__(self) -> str:
+        return f"{self.kernel_file} [{' '.join(self.options)}]"
 
 
 @dataclass(frozen=True)
@@ -79,31 +114,35 @@ class ProgramKey:
         return f"{self.kernel_name} [{self.kernel_args}]"
 
 
-def program_key(*, kernel_file: str, options: tuple[str, ...], arch: str, source_digest: str,
-                compiler: str) -> ProgramKey:
-    """Build the key of one program. Every input that can change the binary is here.
+def program_key(request: ProgramRequest, *, target: Target, compiler: str, source_digest: str) -> ProgramKey:
+    """Key ``request`` for one target and one compiler. Every input of a compile is here.
 
     Args:
-        kernel_file: the source file's name in ``kernels/`` (``softmax.c``).
-        options: already normalised (see :func:`normalise_options`).
-        arch: the full arch with target features (``gfx90a:xnack-``, ``sm_90``); the CU
-            count is not part of it, because only options that mention it change the binary.
-        source_digest: SHA-256 of the source with every file it includes.
-        compiler: the identity and version of the compiler that made (or will make) the
-            binary, e.g. ``nvrtc 13.0``; must be observed, never guessed.
+        request: the kernel file (its name on the search path) and its normalised options.
+        target: what the binary runs on; its full arch with target features
+            (``gfx90a:xnack-``, ``sm_90``) is keyed, not its CU count, because only options
+            that mention the CU count change the binary.
+        compiler: the identity of the compiler that made (or will make) the binary, as
+            ``Compiler.identity()`` gives it: name, version and the identity of every system
+            header folder it is handed (e.g. the CUDA headers NVRTC gets with ``-I``); it
+            must be observed, never guessed.
+        source_digest: the digest of the source with every file it includes, by content
+            and relative name (``KernelSearchPath.digest``): the kernel folders handed to the
+            compiler are covered by it, whatever machine they sit on.
         (Also mixed in: :data:`KEY_SCHEMA`, this function's layout version.)
 
     Raises:
         ValueError: an input is empty (an unobservable input is refused, not guessed).
     """
-    fields = {"schema": str(KEY_SCHEMA), "file": kernel_file, "options": "\0".join(options), "arch": arch,
-              "source": source_digest, "compiler": compiler}
-    for label in ("file", "arch", "source", "compiler"):
+    arch = target.full_arch
+    fields = {"schema": str(KEY_SCHEMA), "file": request.kernel_file, "options": "\0".join(request.options),
+              "arch": arch, "source": source_digest, "compiler": compiler}
+    for label in ("file", "source", "compiler"):
         if not fields[label]:
-            raise ValueError(f"program key for {kernel_file or '?'}: {label} is empty; it must be observed")
+            raise ValueError(f"program key for {request.kernel_file or '?'}: {label} is empty; it must be observed")
     # One hash call over the joined fields (the same bytes as feeding them one by one, at a
     # fraction of the Python overhead: this runs on every lookup).
     parts = [part for label, value in fields.items() for part in (label.encode(), value.encode())]
     digest = hashlib.sha256(b"".join(len(p).to_bytes(8, "little") + p for p in parts)).hexdigest()
-    readable = " ".join((*options, f"-mcpu={arch}"))
-    return ProgramKey(f"{kernel_file}.o", f"{readable} --kdb-key={digest[:32]}", digest)
+    readable = " ".join((*request.options, f"-mcpu={arch}"))
+    return ProgramKey(f"{request.kernel_file}.o", f"{readable} --kdb-key={digest[:32]}", digest)

@@ -12,7 +12,8 @@ from typing import Callable
 
 import numpy as np
 
-from kdbkit.runtime.handle import Handle, Program
+from kdbkit.runtime.handle import Handle
+from kdbkit.runtime.program import Program
 
 
 @dataclass(frozen=True)

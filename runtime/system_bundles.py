@@ -1,7 +1,9 @@
 """Find the installed system bundles that fit a device, with a trace of every candidate.
 
 For a device of target ``T`` the candidates are, in order: ``<arch>_<cu>.kdb`` in each
-search folder, then the arch-wide ``<arch>.kdb`` in each. A file is accepted only if it
+search folder, then the arch-wide ``<arch>.kdb`` in each; a bundle file named directly in
+``KDB_SYSTEM_DB_PATH`` is considered in the pass its name belongs to (the first pass when its
+name is neither, ``my-kernels.kdb`` say). A file is accepted only if it
 opens, its metadata names a target that ``T`` accepts (same backend and arch, same CU
 count if it has one, no features the device lacks) and its binaries are of the format the
 backend loads. Every other candidate is rejected with its reason, so a wrong binary is
@@ -65,9 +67,14 @@ class SystemBundleSearch:
         names = [self.target.bundle_name()]
         if self.target.cu is not None:
             names.append(self.target.arch_wide().bundle_name())
-        for name in names:
+        for i, name in enumerate(names):
             for d in self._all_dirs():
-                bundle = self._consider(d, d.path / name)
+                if d.is_file:
+                    if d.path.name != name and (i > 0 or d.path.name in names):
+                        continue  # considered in the pass its name belongs to
+                    bundle = self._consider(d, d.path)
+                else:
+                    bundle = self._consider(d, d.path / name)
                 if bundle is not None:
                     yield bundle
 
@@ -78,7 +85,7 @@ class SystemBundleSearch:
             self.trace.append(Candidate(path, d.origin, "missing"))
             return None
         except KdbError as exc:
-            self.trace.append(Candidate(path, d.origin, "rejected", str(exc)))
+            self.trace.append(Candidate(path, d.origin, "rejected", exc.problem))
             return None
         reason = _why_not(bundle, self.target, self.binary_format)
         if reason:
@@ -153,5 +160,5 @@ def _why_not(bundle: Bundle, target: Target, binary_format: str) -> str | None:
     if md.binary_format != binary_format:
         return f"holds {md.binary_format or 'unknown'} binaries; this backend loads {binary_format}"
     if not md.compiler:
-        return "names no compiler, so its keys cannot be matched (a MIOpen file? convert it with `kdb db merge`)"
+        return "names no compiler, so its keys cannot be matched (a file written by MIOpen?)"
     return None

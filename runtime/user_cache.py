@@ -5,13 +5,22 @@ thread of the user, in WAL mode (readers never wait for a writer) with a busy ti
 The file is arch-wide: the key holds the full arch and everything else that changes a
 binary, so devices of one arch with different CU counts share entries.
 
+Opening: an existing file is opened for reading and writing without any transaction (no
+process ever waits on another to open it), and its metadata must describe what this process
+would write: the same backend and arch, the same binary format, zstd blobs. Entries of another
+compiler may sit in the file (each key names its compiler, so they are never returned to
+this one); only a missing file is created, under SQLite's write lock so that racing creators
+agree.
+
 Failure policy — the runtime must keep running:
 - folder missing and not creatable, read-only, or the file cannot be opened: warn once
   with the path and the remedy, then run without the cache (JIT results stay in memory);
-- the file is not a bundle or is damaged at open: move it aside (``*.corrupt-<time>``,
-  nothing is deleted) and start a new one;
+- the file is not a bundle, is damaged at open, or its metadata describes another target,
+  format or codec: move it aside (``*.corrupt-<time>``, nothing is deleted) and start a new one;
 - an entry whose hash does not match: delete it, so the caller rebuilds it;
 - a write fails (disk full, read-only): warn once and stop writing;
+- a read fails with the file damaged: warn once and stop using the file for this process
+  (neither reads nor writes; ``kdb cache prune`` or the next process repairs it);
 - the file is locked past SQLite's busy timeout (many processes opening or writing at once):
   retry with randomised exponential back-off for up to :data:`BUSY_RETRY_S`, as MIOpen does,
   before treating it as one of the failures above.
@@ -26,6 +35,7 @@ import time
 from pathlib import Path
 
 from kdbkit.kdb import Bundle, BundleBusyError, CorruptBundleError, CorruptEntryError, KdbError, NotABundleError, Target
+from kdbkit.kdb.errors import BundleNotFoundError
 from kdbkit.kdb.target import USER_SUFFIX
 from kdbkit.runtime.logging_setup import get_logger, warn_once
 from kdbkit.runtime.program_key import ProgramKey
@@ -50,6 +60,11 @@ def with_backoff(fn, retry_s: float = BUSY_RETRY_S):
 
 
 DISABLE_HINT = "set KDB_CUSTOM_CACHE_DIR to a writable folder, or KDB_DISABLE_CACHE=1 to silence this"
+CODEC = "zstd"  # what kdbkit writes into user caches
+
+
+class ForeignCacheError(CorruptBundleError):
+    """A user cache file whose metadata describes another target, binary format or codec."""
 
 
 class UserCache:
@@ -87,7 +102,9 @@ class UserCache:
 
     def _open(self) -> Bundle | None:
         with self._lock:
-            if self._bundle is None and not self._broken:
+            if self._broken:
+                return None
+            if self._bundle is None:
                 self._bundle = self._open_or_repair()
                 self._broken = self._bundle is None
             return self._bundle
@@ -99,13 +116,42 @@ class UserCache:
             return self._give_up(f"cannot create the cache folder {self.path.parent} ({exc.strerror or exc})")
         for attempt in (1, 2):
             try:
-                return with_backoff(lambda: Bundle.create(self.path, self._target, compiler=self._compiler,
-                                                          binary_format=self._binary_format, wal=True, exist_ok=True))
+                return with_backoff(self._open_checked)
             except (NotABundleError, CorruptBundleError) as exc:
                 if attempt == 2 or not self._move_aside(exc):
-                    return self._give_up(str(exc))
+                    return self._give_up(exc.problem)
             except KdbError as exc:
-                return self._open_read_only(str(exc))
+                return self._open_read_only(exc.problem)
+        return None
+
+    def _open_checked(self) -> Bundle:
+        """Open the existing file without a transaction, or create it if there is none."""
+        try:
+            bundle = Bundle.open(self.path, writable=True, wal=True)
+        except (BundleNotFoundError, NotABundleError):
+            # Missing, or an SQLite file without tables yet: another process may be creating it
+            # right now. Creating takes SQLite's write lock, which waits for that process and
+            # then finds its tables; a file that is not SQLite at all fails here too and is moved aside.
+            bundle = Bundle.create(self.path, self._target, compiler=self._compiler,
+                                   binary_format=self._binary_format, wal=True, exist_ok=True)
+        why = self._foreign(bundle)
+        if why:
+            bundle.close()
+            raise ForeignCacheError(f"{self.path}: {why}")
+        return bundle
+
+    def _foreign(self, bundle: Bundle) -> str | None:
+        """Why an existing file's metadata is not that of this cache, or None."""
+        md = bundle.metadata
+        if md.target is None or (md.target.backend, md.target.arch) != (self._target.backend, self._target.arch):
+            return f"it holds binaries for {md.target or 'no named target'}, not {self._target}"
+        if md.binary_format != self._binary_format:
+            return f"it holds {md.binary_format or 'unnamed'} binaries, not {self._binary_format}"
+        if md.codec != CODEC:
+            return f"its blobs are {md.codec}, not {CODEC}"
+        if md.compiler != self._compiler:
+            _log.info2("%s was created by %s; entries of %s are keyed apart from its own", self.path, md.compiler,
+                       self._compiler)
         return None
 
     def _open_read_only(self, why: str) -> Bundle | None:
@@ -115,11 +161,14 @@ class UserCache:
                 bundle = Bundle.open(self.path)
             except KdbError:
                 return self._give_up(why)
+            if self._foreign(bundle):
+                bundle.close()
+                return self._give_up(why)
             self._stop_writing(why)
             return bundle
         return self._give_up(why)
 
-    def _move_aside(self, exc: Exception) -> bool:
+    def _move_aside(self, exc: KdbError) -> bool:
         aside = self.path.with_name(f"{self.path.name}.corrupt-{time.strftime('%Y%m%d-%H%M%S')}-{os.getpid()}")
         try:
             os.replace(self.path, aside)
@@ -127,8 +176,9 @@ class UserCache:
                 Path(str(self.path) + suffix).unlink(missing_ok=True)
         except OSError:
             return False
+        what = "was not a cache for this device" if isinstance(exc, ForeignCacheError) else "was damaged"
         warn_once(f"ukdb-corrupt:{self.path}",
-                  f"User kernel cache {self.path} was damaged ({exc}); moved it to {aside.name} and started a "
+                  f"User kernel cache {self.path} {what} ({exc.problem}); moved it to {aside.name} and started a "
                   "new one. Programs it held will be compiled again.", logger=_log)
         return True
 
@@ -152,13 +202,21 @@ class UserCache:
         try:
             return with_backoff(lambda: bundle.get(key.kernel_name, key.kernel_args))
         except CorruptEntryError as exc:
-            _log.warning("%s; removing the entry so that it is rebuilt", exc)
+            _log.warning("%s; removing the entry so that it is rebuilt", exc.problem)
             self._delete(bundle, key)
             return None
         except KdbError as exc:
-            self._broken = True
-            self._give_up(str(exc))
+            self._break(exc)
             return None
+
+    def _break(self, exc: KdbError) -> None:
+        """Stop using the file for the rest of this process: no more reads, no more writes."""
+        with self._lock:
+            self._broken = True
+            bundle, self._bundle = self._bundle, None
+        if bundle is not None:
+            bundle.close()
+        self._give_up(exc.problem)
 
     def discard(self, key: ProgramKey) -> None:
         """Remove an entry that decoded but does not load, so that it is rebuilt."""
@@ -170,7 +228,7 @@ class UserCache:
         try:
             with_backoff(lambda: bundle.delete(key.kernel_name, key.kernel_args))
         except KdbError as exc:
-            self._stop_writing(str(exc))
+            self._stop_writing(exc.problem)
 
     def put(self, key: ProgramKey, binary: bytes) -> bool:
         """Store a binary; False (after one warning) if the cache cannot be written."""
@@ -181,7 +239,7 @@ class UserCache:
             with_backoff(lambda: bundle.put(key.kernel_name, key.kernel_args, binary))
             return True
         except KdbError as exc:
-            self._stop_writing(str(exc))
+            self._stop_writing(exc.problem)
             return False
 
     def _stop_writing(self, why: str) -> None:

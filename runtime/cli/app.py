@@ -2,12 +2,12 @@
 
 Every kdbkit error (``KdbError``) and operating-system error reaches the user as one line
 naming the file or key and the remedy, with exit code 1 (2 for usage errors, as click
-does); a traceback appears only with ``KDB_CLI_TRACEBACK=1``.
+does); a compile error's log follows its line. Anything else is a bug in kdbkit: it too is
+one line, saying how to get the traceback (``KDB_CLI_TRACEBACK=1``) to report it.
 """
 
 from __future__ import annotations
 
-import os
 import sys
 
 import typer
@@ -15,6 +15,8 @@ from rich.markup import escape
 
 from kdbkit.kdb.errors import KdbError
 from kdbkit.kdb.version import __version__
+from kdbkit.runtime import env as kdb_env
+from kdbkit.runtime.errors import CompileError
 from kdbkit.runtime.cli import cache_commands, db_commands
 from kdbkit.runtime.cli.demo_command import demo
 from kdbkit.runtime.cli.doctor_command import doctor
@@ -61,20 +63,52 @@ def main(argv: list[str] | None = None) -> int:
     to catch here are kdbkit's own errors and OS errors, each shown as one line.
     """
     try:
-        app(args=argv, prog_name="kdb")
+        # Not standalone: click would print usage errors as a boxed panel; they are one line here.
+        code = app(args=argv, prog_name="kdb", standalone_mode=False)
+        return code if isinstance(code, int) else 0
     except SystemExit as exc:
         return exc.code if isinstance(exc.code, int) else (0 if exc.code is None else 1)
+    except KeyboardInterrupt:
+        err.print("aborted")
+        return 130
     except KdbError as exc:
-        return _one_line(exc)
+        return _one_line(exc, f"{exc.problem}; {exc.remedy}" if exc.remedy else exc.problem,
+                         exc.log if isinstance(exc, CompileError) else "")
     except OSError as exc:
         return _one_line(exc, f"{exc.strerror or exc}: {exc.filename or ''}".rstrip(": "))
+    except Exception as exc:
+        kind = _click_kind(exc)
+        if kind == "help":  # `kdb db` alone: the group's help
+            typer.echo(exc.ctx.get_help())
+            return 0
+        if kind == "usage":
+            where = exc.ctx.command_path if exc.ctx else "kdb"
+            err.print(f"[bold red]error:[/] {escape(exc.format_message())} (see `{where} --help`)", soft_wrap=True)
+            return 2
+        if kind == "abort":
+            err.print("aborted")
+            return 1
+        # a bug in kdbkit: still one line, and how to see more
+        return _one_line(exc, f"internal error ({type(exc).__name__}: {exc}); rerun with KDB_CLI_TRACEBACK=1 "
+                              "and report the traceback")
     return 0
 
 
-def _one_line(exc: BaseException, text: str | None = None) -> int:
-    if os.environ.get("KDB_CLI_TRACEBACK"):
+def _click_kind(exc: Exception) -> str | None:
+    """What a click exception is, by class name: typer 0.29 and later raise those of its own copy of click."""
+    names = {cls.__name__ for cls in type(exc).__mro__}
+    for name, kind in (("NoArgsIsHelpError", "help"), ("UsageError", "usage"), ("Abort", "abort")):
+        if name in names:
+            return kind
+    return None
+
+
+def _one_line(exc: BaseException, text: str, log: str = "") -> int:
+    if kdb_env.get_bool("KDB_CLI_TRACEBACK"):
         raise exc
-    err.print("[bold red]error:[/] " + escape(str(text or exc)), soft_wrap=True)
+    err.print("[bold red]error:[/] " + escape(" ".join(text.split("\n"))), soft_wrap=True)
+    if log:
+        err.print(escape(log.rstrip()), soft_wrap=True, style="dim")
     return 1
 
 

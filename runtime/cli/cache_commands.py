@@ -58,15 +58,18 @@ def stats(as_json: bool = typer.Option(False, "--json", help="Print JSON for scr
 
 @app.command("clear")
 def clear(yes: bool = typer.Option(False, "--yes", "-y", help="Do not ask for confirmation.")) -> None:
-    """Delete every cache file of this kdbkit version (programs will be compiled again).
+    """Empty the cache of this kdbkit version (programs will be compiled again).
+
+    Safe while other processes use the cache: they keep running and compile what they need.
 
     Example: kdb cache clear --yes
     """
     folder = paths.user_cache_dir()
     if not yes and not typer.confirm(f"Delete the kernel cache in {folder}?"):
         raise typer.Exit(1)
-    removed = cache_admin.clear_cache(folder)
-    out.print(f"removed {len(removed)} item(s) from {folder}")
+    report = cache_admin.clear_cache(folder)
+    out.print(f"removed {report.entries} entr(ies) and {len(report.removed_files)} file(s) from {folder}"
+              + (f"; {report.busy_locks} lock(s) in use were kept" if report.busy_locks else ""))
 
 
 @app.command("prune")

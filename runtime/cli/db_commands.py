@@ -22,7 +22,7 @@ FileArg = typer.Argument(..., help="A bundle file (.kdb or .ukdb).", show_defaul
 def ls(file: Path = FileArg, as_json: bool = typer.Option(False, "--json", help="Print JSON for scripts.")) -> None:
     """List the entries of a bundle: kernel name, options, stored and raw size.
 
-    Example: kdb db ls ~/.local/share/kdbkit/db/sm_90_132.kdb
+    Example: kdb db ls sm_90_132.kdb
     """
     with open_bundle(file) as b:
         rows = list(b.entries())
@@ -71,7 +71,7 @@ def verify(files: List[Path] = typer.Argument(..., help="Bundle files to check."
            quick: bool = typer.Option(False, "--quick", help="Skip decoding every entry.")) -> None:
     """Check SQLite integrity, schema, metadata and every entry's hash; exit 1 on any problem.
 
-    Example: kdb db verify /opt/kdbkit/db/*.kdb
+    Example: kdb db verify sm_90_132.kdb gfx942_304.kdb
     """
     bad = 0
     for f in files:
@@ -84,7 +84,8 @@ def verify(files: List[Path] = typer.Argument(..., help="Bundle files to check."
             for p in report.problems:
                 out.print(f"     {escape(p)}", soft_wrap=True)
     if bad:
-        err.print(f"{bad} of {len(files)} bundle(s) have problems; rebuild them (`kdb build`) or reinstall the package")
+        err.print(f"{bad} of {len(files)} bundle(s) have problems; rebuild them, or reinstall the package that "
+                  "installed them")
         raise typer.Exit(1)
 
 
@@ -109,18 +110,33 @@ def merge(out_file: Path = typer.Argument(..., metavar="OUT", help="Bundle to wr
 
 @app.command("extract")
 def extract(file: Path = FileArg,
-            name: str = typer.Argument(..., help="Kernel name as `kdb db ls` shows it, e.g. softmax.cl.o.",
+            name: str = typer.Argument(..., help="Kernel name as `kdb db ls` shows it, e.g. activation.c.o.",
                                        show_default=False),
-            args: str = typer.Option(..., "--args", help="The entry's options exactly as `kdb db ls` shows them."),
+            args: str = typer.Option(..., "--args", help="The entry's options as `kdb db ls` shows them; the "
+                                     "--kdb-key part may be left out when one entry matches the rest."),
             output: Optional[Path] = typer.Option(None, "-o", "--output", help="Where to write (default: NAME).")) -> None:
     """Write one entry's binary (decoded, hash-checked) to a file.
 
-    Example: kdb db extract sm_90_132.kdb softmax.cl.o --args "-DN=256 -mcpu=sm_90" -o softmax.cubin
+    Example: kdb db extract sm_90_132.kdb activation.c.o --args "-DKDB_DTYPE=float -mcpu=sm_90" -o relu.cubin
     """
     with open_bundle(file) as b:
         data = b.get(name, args)
+        if data is None:
+            matches = [e.kernel_args for e in b.entries() if e.kernel_name == name and _same_options(e.kernel_args, args)]
+            if len(matches) > 1:
+                raise fail(f"{file} has {len(matches)} entries {name} with options {args}; give the whole options "
+                           f"with their --kdb-key part, as `kdb db ls {file}` shows them")
+            data = b.get(name, matches[0]) if matches else None
     if data is None:
         raise fail(f"{file} has no entry {name} [{args}]; list the entries with `kdb db ls {file}`")
     dest = output or Path(Path(name).name)
     dest.write_bytes(data)
     out.print(f"wrote {dest} ({size(len(data))})")
+
+
+def _same_options(stored: str, given: str) -> bool:
+    """Whether ``given`` names the entry whose options are ``stored``, ignoring order and the key part."""
+    def options(text: str) -> set[str]:
+        return {t for t in text.split() if not t.startswith("--kdb-key=")}
+
+    return options(stored) == options(given)

@@ -11,7 +11,8 @@ from rich.table import Table
 from kdbkit.runtime.cli.output import fail, out
 
 
-def demo(cache_dir: Optional[Path] = typer.Option(None, "--cache-dir", help="User cache folder (default: a new empty one)."),
+def demo(cache_dir: Optional[Path] = typer.Option(None, "--cache-dir", help="User cache folder (default: "
+                                                   "KDB_CUSTOM_CACHE_DIR if set, else a new empty one, removed after)."),
          device: Optional[int] = typer.Option(None, "--device", help="Device index from `kdb devices`."),
          passes: int = typer.Option(2, "--passes", min=1, help="Fresh processes to run, one after the other.")) -> None:
     """Resolve, run and check the sample kernels in fresh processes: first JIT, then the user cache.
@@ -20,10 +21,7 @@ def demo(cache_dir: Optional[Path] = typer.Option(None, "--cache-dir", help="Use
     """
     from kdbkit.runtime.demo import main_job
 
-    try:
-        runs = main_job(cache_dir, device, passes)
-    except RuntimeError as exc:
-        raise fail(str(exc))
+    runs = main_job(cache_dir, device, passes)
     first = runs[0]
     out.print(f"device: [bold]{first['device']}[/] ({first['backend']}, target {first['target']})")
     table = Table(title="sample kernels, one fresh process per pass")

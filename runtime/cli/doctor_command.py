@@ -12,13 +12,18 @@ from kdbkit.runtime.cli.output import out, print_json
 def doctor(as_json: bool = typer.Option(False, "--json", help="Print JSON for scripts.")) -> None:
     """Report library and compiler versions, paths searched, bundles found and missing, and cache health.
 
-    Example: kdb doctor --json > doctor.json
+    Exits 1 when it finds a problem (marked ✗), so scripts can check a machine.
+
+    Example: kdb doctor --json
     """
     from kdbkit.runtime.doctor import report
 
     rows = report()
+    problems = [r for r in rows if not r.ok]
     if as_json:
         print_json([r.__dict__ for r in rows])
+        if problems:
+            raise typer.Exit(1)
         return
     table = Table(title="kdb doctor")
     for col in ("section", "item", "value"):
@@ -27,5 +32,7 @@ def doctor(as_json: bool = typer.Option(False, "--json", help="Print JSON for sc
         mark = "" if r.ok else "[red]✗[/] "
         table.add_row(r.section, escape(r.item), mark + escape(r.value))
     out.print(table)
-    problems = [r for r in rows if not r.ok]
-    out.print(f"{len(problems)} problem(s)" if problems else "no problems found")
+    if problems:
+        out.print(f"{len(problems)} problem(s)")
+        raise typer.Exit(1)
+    out.print("no problems found")

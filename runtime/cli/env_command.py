@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-import warnings
-
 import typer
 from rich.markup import escape
 from rich.table import Table
@@ -18,25 +16,25 @@ def env(as_json: bool = typer.Option(False, "--json", help="Print JSON for scrip
 
     Example: KDB_DISABLE_JIT=1 kdb env --set
     """
-    with warnings.catch_warnings(record=True) as caught:  # bad values are shown in the table instead
-        warnings.simplefilter("always")
-        rows = kdb_env.snapshot()
+    rows = kdb_env.snapshot()
     rows = [r for r in rows if r[1] is not None] if only_set else rows
     unknown = kdb_env.unknown_kdb_variables()
+    problems = [problem for *_, problem in rows if problem]
     if as_json:
         print_json({"variables": [{"name": v.name, "kind": v.kind, "value": raw, "effective": parsed,
-                                   "default": v.default, "meaning": v.meaning} for v, raw, parsed in rows],
-                    "unknown": unknown, "warnings": [str(w.message) for w in caught]})
+                                   "default": v.default, "meaning": v.meaning, "problem": problem}
+                                  for v, raw, parsed, problem in rows],
+                    "unknown": unknown, "warnings": problems})
         return
     table = Table(title="kdbkit environment variables")
     table.add_column("variable", style="bold", no_wrap=True)
     table.add_column("set to")
     table.add_column("effective")
     table.add_column("meaning", overflow="fold")
-    for var, raw, parsed in rows:
+    for var, raw, parsed, _ in rows:
         table.add_row(var.name, "-" if raw is None else escape(repr(raw)), escape(str(parsed)), escape(var.meaning))
     out.print(table)
-    for w in caught:
-        err.print(f"[yellow]warning:[/] {escape(str(w.message))}", soft_wrap=True)
+    for problem in problems:
+        err.print(f"[yellow]warning:[/] {escape(problem)}", soft_wrap=True)
     for name in unknown:
         err.print(f"[yellow]warning:[/] {escape(name)} is set but kdbkit does not read it", soft_wrap=True)

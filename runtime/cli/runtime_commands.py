@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from pathlib import Path
 from typing import List, Optional
 
 import typer
@@ -23,31 +24,35 @@ def _pick_device(index: Optional[int]):
     return devices[index]
 
 
-def resolve(kernel_file: str = typer.Argument(..., help="A file in kernels/, e.g. activation.c.", show_default=False),
+def resolve(kernel_file: str = typer.Argument(..., help="A kernel source on the search path, e.g. activation.c.",
+                                              show_default=False),
             define: List[str] = typer.Option([], "-D", help="A compile-time define NAME=VALUE (repeatable)."),
             device: Optional[int] = typer.Option(None, "--device", help="Device index from `kdb devices`."),
+            kernel_path: List[Path] = typer.Option([], "--kernel-path", help="A folder of kernel sources searched "
+                                                   "first (repeatable; KDB_KERNEL_PATH is searched next)."),
             as_json: bool = typer.Option(False, "--json", help="Print JSON for scripts.")) -> None:
     """Resolve one program through the chain and show where it came from and each step's time.
 
     The first rows are what making the handle did once (digest the kernel sources, open the
-    best system bundle or the user cache); the rest are this program's lookup.
+    best system bundle or the user cache); the rest are this program's lookup. The kernel
+    line says which folder of the search path the source came from.
 
-    Example: kdb resolve activation.c -D TYPE=float -D OP=1 --device 0
+    Example: kdb resolve activation.c -D KDB_DTYPE=float --device 0
     """
     from kdbkit.runtime.handle import Handle
 
-    handle = Handle(_pick_device(device))
-    try:
+    with Handle(_pick_device(device), kernel_path=kernel_path) as handle:
         program = handle.program(kernel_file, [f"-D{d}" for d in define])
-    finally:
-        handle.close()
-    data = {"kernel_file": kernel_file, "options": list(program.options), "device": handle.device.name,
-            "target": str(handle.target), "source": program.source, "total_ms": round(program.total_ms, 3),
+        folder = handle.kernel_folder(kernel_file)
+    data = {"kernel_file": kernel_file, "kernel_folder": str(folder), "options": list(program.options),
+            "device": handle.device.name, "target": str(handle.target), "source": program.source,
+            "total_ms": round(program.total_ms, 3),
             "steps": [{"step": s.name, "ms": round(s.ms, 3), "outcome": s.outcome} for s in program.steps],
             "handle_steps": [{"step": s.name, "ms": round(s.ms, 3), "outcome": s.outcome} for s in handle.prepare_steps]}
     if as_json:
         print_json(data)
         return
+    out.print(f"kernel: {escape(kernel_file)} from {escape(str(folder))}")
     table = Table(title=escape(f"{kernel_file} {' '.join(program.options)} on {handle.device.name} ({handle.target})"))
     for col, just in (("step", "left"), ("outcome", "left"), ("ms", "right")):
         table.add_column(col, justify=just)
@@ -62,16 +67,16 @@ def resolve(kernel_file: str = typer.Argument(..., help="A file in kernels/, e.g
 def devices(as_json: bool = typer.Option(False, "--json", help="Print JSON for scripts.")) -> None:
     """List local devices, their targets, and the system bundle each would use.
 
-    Example: KDB_DEVICE_ARCH=gfx90a KDB_DEVICE_CU=110 kdb devices
+    Example: KDB_DEVICE_CU=110 kdb devices
     """
-    from kdbkit.runtime.backends.registry import binary_format_of, discover_devices
+    from kdbkit.runtime.backends.registry import binary_format_of, discover_devices, no_device_error
     from kdbkit.runtime.system_bundles import bundle_for_device
 
     rows = []
     dirs = paths.system_db_dirs()
-    for d in discover_devices():
+    for index, d in enumerate(discover_devices()):  # the index --device takes
         used, trace = bundle_for_device(d.target, binary_format_of(d.backend), dirs)
-        rows.append({"index": d.index, "backend": d.backend, "name": d.name, "target": str(d.target),
+        rows.append({"index": index, "backend": d.backend, "name": d.name, "target": str(d.target),
                      "cu": d.target.cu, "memory_bytes": d.memory_bytes, "driver": d.driver,
                      "bundle": str(used.path) if used else None, "wanted": d.target.bundle_name(),
                      "rejected": [{"path": str(c.path), "reason": c.reason} for c in trace if c.status == "rejected"]})
@@ -79,7 +84,7 @@ def devices(as_json: bool = typer.Option(False, "--json", help="Print JSON for s
         print_json(rows)
         return
     if not rows:
-        raise fail("no devices found; install a backend: pip install 'kdbkit[cuda]', 'kdbkit[hip]' or 'kdbkit[opencl]'")
+        raise no_device_error()
     table = Table(title="devices")
     for col in ("#", "backend", "name", "target", "memory", "system bundle"):
         table.add_column(col, overflow="fold")

@@ -16,15 +16,12 @@ RELU = SAMPLES[0]
 
 
 @pytest.fixture
-def fresh_warnings(monkeypatch):
-    from kdbkit.runtime import logging_setup
-
-    monkeypatch.setattr(logging_setup, "_once_keys", set())
-    logging_setup.configure_logging(force=True)
+def fresh_warnings(fresh_log):
+    return fresh_log
 
 
 def _ukdb(handle):
-    return handle._user_cache().path
+    return handle.user_cache_path
 
 
 def test_cache_folder_that_cannot_be_created(make_handle, isolated, monkeypatch, capfd, fresh_warnings):
@@ -53,15 +50,19 @@ def test_read_only_cache_file_is_still_read(make_handle, isolated, monkeypatch, 
 
     real_create = user_cache.Bundle.create
 
-    def refuse(*a, **k):
-        raise user_cache.KdbError("attempt to write a readonly database")
+    real_open = user_cache.Bundle.open
 
-    monkeypatch.setattr(user_cache.Bundle, "create", refuse)
+    def refuse(path, *, writable=False, **k):  # as SQLite refuses a read-only file or folder
+        if writable:
+            raise user_cache.KdbError("attempt to write a readonly database")
+        return real_open(path, **k)
+
+    monkeypatch.setattr(user_cache.Bundle, "open", refuse)
     handle = make_handle()
     assert handle.program(RELU.kernel_file, RELU.options).source == "user"
     assert handle.program("reduce_sum.c", ["-DBLOCK=256"]).source == "jit"
     assert "Cannot write the user kernel cache" in capfd.readouterr().err
-    monkeypatch.setattr(user_cache.Bundle, "create", real_create)
+    monkeypatch.setattr(user_cache.Bundle, "open", real_open)
 
 
 def test_full_database_keeps_results_in_memory(make_handle, isolated, monkeypatch, capfd, fresh_warnings):
@@ -168,12 +169,12 @@ def test_busy_database_is_retried_with_backoff():
 
 def test_a_system_bundle_damaged_anywhere_never_stops_the_runtime(make_handle, isolated, chain_backend, capfd,
                                                                   fresh_warnings):
-    from kdbkit.packager.device_build import build_device_bundle
+    from kdbkit.packager.device_build import build_bundle
 
     requests = [(s.kernel_file, s.options) for s in SAMPLES]
     make_handle().programs(requests)  # the user cache now holds every program: the safe fallback
     (isolated / "built").mkdir()
-    good = build_device_bundle(chain_backend, requests, isolated / "built").read_bytes()
+    good = build_bundle(chain_backend.device.target, requests, isolated / "built").read_bytes()
     page = 16384
     assert len(good) >= 4 * page
     installed = isolated / "system" / chain_backend.device.target.bundle_name()

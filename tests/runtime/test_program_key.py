@@ -1,8 +1,13 @@
+"""ProgramRequest and the one key function: normalised options, every input keyed, layout pinned."""
+
 import pytest
 
-from kdbkit.runtime.program_key import OptionsError, normalise_options, program_key
+from kdbkit.kdb import KdbError, Target
+from kdbkit.runtime.errors import OptionsError
+from kdbkit.runtime.program_key import ProgramRequest, normalise_options, program_key
 
-BASE = dict(kernel_file="softmax.c", options=("-DN=4",), arch="sm_90", source_digest="ab" * 32, compiler="nvrtc 13.0")
+REQUEST = ProgramRequest("softmax.c", ("-DN=4",))
+BASE = dict(target=Target("cuda", "sm_90"), source_digest="ab" * 32, compiler="nvrtc 13.0")
 
 
 def test_options_are_order_independent_and_deduplicated():
@@ -12,44 +17,61 @@ def test_options_are_order_independent_and_deduplicated():
     assert normalise_options("-DFLAG") == normalise_options("-DFLAG=1")
 
 
-@pytest.mark.parametrize("bad", ["-DA=1 -DA=2", "-D", "-D=3", "-D1X=2"])
-def test_contradictory_or_malformed_options_are_refused(bad):
-    with pytest.raises(OptionsError):
+@pytest.mark.parametrize("bad", ["-DA=1 -DA=2", "-D", "-D=3", "-D1X=2", "-D =3", ["-D", ""], ["-D"], "-D 'unbalanced"])
+def test_contradictory_or_malformed_options_are_refused_as_kdbkit_errors(bad):
+    with pytest.raises(OptionsError) as info:
         normalise_options(bad)
+    assert isinstance(info.value, KdbError) and info.value.remedy  # one line with the remedy in the CLI
+
+
+def test_a_request_normalises_its_options():
+    assert ProgramRequest("k.c", ["-DB=2", "-D", "A=1"]) == ProgramRequest("k.c", "-DA=1 -DB=2")
+    assert str(ProgramRequest("k.c", "-DB=2 -DA")) == "k.c [-DA=1 -DB=2]"
+    with pytest.raises(OptionsError):
+        ProgramRequest("k.c", "-DA=1 -DA=2")
 
 
 def test_key_is_readable_and_miopen_shaped():
-    key = program_key(**BASE)
+    key = program_key(REQUEST, **BASE)
     assert key.kernel_name == "softmax.c.o"
     assert key.kernel_args.startswith("-DN=4 -mcpu=sm_90 --kdb-key=")
 
 
-@pytest.mark.parametrize("field,value", [
-    ("kernel_file", "other.c"), ("options", ("-DN=8",)), ("arch", "sm_80"), ("arch", "gfx90a:xnack-"),
-    ("source_digest", "cd" * 32), ("compiler", "nvrtc 13.1"),
+@pytest.mark.parametrize("change", [
+    {"request": ProgramRequest("other.c", ("-DN=4",))}, {"request": ProgramRequest("softmax.c", ("-DN=8",))},
+    {"target": Target("cuda", "sm_80")}, {"target": Target("hip", "gfx90a", ("xnack-",))},
+    {"source_digest": "cd" * 32}, {"compiler": "nvrtc 13.1"},
+    {"compiler": "nvrtc 13.0 + cuda-runtime headers 13.5.37"},  # the header folder handed to NVRTC
 ])
-def test_every_input_changes_the_key(field, value):
-    assert program_key(**{**BASE, field: value}).kernel_args != program_key(**BASE).kernel_args
+def test_every_input_changes_the_key(change):
+    args = {"request": REQUEST, **BASE, **change}
+    assert program_key(args.pop("request"), **args).kernel_args != program_key(REQUEST, **BASE).kernel_args
+
+
+def test_the_cu_count_is_not_keyed():
+    # Binaries depend on the arch; only options that mention the CU count change them.
+    assert program_key(REQUEST, **{**BASE, "target": Target("cuda", "sm_90", (), 132)}) == program_key(REQUEST, **BASE)
 
 
 def test_fields_cannot_bleed_into_each_other():
-    a = program_key(**{**BASE, "options": ("-DA=1", "-DB=2")})
-    b = program_key(**{**BASE, "options": ("-DA=1\0-DB=2",)})
+    a = program_key(ProgramRequest("k.c", ("-DA=1", "-DB=2")), **BASE)
+    b = program_key(ProgramRequest("k.c", ("-DA=1\0-DB=2",)), **BASE)
     assert a.digest != b.digest or a.kernel_args != b.kernel_args
 
 
-@pytest.mark.parametrize("field", ["compiler", "source_digest", "arch"])
+@pytest.mark.parametrize("field", ["compiler", "source_digest"])
 def test_unobserved_inputs_are_refused(field):
     with pytest.raises(ValueError, match="must be observed"):
-        program_key(**{**BASE, field: ""})
+        program_key(REQUEST, **{**BASE, field: ""})
 
 
 def test_key_layout_is_stable_so_shipped_bundles_keep_matching():
-    # Computed by kdbkit 0.1.0, which fed the fields to SHA-256 one by one; a faster
+    # Key schema 2 (request-based; compiler identity with its header folders). A faster
     # implementation must give the same bytes, or every installed bundle would miss.
-    key = program_key(kernel_file="softmax.c", options=("-DKDB_DTYPE=float", "-DTILE=16"), arch="gfx90a:xnack-",
-                      source_digest="ab" * 32, compiler="nvrtc 13.0")
-    assert key.digest == "9962a85eed37526497eaa54559d68d1bca7d1bec06478155d4623972031811e9"
+    key = program_key(ProgramRequest("softmax.c", ("-DTILE=16", "-DKDB_DTYPE=float")),
+                      target=Target("hip", "gfx90a", ("xnack-",)), source_digest="ab" * 32, compiler="nvrtc 13.0")
+    # (Checked when pinned against SHA-256 fed the length-prefixed fields one by one.)
+    assert key.digest == "38ca614d60758701db346c7a9c578798e6b5b3fc901eb39175baf1b7e7b20f09"
 
 
 def test_normalising_is_remembered_but_lists_and_errors_still_work():

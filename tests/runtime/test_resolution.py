@@ -8,16 +8,16 @@ import numpy as np
 import pytest
 
 from kdbkit.kdb import Target, open_bundle
-from kdbkit.packager.device_build import build_device_bundle
-from kdbkit.runtime.handle import JitDisabledError
+from kdbkit.packager.device_build import build_bundle
+from kdbkit.runtime.errors import JitDisabledError
 from kdbkit.runtime.samples import SAMPLES, run_samples
 
 RELU = SAMPLES[0]
 
 
 def _system_bundle(folder, backend, target: Target, samples=SAMPLES, name=None, bundle_target=None):
-    return build_device_bundle(backend, [(s.kernel_file, s.options) for s in samples], folder,
-                               target=bundle_target or target, file_name=name)
+    return build_bundle(backend.device.target, [(s.kernel_file, s.options) for s in samples], folder,
+                        bundle_target=bundle_target or target, file_name=name)
 
 
 def test_jit_then_user_cache_then_memory(make_handle, isolated):
@@ -42,7 +42,8 @@ def test_system_bundle_comes_first(make_handle, isolated, chain_backend):
     results = run_samples(handle, seed=3)
     assert [r.source for r in results] == ["system"] * len(SAMPLES) and all(r.ok for r in results)
     assert not (isolated / "cache").exists()  # nothing compiled, nothing written
-    assert [s[0] for s in results[0].steps] == ["memory", f"system {chain_backend.device.target.bundle_name()}"]
+    assert [(s[0], s[2]) for s in results[0].steps] == [
+        ("memory", "miss"), (f"system {handle.target.bundle_name()}", "hit"), ("load", "loaded")]
 
 
 def test_a_handle_prepares_so_that_a_hit_reads_no_kernel_source(make_handle, isolated, chain_backend, monkeypatch):
@@ -131,8 +132,8 @@ def test_disable_jit_names_the_program_and_the_bundle(make_handle, monkeypatch):
     with pytest.raises(JitDisabledError) as info:
         handle.program(RELU.kernel_file, RELU.options)
     msg = str(info.value)
-    assert "activation.c" in msg and handle.target.bundle_name() in msg
-    assert "kdb build --target" in msg and "KDB_DISABLE_JIT" in msg
+    assert "activation.c" in msg and handle.target.bundle_name() in msg and "the user cache" in msg
+    assert "unset KDB_DISABLE_JIT" in info.value.remedy and "`kdb devices`" in info.value.remedy
 
 
 def test_disable_jit_still_uses_the_user_cache(make_handle, monkeypatch):
@@ -162,9 +163,12 @@ def test_editing_an_included_header_invalidates(make_handle, private_kernels):
 
 
 def test_another_compiler_version_is_never_used(make_handle, monkeypatch, chain_backend):
+    from kdbkit.runtime.compilers import compiler_for
+
     make_handle().program(RELU.kernel_file, RELU.options)
-    real = chain_backend.compiler_identity()
-    monkeypatch.setattr(type(chain_backend), "compiler_identity", lambda self: real + " (upgraded)")
+    compiler = compiler_for(chain_backend.device.target)
+    real = compiler.identity()
+    monkeypatch.setattr(type(compiler), "identity", lambda self: real + " (upgraded)")
     assert make_handle().program(RELU.kernel_file, RELU.options).source == "jit"
 
 

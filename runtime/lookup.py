@@ -1,0 +1,280 @@
+"""The lookup chain: the in-process tier, then a list of sources, each tried in order.
+
+Every tier below memory is a :class:`Source` answering ``get(request)`` with a binary or
+nothing; the chain loads the first binary it gets, and a binary that fails to load is
+discarded from its source and the next source is tried, so a wrong binary is never used.
+The default chain (``Handle``) is::
+
+    memory -> system bundles -> user cache -> JIT (lock, re-check, compile, store)
+
+Adding a tier (a remote cache shared by a cluster) is adding one :class:`Source` to the list.
+The memory tier is the one tier that keeps *loaded* programs rather than bytes, since
+loading a binary again is the cost it exists to save; it remembers whatever a later tier found.
+
+Each source computes its own key with :func:`kdbkit.runtime.program_key.program_key`: a
+system bundle with the compiler it records, the user cache with the local compiler, the JIT
+with the digest of the very text it compiles. A source never raises for a bad entry or a
+damaged file: it warns once and answers nothing.
+"""
+
+from __future__ import annotations
+
+import threading
+from abc import ABC, abstractmethod
+from pathlib import Path
+from typing import Callable, ClassVar, Sequence
+
+from kdbkit.kdb import Bundle, CorruptEntryError, KdbError, Target
+from kdbkit.runtime import paths
+from kdbkit.runtime.backends.base import BinaryLoadError, Module
+from kdbkit.runtime.compilers import LazyCompiler
+from kdbkit.runtime.kernel_sources import KernelSearchPath
+from kdbkit.runtime.logging_setup import get_logger, warn_once
+from kdbkit.runtime.program import Program, Steps
+from kdbkit.runtime.program_key import ProgramKey, ProgramRequest, program_key
+from kdbkit.runtime.system_bundles import SystemBundleSearch
+from kdbkit.runtime.user_cache import UserCache
+
+_log = get_logger(__name__)
+
+
+class Keys:
+    """Keys requests for one target, with each kernel file's digest as the handle first saw it.
+
+    Args:
+        target: the device's target.
+        search_path: where kernel files are found.
+        digests: digests taken when the handle was made (name -> digest); others are taken
+            on first use and remembered.
+    """
+
+    def __init__(self, target: Target, search_path: KernelSearchPath, digests: dict[str, str] | None = None):
+        self.target = target
+        self.search_path = search_path
+        self.digests = dict(digests or {})
+
+    def digest(self, kernel_file: str) -> str:
+        digest = self.digests.get(kernel_file)
+        if digest is None:
+            digest = self.digests[kernel_file] = self.search_path.digest(kernel_file)
+        return digest
+
+    def key(self, request: ProgramRequest, compiler: str) -> ProgramKey:
+        return program_key(request, target=self.target, compiler=compiler, source_digest=self.digest(request.kernel_file))
+
+
+class Source(ABC):
+    """One tier of the lookup chain below memory."""
+
+    name: ClassVar[str]  # what Program.source says when this tier answers
+
+    @abstractmethod
+    def get(self, request: ProgramRequest, steps: Steps) -> bytes | None:
+        """The binary for ``request``, or None; each step taken is timed into ``steps``.
+
+        Never raises for a damaged entry or file (it warns once and answers None). May raise
+        only when the request itself cannot be served (the JIT: compiling is forbidden or
+        impossible, or the source does not compile).
+        """
+
+    def discard(self, request: ProgramRequest) -> None:
+        """The binary this source gave for ``request`` does not load: forget it (default: nothing)."""
+
+    def searched(self) -> str:
+        """Where this source looked, for a "not found" message; empty when it says nothing."""
+        return ""
+
+    def close(self) -> None:
+        """Release files this source holds open."""
+
+
+class MemorySource:
+    """Programs this chain already loaded, by request (thread-safe)."""
+
+    name = "memory"
+
+    def __init__(self) -> None:
+        self._programs: dict[ProgramRequest, Program] = {}
+        self._lock = threading.Lock()
+
+    def get(self, request: ProgramRequest) -> Program | None:
+        return self._programs.get(request)
+
+    def keep(self, program: Program) -> Program:
+        """Remember ``program``; when another thread got there first, its program wins."""
+        with self._lock:
+            return self._programs.setdefault(program.request, program)
+
+
+class SystemBundleSource(Source):
+    """Installed bundles that fit the device, best first, opened only as far as needed."""
+
+    name = "system"
+
+    def __init__(self, search: SystemBundleSearch, keys: Keys):
+        self.search = search
+        self.keys = keys
+
+    def get(self, request: ProgramRequest, steps: Steps) -> bytes | None:
+        for bundle in self.search:
+            key = self.keys.key(request, bundle.metadata.compiler)
+            with steps.time(f"system {bundle.path.name}") as t:
+                binary = _fetch(bundle, key, t)
+            if binary is not None:
+                return binary
+        if self.search.found_none:
+            self._warn_missing()
+        return None
+
+    def _warn_missing(self) -> None:
+        name = self.search.target.bundle_name()
+        if warn_once(f"missing-system-db:{name}", f"Missing system database file: {name} Performance may degrade",
+                     logger=_log):
+            for c in self.search.trace:
+                if c.status == "rejected":
+                    _log.warning("system bundle %s not used: %s", c.path, c.reason)
+
+    def searched(self) -> str:
+        accepted = [str(c.path) for c in self.search.trace if c.status == "accepted"]
+        return ", ".join(accepted) if accepted else f"no system bundle ({self.search.target.bundle_name()} missing)"
+
+    def close(self) -> None:
+        self.search.close()
+
+
+def _fetch(bundle: Bundle, key: ProgramKey, timer) -> bytes | None:
+    """``bundle.get(key)``; a damaged entry or file is a miss with one warning, never a crash."""
+    try:
+        binary = bundle.get(key.kernel_name, key.kernel_args)
+    except CorruptEntryError as exc:
+        warn_once(f"corrupt:{bundle.path}:{key}", f"{exc.problem}; skipping it", logger=_log)
+        timer.outcome = "corrupt"
+        return None
+    except KdbError as exc:  # the file itself is damaged where this lookup reads it
+        warn_once(f"damaged:{bundle.path}", f"{exc.problem}; looking elsewhere", logger=_log)
+        timer.outcome = "damaged"
+        return None
+    _log.trace("%s %s: %s", bundle.path.name, key, "hit" if binary is not None else "miss")
+    if binary is not None:
+        timer.outcome = "hit"
+    return binary
+
+
+class UserCacheSource(Source):
+    """The per-user ``.ukdb``, keyed with the local compiler's identity.
+
+    The cache is made on first use, since it needs that identity (the compiler is looked up
+    then); without a local compiler it answers nothing, as its entries could not be matched.
+
+    Args:
+        keys: the handle's keys.
+        compiler: the local compiler, found on first use.
+        binary_format: what the backend loads, recorded in a new file.
+        folder: gives the cache folder (``KDB_CUSTOM_CACHE_DIR`` or the per-user one).
+    """
+
+    name = "user"
+
+    def __init__(self, keys: Keys, compiler: LazyCompiler, binary_format: str,
+                 folder: Callable[[], Path] = paths.user_cache_dir):
+        self.keys = keys
+        self.compiler = compiler
+        self.binary_format = binary_format
+        self._folder = folder
+        self._cache: UserCache | None = None
+        self._lock = threading.Lock()
+
+    @property
+    def cache(self) -> UserCache | None:
+        """The user cache, or None when there is no local compiler to key its entries with."""
+        if self._cache is None:
+            identity = self.compiler.identity()
+            if identity is None:
+                return None
+            with self._lock:
+                if self._cache is None:
+                    self._cache = UserCache(self._folder(), self.keys.target, compiler=identity,
+                                            binary_format=self.binary_format)
+        return self._cache
+
+    def get(self, request: ProgramRequest, steps: Steps) -> bytes | None:
+        cache = self.cache
+        if cache is None:
+            return None
+        key = self.keys.key(request, self.compiler.identity())
+        with steps.time("user") as t:
+            binary = cache.get(key)
+            if binary is not None:
+                t.outcome = "hit"
+        _log.trace("%s %s: %s", cache.path.name, key, t.outcome)
+        return binary
+
+    def discard(self, request: ProgramRequest) -> None:
+        if self.cache is not None:
+            self.cache.discard(self.keys.key(request, self.compiler.identity()))
+
+    def searched(self) -> str:
+        return f"the user cache {self._cache.path}" if self._cache is not None else ""
+
+    def close(self) -> None:
+        if self._cache is not None:
+            self._cache.close()
+
+
+class LookupChain:
+    """Memory, then ``sources`` in order; the first binary that loads wins.
+
+    Args:
+        sources: the tiers below memory, in the order they are asked.
+        load: turns a binary into a loaded module (the backend's ``load``).
+        device_name: for messages.
+    """
+
+    def __init__(self, sources: Sequence[Source], load: Callable[[bytes], Module], device_name: str = "the device"):
+        self.memory = MemorySource()
+        self.sources = list(sources)
+        self._load = load
+        self._device_name = device_name
+
+    def resolve(self, request: ProgramRequest, kernel_folder: str = "") -> Program:
+        """The program for ``request`` from the first tier that has it.
+
+        Raises:
+            Whatever the last source raises when it cannot serve the request (the JIT:
+            JitDisabledError, CompilerUnavailableError, CompileError), or the
+            BinaryLoadError of the last binary that did not load.
+        """
+        steps = Steps()
+        with steps.time("memory") as t:
+            known = self.memory.get(request)
+            if known is not None:
+                t.outcome = "hit"
+        if known is not None:
+            return known.seen_again(steps)
+        failure: BinaryLoadError | None = None
+        for source in self.sources:
+            binary = source.get(request, steps)
+            if binary is None:
+                continue
+            with steps.time("load") as t:
+                try:
+                    module = self._load(binary)
+                    t.outcome = "loaded"
+                except BinaryLoadError as exc:
+                    t.outcome, module, failure = "unloadable", None, exc
+            if module is None:
+                warn_once(f"unloadable:{source.name}:{request}", f"{source.name}: {request} does not load on "
+                          f"{self._device_name}: {failure.problem}; skipping it", logger=_log)
+                source.discard(request)
+                continue
+            program = self.memory.keep(Program(request, module, source.name, steps, kernel_folder))
+            _log.info2("%s: %s", request, ", ".join(f"{s.name} {s.outcome} {s.ms:.3f} ms" for s in steps))
+            return program
+        if failure is not None:
+            raise failure
+        raise KdbError(f"no source has {request}: {', '.join(s.searched() for s in self.sources if s.searched())}",
+                       "unset KDB_DISABLE_JIT to compile it")
+
+    def close(self) -> None:
+        for source in self.sources:
+            source.close()
