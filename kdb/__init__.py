@@ -10,8 +10,11 @@ This package depends on neither ``runtime`` nor ``packager``.
 from kdbkit.kdb.bundle import Bundle, BundleMetadata, BundleStats, EntryInfo, open_bundle
 from kdbkit.kdb.errors import (
     BundleBusyError,
+    BundleError,
     BundleNameError,
     BundleNotFoundError,
+    BundleWriteError,
+    CodecError,
     CorruptBundleError,
     CorruptEntryError,
     KdbError,
@@ -30,4 +33,5 @@ __all__ = [
     "MergeReport", "verify_bundle", "VerifyReport", "Target", "bundle_file_name", "parse_bundle_file_name",
     "KdbError", "BundleNotFoundError", "NotABundleError", "CorruptBundleError", "CorruptEntryError",
     "UnsupportedFormatError", "TargetMismatchError", "BundleNameError", "ReadOnlyBundleError", "BundleBusyError",
+    "BundleError", "BundleWriteError", "CodecError",
 ]

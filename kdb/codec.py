@@ -119,21 +119,24 @@ class Codec:
             return bytes(blob)
         if not isinstance(size, int) or size < 0 or size > MAX_BINARY_BYTES:
             raise CodecError(f"uncompressed_size {size!r} is not a size from 1 to {MAX_BINARY_BYTES} bytes")
+        ended = True
         try:
             if self.name == "zstd":
                 # decompress() allocates what the frame header claims, whatever max_output_size
                 # says: check the claim first (-1 = not recorded; then max_output_size bounds it).
                 claimed = zstd.frame_content_size(blob)
-                if claimed not in (-1, size):
-                    raise CodecError(f"zstd frame claims {claimed} bytes, row says {size}")
-                out = self._zd().decompress(blob, max_output_size=size)
+                if claimed in (-1, size):
+                    out = self._zd().decompress(blob, max_output_size=size)
             else:
                 decoder = bz2.BZ2Decompressor()
                 out = decoder.decompress(blob, max_length=size + 1)
-                if len(out) == size and not decoder.eof:
-                    raise CodecError(f"bzip2 stream does not end at the row's {size} bytes")
+                ended = decoder.eof
         except (zstd.ZstdError, OSError, ValueError, EOFError) as exc:
             raise CodecError(f"{self.name} frame does not decode: {exc}") from exc
+        if self.name == "zstd" and claimed not in (-1, size):
+            raise CodecError(f"zstd frame claims {claimed} bytes, row says {size}")
+        if len(out) == size and not ended:
+            raise CodecError(f"bzip2 stream does not end at the row's {size} bytes")
         if len(out) != size:
             raise CodecError(f"decoded {len(out)} bytes, row says {size}")
         return out

@@ -17,6 +17,7 @@ are checked when a bundle is matched to a device.
 
 from __future__ import annotations
 
+import functools
 import re
 from dataclasses import dataclass, replace
 from pathlib import Path
@@ -52,7 +53,8 @@ def backend_of_arch(arch: str) -> str:
     raise BundleNameError(f"unknown arch {arch!r}", "name one as sm_<NN> (CUDA), gfx<id> (AMD) or ocl-<hex> (OpenCL)")
 
 
-@dataclass(frozen=True, order=True)
+@functools.total_ordering
+@dataclass(frozen=True)
 class Target:
     """What a binary is built for.
 
@@ -127,6 +129,16 @@ class Target:
 
     def __str__(self) -> str:
         return self.full_arch + (f"_{self.cu}" if self.cu is not None else "")
+
+    def __lt__(self, other: object) -> bool:
+        # By backend, arch, features, then CU count with the arch-wide target (no count) first:
+        # a mixed list sorts, where comparing None with a count would raise.
+        if not isinstance(other, Target):
+            return NotImplemented
+        return self._order() < other._order()
+
+    def _order(self) -> tuple:
+        return self.backend, self.arch, self.features, -1 if self.cu is None else self.cu
 
 
 @dataclass(frozen=True)

@@ -69,8 +69,8 @@ def _conv(family: str, label: str) -> EnvVar:  # MIOPEN_DEBUG_CONV_*: unset mean
 VARIABLES: tuple[EnvVar, ...] = (
     EnvVar("KDB_ENABLE_LOGGING", "bool", False, "Log API calls and program resolutions "
            "(log level 5 unless KDB_LOG_LEVEL is set). Default: off."),
-    EnvVar("KDB_ENABLE_LOGGING_CMD", "bool", False, "Log the `kdb driver` command line that "
-           "reproduces each call. Default: off."),
+    EnvVar("KDB_ENABLE_LOGGING_CMD", "bool", False, "Log the driver command line that reproduces "
+           "each primitive call. Default: off."),
     EnvVar("KDB_LOG_LEVEL", "int", 0, "Log verbosity: 1 quiet, 2 fatal, 3 error, 4 warning, "
            "5 info, 6 detailed info, 7 trace. Default: 0, meaning 4."),
     EnvVar("KDB_ENABLE_LOGGING_MPMT", "bool", False, "Prefix log lines with [process-id "
@@ -95,8 +95,8 @@ VARIABLES: tuple[EnvVar, ...] = (
            "id or name). Default: unset (every applicable solver)."),
     EnvVar("KDB_CHECK_NUMERICS", "flags", CheckNumerics.NONE, "Check buffers for inf/NaN/zero: "
            "0x01 print all, 0x02 warn, 0x04 raise, 0x08 abort, 0x10 stats. Default: 0 (off)."),
-    EnvVar("KDB_COMPILE_PARALLEL_LEVEL", "int", 20, "Most kernels compiled at once (find, JIT, "
-           "`kdb build`). Default: 20."),
+    EnvVar("KDB_COMPILE_PARALLEL_LEVEL", "int", 20, "Most kernels compiled at once (Handle.programs, "
+           "find, the offline builder). Default: 20."),
     # Device overrides for offline work, as MIOPEN_DEVICE_ARCH / MIOPEN_DEVICE_CU.
     EnvVar("KDB_DEVICE_ARCH", "target", None, "Act as if devices of this arch's backend had it "
            "(gfx942, sm_90, gfx90a:xnack-_110). Default: unset (detected)."),

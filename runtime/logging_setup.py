@@ -254,7 +254,7 @@ def log_command(line: str, *, logger: logging.Logger | None = None) -> bool:
     Like MIOpen's MIOPEN_ENABLE_LOGGING_CMD, this does not depend on ``KDB_LOG_LEVEL``.
 
     Args:
-        line: the command, e.g. ``kdb driver softmax -n 4 -c 1000 -t fp32``.
+        line: the command line that reproduces the call (the driver's, once there is one).
         logger: the logger to use; the ``kdbkit`` logger by default.
     Returns:
         True if the line was emitted (labelled ``Command``).

@@ -23,7 +23,10 @@ from typing import Iterable, Iterator
 
 from kdbkit.kdb import Bundle, BundleNotFoundError, KdbError
 from kdbkit.kdb.target import Target
+from kdbkit.runtime.logging_setup import get_logger
 from kdbkit.runtime.paths import SearchDir
+
+_log = get_logger(__name__)
 
 
 @dataclass(frozen=True)
@@ -82,18 +85,21 @@ class SystemBundleSearch:
         try:
             bundle = Bundle.open(path, immutable=True)
         except BundleNotFoundError:
-            self.trace.append(Candidate(path, d.origin, "missing"))
-            return None
+            return self._note(Candidate(path, d.origin, "missing"))
         except KdbError as exc:
-            self.trace.append(Candidate(path, d.origin, "rejected", exc.problem))
-            return None
+            return self._note(Candidate(path, d.origin, "rejected", exc.problem))
         reason = _why_not(bundle, self.target, self.binary_format)
         if reason:
             bundle.close()
-            self.trace.append(Candidate(path, d.origin, "rejected", reason))
-            return None
-        self.trace.append(Candidate(path, d.origin, "accepted"))
+            return self._note(Candidate(path, d.origin, "rejected", reason))
+        self._note(Candidate(path, d.origin, "accepted"))
+        _log.info("system bundle %s opened for %s", path, self.target)
         return bundle
+
+    def _note(self, candidate: Candidate) -> None:
+        self.trace.append(candidate)
+        _log.info2("system bundle %s (%s): %s%s", candidate.path, candidate.origin, candidate.status,
+                   f": {candidate.reason}" if candidate.reason else "")
 
     def get(self, i: int) -> Bundle | None:
         """The i-th accepted bundle (best first), or None when there are no more."""

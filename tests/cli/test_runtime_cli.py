@@ -76,3 +76,102 @@ def test_demo_is_the_main_job(kdb, env, tmp_path):
     assert "all results match NumPy" in out
     lines = [line for line in out.splitlines() if line.startswith("│ ")]
     assert len(lines) == 3 and all("│ jit" in line and "│ user" in line for line in lines)
+
+
+# -- doctor ------------------------------------------------------------------------------------
+
+
+def _rows(out):
+    return {(r["section"], r["item"]): r for r in json.loads(out)}
+
+
+def test_doctor_exits_1_when_it_finds_a_problem(kdb, env, monkeypatch):
+    blocker = env / "a-file"
+    blocker.write_text("not a folder")
+    monkeypatch.setenv("KDB_CUSTOM_CACHE_DIR", str(blocker / "cache"))
+    code, out, _ = kdb("doctor", "--json")
+    row = _rows(out)[("user cache", "writable")]
+    assert code == 1 and row["ok"] is False and row["value"].startswith("NO")
+    assert "is a file" in row["value"]  # a folder under a regular file can never be made
+    code, out, _ = kdb("doctor")
+    assert code == 1 and "problem(s)" in out
+
+
+def test_doctor_knows_a_bundle_file_named_in_the_search_path(kdb, env, monkeypatch):
+    from kdbkit.kdb import Target, write_bundle
+
+    path = write_bundle(env / "mine.kdb", Target.parse("sm_90_132"), [("k.c.o", "-x", b"y" * 100)],
+                        compiler="nvrtc 13.0", binary_format="cubin")
+    monkeypatch.setenv("KDB_SYSTEM_DB_PATH", str(path))
+    code, out, _ = kdb("doctor", "--json")
+    row = _rows(out)[("system bundles", f"{path} (KDB_SYSTEM_DB_PATH)")]
+    assert row["ok"] and row["value"] == "bundle file for sm_90_132"
+    monkeypatch.setenv("KDB_SYSTEM_DB_PATH", str(env / "nowhere"))
+    code, out, _ = kdb("doctor", "--json")
+    assert code == 1 and _rows(out)[("system bundles", f"{env / 'nowhere'} (KDB_SYSTEM_DB_PATH)")]["ok"] is False
+
+
+def test_a_bundle_file_in_the_search_path_serves_its_device(env, monkeypatch, chain_device):
+    from kdbkit.packager.device_build import build_bundle
+    from kdbkit.runtime.handle import Handle
+
+    path = build_bundle(chain_device.target, [("activation.c", "-DKDB_DTYPE=float")], env,
+                        file_name="my-kernels.kdb")
+    monkeypatch.setenv("KDB_SYSTEM_DB_PATH", str(path))
+    with Handle(chain_device) as handle:
+        assert handle.program("activation.c", "-DKDB_DTYPE=float").source == "system"
+        assert [c.status for c in handle.system_trace] == ["accepted"]
+
+
+# -- devices -----------------------------------------------------------------------------------
+
+
+def test_devices_says_what_kdb_backend_hides(kdb, env, monkeypatch, chain_device):
+    other = "cuda" if chain_device.backend != "cuda" else "hip"
+    monkeypatch.setenv("KDB_BACKEND", other)
+    code, _, err = kdb("devices")
+    assert code == 1 and f"KDB_BACKEND={other} hides" in err and f"unset KDB_BACKEND or add {chain_device.backend}" in err
+
+
+# -- demo --------------------------------------------------------------------------------------
+
+
+def test_demo_failure_is_one_line_without_the_childs_traceback(kdb, env, monkeypatch):
+    monkeypatch.setenv("KDB_DISABLE_JIT", "1")  # an empty cache and no JIT: the pass must fail
+    code, _, err = kdb("demo", "--passes", "1")
+    errors = [line for line in err.splitlines() if line.startswith("error: ")]
+    assert code == 1 and len(errors) == 1 and "unset KDB_DISABLE_JIT" in errors[0]
+    assert "Traceback" not in err and "File \"" not in err
+
+
+def test_demo_removes_its_temporary_cache_and_honours_kdb_custom_cache_dir(kdb, env, monkeypatch, tmp_path):
+    import tempfile
+
+    monkeypatch.delenv("KDB_CUSTOM_CACHE_DIR")
+    monkeypatch.setattr(tempfile, "tempdir", str(tmp_path / "tmp"))
+    (tmp_path / "tmp").mkdir()
+    assert kdb("demo", "--passes", "1")[0] == 0
+    assert list((tmp_path / "tmp").iterdir()) == []  # nothing left behind
+    mine = tmp_path / "my-cache"
+    monkeypatch.setenv("KDB_CUSTOM_CACHE_DIR", str(mine))
+    assert kdb("demo", "--passes", "1")[0] == 0
+    assert len(list(mine.glob("*.ukdb"))) == 1  # the user's own cache folder was used, and kept
+
+
+def test_demo_with_only_the_base_install_says_what_to_install(tmp_path):
+    import subprocess
+    import sys
+
+    blocked = ("pyopencl", "cuda", "hip", "amdsmi", "pynvml")
+    code = ("import sys, importlib.abc\n"
+            "class Block(importlib.abc.MetaPathFinder):\n"
+            f"    def find_spec(self, name, path=None, target=None):\n"
+            f"        if name.split('.')[0] in {blocked!r}: raise ImportError(name + ' is not installed')\n"
+            "sys.meta_path.insert(0, Block())\n"
+            "from kdbkit.runtime.cli.app import main\n"
+            "sys.exit(main(['demo']))\n")
+    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=tmp_path,
+                          env={k: v for k, v in __import__("os").environ.items() if not k.startswith("KDB_")})
+    assert proc.returncode == 1 and "Traceback" not in proc.stderr
+    (line,) = proc.stderr.strip().splitlines()
+    assert line.startswith("error: no GPU and no OpenCL device found") and "pip install 'kdbkit[opencl]'" in line

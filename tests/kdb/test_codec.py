@@ -82,3 +82,60 @@ def test_one_codec_is_safe_across_threads():
     for t in threads:
         t.join()
     assert not errors
+
+
+# -- size caps: a small blob that claims or expands to gigabytes is a corrupt entry -----------
+
+BOMB_BYTES = 300 << 20  # more than any kernel binary (MAX_BINARY_BYTES is 256 MiB)
+
+
+def test_an_entry_claiming_more_than_any_binary_is_refused_before_decoding():
+    small = Codec("zstd").encode(b"x" * 1000).blob
+    for codec in ("zstd", "bzip2"):
+        with pytest.raises(CodecError, match="not a size from 1 to"):
+            Codec(codec).decode(small, 5 << 30)  # the row claims 5 GiB
+
+
+def test_a_zstd_frame_claiming_more_than_its_row_is_refused_without_expanding():
+    import zstandard
+
+    bomb = zstandard.ZstdCompressor(level=1).compress(bytes(BOMB_BYTES))  # ~10 kB, claims 300 MiB
+    assert len(bomb) < 64 << 10
+    with pytest.raises(CodecError, match=f"zstd frame claims {BOMB_BYTES} bytes, row says 1000"):
+        Codec("zstd").decode(bomb, 1000)
+
+
+def test_a_zstd_frame_without_a_size_stops_at_the_row_size():
+    import zstandard
+
+    unsized = zstandard.ZstdCompressor(level=1, write_content_size=False).compress(bytes(64 << 20))
+    with pytest.raises(CodecError, match="does not decode"):
+        Codec("zstd").decode(unsized, 1000)
+
+
+def test_a_bzip2_bomb_stops_at_the_row_size():
+    import bz2
+
+    bomb = bz2.compress(bytes(BOMB_BYTES))  # a few hundred bytes that expand to 300 MiB
+    assert len(bomb) < 4096
+    with pytest.raises(CodecError, match="decoded 1001 bytes, row says 1000|does not end"):
+        Codec("bzip2").decode(bomb, 1000)
+
+
+def test_a_bomb_in_a_bundle_is_a_corrupt_entry(tmp_path):
+    import sqlite3
+
+    import zstandard
+
+    from kdbkit.kdb import CorruptEntryError, Target, open_bundle, verify_bundle, write_bundle
+
+    path = write_bundle(tmp_path / "sm_90.kdb", Target.parse("sm_90"), [("k.c.o", "-DN=1", b"x" * 5000)],
+                        compiler="nvrtc 13.0", binary_format="cubin", dictionary=False)
+    conn = sqlite3.connect(path)
+    conn.execute("UPDATE kern_db SET kernel_blob = ?, uncompressed_size = 5000",
+                 (zstandard.ZstdCompressor().compress(bytes(BOMB_BYTES)),))
+    conn.commit()
+    conn.close()
+    with open_bundle(path) as b, pytest.raises(CorruptEntryError, match="k.c.o .*is corrupt: zstd frame claims"):
+        b.get("k.c.o", "-DN=1")
+    assert not verify_bundle(path).ok

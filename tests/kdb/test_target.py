@@ -67,3 +67,9 @@ def test_accepts_says_why_not():
 def test_backend_must_match_arch():
     with pytest.raises(BundleNameError):
         Target("cuda", "gfx90a")
+
+
+def test_targets_mixing_arch_wide_and_per_cu_sort():
+    mixed = [Target.parse(t) for t in ("gfx942_304", "gfx90a_110", "gfx90a", "sm_90_132", "gfx90a_104", "sm_90")]
+    assert [str(t) for t in sorted(mixed)] == ["sm_90", "sm_90_132", "gfx90a", "gfx90a_104", "gfx90a_110", "gfx942_304"]
+    assert Target.parse("gfx90a") < Target.parse("gfx90a_104") and max(mixed) == Target.parse("gfx942_304")

@@ -1,0 +1,79 @@
+"""``kdb cache clear`` and ``prune`` while other processes use the cache: nothing corrupts, nothing blocks."""
+
+from __future__ import annotations
+
+import sqlite3
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
+
+from filelock import FileLock
+
+from kdbkit.kdb import open_bundle, verify_bundle
+from kdbkit.runtime.cache_admin import clear_cache
+from kdbkit.runtime.samples import SAMPLES
+from tests.runtime.chain_fixtures import child_env
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+def test_clear_empties_through_sqlite_while_others_read_and_compile(make_handle, isolated):
+    handle = make_handle()
+    for s in SAMPLES[:2]:
+        handle.program(s.kernel_file, s.options)
+    path = handle.user_cache_path
+    folder = path.parent
+    # Another user of the cache: a reader inside a read transaction (its snapshot pins the
+    # WAL), and a compile holding its lock.
+    reader = sqlite3.connect(path)
+    reader.execute("BEGIN")
+    assert reader.execute("SELECT count(*) FROM kern_db").fetchone() == (2,)
+    held = FileLock(str(folder / "locks" / "held-by-a-compile.lock"))
+    held.acquire()
+    idle = folder / "locks" / "idle.lock"
+    idle.touch()
+    aside = folder / f"{path.name}.corrupt-20260101-000000-1"
+    aside.write_bytes(b"moved aside earlier")
+    try:
+        report = clear_cache(folder)
+        assert report.entries == 2 and report.busy_locks == 1
+        # The live file's journals are SQLite's, in use: deleting them would corrupt the database.
+        assert Path(f"{path}-wal").exists() and Path(f"{path}-shm").exists()
+        assert reader.execute("SELECT count(*) FROM kern_db").fetchone() == (2,)  # its snapshot still reads
+        assert (folder / "locks" / "held-by-a-compile.lock").exists() and not idle.exists() and not aside.exists()
+    finally:
+        reader.rollback()
+        reader.close()
+        held.release()
+    assert verify_bundle(path).ok and open_bundle(path).count() == 0
+    # The handle that had the cache open goes on: what it needs again is compiled and stored.
+    again = make_handle()
+    assert again.program(SAMPLES[2].kernel_file, SAMPLES[2].options).source == "jit"
+    assert make_handle().program(SAMPLES[2].kernel_file, SAMPLES[2].options).source == "user"
+
+
+def test_clear_while_another_process_writes(isolated, chain_device):
+    # A second process stores programs in a loop while `kdb cache clear` runs: no error on
+    # either side, and the file verifies afterwards.
+    writer = textwrap.dedent("""
+        import sys
+        from kdbkit.runtime.handle import Handle
+        from kdbkit.runtime.backends.registry import default_device
+        with Handle(default_device()) as h:
+            for i in range(int(sys.argv[1])):
+                h.program("activation.c", [f"-DSALT=w{i}"])
+        print("done")
+    """)
+    env = child_env(isolated)
+    proc = subprocess.Popen([sys.executable, "-c", writer, "4"], env=env, cwd=ROOT, stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, text=True)
+    cleared = 0
+    while proc.poll() is None:
+        folder = isolated / "cache"
+        if folder.is_dir() and list(folder.glob("*.ukdb")):
+            cleared += clear_cache(folder).entries >= 0
+    out, err = proc.communicate(timeout=300)
+    assert proc.returncode == 0 and out.strip() == "done", err
+    assert "Traceback" not in err and "damaged" not in err and "unusable" not in err, err
+    assert cleared and all(verify_bundle(p).ok for p in (isolated / "cache").glob("*.ukdb"))

@@ -1,0 +1,156 @@
+"""Installed, kdbkit is one import name; the layers import each other one way only.
+
+The wheel is built from this checkout and installed into a fresh virtual environment (its
+dependencies borrowed from the test's own environment through a ``.pth`` file, so no network
+is needed), then used from a folder outside the checkout.
+"""
+
+from __future__ import annotations
+
+import ast
+import os
+import subprocess
+import sys
+import sysconfig
+import tomllib
+import venv
+import zipfile
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+MAPPED = {"kdb": "kdbkit.kdb", "runtime": "kdbkit.runtime", "packager": "kdbkit.packager"}
+
+
+def _pyproject() -> dict:
+    return tomllib.loads((ROOT / "pyproject.toml").read_text())
+
+
+def test_every_package_folder_is_listed_for_the_wheel():
+    setuptools = _pyproject()["tool"]["setuptools"]
+    found = {"kdbkit", "kdbkit.kernels"}
+    for folder, name in MAPPED.items():
+        for init in (ROOT / folder).rglob("__init__.py"):
+            rel = init.parent.relative_to(ROOT / folder)
+            if rel.parts[:1] != ("_kdbkit",) and "__pycache__" not in rel.parts:
+                found.add(".".join((name, *rel.parts)))
+    assert sorted(setuptools["packages"]) == sorted(found)
+    assert setuptools["package-dir"]["kdbkit"] == "runtime/_kdbkit"
+
+
+@pytest.fixture(scope="module")
+def wheel(tmp_path_factory) -> Path:
+    out = tmp_path_factory.mktemp("wheel")
+    # No build isolation: the dev extra installs setuptools, so no backend is fetched.
+    proc = subprocess.run([sys.executable, "-m", "pip", "wheel", "--no-deps", "--no-build-isolation", "-q",
+                           "-w", str(out), str(ROOT)], capture_output=True, text=True)
+    assert proc.returncode == 0, proc.stderr
+    (path,) = out.glob("kdbkit-*.whl")
+    return path
+
+
+def test_the_wheel_holds_one_top_level_name_and_the_kernels(wheel):
+    names = zipfile.ZipFile(wheel).namelist()
+    assert {n.split("/", 1)[0] for n in names if ".dist-info/" not in n} == {"kdbkit"}
+    assert "kdbkit/kernels/kdb_compat.h" in names and "kdbkit/kernels/activation.c" in names
+    assert "kdbkit/runtime/compilers/nvrtc.py" in names and "kdbkit/__init__.py" in names
+    assert not any(n.startswith("kdbkit/runtime/_kdbkit") for n in names)
+    entry_points = zipfile.ZipFile(wheel).read(next(n for n in names if n.endswith("entry_points.txt"))).decode()
+    assert "kdb = kdbkit.runtime.cli.app:main" in entry_points
+
+
+@pytest.fixture(scope="module")
+def fresh_venv(wheel, tmp_path_factory) -> Path:
+    env_dir = tmp_path_factory.mktemp("venv")
+    venv.create(env_dir, with_pip=False)
+    python = env_dir / "bin" / "python"
+    proc = subprocess.run([sys.executable, "-m", "pip", "--python", str(python), "install", "-q", "--no-deps",
+                           str(wheel)], capture_output=True, text=True)
+    assert proc.returncode == 0, proc.stderr
+    site = Path(subprocess.run([str(python), "-c", "import sysconfig; print(sysconfig.get_path('purelib'))"],
+                               capture_output=True, text=True, check=True).stdout.strip())
+    # The dependencies (numpy, zstandard, pyopencl, ...) come from this environment; a path
+    # added by a .pth file is not scanned for .pth files, so this environment's editable
+    # kdbkit stays out of sight.
+    (site / "kdbkit-test-deps.pth").write_text(sysconfig.get_path("purelib") + "\n")
+    return env_dir
+
+
+def _run(env_dir: Path, *cmd: str, cwd: Path, **env: str) -> subprocess.CompletedProcess:
+    clean = {k: v for k, v in os.environ.items() if not k.startswith("KDB_") and k != "PYTHONPATH"}
+    return subprocess.run([str(env_dir / "bin" / cmd[0]), *cmd[1:]], cwd=cwd, capture_output=True, text=True,
+                          env={**clean, **env}, timeout=600)
+
+
+def test_installed_it_owns_exactly_one_top_level_import_name(fresh_venv, tmp_path):
+    record = next((fresh_venv / "lib").glob("python*/site-packages/kdbkit-*.dist-info/RECORD")).read_text()
+    tops = {line.split(",", 1)[0].split("/", 1)[0] for line in record.splitlines()}
+    assert {t for t in tops if not t.endswith(".dist-info") and t != ".."} == {"kdbkit"}
+    site = next((fresh_venv / "lib").glob("python*/site-packages"))
+    assert {p.name for p in site.iterdir()} - {"kdbkit-test-deps.pth"} == {"kdbkit", record_dist(site)}
+    proc = _run(fresh_venv, "python", "-c", "import kdbkit; print(kdbkit.__file__)", cwd=tmp_path)
+    assert proc.returncode == 0 and proc.stdout.startswith(str(site)), proc.stderr
+
+
+def record_dist(site: Path) -> str:
+    (dist,) = site.glob("kdbkit-*.dist-info")
+    return dist.name
+
+
+def test_import_kdbkit_has_no_side_effects_and_exposes_the_api(fresh_venv, tmp_path):
+    probe = ("import sys, logging, kdbkit; loaded = sorted(m for m in sys.modules if m.startswith('kdbkit')); "
+             "print(loaded, len(logging.getLogger('kdbkit').handlers)); "
+             "print(kdbkit.Handle.__module__, kdbkit.open_bundle.__module__, issubclass(kdbkit.CompileError, kdbkit.KdbError))")
+    proc = _run(fresh_venv, "python", "-c", probe, cwd=tmp_path, HOME=str(tmp_path))
+    assert proc.returncode == 0, proc.stderr
+    first, second = proc.stdout.splitlines()
+    assert first == "['kdbkit'] 0"
+    assert second == "kdbkit.runtime.handle kdbkit.kdb.bundle True"
+    assert not (tmp_path / ".cache").exists()  # no folder made at import
+
+
+def test_the_console_script_and_the_main_job_run_outside_the_checkout(fresh_venv, tmp_path):
+    proc = _run(fresh_venv, "kdb", "--version", cwd=tmp_path)
+    assert proc.returncode == 0 and proc.stdout.strip().startswith("kdbkit "), proc.stderr
+    proc = _run(fresh_venv, "kdb", "demo", cwd=tmp_path, HOME=str(tmp_path))
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    assert "all results match NumPy" in proc.stdout and "Traceback" not in proc.stderr
+
+
+# -- layering ------------------------------------------------------------------------------
+
+
+def _imports(path: Path) -> set[str]:
+    names = set()
+    for node in ast.walk(ast.parse(path.read_text())):
+        if isinstance(node, ast.Import):
+            names.update(a.name for a in node.names)
+        elif isinstance(node, ast.ImportFrom) and node.module and node.level == 0:
+            names.add(node.module)
+    return names
+
+
+def _modules(folder: str):
+    for path in sorted((ROOT / folder).rglob("*.py")):
+        yield path, _imports(path)
+
+
+def test_kdb_imports_nothing_of_runtime_or_packager():
+    for path, names in _modules("kdb"):
+        bad = {n for n in names if n.startswith(("kdbkit.runtime", "kdbkit.packager")) or n in ("runtime", "packager")}
+        assert not bad, f"{path}: {bad}"
+
+
+def test_only_the_cli_imports_packager_from_runtime():
+    for path, names in _modules("runtime"):
+        inside_cli = (ROOT / "runtime" / "cli") in path.parents
+        bad = {n for n in names if n.startswith("kdbkit.packager")}
+        assert inside_cli or not bad, f"{path}: {bad}"
+
+
+def test_nothing_imports_the_old_top_level_names():
+    for folder in ("kdb", "runtime", "packager", "tests", "scripts"):
+        for path, names in _modules(folder):
+            bad = {n for n in names if n.split(".")[0] in ("kdb", "runtime", "packager")}
+            assert not bad, f"{path}: {bad}"
