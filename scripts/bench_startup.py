@@ -36,7 +36,6 @@ import time
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT))
 
 
 # -- child side: one fresh process, one mode ------------------------------------------------
@@ -95,8 +94,14 @@ def child(mode: str, cubin_dir: str | None) -> None:
     json.dump({"mode": mode, "rows": rows, "first_launch_ms": launch_ms, "device_open_ms": (t_ready - t_start) * 1e3,
                "handle_ms": None if mode.startswith("bare") else handle_ms,
                "prepare_ms": None if mode.startswith("bare") else {st.name: st.ms for st in handle.prepare_steps},
-               "device": device.name, "target": str(device.target), "compiler": backend.compiler_identity()},
+               "device": device.name, "target": str(device.target), "compiler": _compiler_identity()},
               sys.stdout)
+
+
+def _compiler_identity() -> str:
+    from kdbkit.runtime.compilers import NvrtcCompiler
+
+    return NvrtcCompiler().identity()
 
 
 def _stopwatch(parts: dict):
@@ -111,16 +116,17 @@ def _stopwatch(parts: dict):
 
 def breakdown(backend, handle) -> dict:
     """Time each part of a system hit for one more program, in this (already warm) process."""
-    from kdbkit.runtime.program_key import normalise_options, program_key
+    from kdbkit.runtime.program_key import ProgramRequest, program_key
 
     parts: dict = {}
     timed = _stopwatch(parts)
 
-    bundle = next(iter(handle._system_search()))
-    opts = timed("normalise_options (options not seen before)", lambda: normalise_options(("-D", "KDB_DTYPE=float")))
-    digest = handle._digests["activation.c"]
-    key = timed("program_key", lambda: program_key(kernel_file="activation.c", options=opts, arch=handle._arch,
-                                                   source_digest=digest, compiler=bundle.metadata.compiler))
+    bundle = handle._system.search.get(0)
+    request = timed("ProgramRequest (options not seen before)", lambda: ProgramRequest("activation.c",
+                                                                                       ("-D", "KDB_DTYPE=float")))
+    digest = handle._keys.digests["activation.c"]
+    key = timed("program_key", lambda: program_key(request, target=handle.target, source_digest=digest,
+                                                   compiler=bundle.metadata.compiler))
     timed("bundle.get (miss)", lambda: bundle.get(key.kernel_name, key.kernel_args + "x"))
     blob = timed("bundle.get (hit)", lambda: bundle.get(key.kernel_name, key.kernel_args))
     module = timed("backend.load", lambda: backend.load(blob))
@@ -136,21 +142,21 @@ def user_breakdown(backend) -> dict:
 
     from kdbkit.kdb import Bundle
     from kdbkit.runtime import paths
-    from kdbkit.runtime.backends import nvrtc
+    from kdbkit.runtime.compilers import nvrtc
 
     parts: dict = {}
     timed = _stopwatch(parts)
 
     nvrtc.wheel_nvrtc_version.cache_clear()
-    timed("compiler identity (wheel probe)", backend.compiler_identity)
+    nvrtc.cuda_headers.cache_clear()
+    timed("compiler identity (wheel probe)", _compiler_identity)
     src = next(paths.user_cache_dir().glob("*.ukdb"))
     copy = Path(tempfile.mkdtemp()) / src.name
     shutil.copy(src, copy)
     if Path(f"{src}-wal").exists():  # recent entries live in the write-ahead log until a checkpoint
         shutil.copy(f"{src}-wal", f"{copy}-wal")
-    target = backend.device.target
-    b = timed("open as the runtime does (create, WAL)", lambda: Bundle.create(
-        copy, target.arch_wide(), compiler="x", binary_format="cubin", wal=True, exist_ok=True))
+    b = timed("open as the runtime does (writable, WAL, no transaction)", lambda: Bundle.open(
+        copy, writable=True, wal=True))
     info = next(b.entries())
     timed("get (first, WAL)", lambda: b.get(info.kernel_name, info.kernel_args))
     timed("get (second, WAL)", lambda: b.get(info.kernel_name, info.kernel_args))
@@ -182,15 +188,14 @@ def run_child(mode: str, env: dict, cubin_dir: Path | None = None) -> dict:
 def prepare(work: Path) -> tuple[Path, Path]:
     """Build the system bundle and extract its cubins for the bare mode."""
     from kdbkit.kdb import open_bundle
-    from kdbkit.packager.device_build import build_device_bundle
-    from kdbkit.runtime.backends.registry import discover_devices, open_backend
+    from kdbkit.packager.device_build import build_bundle
+    from kdbkit.runtime.backends.registry import discover_devices
     from kdbkit.runtime.samples import SAMPLES
 
     device = next(d for d in discover_devices() if d.backend == "cuda")
-    backend = open_backend(device)
     system = work / "system"
     system.mkdir()
-    path = build_device_bundle(backend, [(s.kernel_file, s.options) for s in SAMPLES], system)
+    path = build_bundle(device.target, [(s.kernel_file, s.options) for s in SAMPLES], system)
     cubins = work / "cubins"
     cubins.mkdir()
     with open_bundle(path) as b:
@@ -266,8 +271,7 @@ def main() -> None:
     work = Path(tempfile.mkdtemp(prefix="kdbkit-bench-startup-"))
     system, cubins = prepare(work)
     base = {k: v for k, v in os.environ.items() if not k.startswith("KDB_")}
-    base.update(PYTHONPATH=os.pathsep.join(filter(None, [str(ROOT), os.environ.get("PYTHONPATH")])),
-                KDB_BACKEND="cuda", CUDA_CACHE_DISABLE="1")
+    base.update(KDB_BACKEND="cuda", CUDA_CACHE_DISABLE="1")  # kdbkit comes from its install
     empty_system = work / "no-system"
     empty_system.mkdir()
     user_cache = work / "user-cache"

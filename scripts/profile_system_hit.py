@@ -23,8 +23,6 @@ import tempfile
 import time
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT))
 ENTRY = {"relu": "relu_fwd", "reduce_sum": "reduce_sum", "sgemm": "sgemm_tiled"}
 
 
@@ -40,7 +38,7 @@ def child(system_dir: str) -> None:
     from kdbkit.kdb import codec as _codec
     from kdbkit.runtime import kernel_sources
     from kdbkit.runtime.handle import Handle
-    from kdbkit.runtime.program_key import normalise_options, program_key
+    from kdbkit.runtime.program_key import ProgramRequest, program_key
 
     pc = time.perf_counter
     out: dict = {}
@@ -54,13 +52,13 @@ def child(system_dir: str) -> None:
     handle = t("handle", lambda: Handle(backend=backend))
     for st in handle.prepare_steps:
         out[f"handle.{st.name}"] = st.ms * 1e3
-    bundle = next(iter(handle._system_search()))
+    bundle = handle._system.search.get(0)
     for i, s in enumerate(SAMPLES):
         p = f"k{i}."
-        opts = t(p + "normalise", lambda: normalise_options(s.options))
-        digest = handle._digests[s.kernel_file]
-        key = t(p + "key", lambda: program_key(kernel_file=s.kernel_file, options=opts, arch=device.target.full_arch,
-                                               source_digest=digest, compiler=bundle.metadata.compiler))
+        request = t(p + "request", lambda: ProgramRequest(s.kernel_file, s.options))
+        digest = handle._keys.digests[s.kernel_file]
+        key = t(p + "key", lambda: program_key(request, target=device.target, source_digest=digest,
+                                               compiler=bundle.metadata.compiler))
         row = t(p + "query", lambda: bundle._query_one(
             "SELECT kernel_blob, kernel_hash, uncompressed_size FROM kern_db WHERE kernel_name = ? AND kernel_args = ?",
             (key.kernel_name, key.kernel_args)))
@@ -118,15 +116,14 @@ def main() -> None:
     if a.child:
         child(a.child)
         return
-    from kdbkit.packager.device_build import build_device_bundle
-    from kdbkit.runtime.backends.registry import discover_devices, open_backend
+    from kdbkit.packager.device_build import build_bundle
+    from kdbkit.runtime.backends.registry import discover_devices
     from kdbkit.runtime.samples import SAMPLES
 
     work = Path(tempfile.mkdtemp())
-    backend = open_backend(next(d for d in discover_devices() if d.backend == "cuda"))
-    build_device_bundle(backend, [(s.kernel_file, s.options) for s in SAMPLES], work)
-    env = dict(os.environ, PYTHONPATH=os.pathsep.join(filter(None, [str(ROOT), os.environ.get("PYTHONPATH")])),
-               KDB_SYSTEM_DB_PATH=str(work))
+    device = next(d for d in discover_devices() if d.backend == "cuda")
+    build_bundle(device.target, [(s.kernel_file, s.options) for s in SAMPLES], work)
+    env = dict(os.environ, KDB_SYSTEM_DB_PATH=str(work))
     runs = []
     for _ in range(a.runs):
         p = subprocess.run([sys.executable, __file__, "--child", str(work)], env=env, capture_output=True, text=True)

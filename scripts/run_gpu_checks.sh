@@ -1,32 +1,45 @@
 #!/usr/bin/env bash
-# The GPU run, in one go: the test suite with the CUDA backend, the main job, and the
+# The GPU run, in one go: kdbkit built and installed as a regular wheel from this tree, the
+# test suite with the CUDA backend, the chain tests again on CUDA, the main job, and the
 # startup benchmark. Writes logs and results to $OUT (default ./gpu-out).
-# On the lent GPU machine (no registry there), carry the wheels from
-# ../shared/tools/device-wheels and call:  scripts/run_gpu_checks.sh
+# On the lent GPU machine (no registry there), carry the wheels that
+# ../shared/tools/device-wheels fetches (plus setuptools) as .whl and call:
+#   scripts/run_gpu_checks.sh            (RUNS=15 processes per benchmark mode by default)
+# PART=tests or PART=bench runs one half (each fits one 10-minute call); the default runs both.
 set -uo pipefail
+PART=${PART:-all}
 OUT=${OUT:-gpu-out}
 mkdir -p "$OUT"
 cd "$(dirname "$0")/.."
+SITE=/tmp/site
 if [ -d .whl ]; then
-    python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl
-    export PYTHONPATH=/tmp/site:$PWD
-else
-    export PYTHONPATH=$PWD
+    python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target "$SITE" .whl/*.whl
 fi
+export PYTHONPATH=$SITE
+# kdbkit itself: a regular wheel of this very tree, so the run tests what is committed, installed.
+rm -rf /tmp/kdbkit-wheel
+python3 -m pip wheel -q --no-deps --no-build-isolation --no-index -w /tmp/kdbkit-wheel . &&
+    python3 -m pip install -q --no-index --no-deps --no-compile --upgrade --target "$SITE" /tmp/kdbkit-wheel/kdbkit-*.whl ||
+    { echo "building kdbkit's wheel failed" >&2; exit 1; }
 export PYTHONUNBUFFERED=1 KDB_CUSTOM_CACHE_DIR=$(mktemp -d)
 {
     nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader
-    python3 -c 'import sys, cuda.bindings, numpy; print(sys.version.split()[0], "cuda-bindings", cuda.bindings.__version__, "numpy", numpy.__version__)'
-    python3 -m runtime.cli.app doctor
+    python3 -c 'import sys, cuda.bindings, numpy, kdbkit; print(sys.version.split()[0], "cuda-bindings", cuda.bindings.__version__, "numpy", numpy.__version__, "kdbkit", kdbkit.__version__, "from", kdbkit.__file__)'
+    python3 -m kdbkit.runtime.cli.app doctor
 } > "$OUT/gpu_env.txt" 2>&1
 
-echo "== full test suite (CUDA tests run; PoCL ones skip where PoCL is absent)"
+if [ "$PART" != bench ]; then
+echo "== full test suite (CUDA tests run; PoCL and clang ones skip where those are absent)"
 python3 -m pytest -q -rs -p no:cacheprovider 2>&1 | tee "$OUT/pytest_all.txt" | tail -5
 echo "== lookup-chain tests on the CUDA backend (KDB_TEST_BACKEND=cuda)"
 KDB_TEST_BACKEND=cuda python3 -m pytest -q -rs -p no:cacheprovider tests/runtime/test_resolution.py \
-    tests/runtime/test_broken_caches.py tests/runtime/test_concurrency.py 2>&1 | tee "$OUT/pytest_chain_cuda.txt" | tail -5
+    tests/runtime/test_broken_caches.py tests/runtime/test_concurrency.py tests/runtime/test_lookup_chain.py \
+    tests/runtime/test_user_kernels.py tests/runtime/test_cache_admin.py tests/cli/test_runtime_cli.py \
+    2>&1 | tee "$OUT/pytest_chain_cuda.txt" | tail -5
 echo "== main job on the GPU"
-python3 -m runtime.cli.app demo 2>&1 | tee "$OUT/demo_gpu.txt"
+python3 -m kdbkit.runtime.cli.app demo 2>&1 | tee "$OUT/demo_gpu.txt"
+fi
+[ "$PART" = tests ] && exit 0
 echo "== startup benchmark"
 python3 scripts/bench_startup.py --runs "${RUNS:-15}" --out "$OUT" 2>&1 | tee "$OUT/bench_startup.txt"
 echo "== a system hit, part by part"

@@ -70,10 +70,11 @@ def fresh_venv(wheel, tmp_path_factory) -> Path:
     assert proc.returncode == 0, proc.stderr
     site = Path(subprocess.run([str(python), "-c", "import sysconfig; print(sysconfig.get_path('purelib'))"],
                                capture_output=True, text=True, check=True).stdout.strip())
-    # The dependencies (numpy, zstandard, pyopencl, ...) come from this environment; a path
-    # added by a .pth file is not scanned for .pth files, so this environment's editable
-    # kdbkit stays out of sight.
-    (site / "kdbkit-test-deps.pth").write_text(sysconfig.get_path("purelib") + "\n")
+    # The dependencies (numpy, zstandard, pyopencl, ...) come from this environment's import
+    # path, the checkout left out; a path added by a .pth file is not scanned for .pth files,
+    # so this environment's editable kdbkit stays out of sight.
+    outer = [p for p in sys.path if p and Path(p).is_dir() and Path(p).resolve() != ROOT]
+    (site / "kdbkit-test-deps.pth").write_text("\n".join([sysconfig.get_path("purelib"), *outer]) + "\n")
     return env_dir
 
 

@@ -173,3 +173,27 @@ def test_gpu_timing_and_every_sample_compiles(cuda_backend, gpu_modules):
     ms = cuda_backend.time_ms(lambda: cuda_backend.launch(kernel, (256, 1, 1), (256, 1, 1), [x, x, np.int32(1 << 20)]), repeat=5)
     assert ms > 0
     cuda_backend.synchronize()
+
+
+@pytest.mark.gpu
+def test_gpu_closing_a_handle_releases_the_cuda_context(cuda_backend):
+    # In a fresh process: this one's session backend keeps the primary context alive.
+    import subprocess
+    import sys
+
+    code = (
+        "from cuda.bindings import driver\n"
+        "from kdbkit.runtime.handle import Handle\n"
+        "from kdbkit.runtime.backends.registry import discover_devices\n"
+        "device = next(d for d in discover_devices() if d.backend == 'cuda')\n"
+        "def active():\n"
+        "    err, dev = driver.cuDeviceGet(device.index)\n"
+        "    return driver.cuDevicePrimaryCtxGetState(dev)[2]\n"
+        "with Handle(device) as h:\n"
+        "    h.program('activation.c', '-DKDB_DTYPE=float')\n"
+        "    inside = active()\n"
+        "print(inside, active())\n"
+    )
+    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, proc.stderr
+    assert proc.stdout.split() == ["1", "0"]

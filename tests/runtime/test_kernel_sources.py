@@ -15,8 +15,11 @@ from kdbkit.runtime.kernel_sources import KernelSourceError, kernels_dir, list_s
 REPO = Path(__file__).resolve().parents[2]
 
 
-def test_checkout_kernels_dir_holds_the_header_and_samples():
-    assert kernels_dir() == REPO / "kernels"
+def test_kernels_dir_sits_beside_the_runtime_and_holds_the_header_and_samples():
+    import kdbkit.runtime
+
+    # The checkout's kernels/ (an editable install), or kdbkit/kernels in an installed wheel.
+    assert kernels_dir() == Path(kdbkit.runtime.__file__).parent.parent / "kernels"
     assert {"activation.c", "reduce_sum.c", "matmul_tiled.c"} <= set(list_sources())
     assert '#include "kdb_compat.h"' in read_source("activation.c")
 
