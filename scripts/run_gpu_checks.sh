@@ -37,7 +37,7 @@ KDB_TEST_BACKEND=cuda python3 -m pytest -q -rs -p no:cacheprovider tests/runtime
     tests/runtime/test_user_kernels.py tests/runtime/test_cache_admin.py tests/cli/test_runtime_cli.py \
     2>&1 | tee "$OUT/pytest_chain_cuda.txt" | tail -5
 echo "== main job on the GPU"
-python3 -m kdbkit.runtime.cli.app demo 2>&1 | tee "$OUT/demo_gpu.txt"
+python3 -m kdbkit.runtime.cli.app demo --cache-dir "$(mktemp -d)" 2>&1 | tee "$OUT/demo_gpu.txt"
 fi
 [ "$PART" = tests ] && exit 0
 echo "== startup benchmark"

@@ -65,8 +65,11 @@ def fresh_venv(wheel, tmp_path_factory) -> Path:
     env_dir = tmp_path_factory.mktemp("venv")
     venv.create(env_dir, with_pip=False)
     python = env_dir / "bin" / "python"
+    # Without this environment's PYTHONPATH, and ignoring what is installed elsewhere: pip must
+    # put the wheel into the fresh environment even where kdbkit is importable already.
+    env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}
     proc = subprocess.run([sys.executable, "-m", "pip", "--python", str(python), "install", "-q", "--no-deps",
-                           str(wheel)], capture_output=True, text=True)
+                           "--ignore-installed", str(wheel)], capture_output=True, text=True, env=env)
     assert proc.returncode == 0, proc.stderr
     site = Path(subprocess.run([str(python), "-c", "import sysconfig; print(sysconfig.get_path('purelib'))"],
                                capture_output=True, text=True, check=True).stdout.strip())
