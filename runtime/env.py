@@ -309,6 +309,19 @@ def value(name: str | EnvVar) -> Any:
     return _read(name, *KINDS)
 
 
+def read_quietly(read):
+    """Call ``read()`` with bad values collected instead of reported: ``(problems, its result)``.
+
+    Nothing is remembered as reported, so a later ordinary read still reports each problem once.
+    """
+    _collecting.problems = []
+    try:
+        value = read()
+        return _collecting.problems, value
+    finally:
+        _collecting.problems = None
+
+
 def snapshot(extra: Iterable[EnvVar] = ()) -> list[tuple[EnvVar, str | None, Any, str | None]]:
     """Every variable with its text, parsed value and problem, for ``kdb env`` (which shows
     the problems itself: nothing is logged here).
@@ -322,13 +335,8 @@ def snapshot(extra: Iterable[EnvVar] = ()) -> list[tuple[EnvVar, str | None, Any
     rows = []
     for var in (*VARIABLES, *extra):
         raw = os.environ.get(var.name)
-        _collecting.problems = []
-        try:
-            parsed = _parse(var, raw)
-            problem = _collecting.problems[0] if _collecting.problems else None
-        finally:
-            _collecting.problems = None
-        rows.append((var, raw, parsed, problem))
+        problems, parsed = read_quietly(lambda: _parse(var, raw))
+        rows.append((var, raw, parsed, problems[0] if problems else None))
     return rows
 
 

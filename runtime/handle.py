@@ -19,6 +19,7 @@ Example::
 
 from __future__ import annotations
 
+import logging
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Iterable, Sequence
@@ -76,8 +77,9 @@ class Handle:
         self.chain = LookupChain([s for s in (self._system, self._user, jit) if s is not None], backend.load,
                                  self.device.name)
         self.prepare_steps: list[Step] = self._prepare()
-        _log.info("handle for %s (%s): %s", self.device.name, self.target,
-                  ", ".join(f"{s.name} {s.outcome}" for s in self.prepare_steps))
+        if _log.isEnabledFor(logging.INFO):
+            _log.info("handle for %s (%s): %s", self.device.name, self.target,
+                      ", ".join(f"{s.name} {s.outcome}" for s in self.prepare_steps))
 
     def _prepare(self) -> list[Step]:
         """Work done once per handle instead of on a program's first lookup; each step timed.

@@ -55,20 +55,24 @@ def kernels_dir() -> Path:
         KernelSourceError: it is missing (a broken install).
     """
     # abspath, not resolve(): one lstat per path component is a cost on every first call in
-    # sandboxes where system calls are slow, and ../kernels is found the same way either way.
-    candidate = Path(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))) / "kernels"
-    if (candidate / _MARKER).is_file():
-        return candidate
+    # sandboxes where system calls are slow; os.path, not pathlib: this is on a handle's first
+    # steps (pathlib cost 0.07 ms here).
+    candidate = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "kernels")
+    if os.path.isfile(os.path.join(candidate, _MARKER)):
+        return Path(candidate)
     raise KernelSourceError(
         f"kdbkit's kernel sources are missing: no {_MARKER} in {candidate}",
         "reinstall kdbkit (`pip install --force-reinstall kdbkit`) or run from a full checkout")
 
 
-def _check_name(name: str, where: str) -> PurePosixPath:
+@functools.lru_cache(maxsize=1024)
+def _name_parts(name: str) -> tuple[str, ...]:
+    """The parts of a kernel source name; refuses names that would leave their folder."""
     rel = PurePosixPath(name)
     if not name or rel.is_absolute() or ".." in rel.parts:
-        raise KernelSourceError(f"kernel source name {name!r} must be a relative path inside {where}")
-    return rel
+        raise KernelSourceError(f"kernel source name {name!r} must be a relative path inside a kernel folder",
+                                "name it relative to its folder on the kernel search path")
+    return rel.parts
 
 
 # -- one file: its bytes' hash and its quoted includes, remembered by stamp ----------------
@@ -172,22 +176,25 @@ def _inline(file: SourceFile, by_path: dict[str, SourceFile], stack: list[str], 
     return _INCLUDE_LINE.sub(include, text)
 
 
-def _locate(inc: str, includer: tuple[str, str], roots: Sequence[str], included_from: str) -> tuple[str, str, str]:
+def _locate(inc: str, includer: tuple[str, str], roots: Sequence[str], included_from: str, read):
     """Find ``#include "inc"`` as the preprocessor would: beside the includer, then along the path.
 
     Args:
         includer: (search folder, folder) of the including file.
         roots: the search path's folders, in order.
+        read: gives a file's (SHA-256, includes[, bytes]), or None where there is none; the
+            one system call per candidate both finds and reads it.
 
     Returns:
-        (search folder that holds it, its name relative to that folder, its path).
+        (search folder that holds it, its name relative to that folder, its path, what ``read`` gave).
     """
-    rel = _check_name(inc, "the kernel search path")
+    parts = _name_parts(inc)
     root, base = includer
     for folder, where in ((root, base), *((r, r) for r in roots)):
-        path = os.path.join(where, *rel.parts)
-        if os.path.isfile(path):
-            return folder, path[len(folder) + 1:].replace(os.sep, "/"), path
+        path = os.path.join(where, *parts)
+        info = read(path)
+        if info is not None:
+            return folder, path[len(folder) + 1:].replace(os.sep, "/"), path, info
     raise KernelSourceError(f"kernel source {inc!r} (included from {included_from}) not found",
                             "put it beside the file that includes it or on the kernel search path (KDB_KERNEL_PATH)")
 
@@ -201,16 +208,19 @@ class KernelSearchPath:
     """
 
     def __init__(self, folders: Iterable[str | Path] = ()):
-        ordered = [Path(f).expanduser() for f in folders]
+        ordered = [os.path.expanduser(f) for f in folders]
         ordered += env.get_pathlist("KDB_KERNEL_PATH")
         ordered.append(kernels_dir())
-        seen: set[str] = set()
-        self.folders: tuple[Path, ...] = tuple(
-            f for f in (Path(os.path.abspath(p)) for p in ordered) if not (str(f) in seen or seen.add(str(f))))
-        self._roots = [str(f) for f in self.folders]
+        # Strings inside (os.path is cheaper than pathlib on a handle's first steps); Paths outside.
+        self._roots: list[str] = list(dict.fromkeys(os.path.abspath(f) for f in ordered))
+
+    @property
+    def folders(self) -> tuple[Path, ...]:
+        """The folders searched, first match wins."""
+        return tuple(map(Path, self._roots))
 
     def __repr__(self) -> str:
-        return f"KernelSearchPath({[str(f) for f in self.folders]})"
+        return f"KernelSearchPath({self._roots})"
 
     def find(self, name: str) -> Path:
         """The search-path folder that holds kernel source ``name``.
@@ -218,10 +228,10 @@ class KernelSearchPath:
         Raises:
             KernelSourceError: no folder holds it, or the name leaves its folder.
         """
-        rel = _check_name(name, "a kernel folder")
-        for folder in self.folders:
-            if (folder / rel).is_file():
-                return folder
+        parts = _name_parts(name)
+        for root in self._roots:
+            if os.path.isfile(os.path.join(root, *parts)):
+                return Path(root)
         raise KernelSourceError(
             f"no kernel source {name!r} in {', '.join(map(str, self.folders))}",
             "check the name, or add its folder to KDB_KERNEL_PATH (or the handle's kernel_path)")
@@ -229,7 +239,7 @@ class KernelSearchPath:
     def names(self) -> list[str]:
         """The ``*.c`` sources at the top of every folder, each name once (first folder wins)."""
         names: set[str] = set()
-        for folder in self.folders:
+        for folder in self._roots:
             # scandir, not Path.glob: glob compiles a pattern per call, which costs more than
             # the listing itself in a fresh process (measured here: 150 us against 40 us)
             try:
@@ -245,25 +255,28 @@ class KernelSearchPath:
         ``read(path)`` gives (SHA-256, include names[, bytes]) or None. Returns the folder of
         ``name`` and, per file, (relative name, path, what ``read`` gave, where each include led).
         """
-        folder = self.find(name)
+        parts = _name_parts(name)
+        for root in self._roots:
+            path = os.path.join(root, *parts)
+            info = read(path)
+            if info is not None:
+                break
+        else:
+            self.find(name)  # raises, naming the folders searched
         visited: list[tuple[str, str, tuple, tuple]] = []
         seen: set[str] = set()
 
-        def visit(root: str, rel: str, path: str) -> None:
+        def visit(root: str, rel: str, path: str, info: tuple) -> None:
             if path in seen:
                 return
             seen.add(path)
-            info = read(path)
-            if info is None:  # vanished between the lookup and the read
-                raise KernelSourceError(f"kernel source {path} disappeared while it was read", "retry")
-            children = [(inc, _locate(inc, (root, os.path.dirname(path)), self._roots, rel)) for inc in info[1]]
+            children = [(inc, _locate(inc, (root, os.path.dirname(path)), self._roots, rel, read)) for inc in info[1]]
             visited.append((rel, path, info, tuple((inc, child[2]) for inc, child in children)))
             for _, child in children:
                 visit(*child)
 
-        root = str(folder)
-        visit(root, name, os.path.join(root, *PurePosixPath(name).parts))
-        return folder, visited
+        visit(root, name, path, info)
+        return Path(root), visited
 
     def digest(self, name: str) -> str:
         """SHA-256 (hex) of source ``name`` and every file it includes (see :func:`_digest`).
@@ -316,7 +329,7 @@ def default_path() -> KernelSearchPath:
 def read_source(name: str) -> str:
     """The text of kernel source ``name`` on the default path, includes left as they are."""
     folder = default_path().find(name)
-    data = _read_bytes(str(folder / _check_name(name, str(folder))))
+    data = _read_bytes(os.path.join(folder, *_name_parts(name)))
     return (data or b"").decode("utf-8")
 
 

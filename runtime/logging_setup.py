@@ -30,7 +30,7 @@ import time
 from dataclasses import dataclass
 from types import MappingProxyType
 
-from kdbkit.runtime.env import get_bool, get_int
+from kdbkit.runtime.env import get_bool, get_int, read_quietly
 
 ROOT_NAME = "kdbkit"
 INFO2 = 15  # MIOpen's Info2 (level 6): between INFO and DEBUG
@@ -61,6 +61,9 @@ _once_lock = threading.Lock()
 # Bad settings met while configuring (reading KDB_LOG_LEVEL, say) wait here until the handler
 # exists; per thread, so that another thread's report is never held back by this one.
 _configuring = threading.local()
+# Before the first record, whether anything would be emitted is read from the two variables
+# that decide it, without configuring: a process that never logs never pays for the handler.
+_early: tuple[int, bool] | None = None  # (Python threshold, API calls on)
 
 
 def effective_log_level() -> int:
@@ -130,7 +133,7 @@ def configure_logging(force: bool = False) -> logging.Logger:
     Returns:
         The ``kdbkit`` logger: level set from ``KDB_LOG_LEVEL``, ``propagate`` False.
     """
-    global _settings
+    global _settings, _early
     logger = logging.getLogger(ROOT_NAME)
     if _settings is not None and not force:  # the common path takes no lock
         return logger
@@ -158,13 +161,31 @@ def configure_logging(force: bool = False) -> logging.Logger:
         logger.setLevel(PYTHON_LEVELS[settings.level])
         logger.propagate = False  # kdbkit's records never reach the application's root logger
         _settings = settings
+        _early = None
     for message in pending:
         logger.warning(message)
     return logger
 
 
+def _early_settings() -> tuple[int, bool]:
+    """(Python threshold, API calls on) as the environment asks, read without configuring.
+
+    A bad value there must be reported, which needs the handler: then logging is configured.
+    """
+    global _early
+    if _settings is not None:
+        return PYTHON_LEVELS[_settings.level], _settings.api_calls
+    if _early is None:
+        problems, (level, api_calls) = read_quietly(lambda: (effective_log_level(), get_bool("KDB_ENABLE_LOGGING")))
+        if problems:
+            configure_logging()
+            return PYTHON_LEVELS[_settings.level], _settings.api_calls
+        _early = (PYTHON_LEVELS[level], api_calls)
+    return _early
+
+
 class KdbLogger(logging.LoggerAdapter):
-    """A logger below ``kdbkit`` that configures logging when it first asks whether to emit.
+    """A logger below ``kdbkit`` that configures logging when it first has a record to emit.
 
     Modules take theirs at import (``_log = get_logger(__name__)``) without configuring
     anything; ``info2`` and ``trace`` log at MIOpen's levels 6 and 7.
@@ -172,6 +193,8 @@ class KdbLogger(logging.LoggerAdapter):
 
     def isEnabledFor(self, level: int) -> bool:
         if _settings is None:
+            if level < _early_settings()[0]:
+                return False
             configure_logging()
         return self.logger.isEnabledFor(level)
 
@@ -232,6 +255,8 @@ def _emit(logger: logging.Logger | KdbLogger | None, label: str, message: str) -
 def api_logging_enabled() -> bool:
     """Whether :func:`log_api_call` would emit (lets hot paths skip building the message)."""
     if _settings is None:
+        if not _early_settings()[1]:
+            return False
         configure_logging()
     return bool(_settings and _settings.api_calls)
 

@@ -20,6 +20,7 @@ damaged file: it warns once and answers nothing.
 from __future__ import annotations
 
 import threading
+import time
 from abc import ABC, abstractmethod
 from pathlib import Path
 from typing import Callable, ClassVar, Sequence
@@ -29,8 +30,8 @@ from kdbkit.runtime import paths
 from kdbkit.runtime.backends.base import BinaryLoadError, Module
 from kdbkit.runtime.compilers import LazyCompiler
 from kdbkit.runtime.kernel_sources import KernelSearchPath
-from kdbkit.runtime.logging_setup import get_logger, warn_once
-from kdbkit.runtime.program import Program, Steps
+from kdbkit.runtime.logging_setup import INFO2, TRACE, get_logger, warn_once
+from kdbkit.runtime.program import Program, Step, Steps
 from kdbkit.runtime.program_key import ProgramKey, ProgramRequest, program_key
 from kdbkit.runtime.system_bundles import SystemBundleSearch
 from kdbkit.runtime.user_cache import UserCache
@@ -114,11 +115,13 @@ class SystemBundleSource(Source):
     def __init__(self, search: SystemBundleSearch, keys: Keys):
         self.search = search
         self.keys = keys
+        self._step_names: dict[Bundle, str] = {}  # "system <file>", made once per bundle
 
     def get(self, request: ProgramRequest, steps: Steps) -> bytes | None:
         for bundle in self.search:
             key = self.keys.key(request, bundle.metadata.compiler)
-            with steps.time(f"system {bundle.path.name}") as t:
+            name = self._step_names.get(bundle) or self._step_names.setdefault(bundle, f"system {bundle.path.name}")
+            with steps.time(name) as t:
                 binary = _fetch(bundle, key, t)
             if binary is not None:
                 return binary
@@ -154,7 +157,8 @@ def _fetch(bundle: Bundle, key: ProgramKey, timer) -> bytes | None:
         warn_once(f"damaged:{bundle.path}", f"{exc.problem}; looking elsewhere", logger=_log)
         timer.outcome = "damaged"
         return None
-    _log.trace("%s %s: %s", bundle.path.name, key, "hit" if binary is not None else "miss")
+    if _log.isEnabledFor(TRACE):
+        _log.trace("%s %s: %s", bundle.path.name, key, "hit" if binary is not None else "miss")
     if binary is not None:
         timer.outcome = "hit"
     return binary
@@ -206,7 +210,8 @@ class UserCacheSource(Source):
             binary = cache.get(key)
             if binary is not None:
                 t.outcome = "hit"
-        _log.trace("%s %s: %s", cache.path.name, key, t.outcome)
+        if _log.isEnabledFor(TRACE):
+            _log.trace("%s %s: %s", cache.path.name, key, t.outcome)
         return binary
 
     def discard(self, request: ProgramRequest) -> None:
@@ -236,7 +241,7 @@ class LookupChain:
         self._load = load
         self._device_name = device_name
 
-    def resolve(self, request: ProgramRequest, kernel_folder: str = "") -> Program:
+    def resolve(self, request: ProgramRequest) -> Program:
         """The program for ``request`` from the first tier that has it.
 
         Raises:
@@ -245,10 +250,9 @@ class LookupChain:
             BinaryLoadError of the last binary that did not load.
         """
         steps = Steps()
-        with steps.time("memory") as t:
-            known = self.memory.get(request)
-            if known is not None:
-                t.outcome = "hit"
+        t0 = time.perf_counter()  # timed by hand: this runs on every call, a context manager costs more
+        known = self.memory.get(request)
+        steps.append(Step("memory", (time.perf_counter() - t0) * 1e3, "miss" if known is None else "hit"))
         if known is not None:
             return known.seen_again(steps)
         failure: BinaryLoadError | None = None
@@ -267,8 +271,9 @@ class LookupChain:
                           f"{self._device_name}: {failure.problem}; skipping it", logger=_log)
                 source.discard(request)
                 continue
-            program = self.memory.keep(Program(request, module, source.name, steps, kernel_folder))
-            _log.info2("%s: %s", request, ", ".join(f"{s.name} {s.outcome} {s.ms:.3f} ms" for s in steps))
+            program = self.memory.keep(Program(request, module, source.name, steps))
+            if _log.isEnabledFor(INFO2):
+                _log.info2("%s: %s", request, ", ".join(f"{s.name} {s.outcome} {s.ms:.3f} ms" for s in steps))
             return program
         if failure is not None:
             raise failure

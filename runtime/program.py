@@ -59,14 +59,12 @@ class Program:
         source: the tier that answered (``memory``, ``system``, ``user``, ``jit`` in the
             default chain).
         steps: every step of the resolution, timed.
-        kernel_folder: the search-path folder the kernel file was found in.
     """
 
     request: ProgramRequest
     module: Module
     source: str
     steps: Steps = field(default_factory=Steps)
-    kernel_folder: str = ""
     _functions: dict[str, Kernel] = field(default_factory=dict, repr=False)
 
     @property
@@ -90,4 +88,4 @@ class Program:
 
     def seen_again(self, steps: Steps) -> "Program":
         """This program as a later resolution finds it in memory: same module and kernels."""
-        return Program(self.request, self.module, "memory", steps, self.kernel_folder, self._functions)
+        return Program(self.request, self.module, "memory", steps, self._functions)
