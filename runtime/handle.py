@@ -100,6 +100,8 @@ class Handle:
             t.outcome = first.path.name if first is not None else "none"
             if first is not None:
                 first.warm_up()
+            else:
+                self._system.warn_missing()  # here, not on the first program, which it would slow
         if first is None and self._user is not None:  # without a system bundle, the user cache serves first
             with steps.time("open user cache") as t:
                 cache = self._user.cache

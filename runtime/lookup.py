@@ -126,10 +126,11 @@ class SystemBundleSource(Source):
             if binary is not None:
                 return binary
         if self.search.found_none:
-            self._warn_missing()
+            self.warn_missing()
         return None
 
-    def _warn_missing(self) -> None:
+    def warn_missing(self) -> None:
+        """Say once per process that no system bundle fits the device, and why each candidate was not used."""
         name = self.search.target.bundle_name()
         if warn_once(f"missing-system-db:{name}", f"Missing system database file: {name} Performance may degrade",
                      logger=_log):

@@ -147,8 +147,8 @@ def user_breakdown(backend) -> dict:
     parts: dict = {}
     timed = _stopwatch(parts)
 
-    nvrtc.wheel_nvrtc_version.cache_clear()
-    nvrtc.cuda_headers.cache_clear()
+    for probe in (nvrtc._nvidia_entries, nvrtc.wheel_nvrtc_version, nvrtc.cuda_headers):
+        probe.cache_clear()
     timed("compiler identity (wheel probe)", _compiler_identity)
     src = next(paths.user_cache_dir().glob("*.ukdb"))
     copy = Path(tempfile.mkdtemp()) / src.name

@@ -40,9 +40,11 @@ def resolve(kernel_file: str = typer.Argument(..., help="A kernel source on the 
     Example: kdb resolve activation.c -D KDB_DTYPE=float --device 0
     """
     from kdbkit.runtime.handle import Handle
+    from kdbkit.runtime.program_key import ProgramRequest
 
+    request = ProgramRequest(kernel_file, [f"-D{d}" for d in define])  # bad options fail before any device work
     with Handle(_pick_device(device), kernel_path=kernel_path) as handle:
-        program = handle.program(kernel_file, [f"-D{d}" for d in define])
+        program = handle.program(request.kernel_file, request.options)
         folder = handle.kernel_folder(kernel_file)
     data = {"kernel_file": kernel_file, "kernel_folder": str(folder), "options": list(program.options),
             "device": handle.device.name, "target": str(handle.target), "source": program.source,

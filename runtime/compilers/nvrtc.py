@@ -81,6 +81,15 @@ _RUNTIME_DIST_RE = re.compile(r"nvidia_cuda_runtime(?:_cu\d+)?-([^-]+)\.dist-inf
 
 
 @lru_cache(maxsize=1)
+def _nvidia_entries() -> tuple[str, ...]:
+    """The ``sys.path`` entries holding NVIDIA's wheels (an ``nvidia`` folder): one stat each.
+
+    Both lookups below run on a user-cache hit's key, so they look only where the wheels are.
+    """
+    return tuple(e for e in sys.path if os.path.isdir(os.path.join(e or ".", "nvidia")))
+
+
+@lru_cache(maxsize=1)
 def wheel_nvrtc_version() -> tuple[int, int] | None:
     """NVRTC's ``(major, minor)`` read from the ``nvidia-cuda-nvrtc`` wheel's file names.
 
@@ -90,7 +99,7 @@ def wheel_nvrtc_version() -> tuple[int, int] | None:
     the compiler that will run; :func:`compile_cuda` checks that against the loaded library.
     None when no wheel is found (the library is loaded and asked instead).
     """
-    for entry in sys.path:
+    for entry in _nvidia_entries():
         for sub in _WHEEL_LIB_DIRS:
             try:
                 names = os.listdir(os.path.join(entry or ".", sub))
@@ -114,19 +123,20 @@ def cuda_headers() -> tuple[Path, str] | None:
     <wheel version>`` when a wheel's metadata sits beside it, else a fingerprint of the
     folder's file names, sizes and times: never its path, which differs between machines.
     """
-    for entry in sys.path:
+    for entry in _nvidia_entries():
         for sub in _HEADER_SUBDIRS:
-            folder = Path(entry or ".", sub)
-            if not (folder / "cuda_fp16.h").is_file():
+            folder = os.path.join(entry or ".", sub)
+            if not os.path.isfile(os.path.join(folder, "cuda_fp16.h")):
                 continue
             try:
                 names = os.listdir(entry or ".")
             except OSError:
                 names = []
-            versions = sorted(m[1] for n in names if (m := _RUNTIME_DIST_RE.fullmatch(n)))
+            versions = sorted(m[1] for n in names if n.startswith("nvidia_cuda_runtime")
+                              and (m := _RUNTIME_DIST_RE.fullmatch(n)))
             if versions:
-                return folder, f"cuda-runtime headers {versions[-1]}"
-            return folder, f"cuda headers {_folder_fingerprint(folder)}"
+                return Path(folder), f"cuda-runtime headers {versions[-1]}"
+            return Path(folder), f"cuda headers {_folder_fingerprint(Path(folder))}"
     return None
 
 
