@@ -62,9 +62,36 @@ def test_abi7_cubins_keep_the_sm_in_the_low_byte():
 def test_header_from_the_wheel_is_found_for_fp16():
     folder, identity = cuda_headers()
     assert (folder / "cuda_fp16.h").is_file()
-    assert identity.startswith("cuda-runtime headers ") and str(folder) not in identity  # content, not place
+    assert identity.startswith("cuda headers 1") and str(folder) not in identity  # content, not place
     source = '#include <cuda_fp16.h>\n#include "kdb_compat.h"\nKDB_KERNEL void h(__half* x) { x[0] = __float2half(1.0f); }\n'
     assert cubin_arch(compile_text(Target("cuda", "sm_90"), source, name="half.cu")) == "sm_90"
+
+
+def _fake_entry(root, version=13050, bf16=b"// bf16\n"):
+    include = root / "nvidia" / "cu13" / "include"
+    include.mkdir(parents=True)
+    (include / "cuda_runtime_api.h").write_bytes(b"// api\n#define CUDART_VERSION  %d\n" % version)
+    (include / "cuda_fp16.h").write_bytes(b"// fp16\n")
+    (include / "cuda_bf16.hpp").write_bytes(bf16)
+    return root
+
+
+@pytest.mark.parametrize("change", [dict(version=13060), dict(bf16=b"// bf16, patched\n")])
+def test_the_header_identity_follows_what_the_headers_hold_not_where(monkeypatch, tmp_path, change):
+    from kdbkit.runtime.compilers import nvrtc as nvrtc_module
+
+    def identity(entry):
+        monkeypatch.setattr(nvrtc_module, "_nvidia_entries", lambda: (str(entry),))
+        nvrtc_module.cuda_headers.cache_clear()
+        try:
+            return nvrtc_module.cuda_headers()[1]
+        finally:
+            nvrtc_module.cuda_headers.cache_clear()
+
+    here = identity(_fake_entry(tmp_path / "a"))
+    assert here.startswith("cuda headers 13.5 #")
+    assert identity(_fake_entry(tmp_path / "another machine")) == here
+    assert identity(_fake_entry(tmp_path / "b", **change)) != here
 
 
 def test_the_header_folder_is_part_of_the_compiler_identity(monkeypatch):
