@@ -18,6 +18,7 @@ Launches use the CUDA convention of the :class:`Backend` interface: ``grid`` blo
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import re
 import struct
@@ -124,13 +125,24 @@ def unwrap_binary(data: bytes, arch: str, device_name: str) -> bytes:
 
 def all_devices(cl) -> list:
     """Every OpenCL device, platform by platform, in the ICD loader's order."""
-    devices = []
+    return [dev for dev, _ in device_table(cl)]
+
+
+@functools.lru_cache(maxsize=1)
+def device_table(cl) -> tuple[tuple[object, str], ...]:
+    """(device, arch) of every OpenCL device, enumerated once per process.
+
+    Discovery, the backend and the OpenCL compiler all need it; asking the ICD loader and
+    hashing each device's facts again cost a millisecond per handle on PoCL (measured here).
+    """
+    table = []
     for platform in cl.get_platforms():
         try:
-            devices.extend(platform.get_devices())
+            devices = platform.get_devices()
         except cl.Error:
             continue  # a platform with no device raises DEVICE_NOT_FOUND
-    return devices
+        table.extend((dev, device_arch(dev)) for dev in devices)
+    return tuple(table)
 
 
 def discover() -> list[DeviceInfo]:
@@ -140,14 +152,14 @@ def discover() -> list[DeviceInfo]:
     """
     try:
         cl = cl_module()
-        cl_devices = all_devices(cl)
+        table = device_table(cl)
     except Exception as e:  # no pyopencl, no ICD loader, PLATFORM_NOT_FOUND_KHR, ...
         log.debug("no OpenCL devices: %s", e)
         return []
     infos = []
-    for index, dev in enumerate(cl_devices):
+    for index, (dev, arch) in enumerate(table):
         try:
-            infos.append(_device_info(index, dev))
+            infos.append(_device_info(index, dev, arch))
         except Exception as e:
             log.warning("skipping OpenCL device %d: %s", index, e)
     return infos
@@ -158,9 +170,8 @@ def device_arch(dev) -> str:
     return opencl_arch(dev.platform.name, dev.platform.version, dev.name, dev.driver_version)
 
 
-def _device_info(index: int, dev) -> DeviceInfo:
+def _device_info(index: int, dev, arch: str) -> DeviceInfo:
     platform = dev.platform
-    arch = device_arch(dev)
     return DeviceInfo(
         backend="opencl",
         index=index,
@@ -224,17 +235,16 @@ class OpenCLBackend(Backend):
         if device.backend != "opencl":
             raise BackendUnavailableError(f"{device.name} is a {device.backend} device, not an OpenCL one")
         cl = cl_module()
-        devices = all_devices(cl)
-        if device.index >= len(devices) or devices[device.index].name.strip() != device.name:
+        table = device_table(cl)
+        if device.index >= len(table) or table[device.index][0].name.strip() != device.name:
             raise BackendUnavailableError(
                 f"OpenCL device {device.index} ({device.name}) is no longer present",
                 "list the devices again (`kdb devices`)")
         self._cl = cl
         self.device = device
-        self._dev = devices[device.index]
         # The device's own arch, not device.target.arch, which KDB_DEVICE_ARCH may override:
         # binaries are checked against what the hardware and driver really are.
-        self._arch = device_arch(self._dev)
+        self._dev, self._arch = table[device.index]
         self._ctx = cl.Context([self._dev])
         self._queue = cl.CommandQueue(self._ctx, self._dev, properties=cl.command_queue_properties.PROFILING_ENABLE)
 

@@ -21,18 +21,11 @@ from kdbkit.runtime.compilers.amdgcn_clang import AmdgcnClangCompiler
 from kdbkit.runtime.compilers.base import Compiler
 from kdbkit.runtime.compilers.hiprtc import HiprtcCompiler
 from kdbkit.runtime.compilers.nvrtc import NvrtcCompiler
+from kdbkit.runtime.compilers.opencl import OpenCLCompiler
 from kdbkit.runtime.errors import CompilerUnavailableError
 
 __all__ = ["Compiler", "NvrtcCompiler", "AmdgcnClangCompiler", "HiprtcCompiler", "OpenCLCompiler",
            "LazyCompiler", "compiler_for", "compilers_for"]
-
-
-def __getattr__(name: str):
-    if name == "OpenCLCompiler":  # imports the OpenCL backend's helpers; only when asked
-        from kdbkit.runtime.compilers.opencl import OpenCLCompiler
-
-        return OpenCLCompiler
-    raise AttributeError(name)
 
 
 def compilers_for(backend: str) -> list[Compiler]:
@@ -54,8 +47,6 @@ def compiler_for(target: Target) -> Compiler:
         CompilerUnavailableError: none is installed; the message names each one tried and why.
     """
     if target.backend == "opencl":
-        from kdbkit.runtime.compilers.opencl import OpenCLCompiler
-
         return OpenCLCompiler(target.arch)
     reasons = []
     for compiler in compilers_for(target.backend):

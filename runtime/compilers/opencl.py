@@ -44,7 +44,7 @@ class OpenCLCompiler(Compiler):
             cl = ocl.cl_module()
         except Exception as e:
             raise CompilerUnavailableError(str(e), "install the OpenCL extra: pip install 'kdbkit[opencl]'") from e
-        device = next((d for d in ocl.all_devices(cl) if ocl.device_arch(d) == arch), None)
+        device = next((d for d, a in ocl.device_table(cl) if a == arch), None)
         if device is None:
             raise CompilerUnavailableError(
                 f"no local OpenCL device is {arch}",
