@@ -140,7 +140,8 @@ def cuda_headers() -> tuple[Path, str] | None:
 def _header_version(folder: str) -> str:
     try:
         with open(os.path.join(folder, "cuda_runtime_api.h"), "rb") as f:
-            m = _CUDART_VERSION_RE.search(f.read(1 << 16))
+            head = f.read(1 << 13)  # the define sits near the top (byte 6142 in CUDA 13.5)
+            m = _CUDART_VERSION_RE.search(head) or _CUDART_VERSION_RE.search(head + f.read())
     except OSError:
         m = None
     return f"{int(m[1]) // 1000}.{int(m[1]) % 1000 // 10}" if m else "?"
