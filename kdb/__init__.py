@@ -17,6 +17,7 @@ from kdbkit.kdb.errors import (
     CodecError,
     CorruptBundleError,
     CorruptEntryError,
+    EmptyBundleError,
     KdbError,
     NotABundleError,
     ReadOnlyBundleError,
@@ -33,5 +34,5 @@ __all__ = [
     "MergeReport", "verify_bundle", "VerifyReport", "Target", "bundle_file_name", "parse_bundle_file_name",
     "KdbError", "BundleNotFoundError", "NotABundleError", "CorruptBundleError", "CorruptEntryError",
     "UnsupportedFormatError", "TargetMismatchError", "BundleNameError", "ReadOnlyBundleError", "BundleBusyError",
-    "BundleError", "BundleWriteError", "CodecError",
+    "BundleError", "BundleWriteError", "CodecError", "EmptyBundleError",
 ]

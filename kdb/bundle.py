@@ -28,6 +28,7 @@ from kdbkit.kdb.errors import (
     CodecError,
     CorruptBundleError,
     CorruptEntryError,
+    EmptyBundleError,
     KdbError,
     NotABundleError,
     ReadOnlyBundleError,
@@ -468,6 +469,9 @@ def _read_metadata(conn: sqlite3.Connection, path: Path) -> tuple[BundleMetadata
         names = schema.tables(conn)
     except sqlite3.Error as exc:
         raise _db_error(path, exc) from exc
+    if not names:  # SQLite makes the file before its creator's first transaction commits
+        raise EmptyBundleError(f"{path}: an SQLite file with no tables yet (being created, or empty)",
+                               "wait for the process creating it, or remove it if there is none")
     if "kern_db" not in names:
         raise NotABundleError(f"{path}: SQLite file without a kern_db table, so not a kernel bundle", "check the path")
     if "kdb_meta" not in names:

@@ -37,6 +37,10 @@ class NotABundleError(BundleError):
     """The file exists but is not a kernel bundle (not SQLite, or no ``kern_db`` table)."""
 
 
+class EmptyBundleError(NotABundleError):
+    """An SQLite file with no tables at all: a bundle another process is creating, or an empty file."""
+
+
 class CorruptBundleError(BundleError):
     """The file is a bundle but damaged: truncated, failed integrity check, bad metadata."""
 

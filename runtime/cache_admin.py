@@ -20,7 +20,7 @@ from pathlib import Path
 from filelock import FileLock, Timeout
 
 from kdbkit.kdb import Bundle, KdbError, open_bundle
-from kdbkit.kdb.errors import BundleBusyError, CorruptBundleError, NotABundleError
+from kdbkit.kdb.errors import BundleBusyError, CorruptBundleError, EmptyBundleError, NotABundleError
 from kdbkit.kdb.version import __version__
 from kdbkit.runtime import env, paths
 from kdbkit.runtime.user_cache import LOCKS, with_backoff
@@ -77,8 +77,9 @@ def clear_cache(folder: Path | None = None) -> ClearReport:
 
     Live ``.ukdb`` files are emptied through SQLite (their metadata stays, so processes that
     have them open go on, compiling again what they need); damaged files and moved-aside
-    copies are deleted with their ``-wal``/``-shm`` (no process can use those); lock files are
-    deleted unless a compile holds them now.
+    copies are deleted with their ``-wal``/``-shm`` (no process can use those); a file with no
+    tables yet is being created by another process and is left to it; lock files are deleted
+    unless a compile holds them now.
     """
     folder = folder or paths.user_cache_dir()
     report = ClearReport()
@@ -90,6 +91,8 @@ def clear_cache(folder: Path | None = None) -> ClearReport:
                     b.compact()
                 except BundleBusyError:
                     pass  # readers hold the file: its pages are reused by later writes instead
+        except EmptyBundleError:
+            continue  # its creator holds it open: deleting it now would break that process's database
         except (NotABundleError, CorruptBundleError):
             _remove_with_journals(path, report)
     for aside in sorted(folder.glob("*.ukdb.corrupt-*")):

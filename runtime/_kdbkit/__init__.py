@@ -41,7 +41,8 @@ _EXPORTS = {
     "compiler_for": "kdbkit.runtime.compilers", "LookupChain": "kdbkit.runtime.lookup", "Source": "kdbkit.runtime.lookup",
     # errors: the bundle format's
     "KdbError": "kdbkit.kdb.errors", "BundleError": "kdbkit.kdb.errors", "BundleNotFoundError": "kdbkit.kdb.errors",
-    "NotABundleError": "kdbkit.kdb.errors", "CorruptBundleError": "kdbkit.kdb.errors",
+    "NotABundleError": "kdbkit.kdb.errors", "EmptyBundleError": "kdbkit.kdb.errors",
+    "CorruptBundleError": "kdbkit.kdb.errors",
     "CorruptEntryError": "kdbkit.kdb.errors", "CodecError": "kdbkit.kdb.errors",
     "UnsupportedFormatError": "kdbkit.kdb.errors", "TargetMismatchError": "kdbkit.kdb.errors",
     "BundleNameError": "kdbkit.kdb.errors", "BundleBusyError": "kdbkit.kdb.errors",

@@ -22,6 +22,7 @@ from typing import Any, Sequence
 
 import numpy as np
 
+from kdbkit.kdb.errors import KdbError
 from kdbkit.kdb.target import Target
 from kdbkit.runtime.backends.args import check_host_out, check_launch_args, scalar_ctype
 from kdbkit.runtime.backends.base import (
@@ -94,17 +95,19 @@ def _code(err) -> int:
     return int(getattr(err, "value", err))
 
 
-def _check(result, call: str, error: type[DeviceCallError] = DeviceCallError):
-    """Unpack a hip-python ``(err, *values)`` tuple; raise ``error`` naming ``call`` on any error.
+def check_hip_result(result, call: str, error: type[KdbError] = DeviceCallError,
+                     remedy: str = "see the HIP documentation of that error"):
+    """Unpack a hip-python ``(err, *values)`` tuple (hip and hiprtc alike); raise ``error``
+    naming ``call`` on any error.
 
-    ``hipSuccess`` is 0, so the check needs no import; the error is read through ``.value``
-    because the binding's enums are ``enum.Enum`` members.
+    ``hipSuccess`` and ``HIPRTC_SUCCESS`` are 0, so the check needs no import; the error is
+    read through ``.value`` because the binding's enums are ``enum.Enum`` members.
     """
     if not isinstance(result, tuple):  # some void-returning calls give the bare error
         result = (result,)
     err, *values = result
     if _code(err) != 0:
-        raise error(f"{call} failed ({getattr(err, 'name', err)})", "see the HIP documentation of that error")
+        raise error(f"{call} failed ({getattr(err, 'name', err)})", remedy)
     if not values:
         return None
     return values[0] if len(values) == 1 else tuple(values)
@@ -117,7 +120,7 @@ def discover() -> list[DeviceInfo]:
     """
     try:
         hip = _hip()
-        count = _check(hip.hipGetDeviceCount(), "hipGetDeviceCount")
+        count = check_hip_result(hip.hipGetDeviceCount(), "hipGetDeviceCount")
     except Exception as e:
         log.debug("no HIP devices: %s", e)
         return []
@@ -126,7 +129,7 @@ def discover() -> list[DeviceInfo]:
     for ordinal in range(count or 0):
         try:
             props = hip.hipDeviceProp_t()
-            _check(hip.hipGetDeviceProperties(props, ordinal), "hipGetDeviceProperties")
+            check_hip_result(hip.hipGetDeviceProperties(props, ordinal), "hipGetDeviceProperties")
             arch, features = parse_gcn_arch_name(props.gcnArchName)
             name = props.name
             name = name.split(b"\0", 1)[0].decode() if isinstance(name, (bytes, bytearray)) else str(name)
@@ -161,7 +164,7 @@ def _driver_version(hip) -> str:
     except Exception as e:
         log.debug("amdsmi unavailable: %s", e)
     try:
-        version = _check(hip.hipDriverGetVersion(), "hipDriverGetVersion")
+        version = check_hip_result(hip.hipDriverGetVersion(), "hipDriverGetVersion")
         return f"HIP {version}"
     except Exception:
         return ""
@@ -179,7 +182,7 @@ class HipBuffer(Buffer):
     def free(self) -> None:
         if not self.freed:
             self._backend._activate()
-            _check(self._backend._hip.hipFree(self.ptr), "hipFree")
+            check_hip_result(self._backend._hip.hipFree(self.ptr), "hipFree")
             self.freed = True
 
 
@@ -200,7 +203,8 @@ class HipModule(Module):
     def function(self, name: str) -> Kernel:
         self._backend._activate()
         try:
-            fn = _check(self._backend._hip.hipModuleGetFunction(self.handle, name.encode()), "hipModuleGetFunction")
+            fn = check_hip_result(self._backend._hip.hipModuleGetFunction(self.handle, name.encode()),
+                                  "hipModuleGetFunction")
         except DeviceCallError as e:
             raise BinaryLoadError(
                 f"no kernel {name!r} in this code object on {self._backend.device.name} ({e.problem})",
@@ -225,7 +229,7 @@ class HipBackend(Backend):
         self._hip = _hip()
         self.device = device
         props = self._hip.hipDeviceProp_t()
-        _check(self._hip.hipGetDeviceProperties(props, device.index), "hipGetDeviceProperties")
+        check_hip_result(self._hip.hipGetDeviceProperties(props, device.index), "hipGetDeviceProperties")
         # What the hardware is, whatever KDB_DEVICE_ARCH says: code objects are checked against it.
         arch, features = parse_gcn_arch_name(props.gcnArchName)
         self.hardware_target = Target("hip", arch, features)
@@ -235,7 +239,7 @@ class HipBackend(Backend):
         return f"HipBackend({self.device.name!r}, {self.device.target})"
 
     def _activate(self) -> None:
-        _check(self._hip.hipSetDevice(self.device.index), "hipSetDevice")
+        check_hip_result(self._hip.hipSetDevice(self.device.index), "hipSetDevice")
 
     def load(self, binary: bytes) -> Module:
         """Load a code object after checking its target against this GPU.
@@ -248,7 +252,7 @@ class HipBackend(Backend):
         arch = check_code_object(data, self.hardware_target, self.device.name).arch
         self._activate()
         try:
-            module = _check(self._hip.hipModuleLoadData(data), "hipModuleLoadData")
+            module = check_hip_result(self._hip.hipModuleLoadData(data), "hipModuleLoadData")
         except DeviceCallError as e:
             raise BinaryLoadError(f"{self.device.name} refused a {arch} code object: {e.problem}",
                                   "the binary is damaged or needs a newer ROCm: rebuild it") from e
@@ -272,7 +276,7 @@ class HipBackend(Backend):
         check_launch_args(kernel.name, args, HipBuffer)
         extra = tuple(a.ptr if isinstance(a, HipBuffer) else scalar_ctype(a) for a in args)
         self._activate()
-        _check(
+        check_hip_result(
             self._hip.hipModuleLaunchKernel(
                 kernel.function,
                 *(int(g) for g in grid),
@@ -289,7 +293,7 @@ class HipBackend(Backend):
     def alloc(self, nbytes: int) -> Buffer:
         self._activate()
         # hipMalloc(0) returns a null pointer; one byte keeps empty tensors legal.
-        ptr = _check(self._hip.hipMalloc(max(int(nbytes), 1)), "hipMalloc")
+        ptr = check_hip_result(self._hip.hipMalloc(max(int(nbytes), 1)), "hipMalloc")
         return HipBuffer(self, ptr, int(nbytes))
 
     def to_device(self, array: np.ndarray) -> Buffer:
@@ -297,7 +301,7 @@ class HipBackend(Backend):
         buf = self.alloc(host.nbytes)
         if host.nbytes:
             kind = self._hip.hipMemcpyKind.hipMemcpyHostToDevice
-            _check(self._hip.hipMemcpy(buf.ptr, host, host.nbytes, kind), "hipMemcpy(HostToDevice)")
+            check_hip_result(self._hip.hipMemcpy(buf.ptr, host, host.nbytes, kind), "hipMemcpy(HostToDevice)")
         return buf
 
     def to_host(self, buffer: Buffer, out: np.ndarray) -> np.ndarray:
@@ -307,27 +311,27 @@ class HipBackend(Backend):
         self._activate()
         if out.nbytes:
             kind = self._hip.hipMemcpyKind.hipMemcpyDeviceToHost
-            _check(self._hip.hipMemcpy(out, buffer.ptr, out.nbytes, kind), "hipMemcpy(DeviceToHost)")
+            check_hip_result(self._hip.hipMemcpy(out, buffer.ptr, out.nbytes, kind), "hipMemcpy(DeviceToHost)")
         return out
 
     def synchronize(self) -> None:
         self._activate()
-        _check(self._hip.hipDeviceSynchronize(), "hipDeviceSynchronize")
+        check_hip_result(self._hip.hipDeviceSynchronize(), "hipDeviceSynchronize")
 
     def time_ms(self, fn, repeat: int = 1) -> float:
         """Time ``repeat`` calls of ``fn`` between two events on the null stream."""
         hip = self._hip
         self._activate()
-        start = _check(hip.hipEventCreate(), "hipEventCreate")
-        end = _check(hip.hipEventCreate(), "hipEventCreate")
+        start = check_hip_result(hip.hipEventCreate(), "hipEventCreate")
+        end = check_hip_result(hip.hipEventCreate(), "hipEventCreate")
         try:
-            _check(hip.hipEventRecord(start, None), "hipEventRecord")
+            check_hip_result(hip.hipEventRecord(start, None), "hipEventRecord")
             for _ in range(repeat):
                 fn()
             self._activate()
-            _check(hip.hipEventRecord(end, None), "hipEventRecord")
-            _check(hip.hipEventSynchronize(end), "hipEventSynchronize")
-            ms = _check(hip.hipEventElapsedTime(start, end), "hipEventElapsedTime")
+            check_hip_result(hip.hipEventRecord(end, None), "hipEventRecord")
+            check_hip_result(hip.hipEventSynchronize(end), "hipEventSynchronize")
+            ms = check_hip_result(hip.hipEventElapsedTime(start, end), "hipEventElapsedTime")
         finally:
             hip.hipEventDestroy(start)
             hip.hipEventDestroy(end)
@@ -337,5 +341,5 @@ class HipBackend(Backend):
         """Wait for the device's work; HIP keeps one context per device, shared, so nothing is released."""
         if self._hip is not None:
             self._activate()
-            _check(self._hip.hipDeviceSynchronize(), "hipDeviceSynchronize")
+            check_hip_result(self._hip.hipDeviceSynchronize(), "hipDeviceSynchronize")
             self._hip = None

@@ -133,18 +133,13 @@ class AmdgcnClangCompiler(Compiler):
     name = "clang"
     backend = "hip"
     binary_format = "hsaco"
+    arch_pattern = _TARGET_RE
 
     def __init__(self, clang: str | None = None):
         self._clang = clang
 
     def identity(self) -> str:
         return clang_identity(self._clang)
-
-    def unsupported(self, target: Target) -> str | None:
-        reason = super().unsupported(target)
-        if reason is None and not _TARGET_RE.fullmatch(target.full_arch):
-            reason = f"{target.full_arch} is not a gfx target"
-        return reason
 
     def compile(self, request: ProgramRequest, target: Target, source: KernelSource) -> bytes:
         return compile_amdgcn(source.text(), target.full_arch, request.options, name=request.kernel_file,

@@ -18,6 +18,7 @@ Contracts:
 
 from __future__ import annotations
 
+import re
 from abc import ABC, abstractmethod
 from typing import ClassVar
 
@@ -32,6 +33,7 @@ class Compiler(ABC):
     name: ClassVar[str]  # "nvrtc", "clang", "hiprtc", "opencl"
     backend: ClassVar[str]  # the backend whose devices load its binaries
     binary_format: ClassVar[str]  # "cubin", "hsaco", "ocl-binary": recorded in bundles
+    arch_pattern: ClassVar[re.Pattern | None] = None  # the full arches it builds for (None: any of its backend)
 
     @abstractmethod
     def identity(self) -> str:
@@ -41,6 +43,8 @@ class Compiler(ABC):
         """Why this compiler cannot build for ``target``, or None when it can."""
         if target.backend != self.backend:
             return f"{self.name} builds for {self.backend} targets, not {target.backend} ({target})"
+        if self.arch_pattern is not None and not self.arch_pattern.fullmatch(target.full_arch):
+            return f"{self.name} cannot build for {target.full_arch}"
         return None
 
     @abstractmethod

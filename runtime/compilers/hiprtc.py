@@ -8,9 +8,11 @@ includes arrive inlined, so no header folder is handed to it.
 
 from __future__ import annotations
 
+import re
 from functools import lru_cache
 
 from kdbkit.kdb.target import Target
+from kdbkit.runtime.backends.hip import check_hip_result
 from kdbkit.runtime.compilers.base import Compiler
 from kdbkit.runtime.errors import CompileError, CompilerUnavailableError, first_error_line
 from kdbkit.runtime.kernel_sources import KernelSource
@@ -31,15 +33,7 @@ def _hiprtc():
 
 
 def _check(result, call: str):
-    """Unpack a hip-python ``(err, *values)`` tuple; ``HIPRTC_SUCCESS`` is 0."""
-    if not isinstance(result, tuple):
-        result = (result,)
-    err, *values = result
-    if int(getattr(err, "value", err)) != 0:
-        raise CompilerUnavailableError(f"{call} failed ({getattr(err, 'name', err)})", _REMEDY)
-    if not values:
-        return None
-    return values[0] if len(values) == 1 else tuple(values)
+    return check_hip_result(result, call, CompilerUnavailableError, _REMEDY)
 
 
 @lru_cache(maxsize=1)
@@ -61,6 +55,7 @@ class HiprtcCompiler(Compiler):
     name = "hiprtc"
     backend = "hip"
     binary_format = "hsaco"
+    arch_pattern = re.compile(r"gfx[0-9a-f]+(?::[a-z][a-z0-9]*[+-])*")
 
     def identity(self) -> str:
         return hiprtc_identity()

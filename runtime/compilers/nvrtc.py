@@ -228,15 +228,10 @@ class NvrtcCompiler(Compiler):
     name = "nvrtc"
     backend = "cuda"
     binary_format = "cubin"
+    arch_pattern = _ARCH_RE
 
     def identity(self) -> str:
         return nvrtc_identity()
-
-    def unsupported(self, target: Target) -> str | None:
-        reason = super().unsupported(target)
-        if reason is None and not _ARCH_RE.fullmatch(target.arch):
-            reason = f"{target.arch} is not a cubin arch (sm_<NN>)"
-        return reason
 
     def compile(self, request: ProgramRequest, target: Target, source: KernelSource) -> bytes:
         return compile_cuda(source.text(), target.arch, request.options, name=request.kernel_file)

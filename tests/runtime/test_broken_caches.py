@@ -48,8 +48,6 @@ def test_read_only_cache_file_is_still_read(make_handle, isolated, monkeypatch, 
     # not available to root, so simulate the failure the way SQLite reports it.
     from kdbkit.runtime import user_cache
 
-    real_create = user_cache.Bundle.create
-
     real_open = user_cache.Bundle.open
 
     def refuse(path, *, writable=False, **k):  # as SQLite refuses a read-only file or folder

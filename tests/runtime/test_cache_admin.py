@@ -77,3 +77,20 @@ def test_clear_while_another_process_writes(isolated, chain_device):
     assert proc.returncode == 0 and out.strip() == "done", err
     assert "Traceback" not in err and "damaged" not in err and "unusable" not in err, err
     assert cleared and all(verify_bundle(p).ok for p in (isolated / "cache").glob("*.ukdb"))
+
+
+def test_clear_leaves_a_cache_that_another_process_is_creating(tmp_path):
+    # SQLite makes the file before its creator's first transaction commits: not a damaged file.
+    folder = tmp_path / "cache"
+    folder.mkdir()
+    creating = folder / "sm_90.ukdb"
+    creator = sqlite3.connect(creating)
+    creator.execute("PRAGMA journal_mode = wal")
+    creator.execute("BEGIN IMMEDIATE")
+    creator.execute("CREATE TABLE kern_db (id INTEGER PRIMARY KEY)")
+    try:
+        report = clear_cache(folder)
+        assert creating.exists() and Path(f"{creating}-wal").exists() and report.removed_files == []
+    finally:
+        creator.rollback()
+        creator.close()
