@@ -32,7 +32,7 @@ def test_not_sqlite(tmp_path):
 def test_empty_file(tmp_path):
     p = tmp_path / "x.kdb"
     p.write_bytes(b"")
-    with pytest.raises(NotABundleError, match="kern_db"):
+    with pytest.raises(NotABundleError, match="no tables yet"):  # an EmptyBundleError: maybe being created
         open_bundle(p)
 
 
