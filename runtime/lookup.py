@@ -151,11 +151,11 @@ def _fetch(bundle: Bundle, key: ProgramKey, timer) -> bytes | None:
     try:
         binary = bundle.get(key.kernel_name, key.kernel_args)
     except CorruptEntryError as exc:
-        warn_once(f"corrupt:{bundle.path}:{key}", f"{exc.problem}; skipping it", logger=_log)
+        warn_once(f"corrupt:{bundle.path}:{key}", f"{exc.problem}; skipping it ({exc.remedy})", logger=_log)
         timer.outcome = "corrupt"
         return None
     except KdbError as exc:  # the file itself is damaged where this lookup reads it
-        warn_once(f"damaged:{bundle.path}", f"{exc.problem}; looking elsewhere", logger=_log)
+        warn_once(f"damaged:{bundle.path}", f"{exc.problem}; looking elsewhere ({exc.remedy})", logger=_log)
         timer.outcome = "damaged"
         return None
     if _log.isEnabledFor(TRACE):
@@ -279,7 +279,7 @@ class LookupChain:
         if failure is not None:
             raise failure
         raise KdbError(f"no source has {request}: {', '.join(s.searched() for s in self.sources if s.searched())}",
-                       "unset KDB_DISABLE_JIT to compile it")
+                       "this chain has no tier that compiles (a JitSource): add one, or install a bundle that holds it")
 
     def close(self) -> None:
         for source in self.sources:
