@@ -26,7 +26,7 @@ import hashlib
 import os
 import re
 from dataclasses import dataclass
-from pathlib import Path, PurePosixPath
+from pathlib import Path
 from typing import Iterable, Sequence
 
 from kdbkit.runtime import env
@@ -67,12 +67,13 @@ def kernels_dir() -> Path:
 
 @functools.lru_cache(maxsize=1024)
 def _name_parts(name: str) -> tuple[str, ...]:
-    """The parts of a kernel source name; refuses names that would leave their folder."""
-    rel = PurePosixPath(name)
-    if not name or rel.is_absolute() or ".." in rel.parts:
+    """The parts of a kernel source name (``/``-separated); refuses names that would leave their folder."""
+    # Plain string work, not PurePosixPath: this runs for every name a handle digests.
+    parts = tuple(p for p in name.split("/") if p not in ("", "."))
+    if not parts or name.startswith("/") or ".." in parts or "\0" in name:
         raise KernelSourceError(f"kernel source name {name!r} must be a relative path inside a kernel folder",
                                 "name it relative to its folder on the kernel search path")
-    return rel.parts
+    return parts
 
 
 # -- one file: its bytes' hash and its quoted includes, remembered by stamp ----------------
