@@ -123,14 +123,9 @@ def unwrap_binary(data: bytes, arch: str, device_name: str) -> bytes:
     return payload
 
 
-def all_devices(cl) -> list:
-    """Every OpenCL device, platform by platform, in the ICD loader's order."""
-    return [dev for dev, _ in device_table(cl)]
-
-
 @functools.lru_cache(maxsize=1)
 def device_table(cl) -> tuple[tuple[object, str], ...]:
-    """(device, arch) of every OpenCL device, enumerated once per process.
+    """(device, arch) of every OpenCL device, platform by platform in the ICD loader's order, once per process.
 
     Discovery, the backend and the OpenCL compiler all need it; asking the ICD loader and
     hashing each device's facts again cost a millisecond per handle on PoCL (measured here).

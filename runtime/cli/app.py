@@ -57,10 +57,11 @@ def _root(version: bool = typer.Option(False, "--version", callback=_version, is
 
 
 def main(argv: list[str] | None = None) -> int:
-    """Run the CLI; the console script ``kdb`` calls this.
+    """Run the CLI; the console script ``kdb`` calls this. Returns the exit status.
 
-    click's standalone mode handles usage errors (exit 2) and ``typer.Exit``; what is left
-    to catch here are kdbkit's own errors and OS errors, each shown as one line.
+    Every failure is one line: kdbkit's errors (1, with a compile error's log below), OS
+    errors (1), usage errors such as an unknown option (2), anything else as an internal
+    error (1) that says how to get the traceback.
     """
     try:
         # Not standalone: click would print usage errors as a boxed panel; they are one line here.
@@ -91,7 +92,6 @@ def main(argv: list[str] | None = None) -> int:
         # a bug in kdbkit: still one line, and how to see more
         return _one_line(exc, f"internal error ({type(exc).__name__}: {exc}); rerun with KDB_CLI_TRACEBACK=1 "
                               "and report the traceback")
-    return 0
 
 
 def _click_kind(exc: Exception) -> str | None:
