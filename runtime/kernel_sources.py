@@ -233,8 +233,11 @@ class KernelSearchPath:
         for root in self._roots:
             if os.path.isfile(os.path.join(root, *parts)):
                 return Path(root)
-        raise KernelSourceError(
-            f"no kernel source {name!r} in {', '.join(map(str, self.folders))}",
+        raise self._not_found(name)
+
+    def _not_found(self, name: str) -> KernelSourceError:
+        return KernelSourceError(
+            f"no kernel source {name!r} in {', '.join(self._roots)}",
             "check the name, or add its folder to KDB_KERNEL_PATH (or the handle's kernel_path)")
 
     def names(self) -> list[str]:
@@ -263,7 +266,7 @@ class KernelSearchPath:
             if info is not None:
                 break
         else:
-            self.find(name)  # raises, naming the folders searched
+            raise self._not_found(name)
         visited: list[tuple[str, str, tuple, tuple]] = []
         seen: set[str] = set()
 
