@@ -70,6 +70,7 @@ class ClearReport:
     entries: int = 0  # entries deleted from live cache files
     removed_files: list[Path] = field(default_factory=list)  # damaged files and unused locks
     busy_locks: int = 0  # lock files left because a compile holds them now
+    freed_bytes: int = 0
 
 
 def clear_cache(folder: Path | None = None) -> ClearReport:
@@ -95,17 +96,24 @@ def clear_cache(folder: Path | None = None) -> ClearReport:
             continue  # its creator holds it open: deleting it now would break that process's database
         except (NotABundleError, CorruptBundleError):
             _remove_with_journals(path, report)
-    for aside in sorted(folder.glob("*.ukdb.corrupt-*")):
-        _remove_with_journals(aside, report)
+    _remove_moved_aside(folder, report)
     report.busy_locks = _remove_unheld_locks(folder / LOCKS, report, older_than=None)
     return report
 
 
 def _remove_with_journals(path: Path, report: ClearReport | PruneReport) -> None:
+    """Delete a file no process can use (damaged, or moved aside) and its SQLite journals."""
     for p in (path, Path(f"{path}-wal"), Path(f"{path}-shm"), Path(f"{path}-journal")):
         if p.exists():
+            report.freed_bytes += _size(p)
             p.unlink(missing_ok=True)
             report.removed_files.append(p)
+
+
+def _remove_moved_aside(folder: Path, report: ClearReport | PruneReport) -> None:
+    """Delete the damaged files the runtime moved aside (``*.ukdb.corrupt-<time>``)."""
+    for aside in sorted(folder.glob("*.ukdb.corrupt-*")):
+        _remove_with_journals(aside, report)
 
 
 def _remove_unheld_locks(locks: Path, report, older_than: float | None) -> int:
@@ -145,10 +153,7 @@ def prune_cache(folder: Path | None = None, *, lock_age_s: float = 7 * 86400) ->
                 report.freed_bytes += _size(other)
                 shutil.rmtree(other, ignore_errors=True)
                 report.removed_files.append(other)
-    for aside in folder.glob("*.ukdb.corrupt-*"):
-        report.freed_bytes += _size(aside)
-        aside.unlink(missing_ok=True)
-        report.removed_files.append(aside)
+    _remove_moved_aside(folder, report)
     _remove_unheld_locks(folder / LOCKS, report, older_than=time.time() - lock_age_s)
     for path in folder.glob("*.ukdb"):
         report.removed_entries += _drop_corrupt_entries(path, report)
