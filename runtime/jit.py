@@ -150,7 +150,7 @@ class JitSource(Source):
                 f"unset KDB_DISABLE_JIT to compile it, or install the bundle {self.target.bundle_name()} "
                 "(`kdb devices` shows the bundle each device would use)")
         compiler = self.compiler.get()
-        identity = compiler.identity()
+        identity = self.compiler.identity()  # the one the user-cache lookup keyed with
         reason = compiler.unsupported(self.target)
         if reason:
             raise CompilerUnavailableError(f"cannot compile {request}: {reason}", "use a device this compiler targets")

@@ -173,8 +173,6 @@ def _early_settings() -> tuple[int, bool]:
     A bad value there must be reported, which needs the handler: then logging is configured.
     """
     global _early
-    if _settings is not None:
-        return PYTHON_LEVELS[_settings.level], _settings.api_calls
     if _early is None:
         problems, (level, api_calls) = read_quietly(lambda: (effective_log_level(), get_bool("KDB_ENABLE_LOGGING")))
         if problems:
