@@ -33,15 +33,12 @@ class DemoError(KdbError):
 def child(device_index: int | None) -> int:
     """One pass in this process; prints JSON results, or ``{"error": ...}`` and returns 1."""
     try:
-        from kdbkit.runtime.backends.registry import default_device, discover_devices
+        from kdbkit.runtime.backends.registry import pick_device
         from kdbkit.runtime.handle import Handle
         from kdbkit.runtime.samples import run_samples
 
         t0 = time.perf_counter()
-        devices = discover_devices() if device_index is not None else None
-        if devices is not None and not 0 <= device_index < len(devices):
-            raise KdbError(f"no device {device_index}: {len(devices)} device(s) found", "list them with `kdb devices`")
-        device = default_device() if devices is None else devices[device_index]
+        device = pick_device(device_index)
         with Handle(device) as handle:
             init_ms = (time.perf_counter() - t0) * 1e3
             results = run_samples(handle)
@@ -84,20 +81,6 @@ def run_pass(cache_dir: Path, device_index: int | None) -> dict:
     return result
 
 
-def check_device_present(device_index: int | None) -> None:
-    """Fail before starting any pass when there is no device (only the base install, say).
-
-    Raises:
-        BackendUnavailableError: no device; the message says what to install.
-    """
-    from kdbkit.runtime.backends.registry import default_device, discover_devices
-
-    if device_index is None:
-        default_device()
-    elif not 0 <= device_index < len(discover_devices()):
-        raise KdbError(f"no device {device_index}", "list the devices with `kdb devices`")
-
-
 def main_job(cache_dir: Path | None = None, device_index: int | None = None, passes: int = 2) -> list[dict]:
     """Run ``passes`` fresh-process passes sharing one cache folder.
 
@@ -107,7 +90,9 @@ def main_job(cache_dir: Path | None = None, device_index: int | None = None, pas
         device_index: a device from ``kdb devices``; the default device if None.
         passes: how many fresh processes to run, one after the other.
     """
-    check_device_present(device_index)
+    from kdbkit.runtime.backends.registry import pick_device
+
+    pick_device(device_index)  # fail before any pass when there is none (only the base install, say)
     with ExitStack() as stack:
         folder = cache_dir or env.get_path("KDB_CUSTOM_CACHE_DIR")
         if folder is None:

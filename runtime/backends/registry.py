@@ -151,6 +151,21 @@ def no_device_error() -> BackendUnavailableError:
         "in a checkout), or the GPU extras `kdbkit[cuda]` / `kdbkit[hip]` with their drivers")
 
 
+def pick_device(index: int | None = None) -> DeviceInfo:
+    """The device at ``index`` in :func:`discover_devices`' list (what ``--device`` takes), or the default one.
+
+    Raises:
+        BackendUnavailableError: there is no device at all, or none at that index.
+    """
+    if index is None:
+        return default_device()
+    devices = discover_devices()
+    if not 0 <= index < len(devices):
+        raise BackendUnavailableError(f"no device {index}: {len(devices)} device(s) found",
+                                      "list them with `kdb devices`")
+    return devices[index]
+
+
 def default_device(devices: list[DeviceInfo] | None = None) -> DeviceInfo:
     """The device to use when none is named: the first GPU, else the first OpenCL device.
 

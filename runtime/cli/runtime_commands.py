@@ -10,18 +10,7 @@ from rich.markup import escape
 from rich.table import Table
 
 from kdbkit.runtime import paths
-from kdbkit.runtime.cli.output import fail, out, print_json, size
-
-
-def _pick_device(index: Optional[int]):
-    from kdbkit.runtime.backends.registry import default_device, discover_devices
-
-    if index is None:
-        return default_device()
-    devices = discover_devices()
-    if not 0 <= index < len(devices):
-        raise fail(f"no device {index}: {len(devices)} device(s) found; list them with `kdb devices`")
-    return devices[index]
+from kdbkit.runtime.cli.output import out, print_json, size
 
 
 def resolve(kernel_file: str = typer.Argument(..., help="A kernel source on the search path, e.g. activation.c.",
@@ -39,11 +28,12 @@ def resolve(kernel_file: str = typer.Argument(..., help="A kernel source on the 
 
     Example: kdb resolve activation.c -D KDB_DTYPE=float --device 0
     """
+    from kdbkit.runtime.backends.registry import pick_device
     from kdbkit.runtime.handle import Handle
     from kdbkit.runtime.program_key import ProgramRequest
 
     request = ProgramRequest(kernel_file, [f"-D{d}" for d in define])  # bad options fail before any device work
-    with Handle(_pick_device(device), kernel_path=kernel_path) as handle:
+    with Handle(pick_device(device), kernel_path=kernel_path) as handle:
         program = handle.program(request.kernel_file, request.options)
         folder = handle.kernel_folder(kernel_file)
     data = {"kernel_file": kernel_file, "kernel_folder": str(folder), "options": list(program.options),
