@@ -27,7 +27,8 @@ AMD code objects (``e_machine == 224``, EM_AMDGPU). The authoritative target is 
 MessagePack map), e.g. ``amdgcn-amd-amdhsa--gfx90a:xnack-``. When the note is absent, the
 processor comes from ``e_flags`` bits 0-7 (``EF_AMDGPU_MACH``; table below, measured with
 clang 19 for every gfx it supports) and xnack/sramecc from bits 8-9 / 10-11 (code object
-v4+: 0 unsupported, 1 any, 2 off, 3 on).
+v4+: 0 unsupported, 1 any, 2 off, 3 on). The rest of a code object (its symbols and every
+kernel's metadata) is read by :mod:`amdgpu_code_object`.
 """
 
 from __future__ import annotations
@@ -197,7 +198,7 @@ def _amdhsa_target_from_notes(data: bytes, header: ElfHeader) -> str | None:
             offset, size = struct.unpack_from("<QQ", data, base + 24)
             for owner, note_type, desc in _iter_notes(data[offset : offset + size]):
                 if owner == b"AMDGPU" and note_type == _NT_AMDGPU_METADATA:
-                    target = _msgpack_str_after(desc, b"amdhsa.target")
+                    target = _metadata_target(desc)
                     if target:
                         return target
     except struct.error:
@@ -218,27 +219,17 @@ def _iter_notes(section: bytes):
         yield owner, note_type, desc
 
 
-def _msgpack_str_after(blob: bytes, key: bytes) -> str | None:
-    """Decode the MessagePack string that follows the string ``key`` in ``blob``.
+def _metadata_target(desc: bytes) -> str | None:
+    """``amdhsa.target`` of a metadata note's MessagePack map; ``None`` when it cannot be read.
 
-    The metadata map holds ``amdhsa.target`` once, as a key whose value is a string, so
-    finding the encoded key and decoding the next string is enough; a full MessagePack
-    decoder would be a dependency for one field.
+    msgpack is imported here, not with the module: the CUDA backend imports this module for
+    :func:`cubin_arch` and should not pay for an AMD-only decoder on every start.
     """
-    encoded_key = bytes([0xA0 | len(key)]) + key  # fixstr: keys shorter than 32 bytes
-    at = blob.find(encoded_key)
-    if at < 0:
+    import msgpack
+
+    try:
+        metadata = msgpack.unpackb(desc)
+    except (ValueError, TypeError, msgpack.UnpackException):  # ExtraData, FormatError, ... are ValueErrors
         return None
-    pos = at + len(encoded_key)
-    if pos >= len(blob):
-        return None
-    tag = blob[pos]
-    if 0xA0 <= tag <= 0xBF:
-        length, pos = tag & 0x1F, pos + 1
-    elif tag == 0xD9 and pos + 2 <= len(blob):
-        length, pos = blob[pos + 1], pos + 2
-    elif tag == 0xDA and pos + 3 <= len(blob):
-        length, pos = int.from_bytes(blob[pos + 1 : pos + 3], "big"), pos + 3
-    else:
-        return None
-    return blob[pos : pos + length].decode("utf-8", "replace")
+    target = metadata.get("amdhsa.target") if isinstance(metadata, dict) else None
+    return target if isinstance(target, str) else None
