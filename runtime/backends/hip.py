@@ -1,14 +1,13 @@
 """The HIP backend: the HIP module API to load and run code objects, through ``hip-python``.
 
-(hiprtc, the HIP compiler, lives in ``kdbkit.runtime.compilers.hiprtc``: compiling needs no device.)
+(hiprtc, the HIP compiler, lives in ``kdbkit.runtime.compilers.hiprtc``: compiling needs no
+device. How each hip-python release line is called lives in ``hip_binding``.)
 
-``hip-python`` mirrors the C API: ``from hip import hip, hiprtc``; every call returns a tuple
-whose first element is the error (``hipError_t`` or ``hiprtcResult``) and whose other elements
-are the outputs. Devices are found through HIP (``gcnArchName`` such as
-``gfx90a:sramecc+:xnack-``, compute units, memory) with the driver version from ``amdsmi``
-when it is installed. ``import amdsmi`` raises ``KeyError`` (not ``ImportError``) on machines
-without ROCm, so every vendor import here catches ``Exception``. Nothing is imported before a
-function needs it: a missing ROCm means "no HIP devices", never an error.
+Devices are found through HIP (``gcnArchName`` such as ``gfx90a:sramecc+:xnack-``, compute
+units, memory) with the driver version from ``amdsmi`` when it is installed. ``import
+amdsmi`` raises ``KeyError`` (not ``ImportError``) on machines without ROCm, so every vendor
+import here catches ``Exception``. Nothing is imported before a function needs it: a missing
+ROCm means "no HIP devices", never an error.
 
 Binaries are AMD code objects (``hsaco``). Before ``hipModuleLoadData`` the code object's
 target is read from its ELF notes (:func:`runtime.backends.elf_notes.amdgpu_target`) and
@@ -18,11 +17,11 @@ with (``xnack-``) must match the device's setting.
 
 from __future__ import annotations
 
+import weakref
 from typing import Any, Sequence
 
 import numpy as np
 
-from kdbkit.kdb.errors import KdbError
 from kdbkit.kdb.target import Target
 from kdbkit.runtime.backends.args import check_host_out, check_launch_args, scalar_ctype
 from kdbkit.runtime.backends.base import (
@@ -35,12 +34,11 @@ from kdbkit.runtime.backends.base import (
     Module,
 )
 from kdbkit.runtime.backends.elf_notes import amdgpu_target, parse_amdgcn_target
-from kdbkit.runtime.errors import DeviceCallError, LaunchArgumentError, LaunchError
+from kdbkit.runtime.backends.hip_binding import device_properties, hip_call, load_hip
+from kdbkit.runtime.errors import DeviceCallError, LaunchArgumentError, LaunchError, TransferError
 from kdbkit.runtime.logging_setup import get_logger
 
 log = get_logger(__name__)
-
-_REMEDY = "install ROCm and the HIP extra: pip install 'kdbkit[hip]'"
 
 
 def parse_gcn_arch_name(text: str | bytes) -> tuple[str, tuple[str, ...]]:
@@ -82,45 +80,14 @@ def check_code_object(data: bytes, hardware: Target, device_name: str) -> Target
     return built
 
 
-def _hip():
-    """Import hip-python lazily; importing kdbkit must not load the HIP runtime."""
-    try:
-        from hip import hip
-    except Exception as e:  # ImportError, or the binding failing to find libamdhip64
-        raise BackendUnavailableError(f"hip-python is not available ({e})", _REMEDY) from e
-    return hip
-
-
-def _code(err) -> int:
-    return int(getattr(err, "value", err))
-
-
-def check_hip_result(result, call: str, error: type[KdbError] = DeviceCallError,
-                     remedy: str = "see the HIP documentation of that error"):
-    """Unpack a hip-python ``(err, *values)`` tuple (hip and hiprtc alike); raise ``error``
-    naming ``call`` on any error.
-
-    ``hipSuccess`` and ``HIPRTC_SUCCESS`` are 0, so the check needs no import; the error is
-    read through ``.value`` because the binding's enums are ``enum.Enum`` members.
-    """
-    if not isinstance(result, tuple):  # some void-returning calls give the bare error
-        result = (result,)
-    err, *values = result
-    if _code(err) != 0:
-        raise error(f"{call} failed ({getattr(err, 'name', err)})", remedy)
-    if not values:
-        return None
-    return values[0] if len(values) == 1 else tuple(values)
-
-
 def discover() -> list[DeviceInfo]:
     """List HIP devices in HIP ordinal order; an empty list without ROCm or hip-python.
 
-    Never raises.
+    Never raises: a device that cannot be read is skipped with a warning.
     """
     try:
-        hip = _hip()
-        count = check_hip_result(hip.hipGetDeviceCount(), "hipGetDeviceCount")
+        hip = load_hip()
+        count = hip_call(hip.hipGetDeviceCount, call="hipGetDeviceCount")
     except Exception as e:
         log.debug("no HIP devices: %s", e)
         return []
@@ -128,24 +95,28 @@ def discover() -> list[DeviceInfo]:
     devices = []
     for ordinal in range(count or 0):
         try:
-            props = hip.hipDeviceProp_t()
-            check_hip_result(hip.hipGetDeviceProperties(props, ordinal), "hipGetDeviceProperties")
+            props = device_properties(hip, ordinal)
             arch, features = parse_gcn_arch_name(props.gcnArchName)
-            name = props.name
-            name = name.split(b"\0", 1)[0].decode() if isinstance(name, (bytes, bytearray)) else str(name)
             devices.append(
                 DeviceInfo(
                     backend="hip",
                     index=ordinal,
-                    name=name,
+                    name=_c_string(props.name),
                     target=Target("hip", arch, features, int(props.multiProcessorCount)),
                     memory_bytes=int(props.totalGlobalMem),
                     driver=driver,
                 )
             )
         except Exception as e:
-            log.warning("skipping HIP device %d: %s", ordinal, e)
+            log.warning("skipping HIP device %d: %s", ordinal, getattr(e, "problem", e))
     return devices
+
+
+def _c_string(value) -> str:
+    """A C char array as hip-python returns it (bytes with NUL padding, or str)."""
+    if isinstance(value, (bytes, bytearray)):
+        return bytes(value).split(b"\0", 1)[0].decode("utf-8", "replace")
+    return str(value).split("\0", 1)[0]
 
 
 def _driver_version(hip) -> str:
@@ -164,8 +135,7 @@ def _driver_version(hip) -> str:
     except Exception as e:
         log.debug("amdsmi unavailable: %s", e)
     try:
-        version = check_hip_result(hip.hipDriverGetVersion(), "hipDriverGetVersion")
-        return f"HIP {version}"
+        return f"HIP {hip_call(hip.hipDriverGetVersion, call='hipDriverGetVersion')}"
     except Exception:
         return ""
 
@@ -182,8 +152,9 @@ class HipBuffer(Buffer):
     def free(self) -> None:
         if not self.freed:
             self._backend._activate()
-            check_hip_result(self._backend._hip.hipFree(self.ptr), "hipFree")
+            hip_call(self._backend._hip.hipFree, self.ptr, call="hipFree")
             self.freed = True
+            self._backend._buffers.discard(self)
 
 
 class HipKernel(Kernel):
@@ -193,18 +164,38 @@ class HipKernel(Kernel):
         self._module = module  # keeps the module loaded while the kernel is in use
 
 
-class HipModule(Module):
-    """A code object loaded with ``hipModuleLoadData``."""
+def _unload(hip, handle, image: bytes) -> None:
+    """Unload a module; ``image`` rides along so that its bytes outlive the module."""
+    try:
+        hip_call(hip.hipModuleUnload, handle, call="hipModuleUnload")
+    except Exception as e:  # at exit or after a device error: nothing left to do
+        log.debug("hipModuleUnload: %s", e)
 
-    def __init__(self, backend: "HipBackend", handle):
+
+class HipModule(Module):
+    """A code object loaded with ``hipModuleLoadData``; unloaded when collected or at ``close``.
+
+    ROCm may keep reading the image it was given, so the module holds the very bytes object
+    whose buffer it passed, until it is unloaded.
+    """
+
+    def __init__(self, backend: "HipBackend", handle, image: bytes):
         self._backend = backend
         self.handle = handle
+        self.image = image
+        self._finalizer = weakref.finalize(self, _unload, backend._hip, handle, image)
+
+    def unload(self) -> None:
+        """Unload now (idempotent); its kernels can no longer be launched."""
+        self._finalizer()
 
     def function(self, name: str) -> Kernel:
+        if not self._finalizer.alive:
+            raise BinaryLoadError(f"the code object holding {name!r} was unloaded", "load it again")
         self._backend._activate()
         try:
-            fn = check_hip_result(self._backend._hip.hipModuleGetFunction(self.handle, name.encode()),
-                                  "hipModuleGetFunction")
+            fn = hip_call(self._backend._hip.hipModuleGetFunction, self.handle, name.encode(),
+                          call="hipModuleGetFunction")
         except DeviceCallError as e:
             raise BinaryLoadError(
                 f"no kernel {name!r} in this code object on {self._backend.device.name} ({e.problem})",
@@ -222,24 +213,28 @@ class HipBackend(Backend):
         """Open ``device`` (as returned by :func:`discover`).
 
         Raises:
-            BackendUnavailableError: no hip-python/ROCm, or the device cannot be opened.
+            BackendUnavailableError: no hip-python or no ROCm.
+            DeviceCallError: the device cannot be queried.
         """
         if device.backend != "hip":
             raise BackendUnavailableError(f"{device.name} is a {device.backend} device, not a HIP one")
-        self._hip = _hip()
+        self._hip = load_hip()
         self.device = device
-        props = self._hip.hipDeviceProp_t()
-        check_hip_result(self._hip.hipGetDeviceProperties(props, device.index), "hipGetDeviceProperties")
+        props = device_properties(self._hip, device.index)
         # What the hardware is, whatever KDB_DEVICE_ARCH says: code objects are checked against it.
         arch, features = parse_gcn_arch_name(props.gcnArchName)
         self.hardware_target = Target("hip", arch, features)
+        self._modules: weakref.WeakSet[HipModule] = weakref.WeakSet()
+        self._buffers: weakref.WeakSet[HipBuffer] = weakref.WeakSet()
         self._activate()
 
     def __repr__(self) -> str:
         return f"HipBackend({self.device.name!r}, {self.device.target})"
 
     def _activate(self) -> None:
-        check_hip_result(self._hip.hipSetDevice(self.device.index), "hipSetDevice")
+        if self._hip is None:
+            raise DeviceCallError(f"the HIP backend of {self.device.name} is closed", "open a new one")
+        hip_call(self._hip.hipSetDevice, self.device.index, call="hipSetDevice")
 
     def load(self, binary: bytes) -> Module:
         """Load a code object after checking its target against this GPU.
@@ -248,15 +243,17 @@ class HipBackend(Backend):
             BinaryLoadError: not an AMD code object, built for another processor or with a
                 feature setting the device lacks, or refused by the runtime.
         """
-        data = bytes(binary)
+        data = binary if type(binary) is bytes else bytes(binary)
         arch = check_code_object(data, self.hardware_target, self.device.name).arch
         self._activate()
         try:
-            module = check_hip_result(self._hip.hipModuleLoadData(data), "hipModuleLoadData")
+            handle = hip_call(self._hip.hipModuleLoadData, data, call="hipModuleLoadData")
         except DeviceCallError as e:
             raise BinaryLoadError(f"{self.device.name} refused a {arch} code object: {e.problem}",
                                   "the binary is damaged or needs a newer ROCm: rebuild it") from e
-        return HipModule(self, module)
+        module = HipModule(self, handle, data)
+        self._modules.add(module)
+        return module
 
     def launch(
         self,
@@ -274,34 +271,42 @@ class HipBackend(Backend):
         if not isinstance(kernel, HipKernel):
             raise LaunchArgumentError(f"{kernel!r} was not loaded by the HIP backend")
         check_launch_args(kernel.name, args, HipBuffer)
+        for i, arg in enumerate(args):
+            if isinstance(arg, np.generic) and arg.dtype.kind == "f" and arg.dtype.itemsize > 8:
+                # x86's long double is 16 bytes; amdgcn's is 8 (a double): every later argument would shift.
+                raise LaunchArgumentError(
+                    f"{kernel.name}: argument {i} is a {arg.dtype} ({arg.dtype.itemsize} bytes); long double is 8 "
+                    "bytes on AMD GPUs", "pass np.float64(...) for a double or long double parameter")
         extra = tuple(a.ptr if isinstance(a, HipBuffer) else scalar_ctype(a) for a in args)
         self._activate()
-        check_hip_result(
-            self._hip.hipModuleLaunchKernel(
-                kernel.function,
-                *(int(g) for g in grid),
-                *(int(b) for b in block),
-                sharedMemBytes=int(shared_bytes),
-                stream=None,
-                kernelParams=None,
-                extra=extra,
-            ),
-            f"hipModuleLaunchKernel({kernel.name}, grid={tuple(grid)}, block={tuple(block)})",
-            LaunchError,
+        hip_call(
+            self._hip.hipModuleLaunchKernel,
+            kernel.function,
+            *(int(g) for g in grid),
+            *(int(b) for b in block),
+            sharedMemBytes=int(shared_bytes),
+            stream=None,
+            kernelParams=None,
+            extra=extra,
+            call=f"hipModuleLaunchKernel({kernel.name}, grid={tuple(grid)}, block={tuple(block)})",
+            error=LaunchError,
         )
 
     def alloc(self, nbytes: int) -> Buffer:
         self._activate()
         # hipMalloc(0) returns a null pointer; one byte keeps empty tensors legal.
-        ptr = check_hip_result(self._hip.hipMalloc(max(int(nbytes), 1)), "hipMalloc")
-        return HipBuffer(self, ptr, int(nbytes))
+        ptr = hip_call(self._hip.hipMalloc, max(int(nbytes), 1), call="hipMalloc")
+        buf = HipBuffer(self, ptr, int(nbytes))
+        self._buffers.add(buf)
+        return buf
 
     def to_device(self, array: np.ndarray) -> Buffer:
         host = np.ascontiguousarray(array)
         buf = self.alloc(host.nbytes)
         if host.nbytes:
             kind = self._hip.hipMemcpyKind.hipMemcpyHostToDevice
-            check_hip_result(self._hip.hipMemcpy(buf.ptr, host, host.nbytes, kind), "hipMemcpy(HostToDevice)")
+            hip_call(self._hip.hipMemcpy, buf.ptr, host, host.nbytes, kind, call="hipMemcpy(HostToDevice)",
+                     error=TransferError)
         return buf
 
     def to_host(self, buffer: Buffer, out: np.ndarray) -> np.ndarray:
@@ -311,35 +316,48 @@ class HipBackend(Backend):
         self._activate()
         if out.nbytes:
             kind = self._hip.hipMemcpyKind.hipMemcpyDeviceToHost
-            check_hip_result(self._hip.hipMemcpy(out, buffer.ptr, out.nbytes, kind), "hipMemcpy(DeviceToHost)")
+            hip_call(self._hip.hipMemcpy, out, buffer.ptr, out.nbytes, kind, call="hipMemcpy(DeviceToHost)",
+                     error=TransferError)
         return out
 
     def synchronize(self) -> None:
         self._activate()
-        check_hip_result(self._hip.hipDeviceSynchronize(), "hipDeviceSynchronize")
+        hip_call(self._hip.hipDeviceSynchronize, call="hipDeviceSynchronize")
 
     def time_ms(self, fn, repeat: int = 1) -> float:
         """Time ``repeat`` calls of ``fn`` between two events on the null stream."""
         hip = self._hip
         self._activate()
-        start = check_hip_result(hip.hipEventCreate(), "hipEventCreate")
-        end = check_hip_result(hip.hipEventCreate(), "hipEventCreate")
+        start = hip_call(hip.hipEventCreate, call="hipEventCreate")
         try:
-            check_hip_result(hip.hipEventRecord(start, None), "hipEventRecord")
-            for _ in range(repeat):
-                fn()
-            self._activate()
-            check_hip_result(hip.hipEventRecord(end, None), "hipEventRecord")
-            check_hip_result(hip.hipEventSynchronize(end), "hipEventSynchronize")
-            ms = check_hip_result(hip.hipEventElapsedTime(start, end), "hipEventElapsedTime")
+            end = hip_call(hip.hipEventCreate, call="hipEventCreate")
+            try:
+                hip_call(hip.hipEventRecord, start, None, call="hipEventRecord")
+                for _ in range(repeat):
+                    fn()
+                self._activate()
+                hip_call(hip.hipEventRecord, end, None, call="hipEventRecord")
+                hip_call(hip.hipEventSynchronize, end, call="hipEventSynchronize")
+                ms = hip_call(hip.hipEventElapsedTime, start, end, call="hipEventElapsedTime")
+            finally:
+                hip.hipEventDestroy(end)
         finally:
             hip.hipEventDestroy(start)
-            hip.hipEventDestroy(end)
         return float(ms) / max(repeat, 1)
 
     def close(self) -> None:
-        """Wait for the device's work; HIP keeps one context per device, shared, so nothing is released."""
-        if self._hip is not None:
-            self._activate()
-            check_hip_result(self._hip.hipDeviceSynchronize(), "hipDeviceSynchronize")
-            self._hip = None
+        """Wait for the device, then unload this backend's modules and free its buffers.
+
+        HIP shares one primary context per device, which kdbkit does not release; unloading
+        and freeing here leaves the device as closing a CUDA backend (which releases its
+        context) does.
+        """
+        if self._hip is None:
+            return
+        self._activate()
+        hip_call(self._hip.hipDeviceSynchronize, call="hipDeviceSynchronize")
+        for module in list(self._modules):
+            module.unload()
+        for buf in list(self._buffers):
+            buf.free()
+        self._hip = None

@@ -12,7 +12,7 @@ import re
 from functools import lru_cache
 
 from kdbkit.kdb.target import Target
-from kdbkit.runtime.backends.hip import check_hip_result
+from kdbkit.runtime.backends.hip_binding import destroy_program, hip_call, load_hiprtc
 from kdbkit.runtime.compilers.base import Compiler
 from kdbkit.runtime.errors import CompileError, CompilerUnavailableError, first_error_line
 from kdbkit.runtime.kernel_sources import KernelSource
@@ -20,32 +20,16 @@ from kdbkit.runtime.logging_setup import get_logger
 from kdbkit.runtime.program_key import ProgramRequest
 
 _log = get_logger(__name__)
-_REMEDY = "install ROCm and the HIP extra: pip install 'kdbkit[hip]'"
 
 
-def _hiprtc():
-    """Import hiprtc's binding lazily; importing kdbkit must not load ROCm."""
-    try:
-        from hip import hiprtc
-    except Exception as e:  # ImportError, or the binding failing to find libhiprtc
-        raise CompilerUnavailableError(f"hiprtc is not available ({e})", _REMEDY) from e
-    return hiprtc
-
-
-def _check(result, call: str):
-    return check_hip_result(result, call, CompilerUnavailableError, _REMEDY)
+def _call(fn, *args, call: str):
+    return hip_call(fn, *args, call=call, error=CompilerUnavailableError, unavailable=CompilerUnavailableError)
 
 
 @lru_cache(maxsize=1)
 def hiprtc_identity() -> str:
     """``"hiprtc <major>.<minor>"``; raises CompilerUnavailableError without ROCm."""
-    rtc = _hiprtc()
-    try:
-        major, minor = _check(rtc.hiprtcVersion(), "hiprtcVersion")
-    except CompilerUnavailableError:
-        raise
-    except Exception as e:  # the library itself failed to load
-        raise CompilerUnavailableError(f"hiprtc cannot report its version ({e})", _REMEDY) from e
+    major, minor = _call(load_hiprtc().hiprtcVersion, call="hiprtcVersion")
     return f"hiprtc {major}.{minor}"
 
 
@@ -61,24 +45,36 @@ class HiprtcCompiler(Compiler):
         return hiprtc_identity()
 
     def compile(self, request: ProgramRequest, target: Target, source: KernelSource) -> bytes:
-        rtc = _hiprtc()
+        rtc = load_hiprtc()
         name = request.kernel_file
         opts = [f"--offload-arch={target.full_arch}", "-O3", *request.options]
         _log.trace("hiprtc %s %s", name, " ".join(opts))
-        prog = _check(rtc.hiprtcCreateProgram(source.text().encode(), name.encode(), 0, [], []), "hiprtcCreateProgram")
+        prog = _call(rtc.hiprtcCreateProgram, source.text().encode(), name.encode(), 0, [], [],
+                     call="hiprtcCreateProgram")
         try:
-            encoded = [o.encode() for o in opts]
-            (err,) = rtc.hiprtcCompileProgram(prog, len(encoded), encoded)
-            if int(getattr(err, "value", err)) != 0:
-                size = _check(rtc.hiprtcGetProgramLogSize(prog), "hiprtcGetProgramLogSize")
-                log_buf = bytearray(size)
-                _check(rtc.hiprtcGetProgramLog(prog, log_buf), "hiprtcGetProgramLog")
-                log = log_buf.rstrip(b"\0").decode("utf-8", "replace")
-                raise CompileError(f"{name} failed to compile for {target.full_arch} with hiprtc: "
-                                   f"{first_error_line(log)}", log=f"hiprtc {' '.join(opts)}\n{log}")
-            size = _check(rtc.hiprtcGetCodeSize(prog), "hiprtcGetCodeSize")
-            code = bytearray(size)
-            _check(rtc.hiprtcGetCode(prog, code), "hiprtcGetCode")
-            return bytes(code)
-        finally:
-            rtc.hiprtcDestroyProgram(prog)  # issue 11: hiprtc takes a pointer to the handle here
+            code = self._compile(rtc, prog, name, target, opts)
+        except BaseException:
+            try:
+                destroy_program(rtc, prog)
+            except Exception as e:  # the compile error is the one to report
+                _log.warning("after a failed compile of %s: %s", name, getattr(e, "problem", e))
+            raise
+        destroy_program(rtc, prog)
+        return code
+
+    @staticmethod
+    def _compile(rtc, prog, name: str, target: Target, opts: list[str]) -> bytes:
+        encoded = [o.encode() for o in opts]
+        # A failed compile is not a failed call: the program log says why.
+        err = rtc.hiprtcCompileProgram(prog, len(encoded), encoded)[0]
+        if int(getattr(err, "value", err)) != 0:
+            size = _call(rtc.hiprtcGetProgramLogSize, prog, call="hiprtcGetProgramLogSize")
+            log_buf = bytearray(size)
+            _call(rtc.hiprtcGetProgramLog, prog, log_buf, call="hiprtcGetProgramLog")
+            log = log_buf.rstrip(b"\0").decode("utf-8", "replace")
+            raise CompileError(f"{name} failed to compile for {target.full_arch} with hiprtc: "
+                               f"{first_error_line(log)}", log=f"hiprtc {' '.join(opts)}\n{log}")
+        size = _call(rtc.hiprtcGetCodeSize, prog, call="hiprtcGetCodeSize")
+        code = bytearray(size)
+        _call(rtc.hiprtcGetCode, prog, code, call="hiprtcGetCode")
+        return bytes(code)
