@@ -23,7 +23,6 @@ import pytest
 HERE = Path(__file__).parent
 REPO = HERE.parent.parent
 LINES_FILE = HERE / "hip_python_lines.txt"
-REQUIRE_VAR = "KDB_TEST_REQUIRE"  # CI names "hip-standin" there: a missing piece fails instead of skipping
 _CFLAGS = ["-shared", "-fPIC", "-O1", "-Wall", "-Wextra", "-Werror", "-Wno-format-zero-length", "-fvisibility=hidden"]
 _LIBRARIES = {
     "libamdhip64.so": ["hip_runtime.c", "code_object.c", "log.c"],
@@ -32,10 +31,10 @@ _LIBRARIES = {
 
 
 def skip_or_fail(reason: str) -> None:
-    """Skip with ``reason``, or fail where ``KDB_TEST_REQUIRE`` says the stand-in must run."""
-    if "hip-standin" in os.environ.get(REQUIRE_VAR, "").split(","):
-        pytest.fail(f"{REQUIRE_VAR} requires the stand-in HIP tests: {reason}", pytrace=False)
-    pytest.skip(reason)
+    """Skip, or fail where CI requires the stand-in tests (``KDB_TEST_REQUIRE=hip-standin``)."""
+    from tests.prerequisites import skip_or_fail as skip_or_fail_for
+
+    skip_or_fail_for("hip-standin", reason)
 
 
 def build_standin(folder: Path) -> Path:

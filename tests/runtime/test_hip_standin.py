@@ -211,3 +211,23 @@ def test_the_chain_jits_with_hiprtc_then_a_new_process_reads_the_user_cache(runs
     assert second.result["source"] == "user"
     assert second.named("hiprtcCompileProgram") == []
     assert first.problems == second.problems == []
+
+
+# ---------------------------------------------------------------- what is declared is what is tested
+
+
+def test_the_declared_hip_python_range_is_the_tested_one():
+    import tomllib
+
+    from packaging.specifiers import SpecifierSet
+
+    from kdbkit.runtime.backends.hip_binding import SUPPORTED_RANGE
+    from tests.hip_standin import REPO
+
+    extra = tomllib.loads((REPO / "pyproject.toml").read_text())["project"]["optional-dependencies"]["hip"]
+    assert f"hip-python{SUPPORTED_RANGE}" in extra
+    spec = SpecifierSet(SUPPORTED_RANGE)
+    assert all(f"{line}.0" in spec for line in LINES)
+    majors = {int(line.split(".")[0]) for line in LINES}
+    assert majors == {6, 7, 10}  # every major line hip-python has published in the range
+    assert min(LINES, key=lambda v: tuple(map(int, v.split(".")))) == "6.2"  # the range's floor is tested
