@@ -1,0 +1,52 @@
+/* dialect_everything.c: one kernel that uses every macro of kernels/kdb_compat.h.
+ *
+ * tests/packager/test_dialect_coverage.py fails when kdb_compat.h defines a KDB_ macro that
+ * this file does not use, so every macro of the dialect is compiled for each AMD target (and
+ * with NVRTC and OpenCL where they are installed) before a real kernel relies on it.
+ *
+ *   y[j]      = clamp(shape(x[j]) + s, lo, hi) for every j < n (a grid-stride loop over the
+ *               flattened 3-D grid), s the x the next thread of the block staged in shared memory
+ *   groups[g] = g, the flattened 3-D group id, passed through local memory by thread 0
+ *
+ * Options: -DBLOCK=<n> (default 64): the shared array's length; blocks may be larger.
+ * Launch: any 3-D block and grid; groups needs one int per group.
+ */
+#include "kdb_compat.h"
+
+#ifndef BLOCK
+#define BLOCK 64
+#endif
+
+KDB_DEVICE_FN float shape(float v)
+{
+    /* Every single-precision math macro; none may become a library call on amdgcn. */
+    const float magnitude = KDB_SQRTF(KDB_FABSF(v));
+    return KDB_FMAF(magnitude, 0.5f, KDB_EXPF(KDB_FMINF(v, 0.0f)));
+}
+
+KDB_KERNEL void dialect_everything(const KDB_GLOBAL float* KDB_RESTRICT x, KDB_GLOBAL float* KDB_RESTRICT y,
+                                   KDB_GLOBAL int* KDB_RESTRICT groups, int n, float lo, float hi)
+{
+    KDB_SHARED(float, stage, BLOCK);
+    KDB_LOCAL(int, block_group, 1);
+    const int threads = KDB_LOCAL_SIZE_X * KDB_LOCAL_SIZE_Y * KDB_LOCAL_SIZE_Z;
+    const int staged = threads < BLOCK ? threads : BLOCK;
+    const int lid = (KDB_LOCAL_ID_Z * KDB_LOCAL_SIZE_Y + KDB_LOCAL_ID_Y) * KDB_LOCAL_SIZE_X + KDB_LOCAL_ID_X;
+    const int group = (KDB_GROUP_ID_Z * KDB_NUM_GROUPS_Y + KDB_GROUP_ID_Y) * KDB_NUM_GROUPS_X + KDB_GROUP_ID_X;
+    const int width = KDB_NUM_GROUPS_X * KDB_LOCAL_SIZE_X;
+    const int height = KDB_NUM_GROUPS_Y * KDB_LOCAL_SIZE_Y;
+    const int grid_threads = width * height * KDB_NUM_GROUPS_Z * KDB_LOCAL_SIZE_Z;
+    const int i = (KDB_GLOBAL_ID_Z * height + KDB_GLOBAL_ID_Y) * width + KDB_GLOBAL_ID_X;
+
+    if (lid == 0)
+        block_group[0] = group;
+    if (lid < staged)
+        stage[lid] = i < n ? x[i] : 0.0f;
+    /* Every thread reaches the barrier: no return before it. */
+    KDB_BARRIER;
+    const float s = stage[(lid + 1) % staged];
+    for (int j = i; j < n; j += grid_threads)
+        y[j] = KDB_FMINF(KDB_FMAXF(shape(x[j]) + s, lo), hi);
+    if (lid == 0)
+        groups[group] = block_group[0];
+}
