@@ -4,7 +4,8 @@ The offline builder (catalogues, every target, parallel) comes with the packagin
 is the smallest real builder, used by the startup benchmark and the tests. Each request is
 read once (:meth:`KernelSearchPath.read`), keyed with :func:`program_key` for the target and
 the compiler's identity, compiled from that same read, and written under that key, so the
-runtime finds exactly what was built.
+runtime finds exactly what was built. An AMD code object is stored only if it passes
+:func:`check_code_object`: no GPU is at hand here to show that it would fail to load or launch.
 """
 
 from __future__ import annotations
@@ -13,7 +14,9 @@ from pathlib import Path
 from typing import Iterable, Sequence
 
 from kdbkit.kdb import Target, write_bundle
+from kdbkit.packager.code_object_checks import check_code_object
 from kdbkit.runtime.compilers import Compiler, compiler_for
+from kdbkit.runtime.errors import CompileError
 from kdbkit.runtime.kernel_sources import KernelSearchPath
 from kdbkit.runtime.program_key import ProgramRequest, program_key
 
@@ -37,7 +40,9 @@ def build_bundle(target: Target, programs: Iterable[ProgramRequest | tuple[str, 
 
     Raises:
         CompilerUnavailableError, CompileError, KernelSourceError: as the compiler and the
-        search path raise them; nothing is written then.
+        search path raise them; nothing is written then. A code object (``hsaco``) that
+        fails :func:`check_code_object` is a CompileError naming the kernel file, the
+        target and each problem; one that cannot be read is a BinaryLoadError.
     """
     compiler = compiler or compiler_for(target)
     search_path = search_path or KernelSearchPath()
@@ -47,7 +52,19 @@ def build_bundle(target: Target, programs: Iterable[ProgramRequest | tuple[str, 
         request = item if isinstance(item, ProgramRequest) else ProgramRequest(*item)
         source = search_path.read(request.kernel_file)
         key = program_key(request, target=target, compiler=identity, source_digest=source.digest)
-        entries.append((key.kernel_name, key.kernel_args, compiler.compile(request, target, source)))
+        binary = compiler.compile(request, target, source)
+        if compiler.binary_format == "hsaco":
+            _check_hsaco(binary, request, target)
+        entries.append((key.kernel_name, key.kernel_args, binary))
     recorded = bundle_target or target
     return write_bundle(Path(folder) / (file_name or recorded.bundle_name()), recorded, entries, compiler=identity,
                         binary_format=compiler.binary_format)
+
+
+def _check_hsaco(binary: bytes, request: ProgramRequest, target: Target) -> None:
+    """Refuse a code object that would fail on the device, naming the kernel file, the target and why."""
+    problems = check_code_object(binary, target.full_arch, what=f"code object of {request} for {target.full_arch}")
+    if problems:
+        raise CompileError(f"{request} for {target.full_arch} builds a code object that would fail on the GPU: "
+                           f"{'; '.join(problems)}",
+                           "fix the kernel or its options; no bundle was written")

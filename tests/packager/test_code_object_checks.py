@@ -1,0 +1,305 @@
+"""AMD code-object checks on real clang-19 builds: every kernel passes on every target, each fault is caught.
+
+kdbkit's kernels and the dialect kernel are built for gfx90a, gfx942, gfx1100 and gfx1201
+once per module (16 compiles). The faults are built too, each verified to reach the code
+object: an undefined symbol, an argument hip-python packs elsewhere, LDS over the limit
+(clang-19 refuses that itself, so the limit is also checked on a code object whose
+metadata is raised past it), a wave64 build for a wave32 processor, code object v4.
+"""
+
+from __future__ import annotations
+
+import struct
+
+import pytest
+
+from kdbkit.kdb import Target
+from kdbkit.packager.code_object_checks import PROCESSOR_LIMITS, check_code_object
+from kdbkit.packager.device_build import build_bundle
+from kdbkit.runtime.backends.amdgpu_code_object import packed_offsets, read_code_object
+from kdbkit.runtime.compilers import AmdgcnClangCompiler
+from kdbkit.runtime.compilers.amdgcn_clang import compile_amdgcn, find_clang
+from kdbkit.runtime.errors import BinaryLoadError, CompileError, CompilerUnavailableError
+from kdbkit.runtime.kernel_sources import KernelSearchPath, kernels_dir, list_sources
+from tests.runtime.code_object_builder import kernel_entry, kernel_symbols, make_code_object, metadata
+from tests.runtime.conftest import compile_file, compile_text
+
+from .test_dialect_coverage import DIALECT_DIR, DIALECT_KERNEL
+
+ARCHS = ("gfx90a", "gfx942", "gfx1100", "gfx1201")
+WAVE = {"gfx90a": 64, "gfx942": 64, "gfx1100": 32, "gfx1201": 32}
+NO_CLANG = "no clang with the amdgcn target on PATH (apt-get install clang-19 lld-19)"
+needs_clang = pytest.mark.skipif(find_clang() is None, reason=NO_CLANG)
+SOURCES = [*list_sources(), DIALECT_KERNEL]
+SEARCH_PATH = KernelSearchPath([DIALECT_DIR])  # the dialect kernel's folder, then kdbkit's kernels
+
+
+def _build(source: str, arch: str, *options: str) -> bytes:
+    return compile_file(Target.parse(arch), source, *options, compiler=AmdgcnClangCompiler(), search_path=SEARCH_PATH)
+
+
+def _build_text(text: str, arch: str = "gfx942", *options: str) -> bytes:
+    return compile_text(Target.parse(arch), text, *options, compiler=AmdgcnClangCompiler())
+
+
+@pytest.fixture(scope="module")
+def builds() -> dict[tuple[str, str], bytes]:
+    """(source, arch) -> code object, for every kernel and every arch."""
+    if find_clang() is None:
+        pytest.skip(NO_CLANG)
+    return {(source, arch): _build(source, arch) for source in SOURCES for arch in ARCHS}
+
+
+# ---------------------------------------------------------------- every kernel, every target
+
+
+@needs_clang
+@pytest.mark.parametrize("arch", ARCHS)
+@pytest.mark.parametrize("source", SOURCES)
+def test_every_kernel_passes_on_every_target(builds, source, arch):
+    blob = builds[source, arch]
+    assert check_code_object(blob, arch) == []
+    co = read_code_object(blob)
+    assert (co.arch, co.code_object_version, co.undefined_symbols) == (arch, 5, ())
+    assert co.kernels
+    for name, kernel in co.kernels.items():
+        assert {name, f"{name}.kd"} <= set(co.defined_symbols) and kernel.symbol == f"{name}.kd"
+        assert kernel.wavefront_size == WAVE[arch] == PROCESSOR_LIMITS[arch].wavefront_size
+        explicit = kernel.explicit_args
+        assert [a.offset for a in explicit] == packed_offsets([a.size for a in explicit])
+
+
+EXPECTED_LAYOUTS = {
+    # kernel: explicit (offset, size); pointers 8 bytes, int and float 4
+    "relu_fwd": [(0, 8), (8, 8), (16, 4)],
+    "leaky_relu_fwd": [(0, 8), (8, 8), (16, 4), (20, 4)],  # ptr, ptr, int, float
+    "reduce_sum": [(0, 8), (8, 8), (16, 4)],
+    "sgemm_tiled": [(0, 8), (8, 8), (16, 8), (24, 4), (28, 4), (32, 4), (36, 4), (40, 4)],
+    "dialect_everything": [(0, 8), (8, 8), (16, 8), (24, 4), (28, 4), (32, 4)],
+}
+EXPECTED_LDS = {  # static LDS bytes at the default options
+    "relu_fwd": 0, "leaky_relu_fwd": 0,
+    "reduce_sum": 256 * 4,  # BLOCK floats
+    "sgemm_tiled": 2 * 16 * 16 * 4,  # two TILE x TILE float tiles
+    "dialect_everything": 64 * 4 + 4,  # BLOCK floats and one int
+}  # fmt: skip
+
+
+@needs_clang
+@pytest.mark.parametrize("arch", ARCHS)
+def test_argument_layouts_and_lds(builds, arch):
+    kernels = {name: k for source in SOURCES for name, k in read_code_object(builds[source, arch]).kernels.items()}
+    assert set(kernels) == set(EXPECTED_LAYOUTS)
+    for name, kernel in kernels.items():
+        assert [(a.offset, a.size) for a in kernel.explicit_args] == EXPECTED_LAYOUTS[name], name
+        assert kernel.group_segment_fixed_size == EXPECTED_LDS[name], name
+        assert kernel.kernarg_segment_size >= sum(EXPECTED_LAYOUTS[name][-1])
+
+
+@needs_clang
+@pytest.mark.parametrize("arch", ARCHS)
+def test_matmul_lds_follows_the_tile_option(builds, arch):
+    lds = read_code_object(_build("matmul_tiled.c", arch, "-DTILE=8")).kernels["sgemm_tiled"].group_segment_fixed_size
+    assert lds == 2 * 8 * 8 * 4 == 512
+    default = read_code_object(builds["matmul_tiled.c", arch]).kernels["sgemm_tiled"]
+    assert default.group_segment_fixed_size == 2 * 16 * 16 * 4 == 2048
+
+
+# ---------------------------------------------------------------- faults clang lets through
+
+MYSTERY = """#include "kdb_compat.h"
+extern "C" __attribute__((device{visibility})) float {function}(float);
+KDB_KERNEL void calls_it(KDB_GLOBAL float* x) {{ x[KDB_LOCAL_ID_X] = {function}(x[KDB_LOCAL_ID_X]); }}
+"""
+
+
+@needs_clang
+def test_clang_19_refuses_an_undeclared_device_function_itself():
+    # HIP declarations are hidden, and lld refuses an undefined hidden symbol at link time.
+    with pytest.raises(CompileError, match="undefined hidden symbol: mystery"):
+        _build_text(MYSTERY.format(visibility="", function="mystery"))
+
+
+@needs_clang
+@pytest.mark.parametrize("function", ["mystery", "expf"])
+def test_an_undefined_symbol_is_a_problem(function):
+    # With default visibility and the linker told to leave it unresolved, the symbol reaches
+    # the code object, as it would from a toolchain that links without --no-undefined.
+    text = MYSTERY.format(visibility=', visibility("default")', function=function)
+    blob = compile_amdgcn(text, "gfx942", ("-I", str(kernels_dir()), "-Xoffload-linker",
+                                           "--unresolved-symbols=ignore-all"), name="calls_it.c")
+    assert read_code_object(blob).undefined_symbols == (function,)
+    assert check_code_object(blob, "gfx942") == [
+        f"undefined symbol {function!r}: nothing on the device defines it, so the module fails to load"]
+
+
+ARGUMENTS = """#include "kdb_compat.h"
+typedef float float4_t __attribute__((ext_vector_type(4)));
+struct S { char c; double d; };
+KDB_KERNEL void vector_after_int(int n, float4_t v, KDB_GLOBAL float* x) { x[n] = v.x + v.w; }
+KDB_KERNEL void vector_after_ptr_int(KDB_GLOBAL float* x, int n, float4_t v) { x[n] = v.y; }
+KDB_KERNEL void struct_after_int(KDB_GLOBAL double* x, int n, struct S s) { x[n] = s.d + s.c; }
+"""
+
+
+@needs_clang
+def test_an_argument_the_launch_packs_elsewhere_is_a_problem():
+    blob = _build_text(ARGUMENTS)
+    kernels = read_code_object(blob).kernels
+    # The ABI aligns the 16-byte vector to 16; hip-python aligns it to 8.
+    assert [a.offset for a in kernels["vector_after_int"].explicit_args] == [0, 16, 32]
+    assert packed_offsets([4, 16, 8]) == [0, 8, 24]
+    # After a pointer and an int, 16 is where both put it; struct S (size 16, align 8) agrees too.
+    assert [a.offset for a in kernels["vector_after_ptr_int"].explicit_args] == [0, 8, 16]
+    assert [a.offset for a in kernels["struct_after_int"].explicit_args] == [0, 8, 16]
+    assert check_code_object(blob, "gfx942") == [
+        "kernel vector_after_int: argument 1 (by_value, 16 bytes) is at offset 16, but the HIP launch packs it at 8 "
+        "(hip-python aligns each argument to min(size, 8)); pass it another way, e.g. as separate scalars"]
+
+
+BIG_LDS = """#include "kdb_compat.h"
+KDB_KERNEL void big_lds(KDB_GLOBAL float* x)
+{
+    KDB_SHARED(float, big, FLOATS);
+    big[KDB_LOCAL_ID_X] = x[KDB_LOCAL_ID_X];
+    KDB_BARRIER;
+    x[KDB_LOCAL_ID_X] = big[FLOATS - 1 - KDB_LOCAL_ID_X];
+}
+"""
+_LDS_KEY = b"\xb9.group_segment_fixed_size"  # fixstr of 25 bytes, then the value
+
+
+def _with_lds(blob: bytes, lds: int) -> bytes:
+    """``blob`` with the (one) kernel's group_segment_fixed_size rewritten, a uint32 kept a uint32."""
+    at = blob.index(_LDS_KEY) + len(_LDS_KEY)
+    assert blob[at] == 0xCE and blob.count(_LDS_KEY) == 1, "expected one uint32 LDS size"
+    return blob[: at + 1] + struct.pack(">I", lds) + blob[at + 5 :]
+
+
+@needs_clang
+@pytest.mark.parametrize("arch", ARCHS)
+def test_lds_over_the_limit(arch):
+    with pytest.raises(CompileError, match=r"local memory \(80000\) exceeds limit \(65536\)"):
+        _build_text(BIG_LDS, arch, "-DFLOATS=20000")  # clang-19 refuses it itself
+    at_limit = _build_text(BIG_LDS, arch, "-DFLOATS=16384")
+    assert read_code_object(at_limit).kernels["big_lds"].group_segment_fixed_size == 65536
+    assert check_code_object(at_limit, arch) == []
+    over = _with_lds(at_limit, 80000)  # what a compiler that does not refuse it would write
+    assert check_code_object(over, arch) == [
+        f"kernel big_lds: static LDS of 80000 bytes, over the 65536 a workgroup has on {arch}"]
+
+
+@needs_clang
+@pytest.mark.parametrize("arch", ["gfx1100", "gfx1201"])
+def test_a_wave64_build_for_a_wave32_processor_is_a_problem(arch):
+    blob = _build("activation.c", arch, "-mwavefrontsize64")
+    assert sorted(check_code_object(blob, arch)) == [
+        f"kernel {name}: wavefront size 64, but {arch} runs HIP kernels in wavefronts of 32"
+        for name in ("leaky_relu_fwd", "relu_fwd")]
+
+
+@needs_clang
+def test_another_version_or_processor_is_a_problem(builds):
+    v4 = _build("reduce_sum.c", "gfx942", "-mcode-object-version=4")
+    assert check_code_object(v4, "gfx942") == ["code object v4, not v5 (build with -mcode-object-version=5)"]
+    assert check_code_object(builds["reduce_sum.c", "gfx942"], "gfx90a") == ["built for gfx942, not gfx90a"]
+    xnack_off = _build("reduce_sum.c", "gfx90a:xnack-")
+    assert check_code_object(xnack_off, "gfx90a:xnack-") == []
+    assert check_code_object(xnack_off, "gfx90a") == [
+        "built for amdgcn-amd-amdhsa--gfx90a:xnack- with features xnack- that gfx90a lacks"]
+
+
+# ---------------------------------------------------------------- hand-made shapes and bad input
+
+
+@pytest.mark.parametrize(
+    "blob, problem",
+    [
+        (make_code_object(symbols=kernel_symbols("k")[:1]), "kernel k: symbol 'k.kd' is not defined"),
+        (make_code_object(symbols=kernel_symbols("k")[1:]), "kernel k: symbol 'k' is not defined"),
+        (make_code_object(metadata(kernel_entry(symbol="k.desc")), kernel_symbols("k") + [("k.desc", 1, 6)]),
+         "kernel k: descriptor symbol is 'k.desc', not 'k.kd'"),
+        (make_code_object(metadata(kernel_entry(args=[(0, 8, "global_buffer"), (8, 4, "by_value")],
+                                                kernarg_segment_size=10))),
+         "kernel k: kernarg segment of 10 bytes does not hold its explicit arguments (12 bytes)"),
+        (make_code_object(metadata(kernel_entry(args=[(0, 0, "by_value")]))),
+         "kernel k: an explicit argument has size 0; hip-python cannot pack it"),
+        (make_code_object(metadata(kernel_entry(wavefront_size=None))), "kernel k: no .wavefront_size in its metadata"),
+        (make_code_object(metadata(kernel_entry(group_segment_fixed_size=None))),
+         "kernel k: no .group_segment_fixed_size (static LDS) in its metadata"),
+        (make_code_object({**metadata(), "amdhsa.kernels": []}, symbols=[]), "no kernels in the metadata"),
+    ],
+)
+def test_hand_made_faults(blob, problem):
+    assert check_code_object(blob, "gfx942") == [problem]
+
+
+def test_hidden_arguments_are_not_laid_out_by_the_launch():
+    args = [(0, 8, "global_buffer"), (8, 4, "by_value"), (24, 4, "hidden_block_count_x"),
+            (64, 8, "hidden_global_offset_x")]
+    assert check_code_object(make_code_object(metadata(kernel_entry(args=args))), "gfx942") == []
+
+
+@pytest.mark.parametrize(
+    "blob, match",
+    [
+        (b"", "not an ELF file"),
+        (b"\x00garbage" * 64, "not an ELF file"),
+        (make_code_object(machine=190), "machine 190, not an AMD GPU code object"),
+        (make_code_object()[:200], "truncated"),
+        (make_code_object(note_type=1), "no NT_AMDGPU_METADATA note"),
+    ],
+)
+def test_unreadable_code_objects_are_binary_load_errors(blob, match):
+    with pytest.raises(BinaryLoadError, match=f"^k.co .*{match}"):
+        check_code_object(blob, "gfx942", what="k.co")
+
+
+@pytest.mark.parametrize("arch, match", [("gfx908", "no code-object checks for gfx908"),
+                                         ("sm_90", "'sm_90' is not an AMD GPU target")])
+def test_a_processor_without_known_limits_is_refused(arch, match):
+    with pytest.raises(CompilerUnavailableError, match=match):
+        check_code_object(make_code_object(), arch)
+
+
+# ---------------------------------------------------------------- the builder stores only what passes
+
+
+@needs_clang
+def test_device_build_refuses_a_failing_code_object(tmp_path):
+    kernels = tmp_path / "kernels"
+    kernels.mkdir()
+    (kernels / "arguments.c").write_text(ARGUMENTS)
+    out = tmp_path / "out"
+    out.mkdir()
+    with pytest.raises(CompileError) as info:
+        build_bundle(Target.parse("gfx942_304"), [("activation.c", ()), ("arguments.c", ())], out,
+                     compiler=AmdgcnClangCompiler(), search_path=KernelSearchPath([kernels]))
+    problem = info.value.problem
+    assert problem.startswith("arguments.c [] for gfx942 builds a code object that would fail on the GPU: ")
+    assert "kernel vector_after_int: argument 1 (by_value, 16 bytes) is at offset 16" in problem
+    assert "no bundle was written" in info.value.remedy
+    assert list(out.iterdir()) == []
+
+
+def test_device_build_refuses_an_unreadable_code_object(tmp_path):
+    class Garbage(AmdgcnClangCompiler):
+        def identity(self) -> str:
+            return "clang 0.0.0"
+
+        def compile(self, request, target, source) -> bytes:
+            return b"\x7fELF-not-really"
+
+    with pytest.raises(BinaryLoadError, match=r"^code object of activation.c \[\] for gfx942 is not an ELF file"):
+        build_bundle(Target.parse("gfx942"), [("activation.c", ())], tmp_path, compiler=Garbage())
+    assert list(tmp_path.iterdir()) == []
+
+
+@needs_clang
+def test_device_build_stores_code_objects_that_pass(tmp_path):
+    from kdbkit.kdb import open_bundle
+
+    path = build_bundle(Target.parse("gfx1201"), [(s, ()) for s in list_sources()], tmp_path,
+                        compiler=AmdgcnClangCompiler())
+    with open_bundle(path) as bundle:
+        assert len(list(bundle.entries())) == len(list_sources())
