@@ -122,7 +122,7 @@ def _layout_problems(kernel: KernelMetadata) -> list[str]:
     if any(a.size < 1 for a in args):
         return ["an explicit argument has size 0; hip-python cannot pack it"]
     expected = packed_offsets([a.size for a in args])
-    # The first misplaced argument only: every one after it is shifted with it.
+    # Only the first misplaced argument: the ones after it are usually shifted by it.
     problems = [
         f"argument {i} ({a.value_kind}, {a.size} bytes) is at offset {a.offset}, but the HIP launch packs it at "
         f"{at} (hip-python aligns each argument to min(size, 8)); pass it another way, e.g. as separate scalars"
