@@ -23,6 +23,7 @@ from typing import Any, Sequence
 import numpy as np
 
 from kdbkit.kdb.target import Target
+from kdbkit.runtime.backends.amdgpu_code_object import KernelArg, read_code_object
 from kdbkit.runtime.backends.args import check_host_out, check_launch_args, scalar_ctype
 from kdbkit.runtime.backends.base import (
     Backend,
@@ -158,10 +159,42 @@ class HipBuffer(Buffer):
 
 
 class HipKernel(Kernel):
-    def __init__(self, name: str, function, module: "HipModule"):
+    def __init__(self, name: str, function, module: "HipModule", params: tuple[KernelArg, ...] | None):
         self.name = name
         self.function = function
+        self.params = params  # the explicit arguments the code object declares; None: unknown
         self._module = module  # keeps the module loaded while the kernel is in use
+
+
+def check_against_params(kernel: HipKernel, args: Sequence[Any]) -> None:
+    """Refuse arguments that do not match the kernel's declared parameters.
+
+    A HIP launch copies whatever buffer it is given: a missing argument or a scalar of the
+    wrong width shifts every later one, silently. The code object's metadata says what the
+    kernel takes, so the launch checks count, kind (pointer or value) and width first.
+
+    ``args`` have passed :func:`check_launch_args`: each is a HIP buffer or a NumPy scalar.
+
+    Raises:
+        LaunchArgumentError: naming the first mismatch and what the kernel expects.
+    """
+    params = kernel.params
+    if params is None:
+        return
+    wanted = ", ".join("pointer" if p.value_kind == "global_buffer" else f"{p.size}-byte value" for p in params)
+    if len(args) != len(params):
+        raise LaunchArgumentError(f"{kernel.name} takes {len(params)} arguments ({wanted}), got {len(args)}",
+                                  "pass one argument per kernel parameter, in order")
+    for i, (arg, param) in enumerate(zip(args, params)):
+        what = "a device buffer" if isinstance(arg, HipBuffer) else f"{arg.dtype} ({arg.dtype.itemsize} bytes)"
+        if param.value_kind == "global_buffer":
+            if not isinstance(arg, HipBuffer):
+                raise LaunchArgumentError(f"{kernel.name}: argument {i} is {what}, but the kernel takes a pointer "
+                                          "there", "pass a device buffer")
+        elif isinstance(arg, HipBuffer) or arg.dtype.itemsize != param.size:
+            raise LaunchArgumentError(f"{kernel.name}: argument {i} is {what}, but the kernel takes a "
+                                      f"{param.size}-byte value there",
+                                      "pass a NumPy scalar of the parameter's type, e.g. np.int32 or np.float32")
 
 
 def _unload(hip, handle, image: bytes) -> None:
@@ -183,7 +216,23 @@ class HipModule(Module):
         self._backend = backend
         self.handle = handle
         self.image = image
+        self._params: dict[str, tuple[KernelArg, ...]] | None = None
         self._finalizer = weakref.finalize(self, _unload, backend._hip, handle, image)
+
+    def params(self, name: str) -> tuple[KernelArg, ...] | None:
+        """Kernel ``name``'s explicit parameters from the metadata (read once per module).
+
+        ``None`` when the metadata cannot be read: the launch then goes unchecked, as it
+        would on CUDA, rather than refusing a binary the runtime accepted.
+        """
+        if self._params is None:
+            try:
+                kernels = read_code_object(self.image).kernels
+                self._params = {k: meta.explicit_args for k, meta in kernels.items()}
+            except BinaryLoadError as e:
+                log.warning("launches of this code object go unchecked: %s", e.problem)
+                self._params = {}
+        return self._params.get(name)
 
     def unload(self) -> None:
         """Unload now (idempotent); its kernels can no longer be launched."""
@@ -200,7 +249,7 @@ class HipModule(Module):
             raise BinaryLoadError(
                 f"no kernel {name!r} in this code object on {self._backend.device.name} ({e.problem})",
                 "HIP kernels must be declared with KDB_KERNEL (extern \"C\") to keep their names") from e
-        return HipKernel(name, fn, self)
+        return HipKernel(name, fn, self, self.params(name))
 
 
 class HipBackend(Backend):
@@ -277,6 +326,7 @@ class HipBackend(Backend):
                 raise LaunchArgumentError(
                     f"{kernel.name}: argument {i} is a {arg.dtype} ({arg.dtype.itemsize} bytes); long double is 8 "
                     "bytes on AMD GPUs", "pass np.float64(...) for a double or long double parameter")
+        check_against_params(kernel, args)
         extra = tuple(a.ptr if isinstance(a, HipBuffer) else scalar_ctype(a) for a in args)
         self._activate()
         hip_call(

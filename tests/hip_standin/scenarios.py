@@ -108,6 +108,17 @@ def backend() -> dict:
         be.launch(kernel, (1, 1, 1), (64, 1, 1), [xb, yb, np.int32(1), np.longdouble(2.0)])
     except Exception as e:
         out["long_double"] = _error(e)
+    mistakes = {
+        "missing_argument": [xb, yb, np.int32(1)],
+        "wrong_width": [xb, yb, np.int64(1), np.float32(2.0)],
+        "buffer_for_value": [xb, yb, yb, np.float32(2.0)],
+        "value_for_pointer": [xb, np.int64(0), np.int32(1), np.float32(2.0)],
+    }
+    for name, args in mistakes.items():
+        try:
+            be.launch(kernel, (1, 1, 1), (64, 1, 1), args)
+        except Exception as e:
+            out[name] = _error(e)
     try:
         module.function("no_such_kernel")
     except Exception as e:

@@ -147,6 +147,19 @@ def test_long_double_is_refused_before_the_launch(runs):
     assert "long double is 8 bytes on AMD GPUs" in r["problem"] and "np.float64" in r["remedy"]
 
 
+@pytest.mark.parametrize("mistake, words", [
+    ("missing_argument", "leaky_relu_fwd takes 4 arguments (pointer, pointer, 4-byte value, 4-byte value), got 3"),
+    ("wrong_width", "argument 2 is int64 (8 bytes), but the kernel takes a 4-byte value there"),
+    ("buffer_for_value", "argument 2 is a device buffer, but the kernel takes a 4-byte value there"),
+    ("value_for_pointer", "argument 1 is int64 (8 bytes), but the kernel takes a pointer there"),
+])
+def test_arguments_that_do_not_match_the_code_objects_parameters_never_reach_the_runtime(runs, mistake, words):
+    run = runs("backend")
+    r = run.result[mistake]
+    assert r["type"] == "LaunchArgumentError" and words in r["problem"], r
+    assert len(run.named("hipModuleLaunchKernel")) == 3  # the first launch and the two timed ones only
+
+
 def test_missing_kernels_and_wrong_processors_are_clear_errors(runs):
     r = runs("backend").result
     assert r["missing_kernel"]["type"] == "BinaryLoadError" and "no_such_kernel" in r["missing_kernel"]["problem"]
