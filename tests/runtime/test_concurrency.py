@@ -85,5 +85,7 @@ def test_threads_racing_on_one_key_compile_it_once(make_handle, chain_backend, m
     for t in threads:
         t.join()
     assert not errors and len(compiles) == 1
-    assert sorted(sources).count("jit") == N  # the JIT tier served every thread, one of them by compiling
+    # The JIT tier serves every thread that got there while the compile ran (one of them by
+    # compiling); a thread started late on a loaded machine finds the user cache filled instead.
+    assert len(sources) == N and set(sources) <= {"jit", "user"} and "jit" in sources
     assert len(jit._thread_locks) == 0  # per-key thread locks are gone once nobody waits for them
