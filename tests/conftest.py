@@ -23,3 +23,11 @@ def fresh_log(monkeypatch):
     yield reconfigure
     monkeypatch.undo()
     logging_setup.configure_logging(force=True)
+
+
+@pytest.fixture
+def amdgcn_clang():
+    """A clang that builds AMD code objects; skips without one (fails where CI requires it)."""
+    from tests.prerequisites import require_amdgcn_clang
+
+    require_amdgcn_clang()

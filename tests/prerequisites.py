@@ -25,3 +25,14 @@ def skip_or_fail(name: str, reason: str) -> None:
     if required(name):
         pytest.fail(f"{REQUIRE_VAR} requires {name}: {reason}", pytrace=False)
     pytest.skip(reason)
+
+
+NO_AMDGCN_CLANG = "no clang with the amdgcn target on PATH (apt-get install clang-19 lld-19)"
+
+
+def require_amdgcn_clang() -> None:
+    """Skip (or fail, where required) without a clang that builds AMD code objects."""
+    from kdbkit.runtime.compilers.amdgcn_clang import find_clang
+
+    if find_clang() is None:
+        skip_or_fail("amdgcn-clang", NO_AMDGCN_CLANG)

@@ -18,9 +18,10 @@ from kdbkit.packager.code_object_checks import PROCESSOR_LIMITS, check_code_obje
 from kdbkit.packager.device_build import build_bundle
 from kdbkit.runtime.backends.amdgpu_code_object import packed_offsets, read_code_object
 from kdbkit.runtime.compilers import AmdgcnClangCompiler
-from kdbkit.runtime.compilers.amdgcn_clang import compile_amdgcn, find_clang
+from kdbkit.runtime.compilers.amdgcn_clang import compile_amdgcn
 from kdbkit.runtime.errors import BinaryLoadError, CompileError, CompilerUnavailableError
 from kdbkit.runtime.kernel_sources import KernelSearchPath, kernels_dir, list_sources
+from tests.prerequisites import require_amdgcn_clang
 from tests.runtime.code_object_builder import kernel_entry, kernel_symbols, make_code_object, metadata
 from tests.runtime.conftest import compile_file, compile_text
 
@@ -28,8 +29,7 @@ from .test_dialect_coverage import DIALECT_DIR, DIALECT_KERNEL
 
 ARCHS = ("gfx90a", "gfx942", "gfx1100", "gfx1201")
 WAVE = {"gfx90a": 64, "gfx942": 64, "gfx1100": 32, "gfx1201": 32}
-NO_CLANG = "no clang with the amdgcn target on PATH (apt-get install clang-19 lld-19)"
-needs_clang = pytest.mark.skipif(find_clang() is None, reason=NO_CLANG)
+needs_clang = pytest.mark.usefixtures("amdgcn_clang")  # skips without clang-19 (fails in CI)
 SOURCES = [*list_sources(), DIALECT_KERNEL]
 SEARCH_PATH = KernelSearchPath([DIALECT_DIR])  # the dialect kernel's folder, then kdbkit's kernels
 
@@ -45,8 +45,7 @@ def _build_text(text: str, arch: str = "gfx942", *options: str) -> bytes:
 @pytest.fixture(scope="module")
 def builds() -> dict[tuple[str, str], bytes]:
     """(source, arch) -> code object, for every kernel and every arch."""
-    if find_clang() is None:
-        pytest.skip(NO_CLANG)
+    require_amdgcn_clang()
     return {(source, arch): _build(source, arch) for source in SOURCES for arch in ARCHS}
 
 

@@ -19,15 +19,14 @@ from kdbkit.runtime.backends.amdgpu_code_object import (
     read_code_object,
 )
 from kdbkit.runtime.backends.elf_notes import amdgpu_target
-from kdbkit.runtime.compilers.amdgcn_clang import compile_amdgcn, find_clang
+from kdbkit.runtime.compilers.amdgcn_clang import compile_amdgcn
 from kdbkit.runtime.errors import BinaryLoadError
 from kdbkit.runtime.kernel_sources import kernels_dir
 
+from tests.prerequisites import require_amdgcn_clang
 from .code_object_builder import kernel_entry, kernel_symbols, make_code_object, metadata
 
-needs_clang = pytest.mark.skipif(
-    find_clang() is None, reason="no clang with the amdgcn target on PATH (apt-get install clang-19 lld-19)"
-)
+needs_clang = pytest.mark.usefixtures("amdgcn_clang")  # skips without clang-19 (fails in CI)
 
 
 def _activation(arch: str = "gfx942", *options: str) -> bytes:
@@ -37,8 +36,7 @@ def _activation(arch: str = "gfx942", *options: str) -> bytes:
 
 @pytest.fixture(scope="module")
 def activation_gfx942() -> bytes:
-    if find_clang() is None:
-        pytest.skip("no clang with the amdgcn target on PATH (apt-get install clang-19 lld-19)")
+    require_amdgcn_clang()
     return _activation()
 
 

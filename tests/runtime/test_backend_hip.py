@@ -16,19 +16,18 @@ from kdbkit.kdb.target import Target
 from kdbkit.runtime.backends import hip
 from kdbkit.runtime.backends.base import DeviceInfo
 from kdbkit.runtime.backends.elf_notes import EM_AMDGPU, TargetStringError, amdgpu_target, read_elf_header
-from kdbkit.runtime.compilers.amdgcn_clang import AmdgcnClangCompiler, clang_identity, compile_amdgcn, find_clang
+from kdbkit.runtime.compilers.amdgcn_clang import AmdgcnClangCompiler, clang_identity, compile_amdgcn
 from kdbkit.runtime.errors import BackendUnavailableError, BinaryLoadError, CompileError, CompilerUnavailableError
 from kdbkit.runtime.kernel_sources import list_sources
 
+from tests.prerequisites import require_amdgcn_clang
 from .conftest import compile_file, compile_text
 
 
 def _code_object(source: str, arch: str, *options: str) -> bytes:
     return compile_file(Target.parse(arch), source, *options, compiler=AmdgcnClangCompiler())
 
-needs_clang = pytest.mark.skipif(
-    find_clang() is None, reason="no clang with the amdgcn target on PATH (apt-get install clang-19 lld-19)"
-)
+needs_clang = pytest.mark.usefixtures("amdgcn_clang")  # skips without clang-19 (fails in CI)
 MI300X = Target("hip", "gfx942", ("sramecc+", "xnack-"))
 
 
@@ -127,8 +126,7 @@ def test_code_object_check_refuses_non_amd_binaries(binary, match):
 
 @pytest.fixture(scope="module")
 def gfx942_objects() -> dict[str, bytes]:
-    if find_clang() is None:
-        pytest.skip("no clang with the amdgcn target on PATH (apt-get install clang-19 lld-19)")
+    require_amdgcn_clang()
     return {src: _code_object(src, "gfx942") for src in list_sources()}
 
 
