@@ -34,15 +34,16 @@ class ProcessorLimits:
     lds_bytes: int
 
 
-# gfx9 (CDNA) runs wave64; gfx10+ (RDNA) can run both, and clang builds HIP wave32 there
-# (measured: wavefront_size 32 for gfx1100 and gfx1201). LDS per workgroup from LLVM's
-# AMDGPUUsage processor table, and the limit clang-19 itself enforces ("local memory (80000)
-# exceeds limit (65536)" for all four). A processor not here is refused, not guessed.
+# gfx9 (GCN/CDNA) runs wave64; gfx10+ (RDNA) can run both, and clang builds HIP wave32 there
+# (measured with clang-19 for every processor below). LDS per workgroup is 64 KiB on all of
+# them (LLVM's AMDGPUUsage processor table, and the limit clang-19 itself enforces: "local
+# memory (80000) exceeds limit (65536)"); gfx950's 160 KiB waits for a clang that knows it
+# (clang-19 refuses gfx950). A processor not here is refused, not guessed.
+_WAVE64 = ("gfx900", "gfx906", "gfx908", "gfx90a", "gfx940", "gfx941", "gfx942")
+_WAVE32 = ("gfx1010", "gfx1030", "gfx1100", "gfx1101", "gfx1102", "gfx1150", "gfx1151", "gfx1200", "gfx1201")
 PROCESSOR_LIMITS = {
-    "gfx90a": ProcessorLimits(64, 64 * 1024),
-    "gfx942": ProcessorLimits(64, 64 * 1024),
-    "gfx1100": ProcessorLimits(32, 64 * 1024),
-    "gfx1201": ProcessorLimits(32, 64 * 1024),
+    **{arch: ProcessorLimits(64, 64 * 1024) for arch in _WAVE64},
+    **{arch: ProcessorLimits(32, 64 * 1024) for arch in _WAVE32},
 }
 
 

@@ -254,7 +254,7 @@ def test_unreadable_code_objects_are_binary_load_errors(blob, match):
         check_code_object(blob, "gfx942", what="k.co")
 
 
-@pytest.mark.parametrize("arch, match", [("gfx908", "no code-object checks for gfx908"),
+@pytest.mark.parametrize("arch, match", [("gfx803", "no code-object checks for gfx803"),
                                          ("sm_90", "'sm_90' is not an AMD GPU target")])
 def test_a_processor_without_known_limits_is_refused(arch, match):
     with pytest.raises(CompilerUnavailableError, match=match):
