@@ -3,7 +3,7 @@
 # test suite with the CUDA backend, the chain tests again on CUDA, the main job, and the
 # startup benchmark. Writes logs and results to $OUT (default ./gpu-out).
 # On the lent GPU machine (no registry there), carry the wheels that
-# ../shared/tools/device-wheels fetches (plus setuptools) as .whl and call:
+# ../shared/tools/device-wheels fetches (plus setuptools and msgpack) as .whl and call:
 #   scripts/run_gpu_checks.sh            (RUNS=15 processes per benchmark mode by default)
 # PART=tests or PART=bench runs one half (each fits one 10-minute call); the default runs both.
 set -uo pipefail
