@@ -64,7 +64,8 @@ def hip_python_lines() -> list[str]:
 
 def hip_python_folder(line: str) -> Path | None:
     """Where ``scripts/install_hip_python_lines.sh`` put that line, or ``None``."""
-    root = Path(os.environ.get("KDB_TEST_HIP_PYTHON_DIR") or REPO / ".hip-python")
+    cache = Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache")
+    root = Path(os.environ.get("KDB_TEST_HIP_PYTHON_DIR") or cache / "kdbkit-tests" / "hip-python")
     folder = root / line
     return folder if (folder / ".installed").is_file() else None
 

@@ -138,6 +138,15 @@ static void registry_remove(registry_t *r, size_t i)
     r->items[i] = r->items[--r->n];
 }
 
+/* Remove p; 0 when it was not there (released twice, or never handed out). */
+static int registry_take(registry_t *r, const void *p)
+{
+    long i = registry_find(r, p);
+    if (i >= 0)
+        registry_remove(r, (size_t)i);
+    return i >= 0;
+}
+
 /* The allocation [base, base+size) that holds [p, p+n), or -1. */
 static long allocation_holding(const void *p, size_t n)
 {
@@ -412,13 +421,11 @@ STANDIN_API hipError_t hipModuleLoadData(module_t **module, const void *image)
 STANDIN_API hipError_t hipModuleUnload(module_t *module)
 {
     pthread_mutex_lock(&lock);
-    long i = registry_find(&modules, module);
     hipError_t r = hipSuccess;
-    if (i < 0) {
+    if (!registry_take(&modules, module)) {
         standin_problem("hipModuleUnload", "%lu is not a loaded module (unloaded twice?)", (unsigned long)module);
         r = hipErrorInvalidHandle;
     } else {
-        registry_remove(&modules, (size_t)i);
         module->magic = 0;
         standin_free_code_object(&module->co);
         free(module->functions);
@@ -628,13 +635,11 @@ STANDIN_API hipError_t hipEventElapsedTime(float *ms, event_t *start, event_t *s
 STANDIN_API hipError_t hipEventDestroy(event_t *event)
 {
     pthread_mutex_lock(&lock);
-    long i = registry_find(&events, event);
     hipError_t r = hipSuccess;
-    if (i < 0) {
+    if (!registry_take(&events, event)) {
         standin_problem("hipEventDestroy", "%lu is not a live event (destroyed twice?)", (unsigned long)event);
         r = hipErrorInvalidHandle;
     } else {
-        registry_remove(&events, (size_t)i);
         event->magic = 0;
         free(event);
     }
