@@ -218,6 +218,7 @@ class HipModule(Module):
         self.image = image
         self._params: dict[str, tuple[KernelArg, ...]] | None = None
         self._finalizer = weakref.finalize(self, _unload, backend._hip, handle, image)
+        self._finalizer.atexit = False  # at exit ROCm tears its modules down itself, maybe before us
 
     def params(self, name: str) -> tuple[KernelArg, ...] | None:
         """Kernel ``name``'s explicit parameters from the metadata (read once per module).
