@@ -25,6 +25,14 @@
  *   KDB_GLOBAL_ID_X       KDB_GROUP_ID_X * KDB_LOCAL_SIZE_X + KDB_LOCAL_ID_X
  *   KDB_BARRIER           block-wide barrier that also orders shared/local memory
  *   KDB_EXPF KDB_SQRTF KDB_FMAXF KDB_FMINF KDB_FABSF KDB_FMAF   single-precision math
+ *   KDB_LOGF KDB_TANHF KDB_ERFF KDB_POWF(base, e)                 more of it (POWF: base > 0);
+ *                         on amdgcn, where no device library is linked, tanh, erf and pow are
+ *                         computed here from exp/log (error below 2e-7 absolute)
+ *   KDB_HALF_TO_FLOAT(b) KDB_FLOAT_TO_HALF(f)   fp16 bits (unsigned short) <-> float, RNE
+ *   KDB_BF16_TO_FLOAT(b) KDB_FLOAT_TO_BF16(f)   bfloat16 bits (unsigned short) <-> float, RNE
+ *                         (16-bit types travel as their bits on every backend: one kernel
+ *                         signature, and no fp16 extension needed on OpenCL)
+ *   KDB_FLOAT_BITS(f) KDB_BITS_FLOAT(u)   a float's bits as unsigned int, and back
  *
  * Ids are `int` everywhere (OpenCL's size_t and HIP's unsigned builtins are cast), so that
  * index arithmetic with negative intermediate values behaves the same on every backend.
@@ -65,6 +73,23 @@
 #define KDB_FMINF(a, b) fmin((float)(a), (float)(b))
 #define KDB_FABSF(x) fabs((float)(x))
 #define KDB_FMAF(a, b, c) fma((float)(a), (float)(b), (float)(c))
+#define KDB_LOGF(x) log((float)(x))
+#define KDB_TANHF(x) tanh((float)(x))
+#define KDB_ERFF(x) erf((float)(x))
+#define KDB_POWF(a, b) pow((float)(a), (float)(b))
+
+/* vload_half/vstore_half need no fp16 extension; half is used only as a pointer type. */
+static inline float kdb_half_to_float(ushort bits) { return vload_half(0, (const __private half*)&bits); }
+static inline ushort kdb_float_to_half(float f)
+{
+    ushort bits;
+    vstore_half_rte(f, 0, (__private half*)&bits);
+    return bits;
+}
+#define KDB_HALF_TO_FLOAT(b) kdb_half_to_float((ushort)(b))
+#define KDB_FLOAT_TO_HALF(f) kdb_float_to_half((float)(f))
+#define KDB_FLOAT_BITS(f) as_uint((float)(f))
+#define KDB_BITS_FLOAT(u) as_float((uint)(u))
 
 #elif defined(__HIP__) || defined(__HIPCC_RTC__)
 /* ---------------------------------------------------------------- HIP / amdgcn */
@@ -103,6 +128,28 @@
 #define KDB_FMINF(a, b) __builtin_fminf((a), (b))
 #define KDB_FABSF(x) __builtin_fabsf(x)
 #define KDB_FMAF(a, b, c) __builtin_fmaf((a), (b), (c))
+#define KDB_LOGF(x) __builtin_logf(x)
+/* tanhf, erff and powf would be calls into ROCm's device library, which offline builds do not
+ * link (the code-object checks refuse the undefined symbol): built from exp/log here. */
+static __attribute__((device)) inline float kdb_tanhf(float x)
+{
+    const float e = __builtin_expf(-2.0f * __builtin_fabsf(x));
+    return __builtin_copysignf((1.0f - e) / (1.0f + e), x);
+}
+static __attribute__((device)) inline float kdb_erff(float x)
+{
+    /* Abramowitz & Stegun 7.1.26: absolute error below 1.5e-7. */
+    const float a = __builtin_fabsf(x), t = 1.0f / (1.0f + 0.3275911f * a);
+    const float poly = t * (0.254829592f + t * (-0.284496736f + t * (1.421413741f + t * (-1.453152027f + t * 1.061405429f))));
+    return __builtin_copysignf(1.0f - poly * __builtin_expf(-a * a), x);
+}
+#define KDB_TANHF(x) kdb_tanhf(x)
+#define KDB_ERFF(x) kdb_erff(x)
+#define KDB_POWF(a, b) __builtin_exp2f((b) * __builtin_log2f(a))
+#define KDB_HALF_TO_FLOAT(b) ((float)__builtin_bit_cast(_Float16, (unsigned short)(b)))
+#define KDB_FLOAT_TO_HALF(f) __builtin_bit_cast(unsigned short, (_Float16)(f))
+#define KDB_FLOAT_BITS(f) __builtin_bit_cast(unsigned int, (float)(f))
+#define KDB_BITS_FLOAT(u) __builtin_bit_cast(float, (unsigned int)(u))
 
 #elif defined(__CUDACC__) || defined(__CUDACC_RTC__) || defined(__NVCC__)
 /* ---------------------------------------------------------------- CUDA (NVRTC, nvcc) */
@@ -134,6 +181,28 @@
 #define KDB_FMINF(a, b) fminf((a), (b))
 #define KDB_FABSF(x) fabsf(x)
 #define KDB_FMAF(a, b, c) fmaf((a), (b), (c))
+#define KDB_LOGF(x) logf(x)
+#define KDB_TANHF(x) tanhf(x)
+#define KDB_ERFF(x) erff(x)
+#define KDB_POWF(a, b) powf((a), (b))
+
+/* PTX conversions: no cuda_fp16.h, so NVRTC needs no header folder for 16-bit types. */
+static __device__ __forceinline__ float kdb_half_to_float(unsigned short bits)
+{
+    float f;
+    asm("cvt.f32.f16 %0, %1;" : "=f"(f) : "h"(bits));
+    return f;
+}
+static __device__ __forceinline__ unsigned short kdb_float_to_half(float f)
+{
+    unsigned short bits;
+    asm("cvt.rn.f16.f32 %0, %1;" : "=h"(bits) : "f"(f));
+    return bits;
+}
+#define KDB_HALF_TO_FLOAT(b) kdb_half_to_float((unsigned short)(b))
+#define KDB_FLOAT_TO_HALF(f) kdb_float_to_half((float)(f))
+#define KDB_FLOAT_BITS(f) __float_as_uint((float)(f))
+#define KDB_BITS_FLOAT(u) __uint_as_float((unsigned int)(u))
 
 #else
 #error "kdb_compat.h: unknown compiler; expected OpenCL C, HIP (clang/hiprtc) or CUDA (NVRTC/nvcc)"
@@ -144,5 +213,15 @@
 #define KDB_GLOBAL_ID_X (KDB_GROUP_ID_X * KDB_LOCAL_SIZE_X + KDB_LOCAL_ID_X)
 #define KDB_GLOBAL_ID_Y (KDB_GROUP_ID_Y * KDB_LOCAL_SIZE_Y + KDB_LOCAL_ID_Y)
 #define KDB_GLOBAL_ID_Z (KDB_GROUP_ID_Z * KDB_LOCAL_SIZE_Z + KDB_LOCAL_ID_Z)
+
+/* bfloat16 is the top half of a float; rounding to nearest even, NaN kept a (quiet) NaN. */
+#define KDB_BF16_TO_FLOAT(b) KDB_BITS_FLOAT(((unsigned int)(unsigned short)(b)) << 16)
+#define KDB_FLOAT_TO_BF16(f) kdb_float_to_bf16(KDB_FLOAT_BITS(f))
+KDB_DEVICE_FN unsigned short kdb_float_to_bf16(unsigned int u)
+{
+    if ((u & 0x7fffffffu) > 0x7f800000u)
+        return (unsigned short)((u >> 16) | 0x40u);
+    return (unsigned short)((u + 0x7fffu + ((u >> 16) & 1u)) >> 16);
+}
 
 #endif /* KDB_COMPAT_H */

@@ -21,7 +21,11 @@ KDB_DEVICE_FN float shape(float v)
 {
     /* Every single-precision math macro; none may become a library call on amdgcn. */
     const float magnitude = KDB_SQRTF(KDB_FABSF(v));
-    return KDB_FMAF(magnitude, 0.5f, KDB_EXPF(KDB_FMINF(v, 0.0f)));
+    const float curve = KDB_TANHF(v) + KDB_ERFF(v) + KDB_LOGF(1.0f + magnitude) + KDB_POWF(1.0f + magnitude, 0.5f);
+    /* The 16-bit conversions, each round trip through its bits. */
+    const float rounded = KDB_HALF_TO_FLOAT(KDB_FLOAT_TO_HALF(curve)) + KDB_BF16_TO_FLOAT(KDB_FLOAT_TO_BF16(curve));
+    const float same = KDB_BITS_FLOAT(KDB_FLOAT_BITS(rounded));
+    return KDB_FMAF(magnitude, 0.5f, KDB_EXPF(KDB_FMINF(v, 0.0f))) + same;
 }
 
 KDB_KERNEL void dialect_everything(const KDB_GLOBAL float* KDB_RESTRICT x, KDB_GLOBAL float* KDB_RESTRICT y,
