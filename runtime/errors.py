@@ -63,6 +63,16 @@ class TransferError(KdbError, ValueError):
     """A host array does not fit a copy to or from a device buffer."""
 
 
+class ProblemError(KdbError, ValueError):
+    """A primitive's arguments do not make a problem: a mismatched shape, an unsupported type or
+    layout, a size below 1, a malformed config string. Raised before anything is launched."""
+
+
+class NoSolverError(KdbError):
+    """No solver applies to a problem (each solver's reason is in the message), or the one asked
+    for (``KDB_DEBUG_FIND_ONLY_SOLVER``, ``solver=``) does not exist or does not apply."""
+
+
 class JitDisabledError(KdbError):
     """A program is in no bundle or cache and ``KDB_DISABLE_JIT`` forbids compiling it."""
 

@@ -76,6 +76,8 @@ class Handle:
                         self._searched)
         self.chain = LookupChain([s for s in (self._system, self._user, jit) if s is not None], backend.load,
                                  self.device.name)
+        # Invokers of the primitives' solvers, by (config string, solver id): runtime/immediate.py.
+        self.invokers: dict[tuple[str, int], object] = {}
         self.prepare_steps: list[Step] = self._prepare()
         if _log.isEnabledFor(logging.INFO):
             _log.info("handle for %s (%s): %s", self.device.name, self.target,

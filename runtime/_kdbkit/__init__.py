@@ -39,6 +39,10 @@ _EXPORTS = {
     "discover_devices": "kdbkit.runtime.backends.registry", "default_device": "kdbkit.runtime.backends.registry",
     "open_backend": "kdbkit.runtime.backends.registry", "DeviceInfo": "kdbkit.runtime.backends.base",
     "compiler_for": "kdbkit.runtime.compilers", "LookupChain": "kdbkit.runtime.lookup", "Source": "kdbkit.runtime.lookup",
+    # tensors and primitives
+    "DataType": "kdbkit.runtime.tensor", "TensorDesc": "kdbkit.runtime.tensor", "DeviceTensor": "kdbkit.runtime.tensor",
+    "ActivationMode": "kdbkit.runtime.primitives.activation", "activation_forward": "kdbkit.runtime.primitives.activation",
+    "activation_backward": "kdbkit.runtime.primitives.activation",
     # errors: the bundle format's
     "KdbError": "kdbkit.kdb.errors", "BundleError": "kdbkit.kdb.errors", "BundleNotFoundError": "kdbkit.kdb.errors",
     "NotABundleError": "kdbkit.kdb.errors", "EmptyBundleError": "kdbkit.kdb.errors",
@@ -53,7 +57,8 @@ _EXPORTS = {
     "CompilerUnavailableError": "kdbkit.runtime.errors", "CompileError": "kdbkit.runtime.errors",
     "BinaryLoadError": "kdbkit.runtime.errors", "LaunchError": "kdbkit.runtime.errors",
     "LaunchArgumentError": "kdbkit.runtime.errors", "TransferError": "kdbkit.runtime.errors",
-    "JitDisabledError": "kdbkit.runtime.errors",
+    "JitDisabledError": "kdbkit.runtime.errors", "ProblemError": "kdbkit.runtime.errors",
+    "NoSolverError": "kdbkit.runtime.errors",
 }
 
 __all__ = sorted(_EXPORTS)

@@ -1,0 +1,85 @@
+"""A primitive call's tensors on the device: NumPy arrays copied in and back, device tensors used in place.
+
+A NumPy input is copied to a packed device buffer (so its problem is a packed one), a NumPy
+or missing output gets a packed device buffer that is copied back at the end, and every
+temporary buffer is freed when the call ends, whatever happens.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+
+from kdbkit.runtime.backends.base import Backend, Buffer
+from kdbkit.runtime.errors import ProblemError
+from kdbkit.runtime.tensor import DataType, DeviceTensor, TensorDesc, host_array
+
+
+class Operands:
+    """Device buffers for one call; use as a context manager."""
+
+    def __init__(self, backend: Backend):
+        self.backend = backend
+        self._temporaries: list[Buffer] = []
+        self._copy_back: list[tuple[Buffer, np.ndarray]] = []
+
+    def __enter__(self) -> "Operands":
+        return self
+
+    def __exit__(self, exc_type, *exc) -> None:
+        try:
+            if exc_type is None:
+                for buffer, out in self._copy_back:
+                    self.backend.to_host(buffer, out)
+        finally:
+            for buffer in self._temporaries:
+                buffer.free()
+
+    def input(self, value: Any, dtype: DataType | str | None, what: str) -> tuple[Buffer, TensorDesc]:
+        """The buffer and descriptor of an input tensor.
+
+        Raises:
+            ProblemError: not a NumPy array or device tensor, or an unsupported type.
+        """
+        if isinstance(value, DeviceTensor):
+            if dtype is not None and DataType.parse(dtype) is not value.desc.dtype:
+                raise ProblemError(f"{what} holds {value.desc.dtype.label} elements but dtype={dtype} was asked for",
+                                   "pass the matching dtype")
+            return value.buffer, value.desc
+        host, desc = host_array(value, dtype, what)
+        host = np.ascontiguousarray(host)
+        buffer = self.backend.to_device(host)
+        self._temporaries.append(buffer)
+        return buffer, TensorDesc.packed(desc.dtype, desc.shape)
+
+    def output(self, value: Any, like: TensorDesc, what: str) -> tuple[Buffer, TensorDesc, Any]:
+        """The buffer and descriptor an output is written to, and what the call returns.
+
+        ``value`` is ``None`` (a new array shaped ``like`` is returned), a NumPy array (written
+        in place), or a device tensor (written on the device).
+
+        Raises:
+            ProblemError: a shape or type other than ``like``'s.
+        """
+        if value is None:
+            value = np.empty(like.shape, like.dtype.storage)
+        if isinstance(value, DeviceTensor):
+            _same(value.desc, like, what)
+            return value.buffer, value.desc, value
+        host, desc = host_array(value, like.dtype, what)
+        _same(desc, like, what)
+        if not (isinstance(value, np.ndarray) and value.flags.c_contiguous and value.flags.writeable):
+            raise ProblemError(f"{what} must be a writeable C-contiguous array to be written in place",
+                               "pass None to get a new array, or np.ascontiguousarray(...)")
+        packed = TensorDesc.packed(like.dtype, like.shape)
+        buffer = self.backend.alloc(packed.nbytes)
+        self._temporaries.append(buffer)
+        self._copy_back.append((buffer, host))
+        return buffer, packed, value
+
+
+def _same(desc: TensorDesc, like: TensorDesc, what: str) -> None:
+    if desc.shape != like.shape or desc.dtype is not like.dtype:
+        raise ProblemError(f"{what} is {desc.dtype.label} {'x'.join(map(str, desc.shape))} but must be "
+                           f"{like.dtype.label} {'x'.join(map(str, like.shape))}", f"pass {what} of that shape and type")

@@ -1,0 +1,82 @@
+"""Problems: one primitive call's description, whose config string keys invokers and the find-db.
+
+A config string is ``<primitive>,<key>=<value>,...`` with the keys in a fixed order, e.g.
+``activ,dir=fwd,mode=relu,type=fp32,shape=2x3x4x5,xs=60x20x5x1,ys=60x20x5x1,a=0,b=0,g=0``.
+It parses back to the same problem (:func:`parse_config`), so a find-db record, a log line or
+a driver command (``--config``) names exactly one problem.
+"""
+
+from __future__ import annotations
+
+from abc import ABC, abstractmethod
+from typing import ClassVar
+
+from kdbkit.runtime.errors import ProblemError
+
+
+class Problem(ABC):
+    """A primitive's problem. Subclasses are frozen dataclasses with a ``primitive`` name."""
+
+    primitive: ClassVar[str]
+    _kinds: ClassVar[dict[str, type["Problem"]]] = {}
+
+    def __init_subclass__(cls, **kwargs) -> None:
+        super().__init_subclass__(**kwargs)
+        if getattr(cls, "primitive", None):
+            Problem._kinds[cls.primitive] = cls
+
+    @abstractmethod
+    def fields(self) -> list[tuple[str, str]]:
+        """The config string's ``key=value`` pairs, in their fixed order."""
+
+    @classmethod
+    @abstractmethod
+    def from_fields(cls, fields: dict[str, str]) -> "Problem":
+        """The problem these fields describe (every key of :meth:`fields` present)."""
+
+    def config(self) -> str:
+        return ",".join([self.primitive, *(f"{k}={v}" for k, v in self.fields())])
+
+    def __str__(self) -> str:
+        return self.config()
+
+
+def parse_config(text: str) -> Problem:
+    """The problem a config string names.
+
+    Raises:
+        ProblemError: an unknown primitive, a malformed pair, a missing or unknown key.
+    """
+    primitive, _, rest = text.strip().partition(",")
+    kind = Problem._kinds.get(primitive)
+    if kind is None:
+        known = ", ".join(sorted(Problem._kinds)) or "none loaded"
+        raise ProblemError(f"config string {text!r} names no known primitive ({primitive!r})",
+                           f"start it with one of: {known}")
+    fields: dict[str, str] = {}
+    for pair in filter(None, rest.split(",")):
+        key, sep, value = pair.partition("=")
+        if not sep or not key or key in fields:
+            raise ProblemError(f"config string {text!r}: {pair!r} is not a new key=value pair",
+                               "write it as key=value, each key once")
+        fields[key] = value
+    problem = kind.from_fields(fields)
+    unknown = set(fields) - {k for k, _ in problem.fields()}
+    if unknown:
+        raise ProblemError(f"config string {text!r}: unknown keys {', '.join(sorted(unknown))}",
+                           f"a {primitive} config has: {', '.join(k for k, _ in problem.fields())}")
+    return problem
+
+
+def require(fields: dict[str, str], key: str, text_for_errors: str) -> str:
+    """``fields[key]``, or a ProblemError naming the missing key."""
+    if key not in fields:
+        raise ProblemError(f"config {text_for_errors!r} has no {key}=", f"add {key}=<value>")
+    return fields[key]
+
+
+def parse_float(value: str, key: str) -> float:
+    try:
+        return float(value)
+    except ValueError:
+        raise ProblemError(f"{key}={value!r} is not a number", f"write {key} as a decimal number") from None

@@ -1,0 +1,1 @@
+"""NumPy references of the primitives: what every kernel's result is checked against."""

@@ -1,0 +1,113 @@
+"""Solvers: the ways to compute a primitive, each with a stable id, and the registry that holds them.
+
+A solver answers :meth:`Solver.is_applicable` with an :class:`Applicability` that carries the
+reason when it does not apply (users see every reason when nothing applies, never a bare "no
+solver found"), states its workspace, lists the :class:`ProgramRequest` s it needs (exactly
+what bundles store) and builds an invoker: a callable that launches the solver's kernels for
+one problem on a handle. Ids are stable and never reused: a find-db written by one release
+names solvers by id, and a later release must either know the id or skip the record.
+"""
+
+from __future__ import annotations
+
+from abc import ABC, abstractmethod
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any, Callable, Iterator
+
+from kdbkit.runtime.backends.base import DeviceInfo
+from kdbkit.runtime.program_key import ProgramRequest
+
+if TYPE_CHECKING:
+    from kdbkit.runtime.handle import Handle
+    from kdbkit.runtime.problem import Problem
+
+Invoker = Callable[..., None]
+
+
+@dataclass(frozen=True)
+class Applicability:
+    """Whether a solver applies to a problem, and if not, why (one clause, for users)."""
+
+    ok: bool
+    reason: str = ""
+
+    def __bool__(self) -> bool:
+        return self.ok
+
+
+APPLIES = Applicability(True)
+
+
+def not_applicable(reason: str) -> Applicability:
+    return Applicability(False, reason)
+
+
+class Solver(ABC):
+    """One way to compute a primitive. Subclasses set ``id``, ``name`` and ``primitive``."""
+
+    id: int
+    name: str
+    primitive: str
+
+    @abstractmethod
+    def is_applicable(self, problem: "Problem", device: DeviceInfo) -> Applicability:
+        """Whether this solver computes ``problem`` on ``device``; the reason when it does not."""
+
+    def workspace(self, problem: "Problem") -> int:
+        """Device bytes of scratch memory the invoker needs besides the problem's tensors."""
+        return 0
+
+    @abstractmethod
+    def programs(self, problem: "Problem") -> list[ProgramRequest]:
+        """The kernel programs the invoker launches (what a bundle must hold for it)."""
+
+    @abstractmethod
+    def invoker(self, handle: "Handle", problem: "Problem") -> Invoker:
+        """A callable that runs ``problem`` given its tensors (device buffers) as keywords."""
+
+    def __repr__(self) -> str:
+        return f"<solver {self.id} {self.name}>"
+
+
+class SolverRegistry:
+    """Every solver, by id and by name; a primitive's solvers in registration order."""
+
+    def __init__(self) -> None:
+        self._by_id: dict[int, Solver] = {}
+        self._by_name: dict[str, Solver] = {}
+
+    def register(self, solver: Solver) -> Solver:
+        """Add ``solver``; an id or a name already taken is a bug in kdbkit and raises."""
+        for key, table in ((solver.id, self._by_id), (solver.name, self._by_name)):
+            if key in table:
+                raise ValueError(f"solver {solver.name} ({solver.id}): {key!r} is already {table[key]!r}")
+        self._by_id[solver.id] = solver
+        self._by_name[solver.name] = solver
+        return solver
+
+    def find(self, key: int | str) -> Solver | None:
+        """The solver with this id (``3`` or ``"3"``) or name, or ``None``."""
+        if isinstance(key, str) and key.strip().isdigit():
+            key = int(key)
+        return self._by_id.get(key) if isinstance(key, int) else self._by_name.get(key)
+
+    def for_primitive(self, primitive: str) -> list[Solver]:
+        return [s for s in self._by_id.values() if s.primitive == primitive]
+
+    def __iter__(self) -> Iterator[Solver]:
+        return iter(sorted(self._by_id.values(), key=lambda s: s.id))
+
+
+REGISTRY = SolverRegistry()
+
+
+def register(cls: type[Solver]) -> type[Solver]:
+    """Class decorator: put one instance of the solver in :data:`REGISTRY`."""
+    REGISTRY.register(cls())
+    return cls
+
+
+def launch_1d(handle: "Handle", kernel: Any, n: int, args: list, block: int = 256, max_groups: int = 4096) -> None:
+    """Launch a grid-stride kernel over ``n`` elements: enough groups to cover them, capped."""
+    groups = max(1, min(max_groups, -(-n // block)))
+    handle.backend.launch(kernel, (groups, 1, 1), (block, 1, 1), args)
