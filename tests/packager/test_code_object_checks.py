@@ -75,9 +75,15 @@ EXPECTED_LAYOUTS = {
     "reduce_sum": [(0, 8), (8, 8), (16, 4)],
     "sgemm_tiled": [(0, 8), (8, 8), (16, 8), (24, 4), (28, 4), (32, 4), (36, 4), (40, 4)],
     "dialect_everything": [(0, 8), (8, 8), (16, 8), (24, 4), (28, 4), (32, 4)],
+    # activ.c: pointers, then n (and 4 sizes, 2 x 5 strides when strided), mode, alpha, beta, gamma
+    "activ_fwd_packed": [(0, 8), (8, 8), *((16 + 4 * i, 4) for i in range(5))],
+    "activ_bwd_packed": [(0, 8), (8, 8), (16, 8), (24, 8), *((32 + 4 * i, 4) for i in range(5))],
+    "activ_fwd_strided": [(0, 8), (8, 8), *((16 + 4 * i, 4) for i in range(19))],
+    "activ_bwd_strided": [(0, 8), (8, 8), (16, 8), (24, 8), *((32 + 4 * i, 4) for i in range(19))],
 }
 EXPECTED_LDS = {  # static LDS bytes at the default options
     "relu_fwd": 0, "leaky_relu_fwd": 0,
+    "activ_fwd_packed": 0, "activ_bwd_packed": 0, "activ_fwd_strided": 0, "activ_bwd_strided": 0,
     "reduce_sum": 256 * 4,  # BLOCK floats
     "sgemm_tiled": 2 * 16 * 16 * 4,  # two TILE x TILE float tiles
     "dialect_everything": 64 * 4 + 4,  # BLOCK floats and one int

@@ -1,0 +1,130 @@
+/* activ.c: every activation, forward and backward, packed and strided.
+ *
+ * The mode is a launch argument, with MIOpen's numbering (miopenActivationMode_t) and two
+ * more: 0 pass-through, 1 logistic (sigmoid), 2 tanh (beta * tanh(alpha * x)), 3 relu,
+ * 4 soft relu (log(1 + e^x)), 5 abs, 6 power ((alpha + beta * x)^gamma, 0 where the base is
+ * <= 1e-6), 7 clipped relu (min(alpha, max(0, x))), 8 leaky relu (alpha * x for x <= 0),
+ * 9 elu (alpha * (e^x - 1) for x <= 0), 10 gelu (erf form), 11 gelu (tanh form).
+ * Backward computes dx = dy * f'(x) from x, y = f(x) and dy (power uses dy too, where MIOpen's
+ * kernel drops it).
+ *
+ * Options: the element type only (kdb_data.h): every shape, stride and mode is an argument,
+ * so one program per type serves every activation problem.
+ * Launch: 1-D, any block size and grid (grid-stride loops). Packed kernels take n elements;
+ * strided ones a 5-D shape (pad leading dimensions with 1) and each tensor's element strides.
+ */
+#include "kdb_data.h"
+
+#define KDB_ACTIV_EPSILON 1e-6f
+#define KDB_GELU_TANH_K 0.7978845608028654f /* sqrt(2 / pi) */
+
+KDB_DEVICE_FN float activ_f(float x, int mode, float alpha, float beta, float gamma)
+{
+    switch (mode) {
+    case 1: return 1.0f / (1.0f + KDB_EXPF(-x));
+    case 2: return beta * KDB_TANHF(alpha * x);
+    case 3: return x > 0.0f ? x : 0.0f;
+    case 4: return x > 0.0f ? x + KDB_LOGF(1.0f + KDB_EXPF(-x)) : KDB_LOGF(1.0f + KDB_EXPF(x));
+    case 5: return KDB_FABSF(x);
+    case 6: {
+        const float base = alpha + beta * x;
+        return base <= KDB_ACTIV_EPSILON ? 0.0f : KDB_POWF(base, gamma);
+    }
+    case 7: return KDB_FMINF(alpha, KDB_FMAXF(x, 0.0f));
+    case 8: return x > 0.0f ? x : alpha * x;
+    case 9: return x > 0.0f ? x : alpha * (KDB_EXPF(x) - 1.0f);
+    case 10: return 0.5f * x * (1.0f + KDB_ERFF(x * 0.7071067811865476f));
+    case 11: return 0.5f * x * (1.0f + KDB_TANHF(KDB_GELU_TANH_K * (x + 0.044715f * x * x * x)));
+    default: return x;
+    }
+}
+
+KDB_DEVICE_FN float activ_df(float x, float y, float dy, int mode, float alpha, float beta, float gamma)
+{
+    switch (mode) {
+    case 1: return dy * y * (1.0f - y);
+    case 2: return KDB_FABSF(beta) <= KDB_ACTIV_EPSILON ? 0.0f : dy * alpha * (beta - y * y / beta);
+    case 3: return x > 0.0f ? dy : 0.0f;
+    case 4: {
+        const float e = KDB_EXPF(KDB_FMINF(x, 50.0f));
+        return dy * e / (e + 1.0f);
+    }
+    case 5: return x > 0.0f ? dy : -dy;
+    case 6: {
+        const float base = alpha + beta * x;
+        return base <= KDB_ACTIV_EPSILON ? 0.0f : dy * gamma * beta * y / base;
+    }
+    case 7: return (x > 0.0f && x <= alpha) ? dy : 0.0f;
+    case 8: return x > 0.0f ? dy : alpha * dy;
+    case 9: return x > 0.0f ? dy : dy * (y + alpha);
+    case 10: {
+        const float cdf = 0.5f * (1.0f + KDB_ERFF(x * 0.7071067811865476f));
+        const float pdf = 0.3989422804014327f * KDB_EXPF(-0.5f * x * x);
+        return dy * (cdf + x * pdf);
+    }
+    case 11: {
+        const float inner = KDB_GELU_TANH_K * (x + 0.044715f * x * x * x);
+        const float t = KDB_TANHF(inner);
+        const float dinner = KDB_GELU_TANH_K * (1.0f + 3.0f * 0.044715f * x * x);
+        return dy * (0.5f * (1.0f + t) + 0.5f * x * (1.0f - t * t) * dinner);
+    }
+    default: return dy;
+    }
+}
+
+/* Offset of flat index i of a 5-D shape in a tensor with these element strides. */
+KDB_DEVICE_FN long activ_offset(long i, int d1, int d2, int d3, int d4, int s0, int s1, int s2, int s3, int s4)
+{
+    const long i4 = i % d4;
+    i /= d4;
+    const long i3 = i % d3;
+    i /= d3;
+    const long i2 = i % d2;
+    i /= d2;
+    const long i1 = i % d1;
+    return (i / d1) * s0 + i1 * s1 + i2 * s2 + i3 * s3 + i4 * s4;
+}
+
+KDB_KERNEL void activ_fwd_packed(const KDB_GLOBAL kdb_data_t* x, KDB_GLOBAL kdb_data_t* y, int n, int mode,
+                                 float alpha, float beta, float gamma)
+{
+    const int stride = KDB_LOCAL_SIZE_X * KDB_NUM_GROUPS_X;
+    for (int i = KDB_GLOBAL_ID_X; i < n; i += stride)
+        KDB_STORE(y, i, activ_f(KDB_LOAD(x, i), mode, alpha, beta, gamma));
+}
+
+KDB_KERNEL void activ_bwd_packed(const KDB_GLOBAL kdb_data_t* x, const KDB_GLOBAL kdb_data_t* y,
+                                 const KDB_GLOBAL kdb_data_t* dy, KDB_GLOBAL kdb_data_t* dx, int n, int mode,
+                                 float alpha, float beta, float gamma)
+{
+    const int stride = KDB_LOCAL_SIZE_X * KDB_NUM_GROUPS_X;
+    for (int i = KDB_GLOBAL_ID_X; i < n; i += stride)
+        KDB_STORE(dx, i, activ_df(KDB_LOAD(x, i), KDB_LOAD(y, i), KDB_LOAD(dy, i), mode, alpha, beta, gamma));
+}
+
+KDB_KERNEL void activ_fwd_strided(const KDB_GLOBAL kdb_data_t* x, KDB_GLOBAL kdb_data_t* y, int n, int d1, int d2,
+                                  int d3, int d4, int xs0, int xs1, int xs2, int xs3, int xs4, int ys0, int ys1,
+                                  int ys2, int ys3, int ys4, int mode, float alpha, float beta, float gamma)
+{
+    const int stride = KDB_LOCAL_SIZE_X * KDB_NUM_GROUPS_X;
+    for (int i = KDB_GLOBAL_ID_X; i < n; i += stride) {
+        const long xi = activ_offset(i, d1, d2, d3, d4, xs0, xs1, xs2, xs3, xs4);
+        const long yi = activ_offset(i, d1, d2, d3, d4, ys0, ys1, ys2, ys3, ys4);
+        KDB_STORE(y, yi, activ_f(KDB_LOAD(x, xi), mode, alpha, beta, gamma));
+    }
+}
+
+/* x, y and dy share strides (s*); dx has its own (ds*). */
+KDB_KERNEL void activ_bwd_strided(const KDB_GLOBAL kdb_data_t* x, const KDB_GLOBAL kdb_data_t* y,
+                                  const KDB_GLOBAL kdb_data_t* dy, KDB_GLOBAL kdb_data_t* dx, int n, int d1, int d2,
+                                  int d3, int d4, int s0, int s1, int s2, int s3, int s4, int ds0, int ds1, int ds2,
+                                  int ds3, int ds4, int mode, float alpha, float beta, float gamma)
+{
+    const int stride = KDB_LOCAL_SIZE_X * KDB_NUM_GROUPS_X;
+    for (int i = KDB_GLOBAL_ID_X; i < n; i += stride) {
+        const long si = activ_offset(i, d1, d2, d3, d4, s0, s1, s2, s3, s4);
+        const long di = activ_offset(i, d1, d2, d3, d4, ds0, ds1, ds2, ds3, ds4);
+        KDB_STORE(dx, di,
+                  activ_df(KDB_LOAD(x, si), KDB_LOAD(y, si), KDB_LOAD(dy, si), mode, alpha, beta, gamma));
+    }
+}

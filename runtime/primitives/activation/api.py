@@ -1,0 +1,77 @@
+"""activation_forward and activation_backward: every mode, fp32/fp16/bf16, NumPy or device tensors."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from kdbkit.runtime.errors import ProblemError
+from kdbkit.runtime.immediate import choose, invoker
+from kdbkit.runtime.primitives.activation.problem import ActivationMode, ActivationProblem
+from kdbkit.runtime.primitives.operands import Operands
+
+
+def activation_forward(handle, x: Any, mode: ActivationMode | str | int = "relu", *, alpha: float = 0.0,
+                       beta: float = 0.0, gamma: float = 0.0, y: Any = None, dtype: str | None = None,
+                       solver: int | str | None = None) -> Any:
+    """``y = f(x)`` for an activation ``mode`` (see :class:`ActivationMode` for alpha, beta, gamma).
+
+    Args:
+        handle: a :class:`kdbkit.Handle`.
+        x: a NumPy array (fp32, fp16, or bf16 bits as uint16 with ``dtype="bf16"``) or a
+            :class:`DeviceTensor`.
+        y: where to write: ``None`` (a new array, or a new device tensor when ``x`` is one), a
+            NumPy array or a device tensor of ``x``'s shape and type. May be ``x`` itself.
+        solver: a solver id or name to use instead of kdbkit's choice.
+
+    Returns:
+        ``y``.
+
+    Raises:
+        ProblemError: bad arguments (named), before any launch. NoSolverError: no solver applies.
+    """
+    with Operands(handle.backend) as ops:
+        xb, xd = ops.input(x, dtype, "x")
+        yb, yd, result = ops.output(_device_default(handle, y, x, xd), xd, "y")
+        problem = ActivationProblem("fwd", ActivationMode.parse(mode), xd.dtype, xd.shape, xd.strides, yd.strides,
+                                    float(alpha), float(beta), float(gamma))
+        chosen = choose(problem, handle.device, solver).solver
+        invoker(handle, problem, chosen)(x=xb, y=yb)
+    return result
+
+
+def activation_backward(handle, x: Any, y: Any, dy: Any, mode: ActivationMode | str | int = "relu", *,
+                        alpha: float = 0.0, beta: float = 0.0, gamma: float = 0.0, dx: Any = None,
+                        dtype: str | None = None, solver: int | str | None = None) -> Any:
+    """``dx = dy * f'(x)``, given the forward's input ``x`` and output ``y``.
+
+    ``x``, ``y`` and ``dy`` must have one shape, type and layout; ``dx`` as in
+    :func:`activation_forward`'s ``y``.
+
+    Raises:
+        ProblemError: bad arguments (named), before any launch. NoSolverError: no solver applies.
+    """
+    with Operands(handle.backend) as ops:
+        xb, xd = ops.input(x, dtype, "x")
+        tensors = {"x": xb}
+        for name, value in (("y", y), ("dy", dy)):
+            buf, desc = ops.input(value, dtype, name)
+            if desc != xd:
+                raise ProblemError(f"{name} is {desc.dtype.label} {desc.shape} with strides {desc.strides}, "
+                                   f"x is {xd.dtype.label} {xd.shape} with strides {xd.strides}",
+                                   "x, y and dy must share shape, type and layout")
+            tensors[name] = buf
+        dxb, dxd, result = ops.output(_device_default(handle, dx, x, xd), xd, "dx")
+        problem = ActivationProblem("bwd", ActivationMode.parse(mode), xd.dtype, xd.shape, xd.strides, dxd.strides,
+                                    float(alpha), float(beta), float(gamma))
+        chosen = choose(problem, handle.device, solver).solver
+        invoker(handle, problem, chosen)(dx=dxb, **tensors)
+    return result
+
+
+def _device_default(handle, out, x, desc):
+    """A missing output of a device-tensor call is a new device tensor (a NumPy call gets a NumPy array)."""
+    from kdbkit.runtime.tensor import DeviceTensor, TensorDesc
+
+    if out is None and isinstance(x, DeviceTensor):
+        return DeviceTensor.empty(handle.backend, TensorDesc.packed(desc.dtype, desc.shape))
+    return out

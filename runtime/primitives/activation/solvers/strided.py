@@ -1,0 +1,45 @@
+"""ActivStrided (id 2): any element strides up to 5-D, each index computed from the shape."""
+
+from __future__ import annotations
+
+import numpy as np
+
+from kdbkit.runtime.primitives.activation.problem import ActivationProblem
+from kdbkit.runtime.primitives.activation.solvers.common import INT_MAX, mode_args, program
+from kdbkit.runtime.solver import APPLIES, Solver, launch_1d, not_applicable, register
+
+MAX_DIMS = 5
+
+
+def _padded(values: tuple[int, ...], fill: int) -> list[np.int32]:
+    return [np.int32(v) for v in (fill,) * (MAX_DIMS - len(values)) + tuple(values)]
+
+
+@register
+class ActivStrided(Solver):
+    id = 2
+    name = "ActivStrided"
+    primitive = "activ"
+
+    def is_applicable(self, problem: ActivationProblem, device):
+        if len(problem.shape) > MAX_DIMS:
+            return not_applicable(f"{len(problem.shape)} dimensions; it handles up to {MAX_DIMS}")
+        if problem.numel > INT_MAX or max(problem.x_strides + problem.y_strides) > INT_MAX:
+            return not_applicable("sizes or strides exceed the kernel's int arguments")
+        return APPLIES
+
+    def programs(self, problem: ActivationProblem):
+        return [program(problem)]
+
+    def invoker(self, handle, problem: ActivationProblem):
+        request = program(problem)
+        prog = handle.program(request.kernel_file, request.options)
+        dims = _padded(problem.shape, 1)[1:]  # the outermost size is implied by n
+        xs, ys = _padded(problem.x_strides, 0), _padded(problem.y_strides, 0)
+        n, tail = np.int32(problem.numel), mode_args(problem)
+        if problem.direction == "fwd":
+            kernel = prog.function("activ_fwd_strided")
+            return lambda x, y: launch_1d(handle, kernel, problem.numel, [x, y, n, *dims, *xs, *ys, *tail])
+        kernel = prog.function("activ_bwd_strided")
+        return lambda x, y, dy, dx: launch_1d(handle, kernel, problem.numel,
+                                              [x, y, dy, dx, n, *dims, *xs, *ys, *tail])

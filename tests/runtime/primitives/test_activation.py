@@ -1,0 +1,146 @@
+"""Activations on the chain device against the NumPy reference: every mode, both directions, each type."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+import kdbkit
+from kdbkit.runtime.errors import NoSolverError, ProblemError
+from kdbkit.runtime.immediate import choose
+from kdbkit.runtime.primitives.activation import ActivationMode, ActivationProblem
+from kdbkit.runtime.problem import parse_config
+from kdbkit.runtime.reference import activation as ref
+from kdbkit.runtime.tensor import DataType, DeviceTensor, TensorDesc
+
+from .conftest import TYPES
+
+PARAMS = {"alpha": 0.7, "beta": 1.3, "gamma": 2.0}
+SHAPES = [(7,), (3, 5), (2, 3, 5, 7), (1, 3, 1, 17, 2)]
+
+
+@pytest.mark.parametrize("dtype", list(TYPES))
+@pytest.mark.parametrize("mode", list(ActivationMode), ids=lambda m: m.label)
+def test_forward_and_backward_match_the_reference(handle, mode, dtype):
+    store, read, tol = TYPES[dtype]
+    rng = np.random.default_rng(int(mode))
+    shape = SHAPES[int(mode) % len(SHAPES)]
+    x = store(rng.standard_normal(shape) * 2)
+    dy = store(rng.standard_normal(shape))
+    y = kdbkit.activation_forward(handle, x, mode, dtype=dtype, **PARAMS)
+    expected = ref.forward(read(x), int(mode), **PARAMS)
+    np.testing.assert_allclose(read(y), expected, rtol=tol, atol=tol)
+    dx = kdbkit.activation_backward(handle, x, y, dy, mode, dtype=dtype, **PARAMS)
+    expected_dx = ref.backward(read(x), read(y), read(dy), int(mode), **PARAMS)
+    np.testing.assert_allclose(read(dx), expected_dx, rtol=tol, atol=tol)
+    assert dx.dtype == x.dtype and dx.shape == x.shape
+
+
+def test_strided_device_tensors_take_the_strided_solver(handle):
+    be = handle.backend
+    rng = np.random.default_rng(3)
+    padded = rng.standard_normal((4, 6, 9)).astype(np.float32)  # the tensor is padded[:, :5, :7]
+    x = DeviceTensor(be.to_device(padded), TensorDesc(DataType.FP32, (4, 5, 7), (54, 9, 1)))
+    y = DeviceTensor.empty(be, TensorDesc.packed("fp32", (4, 5, 7)))
+    out = kdbkit.activation_forward(handle, x, "elu", alpha=0.5, y=y)
+    assert out is y
+    np.testing.assert_allclose(y.to_host(be), ref.forward(padded[:, :5, :7], 9, alpha=0.5), rtol=1e-5, atol=1e-6)
+    problem = ActivationProblem("fwd", ActivationMode.ELU, DataType.FP32, (4, 5, 7), (54, 9, 1), (35, 7, 1), 0.5)
+    choice = choose(problem, handle.device)
+    assert choice.solver.name == "ActivStrided"
+    assert choice.trace[0] == "ActivPacked: rejected, the tensors are not packed"
+    with pytest.raises(NoSolverError, match="ActivPacked does not apply .*not packed"):
+        kdbkit.activation_forward(handle, x, "elu", alpha=0.5, y=y, solver="ActivPacked")
+
+
+def test_both_solvers_agree_on_packed_tensors(handle):
+    x = np.random.default_rng(5).standard_normal(1001).astype(np.float32)
+    by_packed = kdbkit.activation_forward(handle, x, "gelu-tanh", solver=1)
+    by_strided = kdbkit.activation_forward(handle, x, "gelu-tanh", solver="ActivStrided")
+    np.testing.assert_array_equal(by_packed, by_strided)
+
+
+def test_in_place_and_output_arrays(handle):
+    x = np.linspace(-2, 2, 64, dtype=np.float32)
+    expected = np.maximum(x, 0)
+    out = np.empty_like(x)
+    assert kdbkit.activation_forward(handle, x, "relu", y=out) is out
+    np.testing.assert_array_equal(out, expected)
+    kdbkit.activation_forward(handle, x, "relu", y=x)
+    np.testing.assert_array_equal(x, expected)
+
+
+def test_config_strings_round_trip():
+    problem = ActivationProblem("bwd", ActivationMode.POWER, DataType.BF16, (2, 3), (3, 1), (3, 1), 1.0, 0.5, 3.0)
+    text = problem.config()
+    assert text == "activ,dir=bwd,mode=power,type=bf16,shape=2x3,xs=3x1,ys=3x1,a=1.0,b=0.5,g=3.0"
+    assert parse_config(text) == problem
+
+
+@pytest.mark.parametrize("text, match", [
+    ("softmax,dir=fwd", "names no known primitive"),
+    ("activ,dir=fwd,mode=relu,type=fp32,shape=2x3,xs=3x1", "has no ys="),
+    ("activ,dir=sideways,mode=relu,type=fp32,shape=2,xs=1,ys=1", "direction 'sideways'"),
+    ("activ,dir=fwd,mode=swish,type=fp32,shape=2,xs=1,ys=1", "unknown activation mode 'swish'"),
+    ("activ,dir=fwd,mode=relu,type=fp64,shape=2,xs=1,ys=1", "unsupported data type 'fp64'"),
+    ("activ,dir=fwd,mode=relu,type=fp32,shape=2x0,xs=1x1,ys=1x1", "size below 1"),
+    ("activ,dir=fwd,mode=relu,type=fp32,shape=2xA,xs=1,ys=1", "not sizes separated by 'x'"),
+    ("activ,dir=fwd,mode=relu,type=fp32,shape=2,xs=1,ys=1,a=zero", "a='zero' is not a number"),
+    ("activ,dir=fwd,mode=relu,type=fp32,shape=2,xs=1,ys=1,colour=red", "unknown keys colour"),
+    ("activ,dir=fwd,dir=bwd", "not a new key=value pair"),
+])
+def test_malformed_config_strings_are_named(text, match):
+    with pytest.raises(ProblemError, match=match):
+        parse_config(text)
+
+
+def test_bad_arguments_are_refused_before_any_launch(handle):
+    x = np.ones((2, 3), np.float32)
+    with pytest.raises(ProblemError, match="y is fp32 2x2 but must be fp32 2x3"):
+        kdbkit.activation_forward(handle, x, y=np.ones((2, 2), np.float32))
+    with pytest.raises(ProblemError, match="unsupported data type"):
+        kdbkit.activation_forward(handle, x.astype(np.float64))
+    with pytest.raises(ProblemError, match="size below 1"):
+        kdbkit.activation_forward(handle, np.ones((0, 3), np.float32))
+    with pytest.raises(ProblemError, match="x holds fp32 elements but dtype=fp16"):
+        kdbkit.activation_forward(handle, x, dtype="fp16")
+    with pytest.raises(ProblemError, match="dy is .* x is"):
+        kdbkit.activation_backward(handle, x, x, np.ones((3, 2), np.float32))
+    with pytest.raises(ProblemError, match="x is a list"):
+        kdbkit.activation_forward(handle, [1.0, 2.0])
+    with pytest.raises(NoSolverError, match="no activ solver 'Nope'"):
+        kdbkit.activation_forward(handle, x, solver="Nope")
+
+
+def test_a_bundle_built_from_a_few_problems_serves_new_shapes_with_no_jit(isolated, chain_backend, monkeypatch):
+    """Shapes are launch arguments: the programs one problem per type needs serve every shape."""
+    from kdbkit.packager.device_build import build_bundle
+    from kdbkit.runtime.handle import Handle
+    from kdbkit.runtime.solver import REGISTRY
+
+    seeds = [ActivationProblem("fwd", ActivationMode.RELU, t, (8,), (1,), (1,)) for t in DataType]
+    requests = {r for p in seeds for s in REGISTRY.for_primitive("activ") for r in s.programs(p)}
+    assert len(requests) == 3  # one program per type holds every mode, direction and layout
+    build_bundle(chain_backend.device.target, sorted(requests, key=str), isolated / "system")
+    monkeypatch.setenv("KDB_DISABLE_JIT", "1")  # a miss would raise JitDisabledError
+    monkeypatch.setenv("KDB_DISABLE_CACHE", "1")
+    sources = []
+    real_program = Handle.program
+
+    def counting(self, *args, **kwargs):
+        program = real_program(self, *args, **kwargs)
+        sources.append(program.source)
+        return program
+
+    monkeypatch.setattr(Handle, "program", counting)
+    rng = np.random.default_rng(11)
+    with Handle(backend=chain_backend) as handle:
+        for _ in range(6):
+            shape = tuple(int(s) for s in rng.integers(1, 40, size=rng.integers(1, 5)))
+            mode = ActivationMode(int(rng.integers(0, 12)))
+            for dtype, (store, read, tol) in TYPES.items():
+                x = store(rng.standard_normal(shape))
+                y = kdbkit.activation_forward(handle, x, mode, dtype=dtype, **PARAMS)
+                np.testing.assert_allclose(read(y), ref.forward(read(x), int(mode), **PARAMS), rtol=tol, atol=tol)
+    # Each type's program came from the bundle once; every later problem found it loaded.
+    assert sources.count("system") == 3 and set(sources) == {"system", "memory"}
