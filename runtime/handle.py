@@ -21,16 +21,19 @@ from __future__ import annotations
 
 import logging
 from concurrent.futures import ThreadPoolExecutor
+from functools import cached_property
 from pathlib import Path
 from typing import Iterable, Sequence
 
+from kdbkit.kdb.find_db import FindDb
+from kdbkit.kdb.version import __version__
 from kdbkit.runtime import env, kernel_sources, paths
 from kdbkit.runtime.backends.base import Backend, DeviceInfo
 from kdbkit.runtime.compilers import Compiler, LazyCompiler
 from kdbkit.runtime.errors import JitDisabledError  # noqa: F401 - re-exported for callers of program()
 from kdbkit.runtime.jit import JitSource
 from kdbkit.runtime.kernel_sources import KernelSearchPath
-from kdbkit.runtime.logging_setup import api_logging_enabled, get_logger, log_api_call
+from kdbkit.runtime.logging_setup import api_logging_enabled, get_logger, log_api_call, warn_once
 from kdbkit.runtime.lookup import Keys, LookupChain, SystemBundleSource, UserCacheSource
 from kdbkit.runtime.program import Program, Step, Steps
 from kdbkit.runtime.program_key import ProgramRequest
@@ -78,6 +81,7 @@ class Handle:
                                  self.device.name)
         # Invokers of the primitives' solvers, by (config string, solver id): runtime/immediate.py.
         self.invokers: dict[tuple[str, int], object] = {}
+        self.choices: dict[str, object] = {}  # immediate mode's choice per config string
         self.prepare_steps: list[Step] = self._prepare()
         if _log.isEnabledFor(logging.INFO):
             _log.info("handle for %s (%s): %s", self.device.name, self.target,
@@ -165,8 +169,17 @@ class Handle:
         """The search-path folder ``kernel_file`` comes from (``kdb resolve`` shows it)."""
         return self.search_path.find(kernel_file)
 
+    @cached_property
+    def find_db(self) -> FindDb:
+        """This device's find-db: system files beside the bundles, the user file under KDB_USER_DB_PATH."""
+        return FindDb(Path(self.target.bundle_name()).stem, [d.path for d in paths.iter_system_db_dirs() if not d.is_file],
+                      paths.user_db_dir(), producer=f"kdbkit {__version__}",
+                      warn=lambda key, message: warn_once(key, message, logger=_log))
+
     def close(self) -> None:
-        """Close the bundles and the user cache, and the backend if this handle opened it."""
+        """Close the bundles, the user cache and the find-db, and the backend if this handle opened it."""
+        if "find_db" in self.__dict__:
+            self.find_db.close()
         self.chain.close()
         if self._owns_backend:
             self.backend.close()

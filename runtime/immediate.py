@@ -1,10 +1,11 @@
 """Immediate mode: pick a solver for a problem without timing anything, and cache its invoker.
 
-The choice is a pure function of the problem, the device and the registry, and returns a
-trace with one accepted or rejected (reason) line per solver; when nothing applies the error
-prints that trace. The heuristic is the registry's order: each primitive registers its
-specialised solvers (packed, vectorised) before its general ones. (The find-db, when it holds
-a ranking for the problem, will come first: issue 8's find step.)
+In order: the solver the caller asked for; else the find-db's best for the problem's config
+string (a solver it names that no longer exists or applies is skipped with a log line); else
+the heuristic, the registry's order, in which each primitive registers its specialised solvers
+(packed, vectorised) before its general ones. The choice carries how it was made and a trace
+with one accepted or rejected (reason) line per solver; when nothing applies the error prints
+that trace.
 """
 
 from __future__ import annotations
@@ -14,7 +15,7 @@ from typing import TYPE_CHECKING
 
 from kdbkit.runtime.errors import NoSolverError
 from kdbkit.runtime.problem import Problem
-from kdbkit.runtime.solver import REGISTRY, Invoker, Solver
+from kdbkit.runtime.solver import REGISTRY, Invoker, Solver, enabled
 
 if TYPE_CHECKING:
     from kdbkit.runtime.handle import Handle
@@ -29,13 +30,14 @@ class Choice:
     trace: tuple[str, ...]
 
 
-def choose(problem: Problem, device, solver: int | str | None = None) -> Choice:
-    """The solver for ``problem`` on ``device``: the one asked for, else the first that applies.
+def choose(handle: "Handle", problem: Problem, solver: int | str | None = None) -> Choice:
+    """The solver for ``problem``: the one asked for, else the find-db's best, else the first that applies.
 
     Raises:
         NoSolverError: the solver asked for does not exist, is for another primitive or does
             not apply; or none applies (the message lists each solver's reason).
     """
+    device = handle.device
     candidates = REGISTRY.for_primitive(problem.primitive)
     if solver is not None:
         chosen = REGISTRY.find(solver)
@@ -47,14 +49,35 @@ def choose(problem: Problem, device, solver: int | str | None = None) -> Choice:
             raise NoSolverError(f"solver {chosen.name} does not apply to {problem}: {verdict.reason}",
                                 "choose another solver, or none to let kdbkit pick")
         return Choice(chosen, "asked", (f"{chosen.name}: asked for, applies",))
+    cached = handle.choices.get(problem.config())
+    if cached is not None:
+        return cached
+    choice = _choose(handle, problem, candidates)
+    handle.choices[problem.config()] = choice
+    return choice
+
+
+def _choose(handle: "Handle", problem: Problem, candidates: list[Solver]) -> Choice:
+    """The find-db's best, else the heuristic (uncached)."""
+    from kdbkit.runtime.find import recorded_solutions  # find builds on this module
+
+    device = handle.device
+    for recorded in recorded_solutions(handle, problem):
+        best = REGISTRY.find(recorded.solver_id)
+        if best is not None and enabled(best):
+            return Choice(best, "find-db", (f"{best.name}: ranked first by the find-db ({recorded.source})",))
     trace = []
     for candidate in candidates:
+        if not enabled(candidate):
+            trace.append(f"{candidate.name}: disabled by {candidate.switch.name}=0")
+            continue
         verdict = candidate.is_applicable(problem, device)
         trace.append(f"{candidate.name}: " + ("applies" if verdict else f"rejected, {verdict.reason}"))
         if verdict:
             return Choice(candidate, "heuristic", tuple(trace))
     raise NoSolverError(f"no solver applies to {problem}: " + "; ".join(trace),
-                        "change the layout or type to one a solver supports (packed tensors always work)")
+                        "change the layout or type to one a solver supports (packed tensors always work), or "
+                        "re-enable the solvers switched off")
 
 
 def invoker(handle: "Handle", problem: Problem, chosen: Solver) -> Invoker:

@@ -9,9 +9,12 @@ a driver command (``--config``) names exactly one problem.
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
-from typing import ClassVar
+from typing import TYPE_CHECKING, ClassVar
 
 from kdbkit.runtime.errors import ProblemError
+
+if TYPE_CHECKING:
+    from kdbkit.runtime.tensor import TensorDesc
 
 
 class Problem(ABC):
@@ -28,6 +31,10 @@ class Problem(ABC):
     @abstractmethod
     def fields(self) -> list[tuple[str, str]]:
         """The config string's ``key=value`` pairs, in their fixed order."""
+
+    @abstractmethod
+    def tensors(self) -> dict[str, "TensorDesc"]:
+        """Every tensor the problem's invokers take, by the keyword they take it as."""
 
     @classmethod
     @abstractmethod
@@ -47,6 +54,9 @@ def parse_config(text: str) -> Problem:
     Raises:
         ProblemError: an unknown primitive, a malformed pair, a missing or unknown key.
     """
+    from kdbkit.runtime.primitives import load_all  # each primitive registers its problem kind
+
+    load_all()
     primitive, _, rest = text.strip().partition(",")
     kind = Problem._kinds.get(primitive)
     if kind is None:

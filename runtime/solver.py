@@ -10,11 +10,14 @@ names solvers by id, and a later release must either know the id or skip the rec
 
 from __future__ import annotations
 
+import re
 from abc import ABC, abstractmethod
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Callable, Iterator
 
+from kdbkit.runtime import env
 from kdbkit.runtime.backends.base import DeviceInfo
+from kdbkit.runtime.env import EnvVar
 from kdbkit.runtime.program_key import ProgramRequest
 
 if TYPE_CHECKING:
@@ -65,6 +68,13 @@ class Solver(ABC):
     def invoker(self, handle: "Handle", problem: "Problem") -> Invoker:
         """A callable that runs ``problem`` given its tensors (device buffers) as keywords."""
 
+    @property
+    def switch(self) -> EnvVar:
+        """``KDB_DEBUG_<NAME>`` (``ActivPacked`` -> ``KDB_DEBUG_ACTIV_PACKED``): 0 excludes this solver."""
+        snake = re.sub(r"(?<=[a-z0-9])(?=[A-Z])", "_", self.name).upper()
+        return EnvVar(f"KDB_DEBUG_{snake}", "bool", True,
+                      f"Set to 0 to exclude the {self.primitive} solver {self.name} ({self.id}). Default: enabled.")
+
     def __repr__(self) -> str:
         return f"<solver {self.id} {self.name}>"
 
@@ -99,6 +109,19 @@ class SolverRegistry:
 
 
 REGISTRY = SolverRegistry()
+
+
+def enabled(solver: Solver) -> bool:
+    """False when the solver's ``KDB_DEBUG_<NAME>`` switch is 0."""
+    return env.get_bool(solver.switch)
+
+
+def switches() -> list[EnvVar]:
+    """Every solver's switch (every primitive loaded), for ``kdb env``."""
+    from kdbkit.runtime.primitives import load_all
+
+    load_all()
+    return [s.switch for s in REGISTRY]
 
 
 def register(cls: type[Solver]) -> type[Solver]:

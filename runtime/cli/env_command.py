@@ -8,6 +8,7 @@ from rich.table import Table
 
 from kdbkit.runtime import env as kdb_env
 from kdbkit.runtime.cli.output import err, out, print_json
+from kdbkit.runtime.solver import switches as solver_switches
 
 
 def env(as_json: bool = typer.Option(False, "--json", help="Print JSON for scripts."),
@@ -16,9 +17,10 @@ def env(as_json: bool = typer.Option(False, "--json", help="Print JSON for scrip
 
     Example: KDB_DISABLE_JIT=1 kdb env --set
     """
-    rows = kdb_env.snapshot()
+    switches = solver_switches()
+    rows = kdb_env.snapshot(extra=switches)
     rows = [r for r in rows if r[1] is not None] if only_set else rows
-    unknown = kdb_env.unknown_kdb_variables()
+    unknown = kdb_env.unknown_kdb_variables(known=[s.name for s in switches])
     problems = [problem for *_, problem in rows if problem]
     if as_json:
         print_json({"variables": [{"name": v.name, "kind": v.kind, "value": raw, "effective": parsed,

@@ -9,6 +9,7 @@ from pathlib import Path
 import pytest
 
 KDB_VARS_TO_CLEAR = ("KDB_DISABLE_CACHE", "KDB_DISABLE_JIT", "KDB_SYSTEM_DB_PATH", "KDB_CUSTOM_CACHE_DIR",
+                     "KDB_USER_DB_PATH", "KDB_DEBUG_FIND_ONLY_SOLVER", "KDB_CHECK_NUMERICS",
                      "KDB_DEVICE_ARCH", "KDB_DEVICE_CU", "KDB_ENABLE_LOGGING", "KDB_LOG_LEVEL")
 
 
@@ -36,6 +37,7 @@ def isolated(monkeypatch, tmp_path) -> Path:
     for var in KDB_VARS_TO_CLEAR:
         monkeypatch.delenv(var, raising=False)
     monkeypatch.setenv("KDB_CUSTOM_CACHE_DIR", str(tmp_path / "cache"))
+    monkeypatch.setenv("KDB_USER_DB_PATH", str(tmp_path / "userdb"))
     monkeypatch.setenv("KDB_SYSTEM_DB_PATH", str(tmp_path / "system"))
     (tmp_path / "system").mkdir()
     return tmp_path

@@ -93,6 +93,11 @@ class ActivationProblem(Problem):
     def numel(self) -> int:
         return self.x_desc.numel
 
+    def tensors(self) -> dict[str, TensorDesc]:
+        if self.direction == "fwd":
+            return {"x": self.x_desc, "y": self.y_desc}
+        return {"x": self.x_desc, "y": self.x_desc, "dy": self.x_desc, "dx": self.y_desc}
+
     def fields(self) -> list[tuple[str, str]]:
         return [("dir", self.direction), ("mode", self.mode.label), ("type", self.dtype.label),
                 ("shape", format_dims(self.shape)), ("xs", format_dims(self.x_strides)),

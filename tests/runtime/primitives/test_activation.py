@@ -46,7 +46,7 @@ def test_strided_device_tensors_take_the_strided_solver(handle):
     assert out is y
     np.testing.assert_allclose(y.to_host(be), ref.forward(padded[:, :5, :7], 9, alpha=0.5), rtol=1e-5, atol=1e-6)
     problem = ActivationProblem("fwd", ActivationMode.ELU, DataType.FP32, (4, 5, 7), (54, 9, 1), (35, 7, 1), 0.5)
-    choice = choose(problem, handle.device)
+    choice = choose(handle, problem)
     assert choice.solver.name == "ActivStrided"
     assert choice.trace[0] == "ActivPacked: rejected, the tensors are not packed"
     with pytest.raises(NoSolverError, match="ActivPacked does not apply .*not packed"):

@@ -1,0 +1,211 @@
+"""The find-db: each problem's solvers ranked by a find step, in SQLite, per exact target.
+
+Two kinds of file, as MIOpen's two-file db: a system find-db shipped beside the bundles
+(``<target>.fdb``, read-only) and the user find-db (``<target>.ufdb``, WAL, written by find).
+Reads take the user file's record for a config when it has one, else the system file's; writes
+go to the user file only. A config's ranking is replaced whole, in one transaction, so a reader
+in another process sees the old ranking or the new one, never a mix.
+
+Schema, version 1 (``find_meta`` holds ``schema``, ``target`` and ``producer``)::
+
+    find_db(config TEXT, solver_id INTEGER, solver TEXT, rank INTEGER, time_ms REAL,
+            workspace INTEGER, PRIMARY KEY (config, solver_id))
+
+Storage errors never reach the caller as crashes: a damaged user file is moved aside and a new
+one started, an unreadable system file is skipped, each with one warning.
+"""
+
+from __future__ import annotations
+
+import os
+import sqlite3
+import threading
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from contextlib import closing
+from typing import Callable, Sequence
+
+SCHEMA_VERSION = 1
+BUSY_TIMEOUT_S = 30.0
+SYSTEM_SUFFIX = ".fdb"
+USER_SUFFIX = ".ufdb"
+
+_SCHEMA = (
+    "CREATE TABLE IF NOT EXISTS find_meta (key TEXT PRIMARY KEY, value TEXT NOT NULL)",
+    "CREATE TABLE IF NOT EXISTS find_db (config TEXT NOT NULL, solver_id INTEGER NOT NULL, solver TEXT NOT NULL, "
+    "rank INTEGER NOT NULL, time_ms REAL NOT NULL, workspace INTEGER NOT NULL, PRIMARY KEY (config, solver_id))",
+)
+
+
+@dataclass(frozen=True)
+class FindRecord:
+    """One solver's place in a problem's ranking."""
+
+    solver_id: int
+    solver: str
+    rank: int
+    time_ms: float
+    workspace: int
+
+
+Warn = Callable[[str, str], None]  # (once-key, message)
+
+
+def _connect(path: Path, writable: bool) -> sqlite3.Connection:
+    mode = "rwc" if writable else "ro"
+    conn = sqlite3.connect(f"{Path(os.path.abspath(path)).as_uri()}?mode={mode}", uri=True, timeout=BUSY_TIMEOUT_S,
+                           isolation_level=None, check_same_thread=False)
+    conn.execute(f"PRAGMA busy_timeout = {int(BUSY_TIMEOUT_S * 1000)}")
+    return conn
+
+
+def _records(conn: sqlite3.Connection, config: str) -> list[FindRecord] | None:
+    rows = conn.execute("SELECT solver_id, solver, rank, time_ms, workspace FROM find_db WHERE config = ? "
+                        "ORDER BY rank", (config,)).fetchall()
+    return [FindRecord(int(a), str(b), int(c), float(d), int(e)) for a, b, c, d, e in rows] or None
+
+
+class FindDb:
+    """A target's system find-db files and its user find-db file (thread-safe)."""
+
+    def __init__(self, target_name: str, system_dirs: Sequence[Path], user_dir: Path | None, *,
+                 producer: str, warn: Warn):
+        """
+        Args:
+            target_name: the exact target, e.g. ``sm_90_132``: rankings depend on the device.
+            system_dirs: folders searched for ``<target>.fdb``, first first.
+            user_dir: folder of ``<target>.ufdb``; ``None`` disables writing and reading it.
+            producer: written into a new user file's metadata (kdbkit's version).
+            warn: called with (once-key, message) for each storage problem.
+        """
+        self.system_paths = [Path(d) / f"{target_name}{SYSTEM_SUFFIX}" for d in system_dirs]
+        self.user_path = Path(user_dir) / f"{target_name}{USER_SUFFIX}" if user_dir is not None else None
+        self._target, self._producer, self._warn = target_name, producer, warn
+        self._lock = threading.Lock()
+        self._user: sqlite3.Connection | None = None
+        self._user_failed = False
+
+    # -- reading -----------------------------------------------------------------------------
+
+    def load(self, config: str) -> tuple[list[FindRecord], str] | None:
+        """The ranking for ``config`` and where it came from (``user`` or the system file), or ``None``."""
+        with self._lock:
+            user = self._open_user(create=False)
+            if user is not None:
+                try:
+                    found = _records(user, config)
+                    if found:
+                        return found, "user"
+                except sqlite3.Error as exc:
+                    self._damaged(exc)
+        for path in self.system_paths:
+            if not path.is_file():
+                continue
+            try:
+                with closing(_connect(path, writable=False)) as conn:
+                    found = _records(conn, config)
+            except sqlite3.Error as exc:
+                self._warn(f"fdb-system:{path}", f"system find-db {path} cannot be read ({exc}); skipped")
+                continue
+            if found:
+                return found, str(path)
+        return None
+
+    # -- writing -----------------------------------------------------------------------------
+
+    def store(self, config: str, records: Sequence[FindRecord]) -> bool:
+        """Replace ``config``'s ranking in the user file; ``False`` (with a warning) when it cannot."""
+        with self._lock:
+            user = self._open_user(create=True)
+            if user is None:
+                return False
+            try:
+                user.execute("BEGIN IMMEDIATE")
+                try:
+                    user.execute("DELETE FROM find_db WHERE config = ?", (config,))
+                    user.executemany("INSERT INTO find_db VALUES (?, ?, ?, ?, ?, ?)",
+                                     [(config, r.solver_id, r.solver, r.rank, r.time_ms, r.workspace)
+                                      for r in records])
+                    user.execute("COMMIT")
+                except BaseException:
+                    user.execute("ROLLBACK")
+                    raise
+                return True
+            except sqlite3.Error as exc:
+                self._damaged(exc)
+                return False
+
+    def close(self) -> None:
+        with self._lock:
+            if self._user is not None:
+                self._user.close()
+                self._user = None
+
+    # -- the user file -----------------------------------------------------------------------
+
+    def _open_user(self, create: bool) -> sqlite3.Connection | None:
+        """The user file's connection; ``None`` when it cannot be used, or (reading) does not exist yet."""
+        if self._user is not None or self._user_failed or self.user_path is None:
+            return self._user
+        if not create and not self.user_path.exists():
+            return None  # reading creates nothing: only find writes a user find-db
+        for attempt in range(2):  # a damaged file is moved aside once, then a new one made
+            try:
+                self.user_path.parent.mkdir(parents=True, exist_ok=True)
+                conn = _connect(self.user_path, writable=True)
+                if conn.execute("PRAGMA journal_mode").fetchone()[0].lower() != "wal":
+                    conn.execute("PRAGMA journal_mode = wal")
+                for statement in _SCHEMA:
+                    conn.execute(statement)
+                self._check_meta(conn)
+                self._user = conn
+                return conn
+            except (sqlite3.DatabaseError, _ForeignFile) as exc:
+                if attempt == 0 and self._move_aside(exc):
+                    continue
+                self._give_up(exc)
+            except (OSError, sqlite3.Error) as exc:
+                self._give_up(exc)
+            break
+        return None
+
+    def _check_meta(self, conn: sqlite3.Connection) -> None:
+        meta = dict(conn.execute("SELECT key, value FROM find_meta").fetchall())
+        if not meta:
+            conn.executemany("INSERT OR IGNORE INTO find_meta VALUES (?, ?)",
+                             [("schema", str(SCHEMA_VERSION)), ("target", self._target),
+                              ("producer", self._producer)])
+        elif meta.get("schema") != str(SCHEMA_VERSION) or meta.get("target") != self._target:
+            raise _ForeignFile(f"it holds schema {meta.get('schema')} for target {meta.get('target')}")
+
+    def _move_aside(self, exc: BaseException) -> bool:
+        assert self.user_path is not None
+        aside = self.user_path.with_name(f"{self.user_path.name}.corrupt-{time.strftime('%Y%m%d-%H%M%S')}-"
+                                         f"{os.getpid()}")
+        try:
+            if self.user_path.exists():
+                os.replace(self.user_path, aside)
+            for suffix in ("-wal", "-shm"):
+                Path(f"{self.user_path}{suffix}").unlink(missing_ok=True)
+        except OSError:
+            return False
+        self._warn(f"fdb-corrupt:{self.user_path}", f"user find-db {self.user_path} was not usable ({exc}); moved "
+                   f"it to {aside.name} and started a new one: find will time those problems again")
+        return True
+
+    def _damaged(self, exc: sqlite3.Error) -> None:
+        self._warn(f"fdb-error:{self.user_path}", f"user find-db {self.user_path}: {exc}; rankings are not saved")
+        if self._user is not None:
+            self._user.close()
+        self._user, self._user_failed = None, True
+
+    def _give_up(self, exc: BaseException) -> None:
+        self._user_failed = True
+        self._warn(f"fdb-open:{self.user_path}", f"user find-db {self.user_path} cannot be used ({exc}); find "
+                   "results are not saved (set KDB_USER_DB_PATH to a writable folder)")
+
+
+class _ForeignFile(Exception):
+    """A user find-db file for another target or schema."""
+
