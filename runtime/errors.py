@@ -73,6 +73,10 @@ class NoSolverError(KdbError):
     for (``KDB_DEBUG_FIND_ONLY_SOLVER``, ``solver=``) does not exist or does not apply."""
 
 
+class NumericsError(KdbError, ArithmeticError):
+    """KDB_CHECK_NUMERICS (with 0x04) found inf, NaN or all zeros in a primitive's tensor."""
+
+
 class JitDisabledError(KdbError):
     """A program is in no bundle or cache and ``KDB_DISABLE_JIT`` forbids compiling it."""
 

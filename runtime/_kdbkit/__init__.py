@@ -43,6 +43,8 @@ _EXPORTS = {
     "DataType": "kdbkit.runtime.tensor", "TensorDesc": "kdbkit.runtime.tensor", "DeviceTensor": "kdbkit.runtime.tensor",
     "ActivationMode": "kdbkit.runtime.primitives.activation", "activation_forward": "kdbkit.runtime.primitives.activation",
     "activation_backward": "kdbkit.runtime.primitives.activation",
+    "find_solutions": "kdbkit.runtime.find", "run_solution": "kdbkit.runtime.find", "Solution": "kdbkit.runtime.find",
+    "parse_config": "kdbkit.runtime.problem",
     # errors: the bundle format's
     "KdbError": "kdbkit.kdb.errors", "BundleError": "kdbkit.kdb.errors", "BundleNotFoundError": "kdbkit.kdb.errors",
     "NotABundleError": "kdbkit.kdb.errors", "EmptyBundleError": "kdbkit.kdb.errors",
@@ -58,7 +60,7 @@ _EXPORTS = {
     "BinaryLoadError": "kdbkit.runtime.errors", "LaunchError": "kdbkit.runtime.errors",
     "LaunchArgumentError": "kdbkit.runtime.errors", "TransferError": "kdbkit.runtime.errors",
     "JitDisabledError": "kdbkit.runtime.errors", "ProblemError": "kdbkit.runtime.errors",
-    "NoSolverError": "kdbkit.runtime.errors",
+    "NoSolverError": "kdbkit.runtime.errors", "NumericsError": "kdbkit.runtime.errors",
 }
 
 __all__ = sorted(_EXPORTS)

@@ -5,7 +5,7 @@ from __future__ import annotations
 from typing import Any
 
 from kdbkit.runtime.errors import ProblemError
-from kdbkit.runtime.immediate import choose, invoker
+from kdbkit.runtime.primitives.invoke import invoke
 from kdbkit.runtime.primitives.activation.problem import ActivationMode, ActivationProblem
 from kdbkit.runtime.primitives.operands import Operands
 
@@ -34,8 +34,7 @@ def activation_forward(handle, x: Any, mode: ActivationMode | str | int = "relu"
         yb, yd, result = ops.output(_device_default(handle, y, x, xd), xd, "y")
         problem = ActivationProblem("fwd", ActivationMode.parse(mode), xd.dtype, xd.shape, xd.strides, yd.strides,
                                     float(alpha), float(beta), float(gamma))
-        chosen = choose(problem, handle.device, solver).solver
-        invoker(handle, problem, chosen)(x=xb, y=yb)
+        invoke(handle, problem, solver, {"x": (xb, xd)}, {"y": (yb, yd)})
     return result
 
 
@@ -52,19 +51,18 @@ def activation_backward(handle, x: Any, y: Any, dy: Any, mode: ActivationMode | 
     """
     with Operands(handle.backend) as ops:
         xb, xd = ops.input(x, dtype, "x")
-        tensors = {"x": xb}
+        tensors = {"x": (xb, xd)}
         for name, value in (("y", y), ("dy", dy)):
             buf, desc = ops.input(value, dtype, name)
             if desc != xd:
                 raise ProblemError(f"{name} is {desc.dtype.label} {desc.shape} with strides {desc.strides}, "
                                    f"x is {xd.dtype.label} {xd.shape} with strides {xd.strides}",
                                    "x, y and dy must share shape, type and layout")
-            tensors[name] = buf
+            tensors[name] = (buf, desc)
         dxb, dxd, result = ops.output(_device_default(handle, dx, x, xd), xd, "dx")
         problem = ActivationProblem("bwd", ActivationMode.parse(mode), xd.dtype, xd.shape, xd.strides, dxd.strides,
                                     float(alpha), float(beta), float(gamma))
-        chosen = choose(problem, handle.device, solver).solver
-        invoker(handle, problem, chosen)(dx=dxb, **tensors)
+        invoke(handle, problem, solver, tensors, {"dx": (dxb, dxd)})
     return result
 
 

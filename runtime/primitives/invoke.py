@@ -1,0 +1,30 @@
+"""One primitive call: choose the solver, check the inputs, launch, check the outputs."""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+from kdbkit.runtime import numerics
+from kdbkit.runtime.backends.base import Buffer
+from kdbkit.runtime.immediate import Choice, choose, invoker
+from kdbkit.runtime.problem import Problem
+from kdbkit.runtime.tensor import TensorDesc
+
+if TYPE_CHECKING:
+    from kdbkit.runtime.handle import Handle
+
+Tensors = dict[str, tuple[Buffer, TensorDesc]]
+
+
+def invoke(handle: "Handle", problem: Problem, solver: int | str | None, inputs: Tensors, outputs: Tensors) -> Choice:
+    """Run ``problem`` with the chosen (or asked-for) solver on these device tensors.
+
+    Raises:
+        NoSolverError: as :func:`choose`. NumericsError: as KDB_CHECK_NUMERICS asks.
+    """
+    choice = choose(handle, problem, solver)
+    config = problem.config()
+    numerics.check(handle.backend, config, "input", [(n, b, d) for n, (b, d) in inputs.items()])
+    invoker(handle, problem, choice.solver)(**{n: b for n, (b, _) in (*inputs.items(), *outputs.items())})
+    numerics.check(handle.backend, config, "output", [(n, b, d) for n, (b, d) in outputs.items()])
+    return choice

@@ -1,0 +1,74 @@
+"""KDB_CHECK_NUMERICS on primitive calls, and the solver registry's stable ids."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+
+import numpy as np
+import pytest
+
+import kdbkit
+from kdbkit.runtime.errors import NumericsError
+from kdbkit.runtime.primitives import load_all
+from kdbkit.runtime.solver import REGISTRY, SolverRegistry
+
+# Every solver ever shipped, by id: a find-db names solvers by id, so an id is never reused or
+# renumbered and a new solver takes the next free one. Extend this table; never edit a line.
+SHIPPED = {1: "ActivPacked", 2: "ActivStrided"}
+
+
+def test_solver_ids_are_stable():
+    load_all()
+    assert {s.id: s.name for s in REGISTRY} == SHIPPED
+
+
+def test_an_id_or_name_cannot_be_taken_twice():
+    registry = SolverRegistry()
+    first = REGISTRY.find(1)
+    registry.register(first)
+    with pytest.raises(ValueError, match="already"):
+        registry.register(first)
+
+
+def test_clean_tensors_pass_silently(handle, monkeypatch, caplog):
+    monkeypatch.setenv("KDB_CHECK_NUMERICS", "0x06")  # warn + throw
+    with caplog.at_level("WARNING", logger="kdbkit"):
+        kdbkit.activation_forward(handle, np.linspace(-1, 1, 50, dtype=np.float32), "tanh", alpha=1, beta=1)
+    assert "check numerics" not in caplog.text
+
+
+def test_inform_and_stats_report_every_tensor(handle, monkeypatch, caplog):
+    monkeypatch.setenv("KDB_CHECK_NUMERICS", str(0x01 | 0x10))
+    with caplog.at_level("WARNING", logger="kdbkit"):
+        kdbkit.activation_forward(handle, np.array([-1, 2, 3], np.float32), "relu")
+    assert ": x (input) ok" in caplog.text and ": y (output) ok" in caplog.text
+    assert "y (output) mean 1.66667, absmean 1.66667, min 0, max 3" in caplog.text
+
+
+@pytest.mark.parametrize("values, words", [([np.nan, 1.0], "NaN"), ([np.inf, 1.0], "inf"), ([0.0, 0.0], "all zeros")])
+def test_warn_reports_abnormal_inputs(handle, monkeypatch, caplog, values, words):
+    monkeypatch.setenv("KDB_CHECK_NUMERICS", "2")
+    with caplog.at_level("WARNING", logger="kdbkit"):
+        kdbkit.activation_forward(handle, np.array(values, np.float32), "abs")
+    assert f"x (input) {words}" in caplog.text
+
+
+def test_throw_raises_naming_the_tensor(handle, monkeypatch):
+    monkeypatch.setenv("KDB_CHECK_NUMERICS", "4")
+    x = np.array([1.0, -2.0], np.float32)
+    with pytest.raises(NumericsError, match=r"dy \(input\)|input dy has NaN"):
+        kdbkit.activation_backward(handle, x, x, np.array([np.nan, 1.0], np.float32), "relu")
+    with pytest.raises(NumericsError, match="output y has all zeros"):
+        kdbkit.activation_forward(handle, np.array([-1.0, -2.0], np.float32), "relu")
+
+
+def test_abort_ends_the_process(handle, tmp_path):
+    child = ("import numpy as np, kdbkit\n"
+             "with kdbkit.Handle() as h:\n"
+             "    kdbkit.activation_forward(h, np.array([float('nan')], np.float32), 'relu')\n")
+    env = {"KDB_CHECK_NUMERICS": "8", "KDB_BACKEND": handle.device.backend, "PATH": "/usr/bin:/bin",
+           "KDB_CUSTOM_CACHE_DIR": str(tmp_path / "c"), "KDB_USER_DB_PATH": str(tmp_path / "u"),
+           "HOME": str(tmp_path)}
+    proc = subprocess.run([sys.executable, "-c", child], capture_output=True, text=True, env=env)
+    assert proc.returncode != 0 and "aborting" in proc.stderr
