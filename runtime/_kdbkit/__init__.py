@@ -43,6 +43,7 @@ _EXPORTS = {
     "DataType": "kdbkit.runtime.tensor", "TensorDesc": "kdbkit.runtime.tensor", "DeviceTensor": "kdbkit.runtime.tensor",
     "ActivationMode": "kdbkit.runtime.primitives.activation", "activation_forward": "kdbkit.runtime.primitives.activation",
     "activation_backward": "kdbkit.runtime.primitives.activation",
+    "softmax_forward": "kdbkit.runtime.primitives.softmax", "softmax_backward": "kdbkit.runtime.primitives.softmax",
     "find_solutions": "kdbkit.runtime.find", "run_solution": "kdbkit.runtime.find", "Solution": "kdbkit.runtime.find",
     "parse_config": "kdbkit.runtime.problem",
     # errors: the bundle format's

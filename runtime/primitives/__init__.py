@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import importlib
 
-PRIMITIVES = ("activation",)
+PRIMITIVES = ("activation", "softmax")
 
 
 def load_all() -> None:

@@ -53,11 +53,12 @@ class Operands:
         self._temporaries.append(buffer)
         return buffer, TensorDesc.packed(desc.dtype, desc.shape)
 
-    def output(self, value: Any, like: TensorDesc, what: str) -> tuple[Buffer, TensorDesc, Any]:
+    def output(self, value: Any, like: TensorDesc, what: str, *, read: bool = False) -> tuple[Buffer, TensorDesc, Any]:
         """The buffer and descriptor an output is written to, and what the call returns.
 
         ``value`` is ``None`` (a new array shaped ``like`` is returned), a NumPy array (written
-        in place), or a device tensor (written on the device).
+        in place), or a device tensor (written on the device). ``read``: the kernel also reads
+        the output's old values (a nonzero beta), so a NumPy output is copied in first.
 
         Raises:
             ProblemError: a shape or type other than ``like``'s.
@@ -73,7 +74,7 @@ class Operands:
             raise ProblemError(f"{what} must be a writeable C-contiguous array to be written in place",
                                "pass None to get a new array, or np.ascontiguousarray(...)")
         packed = TensorDesc.packed(like.dtype, like.shape)
-        buffer = self.backend.alloc(packed.nbytes)
+        buffer = self.backend.to_device(host) if read else self.backend.alloc(packed.nbytes)
         self._temporaries.append(buffer)
         self._copy_back.append((buffer, host))
         return buffer, packed, value
@@ -83,3 +84,10 @@ def _same(desc: TensorDesc, like: TensorDesc, what: str) -> None:
     if desc.shape != like.shape or desc.dtype is not like.dtype:
         raise ProblemError(f"{what} is {desc.dtype.label} {'x'.join(map(str, desc.shape))} but must be "
                            f"{like.dtype.label} {'x'.join(map(str, like.shape))}", f"pass {what} of that shape and type")
+
+
+def device_default(handle, out: Any, like_input: Any, desc: TensorDesc) -> Any:
+    """A missing output of a device-tensor call is a new device tensor (a NumPy call gets a NumPy array)."""
+    if out is None and isinstance(like_input, DeviceTensor):
+        return DeviceTensor.empty(handle.backend, TensorDesc.packed(desc.dtype, desc.shape))
+    return out

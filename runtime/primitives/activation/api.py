@@ -7,7 +7,7 @@ from typing import Any
 from kdbkit.runtime.errors import ProblemError
 from kdbkit.runtime.primitives.invoke import invoke
 from kdbkit.runtime.primitives.activation.problem import ActivationMode, ActivationProblem
-from kdbkit.runtime.primitives.operands import Operands
+from kdbkit.runtime.primitives.operands import Operands, device_default
 
 
 def activation_forward(handle, x: Any, mode: ActivationMode | str | int = "relu", *, alpha: float = 0.0,
@@ -31,7 +31,7 @@ def activation_forward(handle, x: Any, mode: ActivationMode | str | int = "relu"
     """
     with Operands(handle.backend) as ops:
         xb, xd = ops.input(x, dtype, "x")
-        yb, yd, result = ops.output(_device_default(handle, y, x, xd), xd, "y")
+        yb, yd, result = ops.output(device_default(handle, y, x, xd), xd, "y")
         problem = ActivationProblem("fwd", ActivationMode.parse(mode), xd.dtype, xd.shape, xd.strides, yd.strides,
                                     float(alpha), float(beta), float(gamma))
         invoke(handle, problem, solver, {"x": (xb, xd)}, {"y": (yb, yd)})
@@ -59,17 +59,9 @@ def activation_backward(handle, x: Any, y: Any, dy: Any, mode: ActivationMode | 
                                    f"x is {xd.dtype.label} {xd.shape} with strides {xd.strides}",
                                    "x, y and dy must share shape, type and layout")
             tensors[name] = (buf, desc)
-        dxb, dxd, result = ops.output(_device_default(handle, dx, x, xd), xd, "dx")
+        dxb, dxd, result = ops.output(device_default(handle, dx, x, xd), xd, "dx")
         problem = ActivationProblem("bwd", ActivationMode.parse(mode), xd.dtype, xd.shape, xd.strides, dxd.strides,
                                     float(alpha), float(beta), float(gamma))
         invoke(handle, problem, solver, tensors, {"dx": (dxb, dxd)})
     return result
 
-
-def _device_default(handle, out, x, desc):
-    """A missing output of a device-tensor call is a new device tensor (a NumPy call gets a NumPy array)."""
-    from kdbkit.runtime.tensor import DeviceTensor, TensorDesc
-
-    if out is None and isinstance(x, DeviceTensor):
-        return DeviceTensor.empty(handle.backend, TensorDesc.packed(desc.dtype, desc.shape))
-    return out

@@ -115,3 +115,8 @@ class ActivationProblem(Problem):
             alpha=parse_float(f.get("a", "0"), "a"), beta=parse_float(f.get("b", "0"), "b"),
             gamma=parse_float(f.get("g", "0"), "g"),
         )  # fmt: skip
+
+
+def catalogue() -> list[ActivationProblem]:
+    """One problem per compile-time specialisation (the type: mode, direction and shape are arguments)."""
+    return [ActivationProblem(d, ActivationMode.RELU, t, (8,), (1,), (1,)) for t in DataType for d in DIRECTIONS]

@@ -1,0 +1,155 @@
+/* softmax.c: softmax and log-softmax, forward and backward, instance and channel modes.
+ *
+ * A 4-D tensor N x C x H x W with any element strides. Instance mode normalises each n over
+ * C*H*W; channel mode each (n, h, w) over C. A "row" is one such set; row r and its element j:
+ *   instance: n = r, (c, h, w) from j;   channel: (n, h, w) from r, c = j.
+ * Algorithm (argument): 0 fast (no max subtracted), 1 accurate (max subtracted), 2 log.
+ * Forward:  y = alpha * softmax(x) + beta * y   (log: alpha * log_softmax(x) + beta * y)
+ * Backward: dx = alpha * (dy - sum(dy * y)) * y + beta * dx   (log: alpha * (dy - e^y * sum(dy)) + beta * dx)
+ *
+ * Options: the element type (kdb_data.h); -DBLOCK=<n> (default 256) for the *_block kernels,
+ * which must be launched with BLOCK threads per group, one group per row (grid-stride over
+ * rows). The *_thread kernels give each thread a row: for many short rows (channel mode).
+ */
+#include "kdb_data.h"
+
+#ifndef BLOCK
+#define BLOCK 256
+#endif
+
+/* Offset of element j of row r. */
+KDB_DEVICE_FN long sm_offset(int r, int j, int channel_mode, int C, int H, int W, int s0, int s1, int s2, int s3)
+{
+    int n, c, h, w;
+    if (channel_mode) {
+        w = r % W;
+        h = (r / W) % H;
+        n = r / (W * H);
+        c = j;
+    } else {
+        w = j % W;
+        h = (j / W) % H;
+        c = j / (W * H);
+        n = r;
+    }
+    return (long)n * s0 + (long)c * s1 + (long)h * s2 + (long)w * s3;
+}
+
+#define SM_GEOMETRY int N, int C, int H, int W, int channel_mode
+#define SM_ROWS (channel_mode ? N * H * W : N)
+#define SM_LEN (channel_mode ? C : C * H * W)
+
+/* Block-wide reduction of `value` with OP into `result`, which every thread gets. */
+#define SM_REDUCE(scratch, value, OP, result)                              \
+    do {                                                                   \
+        scratch[KDB_LOCAL_ID_X] = (value);                                 \
+        KDB_BARRIER;                                                       \
+        for (int s_ = BLOCK / 2; s_ > 0; s_ >>= 1) {                       \
+            if (KDB_LOCAL_ID_X < s_)                                       \
+                scratch[KDB_LOCAL_ID_X] = OP(scratch[KDB_LOCAL_ID_X], scratch[KDB_LOCAL_ID_X + s_]); \
+            KDB_BARRIER;                                                   \
+        }                                                                  \
+        result = scratch[0];                                               \
+        KDB_BARRIER;                                                       \
+    } while (0)
+
+#define SM_ADD(a, b) ((a) + (b))
+
+KDB_KERNEL void softmax_fwd_block(const KDB_GLOBAL kdb_data_t* x, KDB_GLOBAL kdb_data_t* y, SM_GEOMETRY, int xs0,
+                                  int xs1, int xs2, int xs3, int ys0, int ys1, int ys2, int ys3, int algorithm,
+                                  float alpha, float beta)
+{
+    KDB_SHARED(float, scratch, BLOCK);
+    const int rows = SM_ROWS, len = SM_LEN, t = KDB_LOCAL_ID_X;
+    for (int r = KDB_GROUP_ID_X; r < rows; r += KDB_NUM_GROUPS_X) {
+        float m = -3.402823466e38f;
+        if (algorithm != 0) {
+            for (int j = t; j < len; j += BLOCK)
+                m = KDB_FMAXF(m, KDB_LOAD(x, sm_offset(r, j, channel_mode, C, H, W, xs0, xs1, xs2, xs3)));
+            SM_REDUCE(scratch, m, KDB_FMAXF, m);
+        } else {
+            m = 0.0f;
+        }
+        float sum = 0.0f;
+        for (int j = t; j < len; j += BLOCK)
+            sum += KDB_EXPF(KDB_LOAD(x, sm_offset(r, j, channel_mode, C, H, W, xs0, xs1, xs2, xs3)) - m);
+        SM_REDUCE(scratch, sum, SM_ADD, sum);
+        const float log_sum = KDB_LOGF(sum);
+        for (int j = t; j < len; j += BLOCK) {
+            const float v = KDB_LOAD(x, sm_offset(r, j, channel_mode, C, H, W, xs0, xs1, xs2, xs3)) - m;
+            const float out = algorithm == 2 ? v - log_sum : KDB_EXPF(v) / sum;
+            const long yo = sm_offset(r, j, channel_mode, C, H, W, ys0, ys1, ys2, ys3);
+            KDB_STORE(y, yo, beta == 0.0f ? alpha * out : alpha * out + beta * KDB_LOAD(y, yo));
+        }
+    }
+}
+
+/* y and dy share strides (s*); dx has its own (ds*). */
+KDB_KERNEL void softmax_bwd_block(const KDB_GLOBAL kdb_data_t* y, const KDB_GLOBAL kdb_data_t* dy,
+                                  KDB_GLOBAL kdb_data_t* dx, SM_GEOMETRY, int s0, int s1, int s2, int s3, int ds0,
+                                  int ds1, int ds2, int ds3, int algorithm, float alpha, float beta)
+{
+    KDB_SHARED(float, scratch, BLOCK);
+    const int rows = SM_ROWS, len = SM_LEN, t = KDB_LOCAL_ID_X;
+    for (int r = KDB_GROUP_ID_X; r < rows; r += KDB_NUM_GROUPS_X) {
+        float dot = 0.0f;
+        for (int j = t; j < len; j += BLOCK) {
+            const long o = sm_offset(r, j, channel_mode, C, H, W, s0, s1, s2, s3);
+            dot += algorithm == 2 ? KDB_LOAD(dy, o) : KDB_LOAD(dy, o) * KDB_LOAD(y, o);
+        }
+        SM_REDUCE(scratch, dot, SM_ADD, dot);
+        for (int j = t; j < len; j += BLOCK) {
+            const long o = sm_offset(r, j, channel_mode, C, H, W, s0, s1, s2, s3);
+            const float yv = KDB_LOAD(y, o), g = KDB_LOAD(dy, o);
+            const float out = algorithm == 2 ? g - KDB_EXPF(yv) * dot : (g - dot) * yv;
+            const long d = sm_offset(r, j, channel_mode, C, H, W, ds0, ds1, ds2, ds3);
+            KDB_STORE(dx, d, beta == 0.0f ? alpha * out : alpha * out + beta * KDB_LOAD(dx, d));
+        }
+    }
+}
+
+KDB_KERNEL void softmax_fwd_thread(const KDB_GLOBAL kdb_data_t* x, KDB_GLOBAL kdb_data_t* y, SM_GEOMETRY, int xs0,
+                                   int xs1, int xs2, int xs3, int ys0, int ys1, int ys2, int ys3, int algorithm,
+                                   float alpha, float beta)
+{
+    const int rows = SM_ROWS, len = SM_LEN;
+    for (int r = KDB_GLOBAL_ID_X; r < rows; r += KDB_LOCAL_SIZE_X * KDB_NUM_GROUPS_X) {
+        float m = 0.0f;
+        if (algorithm != 0) {
+            m = -3.402823466e38f;
+            for (int j = 0; j < len; ++j)
+                m = KDB_FMAXF(m, KDB_LOAD(x, sm_offset(r, j, channel_mode, C, H, W, xs0, xs1, xs2, xs3)));
+        }
+        float sum = 0.0f;
+        for (int j = 0; j < len; ++j)
+            sum += KDB_EXPF(KDB_LOAD(x, sm_offset(r, j, channel_mode, C, H, W, xs0, xs1, xs2, xs3)) - m);
+        const float log_sum = KDB_LOGF(sum);
+        for (int j = 0; j < len; ++j) {
+            const float v = KDB_LOAD(x, sm_offset(r, j, channel_mode, C, H, W, xs0, xs1, xs2, xs3)) - m;
+            const float out = algorithm == 2 ? v - log_sum : KDB_EXPF(v) / sum;
+            const long yo = sm_offset(r, j, channel_mode, C, H, W, ys0, ys1, ys2, ys3);
+            KDB_STORE(y, yo, beta == 0.0f ? alpha * out : alpha * out + beta * KDB_LOAD(y, yo));
+        }
+    }
+}
+
+KDB_KERNEL void softmax_bwd_thread(const KDB_GLOBAL kdb_data_t* y, const KDB_GLOBAL kdb_data_t* dy,
+                                   KDB_GLOBAL kdb_data_t* dx, SM_GEOMETRY, int s0, int s1, int s2, int s3, int ds0,
+                                   int ds1, int ds2, int ds3, int algorithm, float alpha, float beta)
+{
+    const int rows = SM_ROWS, len = SM_LEN;
+    for (int r = KDB_GLOBAL_ID_X; r < rows; r += KDB_LOCAL_SIZE_X * KDB_NUM_GROUPS_X) {
+        float dot = 0.0f;
+        for (int j = 0; j < len; ++j) {
+            const long o = sm_offset(r, j, channel_mode, C, H, W, s0, s1, s2, s3);
+            dot += algorithm == 2 ? KDB_LOAD(dy, o) : KDB_LOAD(dy, o) * KDB_LOAD(y, o);
+        }
+        for (int j = 0; j < len; ++j) {
+            const long o = sm_offset(r, j, channel_mode, C, H, W, s0, s1, s2, s3);
+            const float yv = KDB_LOAD(y, o), g = KDB_LOAD(dy, o);
+            const float out = algorithm == 2 ? g - KDB_EXPF(yv) * dot : (g - dot) * yv;
+            const long d = sm_offset(r, j, channel_mode, C, H, W, ds0, ds1, ds2, ds3);
+            KDB_STORE(dx, d, beta == 0.0f ? alpha * out : alpha * out + beta * KDB_LOAD(dx, d));
+        }
+    }
+}

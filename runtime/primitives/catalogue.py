@@ -1,0 +1,31 @@
+"""Every program the primitives' solvers can ask for: what a bundle needs to serve every problem.
+
+Each primitive's ``problem.catalogue()`` gives one problem per compile-time specialisation
+(type, direction, mode where it changes the code); sizes, strides and scalars are launch
+arguments, so these programs serve every shape. The offline builder compiles this list.
+"""
+
+from __future__ import annotations
+
+import importlib
+
+from kdbkit.runtime.primitives import PRIMITIVES, load_all
+from kdbkit.runtime.program_key import ProgramRequest
+from kdbkit.runtime.solver import REGISTRY
+
+
+def catalogue_problems() -> list:
+    load_all()
+    problems = []
+    for name in PRIMITIVES:
+        problems += importlib.import_module(f"kdbkit.runtime.primitives.{name}.problem").catalogue()
+    return problems
+
+
+def all_programs() -> list[ProgramRequest]:
+    """Every program any solver needs for any problem, each once, sorted."""
+    requests = set()
+    for problem in catalogue_problems():
+        for solver in REGISTRY.for_primitive(problem.primitive):
+            requests.update(solver.programs(problem))
+    return sorted(requests, key=str)

@@ -1,0 +1,30 @@
+"""SoftmaxBlock (id 4): one group of 256 threads per row, reducing in shared memory."""
+
+from __future__ import annotations
+
+from kdbkit.runtime.primitives.softmax.problem import SoftmaxProblem
+from kdbkit.runtime.primitives.softmax.solvers.common import arguments, fits_int_arguments, kernel_and_buffers, program
+from kdbkit.runtime.solver import Solver, register
+
+BLOCK = 256  # the kernel's default -DBLOCK
+MAX_GROUPS = 65535
+
+
+@register
+class SoftmaxBlock(Solver):
+    id = 4
+    name = "SoftmaxBlock"
+    primitive = "softmax"
+
+    def is_applicable(self, problem: SoftmaxProblem, device):
+        return fits_int_arguments(problem)
+
+    def programs(self, problem: SoftmaxProblem):
+        return [program(problem)]
+
+    def invoker(self, handle, problem: SoftmaxProblem):
+        request = program(problem)
+        kernel, order = kernel_and_buffers(problem, handle.program(request.kernel_file, request.options), "block")
+        tail, groups = arguments(problem), min(problem.rows, MAX_GROUPS)
+        launch = handle.backend.launch
+        return lambda **t: launch(kernel, (groups, 1, 1), (BLOCK, 1, 1), [*(t[name] for name in order), *tail])

@@ -1,0 +1,30 @@
+"""SoftmaxThread (id 3): one thread per row, for the many short rows of channel mode."""
+
+from __future__ import annotations
+
+from kdbkit.runtime.primitives.softmax.problem import SoftmaxProblem
+from kdbkit.runtime.primitives.softmax.solvers.common import arguments, fits_int_arguments, kernel_and_buffers, program
+from kdbkit.runtime.solver import Solver, launch_1d, not_applicable, register
+
+MAX_ROW = 1024  # longer rows leave most of the device idle: SoftmaxBlock's case
+
+
+@register
+class SoftmaxThread(Solver):
+    id = 3
+    name = "SoftmaxThread"
+    primitive = "softmax"
+
+    def is_applicable(self, problem: SoftmaxProblem, device):
+        if problem.row_length > MAX_ROW:
+            return not_applicable(f"rows of {problem.row_length} elements; one thread per row takes at most {MAX_ROW}")
+        return fits_int_arguments(problem)
+
+    def programs(self, problem: SoftmaxProblem):
+        return [program(problem)]
+
+    def invoker(self, handle, problem: SoftmaxProblem):
+        request = program(problem)
+        kernel, order = kernel_and_buffers(problem, handle.program(request.kernel_file, request.options), "thread")
+        tail = arguments(problem)
+        return lambda **t: launch_1d(handle, kernel, problem.rows, [*(t[name] for name in order), *tail], block=64)

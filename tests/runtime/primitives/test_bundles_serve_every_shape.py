@@ -1,0 +1,55 @@
+"""Shapes are launch arguments: a bundle of the catalogue's programs serves every new shape with no JIT."""
+
+from __future__ import annotations
+
+import numpy as np
+
+import kdbkit
+from kdbkit.runtime.primitives.activation import ActivationMode
+from kdbkit.runtime.primitives.catalogue import all_programs
+from kdbkit.runtime.reference import activation as activation_ref
+from kdbkit.runtime.reference import softmax as softmax_ref
+
+from .conftest import TYPES
+
+
+def test_the_catalogue_is_one_program_per_primitive_and_type():
+    programs = all_programs()
+    assert [str(p) for p in programs][:2] and len(programs) == 6  # activ.c and softmax.c, three types each
+    assert {p.kernel_file for p in programs} == {"activ.c", "softmax.c"}
+
+
+def test_a_bundle_of_the_catalogue_serves_random_new_shapes_with_no_jit(isolated, chain_backend, monkeypatch):
+    from kdbkit.packager.device_build import build_bundle
+    from kdbkit.runtime.handle import Handle
+
+    build_bundle(chain_backend.device.target, all_programs(), isolated / "system")
+    monkeypatch.setenv("KDB_DISABLE_JIT", "1")  # a miss would raise JitDisabledError
+    monkeypatch.setenv("KDB_DISABLE_CACHE", "1")
+    sources = []
+    real_program = Handle.program
+
+    def counting(self, *args, **kwargs):
+        program = real_program(self, *args, **kwargs)
+        sources.append(program.source)
+        return program
+
+    monkeypatch.setattr(Handle, "program", counting)
+    rng = np.random.default_rng(11)
+    with Handle(backend=chain_backend) as handle:
+        for _ in range(5):
+            for dtype, (store, read, tol) in TYPES.items():
+                shape = tuple(int(s) for s in rng.integers(1, 30, size=rng.integers(1, 5)))
+                mode = ActivationMode(int(rng.integers(0, 12)))
+                x = store(rng.standard_normal(shape))
+                y = kdbkit.activation_forward(handle, x, mode, dtype=dtype, alpha=0.5, beta=1.0, gamma=2.0)
+                np.testing.assert_allclose(read(y), activation_ref.forward(read(x), int(mode), 0.5, 1.0, 2.0),
+                                           rtol=tol, atol=tol)
+                shape4 = tuple(int(s) for s in rng.integers(1, 12, size=4))
+                algorithm, mode4 = ["fast", "accurate", "log"][_ % 3], ["instance", "channel"][_ % 2]
+                x4 = store(rng.standard_normal(shape4))
+                y4 = kdbkit.softmax_forward(handle, x4, algorithm=algorithm, mode=mode4, dtype=dtype)
+                np.testing.assert_allclose(read(y4), softmax_ref.forward(read(x4), algorithm, mode4), rtol=tol,
+                                           atol=tol)
+    # Each program came from the bundle once; every later problem found it loaded.
+    assert sources.count("system") == 6 and set(sources) == {"system", "memory"}

@@ -1,0 +1,73 @@
+"""Softmax on the chain device against the NumPy reference: algorithms, modes, types, both solvers."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+import kdbkit
+from kdbkit.runtime.errors import NoSolverError, ProblemError
+from kdbkit.runtime.immediate import choose
+from kdbkit.runtime.primitives.softmax import SoftmaxProblem
+from kdbkit.runtime.problem import parse_config
+from kdbkit.runtime.reference import softmax as ref
+from kdbkit.runtime.tensor import DataType, DeviceTensor, TensorDesc
+
+from .conftest import TYPES
+
+
+@pytest.mark.parametrize("solver", ["SoftmaxThread", "SoftmaxBlock"])
+@pytest.mark.parametrize("dtype", list(TYPES))
+@pytest.mark.parametrize("algorithm", ["fast", "accurate", "log"])
+@pytest.mark.parametrize("mode", ["instance", "channel"])
+def test_forward_and_backward_match_the_reference(handle, mode, algorithm, dtype, solver):
+    store, read, tol = TYPES[dtype]
+    rng = np.random.default_rng(len(mode) + len(algorithm))
+    shape = (3, 5, 2, 7) if mode == "channel" else (2, 3, 3, 5)
+    x = store(rng.standard_normal(shape) * 2)
+    y = kdbkit.softmax_forward(handle, x, algorithm=algorithm, mode=mode, dtype=dtype, solver=solver)
+    np.testing.assert_allclose(read(y), ref.forward(read(x), algorithm, mode), rtol=tol, atol=tol)
+    dy = store(rng.standard_normal(shape))
+    dx = kdbkit.softmax_backward(handle, y, dy, algorithm=algorithm, mode=mode, dtype=dtype, solver=solver)
+    np.testing.assert_allclose(read(dx), ref.backward(read(y), read(dy), algorithm, mode), rtol=tol, atol=tol)
+
+
+def test_two_dimensional_input_and_alpha_beta(handle):
+    rng = np.random.default_rng(2)
+    x = rng.standard_normal((4, 33)).astype(np.float32)
+    y = rng.standard_normal((4, 33)).astype(np.float32)
+    expected = 0.5 * ref.forward(x) + 2.0 * y
+    out = kdbkit.softmax_forward(handle, x, alpha=0.5, beta=2.0, y=y)
+    assert out is y
+    np.testing.assert_allclose(y, expected, rtol=1e-5, atol=1e-6)
+
+
+def test_long_rows_go_to_the_block_solver_and_nhwc_strides_work(handle):
+    n, c, h, w = 2, 4, 3, 5
+    rng = np.random.default_rng(4)
+    nhwc = rng.standard_normal((n, h, w, c)).astype(np.float32)
+    be = handle.backend
+    x = DeviceTensor(be.to_device(nhwc), TensorDesc(DataType.FP32, (n, c, h, w), (h * w * c, 1, w * c, c)))
+    y = kdbkit.softmax_forward(handle, x, mode="channel")
+    expected = ref.forward(nhwc.transpose(0, 3, 1, 2), "accurate", "channel")
+    np.testing.assert_allclose(y.to_host(be), expected, rtol=1e-5, atol=1e-6)
+    long_rows = SoftmaxProblem("fwd", "accurate", "instance", DataType.FP32, (2, 40, 6, 6), (1440, 36, 6, 1),
+                               (1440, 36, 6, 1))
+    choice = choose(handle, long_rows)
+    assert choice.solver.name == "SoftmaxBlock"
+    assert choice.trace[0] == "SoftmaxThread: rejected, rows of 1440 elements; one thread per row takes at most 1024"
+    with pytest.raises(NoSolverError, match="SoftmaxThread does not apply"):
+        kdbkit.softmax_forward(handle, np.ones((2, 40, 6, 6), np.float32), mode="instance", solver=3)
+
+
+def test_config_strings_round_trip_and_bad_input(handle):
+    problem = SoftmaxProblem("bwd", "log", "instance", DataType.FP16, (2, 3, 1, 1), (3, 1, 1, 1), (3, 1, 1, 1), 1.0,
+                             0.5)
+    assert parse_config(problem.config()) == problem
+    assert problem.config().startswith("softmax,dir=bwd,algo=log,mode=instance,type=fp16,shape=2x3x1x1")
+    with pytest.raises(ProblemError, match="N x C or N x C x H x W tensor, not 3-D"):
+        kdbkit.softmax_forward(handle, np.ones((2, 3, 4), np.float32))
+    with pytest.raises(ProblemError, match="softmax algorithm 'exact'"):
+        kdbkit.softmax_forward(handle, np.ones((2, 3), np.float32), algorithm="exact")
+    with pytest.raises(ProblemError, match="softmax mode 'spatial'"):
+        parse_config(problem.config().replace("instance", "spatial"))
