@@ -44,6 +44,7 @@ _EXPORTS = {
     "ActivationMode": "kdbkit.runtime.primitives.activation", "activation_forward": "kdbkit.runtime.primitives.activation",
     "activation_backward": "kdbkit.runtime.primitives.activation",
     "softmax_forward": "kdbkit.runtime.primitives.softmax", "softmax_backward": "kdbkit.runtime.primitives.softmax",
+    "op_tensor": "kdbkit.runtime.primitives.tensorop",
     "find_solutions": "kdbkit.runtime.find", "run_solution": "kdbkit.runtime.find", "Solution": "kdbkit.runtime.find",
     "parse_config": "kdbkit.runtime.problem",
     # errors: the bundle format's

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import importlib
 
-PRIMITIVES = ("activation", "softmax")
+PRIMITIVES = ("activation", "softmax", "tensorop")
 
 
 def load_all() -> None:

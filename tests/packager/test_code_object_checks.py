@@ -84,12 +84,15 @@ EXPECTED_LAYOUTS = {
     **{f"softmax_fwd_{k}": [(0, 8), (8, 8), *((16 + 4 * i, 4) for i in range(16))] for k in ("block", "thread")},
     **{f"softmax_bwd_{k}": [(0, 8), (8, 8), (16, 8), *((24 + 4 * i, 4) for i in range(16))]
        for k in ("block", "thread")},
+    # tensorop.c: three pointers, then n (and 4 sizes, 3 x 5 strides when strided), op, alpha1, alpha2, beta
+    "op_tensor_packed": [(0, 8), (8, 8), (16, 8), *((24 + 4 * i, 4) for i in range(5))],
+    "op_tensor_strided": [(0, 8), (8, 8), (16, 8), *((24 + 4 * i, 4) for i in range(24))],
 }
 EXPECTED_LDS = {  # static LDS bytes at the default options
     "relu_fwd": 0, "leaky_relu_fwd": 0,
     "activ_fwd_packed": 0, "activ_bwd_packed": 0, "activ_fwd_strided": 0, "activ_bwd_strided": 0,
     "softmax_fwd_block": 256 * 4, "softmax_bwd_block": 256 * 4,  # BLOCK floats of scratch
-    "softmax_fwd_thread": 0, "softmax_bwd_thread": 0,
+    "softmax_fwd_thread": 0, "softmax_bwd_thread": 0, "op_tensor_packed": 0, "op_tensor_strided": 0,
     "reduce_sum": 256 * 4,  # BLOCK floats
     "sgemm_tiled": 2 * 16 * 16 * 4,  # two TILE x TILE float tiles
     "dialect_everything": 64 * 4 + 4,  # BLOCK floats and one int

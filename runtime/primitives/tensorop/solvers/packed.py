@@ -1,0 +1,48 @@
+"""OpTensorPacked (id 5): three packed tensors of one shape, as flat arrays."""
+
+from __future__ import annotations
+
+import numpy as np
+
+from kdbkit.runtime.primitives.tensorop.problem import OPS, TensorOpProblem
+from kdbkit.runtime.program_key import ProgramRequest
+from kdbkit.runtime.solver import APPLIES, Solver, launch_1d, not_applicable, register
+from kdbkit.runtime.tensor import TensorDesc
+
+INT_MAX = 2**31 - 1
+
+
+def program(problem: TensorOpProblem) -> ProgramRequest:
+    return ProgramRequest("tensorop.c", problem.dtype.options)
+
+
+def scalars(problem: TensorOpProblem) -> list:
+    return [np.int32(OPS.index(problem.op)), np.float32(problem.alpha1), np.float32(problem.alpha2),
+            np.float32(problem.beta)]
+
+
+@register
+class OpTensorPacked(Solver):
+    id = 5
+    name = "OpTensorPacked"
+    primitive = "tensorop"
+
+    def is_applicable(self, problem: TensorOpProblem, device):
+        if problem.b_shape != problem.shape:
+            return not_applicable("b broadcasts")
+        if not all(TensorDesc(problem.dtype, problem.shape, s).is_packed
+                   for s in (problem.a_strides, problem.b_strides, problem.c_strides)):
+            return not_applicable("the tensors are not packed")
+        if TensorDesc(problem.dtype, problem.shape, problem.a_strides).numel > INT_MAX:
+            return not_applicable("more elements than the kernel's int count")
+        return APPLIES
+
+    def programs(self, problem: TensorOpProblem):
+        return [program(problem)]
+
+    def invoker(self, handle, problem: TensorOpProblem):
+        request = program(problem)
+        kernel = handle.program(request.kernel_file, request.options).function("op_tensor_packed")
+        n = int(np.prod(problem.shape))
+        tail = [np.int32(n), *scalars(problem)]
+        return lambda a, b, c: launch_1d(handle, kernel, n, [a, b, c, *tail])
