@@ -45,6 +45,7 @@ _EXPORTS = {
     "activation_backward": "kdbkit.runtime.primitives.activation",
     "softmax_forward": "kdbkit.runtime.primitives.softmax", "softmax_backward": "kdbkit.runtime.primitives.softmax",
     "op_tensor": "kdbkit.runtime.primitives.tensorop",
+    "layernorm_forward": "kdbkit.runtime.primitives.layernorm", "layernorm_backward": "kdbkit.runtime.primitives.layernorm",
     "find_solutions": "kdbkit.runtime.find", "run_solution": "kdbkit.runtime.find", "Solution": "kdbkit.runtime.find",
     "parse_config": "kdbkit.runtime.problem",
     # errors: the bundle format's

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import importlib
 
-PRIMITIVES = ("activation", "softmax", "tensorop")
+PRIMITIVES = ("activation", "softmax", "tensorop", "layernorm")
 
 
 def load_all() -> None:

@@ -16,8 +16,12 @@ if TYPE_CHECKING:
 Tensors = dict[str, tuple[Buffer, TensorDesc]]
 
 
-def invoke(handle: "Handle", problem: Problem, solver: int | str | None, inputs: Tensors, outputs: Tensors) -> Choice:
+def invoke(handle: "Handle", problem: Problem, solver: int | str | None, inputs: Tensors, outputs: Tensors,
+           unused: Tensors | None = None) -> Choice:
     """Run ``problem`` with the chosen (or asked-for) solver on these device tensors.
+
+    ``unused`` are tensors the invoker takes but this problem neither reads nor writes (a
+    weight's gradient without a weight): passed on, never checked.
 
     Raises:
         NoSolverError: as :func:`choose`. NumericsError: as KDB_CHECK_NUMERICS asks.
@@ -25,6 +29,7 @@ def invoke(handle: "Handle", problem: Problem, solver: int | str | None, inputs:
     choice = choose(handle, problem, solver)
     config = problem.config()
     numerics.check(handle.backend, config, "input", [(n, b, d) for n, (b, d) in inputs.items()])
-    invoker(handle, problem, choice.solver)(**{n: b for n, (b, _) in (*inputs.items(), *outputs.items())})
+    tensors = (*inputs.items(), *outputs.items(), *(unused or {}).items())
+    invoker(handle, problem, choice.solver)(**{n: b for n, (b, _) in tensors})
     numerics.check(handle.backend, config, "output", [(n, b, d) for n, (b, d) in outputs.items()])
     return choice

@@ -87,12 +87,17 @@ EXPECTED_LAYOUTS = {
     # tensorop.c: three pointers, then n (and 4 sizes, 3 x 5 strides when strided), op, alpha1, alpha2, beta
     "op_tensor_packed": [(0, 8), (8, 8), (16, 8), *((24 + 4 * i, 4) for i in range(5))],
     "op_tensor_strided": [(0, 8), (8, 8), (16, 8), *((24 + 4 * i, 4) for i in range(24))],
+    # layernorm.c: pointers, then rows, inner (affine, eps / affine)
+    "layernorm_fwd": [*((8 * i, 8) for i in range(6)), *((48 + 4 * i, 4) for i in range(4))],
+    "layernorm_bwd_data": [*((8 * i, 8) for i in range(6)), *((48 + 4 * i, 4) for i in range(3))],
+    "layernorm_bwd_weight": [*((8 * i, 8) for i in range(6)), *((48 + 4 * i, 4) for i in range(2))],
 }
 EXPECTED_LDS = {  # static LDS bytes at the default options
     "relu_fwd": 0, "leaky_relu_fwd": 0,
     "activ_fwd_packed": 0, "activ_bwd_packed": 0, "activ_fwd_strided": 0, "activ_bwd_strided": 0,
     "softmax_fwd_block": 256 * 4, "softmax_bwd_block": 256 * 4,  # BLOCK floats of scratch
     "softmax_fwd_thread": 0, "softmax_bwd_thread": 0, "op_tensor_packed": 0, "op_tensor_strided": 0,
+    "layernorm_fwd": 256 * 4, "layernorm_bwd_data": 256 * 4, "layernorm_bwd_weight": 0,
     "reduce_sum": 256 * 4,  # BLOCK floats
     "sgemm_tiled": 2 * 16 * 16 * 4,  # two TILE x TILE float tiles
     "dialect_everything": 64 * 4 + 4,  # BLOCK floats and one int

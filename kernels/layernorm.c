@@ -1,0 +1,107 @@
+/* layernorm.c: layer normalisation forward and backward over each row of a packed tensor.
+ *
+ * A row is the `inner` trailing elements (the normalised dimensions); there are `rows`.
+ * Forward:  mean, rstd = 1 / sqrt(var + eps) per row (float32), y = (x - mean) * rstd [* w + b].
+ * Backward: dx = rstd * (g - (sum(g) + xhat * sum(g * xhat)) / inner), g = dy [* w];
+ *           dw = sum over rows of dy * xhat, db = sum over rows of dy (affine only).
+ * affine (argument): 0 ignores weight and bias, 1 applies them (shape: one row).
+ *
+ * Options: the element type (kdb_data.h); -DBLOCK=<n> (default 256): layernorm_fwd and
+ * layernorm_bwd_data run BLOCK threads per group, one group per row (grid-stride over rows);
+ * layernorm_bwd_weight gives each thread one column (any 1-D launch).
+ */
+#include "kdb_data.h"
+
+#ifndef BLOCK
+#define BLOCK 256
+#endif
+
+/* Block-wide sum of `value` into `result`, which every thread gets. */
+#define LN_SUM(scratch, value, result)                                                     \
+    do {                                                                                   \
+        scratch[KDB_LOCAL_ID_X] = (value);                                                 \
+        KDB_BARRIER;                                                                       \
+        for (int s_ = BLOCK / 2; s_ > 0; s_ >>= 1) {                                       \
+            if (KDB_LOCAL_ID_X < s_)                                                       \
+                scratch[KDB_LOCAL_ID_X] += scratch[KDB_LOCAL_ID_X + s_];                   \
+            KDB_BARRIER;                                                                   \
+        }                                                                                  \
+        result = scratch[0];                                                               \
+        KDB_BARRIER;                                                                       \
+    } while (0)
+
+KDB_KERNEL void layernorm_fwd(const KDB_GLOBAL kdb_data_t* x, const KDB_GLOBAL kdb_data_t* weight,
+                              const KDB_GLOBAL kdb_data_t* bias, KDB_GLOBAL kdb_data_t* y, KDB_GLOBAL float* mean,
+                              KDB_GLOBAL float* rstd, int rows, int inner, int affine, float eps)
+{
+    KDB_SHARED(float, scratch, BLOCK);
+    const int t = KDB_LOCAL_ID_X;
+    for (int r = KDB_GROUP_ID_X; r < rows; r += KDB_NUM_GROUPS_X) {
+        const long base = (long)r * inner;
+        float s = 0.0f;
+        for (int j = t; j < inner; j += BLOCK)
+            s += KDB_LOAD(x, base + j);
+        LN_SUM(scratch, s, s);
+        const float m = s / inner;
+        float v = 0.0f;
+        for (int j = t; j < inner; j += BLOCK) {
+            const float d = KDB_LOAD(x, base + j) - m;
+            v += d * d;
+        }
+        LN_SUM(scratch, v, v);
+        const float rs = 1.0f / KDB_SQRTF(v / inner + eps);
+        if (t == 0) {
+            mean[r] = m;
+            rstd[r] = rs;
+        }
+        for (int j = t; j < inner; j += BLOCK) {
+            float out = (KDB_LOAD(x, base + j) - m) * rs;
+            if (affine)
+                out = out * KDB_LOAD(weight, j) + KDB_LOAD(bias, j);
+            KDB_STORE(y, base + j, out);
+        }
+    }
+}
+
+KDB_KERNEL void layernorm_bwd_data(const KDB_GLOBAL kdb_data_t* x, const KDB_GLOBAL kdb_data_t* dy,
+                                   const KDB_GLOBAL kdb_data_t* weight, const KDB_GLOBAL float* mean,
+                                   const KDB_GLOBAL float* rstd, KDB_GLOBAL kdb_data_t* dx, int rows, int inner,
+                                   int affine)
+{
+    KDB_SHARED(float, scratch, BLOCK);
+    const int t = KDB_LOCAL_ID_X;
+    for (int r = KDB_GROUP_ID_X; r < rows; r += KDB_NUM_GROUPS_X) {
+        const long base = (long)r * inner;
+        const float m = mean[r], rs = rstd[r];
+        float sg = 0.0f, sgx = 0.0f;
+        for (int j = t; j < inner; j += BLOCK) {
+            const float g = KDB_LOAD(dy, base + j) * (affine ? KDB_LOAD(weight, j) : 1.0f);
+            sg += g;
+            sgx += g * (KDB_LOAD(x, base + j) - m) * rs;
+        }
+        LN_SUM(scratch, sg, sg);
+        LN_SUM(scratch, sgx, sgx);
+        for (int j = t; j < inner; j += BLOCK) {
+            const float g = KDB_LOAD(dy, base + j) * (affine ? KDB_LOAD(weight, j) : 1.0f);
+            const float xhat = (KDB_LOAD(x, base + j) - m) * rs;
+            KDB_STORE(dx, base + j, rs * (g - (sg + xhat * sgx) / inner));
+        }
+    }
+}
+
+KDB_KERNEL void layernorm_bwd_weight(const KDB_GLOBAL kdb_data_t* x, const KDB_GLOBAL kdb_data_t* dy,
+                                     const KDB_GLOBAL float* mean, const KDB_GLOBAL float* rstd,
+                                     KDB_GLOBAL kdb_data_t* dweight, KDB_GLOBAL kdb_data_t* dbias, int rows, int inner)
+{
+    for (int j = KDB_GLOBAL_ID_X; j < inner; j += KDB_LOCAL_SIZE_X * KDB_NUM_GROUPS_X) {
+        float dw = 0.0f, db = 0.0f;
+        for (int r = 0; r < rows; ++r) {
+            const long i = (long)r * inner + j;
+            const float g = KDB_LOAD(dy, i);
+            dw += g * (KDB_LOAD(x, i) - mean[r]) * rstd[r];
+            db += g;
+        }
+        KDB_STORE(dweight, j, dw);
+        KDB_STORE(dbias, j, db);
+    }
+}

@@ -1,0 +1,102 @@
+"""layernorm_forward and layernorm_backward, with or without weight and bias."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from kdbkit.runtime.errors import ProblemError
+from kdbkit.runtime.primitives.invoke import invoke
+from kdbkit.runtime.primitives.layernorm.problem import LayerNormProblem
+from kdbkit.runtime.primitives.operands import Operands
+from kdbkit.runtime.tensor import DataType, TensorDesc
+
+
+def _dim(dim: int, ndim: int) -> int:
+    return dim + ndim if dim < 0 else dim
+
+
+def _packed(desc: TensorDesc, what: str) -> None:
+    if not desc.is_packed:
+        raise ProblemError(f"{what} is not packed (strides {desc.strides})", "layer norm takes packed tensors")
+
+
+def _row_input(ops: Operands, value: Any, like: TensorDesc, shape: tuple[int, ...], what: str):
+    if value is None:
+        return None
+    buf, desc = ops.input(value, like.dtype, what)
+    if desc.shape != shape:
+        raise ProblemError(f"{what} has shape {desc.shape}, the normalised dimensions are {shape}",
+                           f"pass a {what} of one row's shape")
+    return buf, desc
+
+
+def layernorm_forward(handle, x: Any, weight: Any = None, bias: Any = None, *, dim: int = -1, eps: float = 1e-5,
+                      dtype: str | None = None, solver: int | str | None = None) -> tuple[Any, Any, Any]:
+    """``y = (x - mean) / sqrt(var + eps) * weight + bias`` over x's dimensions from ``dim`` on.
+
+    Args:
+        x: a packed NumPy array or device tensor (fp32, fp16, bf16).
+        weight, bias: both or neither, each of the normalised dimensions' shape.
+        dim: the first normalised dimension (negative counts from the end).
+
+    Returns:
+        ``(y, mean, rstd)``; mean and 1/std are float32, one per row.
+
+    Raises:
+        ProblemError: bad arguments (named), before any launch.
+    """
+    if (weight is None) != (bias is None):
+        raise ProblemError("layer norm got a weight without a bias, or a bias without a weight",
+                           "pass both, or neither")
+    with Operands(handle.backend) as ops:
+        xb, xd = ops.input(x, dtype, "x")
+        _packed(xd, "x")
+        problem = LayerNormProblem("fwd", xd.dtype, xd.shape, _dim(dim, len(xd.shape)), weight is not None, float(eps))
+        row = xd.shape[problem.dim:]
+        w, b = _row_input(ops, weight, xd, row, "weight"), _row_input(ops, bias, xd, row, "bias")
+        yb, yd, y = ops.output(None, xd, "y")
+        stats = TensorDesc.packed(DataType.FP32, xd.shape[: problem.dim] or (1,))
+        mb, md, mean = ops.output(None, stats, "mean")
+        rb, rd, rstd = ops.output(None, stats, "rstd")
+        affine = {"weight": w, "bias": b} if w else {}
+        invoke(handle, problem, solver, {"x": (xb, xd), **affine}, {"y": (yb, yd), "mean": (mb, md), "rstd": (rb, rd)},
+               unused=None if w else {"weight": (xb, xd), "bias": (xb, xd)})
+    return y, mean, rstd
+
+
+def layernorm_backward(handle, x: Any, dy: Any, mean: Any, rstd: Any, weight: Any = None, *, dim: int = -1,
+                       dtype: str | None = None, solver: int | str | None = None) -> tuple[Any, Any, Any]:
+    """Gradients of :func:`layernorm_forward`, from its input, its mean and rstd, and ``dy``.
+
+    Returns:
+        ``(dx, dweight, dbias)``; the last two are ``None`` without a weight.
+
+    Raises:
+        ProblemError: bad arguments (named), before any launch.
+    """
+    with Operands(handle.backend) as ops:
+        xb, xd = ops.input(x, dtype, "x")
+        _packed(xd, "x")
+        dyb, dyd = ops.input(dy, dtype, "dy")
+        if dyd != xd:
+            raise ProblemError(f"dy is {dyd.dtype.label} {dyd.shape}, x {xd.dtype.label} {xd.shape}",
+                               "x and dy must share shape, type and layout")
+        problem = LayerNormProblem("bwd", xd.dtype, xd.shape, _dim(dim, len(xd.shape)), weight is not None)
+        stats_shape = xd.shape[: problem.dim] or (1,)  # dim 0: the whole tensor is one row
+        stats = {}
+        for name, value in (("mean", mean), ("rstd", rstd)):
+            buf, desc = ops.input(value, "fp32", name)
+            if desc.shape != stats_shape:
+                raise ProblemError(f"{name} has shape {desc.shape}, expected {stats_shape} (one per row)",
+                                   f"pass the {name} layernorm_forward returned")
+            stats[name] = (buf, desc)
+        row = xd.shape[problem.dim:]
+        w = _row_input(ops, weight, xd, row, "weight")
+        dxb, dxd, dx = ops.output(None, xd, "dx")
+        row_desc = TensorDesc.packed(xd.dtype, row)
+        wb, wd, dweight = ops.output(None, row_desc, "dweight")
+        bb, bd, dbias = ops.output(None, row_desc, "dbias")
+        grads = {"dweight": (wb, wd), "dbias": (bb, bd)}
+        invoke(handle, problem, solver, {"x": (xb, xd), "dy": (dyb, dyd), "weight": w or (xb, xd), **stats},
+               {"dx": (dxb, dxd), **(grads if w else {})}, unused=None if w else grads)
+    return (dx, dweight, dbias) if weight is not None else (dx, None, None)
