@@ -46,6 +46,7 @@ _EXPORTS = {
     "softmax_forward": "kdbkit.runtime.primitives.softmax", "softmax_backward": "kdbkit.runtime.primitives.softmax",
     "op_tensor": "kdbkit.runtime.primitives.tensorop",
     "layernorm_forward": "kdbkit.runtime.primitives.layernorm", "layernorm_backward": "kdbkit.runtime.primitives.layernorm",
+    "pooling_forward": "kdbkit.runtime.primitives.pooling", "pooling_backward": "kdbkit.runtime.primitives.pooling",
     "find_solutions": "kdbkit.runtime.find", "run_solution": "kdbkit.runtime.find", "Solution": "kdbkit.runtime.find",
     "parse_config": "kdbkit.runtime.problem",
     # errors: the bundle format's

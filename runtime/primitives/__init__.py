@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import importlib
 
-PRIMITIVES = ("activation", "softmax", "tensorop", "layernorm")
+PRIMITIVES = ("activation", "softmax", "tensorop", "layernorm", "pooling")
 
 
 def load_all() -> None:

@@ -91,13 +91,16 @@ EXPECTED_LAYOUTS = {
     "layernorm_fwd": [*((8 * i, 8) for i in range(6)), *((48 + 4 * i, 4) for i in range(4))],
     "layernorm_bwd_data": [*((8 * i, 8) for i in range(6)), *((48 + 4 * i, 4) for i in range(3))],
     "layernorm_bwd_weight": [*((8 * i, 8) for i in range(6)), *((48 + 4 * i, 4) for i in range(2))],
+    # pooling.c: three pointers, 12 geometry ints, 2 x 4 strides, mode (and save_indices)
+    "pool_fwd": [(0, 8), (8, 8), (16, 8), *((24 + 4 * i, 4) for i in range(22))],
+    "pool_bwd": [(0, 8), (8, 8), (16, 8), *((24 + 4 * i, 4) for i in range(21))],
 }
 EXPECTED_LDS = {  # static LDS bytes at the default options
     "relu_fwd": 0, "leaky_relu_fwd": 0,
     "activ_fwd_packed": 0, "activ_bwd_packed": 0, "activ_fwd_strided": 0, "activ_bwd_strided": 0,
     "softmax_fwd_block": 256 * 4, "softmax_bwd_block": 256 * 4,  # BLOCK floats of scratch
     "softmax_fwd_thread": 0, "softmax_bwd_thread": 0, "op_tensor_packed": 0, "op_tensor_strided": 0,
-    "layernorm_fwd": 256 * 4, "layernorm_bwd_data": 256 * 4, "layernorm_bwd_weight": 0,
+    "layernorm_fwd": 256 * 4, "layernorm_bwd_data": 256 * 4, "layernorm_bwd_weight": 0, "pool_fwd": 0, "pool_bwd": 0,
     "reduce_sum": 256 * 4,  # BLOCK floats
     "sgemm_tiled": 2 * 16 * 16 * 4,  # two TILE x TILE float tiles
     "dialect_everything": 64 * 4 + 4,  # BLOCK floats and one int

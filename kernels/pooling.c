@@ -1,0 +1,90 @@
+/* pooling.c: 2-D max and average pooling, forward and backward, NCHW with any element strides.
+ *
+ * Output size per dimension: (in + 2 * pad - window) / stride + 1. mode (argument): 0 max,
+ * 1 average over the window's elements inside the input (padding excluded), 2 average over
+ * the whole window (padding included). Max pooling records, per output, the index h * W + w of
+ * its maximum in the input plane (int32; the first maximum wins); backward routes dy there.
+ *
+ * Options: the element type (kdb_data.h).
+ * Launch: 1-D, any block size and grid (grid-stride): pool_fwd over N*C*Ho*Wo outputs,
+ * pool_bwd over N*C*H*W inputs (each gathers from the outputs whose windows cover it).
+ */
+#include "kdb_data.h"
+
+#define POOL_GEOMETRY int N, int C, int H, int W, int Ho, int Wo, int kh, int kw, int sh, int sw, int ph, int pw
+
+KDB_KERNEL void pool_fwd(const KDB_GLOBAL kdb_data_t* x, KDB_GLOBAL kdb_data_t* y, KDB_GLOBAL int* indices,
+                         POOL_GEOMETRY, int xs0, int xs1, int xs2, int xs3, int ys0, int ys1, int ys2, int ys3,
+                         int mode, int save_indices)
+{
+    const int total = N * C * Ho * Wo;
+    for (int i = KDB_GLOBAL_ID_X; i < total; i += KDB_LOCAL_SIZE_X * KDB_NUM_GROUPS_X) {
+        const int wo = i % Wo, ho = (i / Wo) % Ho, c = (i / (Wo * Ho)) % C, n = i / (Wo * Ho * C);
+        const int h0 = ho * sh - ph, w0 = wo * sw - pw;
+        const long plane = (long)n * xs0 + (long)c * xs1;
+        float best = -3.402823466e38f, sum = 0.0f;
+        int best_at = -1, count = 0;
+        for (int a = 0; a < kh; ++a) {
+            const int h = h0 + a;
+            if (h < 0 || h >= H)
+                continue;
+            for (int b = 0; b < kw; ++b) {
+                const int w = w0 + b;
+                if (w < 0 || w >= W)
+                    continue;
+                const float v = KDB_LOAD(x, plane + (long)h * xs2 + (long)w * xs3);
+                if (v > best || best_at < 0) {
+                    best = v;
+                    best_at = h * W + w;
+                }
+                sum += v;
+                ++count;
+            }
+        }
+        float out;
+        if (mode == 0)
+            out = best_at < 0 ? 0.0f : best;
+        else if (mode == 1)
+            out = count ? sum / count : 0.0f;
+        else
+            out = sum / (kh * kw);
+        KDB_STORE(y, (long)n * ys0 + (long)c * ys1 + (long)ho * ys2 + (long)wo * ys3, out);
+        if (save_indices)
+            indices[i] = best_at;
+    }
+}
+
+/* dy and indices share the output's shape (dy with strides ys*); dx has strides xs*. */
+KDB_KERNEL void pool_bwd(const KDB_GLOBAL kdb_data_t* dy, const KDB_GLOBAL int* indices, KDB_GLOBAL kdb_data_t* dx,
+                         POOL_GEOMETRY, int xs0, int xs1, int xs2, int xs3, int ys0, int ys1, int ys2, int ys3,
+                         int mode)
+{
+    const int total = N * C * H * W;
+    for (int i = KDB_GLOBAL_ID_X; i < total; i += KDB_LOCAL_SIZE_X * KDB_NUM_GROUPS_X) {
+        const int w = i % W, h = (i / W) % H, c = (i / (W * H)) % C, n = i / (W * H * C);
+        /* Outputs whose window [o * s - p, o * s - p + k) covers h (likewise w). */
+        const int ho_lo = h + ph - kh + 1 > 0 ? (h + ph - kh + 1 + sh - 1) / sh : 0;
+        const int ho_hi = (h + ph) / sh < Ho - 1 ? (h + ph) / sh : Ho - 1;
+        const int wo_lo = w + pw - kw + 1 > 0 ? (w + pw - kw + 1 + sw - 1) / sw : 0;
+        const int wo_hi = (w + pw) / sw < Wo - 1 ? (w + pw) / sw : Wo - 1;
+        float g = 0.0f;
+        for (int ho = ho_lo; ho <= ho_hi; ++ho) {
+            for (int wo = wo_lo; wo <= wo_hi; ++wo) {
+                const int o = ((n * C + c) * Ho + ho) * Wo + wo;
+                const float d = KDB_LOAD(dy, (long)n * ys0 + (long)c * ys1 + (long)ho * ys2 + (long)wo * ys3);
+                if (mode == 0) {
+                    if (indices[o] == h * W + w)
+                        g += d;
+                } else if (mode == 2) {
+                    g += d / (kh * kw);
+                } else {
+                    const int hs = ho * sh - ph, ws = wo * sw - pw;
+                    const int he = hs + kh < H ? hs + kh : H, we = ws + kw < W ? ws + kw : W;
+                    const int count = (he - (hs > 0 ? hs : 0)) * (we - (ws > 0 ? ws : 0));
+                    g += d / count;
+                }
+            }
+        }
+        KDB_STORE(dx, (long)n * xs0 + (long)c * xs1 + (long)h * xs2 + (long)w * xs3, g);
+    }
+}

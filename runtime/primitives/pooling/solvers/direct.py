@@ -1,0 +1,46 @@
+"""PoolDirect (id 8): a thread per output (forward) or per input (backward, gathering: no atomics)."""
+
+from __future__ import annotations
+
+import numpy as np
+
+from kdbkit.runtime.primitives.pooling.problem import MODES, PoolProblem
+from kdbkit.runtime.program_key import ProgramRequest
+from kdbkit.runtime.solver import APPLIES, Solver, launch_1d, not_applicable, register
+
+INT_MAX = 2**31 - 1
+
+
+def program(problem: PoolProblem) -> ProgramRequest:
+    return ProgramRequest("pooling.c", problem.dtype.options)
+
+
+@register
+class PoolDirect(Solver):
+    id = 8
+    name = "PoolDirect"
+    primitive = "pool"
+
+    def is_applicable(self, problem: PoolProblem, device):
+        if int(np.prod(problem.shape)) > INT_MAX or max(problem.x_strides + problem.y_strides) > INT_MAX:
+            return not_applicable("sizes or strides exceed the kernel's int arguments")
+        return APPLIES
+
+    def programs(self, problem: PoolProblem):
+        return [program(problem)]
+
+    def invoker(self, handle, problem: PoolProblem):
+        request = program(problem)
+        prog = handle.program(request.kernel_file, request.options)
+        geometry = [np.int32(v) for v in (*problem.shape, *problem.out_hw, *problem.window, *problem.stride,
+                                          *problem.pad, *problem.x_strides, *problem.y_strides)]
+        mode = np.int32(MODES.index(problem.mode))
+        if problem.direction == "fwd":
+            kernel, outputs = prog.function("pool_fwd"), int(np.prod(problem.out_shape))
+
+            def forward(x, y, indices, save_indices=True):
+                launch_1d(handle, kernel, outputs, [x, y, indices, *geometry, mode, np.int32(bool(save_indices))])
+
+            return forward
+        kernel, inputs = prog.function("pool_bwd"), int(np.prod(problem.shape))
+        return lambda dy, indices, dx: launch_1d(handle, kernel, inputs, [dy, indices, dx, *geometry, mode])

@@ -1,0 +1,73 @@
+"""Pooling on the chain device against the NumPy reference."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+import kdbkit
+from kdbkit.runtime.errors import ProblemError
+from kdbkit.runtime.primitives.pooling import PoolProblem
+from kdbkit.runtime.problem import parse_config
+from kdbkit.runtime.reference import pooling as ref
+from kdbkit.runtime.tensor import DataType, DeviceTensor, TensorDesc
+
+from .conftest import TYPES
+
+GEOMETRIES = [((2, 2), (2, 2), (0, 0)), ((3, 3), (2, 2), (1, 1)), ((3, 2), (1, 2), (1, 0)), ((2, 3), (3, 1), (0, 1))]
+
+
+@pytest.mark.parametrize("dtype", list(TYPES))
+@pytest.mark.parametrize("mode", ["max", "avg", "avg_in"])
+@pytest.mark.parametrize("window, stride, pad", GEOMETRIES)
+def test_forward_and_backward_match_the_reference(handle, mode, dtype, window, stride, pad):
+    store, read, tol = TYPES[dtype]
+    rng = np.random.default_rng(sum(window) + sum(stride))
+    shape = (2, 3, 7, 9)
+    x = store(rng.standard_normal(shape))
+    y, indices = kdbkit.pooling_forward(handle, x, mode=mode, window=window, stride=stride, pad=pad, dtype=dtype)
+    ry, ridx = ref.forward(read(x), mode, window, stride, pad)
+    np.testing.assert_allclose(read(y), ry, rtol=tol, atol=tol)
+    if mode == "max":
+        np.testing.assert_array_equal(indices, ridx)
+    else:
+        assert indices is None
+    dy = store(rng.standard_normal(ry.shape))
+    dx = kdbkit.pooling_backward(handle, dy, shape, mode=mode, window=window, stride=stride, pad=pad,
+                                 indices=indices, dtype=dtype)
+    expected = ref.backward(read(dy), shape, ridx, mode, window, stride, pad)
+    np.testing.assert_allclose(read(dx), expected, rtol=tol * 4, atol=tol * 4)
+
+
+def test_device_tensors_keep_the_indices_on_the_device(handle):
+    be = handle.backend
+    x = np.random.default_rng(0).standard_normal((1, 2, 6, 6)).astype(np.float32)
+    xt = DeviceTensor.from_host(be, x)
+    y, indices = kdbkit.pooling_forward(handle, xt, window=3, stride=3)
+    assert isinstance(y, DeviceTensor) and not isinstance(indices, np.ndarray)
+    dy = DeviceTensor.from_host(be, np.ones((1, 2, 2, 2), np.float32))
+    dx = kdbkit.pooling_backward(handle, dy, (1, 2, 6, 6), window=3, stride=3, indices=indices)
+    ry, ridx = ref.forward(x, "max", (3, 3), (3, 3), (0, 0))
+    np.testing.assert_allclose(y.to_host(be), ry, rtol=1e-6)
+    np.testing.assert_allclose(dx.to_host(be), ref.backward(np.ones((1, 2, 2, 2)), x.shape, ridx, "max", (3, 3),
+                                                            (3, 3), (0, 0)))
+    indices.free()
+
+
+def test_config_and_bad_input(handle):
+    problem = PoolProblem("bwd", "avg_in", DataType.FP16, (2, 3, 8, 8), (2, 2), (2, 2), (1, 1), (192, 64, 8, 1),
+                          (75, 25, 5, 1))
+    assert parse_config(problem.config()) == problem
+    x = np.ones((1, 1, 4, 4), np.float32)
+    with pytest.raises(ProblemError, match="leaves no output"):
+        kdbkit.pooling_forward(handle, x, window=5)
+    with pytest.raises(ProblemError, match="pad .* is not smaller than the window"):
+        kdbkit.pooling_forward(handle, x, window=2, pad=2)
+    with pytest.raises(ProblemError, match="pooling mode 'median'"):
+        kdbkit.pooling_forward(handle, x, mode="median")
+    with pytest.raises(ProblemError, match="3-D; pooling takes N x C x H x W"):
+        kdbkit.pooling_forward(handle, np.ones((1, 4, 4), np.float32))
+    with pytest.raises(ProblemError, match="needs the indices"):
+        kdbkit.pooling_backward(handle, np.ones((1, 1, 2, 2), np.float32), (1, 1, 4, 4))
+    with pytest.raises(ProblemError, match=r"dy is \(1, 1, 3, 3\), but pooling"):
+        kdbkit.pooling_backward(handle, np.ones((1, 1, 3, 3), np.float32), (1, 1, 4, 4), mode="avg")
