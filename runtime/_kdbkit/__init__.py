@@ -47,6 +47,9 @@ _EXPORTS = {
     "op_tensor": "kdbkit.runtime.primitives.tensorop",
     "layernorm_forward": "kdbkit.runtime.primitives.layernorm", "layernorm_backward": "kdbkit.runtime.primitives.layernorm",
     "pooling_forward": "kdbkit.runtime.primitives.pooling", "pooling_backward": "kdbkit.runtime.primitives.pooling",
+    "batchnorm_inference": "kdbkit.runtime.primitives.batchnorm",
+    "batchnorm_training": "kdbkit.runtime.primitives.batchnorm",
+    "batchnorm_backward": "kdbkit.runtime.primitives.batchnorm",
     "find_solutions": "kdbkit.runtime.find", "run_solution": "kdbkit.runtime.find", "Solution": "kdbkit.runtime.find",
     "parse_config": "kdbkit.runtime.problem",
     # errors: the bundle format's

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import importlib
 
-PRIMITIVES = ("activation", "softmax", "tensorop", "layernorm", "pooling")
+PRIMITIVES = ("activation", "softmax", "tensorop", "layernorm", "pooling", "batchnorm")
 
 
 def load_all() -> None:

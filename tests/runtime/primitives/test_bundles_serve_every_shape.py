@@ -16,7 +16,7 @@ from .conftest import TYPES
 def test_the_catalogue_is_one_program_per_primitive_and_type():
     programs = all_programs()
     files = {p.kernel_file for p in programs}
-    assert files == {"activ.c", "softmax.c", "tensorop.c", "layernorm.c", "pooling.c"}
+    assert files == {"activ.c", "softmax.c", "tensorop.c", "layernorm.c", "pooling.c", "batchnorm.c"}
     assert len(programs) == 3 * len(files)  # fp32, fp16 and bf16 of each: every mode and shape is an argument
 
 

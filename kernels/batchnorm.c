@@ -1,0 +1,161 @@
+/* batchnorm.c: batch normalisation, inference, training forward and backward; spatial and per-activation.
+ *
+ * N x C x H x W with any element strides. A "channel" k groups the elements normalised together:
+ * spatial (spatial = 1): k = c, over N * H * W elements; per-activation: k = (c, h, w), over N.
+ * Scale, bias, means, variances and saved statistics are float32, one per channel, whatever
+ * the tensors' type.
+ *   inference: y = scale * (x - mean) / sqrt(var + eps) + bias (the given estimates)
+ *   training:  mean, var of the batch; y as above with them; running mean and variance
+ *              (unbiased) move by `factor`: r = (1 - factor) * r + factor * batch; saved mean
+ *              and inverse std for the backward pass
+ *   backward:  dbias = sum dy, dscale = sum dy * xhat,
+ *              dx = scale * invstd / M * (M * dy - dbias - xhat * dscale), M elements per channel;
+ *              mean and inverse std are the saved ones (use_saved) or computed again
+ *
+ * Options: the element type (kdb_data.h); -DBLOCK=<n> (default 256): the training and backward
+ * kernels run BLOCK threads per group, one group per channel (grid-stride over channels);
+ * bn_fwd_infer is 1-D, any launch.
+ */
+#include "kdb_data.h"
+
+#ifndef BLOCK
+#define BLOCK 256
+#endif
+
+#define BN_GEOMETRY int N, int C, int H, int W, int spatial
+
+/* Element m of channel k, at strides s0..s3. */
+KDB_DEVICE_FN long bn_offset(int k, int m, BN_GEOMETRY, int s0, int s1, int s2, int s3)
+{
+    int n, c, h, w;
+    if (spatial) {
+        c = k;
+        n = m / (H * W);
+        h = (m / W) % H;
+        w = m % W;
+    } else {
+        n = m;
+        c = k / (H * W);
+        h = (k / W) % H;
+        w = k % W;
+    }
+    return (long)n * s0 + (long)c * s1 + (long)h * s2 + (long)w * s3;
+}
+
+#define BN_CHANNELS (spatial ? C : C * H * W)
+#define BN_MEMBERS (spatial ? N * H * W : N)
+
+#define BN_SUM(scratch, value, result)                                                     \
+    do {                                                                                   \
+        scratch[KDB_LOCAL_ID_X] = (value);                                                 \
+        KDB_BARRIER;                                                                       \
+        for (int s_ = BLOCK / 2; s_ > 0; s_ >>= 1) {                                       \
+            if (KDB_LOCAL_ID_X < s_)                                                       \
+                scratch[KDB_LOCAL_ID_X] += scratch[KDB_LOCAL_ID_X + s_];                   \
+            KDB_BARRIER;                                                                   \
+        }                                                                                  \
+        result = scratch[0];                                                               \
+        KDB_BARRIER;                                                                       \
+    } while (0)
+
+KDB_KERNEL void bn_fwd_infer(const KDB_GLOBAL kdb_data_t* x, KDB_GLOBAL kdb_data_t* y, const KDB_GLOBAL float* scale,
+                             const KDB_GLOBAL float* bias, const KDB_GLOBAL float* mean, const KDB_GLOBAL float* var,
+                             BN_GEOMETRY, int xs0, int xs1, int xs2, int xs3, int ys0, int ys1, int ys2, int ys3,
+                             float eps)
+{
+    const int total = N * C * H * W;
+    for (int i = KDB_GLOBAL_ID_X; i < total; i += KDB_LOCAL_SIZE_X * KDB_NUM_GROUPS_X) {
+        const int w = i % W, h = (i / W) % H, c = (i / (W * H)) % C, n = i / (W * H * C);
+        const int k = spatial ? c : (c * H + h) * W + w;
+        const float v = KDB_LOAD(x, (long)n * xs0 + (long)c * xs1 + (long)h * xs2 + (long)w * xs3);
+        const float out = scale[k] * (v - mean[k]) / KDB_SQRTF(var[k] + eps) + bias[k];
+        KDB_STORE(y, (long)n * ys0 + (long)c * ys1 + (long)h * ys2 + (long)w * ys3, out);
+    }
+}
+
+KDB_KERNEL void bn_fwd_train(const KDB_GLOBAL kdb_data_t* x, KDB_GLOBAL kdb_data_t* y, const KDB_GLOBAL float* scale,
+                             const KDB_GLOBAL float* bias, KDB_GLOBAL float* running_mean,
+                             KDB_GLOBAL float* running_var, KDB_GLOBAL float* saved_mean,
+                             KDB_GLOBAL float* saved_invstd, BN_GEOMETRY, int xs0, int xs1, int xs2, int xs3, int ys0,
+                             int ys1, int ys2, int ys3, float eps, float factor, int update_running)
+{
+    KDB_SHARED(float, scratch, BLOCK);
+    const int channels = BN_CHANNELS, members = BN_MEMBERS, t = KDB_LOCAL_ID_X;
+    for (int k = KDB_GROUP_ID_X; k < channels; k += KDB_NUM_GROUPS_X) {
+        float s = 0.0f;
+        for (int m = t; m < members; m += BLOCK)
+            s += KDB_LOAD(x, bn_offset(k, m, N, C, H, W, spatial, xs0, xs1, xs2, xs3));
+        BN_SUM(scratch, s, s);
+        const float mean = s / members;
+        float q = 0.0f;
+        for (int m = t; m < members; m += BLOCK) {
+            const float d = KDB_LOAD(x, bn_offset(k, m, N, C, H, W, spatial, xs0, xs1, xs2, xs3)) - mean;
+            q += d * d;
+        }
+        BN_SUM(scratch, q, q);
+        const float var = q / members, invstd = 1.0f / KDB_SQRTF(var + eps);
+        for (int m = t; m < members; m += BLOCK) {
+            const float v = KDB_LOAD(x, bn_offset(k, m, N, C, H, W, spatial, xs0, xs1, xs2, xs3));
+            KDB_STORE(y, bn_offset(k, m, N, C, H, W, spatial, ys0, ys1, ys2, ys3),
+                      scale[k] * (v - mean) * invstd + bias[k]);
+        }
+        if (t == 0) {
+            saved_mean[k] = mean;
+            saved_invstd[k] = invstd;
+            if (update_running) {
+                const float unbiased = members > 1 ? q / (members - 1) : var;
+                running_mean[k] = (1.0f - factor) * running_mean[k] + factor * mean;
+                running_var[k] = (1.0f - factor) * running_var[k] + factor * unbiased;
+            }
+        }
+    }
+}
+
+/* x and dy share strides (s*); dx has its own (ds*). */
+KDB_KERNEL void bn_bwd(const KDB_GLOBAL kdb_data_t* x, const KDB_GLOBAL kdb_data_t* dy, KDB_GLOBAL kdb_data_t* dx,
+                       const KDB_GLOBAL float* scale, KDB_GLOBAL float* dscale, KDB_GLOBAL float* dbias,
+                       const KDB_GLOBAL float* saved_mean, const KDB_GLOBAL float* saved_invstd, BN_GEOMETRY, int s0,
+                       int s1, int s2, int s3, int ds0, int ds1, int ds2, int ds3, float eps, int use_saved)
+{
+    KDB_SHARED(float, scratch, BLOCK);
+    const int channels = BN_CHANNELS, members = BN_MEMBERS, t = KDB_LOCAL_ID_X;
+    for (int k = KDB_GROUP_ID_X; k < channels; k += KDB_NUM_GROUPS_X) {
+        float mean, invstd;
+        if (use_saved) {
+            mean = saved_mean[k];
+            invstd = saved_invstd[k];
+        } else {
+            float s = 0.0f, q = 0.0f;
+            for (int m = t; m < members; m += BLOCK)
+                s += KDB_LOAD(x, bn_offset(k, m, N, C, H, W, spatial, s0, s1, s2, s3));
+            BN_SUM(scratch, s, s);
+            mean = s / members;
+            for (int m = t; m < members; m += BLOCK) {
+                const float d = KDB_LOAD(x, bn_offset(k, m, N, C, H, W, spatial, s0, s1, s2, s3)) - mean;
+                q += d * d;
+            }
+            BN_SUM(scratch, q, q);
+            invstd = 1.0f / KDB_SQRTF(q / members + eps);
+        }
+        float sdy = 0.0f, sdyx = 0.0f;
+        for (int m = t; m < members; m += BLOCK) {
+            const long o = bn_offset(k, m, N, C, H, W, spatial, s0, s1, s2, s3);
+            const float g = KDB_LOAD(dy, o);
+            sdy += g;
+            sdyx += g * (KDB_LOAD(x, o) - mean) * invstd;
+        }
+        BN_SUM(scratch, sdy, sdy);
+        BN_SUM(scratch, sdyx, sdyx);
+        const float coef = scale[k] * invstd / members;
+        for (int m = t; m < members; m += BLOCK) {
+            const long o = bn_offset(k, m, N, C, H, W, spatial, s0, s1, s2, s3);
+            const float xhat = (KDB_LOAD(x, o) - mean) * invstd;
+            KDB_STORE(dx, bn_offset(k, m, N, C, H, W, spatial, ds0, ds1, ds2, ds3),
+                      coef * (members * KDB_LOAD(dy, o) - sdy - xhat * sdyx));
+        }
+        if (t == 0) {
+            dscale[k] = sdyx;
+            dbias[k] = sdy;
+        }
+    }
+}

@@ -1,0 +1,51 @@
+"""BatchNormBlock (id 9): one group per channel for training and backward; a thread per element for inference."""
+
+from __future__ import annotations
+
+import numpy as np
+
+from kdbkit.runtime.primitives.batchnorm.problem import BatchNormProblem
+from kdbkit.runtime.program_key import ProgramRequest
+from kdbkit.runtime.solver import APPLIES, Solver, launch_1d, not_applicable, register
+
+BLOCK, MAX_GROUPS, INT_MAX = 256, 65535, 2**31 - 1
+
+
+def program(problem: BatchNormProblem) -> ProgramRequest:
+    return ProgramRequest("batchnorm.c", problem.dtype.options)
+
+
+@register
+class BatchNormBlock(Solver):
+    id = 9
+    name = "BatchNormBlock"
+    primitive = "bnorm"
+
+    def is_applicable(self, problem: BatchNormProblem, device):
+        if int(np.prod(problem.shape)) > INT_MAX or max(problem.x_strides + problem.y_strides) > INT_MAX:
+            return not_applicable("sizes or strides exceed the kernel's int arguments")
+        return APPLIES
+
+    def programs(self, problem: BatchNormProblem):
+        return [program(problem)]
+
+    def invoker(self, handle, problem: BatchNormProblem):
+        request = program(problem)
+        prog = handle.program(request.kernel_file, request.options)
+        geometry = [np.int32(v) for v in (*problem.shape, problem.mode == "spatial", *problem.x_strides,
+                                          *problem.y_strides)]
+        eps, launch = np.float32(problem.eps), handle.backend.launch
+        groups = (min(problem.channels, MAX_GROUPS), 1, 1)
+        if problem.direction == "infer":
+            kernel, total = prog.function("bn_fwd_infer"), int(np.prod(problem.shape))
+            return lambda x, y, scale, bias, mean, var: launch_1d(
+                handle, kernel, total, [x, y, scale, bias, mean, var, *geometry, eps])
+        if problem.direction == "train":
+            kernel = prog.function("bn_fwd_train")
+            tail = [eps, np.float32(problem.factor), np.int32(problem.running)]
+            return lambda x, y, scale, bias, running_mean, running_var, saved_mean, saved_invstd: launch(
+                kernel, groups, (BLOCK, 1, 1),
+                [x, y, scale, bias, running_mean, running_var, saved_mean, saved_invstd, *geometry, *tail])
+        kernel, tail = prog.function("bn_bwd"), [eps, np.int32(problem.saved)]
+        return lambda x, dy, dx, scale, dscale, dbias, saved_mean, saved_invstd: launch(
+            kernel, groups, (BLOCK, 1, 1), [x, dy, dx, scale, dscale, dbias, saved_mean, saved_invstd, *geometry, *tail])

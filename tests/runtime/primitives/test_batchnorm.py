@@ -1,0 +1,74 @@
+"""Batch normalisation on the chain device against the NumPy reference."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+import kdbkit
+from kdbkit.runtime.errors import ProblemError
+from kdbkit.runtime.primitives.batchnorm import BatchNormProblem
+from kdbkit.runtime.problem import parse_config
+from kdbkit.runtime.reference import batchnorm as ref
+from kdbkit.runtime.tensor import DataType
+
+from .conftest import TYPES
+
+SHAPE = (5, 3, 4, 7)
+
+
+def _params(rng, count):
+    return (rng.standard_normal(count).astype(np.float32), rng.standard_normal(count).astype(np.float32))
+
+
+@pytest.mark.parametrize("dtype", list(TYPES))
+@pytest.mark.parametrize("mode", ["spatial", "per_act"])
+def test_training_backward_and_inference_match_the_reference(handle, mode, dtype):
+    store, read, tol = TYPES[dtype]
+    rng = np.random.default_rng(len(mode))
+    count = SHAPE[1] if mode == "spatial" else SHAPE[1] * SHAPE[2] * SHAPE[3]
+    x = store(rng.standard_normal(SHAPE) * 2 + 0.5)
+    scale, bias = _params(rng, count)
+    rm, rv = rng.standard_normal(count).astype(np.float32), rng.random(count).astype(np.float32) + 0.5
+    rm0, rv0 = rm.copy(), rv.copy()
+    y, saved_mean, saved_invstd = kdbkit.batchnorm_training(handle, x, scale, bias, mode=mode, momentum=0.25,
+                                                            running_mean=rm, running_var=rv, dtype=dtype)
+    ry, rmean, rinv, new_rm, new_rv = ref.training(read(x), scale, bias, mode, 1e-5, 0.25, rm0, rv0)
+    np.testing.assert_allclose(read(y), ry, rtol=tol * 4, atol=tol * 4)
+    np.testing.assert_allclose(saved_mean, rmean, rtol=1e-4, atol=1e-5)
+    np.testing.assert_allclose(saved_invstd, rinv, rtol=1e-4)
+    np.testing.assert_allclose(rm, new_rm, rtol=1e-4, atol=1e-5)  # updated in place
+    np.testing.assert_allclose(rv, new_rv, rtol=1e-4, atol=1e-5)
+    dy = store(rng.standard_normal(SHAPE))
+    rdx, rds, rdb = ref.backward(read(x), read(dy), scale, mode)
+    for stats in ((saved_mean, saved_invstd), (None, None)):  # saved, and computed again
+        dx, dscale, dbias = kdbkit.batchnorm_backward(handle, x, dy, scale, *stats, mode=mode, dtype=dtype)
+        np.testing.assert_allclose(read(dx), rdx, rtol=tol * 8, atol=tol * 8)
+        np.testing.assert_allclose(dscale, rds, rtol=tol * 8, atol=tol * 8 * np.sqrt(x.size / count))
+        np.testing.assert_allclose(dbias, rdb, rtol=tol * 8, atol=tol * 8 * np.sqrt(x.size / count))
+    yi = kdbkit.batchnorm_inference(handle, x, scale, bias, rm, rv, mode=mode, dtype=dtype)
+    np.testing.assert_allclose(read(yi), ref.inference(read(x), scale, bias, rm, rv, mode), rtol=tol * 4,
+                               atol=tol * 4)
+
+
+def test_parameters_in_miopen_shapes_and_no_running_statistics(handle):
+    rng = np.random.default_rng(9)
+    x = rng.standard_normal((2, 3, 2, 2)).astype(np.float32)
+    scale, bias = (a.reshape(1, 3, 1, 1) for a in _params(rng, 3))
+    y, mean, invstd = kdbkit.batchnorm_training(handle, x, scale, bias)
+    np.testing.assert_allclose(y, ref.training(x, scale, bias)[0], rtol=1e-5, atol=1e-5)
+
+
+def test_config_and_bad_input(handle):
+    problem = BatchNormProblem("train", "per_act", DataType.FP16, (2, 3, 4, 5), (60, 20, 5, 1), (60, 20, 5, 1))
+    assert parse_config(problem.config()) == problem
+    x = np.ones((2, 3, 4, 4), np.float32)
+    one = np.ones(3, np.float32)
+    with pytest.raises(ProblemError, match="scale has 2 elements; this batch norm has 3 channels"):
+        kdbkit.batchnorm_training(handle, x, one[:2].copy(), one)
+    with pytest.raises(ProblemError, match="one running statistic without the other"):
+        kdbkit.batchnorm_training(handle, x, one, one, running_mean=one.copy())
+    with pytest.raises(ProblemError, match="batch norm mode 'spatial2'"):
+        kdbkit.batchnorm_inference(handle, x, one, one, one, one, mode="spatial2")
+    with pytest.raises(ProblemError, match="2-D; batch norm takes"):
+        kdbkit.batchnorm_inference(handle, np.ones((2, 3), np.float32), one, one, one, one)
