@@ -51,6 +51,7 @@ class Solver(ABC):
     id: int
     name: str
     primitive: str
+    backends: tuple[str, ...] | None = None  # the backends its kernels build for; None: every one (the dialect)
 
     @abstractmethod
     def is_applicable(self, problem: "Problem", device: DeviceInfo) -> Applicability:

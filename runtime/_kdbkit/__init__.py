@@ -50,6 +50,7 @@ _EXPORTS = {
     "batchnorm_inference": "kdbkit.runtime.primitives.batchnorm",
     "batchnorm_training": "kdbkit.runtime.primitives.batchnorm",
     "batchnorm_backward": "kdbkit.runtime.primitives.batchnorm",
+    "gemm": "kdbkit.runtime.primitives.gemm",
     "find_solutions": "kdbkit.runtime.find", "run_solution": "kdbkit.runtime.find", "Solution": "kdbkit.runtime.find",
     "parse_config": "kdbkit.runtime.problem",
     # errors: the bundle format's

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import importlib
 
-PRIMITIVES = ("activation", "softmax", "tensorop", "layernorm", "pooling", "batchnorm")
+PRIMITIVES = ("activation", "softmax", "tensorop", "layernorm", "pooling", "batchnorm", "gemm")
 
 
 def load_all() -> None:

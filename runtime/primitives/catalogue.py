@@ -22,10 +22,16 @@ def catalogue_problems() -> list:
     return problems
 
 
-def all_programs() -> list[ProgramRequest]:
-    """Every program any solver needs for any problem, each once, sorted."""
+def all_programs(backend: str | None = None) -> list[ProgramRequest]:
+    """Every program any solver needs for any problem, each once, sorted.
+
+    Args:
+        backend: only the programs that build for this backend (vendor-only solvers, such as
+            the CUDA tensor-core GEMM, name theirs); ``None``: all.
+    """
     requests = set()
     for problem in catalogue_problems():
         for solver in REGISTRY.for_primitive(problem.primitive):
-            requests.update(solver.programs(problem))
+            if backend is None or solver.backends is None or backend in solver.backends:
+                requests.update(solver.programs(problem))
     return sorted(requests, key=str)

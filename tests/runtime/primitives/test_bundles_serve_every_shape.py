@@ -15,16 +15,19 @@ from .conftest import TYPES
 
 def test_the_catalogue_is_one_program_per_primitive_and_type():
     programs = all_programs()
-    files = {p.kernel_file for p in programs}
-    assert files == {"activ.c", "softmax.c", "tensorop.c", "layernorm.c", "pooling.c", "batchnorm.c"}
-    assert len(programs) == 3 * len(files)  # fp32, fp16 and bf16 of each: every mode and shape is an argument
+    portable = {p.kernel_file for p in programs if p.kernel_file.endswith(".c")}
+    assert portable == {"activ.c", "softmax.c", "tensorop.c", "layernorm.c", "pooling.c", "batchnorm.c", "gemm.c"}
+    # fp32, fp16 and bf16 of each: every mode and shape is an argument; plus the CUDA tensor-core
+    # GEMM's fp16 and bf16, which only a CUDA bundle holds
+    assert len(programs) == 3 * len(portable) + 2 == 23
+    assert {p.kernel_file for p in all_programs("opencl")} == portable and len(all_programs("cuda")) == 23
 
 
 def test_a_bundle_of_the_catalogue_serves_random_new_shapes_with_no_jit(isolated, chain_backend, monkeypatch):
     from kdbkit.packager.device_build import build_bundle
     from kdbkit.runtime.handle import Handle
 
-    build_bundle(chain_backend.device.target, all_programs(), isolated / "system")
+    build_bundle(chain_backend.device.target, all_programs(chain_backend.device.backend), isolated / "system")
     monkeypatch.setenv("KDB_DISABLE_JIT", "1")  # a miss would raise JitDisabledError
     monkeypatch.setenv("KDB_DISABLE_CACHE", "1")
     sources = []

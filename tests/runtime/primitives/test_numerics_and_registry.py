@@ -16,7 +16,8 @@ from kdbkit.runtime.solver import REGISTRY, SolverRegistry
 # Every solver ever shipped, by id: a find-db names solvers by id, so an id is never reused or
 # renumbered and a new solver takes the next free one. Extend this table; never edit a line.
 SHIPPED = {1: "ActivPacked", 2: "ActivStrided", 3: "SoftmaxThread", 4: "SoftmaxBlock", 5: "OpTensorPacked",
-           6: "OpTensorStrided", 7: "LayerNormBlock", 8: "PoolDirect", 9: "BatchNormBlock"}
+           6: "OpTensorStrided", 7: "LayerNormBlock", 8: "PoolDirect", 9: "BatchNormBlock",
+           10: "GemmTiled", 11: "GemmTensorCore"}
 
 
 def test_solver_ids_are_stable():

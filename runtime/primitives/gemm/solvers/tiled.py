@@ -1,0 +1,30 @@
+"""GemmTiled (id 10): 16 x 16 tiles through shared memory, any backend and type."""
+
+from __future__ import annotations
+
+from kdbkit.runtime.primitives.gemm.problem import GemmProblem
+from kdbkit.runtime.primitives.gemm.solvers.common import fits, gemm_arguments
+from kdbkit.runtime.program_key import ProgramRequest
+from kdbkit.runtime.solver import Solver, register
+
+TILE = 16
+
+
+@register
+class GemmTiled(Solver):
+    id = 10
+    name = "GemmTiled"
+    primitive = "gemm"
+
+    def is_applicable(self, problem: GemmProblem, device):
+        return fits(problem)
+
+    def programs(self, problem: GemmProblem):
+        return [ProgramRequest("gemm.c", problem.dtype.options)]
+
+    def invoker(self, handle, problem: GemmProblem):
+        request = self.programs(problem)[0]
+        kernel = handle.program(request.kernel_file, request.options).function("gemm_tiled")
+        grid = (-(-problem.n // TILE), -(-problem.m // TILE), problem.batch)
+        tail, launch = gemm_arguments(problem), handle.backend.launch
+        return lambda a, b, c: launch(kernel, grid, (TILE, TILE, 1), [a, b, c, *tail])

@@ -1,0 +1,58 @@
+"""GEMM on the chain device against NumPy: transposes, batches, alpha/beta, each type."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+import kdbkit
+from kdbkit.runtime.errors import NoSolverError, ProblemError
+from kdbkit.runtime.immediate import choose
+from kdbkit.runtime.primitives.gemm import GemmProblem
+from kdbkit.runtime.problem import parse_config
+from kdbkit.runtime.reference.gemm import gemm as ref
+from kdbkit.runtime.tensor import DataType
+
+from .conftest import TYPES
+
+
+@pytest.mark.parametrize("dtype", list(TYPES))
+@pytest.mark.parametrize("trans_a, trans_b", [(False, False), (True, False), (False, True), (True, True)])
+@pytest.mark.parametrize("batch", [1, 3])
+def test_gemm_matches_numpy(handle, dtype, trans_a, trans_b, batch):
+    store, read, tol = TYPES[dtype]
+    rng = np.random.default_rng(batch * 4 + trans_a * 2 + trans_b)
+    m, n, k = 37, 19, 45
+    a_shape, b_shape = ((k, m) if trans_a else (m, k)), ((n, k) if trans_b else (k, n))
+    prefix = (batch,) if batch > 1 else ()
+    a, b = store(rng.standard_normal(prefix + a_shape)), store(rng.standard_normal(prefix + b_shape))
+    c0 = store(rng.standard_normal(prefix + (m, n)))
+    c = c0.copy()
+    kdbkit.gemm(handle, a, b, trans_a=trans_a, trans_b=trans_b, alpha=0.5, beta=-1.5, c=c, dtype=dtype)
+    expected = ref(read(a), read(b), trans_a, trans_b, 0.5, -1.5, read(c0))
+    # each output sums k products of unit-variance values: its error grows with sqrt(k)
+    np.testing.assert_allclose(read(c), expected, rtol=tol * 4, atol=tol * 4 * np.sqrt(k))
+
+
+def test_a_shared_matrix_against_a_batch(handle):
+    rng = np.random.default_rng(1)
+    a, b = rng.standard_normal((4, 8, 5)).astype(np.float32), rng.standard_normal((5, 6)).astype(np.float32)
+    np.testing.assert_allclose(kdbkit.gemm(handle, a, b), a @ b, rtol=1e-5, atol=1e-5)
+
+
+def test_solver_choice_config_and_bad_input(handle):
+    problem = GemmProblem(DataType.FP16, 64, 32, 16, True, False, 2, 64, 32, 32, 1024, 512, 2048, 1.0, 0.5)
+    assert parse_config(problem.config()) == problem
+    choice = choose(handle, problem)
+    assert choice.solver.name == "GemmTiled"
+    assert choice.trace[0].startswith("GemmTensorCore: rejected, tensor cores through mma.sync are CUDA only")
+    with pytest.raises(NoSolverError, match="GemmTensorCore does not apply"):
+        kdbkit.gemm(handle, np.ones((4, 4), np.float16), np.ones((4, 4), np.float16), solver="GemmTensorCore")
+    with pytest.raises(ProblemError, match="op\\(a\\) is 2x3 but op\\(b\\) is 4x2"):
+        kdbkit.gemm(handle, np.ones((2, 3), np.float32), np.ones((4, 2), np.float32))
+    with pytest.raises(ProblemError, match="a has 2 matrices, b 3"):
+        kdbkit.gemm(handle, np.ones((2, 2, 2), np.float32), np.ones((3, 2, 2), np.float32))
+    with pytest.raises(ProblemError, match="1-D; gemm takes matrices"):
+        kdbkit.gemm(handle, np.ones(4, np.float32), np.ones((4, 2), np.float32))
+    with pytest.raises(ProblemError, match="lda=2 is smaller"):
+        GemmProblem(DataType.FP32, 4, 4, 4, lda=2, ldb=4, ldc=4)
