@@ -1,12 +1,13 @@
-"""One primitive call: choose the solver, check the inputs, launch, check the outputs."""
+"""One primitive call: log its driver command, choose the solver, check the inputs, launch, check the outputs."""
 
 from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
-from kdbkit.runtime import numerics
+from kdbkit.runtime import env, numerics
 from kdbkit.runtime.backends.base import Buffer
 from kdbkit.runtime.immediate import Choice, choose, invoker
+from kdbkit.runtime.logging_setup import log_command
 from kdbkit.runtime.problem import Problem
 from kdbkit.runtime.tensor import TensorDesc
 
@@ -21,11 +22,17 @@ def invoke(handle: "Handle", problem: Problem, solver: int | str | None, inputs:
     """Run ``problem`` with the chosen (or asked-for) solver on these device tensors.
 
     ``unused`` are tensors the invoker takes but this problem neither reads nor writes (a
-    weight's gradient without a weight): passed on, never checked.
+    weight's gradient without a weight): passed on, never checked. With
+    ``KDB_ENABLE_LOGGING_CMD``, the ``kdb driver`` command that runs the same problem is logged
+    first (so a call that then fails is logged too).
 
     Raises:
         NoSolverError: as :func:`choose`. NumericsError: as KDB_CHECK_NUMERICS asks.
     """
+    if env.get_bool("KDB_ENABLE_LOGGING_CMD"):
+        from kdbkit.runtime.driver.registry import command_line  # the driver imports this module
+
+        log_command(command_line(problem, solver))
     choice = choose(handle, problem, solver)
     config = problem.config()
     numerics.check(handle.backend, config, "input", [(n, b, d) for n, (b, d) in inputs.items()])
