@@ -1,0 +1,272 @@
+"""``kdb driver`` (MIOpenDriver's equivalent) and KDB_ENABLE_LOGGING_CMD, on the chain device (PoCL in CI)."""
+
+from __future__ import annotations
+
+import re
+import shlex
+import subprocess
+import sys
+
+import numpy as np
+import pytest
+
+import kdbkit
+from kdbkit.runtime.cli.app import main
+from kdbkit.runtime.driver import registry
+from kdbkit.runtime.driver.tensors import HostTensors
+from kdbkit.runtime.logging_setup import configure_logging
+from kdbkit.runtime.problem import parse_config
+from kdbkit.runtime.tensor import DeviceTensor, TensorDesc
+from tests.runtime.chain_fixtures import chain_backend, chain_device, child_env, isolated, make_handle  # noqa: F401
+
+FLOAT = r"[0-9]+\.[0-9]{6}"
+SCI = r"[0-9]\.[0-9]e[+-][0-9]{2}"
+
+
+@pytest.fixture(scope="module")
+def kernel_cache(tmp_path_factory):
+    """One kernel cache for the module: each test's find-db and system folder stay its own."""
+    return tmp_path_factory.mktemp("driver-cache")
+
+
+@pytest.fixture
+def kdb(isolated, kernel_cache, chain_device, monkeypatch, capsys):  # noqa: F811
+    """Run ``kdb ARGS...`` in-process on the chain device; returns (exit code, stdout, stderr)."""
+    monkeypatch.setenv("KDB_CUSTOM_CACHE_DIR", str(kernel_cache))
+    monkeypatch.setenv("KDB_BACKEND", chain_device.backend)
+
+    def run(*args):
+        words = shlex.split(args[0]) if len(args) == 1 else [str(a) for a in args]
+        code = main(words)
+        captured = capsys.readouterr()
+        return code, captured.out, captured.err
+    return run
+
+
+@pytest.fixture
+def logging_cmd(monkeypatch):
+    """KDB_ENABLE_LOGGING_CMD=1 for the test; logging is configured again after it."""
+    monkeypatch.setenv("KDB_ENABLE_LOGGING_CMD", "1")
+    configure_logging(force=True)
+    yield
+    monkeypatch.delenv("KDB_ENABLE_LOGGING_CMD")
+    configure_logging(force=True)
+
+
+def _problems(out: str) -> list[str]:
+    return re.findall(r"^Problem: (\S+)$", out, re.M)
+
+
+@pytest.mark.parametrize("command, title, flags", [
+    ("activ", "Activation", "-m elu -A 0.5"),
+    ("softmax", "Softmax", "-a 2 -m 0 -A 0.5 -B 0.25"),
+    ("lnorm", "Layer Norm", "--dim 2"),
+])
+def test_forward_and_backward_verify_and_are_timed(kdb, command, title, flags):
+    code, out, err = kdb(f"driver {command} -n 2 -c 4 -H 4 -W 8 {flags} -F 0 -V 1 -t 1 -i 3")
+    assert code == 0, out + err
+    assert out.startswith("Device: ")
+    configs = _problems(out)
+    assert [parse_config(c).direction for c in configs] == ["fwd", "bwd"]
+    assert all(parse_config(c).config() == c and "shape=2x4x4x8" in c for c in configs)
+    for phase in ("Forward", "Backward"):
+        assert re.search(rf"^GPU Kernel Time {phase} {title} Elapsed: {FLOAT} ms \(average\)$", out, re.M), out
+        ok = re.search(rf"^{phase} {title} Verifies OK on CPU reference \(({SCI}) < 1\.0e-05\)$", out, re.M)
+        assert ok and float(ok.group(1)) < 1e-5, out
+    assert len(re.findall(r"^Solver: \w+ \(\d+\), chosen by heuristic$", out, re.M)) == 2
+
+
+def test_tensorop_verifies_with_broadcasting_and_is_timed(kdb):
+    code, out, err = kdb("driver tensorop --op max -n 2 -c 8 -H 2 -W 3 --bshape 1x8x1x1 -A 0.5 -B -2 --beta 0.25 -t 1")
+    assert code == 0, out + err
+    (config,) = _problems(out)
+    problem = parse_config(config)
+    assert (problem.op, problem.b_shape, problem.alpha2, problem.beta) == ("max", (1, 8, 1, 1), -2.0, 0.25)
+    assert "Solver: OpTensorStrided (6), chosen by heuristic" in out
+    assert re.search(rf"^GPU Kernel Time Tensor Op Elapsed: {FLOAT} ms \(average\)$", out, re.M)
+    assert re.search(rf"^Tensor Op Verifies OK on CPU reference \({SCI} < 1\.0e-05\)$", out, re.M)
+
+
+@pytest.mark.parametrize("command, dtype, tolerance", [("softmaxbfp16", "bf16", "1.6e-02"),
+                                                       ("activfp16", "fp16", "2.0e-03"),
+                                                       ("layernorm", "fp32", "1.0e-05")])
+def test_miopen_command_names_set_the_type(kdb, command, dtype, tolerance):
+    code, out, err = kdb(f"driver {command} -n 1 -c 8 -H 2 -W 2 -F 2")
+    assert code == 0, out + err
+    (config,) = _problems(out)
+    assert parse_config(config).dtype.label == dtype and parse_config(config).direction == "bwd"
+    assert re.search(rf"Verifies OK on CPU reference \({SCI} < {re.escape(tolerance)}\)", out)
+
+
+def test_find_then_the_find_db(kdb, isolated):
+    args = "driver softmax -n 2 -c 8 -H 2 -W 2 -F 1"
+    code, out, err = kdb(f"{args} -S -1")
+    assert code == 0, out + err
+    found = re.search(r"^Find: timed 2 solver\(s\) and recorded the ranking in the user find-db: (\w+) \((\d+)\)",
+                      out, re.M)
+    assert found, out
+    best = f"Solver: {found.group(1)} ({found.group(2)}), chosen by find (-S -1)"
+    assert best in out and "Verifies OK" in out
+    assert list((isolated / "userdb").iterdir())
+    code, out, err = kdb(f"{args} -S -1")  # a second run reads the ranking
+    assert code == 0 and re.search(r"^Find: ranking read from the find-db \(user\), nothing timed: ", out, re.M)
+    assert best in out
+    code, out, err = kdb(args)  # immediate mode follows it too
+    assert code == 0 and f"Solver: {found.group(1)} ({found.group(2)}), chosen by find-db (immediate mode)" in out
+
+
+@pytest.mark.parametrize("solver", ["SoftmaxBlock", "4"])
+def test_a_solver_asked_for(kdb, solver):
+    code, out, err = kdb(f"driver softmax -n 1 -c 8 -H 2 -W 2 -F 0 -S {solver}")
+    assert code == 0, out + err
+    assert out.count("Solver: SoftmaxBlock (4), chosen by -S") == 2 and out.count("Verifies OK") == 2
+
+
+def test_a_strided_config_runs_both_directions(kdb):
+    config = "activ,dir=bwd,mode=leakyrelu,type=fp16,shape=3x5,xs=8x1,ys=6x1,a=0.25,b=0.0,g=0.0"
+    code, out, err = kdb("driver", "activ", "--config", config, "-t", "1")
+    assert code == 0, out + err
+    assert _problems(out) == [config] and "ActivStrided" in out
+    code, out, err = kdb("driver", "activ", "--config", config, "-F", "0")
+    assert code == 0, out + err
+    assert _problems(out) == [config.replace("dir=bwd", "dir=fwd"), config] and out.count("Verifies OK") == 2
+
+
+@pytest.mark.parametrize("args, message", [
+    ("driver activ -x 3", "No such option: -x"),
+    ("driver softmax -a 3", "Invalid value for -a: 3 is not one of 0, 1, 2"),
+    ("driver softmax -n abc", "Invalid value for '-n'"),
+    ("driver softmax -n 0", "Invalid value for -n: 0 is below 1"),
+    ("driver activ -m nope", "unknown activation mode 'nope'"),
+    ("driver tensorop -F 1", "No such option: -F"),
+    ("driver tensorop --bshape 1x3x1x1", "b's size 3 in dimension 1 neither is 1 nor matches a's 8"),
+    ("driver lnorm --dim 4", "layer norm dim 4 for a 4-D tensor"),
+    ("driver softmax -S 1", "Invalid value for -S: '1' is not a softmax solver"),
+    ("driver nosuch", "No such command 'nosuch'"),
+    ("driver activ --config 'activ,dir=fwd,mode=relu'", "has no shape="),
+    ("driver activ -n 3 --config 'activ,dir=fwd,mode=relu,type=fp32,shape=4,xs=1,ys=1'",
+     "-n cannot be combined with --config"),
+    ("driver activ -F 2 --config 'activ,dir=fwd,mode=relu,type=fp32,shape=4,xs=1,ys=1'",
+     "the config is a fwd problem but -F 2 asks for bwd"),
+    ("driver softmax --config 'activ,dir=fwd,mode=relu,type=fp32,shape=4,xs=1,ys=1'",
+     "names a activ problem and `kdb driver softmax` runs softmax ones: run `kdb driver activ`"),
+])
+def test_bad_flags_are_one_line_usage_errors(kdb, args, message):
+    code, out, err = kdb(args)
+    assert code == 2 and out == ""
+    assert len(err.strip().splitlines()) == 1 and err.startswith("error: ") and message in err, err
+
+
+def test_a_wrong_result_fails_with_exit_1(kdb, monkeypatch):
+    spec = registry.for_primitive("softmax")
+    real = type(spec).reference
+    monkeypatch.setattr(type(spec), "reference", lambda self, p, t: {k: v + 0.03 for k, v in real(self, p, t).items()})
+    code, out, err = kdb("driver softmax -n 1 -c 8 -H 2 -W 2 -F 0")
+    assert code == 1, out + err
+    assert re.search(rf"^Forward Softmax FAILED: ({SCI}) > 1\.0e-05$", out, re.M), out
+    assert re.search(rf"^Backward Softmax FAILED: {SCI} > 1\.0e-05$", out, re.M)
+
+
+def test_a_tolerance_too_tight_fails_and_no_verification_passes(kdb):
+    code, out, err = kdb("driver softmaxbfp16 -n 1 -c 8 -H 2 -W 2 -F 1 --tolerance 1e-9")
+    assert code == 1 and re.search(rf"^Forward Softmax FAILED: {SCI} > 1\.0e-09$", out, re.M), out
+    code, out, err = kdb("driver softmaxbfp16 -n 1 -c 8 -H 2 -W 2 -F 1 --tolerance 1e-9 -V 0")
+    assert code == 0 and "Verifies" not in out and "FAILED" not in out
+
+
+def test_a_missing_device_is_one_line(kdb):
+    code, out, err = kdb("driver activ --device 99")
+    assert code == 1 and "no device 99" in err and len(err.strip().splitlines()) == 1
+
+
+def test_writes_between_strides_are_caught():
+    desc = TensorDesc(kdbkit.DataType.FP32, (2, 3), (4, 1))  # one gap after each row of 3
+    t = HostTensors({"y": desc}, np.random.default_rng(0))
+    assert t.flat["y"].size == desc.span == 7
+    values = t.set("y", np.arange(6.0).reshape(2, 3))
+    assert values.tolist() == [[0, 1, 2], [3, 4, 5]] and t.flat["y"][[0, 1, 2, 4, 5, 6]].tolist() == list(range(6))
+    back = t.flat["y"].copy()
+    assert t.gaps_changed("y", back) == 0
+    back[3] += 1
+    assert t.gaps_changed("y", back) == 1
+
+
+# -- KDB_ENABLE_LOGGING_CMD: every primitive call logs the driver command that reproduces it --
+
+LOG_LINE = re.compile(r"^kdbkit command: \[(LogCmd\w+)\] (kdb driver .*)$", re.M)
+
+
+def _strided(be, shape, strides, rng, dtype=np.float32):
+    desc = TensorDesc(kdbkit.DataType.parse(dtype), shape, strides)
+    return DeviceTensor(be.to_device(rng.standard_normal(desc.span).astype(dtype)), desc)
+
+
+def _calls():
+    """(name, call(handle) -> None): primitive calls, strided device tensors among them."""
+    def softmax_nhwc(h):
+        rng, shape = np.random.default_rng(1), (2, 3, 4, 5)
+        x = _strided(h.backend, shape, (60, 1, 15, 3), rng)  # NHWC
+        kdbkit.softmax_forward(h, x, algorithm="log", mode="channel", alpha=0.5, beta=0.25,
+                               y=_strided(h.backend, shape, (60, 1, 15, 3), rng))
+
+    def activation_backward_padded(h):
+        rng = np.random.default_rng(2)
+        x, y, dy = (_strided(h.backend, (3, 5), (8, 1), rng, np.float16) for _ in range(3))
+        kdbkit.activation_backward(h, x, y, dy, "elu", alpha=0.7, dx=_strided(h.backend, (3, 5), (6, 1), rng, np.float16))
+
+    def tensorop_broadcast(h):
+        a = np.random.default_rng(3).standard_normal((2, 4, 3)).astype(np.float32)
+        kdbkit.op_tensor(h, "min", a, a[:1, :, :1].copy(), alpha1=2.0, alpha2=-1.0, solver="OpTensorStrided")
+
+    def layernorm_backward(h):
+        rng = np.random.default_rng(4)
+        x, dy, w = rng.standard_normal((2, 3, 8)), rng.standard_normal((2, 3, 8)), rng.standard_normal(8)
+        x, dy, w = (a.astype(np.float32) for a in (x, dy, w))
+        _, mean, rstd = kdbkit.layernorm_forward(h, x, w, w, dim=2)
+        kdbkit.layernorm_backward(h, x, dy, mean, rstd, w, dim=2)
+
+    return [("softmax_nhwc", softmax_nhwc), ("activation_backward_padded", activation_backward_padded),
+            ("tensorop_broadcast", tensorop_broadcast), ("layernorm_backward", layernorm_backward)]
+
+
+@pytest.mark.parametrize("call", [c for _, c in _calls()], ids=[n for n, _ in _calls()])
+def test_the_logged_command_reproduces_the_problem(kdb, make_handle, logging_cmd, capsys, call):  # noqa: F811
+    call(make_handle())
+    logged = LOG_LINE.findall(capsys.readouterr().err)
+    assert logged
+    for label, command in logged:
+        words = shlex.split(command)
+        config = words[words.index("--config") + 1]
+        spec = registry.for_primitive(parse_config(config).primitive)
+        assert label == spec.log_label and words[:3] == ["kdb", "driver", spec.command]
+        code, out, err = kdb(*words[1:])
+        assert code == 0, out + err
+        assert _problems(out) == [config] and "Verifies OK" in out
+        # the driver's own call logs the very same command
+        assert LOG_LINE.findall(err) == [(label, command)]
+
+
+def test_the_logged_command_runs_in_a_shell(make_handle, logging_cmd, capsys, isolated, kernel_cache):  # noqa: F811
+    _calls()[0][1](make_handle())
+    (_, command), = LOG_LINE.findall(capsys.readouterr().err)
+    words = shlex.split(command)
+    env = {**child_env(isolated, KDB_USER_DB_PATH=str(isolated / "userdb")), "KDB_CUSTOM_CACHE_DIR": str(kernel_cache)}
+    done = subprocess.run([sys.executable, "-m", "kdbkit.runtime.cli.app", *words[1:]], capture_output=True,
+                          text=True, env=env, timeout=120)
+    assert done.returncode == 0, done.stdout + done.stderr
+    assert _problems(done.stdout) == [words[words.index("--config") + 1]]
+    assert "Forward Softmax Verifies OK on CPU reference" in done.stdout
+
+
+def test_an_asked_solver_is_in_the_logged_command(make_handle, logging_cmd, capsys):  # noqa: F811
+    kdbkit.activation_forward(make_handle(), np.ones(4, np.float32), "relu", solver=2)
+    (label, command), = LOG_LINE.findall(capsys.readouterr().err)
+    assert label == "LogCmdActivation"
+    assert command == ("kdb driver activ --config 'activ,dir=fwd,mode=relu,type=fp32,shape=4,xs=1,ys=1,a=0.0,b=0.0,"
+                       "g=0.0' -F 1 -S 2")
+
+
+def test_nothing_is_logged_without_the_variable(make_handle, capsys):  # noqa: F811
+    configure_logging(force=True)
+    kdbkit.activation_forward(make_handle(), np.ones(4, np.float32))
+    assert "LogCmd" not in capsys.readouterr().err
