@@ -23,7 +23,7 @@ import logging
 from concurrent.futures import ThreadPoolExecutor
 from functools import cached_property
 from pathlib import Path
-from typing import Iterable, Sequence
+from typing import Any, Iterable, Sequence
 
 from kdbkit.kdb.find_db import FindDb
 from kdbkit.kdb.version import __version__
@@ -31,6 +31,7 @@ from kdbkit.runtime import env, kernel_sources, paths
 from kdbkit.runtime.backends.base import Backend, DeviceInfo
 from kdbkit.runtime.compilers import Compiler, LazyCompiler
 from kdbkit.runtime.errors import JitDisabledError  # noqa: F401 - re-exported for callers of program()
+from kdbkit.runtime.errors import ProblemError
 from kdbkit.runtime.jit import JitSource
 from kdbkit.runtime.kernel_sources import KernelSearchPath
 from kdbkit.runtime.logging_setup import api_logging_enabled, get_logger, log_api_call, warn_once
@@ -168,6 +169,22 @@ class Handle:
     def kernel_folder(self, kernel_file: str) -> Path:
         """The search-path folder ``kernel_file`` comes from (``kdb resolve`` shows it)."""
         return self.search_path.find(kernel_file)
+
+    def set_stream(self, stream: Any) -> None:
+        """Launch this handle's primitives on ``stream`` (MIOpen's miopenSetStream): a CUDA stream
+        handle, a ``torch.cuda.Stream`` or a ``cupy.cuda.Stream``; ``0`` or ``None`` for the default.
+
+        Raises:
+            ProblemError: the backend has no streams (OpenCL, HIP here), or ``stream`` is not one.
+        """
+        if not hasattr(self.backend, "stream"):
+            raise ProblemError(f"the {self.backend.name} backend takes no stream",
+                               "streams are for CUDA devices; leave it unset")
+        raw = getattr(stream, "cuda_stream", getattr(stream, "ptr", stream))  # torch, cupy, or a handle
+        try:
+            self.backend.stream = int(raw or 0)
+        except (TypeError, ValueError):
+            raise ProblemError(f"{stream!r} is not a CUDA stream", "pass a stream handle, torch's or CuPy's") from None
 
     @cached_property
     def find_db(self) -> FindDb:

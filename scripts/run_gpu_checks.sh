@@ -35,6 +35,7 @@ echo "== lookup-chain tests on the CUDA backend (KDB_TEST_BACKEND=cuda)"
 KDB_TEST_BACKEND=cuda python3 -m pytest -q -rs -p no:cacheprovider tests/runtime/test_resolution.py \
     tests/runtime/test_broken_caches.py tests/runtime/test_concurrency.py tests/runtime/test_lookup_chain.py \
     tests/runtime/test_user_kernels.py tests/runtime/test_cache_admin.py tests/cli/test_runtime_cli.py \
+    tests/runtime/primitives \
     2>&1 | tee "$OUT/pytest_chain_cuda.txt" | tail -5
 echo "== main job on the GPU"
 python3 -m kdbkit.runtime.cli.app demo --cache-dir "$(mktemp -d)" 2>&1 | tee "$OUT/demo_gpu.txt"
@@ -42,5 +43,7 @@ fi
 [ "$PART" = tests ] && exit 0
 echo "== startup benchmark"
 python3 scripts/bench_startup.py --runs "${RUNS:-15}" --out "$OUT" 2>&1 | tee "$OUT/bench_startup.txt"
+echo "== the primitives against PyTorch"
+python3 scripts/bench_primitives.py --out "$OUT" 2>&1 | tee "$OUT/bench_primitives.txt"
 echo "== a system hit, part by part"
 python3 scripts/profile_system_hit.py --runs 12 --out "$OUT/profile_system_hit.json" 2>&1 | tee "$OUT/profile_system_hit.txt"

@@ -217,19 +217,20 @@ class _NvmlNames:
 
 
 class CudaBuffer(Buffer):
-    """``nbytes`` of device memory from ``cuMemAlloc``."""
+    """``nbytes`` of device memory from ``cuMemAlloc``, or another library's memory (not owned)."""
 
-    def __init__(self, backend: "CudaBackend", ptr, nbytes: int):
+    def __init__(self, backend: "CudaBackend", ptr, nbytes: int, owned: bool = True):
         self._backend = backend
         self.ptr = ptr
         self.nbytes = nbytes
         self.freed = False
+        self.owned = owned  # False: PyTorch's or CuPy's memory, used in place; never freed here
 
     def free(self) -> None:
-        if not self.freed:
+        if not self.freed and self.owned:
             self._backend._activate()
             _check(self._backend._drv.cuMemFree(self.ptr), "cuMemFree", self._backend._drv)
-            self.freed = True
+        self.freed = True
 
 
 class CudaKernel(Kernel):
@@ -280,6 +281,7 @@ class CudaBackend(Backend):
             raise BackendUnavailableError(f"the CUDA driver cannot be loaded ({e})", _REMEDY) from e
         self._drv = drv
         self.device = device
+        self.stream = 0  # the CUstream launches and timings go to (Handle.set_stream); 0: legacy default
         self._dev = _check(drv.cuDeviceGet(device.index), "cuDeviceGet", drv)
         # What the hardware runs, whatever KDB_DEVICE_ARCH says: cubins are checked against it.
         self.hardware_arch = device_arch(drv, self._dev)
@@ -353,13 +355,17 @@ class CudaBackend(Backend):
                 *(int(g) for g in grid),
                 *(int(b) for b in block),
                 int(shared_bytes),
-                0,  # legacy default stream
+                self.stream,  # 0: the legacy default stream, which PyTorch and CuPy also use by default
                 ctypes.addressof(pointers) if holders else 0,
                 0,
             ),
             f"cuLaunchKernel({kernel.name}, grid={tuple(grid)}, block={tuple(block)})",
             self._drv, LaunchError,
         )
+
+    def wrap(self, ptr: int, nbytes: int) -> Buffer:
+        """Another library's device memory (a PyTorch or CuPy tensor's), used in place, never freed here."""
+        return CudaBuffer(self, int(ptr), int(nbytes), owned=False)
 
     def alloc(self, nbytes: int) -> Buffer:
         self._activate()
@@ -388,18 +394,18 @@ class CudaBackend(Backend):
         _check(self._drv.cuCtxSynchronize(), "cuCtxSynchronize", self._drv)
 
     def time_ms(self, fn, repeat: int = 1) -> float:
-        """Time ``repeat`` calls of ``fn`` between two events on the default stream."""
+        """Time ``repeat`` calls of ``fn`` between two events on this backend's stream."""
         drv = self._drv
         self._activate()
         flags = drv.CUevent_flags.CU_EVENT_DEFAULT
         start = _check(drv.cuEventCreate(flags), "cuEventCreate", drv)
         end = _check(drv.cuEventCreate(flags), "cuEventCreate", drv)
         try:
-            _check(drv.cuEventRecord(start, 0), "cuEventRecord", drv)
+            _check(drv.cuEventRecord(start, self.stream), "cuEventRecord", drv)
             for _ in range(repeat):
                 fn()
             self._activate()
-            _check(drv.cuEventRecord(end, 0), "cuEventRecord", drv)
+            _check(drv.cuEventRecord(end, self.stream), "cuEventRecord", drv)
             _check(drv.cuEventSynchronize(end), "cuEventSynchronize", drv)
             ms = _check(drv.cuEventElapsedTime(start, end), "cuEventElapsedTime", drv)
         finally:

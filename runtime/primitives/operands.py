@@ -11,6 +11,7 @@ from typing import Any
 
 import numpy as np
 
+from kdbkit.runtime import interop
 from kdbkit.runtime.backends.base import Backend, Buffer
 from kdbkit.runtime.errors import ProblemError
 from kdbkit.runtime.tensor import DataType, DeviceTensor, TensorDesc, host_array
@@ -48,12 +49,14 @@ class Operands:
         Raises:
             ProblemError: not a NumPy array or device tensor, or an unsupported type.
         """
-        if isinstance(value, DeviceTensor):
-            if dtype is not None and DataType.parse(dtype) is not value.desc.dtype:
-                raise ProblemError(f"{what} holds {value.desc.dtype.label} elements but dtype={dtype} was asked for",
+        if isinstance(value, DeviceTensor) or interop.is_foreign_device_tensor(value):
+            buffer, desc = (value.buffer, value.desc) if isinstance(value, DeviceTensor) else \
+                interop.wrap(value, self.backend, what)
+            if dtype is not None and DataType.parse(dtype) is not desc.dtype:
+                raise ProblemError(f"{what} holds {desc.dtype.label} elements but dtype={dtype} was asked for",
                                    "pass the matching dtype")
-            return value.buffer, value.desc
-        host, desc = host_array(value, dtype, what)
+            return buffer, desc
+        host, desc = host_array(interop.host_view(value), dtype, what)
         host = np.ascontiguousarray(host)
         buffer = self.backend.to_device(host)
         self._temporaries.append(buffer)
@@ -74,6 +77,11 @@ class Operands:
         if isinstance(value, DeviceTensor):
             _same(value.desc, like, what)
             return value.buffer, value.desc, value
+        if interop.is_foreign_device_tensor(value):
+            buffer, desc = interop.wrap(value, self.backend, what)
+            _same(desc, like, what)
+            return buffer, desc, value
+        value = interop.host_view(value)
         host, desc = host_array(value, like.dtype, what)
         _same(desc, like, what)
         if not (isinstance(value, np.ndarray) and value.flags.c_contiguous and value.flags.writeable):
@@ -96,4 +104,6 @@ def device_default(handle, out: Any, like_input: Any, desc: TensorDesc) -> Any:
     """A missing output of a device-tensor call is a new device tensor (a NumPy call gets a NumPy array)."""
     if out is None and isinstance(like_input, DeviceTensor):
         return DeviceTensor.empty(handle.backend, TensorDesc.packed(desc.dtype, desc.shape))
+    if out is None and interop.is_foreign_device_tensor(like_input):
+        return interop.empty_like(like_input, TensorDesc.packed(desc.dtype, desc.shape))
     return out

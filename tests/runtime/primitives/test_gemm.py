@@ -27,11 +27,14 @@ def test_gemm_matches_numpy(handle, dtype, trans_a, trans_b, batch):
     prefix = (batch,) if batch > 1 else ()
     a, b = store(rng.standard_normal(prefix + a_shape)), store(rng.standard_normal(prefix + b_shape))
     c0 = store(rng.standard_normal(prefix + (m, n)))
-    c = c0.copy()
-    kdbkit.gemm(handle, a, b, trans_a=trans_a, trans_b=trans_b, alpha=0.5, beta=-1.5, c=c, dtype=dtype)
     expected = ref(read(a), read(b), trans_a, trans_b, 0.5, -1.5, read(c0))
-    # each output sums k products of unit-variance values: its error grows with sqrt(k)
-    np.testing.assert_allclose(read(c), expected, rtol=tol * 4, atol=tol * 4 * np.sqrt(k))
+    solvers = ["GemmTiled"] + (["GemmTensorCore"] if handle.device.backend == "cuda" and dtype != "fp32" else [])
+    for solver in solvers:
+        c = c0.copy()
+        kdbkit.gemm(handle, a, b, trans_a=trans_a, trans_b=trans_b, alpha=0.5, beta=-1.5, c=c, dtype=dtype,
+                    solver=solver)
+        # each output sums k products of unit-variance values: its error grows with sqrt(k)
+        np.testing.assert_allclose(read(c), expected, rtol=tol * 4, atol=tol * 4 * np.sqrt(k), err_msg=solver)
 
 
 def test_a_shared_matrix_against_a_batch(handle):
@@ -44,10 +47,15 @@ def test_solver_choice_config_and_bad_input(handle):
     problem = GemmProblem(DataType.FP16, 64, 32, 16, True, False, 2, 64, 32, 32, 1024, 512, 2048, 1.0, 0.5)
     assert parse_config(problem.config()) == problem
     choice = choose(handle, problem)
-    assert choice.solver.name == "GemmTiled"
-    assert choice.trace[0].startswith("GemmTensorCore: rejected, tensor cores through mma.sync are CUDA only")
-    with pytest.raises(NoSolverError, match="GemmTensorCore does not apply"):
-        kdbkit.gemm(handle, np.ones((4, 4), np.float16), np.ones((4, 4), np.float16), solver="GemmTensorCore")
+    if handle.device.backend == "cuda":  # the GPU run: the H100 has tensor cores
+        assert choice.solver.name == "GemmTensorCore"
+        fp32 = choose(handle, GemmProblem(DataType.FP32, 4, 4, 4, lda=4, ldb=4, ldc=4))
+        assert fp32.solver.name == "GemmTiled" and fp32.trace[0] == "GemmTensorCore: rejected, fp32 is not fp16 or bf16"
+    else:
+        assert choice.solver.name == "GemmTiled"
+        assert choice.trace[0].startswith("GemmTensorCore: rejected, tensor cores through mma.sync are CUDA only")
+        with pytest.raises(NoSolverError, match="GemmTensorCore does not apply"):
+            kdbkit.gemm(handle, np.ones((4, 4), np.float16), np.ones((4, 4), np.float16), solver="GemmTensorCore")
     with pytest.raises(ProblemError, match="op\\(a\\) is 2x3 but op\\(b\\) is 4x2"):
         kdbkit.gemm(handle, np.ones((2, 3), np.float32), np.ones((4, 2), np.float32))
     with pytest.raises(ProblemError, match="a has 2 matrices, b 3"):

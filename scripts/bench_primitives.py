@@ -1,0 +1,191 @@
+#!/usr/bin/env python3
+"""Each primitive's time next to PyTorch's on the same problem, in one run, on a CUDA GPU.
+
+For the memory-bound primitives the report gives the bandwidth reached (the fewest bytes the
+primitive must move: inputs read once, outputs written once) as a share of a device-to-device
+copy measured in the same run; for GEMM, TFLOP/s next to torch.matmul. Both libraries run on
+the same tensors (kdbkit uses PyTorch's memory in place) on the legacy default stream, timed
+with CUDA events around back-to-back launches; each figure is the median of several such
+blocks. Writes ``<out>/bench_primitives.json``, ``.md`` and ``.png``.
+
+    python scripts/bench_primitives.py --out docs            # on the GPU machine
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import sys
+import time
+from pathlib import Path
+
+
+def timed(fn, *, iters: int, blocks: int) -> float:
+    """Median over ``blocks`` of the mean time per call (ms) of ``iters`` back-to-back calls."""
+    import torch
+
+    for _ in range(3):
+        fn()
+    torch.cuda.synchronize()
+    per_call = []
+    for _ in range(blocks):
+        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        start.record()
+        for _ in range(iters):
+            fn()
+        end.record()
+        end.synchronize()
+        per_call.append(start.elapsed_time(end) / iters)
+    return statistics.median(per_call)
+
+
+def copy_bandwidth(iters: int, blocks: int) -> float:
+    """GB/s of a 1 GiB device-to-device copy, counting bytes read plus bytes written."""
+    import torch
+
+    a = torch.randn(1 << 28, device="cuda")
+    b = torch.empty_like(a)
+    ms = timed(lambda: b.copy_(a), iters=iters, blocks=blocks)
+    return 2 * a.numel() * a.element_size() / ms / 1e6
+
+
+def cases(h, torch, kdbkit):
+    """(name, dtype, kdbkit call, torch call, bytes moved, flops) per benchmark; inputs random, outputs reused."""
+    F = torch.nn.functional
+    for dt, label in ((torch.float16, "fp16"), (torch.bfloat16, "bf16"), (torch.float32, "fp32")):
+        item = torch.finfo(dt).bits // 8
+        n = 1 << 26
+        x = torch.randn(n, device="cuda", dtype=dt)
+        y = torch.empty_like(x)
+        yield ("relu", label, lambda x=x, y=y: kdbkit.activation_forward(h, x, "relu", y=y),
+               lambda x=x: torch.relu(x),
+               2 * n * item, 0)
+        yield ("gelu (erf)", label, lambda x=x, y=y: kdbkit.activation_forward(h, x, "gelu", y=y),
+               lambda x=x: F.gelu(x), 2 * n * item, 0)
+        rows, cols = 1 << 16, 1024
+        s = torch.randn(rows, cols, device="cuda", dtype=dt)
+        so = torch.empty_like(s)
+        yield ("softmax", label, lambda s=s, so=so: kdbkit.softmax_forward(h, s, y=so),
+               lambda s=s: torch.softmax(s, -1), 2 * rows * cols * item, 0)
+        w, b = torch.randn(cols, device="cuda", dtype=dt), torch.randn(cols, device="cuda", dtype=dt)
+        yield ("layer norm", label, lambda s=s, w=w, b=b: kdbkit.layernorm_forward(h, s, w, b),
+               lambda s=s, w=w, b=b: F.layer_norm(s, (cols,), w, b), 2 * rows * cols * item + 8 * rows, 0)
+        img = torch.randn(32, 64, 112, 112, device="cuda", dtype=dt)
+        pooled = torch.empty(32, 64, 56, 56, device="cuda", dtype=dt)
+        yield ("max pool 3x3/2", label,
+               lambda img=img, pooled=pooled: kdbkit.pooling_forward(h, img, window=3, stride=2, pad=1,
+                                                                     save_indices=False, y=pooled),
+               lambda img=img: F.max_pool2d(img, 3, 2, 1), (img.numel() + pooled.numel()) * item, 0)
+        scale, shift = torch.rand(64, device="cuda") + 0.5, torch.randn(64, device="cuda")
+        mean, var = torch.randn(64, device="cuda"), torch.rand(64, device="cuda") + 0.5
+        bn_out = torch.empty_like(img)
+        yield ("batch norm (inference)", label,
+               lambda img=img, o=bn_out: kdbkit.batchnorm_inference(h, img, scale, shift, mean, var, y=o),
+               lambda img=img: F.batch_norm(img, mean.to(dt) if dt != torch.float32 else mean,
+                                            var.to(dt) if dt != torch.float32 else var,
+                                            scale.to(dt) if dt != torch.float32 else scale,
+                                            shift.to(dt) if dt != torch.float32 else shift, training=False),
+               2 * img.numel() * item, 0)
+        yield ("batch norm (training)", label,
+               lambda img=img, o=bn_out: kdbkit.batchnorm_training(h, img, scale, shift, y=o),
+               lambda img=img: F.batch_norm(img, None, None, scale.to(dt) if dt != torch.float32 else scale,
+                                            shift.to(dt) if dt != torch.float32 else shift, training=True),
+               2 * img.numel() * item, 0)
+        a2 = torch.randn(n, device="cuda", dtype=dt)
+        yield ("tensor add", label, lambda x=x, a2=a2, y=y: kdbkit.op_tensor(h, "add", x, a2, c=y),
+               lambda x=x, a2=a2, y=y: torch.add(x, a2, out=y), 3 * n * item, 0)
+        if dt != torch.float32:
+            for size in (4096, 8192):
+                A = torch.randn(size, size, device="cuda", dtype=dt)
+                B = torch.randn(size, size, device="cuda", dtype=dt)
+                C = torch.empty(size, size, device="cuda", dtype=dt)
+                yield (f"gemm {size}^3", label, lambda A=A, B=B, C=C: kdbkit.gemm(h, A, B, c=C),
+                       lambda A=A, B=B, C=C: torch.matmul(A, B, out=C), 3 * size * size * item, 2 * size**3)
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n", 1)[0])
+    parser.add_argument("--out", default="docs")
+    parser.add_argument("--iters", type=int, default=20)
+    parser.add_argument("--blocks", type=int, default=7)
+    args = parser.parse_args()
+    import torch
+
+    import kdbkit
+
+    if not torch.cuda.is_available():
+        sys.exit("no CUDA GPU for PyTorch: run this on the GPU machine")
+    out = Path(args.out)
+    out.mkdir(parents=True, exist_ok=True)
+    with kdbkit.Handle() as h:
+        if h.device.backend != "cuda":
+            sys.exit(f"kdbkit's default device is {h.device.name} ({h.device.backend}), not a CUDA GPU")
+        copy_gbs = copy_bandwidth(args.iters, args.blocks)
+        print(f"device-to-device copy: {copy_gbs:.0f} GB/s on {h.device.name}", flush=True)
+        rows = []
+        for name, label, ours, theirs, nbytes, flops in cases(h, torch, kdbkit):
+            started = time.perf_counter()
+            ours()
+            torch.cuda.synchronize()  # the first call resolves the program (JIT into the user cache)
+            resolve_s = time.perf_counter() - started
+            t_ours = timed(ours, iters=args.iters, blocks=args.blocks)
+            t_torch = timed(theirs, iters=args.iters, blocks=args.blocks)
+            row = {"primitive": name, "type": label, "kdbkit_ms": t_ours, "torch_ms": t_torch,
+                   "speedup_vs_torch": t_torch / t_ours, "bytes": nbytes, "first_call_s": resolve_s}
+            if flops:
+                row.update(kdbkit_tflops=flops / t_ours / 1e9, torch_tflops=flops / t_torch / 1e9)
+            else:
+                row.update(kdbkit_gbs=nbytes / t_ours / 1e6, torch_gbs=nbytes / t_torch / 1e6,
+                           kdbkit_copy_share=nbytes / t_ours / 1e6 / copy_gbs,
+                           torch_copy_share=nbytes / t_torch / 1e6 / copy_gbs)
+            rows.append(row)
+            share = (f"{row['kdbkit_copy_share']:.0%} of copy (torch {row['torch_copy_share']:.0%})" if not flops
+                     else f"{row['kdbkit_tflops']:.0f} TFLOP/s (torch {row['torch_tflops']:.0f})")
+            print(f"{name:24s} {label}: kdbkit {t_ours:8.4f} ms  torch {t_torch:8.4f} ms  x{t_torch / t_ours:5.2f}  "
+                  f"{share}", flush=True)
+    result = {"device": h.device.name, "copy_gbs": copy_gbs, "iters": args.iters, "blocks": args.blocks,
+              "torch": torch.__version__, "kdbkit": kdbkit.__version__, "rows": rows}
+    (out / "bench_primitives.json").write_text(json.dumps(result, indent=1))
+    write_report(result, out)
+    return 0
+
+
+def write_report(result: dict, out: Path) -> None:
+    lines = [f"# Primitives against PyTorch on {result['device']}", "",
+             "Written by `python scripts/bench_primitives.py` (one run: both libraries on the same tensors, "
+             f"median of {result['blocks']} blocks of {result['iters']} back-to-back calls, CUDA events). "
+             f"Device-to-device copy in the same run: {result['copy_gbs']:.0f} GB/s (bytes read + written). "
+             f"PyTorch {result['torch']}, kdbkit {result['kdbkit']}.", "",
+             "| primitive | type | kdbkit ms | torch ms | torch / kdbkit | kdbkit | torch |", "|---|---|---|---|---|---|---|"]
+    for r in result["rows"]:
+        if "kdbkit_tflops" in r:
+            ours, theirs = f"{r['kdbkit_tflops']:.0f} TFLOP/s", f"{r['torch_tflops']:.0f} TFLOP/s"
+        else:
+            ours, theirs = f"{r['kdbkit_copy_share']:.0%} of copy", f"{r['torch_copy_share']:.0%} of copy"
+        lines.append(f"| {r['primitive']} | {r['type']} | {r['kdbkit_ms']:.4f} | {r['torch_ms']:.4f} | "
+                     f"{r['speedup_vs_torch']:.2f} | {ours} | {theirs} |")
+    (out / "bench_primitives.md").write_text("\n".join(lines) + "\n")
+    try:
+        import matplotlib
+
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+    except ImportError:
+        print("matplotlib is not installed: no plot", file=sys.stderr)
+        return
+    rows = result["rows"]
+    fig, ax = plt.subplots(figsize=(10, 0.32 * len(rows) + 1.5))
+    names = [f"{r['primitive']} {r['type']}" for r in rows]
+    ax.barh(names, [r["speedup_vs_torch"] for r in rows], color=["tab:green" if r["speedup_vs_torch"] >= 1
+                                                                 else "tab:red" for r in rows])
+    ax.axvline(1.0, color="black", lw=1)
+    ax.set_xlabel("PyTorch time / kdbkit time (> 1: kdbkit faster)")
+    ax.set_title(f"kdbkit primitives vs PyTorch, {result['device']}")
+    ax.invert_yaxis()
+    fig.tight_layout()
+    fig.savefig(out / "bench_primitives.png", dpi=110)
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
