@@ -17,6 +17,7 @@ from typer.core import TyperGroup
 
 from kdbkit.runtime.driver import registry
 from kdbkit.runtime.driver.spec import DriverSpec, Flag
+from kdbkit.runtime.errors import ProblemError
 
 
 class _DriverGroup(TyperGroup):
@@ -97,10 +98,13 @@ def _problems(ctx: Any, spec: DriverSpec, given: dict[str, Any], o: SimpleNamesp
         if problem.primitive != spec.primitive:
             owner = registry.for_primitive(problem.primitive)
             raise _usage(ctx, f"the config names a {problem.primitive} problem and `kdb driver {spec.command}` runs "
-                         f"{spec.primitive} ones" + (f": run `kdb driver {owner.command}`" if owner else ""), "--config")
+                         f"{spec.primitive} ones" + (f": run `kdb driver {owner.command}`" if owner else ""),
+                         "--config")
         return spec.config_problems(problem, given.get("forw"))
-    except (ValueError, TypeError) as exc:  # ProblemError is a ValueError: a bad value in the flags or config
-        raise _usage(ctx, getattr(exc, "problem", None) and f"{exc.problem}; {exc.remedy}" or str(exc)) from None
+    except ProblemError as exc:  # a bad value in the flags or the config
+        raise _usage(ctx, f"{exc.problem}; {exc.remedy}" if exc.remedy else exc.problem) from None
+    except ValueError as exc:  # -F against the config's direction
+        raise _usage(ctx, str(exc)) from None
 
 
 def _run(ctx: Any, spec: DriverSpec, given: dict[str, Any]) -> None:

@@ -53,7 +53,7 @@ def run_problem(handle: "Handle", spec: DriverSpec, problem: Problem, o: SimpleN
     try:
         asked, how = _solver(handle, problem, o.solver, emit)
         descs = host.descs
-        group = lambda names: {n: (buffers[n], descs[n]) for n in names}  # noqa: E731
+        group = lambda names: {n: (buffers[n], descs[n]) for n in names}
         choice = invoke(handle, problem, asked, group(n for n in descs if n not in outputs and n not in unused),
                         group(outputs), group(unused) or None)
         outcome = Outcome(problem, choice.solver.name, how or choice.how)

@@ -98,7 +98,7 @@ def test_miopen_command_names_set_the_type(kdb, command, dtype, tolerance):
     assert re.search(rf"Verifies OK on CPU reference \({SCI} < {re.escape(tolerance)}\)", out)
 
 
-def test_find_then_the_find_db(kdb, isolated):
+def test_find_then_the_find_db(kdb, isolated):  # noqa: F811
     args = "driver softmax -n 2 -c 8 -H 2 -W 2 -F 1"
     code, out, err = kdb(f"{args} -S -1")
     assert code == 0, out + err
@@ -212,7 +212,8 @@ def _calls():
     def activation_backward_padded(h):
         rng = np.random.default_rng(2)
         x, y, dy = (_strided(h.backend, (3, 5), (8, 1), rng, np.float16) for _ in range(3))
-        kdbkit.activation_backward(h, x, y, dy, "elu", alpha=0.7, dx=_strided(h.backend, (3, 5), (6, 1), rng, np.float16))
+        dx = _strided(h.backend, (3, 5), (6, 1), rng, np.float16)
+        kdbkit.activation_backward(h, x, y, dy, "elu", alpha=0.7, dx=dx)
 
     def tensorop_broadcast(h):
         a = np.random.default_rng(3).standard_normal((2, 4, 3)).astype(np.float32)
