@@ -40,8 +40,10 @@ def _param(ops: Operands, value: Any, count: int, what: str, *, output: bool = F
     return buf, desc
 
 
-def _new_stats(ops: Operands, count: int, what: str):
-    return ops.output(None, TensorDesc.packed(DataType.FP32, (count,)), what)
+def _new_stats(ops: Operands, handle, x: Any, count: int, what: str):
+    """A new float32 per-channel output, of the caller's kind (NumPy, device tensor, PyTorch...)."""
+    desc = TensorDesc.packed(DataType.FP32, (count,))
+    return ops.output(device_default(handle, None, x, desc), desc, what)
 
 
 def batchnorm_inference(handle, x: Any, scale: Any, bias: Any, mean: Any, var: Any, *, mode: str = "spatial",
@@ -82,8 +84,8 @@ def batchnorm_training(handle, x: Any, scale: Any, bias: Any, *, mode: str = "sp
             p = TensorDesc.packed(DataType.FP32, (count,))
             stats = {"running_mean": (scratch, p), "running_var": (scratch, p)}
         yb, yd, result = ops.output(device_default(handle, y, x, xd), xd, "y")
-        mb, md, saved_mean = _new_stats(ops, count, "saved_mean")
-        sb, sd, saved_invstd = _new_stats(ops, count, "saved_invstd")
+        mb, md, saved_mean = _new_stats(ops, handle, x, count, "saved_mean")
+        sb, sd, saved_invstd = _new_stats(ops, handle, x, count, "saved_invstd")
         problem = BatchNormProblem("train", mode, xd.dtype, xd.shape, xd.strides, yd.strides, float(eps),
                                    float(momentum), running)
         outputs = {"y": (yb, yd), "saved_mean": (mb, md), "saved_invstd": (sb, sd)}
@@ -113,8 +115,8 @@ def batchnorm_backward(handle, x: Any, dy: Any, scale: Any, saved_mean: Any = No
         else:
             stats = {"saved_mean": scale_t, "saved_invstd": scale_t}  # not read
         dxb, dxd, result = ops.output(device_default(handle, dx, x, xd), xd, "dx")
-        gb, gd, dscale = _new_stats(ops, count, "dscale")
-        bb, bd, dbias = _new_stats(ops, count, "dbias")
+        gb, gd, dscale = _new_stats(ops, handle, x, count, "dscale")
+        bb, bd, dbias = _new_stats(ops, handle, x, count, "dbias")
         problem = BatchNormProblem("bwd", mode, xd.dtype, xd.shape, xd.strides, dxd.strides, float(eps), saved=saved)
         inputs = {"x": (xb, xd), "dy": (dyb, dyd), "scale": scale_t, **(stats if saved else {})}
         invoke(handle, problem, solver, inputs, {"dx": (dxb, dxd), "dscale": (gb, gd), "dbias": (bb, bd)},

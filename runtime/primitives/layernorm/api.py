@@ -7,7 +7,7 @@ from typing import Any
 from kdbkit.runtime.errors import ProblemError
 from kdbkit.runtime.primitives.invoke import invoke
 from kdbkit.runtime.primitives.layernorm.problem import LayerNormProblem
-from kdbkit.runtime.primitives.operands import Operands
+from kdbkit.runtime.primitives.operands import Operands, device_default
 from kdbkit.runtime.tensor import DataType, TensorDesc
 
 
@@ -54,10 +54,10 @@ def layernorm_forward(handle, x: Any, weight: Any = None, bias: Any = None, *, d
         problem = LayerNormProblem("fwd", xd.dtype, xd.shape, _dim(dim, len(xd.shape)), weight is not None, float(eps))
         row = xd.shape[problem.dim:]
         w, b = _row_input(ops, weight, xd, row, "weight"), _row_input(ops, bias, xd, row, "bias")
-        yb, yd, y = ops.output(None, xd, "y")
+        yb, yd, y = ops.output(device_default(handle, None, x, xd), xd, "y")
         stats = TensorDesc.packed(DataType.FP32, xd.shape[: problem.dim] or (1,))
-        mb, md, mean = ops.output(None, stats, "mean")
-        rb, rd, rstd = ops.output(None, stats, "rstd")
+        mb, md, mean = ops.output(device_default(handle, None, x, stats), stats, "mean")
+        rb, rd, rstd = ops.output(device_default(handle, None, x, stats), stats, "rstd")
         affine = {"weight": w, "bias": b} if w else {}
         invoke(handle, problem, solver, {"x": (xb, xd), **affine}, {"y": (yb, yd), "mean": (mb, md), "rstd": (rb, rd)},
                unused=None if w else {"weight": (xb, xd), "bias": (xb, xd)})
@@ -92,10 +92,10 @@ def layernorm_backward(handle, x: Any, dy: Any, mean: Any, rstd: Any, weight: An
             stats[name] = (buf, desc)
         row = xd.shape[problem.dim:]
         w = _row_input(ops, weight, xd, row, "weight")
-        dxb, dxd, dx = ops.output(None, xd, "dx")
+        dxb, dxd, dx = ops.output(device_default(handle, None, x, xd), xd, "dx")
         row_desc = TensorDesc.packed(xd.dtype, row)
-        wb, wd, dweight = ops.output(None, row_desc, "dweight")
-        bb, bd, dbias = ops.output(None, row_desc, "dbias")
+        wb, wd, dweight = ops.output(device_default(handle, None, x, row_desc), row_desc, "dweight")
+        bb, bd, dbias = ops.output(device_default(handle, None, x, row_desc), row_desc, "dbias")
         grads = {"dweight": (wb, wd), "dbias": (bb, bd)}
         invoke(handle, problem, solver, {"x": (xb, xd), "dy": (dyb, dyd), "weight": w or (xb, xd), **stats},
                {"dx": (dxb, dxd), **(grads if w else {})}, unused=None if w else grads)
