@@ -14,7 +14,8 @@
  *
  * Options: the element type (kdb_data.h); -DBLOCK=<n> (default 256): the training and backward
  * kernels run BLOCK threads per group, one group per channel (grid-stride over channels);
- * bn_fwd_infer is 1-D, any launch.
+ * bn_fwd_infer is 1-D, any launch; bn_fwd_infer_planes (spatial, each H x W plane contiguous) takes
+ * any block size, a group per plane (grid-stride over planes).
  */
 #include "kdb_data.h"
 
@@ -70,6 +71,22 @@ KDB_KERNEL void bn_fwd_infer(const KDB_GLOBAL kdb_data_t* x, KDB_GLOBAL kdb_data
         const float v = KDB_LOAD(x, (long)n * xs0 + (long)c * xs1 + (long)h * xs2 + (long)w * xs3);
         const float out = scale[k] * (v - mean[k]) / KDB_SQRTF(var[k] + eps) + bias[k];
         KDB_STORE(y, (long)n * ys0 + (long)c * ys1 + (long)h * ys2 + (long)w * ys3, out);
+    }
+}
+
+/* Spatial inference over contiguous H*W planes: a group per (n, c) plane, no index division
+ * per element, the channel's scale and shift computed once. */
+KDB_KERNEL void bn_fwd_infer_planes(const KDB_GLOBAL kdb_data_t* x, KDB_GLOBAL kdb_data_t* y,
+                                    const KDB_GLOBAL float* scale, const KDB_GLOBAL float* bias,
+                                    const KDB_GLOBAL float* mean, const KDB_GLOBAL float* var, int N, int C, int HW,
+                                    int xs0, int xs1, int ys0, int ys1, float eps)
+{
+    for (int p = KDB_GROUP_ID_X; p < N * C; p += KDB_NUM_GROUPS_X) {
+        const int c = p % C, n = p / C;
+        const float a = scale[c] / KDB_SQRTF(var[c] + eps), b = bias[c] - a * mean[c];
+        const long xo = (long)n * xs0 + (long)c * xs1, yo = (long)n * ys0 + (long)c * ys1;
+        for (int j = KDB_LOCAL_ID_X; j < HW; j += KDB_LOCAL_SIZE_X)
+            KDB_STORE(y, yo + j, a * KDB_LOAD(x, xo + j) + b);
     }
 }
 

@@ -16,6 +16,7 @@
 #ifndef BLOCK
 #define BLOCK 256
 #endif
+#define SM_CACHE 8 /* elements per thread kept in registers when a row fits: rows up to BLOCK * 8 */
 
 /* Offset of element j of row r. */
 KDB_DEVICE_FN long sm_offset(int r, int j, int channel_mode, int C, int H, int W, int s0, int s1, int s2, int s3)
@@ -61,6 +62,37 @@ KDB_KERNEL void softmax_fwd_block(const KDB_GLOBAL kdb_data_t* x, KDB_GLOBAL kdb
 {
     KDB_SHARED(float, scratch, BLOCK);
     const int rows = SM_ROWS, len = SM_LEN, t = KDB_LOCAL_ID_X;
+    if (len <= BLOCK * SM_CACHE) {
+        /* The row fits in registers, SM_CACHE elements per thread: read x once instead of three times. */
+        for (int r = KDB_GROUP_ID_X; r < rows; r += KDB_NUM_GROUPS_X) {
+            float cache[SM_CACHE];
+            float m = algorithm != 0 ? -3.402823466e38f : 0.0f;
+            for (int q = 0; q < SM_CACHE; ++q) {
+                const int j = t + q * BLOCK;
+                cache[q] = j < len ? KDB_LOAD(x, sm_offset(r, j, channel_mode, C, H, W, xs0, xs1, xs2, xs3)) : 0.0f;
+                if (algorithm != 0 && j < len)
+                    m = KDB_FMAXF(m, cache[q]);
+            }
+            if (algorithm != 0)
+                SM_REDUCE(scratch, m, KDB_FMAXF, m);
+            float sum = 0.0f;
+            for (int q = 0; q < SM_CACHE; ++q)
+                if (t + q * BLOCK < len)
+                    sum += KDB_EXPF(cache[q] - m);
+            SM_REDUCE(scratch, sum, SM_ADD, sum);
+            const float log_sum = KDB_LOGF(sum), inv = 1.0f / sum;
+            for (int q = 0; q < SM_CACHE; ++q) {
+                const int j = t + q * BLOCK;
+                if (j >= len)
+                    break;
+                const float v = cache[q] - m;
+                const float out = algorithm == 2 ? v - log_sum : KDB_EXPF(v) * inv;
+                const long yo = sm_offset(r, j, channel_mode, C, H, W, ys0, ys1, ys2, ys3);
+                KDB_STORE(y, yo, beta == 0.0f ? alpha * out : alpha * out + beta * KDB_LOAD(y, yo));
+            }
+        }
+        return;
+    }
     for (int r = KDB_GROUP_ID_X; r < rows; r += KDB_NUM_GROUPS_X) {
         float m = -3.402823466e38f;
         if (algorithm != 0) {

@@ -37,12 +37,6 @@ class Operands:
             for buffer in self._temporaries:
                 buffer.free()
 
-    def scratch(self, nbytes: int) -> Buffer:
-        """Device memory for this call only."""
-        buffer = self.backend.alloc(nbytes)
-        self._temporaries.append(buffer)
-        return buffer
-
     def input(self, value: Any, dtype: DataType | str | None, what: str) -> tuple[Buffer, TensorDesc]:
         """The buffer and descriptor of an input tensor.
 

@@ -79,13 +79,11 @@ def batchnorm_training(handle, x: Any, scale: Any, bias: Any, *, mode: str = "sp
         if running:
             stats = {"running_mean": _param(ops, running_mean, count, "running_mean", output=True),
                      "running_var": _param(ops, running_var, count, "running_var", output=True)}
-        else:
-            scratch = ops.scratch(4 * count)
-            p = TensorDesc.packed(DataType.FP32, (count,))
-            stats = {"running_mean": (scratch, p), "running_var": (scratch, p)}
         yb, yd, result = ops.output(device_default(handle, y, x, xd), xd, "y")
         mb, md, saved_mean = _new_stats(ops, handle, x, count, "saved_mean")
         sb, sd, saved_invstd = _new_stats(ops, handle, x, count, "saved_invstd")
+        if not running:  # the kernel leaves them alone: any buffer will do
+            stats = {"running_mean": (mb, md), "running_var": (mb, md)}
         problem = BatchNormProblem("train", mode, xd.dtype, xd.shape, xd.strides, yd.strides, float(eps),
                                    float(momentum), running)
         outputs = {"y": (yb, yd), "saved_mean": (mb, md), "saved_invstd": (sb, sd)}

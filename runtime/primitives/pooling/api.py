@@ -45,10 +45,10 @@ def pooling_forward(handle, x: Any, *, mode: str = "max", window=(2, 2), stride=
                             packed_strides((*xd.shape[:2], 1, 1)))  # validates before the output is sized
         out = TensorDesc.packed(xd.dtype, probe.out_shape)
         yb, yd, result = ops.output(device_default(handle, y, x, out), out, "y")
-        problem = PoolProblem("fwd", mode, xd.dtype, xd.shape, window, stride, pad, xd.strides, yd.strides)
-        keep = save_indices and mode == "max"
+        keep = bool(save_indices) and mode == "max"
+        problem = PoolProblem("fwd", mode, xd.dtype, xd.shape, window, stride, pad, xd.strides, yd.strides, keep)
         n_out = int(np.prod(problem.out_shape))
-        indices = handle.backend.alloc(4 * n_out)
+        indices = handle.backend.alloc(4 * n_out if keep else 4)  # unwritten without keep
         try:
             index_desc = TensorDesc.packed(DataType.FP32, problem.out_shape)
             invoke(handle, problem, solver, {"x": (xb, xd)}, {"y": (yb, yd)}, unused={"indices": (indices, index_desc)})

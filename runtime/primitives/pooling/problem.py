@@ -2,11 +2,12 @@
 
 Config string (keys in this order)::
 
-    pool,dir=fwd,mode=max,type=fp32,shape=2x3x8x8,win=2x2,stride=2x2,pad=0x0,xs=192x64x8x1,ys=48x16x4x1
+    pool,dir=fwd,mode=max,type=fp32,shape=2x3x8x8,win=2x2,stride=2x2,pad=0x0,xs=192x64x8x1,ys=48x16x4x1,idx=1
 
 ``shape`` and ``xs`` are the input's (x forward, dx backward); ``ys`` the output's strides (y
 forward, dy backward). Modes as MIOpenDriver's ``-m``: ``max``, ``avg`` (padding excluded from
 the count) and ``avg_in`` (padding included). Each output is (in + 2 pad - win) / stride + 1.
+``idx=1``: forward max pooling also writes each output's argmax, which backward needs.
 """
 
 from __future__ import annotations
@@ -40,6 +41,7 @@ class PoolProblem(Problem):
     pad: tuple[int, int]
     x_strides: tuple[int, ...]
     y_strides: tuple[int, ...]
+    indices: bool = True  # forward max pooling writes each output's argmax (int32)
 
     def __post_init__(self) -> None:
         if self.direction not in ("fwd", "bwd"):
@@ -82,7 +84,8 @@ class PoolProblem(Problem):
         return [("dir", self.direction), ("mode", self.mode), ("type", self.dtype.label),
                 ("shape", format_dims(self.shape)), ("win", format_dims(self.window)),
                 ("stride", format_dims(self.stride)), ("pad", format_dims(self.pad)),
-                ("xs", format_dims(self.x_strides)), ("ys", format_dims(self.y_strides))]
+                ("xs", format_dims(self.x_strides)), ("ys", format_dims(self.y_strides)),
+                ("idx", str(int(self.indices)))]
 
     @classmethod
     def from_fields(cls, f: dict[str, str]) -> "PoolProblem":
@@ -90,7 +93,7 @@ class PoolProblem(Problem):
         dims = {k: parse_dims(require(f, k, text), k) for k in ("shape", "win", "stride", "pad", "xs", "ys")}
         return cls(require(f, "dir", text), require(f, "mode", text), DataType.parse(require(f, "type", text)),
                    dims["shape"], _pair(dims["win"], "win"), _pair(dims["stride"], "stride"),
-                   _pair(dims["pad"], "pad"), dims["xs"], dims["ys"])
+                   _pair(dims["pad"], "pad"), dims["xs"], dims["ys"], f.get("idx", "1") == "1")
 
 
 def catalogue() -> list[PoolProblem]:

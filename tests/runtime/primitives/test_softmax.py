@@ -55,7 +55,7 @@ def test_long_rows_go_to_the_block_solver_and_nhwc_strides_work(handle):
                                (1440, 36, 6, 1))
     choice = choose(handle, long_rows)
     assert choice.solver.name == "SoftmaxBlock"
-    assert choice.trace[0] == "SoftmaxThread: rejected, rows of 1440 elements; one thread per row takes at most 1024"
+    assert choice.trace[0] == "SoftmaxThread: rejected, rows of 1440 elements; one thread per row takes at most 64"
     with pytest.raises(NoSolverError, match="SoftmaxThread does not apply"):
         kdbkit.softmax_forward(handle, np.ones((2, 40, 6, 6), np.float32), mode="instance", solver=3)
 
@@ -71,3 +71,10 @@ def test_config_strings_round_trip_and_bad_input(handle):
         kdbkit.softmax_forward(handle, np.ones((2, 3), np.float32), algorithm="exact")
     with pytest.raises(ProblemError, match="softmax mode 'spatial'"):
         parse_config(problem.config().replace("instance", "spatial"))
+
+
+def test_rows_too_long_for_registers_take_the_three_pass_path(handle):
+    x = np.random.default_rng(8).standard_normal((2, 3, 30, 30)).astype(np.float32)  # rows of 2700 > 256 * 8
+    for algorithm in ("fast", "accurate", "log"):
+        y = kdbkit.softmax_forward(handle, x, algorithm=algorithm, mode="instance", solver="SoftmaxBlock")
+        np.testing.assert_allclose(y, ref.forward(x, algorithm, "instance"), rtol=1e-5, atol=1e-6)

@@ -37,6 +37,13 @@ class BatchNormBlock(Solver):
         eps, launch = np.float32(problem.eps), handle.backend.launch
         groups = (min(problem.channels, MAX_GROUPS), 1, 1)
         if problem.direction == "infer":
+            n, c, h, w = problem.shape
+            if problem.mode == "spatial" and all(s[2:] == (w, 1) or h * w == 1 for s in (problem.x_strides,
+                                                                                        problem.y_strides)):
+                planes = prog.function("bn_fwd_infer_planes")
+                args = [np.int32(v) for v in (n, c, h * w, *problem.x_strides[:2], *problem.y_strides[:2])]
+                return lambda x, y, scale, bias, mean, var: launch(
+                    planes, (min(n * c, MAX_GROUPS), 1, 1), (BLOCK, 1, 1), [x, y, scale, bias, mean, var, *args, eps])
             kernel, total = prog.function("bn_fwd_infer"), int(np.prod(problem.shape))
             return lambda x, y, scale, bias, mean, var: launch_1d(
                 handle, kernel, total, [x, y, scale, bias, mean, var, *geometry, eps])

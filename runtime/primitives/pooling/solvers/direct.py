@@ -38,9 +38,7 @@ class PoolDirect(Solver):
         if problem.direction == "fwd":
             kernel, outputs = prog.function("pool_fwd"), int(np.prod(problem.out_shape))
 
-            def forward(x, y, indices, save_indices=True):
-                launch_1d(handle, kernel, outputs, [x, y, indices, *geometry, mode, np.int32(bool(save_indices))])
-
-            return forward
+            save = np.int32(problem.indices and problem.mode == "max")
+            return lambda x, y, indices: launch_1d(handle, kernel, outputs, [x, y, indices, *geometry, mode, save])
         kernel, inputs = prog.function("pool_bwd"), int(np.prod(problem.shape))
         return lambda dy, indices, dx: launch_1d(handle, kernel, inputs, [dy, indices, dx, *geometry, mode])
