@@ -15,6 +15,7 @@
 #ifndef BLOCK
 #define BLOCK 256
 #endif
+#define LN_CACHE 8 /* elements per thread kept in registers when a row fits: rows up to BLOCK * 8 */
 
 /* Block-wide sum of `value` into `result`, which every thread gets. */
 #define LN_SUM(scratch, value, result)                                                     \
@@ -36,6 +37,42 @@ KDB_KERNEL void layernorm_fwd(const KDB_GLOBAL kdb_data_t* x, const KDB_GLOBAL k
 {
     KDB_SHARED(float, scratch, BLOCK);
     const int t = KDB_LOCAL_ID_X;
+    if (inner <= BLOCK * LN_CACHE) {
+        /* The row fits in registers: read x once instead of three times. */
+        for (int r = KDB_GROUP_ID_X; r < rows; r += KDB_NUM_GROUPS_X) {
+            const long base = (long)r * inner;
+            float cache[LN_CACHE];
+            float s = 0.0f;
+            for (int q = 0; q < LN_CACHE; ++q) {
+                const int j = t + q * BLOCK;
+                cache[q] = j < inner ? KDB_LOAD(x, base + j) : 0.0f;
+                s += cache[q];
+            }
+            LN_SUM(scratch, s, s);
+            const float m = s / inner;
+            float v = 0.0f;
+            for (int q = 0; q < LN_CACHE; ++q) {
+                const float d = t + q * BLOCK < inner ? cache[q] - m : 0.0f;
+                v += d * d;
+            }
+            LN_SUM(scratch, v, v);
+            const float rs = 1.0f / KDB_SQRTF(v / inner + eps);
+            if (t == 0) {
+                mean[r] = m;
+                rstd[r] = rs;
+            }
+            for (int q = 0; q < LN_CACHE; ++q) {
+                const int j = t + q * BLOCK;
+                if (j >= inner)
+                    break;
+                float out = (cache[q] - m) * rs;
+                if (affine)
+                    out = out * KDB_LOAD(weight, j) + KDB_LOAD(bias, j);
+                KDB_STORE(y, base + j, out);
+            }
+        }
+        return;
+    }
     for (int r = KDB_GROUP_ID_X; r < rows; r += KDB_NUM_GROUPS_X) {
         const long base = (long)r * inner;
         float s = 0.0f;

@@ -18,22 +18,19 @@
 #endif
 #define SM_CACHE 8 /* elements per thread kept in registers when a row fits: rows up to BLOCK * 8 */
 
-/* Offset of element j of row r. */
+/* Offset of element j of row r. Channel mode: the row's base plus j * s1, so the division
+ * by the shape happens once per row (the compiler hoists it out of the loops over j); instance
+ * mode divides j by the shape only when C, H and W are not laid out one after another. */
 KDB_DEVICE_FN long sm_offset(int r, int j, int channel_mode, int C, int H, int W, int s0, int s1, int s2, int s3)
 {
-    int n, c, h, w;
     if (channel_mode) {
-        w = r % W;
-        h = (r / W) % H;
-        n = r / (W * H);
-        c = j;
-    } else {
-        w = j % W;
-        h = (j / W) % H;
-        c = j / (W * H);
-        n = r;
+        const int w = r % W, h = (r / W) % H, n = r / (W * H);
+        return (long)n * s0 + (long)h * s2 + (long)w * s3 + (long)j * s1;
     }
-    return (long)n * s0 + (long)c * s1 + (long)h * s2 + (long)w * s3;
+    if (s2 == W * s3 && s1 == H * s2)  /* C x H x W packed within the row: one stride */
+        return (long)r * s0 + (long)j * s3;
+    const int w = j % W, h = (j / W) % H, c = j / (W * H);
+    return (long)r * s0 + (long)c * s1 + (long)h * s2 + (long)w * s3;
 }
 
 #define SM_GEOMETRY int N, int C, int H, int W, int channel_mode
