@@ -41,3 +41,18 @@ def test_the_python_example_runs_as_written(tmp_path):
                           timeout=600)
     assert proc.returncode == 0, proc.stderr
     assert proc.stdout.strip() in ("system", "user", "jit")
+
+
+def test_the_primitives_example_runs_as_written(tmp_path):
+    import os
+    import subprocess
+    import sys
+
+    section = (ROOT / "README.md").read_text().split("## The primitives", 1)[1].split("\n## ", 1)[0]
+    (example,) = re.findall(r"```python\n(.*?)\n```", section, re.S)
+    env = {k: v for k, v in os.environ.items() if not k.startswith("KDB_")}
+    env.update(KDB_CUSTOM_CACHE_DIR=str(tmp_path / "cache"), KDB_SYSTEM_DB_PATH=str(tmp_path / "system"),
+               KDB_USER_DB_PATH=str(tmp_path / "userdb"))
+    proc = subprocess.run([sys.executable, "-c", example], cwd=tmp_path, env=env, capture_output=True, text=True,
+                          timeout=600)
+    assert proc.returncode == 0, proc.stderr
