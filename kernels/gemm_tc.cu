@@ -8,8 +8,12 @@
  * Options: -DKDB_TYPE_FP16 or -DKDB_TYPE_BF16 (required).
  * Launch: blocks of 256 threads (8 warps), grid (ceil(N / 128), ceil(M / 128), batch). A block
  * computes a 128 x 128 tile of C; warps are 2 (M) x 4 (N), each 64 x 32 = 4 x 4 mma tiles of
- * 16 x 8, stepping K by 32 through shared memory (A as [m][k], B as [n][k]: each fragment
- * register is one 32-bit load of two k-neighbours).
+ * 16 x 8, stepping K by 32 through shared memory.
+ *   gemm_tc: any layout, sizes and alignment (A as [m][k], B as [n][k] in shared memory: each
+ *            fragment register is one 32-bit load of two k-neighbours)
+ *   gemm_tc_nn: neither operand transposed, M and N multiples of 128, K of 32, lda and ldb of 8,
+ *            every matrix 16-byte aligned: tiles copied with 16-byte cp.async into two shared
+ *            buffers (the next tile loads while this one computes), fragments read with ldmatrix
  */
 #if !defined(__CUDACC__) && !defined(__CUDACC_RTC__)
 #error "gemm_tc.cu is CUDA only (tensor cores through mma.sync)"
@@ -119,5 +123,101 @@ gemm_tc(const unsigned short* A, const unsigned short* B, unsigned short* C, int
                         c[o] = tc_from_float(beta == 0.0f ? v : v + beta * tc_to_float(c[o]));
                     }
                 }
+            }
+}
+
+/* ---------------------------------------------------------------- the aligned, untransposed fast path */
+
+__device__ __forceinline__ unsigned int smem_address(const void* p)
+{
+    return (unsigned int)__cvta_generic_to_shared(p);
+}
+
+__device__ __forceinline__ void copy16_async(void* shared, const void* global)
+{
+    asm volatile("cp.async.cg.shared.global [%0], [%1], 16;" ::"r"(smem_address(shared)), "l"(global));
+}
+
+extern "C" __global__ void __launch_bounds__(256)
+gemm_tc_nn(const unsigned short* A, const unsigned short* B, unsigned short* C, int M, int N, int K, int lda, int ldb,
+           int ldc, long stride_a, long stride_b, long stride_c, float alpha, float beta)
+{
+    __shared__ __align__(16) unsigned short As[2][BM][BK + PAD];
+    __shared__ __align__(16) unsigned short Bs[2][BK][BN + PAD];
+    const unsigned short* a = A + blockIdx.z * stride_a + (long)blockIdx.y * BM * lda;
+    const unsigned short* b = B + blockIdx.z * stride_b + (long)blockIdx.x * BN;
+    unsigned short* c = C + blockIdx.z * stride_c;
+    const int row0 = blockIdx.y * BM, col0 = blockIdx.x * BN;
+    const int lane = threadIdx.x % 32, warp = threadIdx.x / 32;
+    const int wm = (warp / 4) * 64, wn = (warp % 4) * 32;
+    const int group = lane >> 2, tig = lane & 3;
+
+    /* Each thread copies two 16-byte chunks of A's tile (128 x 32) and two of B's (32 x 128). */
+    const int t = threadIdx.x;
+    const int a_row = t / 4, a_col = (t % 4) * 8;    /* + 64 rows for the second chunk */
+    const int b_row = t / 16, b_col = (t % 16) * 8;  /* + 16 rows for the second chunk */
+
+    float acc[4][4][4];
+    for (int i = 0; i < 4; ++i)
+        for (int j = 0; j < 4; ++j)
+            for (int r = 0; r < 4; ++r)
+                acc[i][j][r] = 0.0f;
+
+    const int tiles = K / BK;
+#define STAGE(buf, p0)                                                                                   \
+    do {                                                                                                 \
+        copy16_async(&As[buf][a_row][a_col], a + (long)a_row * lda + (p0) + a_col);                      \
+        copy16_async(&As[buf][a_row + 64][a_col], a + (long)(a_row + 64) * lda + (p0) + a_col);          \
+        copy16_async(&Bs[buf][b_row][b_col], b + (long)((p0) + b_row) * ldb + b_col);                    \
+        copy16_async(&Bs[buf][b_row + 16][b_col], b + (long)((p0) + b_row + 16) * ldb + b_col);          \
+        asm volatile("cp.async.commit_group;");                                                          \
+    } while (0)
+
+    STAGE(0, 0);
+    for (int tile = 0; tile < tiles; ++tile) {
+        const int buf = tile & 1;
+        if (tile + 1 < tiles) {
+            STAGE(buf ^ 1, (tile + 1) * BK);
+            asm volatile("cp.async.wait_group 1;");
+        } else {
+            asm volatile("cp.async.wait_group 0;");
+        }
+        __syncthreads();
+        for (int kk = 0; kk < BK; kk += 16) {
+            unsigned int fa[4][4], fb[4][2];
+            for (int i = 0; i < 4; ++i) {
+                const unsigned short* p = &As[buf][wm + 16 * i + (lane % 16)][kk + (lane / 16) * 8];
+                asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0, %1, %2, %3}, [%4];"
+                             : "=r"(fa[i][0]), "=r"(fa[i][1]), "=r"(fa[i][2]), "=r"(fa[i][3])
+                             : "r"(smem_address(p)));
+            }
+            for (int j = 0; j < 4; j += 2) {
+                const unsigned short* p = &Bs[buf][kk + (lane % 16)][wn + 8 * j + (lane / 16) * 8];
+                asm volatile("ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16 {%0, %1, %2, %3}, [%4];"
+                             : "=r"(fb[j][0]), "=r"(fb[j][1]), "=r"(fb[j + 1][0]), "=r"(fb[j + 1][1])
+                             : "r"(smem_address(p)));
+            }
+            for (int i = 0; i < 4; ++i)
+                for (int j = 0; j < 4; ++j)
+                    asm volatile(TC_MMA " {%0, %1, %2, %3}, {%4, %5, %6, %7}, {%8, %9}, {%0, %1, %2, %3};"
+                                 : "+f"(acc[i][j][0]), "+f"(acc[i][j][1]), "+f"(acc[i][j][2]), "+f"(acc[i][j][3])
+                                 : "r"(fa[i][0]), "r"(fa[i][1]), "r"(fa[i][2]), "r"(fa[i][3]), "r"(fb[j][0]),
+                                   "r"(fb[j][1]));
+        }
+        __syncthreads(); /* the buffer is overwritten by the copy two tiles on */
+    }
+#undef STAGE
+    for (int i = 0; i < 4; ++i)
+        for (int j = 0; j < 4; ++j)
+            for (int half = 0; half < 2; ++half) {
+                const int gi = row0 + wm + 16 * i + group + 8 * half, gj = col0 + wn + 8 * j + 2 * tig;
+                const long o = (long)gi * ldc + gj;
+                float v0 = alpha * acc[i][j][2 * half], v1 = alpha * acc[i][j][2 * half + 1];
+                if (beta != 0.0f) {
+                    v0 += beta * tc_to_float(c[o]);
+                    v1 += beta * tc_to_float(c[o + 1]);
+                }
+                c[o] = tc_from_float(v0);
+                c[o + 1] = tc_from_float(v1);
             }
 }

@@ -37,6 +37,22 @@ def test_gemm_matches_numpy(handle, dtype, trans_a, trans_b, batch):
         np.testing.assert_allclose(read(c), expected, rtol=tol * 4, atol=tol * 4 * np.sqrt(k), err_msg=solver)
 
 
+@pytest.mark.parametrize("dtype", ["fp16", "bf16"])
+@pytest.mark.parametrize("batch", [1, 2])
+def test_tile_multiple_sizes(handle, dtype, batch):
+    """Sizes the CUDA tensor-core solver's aligned fast path takes (M, N multiples of 128, K of 32)."""
+    store, read, tol = TYPES[dtype]
+    rng = np.random.default_rng(batch)
+    prefix = (batch,) if batch > 1 else ()
+    m, n, k = 256, 384, 96
+    a, b = store(rng.standard_normal(prefix + (m, k))), store(rng.standard_normal(prefix + (k, n)))
+    c0 = store(rng.standard_normal(prefix + (m, n)))
+    c = c0.copy()
+    kdbkit.gemm(handle, a, b, alpha=0.75, beta=0.5, c=c, dtype=dtype)
+    expected = ref(read(a), read(b), False, False, 0.75, 0.5, read(c0))
+    np.testing.assert_allclose(read(c), expected, rtol=tol * 4, atol=tol * 4 * np.sqrt(k))
+
+
 def test_a_shared_matrix_against_a_batch(handle):
     rng = np.random.default_rng(1)
     a, b = rng.standard_normal((4, 8, 5)).astype(np.float32), rng.standard_normal((5, 6)).astype(np.float32)

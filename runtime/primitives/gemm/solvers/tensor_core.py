@@ -35,7 +35,27 @@ class GemmTensorCore(Solver):
 
     def invoker(self, handle, problem: GemmProblem):
         request = self.programs(problem)[0]
-        kernel = handle.program(request.kernel_file, request.options).function("gemm_tc")
+        prog = handle.program(request.kernel_file, request.options)
+        kernel = prog.function("gemm_tc")
         grid = (-(-problem.n // BLOCK_TILE), -(-problem.m // BLOCK_TILE), problem.batch)
         tail, launch = gemm_arguments(problem), handle.backend.launch
-        return lambda a, b, c: launch(kernel, grid, (THREADS, 1, 1), [a, b, c, *tail])
+        if not _fast_path(problem):
+            return lambda a, b, c: launch(kernel, grid, (THREADS, 1, 1), [a, b, c, *tail])
+        fast = prog.function("gemm_tc_nn")
+        fast_tail = [*tail[:9], *tail[11:]]  # gemm_tc_nn takes no transpose flags
+
+        def run(a, b, c):
+            # 16-byte copies need 16-byte aligned matrices; a view at an odd offset takes the general kernel.
+            if all(int(getattr(t, "ptr", 1)) % 16 == 0 for t in (a, b, c)):
+                launch(fast, grid, (THREADS, 1, 1), [a, b, c, *fast_tail])
+            else:
+                launch(kernel, grid, (THREADS, 1, 1), [a, b, c, *tail])
+
+        return run
+
+
+def _fast_path(problem: GemmProblem) -> bool:
+    """gemm_tc_nn's conditions that the problem fixes (the pointers' alignment is checked per call)."""
+    p = problem
+    return (not p.trans_a and not p.trans_b and p.m % BLOCK_TILE == 0 and p.n % BLOCK_TILE == 0 and p.k % 32 == 0
+            and p.lda % 8 == 0 and p.ldb % 8 == 0 and all(s % 8 == 0 for s in (p.stride_a, p.stride_b, p.stride_c)))
