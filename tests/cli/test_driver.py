@@ -61,6 +61,9 @@ def _problems(out: str) -> list[str]:
     ("activ", "Activation", "-m elu -A 0.5"),
     ("softmax", "Softmax", "-a 2 -m 0 -A 0.5 -B 0.25"),
     ("lnorm", "Layer Norm", "--dim 2"),
+    ("pool", "Pooling", "-m max -y 3 -x 3 -u 2 -v 2 -p 1 -q 1"),
+    ("pool", "Pooling", "-m avg -y 2 -x 3 -u 1 -v 2 -q 1"),
+    ("pool", "Pooling", "-m avg_in -y 3 -x 2 -u 2 -v 1 -p 1"),
 ])
 def test_forward_and_backward_verify_and_are_timed(kdb, command, title, flags):
     code, out, err = kdb(f"driver {command} -n 2 -c 4 -H 4 -W 8 {flags} -F 0 -V 1 -t 1 -i 3")
@@ -85,6 +88,93 @@ def test_tensorop_verifies_with_broadcasting_and_is_timed(kdb):
     assert "Solver: OpTensorStrided (6), chosen by heuristic" in out
     assert re.search(rf"^GPU Kernel Time Tensor Op Elapsed: {FLOAT} ms \(average\)$", out, re.M)
     assert re.search(rf"^Tensor Op Verifies OK on CPU reference \({SCI} < 1\.0e-05\)$", out, re.M)
+
+
+def test_pooling_saves_indices_only_for_max_when_asked(kdb):
+    code, out, err = kdb("driver pool -n 1 -c 2 -H 6 -W 6 -y 3 -x 3 -u 3 -v 3 --indices 0 -F 0")
+    assert code == 0, out + err
+    assert [parse_config(c).indices for c in _problems(out)] == [False, True]  # as pooling_backward describes it
+    code, out, err = kdb("driver pool -m avg -n 1 -c 2 -H 6 -W 6 -F 1")
+    assert code == 0 and _problems(out)[0].endswith(",idx=0"), out + err  # pooling_forward keeps none for avg
+
+
+@pytest.mark.parametrize("mode, mode_name, flags", [
+    (1, "spatial", ""),
+    (0, "per_act", "-s 0 -r 0 --momentum 0.25 --eps 1e-3"),
+])
+def test_batchnorm_training_backward_and_inference_verify_and_are_timed(kdb, mode, mode_name, flags):
+    code, out, err = kdb(f"driver bnorm -n 4 -c 3 -H 4 -W 5 -m {mode} {flags} -F 1 -b 1 -t 1 -i 2")
+    assert code == 0, out + err
+    train, bwd = (parse_config(c) for c in _problems(out))
+    assert (train.direction, bwd.direction) == ("train", "bwd") and train.mode == bwd.mode == mode_name
+    assert train.shape == (4, 3, 4, 5) and train.running == ("-r 0" not in flags) and bwd.saved == ("-s 0" not in flags)
+    for title in ("Forward Training", "Backward"):
+        assert re.search(rf"^GPU Kernel Time {title} Batch Normalization Elapsed: {FLOAT} ms \(average\)$", out, re.M)
+        assert re.search(rf"^{title} Batch Normalization Verifies OK on CPU reference \({SCI} < 1\.0e-05\)$", out,
+                         re.M), out
+    code, out, err = kdb(f"driver bnorm -n 4 -c 3 -H 4 -W 5 -m {mode} -F 2 -t 1")
+    assert code == 0, out + err
+    assert [parse_config(c).direction for c in _problems(out)] == ["infer"]
+    assert re.search(rf"^GPU Kernel Time Forward Inference Batch Normalization Elapsed: {FLOAT} ms", out, re.M)
+    assert re.search(rf"^Forward Inference Batch Normalization Verifies OK on CPU reference \({SCI} < 1\.0e-05\)$",
+                     out, re.M)
+    code, out, err = kdb(f"driver bnorm -n 4 -c 3 -H 4 -W 5 -m {mode} -F 0 -b 1")  # backward alone
+    assert code == 0 and [parse_config(c).direction for c in _problems(out)] == ["bwd"], out + err
+
+
+@pytest.mark.parametrize("flags, m, n, k, batch", [
+    ("-m 24 -n 16 -k 40", 24, 16, 40, 1),
+    ("-m 17 -n 9 -k 33 -u 1 -v 1 -b 3 -A 0.5 -B -1.5", 17, 9, 33, 3),
+    ("-m 8 -n 12 -k 20 -u 1 -b 2 -B 0.25", 8, 12, 20, 2),
+])
+def test_gemm_verifies_and_is_timed(kdb, flags, m, n, k, batch):
+    code, out, err = kdb(f"driver gemm {flags} -t 1")
+    assert code == 0, out + err
+    (config,) = _problems(out)
+    problem = parse_config(config)
+    assert (problem.m, problem.n, problem.k, problem.batch) == (m, n, k, batch)
+    assert (problem.trans_a, problem.trans_b) == ("-u 1" in flags, "-v 1" in flags)
+    assert problem.ldc == n and problem.stride_c == (m * n if batch > 1 else 0)  # packed, as gemm() describes it
+    assert re.search(r"^Solver: \w+ \(\d+\), chosen by heuristic$", out, re.M)
+    assert re.search(rf"^GPU Kernel Time GEMM Elapsed: {FLOAT} ms \(average\)$", out, re.M), out
+    assert re.search(rf"^GEMM Verifies OK on CPU reference \({SCI} < 1\.0e-05\)$", out, re.M), out
+
+
+@pytest.mark.parametrize("command, dtype, tolerance", [("poolfp16 -m avg_in -p 1 -y 3 -x 3 -F 0", "fp16", "2.0e-03"),
+                                                       ("poolbfp16 -F 2", "bf16", "1.6e-02"),
+                                                       ("bnormfp16 -F 1 -b 1", "fp16", "2.0e-03"),
+                                                       ("bnormbfp16 -F 2 -m 0", "bf16", "1.6e-02"),
+                                                       ("gemmfp16 -m 20 -n 24 -k 36 -B 1", "fp16", "2.0e-03"),
+                                                       ("gemmbfp16 -m 20 -n 24 -k 36 -v 1", "bf16", "1.6e-02")])
+def test_miopen_command_names_set_the_type_of_the_new_primitives(kdb, command, dtype, tolerance):
+    code, out, err = kdb(f"driver {command}")
+    assert code == 0, out + err
+    configs = _problems(out)
+    assert configs and all(parse_config(c).dtype.label == dtype for c in configs)
+    assert len(re.findall(rf"Verifies OK on CPU reference \({SCI} < {re.escape(tolerance)}\)", out)) == len(configs)
+
+
+@pytest.mark.parametrize("command, config, flags, configs", [
+    ("pool", "pool,dir=bwd,mode=max,type=bf16,shape=2x3x7x9,win=3x2,stride=1x2,pad=1x0,xs=300x100x10x1,"
+     "ys=200x60x6x1,idx=1", "-F 0", ["fwd", "bwd"]),
+    ("pool", "pool,dir=fwd,mode=avg_in,type=fp32,shape=1x2x5x5,win=3x3,stride=2x2,pad=1x1,xs=50x1x10x2,"
+     "ys=18x1x6x2,idx=0", "-t 1", ["fwd"]),
+    ("bnorm", "bnorm,dir=train,mode=per_act,type=fp16,shape=4x3x2x5,xs=40x10x5x1,ys=35x11x5x1,eps=0.001,f=0.25,"
+     "running=1,saved=1", "-F 1 -t 1", ["train"]),
+    ("bnorm", "bnorm,dir=bwd,mode=spatial,type=fp32,shape=3x2x3x3,xs=1x3x18x6,ys=18x9x3x1,eps=1e-05,f=0.1,"
+     "running=1,saved=0", "-F 0", ["bwd"]),
+    ("bnorm", "bnorm,dir=infer,mode=spatial,type=fp32,shape=2x3x4x4,xs=64x16x4x1,ys=48x16x4x1,eps=1e-05,f=0.1,"
+     "running=1,saved=1", "", ["infer"]),
+    ("gemm", "gemm,type=fp16,m=5,n=7,k=6,ta=1,tb=0,batch=3,lda=8,ldb=9,ldc=10,sa=60,sb=0,sc=55,a=0.5,b=0.25", "-t 1",
+     [None]),
+])
+def test_a_strided_config_round_trips(kdb, command, config, flags, configs):
+    code, out, err = kdb("driver", command, "--config", config, *shlex.split(flags))
+    assert code == 0, out + err
+    got = _problems(out)
+    assert [getattr(parse_config(c), "direction", None) for c in got] == configs
+    assert config in got and all(parse_config(c).config() == c for c in got)
+    assert out.count("Verifies OK") == len(configs) and "FAILED" not in out
 
 
 @pytest.mark.parametrize("command, dtype, tolerance", [("softmaxbfp16", "bf16", "1.6e-02"),
@@ -150,6 +240,26 @@ def test_a_strided_config_runs_both_directions(kdb):
      "the config is a fwd problem but -F 2 asks for bwd"),
     ("driver softmax --config 'activ,dir=fwd,mode=relu,type=fp32,shape=4,xs=1,ys=1'",
      "names a activ problem and `kdb driver softmax` runs softmax ones: run `kdb driver activ`"),
+    ("driver pool -m median", "Invalid value for -m: 'median' is not one of max, avg, avg_in"),
+    ("driver pool -H 4 -y 5", "leaves no output"),
+    ("driver pool -p 2", "pooling pad (2, 0) is not smaller than the window (2, 2)"),
+    ("driver pool -u 0", "Invalid value for -u: 0 is below 1"),
+    ("driver pool -S 9", "Invalid value for -S: '9' is not a pool solver"),
+    ("driver bnorm -F 0", "-F 0 without -b 1 runs nothing"),
+    ("driver bnorm -m 2", "Invalid value for -m: 2 is not one of 0, 1"),
+    ("driver bnorm --eps 0", "batch norm eps 0.0"),
+    ("driver bnorm -F 2 --config 'bnorm,dir=train,mode=spatial,type=fp32,shape=1x2x2x2,xs=8x4x2x1,ys=8x4x2x1'",
+     "the config is a train problem but -F 2 asks for infer; give -F 1 or leave -F out"),
+    ("driver bnorm -b 1 --config 'bnorm,dir=bwd,mode=spatial,type=fp32,shape=1x2x2x2,xs=8x4x2x1,ys=8x4x2x1'",
+     "-b cannot be combined with --config"),
+    ("driver gemm -H 3", "No such option: -H"),
+    ("driver gemm -F 1", "No such option: -F"),
+    ("driver gemm -u 2", "Invalid value for -u: 2 is not one of 0, 1"),
+    ("driver gemm -k 0", "Invalid value for -k: 0 is below 1"),
+    ("driver gemm --config 'gemm,type=fp32,m=4,n=4,k=4,ta=0,tb=0,batch=1,lda=3,ldb=4,ldc=4,sa=0,sb=0,sc=0'",
+     "gemm lda=3 is smaller than the 4 columns it strides over"),
+    ("driver gemm --config 'pool,dir=fwd,mode=max,type=fp32,shape=1x1x2x2,win=2x2,stride=2x2,pad=0x0,xs=4x4x2x1,"
+     "ys=1x1x1x1'", "names a pool problem and `kdb driver gemm` runs gemm ones: run `kdb driver pool`"),
 ])
 def test_bad_flags_are_one_line_usage_errors(kdb, args, message):
     code, out, err = kdb(args)
@@ -165,6 +275,26 @@ def test_a_wrong_result_fails_with_exit_1(kdb, monkeypatch):
     assert code == 1, out + err
     assert re.search(rf"^Forward Softmax FAILED: ({SCI}) > 1\.0e-05$", out, re.M), out
     assert re.search(rf"^Backward Softmax FAILED: {SCI} > 1\.0e-05$", out, re.M)
+
+
+@pytest.mark.parametrize("args, output", [
+    ("pool -n 1 -c 2 -H 4 -W 4 -F 1", "y"), ("pool -n 1 -c 2 -H 4 -W 4 -F 2", "dx"),
+    *(("bnorm -n 2 -c 2 -H 2 -W 2 -F 1", name) for name in ("y", "saved_mean", "saved_invstd", "running_mean",
+                                                               "running_var")),
+    ("bnorm -n 2 -c 2 -H 2 -W 2 -F 2", "y"),
+    *(("bnorm -n 2 -c 2 -H 2 -W 2 -F 0 -b 1", name) for name in ("dx", "dscale", "dbias")),
+    ("gemm -m 4 -n 4 -k 4", "c"),
+])
+def test_every_output_is_verified(kdb, monkeypatch, args, output):
+    spec = registry.for_primitive(parse_config(_problems(kdb(f"driver {args} -V 0")[1])[0]).primitive)
+    real = type(spec).reference
+
+    def off(self, p, t):
+        expected = real(self, p, t)
+        return {**expected, output: expected[output] + 0.03}
+    monkeypatch.setattr(type(spec), "reference", off)
+    code, out, err = kdb(f"driver {args}")
+    assert code == 1 and re.search(rf"^[\w ]+ FAILED: ({SCI}) > 1\.0e-05$", out, re.M), out + err
 
 
 def test_a_tolerance_too_tight_fails_and_no_verification_passes(kdb):
