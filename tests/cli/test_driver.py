@@ -356,8 +356,29 @@ def _calls():
         _, mean, rstd = kdbkit.layernorm_forward(h, x, w, w, dim=2)
         kdbkit.layernorm_backward(h, x, dy, mean, rstd, w, dim=2)
 
+    def pooling_max_padded(h):
+        x = np.random.default_rng(5).standard_normal((2, 3, 7, 9)).astype(np.float32)
+        y, indices = kdbkit.pooling_forward(h, x, window=(3, 2), stride=(2, 1), pad=(1, 1))
+        kdbkit.pooling_backward(h, y, x.shape, window=(3, 2), stride=(2, 1), pad=(1, 1), indices=indices)
+
+    def batchnorm_per_act_unsaved(h):
+        rng = np.random.default_rng(6)
+        x, dy = (rng.standard_normal((4, 2, 3, 3)).astype(np.float32) for _ in range(2))
+        scale, bias = (rng.standard_normal(18).astype(np.float32) for _ in range(2))
+        kdbkit.batchnorm_training(h, x, scale, bias, mode="per_act", eps=1e-3)  # no running statistics
+        kdbkit.batchnorm_backward(h, x, dy, scale, mode="per_act", eps=1e-3)  # statistics computed again
+        kdbkit.batchnorm_inference(h, x, scale, bias, scale, np.abs(bias) + 1, mode="per_act")
+
+    def gemm_transposed_batch_shared_b(h):
+        rng = np.random.default_rng(7)
+        a, b, c = rng.standard_normal((3, 6, 5)), rng.standard_normal((7, 6)), rng.standard_normal((3, 5, 7))
+        a, b, c = (v.astype(np.float32) for v in (a, b, c))
+        kdbkit.gemm(h, a, b, trans_a=True, trans_b=True, alpha=0.5, beta=-0.25, c=c)
+
     return [("softmax_nhwc", softmax_nhwc), ("activation_backward_padded", activation_backward_padded),
-            ("tensorop_broadcast", tensorop_broadcast), ("layernorm_backward", layernorm_backward)]
+            ("tensorop_broadcast", tensorop_broadcast), ("layernorm_backward", layernorm_backward),
+            ("pooling_max_padded", pooling_max_padded), ("batchnorm_per_act_unsaved", batchnorm_per_act_unsaved),
+            ("gemm_transposed_batch_shared_b", gemm_transposed_batch_shared_b)]
 
 
 @pytest.mark.parametrize("call", [c for _, c in _calls()], ids=[n for n, _ in _calls()])
@@ -375,6 +396,45 @@ def test_the_logged_command_reproduces_the_problem(kdb, make_handle, logging_cmd
         assert _problems(out) == [config] and "Verifies OK" in out
         # the driver's own call logs the very same command
         assert LOG_LINE.findall(err) == [(label, command)]
+
+
+def _pool_calls(h):
+    x = np.random.default_rng(5).standard_normal((2, 3, 7, 9)).astype(np.float32)
+    y, indices = kdbkit.pooling_forward(h, x, window=(3, 2), stride=(2, 1), pad=(1, 1))
+    kdbkit.pooling_backward(h, y, x.shape, window=(3, 2), stride=(2, 1), pad=(1, 1), indices=indices)
+    kdbkit.pooling_forward(h, x, mode="avg", window=(3, 2), stride=(2, 1), pad=(1, 1))
+
+
+def _bnorm_calls(h):
+    x, one = np.ones((4, 2, 3, 3), np.float32), np.ones(18, np.float32)
+    kdbkit.batchnorm_training(h, x, one, one, mode="per_act", eps=1e-3, momentum=0.25, running_mean=one.copy(),
+                              running_var=one.copy())
+    kdbkit.batchnorm_backward(h, x, x, one, mode="per_act", eps=1e-3)
+    kdbkit.batchnorm_inference(h, x, one, one, one, one, mode="per_act")
+
+
+def _gemm_calls(h):
+    a, b, c = np.ones((3, 6, 5), np.float16), np.ones((3, 7, 6), np.float16), np.ones((3, 5, 7), np.float16)
+    kdbkit.gemm(h, a, b, trans_a=True, trans_b=True, alpha=0.5, beta=-0.25, c=c)
+
+
+@pytest.mark.parametrize("call, args", [
+    (_pool_calls, ["pool -n 2 -c 3 -H 7 -W 9 -y 3 -x 2 -u 2 -v 1 -p 1 -q 1 -F 0 -V 0",
+                   "pool -m avg -n 2 -c 3 -H 7 -W 9 -y 3 -x 2 -u 2 -v 1 -p 1 -q 1 -F 1 -V 0"]),
+    (_bnorm_calls, ["bnorm -n 4 -c 2 -H 3 -W 3 -m 0 --eps 1e-3 --momentum 0.25 -F 1 -b 1 -s 0 -V 0",
+                    "bnorm -n 4 -c 2 -H 3 -W 3 -m 0 -F 2 -V 0"]),
+    (_gemm_calls, ["gemmfp16 -m 5 -n 7 -k 6 -u 1 -v 1 -b 3 -A 0.5 -B -0.25 -V 0"]),
+], ids=["pool", "bnorm", "gemm"])
+def test_the_flags_describe_a_call_as_the_call_does(kdb, make_handle, logging_cmd, capsys, call, args):  # noqa: F811
+    """The same work has the same config string (so the same find-db record) from the flags as from a call."""
+    call(make_handle())
+    logged = [shlex.split(command) for _, command in LOG_LINE.findall(capsys.readouterr().err)]
+    driven = []
+    for words in args:
+        code, out, err = kdb(f"driver {words}")
+        assert code == 0, out + err
+        driven += _problems(out)
+    assert driven == [words[words.index("--config") + 1] for words in logged]
 
 
 def test_the_logged_command_runs_in_a_shell(make_handle, logging_cmd, capsys, isolated, kernel_cache):  # noqa: F811
