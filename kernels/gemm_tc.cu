@@ -12,8 +12,9 @@
  *   gemm_tc: any layout, sizes and alignment (A as [m][k], B as [n][k] in shared memory: each
  *            fragment register is one 32-bit load of two k-neighbours)
  *   gemm_tc_nn: neither operand transposed, M and N multiples of 128, K of 32, lda and ldb of 8,
- *            every matrix 16-byte aligned: tiles copied with 16-byte cp.async into two shared
- *            buffers (the next tile loads while this one computes), fragments read with ldmatrix
+ *            every matrix 16-byte aligned: blocks of 128 threads (4 warps of 64 x 64 each) with
+ *            75,776 bytes of dynamic shared memory: tiles copied with 16-byte cp.async into 4
+ *            buffers (three tiles load while one computes), fragments read with ldmatrix
  */
 #if !defined(__CUDACC__) && !defined(__CUDACC_RTC__)
 #error "gemm_tc.cu is CUDA only (tensor cores through mma.sync)"
@@ -66,8 +67,11 @@ gemm_tc(const unsigned short* A, const unsigned short* B, unsigned short* C, int
     const int group = lane >> 2, tig = lane & 3;
 
     float acc[4][4][4];
+    #pragma unroll
     for (int i = 0; i < 4; ++i)
+        #pragma unroll
         for (int j = 0; j < 4; ++j)
+            #pragma unroll
             for (int r = 0; r < 4; ++r)
                 acc[i][j][r] = 0.0f;
 
@@ -87,8 +91,10 @@ gemm_tc(const unsigned short* A, const unsigned short* B, unsigned short* C, int
             Bs[j][p] = (gj < N && gp < K) ? b[trans_b ? (long)gj * ldb + gp : (long)gp * ldb + gj] : 0;
         }
         __syncthreads();
+        #pragma unroll
         for (int kk = 0; kk < BK; kk += 16) {
             unsigned int fa[4][4], fb[4][2];
+            #pragma unroll
             for (int i = 0; i < 4; ++i) {
                 const int r = wm + 16 * i + group, k = kk + 2 * tig;
                 fa[i][0] = *reinterpret_cast<const unsigned int*>(&As[r][k]);
@@ -96,12 +102,15 @@ gemm_tc(const unsigned short* A, const unsigned short* B, unsigned short* C, int
                 fa[i][2] = *reinterpret_cast<const unsigned int*>(&As[r][k + 8]);
                 fa[i][3] = *reinterpret_cast<const unsigned int*>(&As[r + 8][k + 8]);
             }
+            #pragma unroll
             for (int j = 0; j < 4; ++j) {
                 const int n = wn + 8 * j + group, k = kk + 2 * tig;
                 fb[j][0] = *reinterpret_cast<const unsigned int*>(&Bs[n][k]);
                 fb[j][1] = *reinterpret_cast<const unsigned int*>(&Bs[n][k + 8]);
             }
+            #pragma unroll
             for (int i = 0; i < 4; ++i)
+                #pragma unroll
                 for (int j = 0; j < 4; ++j)
                     asm volatile(TC_MMA " {%0, %1, %2, %3}, {%4, %5, %6, %7}, {%8, %9}, {%0, %1, %2, %3};"
                                  : "+f"(acc[i][j][0]), "+f"(acc[i][j][1]), "+f"(acc[i][j][2]), "+f"(acc[i][j][3])
@@ -111,10 +120,14 @@ gemm_tc(const unsigned short* A, const unsigned short* B, unsigned short* C, int
         __syncthreads();
     }
     /* Each accumulator register pair is (row, 2 * tig + {0, 1}) of a 16 x 8 tile; +8 rows for the second pair. */
+    #pragma unroll
     for (int i = 0; i < 4; ++i)
+        #pragma unroll
         for (int j = 0; j < 4; ++j)
+            #pragma unroll
             for (int half = 0; half < 2; ++half) {
                 const int gi = row0 + wm + 16 * i + group + 8 * half;
+                #pragma unroll
                 for (int q = 0; q < 2; ++q) {
                     const int gj = col0 + wn + 8 * j + 2 * tig + q;
                     if (gi < M && gj < N) {
@@ -138,77 +151,102 @@ __device__ __forceinline__ void copy16_async(void* shared, const void* global)
     asm volatile("cp.async.cg.shared.global [%0], [%1], 16;" ::"r"(smem_address(shared)), "l"(global));
 }
 
-extern "C" __global__ void __launch_bounds__(256)
+#define STAGES 4
+#define A_STAGE (BM * (BK + PAD))
+#define B_STAGE (BK * (BN + PAD))
+
+extern "C" __global__ void __launch_bounds__(128)
 gemm_tc_nn(const unsigned short* A, const unsigned short* B, unsigned short* C, int M, int N, int K, int lda, int ldb,
            int ldc, long stride_a, long stride_b, long stride_c, float alpha, float beta)
 {
-    __shared__ __align__(16) unsigned short As[2][BM][BK + PAD];
-    __shared__ __align__(16) unsigned short Bs[2][BK][BN + PAD];
+    /* STAGES buffers of A's and B's tiles: dynamic shared memory, STAGES * (A_STAGE + B_STAGE) * 2 bytes. */
+    extern __shared__ __align__(16) unsigned short smem[];
+    unsigned short* As = smem;
+    unsigned short* Bs = smem + STAGES * A_STAGE;
     const unsigned short* a = A + blockIdx.z * stride_a + (long)blockIdx.y * BM * lda;
     const unsigned short* b = B + blockIdx.z * stride_b + (long)blockIdx.x * BN;
     unsigned short* c = C + blockIdx.z * stride_c;
     const int row0 = blockIdx.y * BM, col0 = blockIdx.x * BN;
     const int lane = threadIdx.x % 32, warp = threadIdx.x / 32;
-    const int wm = (warp / 4) * 64, wn = (warp % 4) * 32;
+    const int wm = (warp / 2) * 64, wn = (warp % 2) * 64; /* 4 warps, each a 64 x 64 quarter */
     const int group = lane >> 2, tig = lane & 3;
 
-    /* Each thread copies two 16-byte chunks of A's tile (128 x 32) and two of B's (32 x 128). */
+    /* Each of the 128 threads copies four 16-byte chunks of A's tile (128 x 32) and four of B's (32 x 128). */
     const int t = threadIdx.x;
-    const int a_row = t / 4, a_col = (t % 4) * 8;    /* + 64 rows for the second chunk */
-    const int b_row = t / 16, b_col = (t % 16) * 8;  /* + 16 rows for the second chunk */
+    const int a_row = t / 4, a_col = (t % 4) * 8;    /* rows a_row + 32 q */
+    const int b_row = t / 16, b_col = (t % 16) * 8;  /* rows b_row + 8 q */
 
-    float acc[4][4][4];
+    float acc[4][8][4];
+    #pragma unroll
     for (int i = 0; i < 4; ++i)
-        for (int j = 0; j < 4; ++j)
+        #pragma unroll
+        for (int j = 0; j < 8; ++j)
+            #pragma unroll
             for (int r = 0; r < 4; ++r)
                 acc[i][j][r] = 0.0f;
 
     const int tiles = K / BK;
 #define STAGE(buf, p0)                                                                                   \
     do {                                                                                                 \
-        copy16_async(&As[buf][a_row][a_col], a + (long)a_row * lda + (p0) + a_col);                      \
-        copy16_async(&As[buf][a_row + 64][a_col], a + (long)(a_row + 64) * lda + (p0) + a_col);          \
-        copy16_async(&Bs[buf][b_row][b_col], b + (long)((p0) + b_row) * ldb + b_col);                    \
-        copy16_async(&Bs[buf][b_row + 16][b_col], b + (long)((p0) + b_row + 16) * ldb + b_col);          \
-        asm volatile("cp.async.commit_group;");                                                          \
+        unsigned short* as_ = As + (buf) * A_STAGE;                                                      \
+        unsigned short* bs_ = Bs + (buf) * B_STAGE;                                                      \
+        _Pragma("unroll") for (int q = 0; q < 4; ++q) {                                                  \
+            copy16_async(as_ + (a_row + 32 * q) * (BK + PAD) + a_col,                                    \
+                         a + (long)(a_row + 32 * q) * lda + (p0) + a_col);                               \
+            copy16_async(bs_ + (b_row + 8 * q) * (BN + PAD) + b_col, b + (long)((p0) + b_row + 8 * q) * ldb + b_col); \
+        }                                                                                                \
     } while (0)
 
-    STAGE(0, 0);
+    /* Tiles 0 .. STAGES-2 in flight before the first computes; each iteration waits for its tile,
+     * starts the copy STAGES-1 tiles ahead into the buffer the previous iteration finished with. */
+    for (int s = 0; s < STAGES - 1; ++s) {
+        if (s < tiles)
+            STAGE(s, s * BK);
+        asm volatile("cp.async.commit_group;");
+    }
     for (int tile = 0; tile < tiles; ++tile) {
-        const int buf = tile & 1;
-        if (tile + 1 < tiles) {
-            STAGE(buf ^ 1, (tile + 1) * BK);
-            asm volatile("cp.async.wait_group 1;");
-        } else {
-            asm volatile("cp.async.wait_group 0;");
-        }
+        asm volatile("cp.async.wait_group %0;" ::"n"(STAGES - 2));
         __syncthreads();
+        const int next = tile + STAGES - 1;
+        if (next < tiles)
+            STAGE(next % STAGES, next * BK);
+        asm volatile("cp.async.commit_group;");
+        const unsigned short* as = As + (tile % STAGES) * A_STAGE;
+        const unsigned short* bs = Bs + (tile % STAGES) * B_STAGE;
+        #pragma unroll
         for (int kk = 0; kk < BK; kk += 16) {
-            unsigned int fa[4][4], fb[4][2];
+            unsigned int fa[4][4], fb[8][2];
+            #pragma unroll
             for (int i = 0; i < 4; ++i) {
-                const unsigned short* p = &As[buf][wm + 16 * i + (lane % 16)][kk + (lane / 16) * 8];
+                const unsigned short* p = as + (wm + 16 * i + (lane % 16)) * (BK + PAD) + kk + (lane / 16) * 8;
                 asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0, %1, %2, %3}, [%4];"
                              : "=r"(fa[i][0]), "=r"(fa[i][1]), "=r"(fa[i][2]), "=r"(fa[i][3])
                              : "r"(smem_address(p)));
             }
-            for (int j = 0; j < 4; j += 2) {
-                const unsigned short* p = &Bs[buf][kk + (lane % 16)][wn + 8 * j + (lane / 16) * 8];
+            #pragma unroll
+            for (int j = 0; j < 8; j += 2) {
+                const unsigned short* p = bs + (kk + (lane % 16)) * (BN + PAD) + wn + 8 * j + (lane / 16) * 8;
                 asm volatile("ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16 {%0, %1, %2, %3}, [%4];"
                              : "=r"(fb[j][0]), "=r"(fb[j][1]), "=r"(fb[j + 1][0]), "=r"(fb[j + 1][1])
                              : "r"(smem_address(p)));
             }
+            #pragma unroll
             for (int i = 0; i < 4; ++i)
-                for (int j = 0; j < 4; ++j)
+                #pragma unroll
+                for (int j = 0; j < 8; ++j)
                     asm volatile(TC_MMA " {%0, %1, %2, %3}, {%4, %5, %6, %7}, {%8, %9}, {%0, %1, %2, %3};"
                                  : "+f"(acc[i][j][0]), "+f"(acc[i][j][1]), "+f"(acc[i][j][2]), "+f"(acc[i][j][3])
                                  : "r"(fa[i][0]), "r"(fa[i][1]), "r"(fa[i][2]), "r"(fa[i][3]), "r"(fb[j][0]),
                                    "r"(fb[j][1]));
         }
-        __syncthreads(); /* the buffer is overwritten by the copy two tiles on */
     }
+    asm volatile("cp.async.wait_group 0;");
 #undef STAGE
+    #pragma unroll
     for (int i = 0; i < 4; ++i)
-        for (int j = 0; j < 4; ++j)
+        #pragma unroll
+        for (int j = 0; j < 8; ++j)
+            #pragma unroll
             for (int half = 0; half < 2; ++half) {
                 const int gi = row0 + wm + 16 * i + group + 8 * half, gj = col0 + wn + 8 * j + 2 * tig;
                 const long o = (long)gi * ldc + gj;

@@ -238,6 +238,7 @@ class CudaKernel(Kernel):
         self.name = name
         self.function = function
         self._module = module  # keeps the module loaded while the kernel is in use
+        self.dynamic_shared_limit = 48 * 1024  # what a launch may ask for before the kernel opts in to more
 
 
 class CudaModule(Module):
@@ -349,6 +350,12 @@ class CudaBackend(Backend):
         ]
         pointers = (ctypes.c_void_p * max(len(holders), 1))(*[ctypes.addressof(h) for h in holders])
         self._activate()
+        if shared_bytes > kernel.dynamic_shared_limit:
+            # Over 48 KiB of dynamic shared memory is opt-in per kernel (sm_70+), once.
+            attribute = self._drv.CUfunction_attribute.CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES
+            _check(self._drv.cuFuncSetAttribute(kernel.function, attribute, int(shared_bytes)),
+                   f"cuFuncSetAttribute({kernel.name}, max dynamic shared memory {shared_bytes})", self._drv, LaunchError)
+            kernel.dynamic_shared_limit = int(shared_bytes)
         _check(
             self._drv.cuLaunchKernel(
                 kernel.function,

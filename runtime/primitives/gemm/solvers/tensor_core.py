@@ -8,7 +8,8 @@ from kdbkit.runtime.program_key import ProgramRequest
 from kdbkit.runtime.solver import Solver, not_applicable, register
 from kdbkit.runtime.tensor import DataType
 
-BLOCK_TILE, THREADS = 128, 256
+BLOCK_TILE, THREADS, FAST_THREADS = 128, 256, 128
+FAST_SHARED = 4 * (128 * 40 + 32 * 136) * 2  # gemm_tc_nn's 4 stages of padded A and B tiles (bytes)
 
 
 @register
@@ -47,7 +48,7 @@ class GemmTensorCore(Solver):
         def run(a, b, c):
             # 16-byte copies need 16-byte aligned matrices; a view at an odd offset takes the general kernel.
             if all(int(getattr(t, "ptr", 1)) % 16 == 0 for t in (a, b, c)):
-                launch(fast, grid, (THREADS, 1, 1), [a, b, c, *fast_tail])
+                launch(fast, grid, (FAST_THREADS, 1, 1), [a, b, c, *fast_tail], FAST_SHARED)
             else:
                 launch(kernel, grid, (THREADS, 1, 1), [a, b, c, *tail])
 
