@@ -182,3 +182,65 @@ KDB_KERNEL void softmax_bwd_thread(const KDB_GLOBAL kdb_data_t* y, const KDB_GLO
         }
     }
 }
+
+/* Forward over rows of at most ROWS_T * ROWS_CACHE (1024) elements, ROWS_T (32) threads per row
+ * and BLOCK / ROWS_T rows per group: each reduction takes 5 steps over a 32-wide segment
+ * instead of 8 over the whole group, and one group serves 8 rows. Launch BLOCK threads per
+ * group, any number of groups (grid-stride over blocks of rows). */
+#define ROWS_T 32
+#define ROWS_CACHE 32
+#define ROWS_PER (BLOCK / ROWS_T)
+
+#define SM_SEGMENT_REDUCE(scratch, value, OP, result)                                      \
+    do {                                                                                   \
+        const int tid_ = KDB_LOCAL_ID_X, lane_ = tid_ % ROWS_T;                            \
+        scratch[tid_] = (value);                                                           \
+        KDB_BARRIER;                                                                       \
+        for (int s_ = ROWS_T / 2; s_ > 0; s_ >>= 1) {                                      \
+            if (lane_ < s_)                                                                \
+                scratch[tid_] = OP(scratch[tid_], scratch[tid_ + s_]);                     \
+            KDB_BARRIER;                                                                   \
+        }                                                                                  \
+        result = scratch[tid_ - lane_];                                                    \
+        KDB_BARRIER;                                                                       \
+    } while (0)
+
+KDB_KERNEL void softmax_fwd_rows(const KDB_GLOBAL kdb_data_t* x, KDB_GLOBAL kdb_data_t* y, SM_GEOMETRY, int xs0,
+                                 int xs1, int xs2, int xs3, int ys0, int ys1, int ys2, int ys3, int algorithm,
+                                 float alpha, float beta)
+{
+    KDB_SHARED(float, scratch, BLOCK);
+    const int rows = SM_ROWS, len = SM_LEN;
+    const int lane = KDB_LOCAL_ID_X % ROWS_T, slot = KDB_LOCAL_ID_X / ROWS_T;
+    for (int r0 = KDB_GROUP_ID_X * ROWS_PER; r0 < rows; r0 += KDB_NUM_GROUPS_X * ROWS_PER) {
+        const int r = r0 + slot, live = r < rows;
+        float cache[ROWS_CACHE];
+        float m = algorithm != 0 ? -3.402823466e38f : 0.0f;
+        for (int q = 0; q < ROWS_CACHE; ++q) {
+            const int j = lane + q * ROWS_T;
+            const int in = live && j < len;
+            cache[q] = in ? KDB_LOAD(x, sm_offset(r, j, channel_mode, C, H, W, xs0, xs1, xs2, xs3)) : 0.0f;
+            if (algorithm != 0 && in)
+                m = KDB_FMAXF(m, cache[q]);
+        }
+        if (algorithm != 0)
+            SM_SEGMENT_REDUCE(scratch, m, KDB_FMAXF, m);
+        float sum = 0.0f;
+        for (int q = 0; q < ROWS_CACHE; ++q)
+            if (live && lane + q * ROWS_T < len)
+                sum += KDB_EXPF(cache[q] - m);
+        SM_SEGMENT_REDUCE(scratch, sum, SM_ADD, sum);
+        if (!live)
+            continue;
+        const float log_sum = KDB_LOGF(sum), inv = 1.0f / sum;
+        for (int q = 0; q < ROWS_CACHE; ++q) {
+            const int j = lane + q * ROWS_T;
+            if (j < len) {
+                const float v = cache[q] - m;
+                const float out = algorithm == 2 ? v - log_sum : KDB_EXPF(v) * inv;
+                const long yo = sm_offset(r, j, channel_mode, C, H, W, ys0, ys1, ys2, ys3);
+                KDB_STORE(y, yo, beta == 0.0f ? alpha * out : alpha * out + beta * KDB_LOAD(y, yo));
+            }
+        }
+    }
+}

@@ -27,6 +27,8 @@ def test_forward_and_backward_match_the_reference(handle, mode, algorithm, dtype
     x = store(rng.standard_normal(shape) * 2)
     y = kdbkit.softmax_forward(handle, x, algorithm=algorithm, mode=mode, dtype=dtype, solver=solver)
     np.testing.assert_allclose(read(y), ref.forward(read(x), algorithm, mode), rtol=tol, atol=tol)
+    rows = kdbkit.softmax_forward(handle, x, algorithm=algorithm, mode=mode, dtype=dtype, solver="SoftmaxRows")
+    np.testing.assert_allclose(read(rows), ref.forward(read(x), algorithm, mode), rtol=tol, atol=tol)
     dy = store(rng.standard_normal(shape))
     dx = kdbkit.softmax_backward(handle, y, dy, algorithm=algorithm, mode=mode, dtype=dtype, solver=solver)
     np.testing.assert_allclose(read(dx), ref.backward(read(y), read(dy), algorithm, mode), rtol=tol, atol=tol)
@@ -78,3 +80,16 @@ def test_rows_too_long_for_registers_take_the_three_pass_path(handle):
     for algorithm in ("fast", "accurate", "log"):
         y = kdbkit.softmax_forward(handle, x, algorithm=algorithm, mode="instance", solver="SoftmaxBlock")
         np.testing.assert_allclose(y, ref.forward(x, algorithm, "instance"), rtol=1e-5, atol=1e-6)
+
+
+def test_the_rows_solver_on_rows_of_65_to_1024_and_odd_counts(handle):
+    rng = np.random.default_rng(12)
+    for shape in [(13, 65), (9, 1024), (1, 300)]:  # row counts that do not fill the last group of 8
+        x = rng.standard_normal(shape).astype(np.float32) * 3
+        for algorithm in ("fast", "accurate", "log"):
+            y = kdbkit.softmax_forward(handle, x, algorithm=algorithm)
+            np.testing.assert_allclose(y, ref.forward(x, algorithm, "channel"), rtol=1e-5, atol=1e-6)
+    from kdbkit.runtime.primitives.softmax import SoftmaxProblem as P
+
+    assert choose(handle, P("fwd", "accurate", "channel", DataType.FP32, (9, 1024, 1, 1), (1024, 1, 1, 1),
+                            (1024, 1, 1, 1))).solver.name == "SoftmaxRows"

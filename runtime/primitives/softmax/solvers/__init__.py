@@ -1,7 +1,8 @@
 """The softmax solvers, one per module; importing this package registers them.
 
-Ids are stable: 3 SoftmaxThread, 4 SoftmaxBlock (a thread per row is tried first: it suits
-the many short rows of channel mode, and declines long rows).
+Ids are stable: 3 SoftmaxThread, 4 SoftmaxBlock, 12 SoftmaxRows. Immediate mode tries them
+in this order: a thread per row for short rows (channel mode), 32 threads per row for rows up
+to 1024 (forward), a group per row for the rest.
 """
 
-from kdbkit.runtime.primitives.softmax.solvers import thread, block  # noqa: F401,I001  (registers, in this order)
+from kdbkit.runtime.primitives.softmax.solvers import thread, rows, block  # noqa: F401,I001  (registers, in this order)

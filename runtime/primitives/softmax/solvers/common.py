@@ -33,6 +33,6 @@ def arguments(problem: SoftmaxProblem) -> list:
 
 def kernel_and_buffers(problem: SoftmaxProblem, prog, suffix: str):
     """The kernel for the direction, and the order its tensors come in."""
-    if problem.direction == "fwd":
+    if problem.direction == "fwd" or suffix == "rows":
         return prog.function(f"softmax_fwd_{suffix}"), ("x", "y")
     return prog.function(f"softmax_bwd_{suffix}"), ("y", "dy", "dx")

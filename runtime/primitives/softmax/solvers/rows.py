@@ -1,0 +1,34 @@
+"""SoftmaxRows (id 12): forward over rows of 65 to 1024 elements, 32 threads per row and 8 rows per group."""
+
+from __future__ import annotations
+
+from kdbkit.runtime.primitives.softmax.problem import SoftmaxProblem
+from kdbkit.runtime.primitives.softmax.solvers.common import arguments, fits_int_arguments, kernel_and_buffers, program
+from kdbkit.runtime.solver import Solver, not_applicable, register
+
+BLOCK, ROWS_PER_GROUP, MAX_ROW, MAX_GROUPS = 256, 8, 1024, 65535
+
+
+@register
+class SoftmaxRows(Solver):
+    id = 12
+    name = "SoftmaxRows"
+    primitive = "softmax"
+
+    def is_applicable(self, problem: SoftmaxProblem, device):
+        if problem.direction != "fwd":
+            return not_applicable("it computes the forward pass only")
+        if problem.row_length > MAX_ROW:
+            return not_applicable(f"rows of {problem.row_length} elements; it keeps at most {MAX_ROW} in registers")
+        return fits_int_arguments(problem)
+
+    def programs(self, problem: SoftmaxProblem):
+        return [program(problem)]
+
+    def invoker(self, handle, problem: SoftmaxProblem):
+        request = program(problem)
+        kernel, order = kernel_and_buffers(problem, handle.program(request.kernel_file, request.options), "rows")
+        tail = arguments(problem)
+        groups = min(-(-problem.rows // ROWS_PER_GROUP), MAX_GROUPS)
+        launch = handle.backend.launch
+        return lambda **t: launch(kernel, (groups, 1, 1), (BLOCK, 1, 1), [*(t[name] for name in order), *tail])
