@@ -33,6 +33,23 @@ KDB_DEVICE_FN long sm_offset(int r, int j, int channel_mode, int C, int H, int W
     return (long)r * s0 + (long)c * s1 + (long)h * s2 + (long)w * s3;
 }
 
+/* A row's first element and the step between its elements, computed once per row; step 0
+ * means the elements are not evenly spaced (instance mode over a non-packed C x H x W), and
+ * SM_AT falls back to sm_offset's division per element. */
+KDB_DEVICE_FN long sm_base(int r, int channel_mode, int C, int H, int W, int s0, int s1, int s2, int s3)
+{
+    return channel_mode ? sm_offset(r, 0, 1, C, H, W, s0, s1, s2, s3) : (long)r * s0;
+}
+
+KDB_DEVICE_FN int sm_step(int channel_mode, int H, int W, int s1, int s2, int s3)
+{
+    if (channel_mode)
+        return s1;
+    return (s2 == W * s3 && s1 == H * s2) ? s3 : 0;
+}
+
+#define SM_AT(base, step, r, j, ...) ((step) ? (base) + (long)(j) * (step) : sm_offset(r, j, __VA_ARGS__))
+
 #define SM_GEOMETRY int N, int C, int H, int W, int channel_mode
 #define SM_ROWS (channel_mode ? N * H * W : N)
 #define SM_LEN (channel_mode ? C : C * H * W)
@@ -62,11 +79,15 @@ KDB_KERNEL void softmax_fwd_block(const KDB_GLOBAL kdb_data_t* x, KDB_GLOBAL kdb
     if (len <= BLOCK * SM_CACHE) {
         /* The row fits in registers, SM_CACHE elements per thread: read x once instead of three times. */
         for (int r = KDB_GROUP_ID_X; r < rows; r += KDB_NUM_GROUPS_X) {
+            const long xb = sm_base(r, channel_mode, C, H, W, xs0, xs1, xs2, xs3);
+            const long yb = sm_base(r, channel_mode, C, H, W, ys0, ys1, ys2, ys3);
+            const int xst = sm_step(channel_mode, H, W, xs1, xs2, xs3);
+            const int yst = sm_step(channel_mode, H, W, ys1, ys2, ys3);
             float cache[SM_CACHE];
             float m = algorithm != 0 ? -3.402823466e38f : 0.0f;
             for (int q = 0; q < SM_CACHE; ++q) {
                 const int j = t + q * BLOCK;
-                cache[q] = j < len ? KDB_LOAD(x, sm_offset(r, j, channel_mode, C, H, W, xs0, xs1, xs2, xs3)) : 0.0f;
+                cache[q] = j < len ? KDB_LOAD(x, SM_AT(xb, xst, r, j, channel_mode, C, H, W, xs0, xs1, xs2, xs3)) : 0.0f;
                 if (algorithm != 0 && j < len)
                     m = KDB_FMAXF(m, cache[q]);
             }
@@ -84,30 +105,34 @@ KDB_KERNEL void softmax_fwd_block(const KDB_GLOBAL kdb_data_t* x, KDB_GLOBAL kdb
                     break;
                 const float v = cache[q] - m;
                 const float out = algorithm == 2 ? v - log_sum : KDB_EXPF(v) * inv;
-                const long yo = sm_offset(r, j, channel_mode, C, H, W, ys0, ys1, ys2, ys3);
+                const long yo = SM_AT(yb, yst, r, j, channel_mode, C, H, W, ys0, ys1, ys2, ys3);
                 KDB_STORE(y, yo, beta == 0.0f ? alpha * out : alpha * out + beta * KDB_LOAD(y, yo));
             }
         }
         return;
     }
     for (int r = KDB_GROUP_ID_X; r < rows; r += KDB_NUM_GROUPS_X) {
+        const long xb = sm_base(r, channel_mode, C, H, W, xs0, xs1, xs2, xs3);
+        const long yb = sm_base(r, channel_mode, C, H, W, ys0, ys1, ys2, ys3);
+        const int xst = sm_step(channel_mode, H, W, xs1, xs2, xs3);
+        const int yst = sm_step(channel_mode, H, W, ys1, ys2, ys3);
         float m = -3.402823466e38f;
         if (algorithm != 0) {
             for (int j = t; j < len; j += BLOCK)
-                m = KDB_FMAXF(m, KDB_LOAD(x, sm_offset(r, j, channel_mode, C, H, W, xs0, xs1, xs2, xs3)));
+                m = KDB_FMAXF(m, KDB_LOAD(x, SM_AT(xb, xst, r, j, channel_mode, C, H, W, xs0, xs1, xs2, xs3)));
             SM_REDUCE(scratch, m, KDB_FMAXF, m);
         } else {
             m = 0.0f;
         }
         float sum = 0.0f;
         for (int j = t; j < len; j += BLOCK)
-            sum += KDB_EXPF(KDB_LOAD(x, sm_offset(r, j, channel_mode, C, H, W, xs0, xs1, xs2, xs3)) - m);
+            sum += KDB_EXPF(KDB_LOAD(x, SM_AT(xb, xst, r, j, channel_mode, C, H, W, xs0, xs1, xs2, xs3)) - m);
         SM_REDUCE(scratch, sum, SM_ADD, sum);
         const float log_sum = KDB_LOGF(sum);
         for (int j = t; j < len; j += BLOCK) {
-            const float v = KDB_LOAD(x, sm_offset(r, j, channel_mode, C, H, W, xs0, xs1, xs2, xs3)) - m;
+            const float v = KDB_LOAD(x, SM_AT(xb, xst, r, j, channel_mode, C, H, W, xs0, xs1, xs2, xs3)) - m;
             const float out = algorithm == 2 ? v - log_sum : KDB_EXPF(v) / sum;
-            const long yo = sm_offset(r, j, channel_mode, C, H, W, ys0, ys1, ys2, ys3);
+            const long yo = SM_AT(yb, yst, r, j, channel_mode, C, H, W, ys0, ys1, ys2, ys3);
             KDB_STORE(y, yo, beta == 0.0f ? alpha * out : alpha * out + beta * KDB_LOAD(y, yo));
         }
     }
@@ -121,17 +146,21 @@ KDB_KERNEL void softmax_bwd_block(const KDB_GLOBAL kdb_data_t* y, const KDB_GLOB
     KDB_SHARED(float, scratch, BLOCK);
     const int rows = SM_ROWS, len = SM_LEN, t = KDB_LOCAL_ID_X;
     for (int r = KDB_GROUP_ID_X; r < rows; r += KDB_NUM_GROUPS_X) {
+        const long sb = sm_base(r, channel_mode, C, H, W, s0, s1, s2, s3);
+        const long db = sm_base(r, channel_mode, C, H, W, ds0, ds1, ds2, ds3);
+        const int sst = sm_step(channel_mode, H, W, s1, s2, s3);
+        const int dst = sm_step(channel_mode, H, W, ds1, ds2, ds3);
         float dot = 0.0f;
         for (int j = t; j < len; j += BLOCK) {
-            const long o = sm_offset(r, j, channel_mode, C, H, W, s0, s1, s2, s3);
+            const long o = SM_AT(sb, sst, r, j, channel_mode, C, H, W, s0, s1, s2, s3);
             dot += algorithm == 2 ? KDB_LOAD(dy, o) : KDB_LOAD(dy, o) * KDB_LOAD(y, o);
         }
         SM_REDUCE(scratch, dot, SM_ADD, dot);
         for (int j = t; j < len; j += BLOCK) {
-            const long o = sm_offset(r, j, channel_mode, C, H, W, s0, s1, s2, s3);
+            const long o = SM_AT(sb, sst, r, j, channel_mode, C, H, W, s0, s1, s2, s3);
             const float yv = KDB_LOAD(y, o), g = KDB_LOAD(dy, o);
             const float out = algorithm == 2 ? g - KDB_EXPF(yv) * dot : (g - dot) * yv;
-            const long d = sm_offset(r, j, channel_mode, C, H, W, ds0, ds1, ds2, ds3);
+            const long d = SM_AT(db, dst, r, j, channel_mode, C, H, W, ds0, ds1, ds2, ds3);
             KDB_STORE(dx, d, beta == 0.0f ? alpha * out : alpha * out + beta * KDB_LOAD(dx, d));
         }
     }
@@ -143,20 +172,24 @@ KDB_KERNEL void softmax_fwd_thread(const KDB_GLOBAL kdb_data_t* x, KDB_GLOBAL kd
 {
     const int rows = SM_ROWS, len = SM_LEN;
     for (int r = KDB_GLOBAL_ID_X; r < rows; r += KDB_LOCAL_SIZE_X * KDB_NUM_GROUPS_X) {
+        const long xb = sm_base(r, channel_mode, C, H, W, xs0, xs1, xs2, xs3);
+        const long yb = sm_base(r, channel_mode, C, H, W, ys0, ys1, ys2, ys3);
+        const int xst = sm_step(channel_mode, H, W, xs1, xs2, xs3);
+        const int yst = sm_step(channel_mode, H, W, ys1, ys2, ys3);
         float m = 0.0f;
         if (algorithm != 0) {
             m = -3.402823466e38f;
             for (int j = 0; j < len; ++j)
-                m = KDB_FMAXF(m, KDB_LOAD(x, sm_offset(r, j, channel_mode, C, H, W, xs0, xs1, xs2, xs3)));
+                m = KDB_FMAXF(m, KDB_LOAD(x, SM_AT(xb, xst, r, j, channel_mode, C, H, W, xs0, xs1, xs2, xs3)));
         }
         float sum = 0.0f;
         for (int j = 0; j < len; ++j)
-            sum += KDB_EXPF(KDB_LOAD(x, sm_offset(r, j, channel_mode, C, H, W, xs0, xs1, xs2, xs3)) - m);
+            sum += KDB_EXPF(KDB_LOAD(x, SM_AT(xb, xst, r, j, channel_mode, C, H, W, xs0, xs1, xs2, xs3)) - m);
         const float log_sum = KDB_LOGF(sum);
         for (int j = 0; j < len; ++j) {
-            const float v = KDB_LOAD(x, sm_offset(r, j, channel_mode, C, H, W, xs0, xs1, xs2, xs3)) - m;
+            const float v = KDB_LOAD(x, SM_AT(xb, xst, r, j, channel_mode, C, H, W, xs0, xs1, xs2, xs3)) - m;
             const float out = algorithm == 2 ? v - log_sum : KDB_EXPF(v) / sum;
-            const long yo = sm_offset(r, j, channel_mode, C, H, W, ys0, ys1, ys2, ys3);
+            const long yo = SM_AT(yb, yst, r, j, channel_mode, C, H, W, ys0, ys1, ys2, ys3);
             KDB_STORE(y, yo, beta == 0.0f ? alpha * out : alpha * out + beta * KDB_LOAD(y, yo));
         }
     }
@@ -168,16 +201,20 @@ KDB_KERNEL void softmax_bwd_thread(const KDB_GLOBAL kdb_data_t* y, const KDB_GLO
 {
     const int rows = SM_ROWS, len = SM_LEN;
     for (int r = KDB_GLOBAL_ID_X; r < rows; r += KDB_LOCAL_SIZE_X * KDB_NUM_GROUPS_X) {
+        const long sb = sm_base(r, channel_mode, C, H, W, s0, s1, s2, s3);
+        const long db = sm_base(r, channel_mode, C, H, W, ds0, ds1, ds2, ds3);
+        const int sst = sm_step(channel_mode, H, W, s1, s2, s3);
+        const int dst = sm_step(channel_mode, H, W, ds1, ds2, ds3);
         float dot = 0.0f;
         for (int j = 0; j < len; ++j) {
-            const long o = sm_offset(r, j, channel_mode, C, H, W, s0, s1, s2, s3);
+            const long o = SM_AT(sb, sst, r, j, channel_mode, C, H, W, s0, s1, s2, s3);
             dot += algorithm == 2 ? KDB_LOAD(dy, o) : KDB_LOAD(dy, o) * KDB_LOAD(y, o);
         }
         for (int j = 0; j < len; ++j) {
-            const long o = sm_offset(r, j, channel_mode, C, H, W, s0, s1, s2, s3);
+            const long o = SM_AT(sb, sst, r, j, channel_mode, C, H, W, s0, s1, s2, s3);
             const float yv = KDB_LOAD(y, o), g = KDB_LOAD(dy, o);
             const float out = algorithm == 2 ? g - KDB_EXPF(yv) * dot : (g - dot) * yv;
-            const long d = sm_offset(r, j, channel_mode, C, H, W, ds0, ds1, ds2, ds3);
+            const long d = SM_AT(db, dst, r, j, channel_mode, C, H, W, ds0, ds1, ds2, ds3);
             KDB_STORE(dx, d, beta == 0.0f ? alpha * out : alpha * out + beta * KDB_LOAD(dx, d));
         }
     }
@@ -214,12 +251,16 @@ KDB_KERNEL void softmax_fwd_rows(const KDB_GLOBAL kdb_data_t* x, KDB_GLOBAL kdb_
     const int lane = KDB_LOCAL_ID_X % ROWS_T, slot = KDB_LOCAL_ID_X / ROWS_T;
     for (int r0 = KDB_GROUP_ID_X * ROWS_PER; r0 < rows; r0 += KDB_NUM_GROUPS_X * ROWS_PER) {
         const int r = r0 + slot, live = r < rows;
+        const long xb = sm_base(r, channel_mode, C, H, W, xs0, xs1, xs2, xs3);
+        const long yb = sm_base(r, channel_mode, C, H, W, ys0, ys1, ys2, ys3);
+        const int xst = sm_step(channel_mode, H, W, xs1, xs2, xs3);
+        const int yst = sm_step(channel_mode, H, W, ys1, ys2, ys3);
         float cache[ROWS_CACHE];
         float m = algorithm != 0 ? -3.402823466e38f : 0.0f;
         for (int q = 0; q < ROWS_CACHE; ++q) {
             const int j = lane + q * ROWS_T;
             const int in = live && j < len;
-            cache[q] = in ? KDB_LOAD(x, sm_offset(r, j, channel_mode, C, H, W, xs0, xs1, xs2, xs3)) : 0.0f;
+            cache[q] = in ? KDB_LOAD(x, SM_AT(xb, xst, r, j, channel_mode, C, H, W, xs0, xs1, xs2, xs3)) : 0.0f;
             if (algorithm != 0 && in)
                 m = KDB_FMAXF(m, cache[q]);
         }
@@ -238,7 +279,7 @@ KDB_KERNEL void softmax_fwd_rows(const KDB_GLOBAL kdb_data_t* x, KDB_GLOBAL kdb_
             if (j < len) {
                 const float v = cache[q] - m;
                 const float out = algorithm == 2 ? v - log_sum : KDB_EXPF(v) * inv;
-                const long yo = sm_offset(r, j, channel_mode, C, H, W, ys0, ys1, ys2, ys3);
+                const long yo = SM_AT(yb, yst, r, j, channel_mode, C, H, W, ys0, ys1, ys2, ys3);
                 KDB_STORE(y, yo, beta == 0.0f ? alpha * out : alpha * out + beta * KDB_LOAD(y, yo));
             }
         }
