@@ -18,6 +18,7 @@
  * any block size, a group per plane (grid-stride over planes).
  */
 #include "kdb_data.h"
+#include "kdb_reduce.h"
 
 #ifndef BLOCK
 #define BLOCK 256
@@ -46,18 +47,6 @@ KDB_DEVICE_FN long bn_offset(int k, int m, BN_GEOMETRY, int s0, int s1, int s2, 
 #define BN_CHANNELS (spatial ? C : C * H * W)
 #define BN_MEMBERS (spatial ? N * H * W : N)
 
-#define BN_SUM(scratch, value, result)                                                     \
-    do {                                                                                   \
-        scratch[KDB_LOCAL_ID_X] = (value);                                                 \
-        KDB_BARRIER;                                                                       \
-        for (int s_ = BLOCK / 2; s_ > 0; s_ >>= 1) {                                       \
-            if (KDB_LOCAL_ID_X < s_)                                                       \
-                scratch[KDB_LOCAL_ID_X] += scratch[KDB_LOCAL_ID_X + s_];                   \
-            KDB_BARRIER;                                                                   \
-        }                                                                                  \
-        result = scratch[0];                                                               \
-        KDB_BARRIER;                                                                       \
-    } while (0)
 
 KDB_KERNEL void bn_fwd_infer(const KDB_GLOBAL kdb_data_t* x, KDB_GLOBAL kdb_data_t* y, const KDB_GLOBAL float* scale,
                              const KDB_GLOBAL float* bias, const KDB_GLOBAL float* mean, const KDB_GLOBAL float* var,
@@ -102,14 +91,14 @@ KDB_KERNEL void bn_fwd_train(const KDB_GLOBAL kdb_data_t* x, KDB_GLOBAL kdb_data
         float s = 0.0f;
         for (int m = t; m < members; m += BLOCK)
             s += KDB_LOAD(x, bn_offset(k, m, N, C, H, W, spatial, xs0, xs1, xs2, xs3));
-        BN_SUM(scratch, s, s);
+        KDB_BLOCK_REDUCE(scratch, s, KDB_REDUCE_ADD, s);
         const float mean = s / members;
         float q = 0.0f;
         for (int m = t; m < members; m += BLOCK) {
             const float d = KDB_LOAD(x, bn_offset(k, m, N, C, H, W, spatial, xs0, xs1, xs2, xs3)) - mean;
             q += d * d;
         }
-        BN_SUM(scratch, q, q);
+        KDB_BLOCK_REDUCE(scratch, q, KDB_REDUCE_ADD, q);
         const float var = q / members, invstd = 1.0f / KDB_SQRTF(var + eps);
         for (int m = t; m < members; m += BLOCK) {
             const float v = KDB_LOAD(x, bn_offset(k, m, N, C, H, W, spatial, xs0, xs1, xs2, xs3));
@@ -145,13 +134,13 @@ KDB_KERNEL void bn_bwd(const KDB_GLOBAL kdb_data_t* x, const KDB_GLOBAL kdb_data
             float s = 0.0f, q = 0.0f;
             for (int m = t; m < members; m += BLOCK)
                 s += KDB_LOAD(x, bn_offset(k, m, N, C, H, W, spatial, s0, s1, s2, s3));
-            BN_SUM(scratch, s, s);
+            KDB_BLOCK_REDUCE(scratch, s, KDB_REDUCE_ADD, s);
             mean = s / members;
             for (int m = t; m < members; m += BLOCK) {
                 const float d = KDB_LOAD(x, bn_offset(k, m, N, C, H, W, spatial, s0, s1, s2, s3)) - mean;
                 q += d * d;
             }
-            BN_SUM(scratch, q, q);
+            KDB_BLOCK_REDUCE(scratch, q, KDB_REDUCE_ADD, q);
             invstd = 1.0f / KDB_SQRTF(q / members + eps);
         }
         float sdy = 0.0f, sdyx = 0.0f;
@@ -161,8 +150,8 @@ KDB_KERNEL void bn_bwd(const KDB_GLOBAL kdb_data_t* x, const KDB_GLOBAL kdb_data
             sdy += g;
             sdyx += g * (KDB_LOAD(x, o) - mean) * invstd;
         }
-        BN_SUM(scratch, sdy, sdy);
-        BN_SUM(scratch, sdyx, sdyx);
+        KDB_BLOCK_REDUCE(scratch, sdy, KDB_REDUCE_ADD, sdy);
+        KDB_BLOCK_REDUCE(scratch, sdyx, KDB_REDUCE_ADD, sdyx);
         const float coef = scale[k] * invstd / members;
         for (int m = t; m < members; m += BLOCK) {
             const long o = bn_offset(k, m, N, C, H, W, spatial, s0, s1, s2, s3);

@@ -11,25 +11,13 @@
  * layernorm_bwd_weight gives each thread one column (any 1-D launch).
  */
 #include "kdb_data.h"
+#include "kdb_reduce.h"
 
 #ifndef BLOCK
 #define BLOCK 256
 #endif
 #define LN_CACHE 8 /* elements per thread kept in registers when a row fits: rows up to BLOCK * 8 */
 
-/* Block-wide sum of `value` into `result`, which every thread gets. */
-#define LN_SUM(scratch, value, result)                                                     \
-    do {                                                                                   \
-        scratch[KDB_LOCAL_ID_X] = (value);                                                 \
-        KDB_BARRIER;                                                                       \
-        for (int s_ = BLOCK / 2; s_ > 0; s_ >>= 1) {                                       \
-            if (KDB_LOCAL_ID_X < s_)                                                       \
-                scratch[KDB_LOCAL_ID_X] += scratch[KDB_LOCAL_ID_X + s_];                   \
-            KDB_BARRIER;                                                                   \
-        }                                                                                  \
-        result = scratch[0];                                                               \
-        KDB_BARRIER;                                                                       \
-    } while (0)
 
 KDB_KERNEL void layernorm_fwd(const KDB_GLOBAL kdb_data_t* x, const KDB_GLOBAL kdb_data_t* weight,
                               const KDB_GLOBAL kdb_data_t* bias, KDB_GLOBAL kdb_data_t* y, KDB_GLOBAL float* mean,
@@ -48,14 +36,14 @@ KDB_KERNEL void layernorm_fwd(const KDB_GLOBAL kdb_data_t* x, const KDB_GLOBAL k
                 cache[q] = j < inner ? KDB_LOAD(x, base + j) : 0.0f;
                 s += cache[q];
             }
-            LN_SUM(scratch, s, s);
+            KDB_BLOCK_REDUCE(scratch, s, KDB_REDUCE_ADD, s);
             const float m = s / inner;
             float v = 0.0f;
             for (int q = 0; q < LN_CACHE; ++q) {
                 const float d = t + q * BLOCK < inner ? cache[q] - m : 0.0f;
                 v += d * d;
             }
-            LN_SUM(scratch, v, v);
+            KDB_BLOCK_REDUCE(scratch, v, KDB_REDUCE_ADD, v);
             const float rs = 1.0f / KDB_SQRTF(v / inner + eps);
             if (t == 0) {
                 mean[r] = m;
@@ -78,14 +66,14 @@ KDB_KERNEL void layernorm_fwd(const KDB_GLOBAL kdb_data_t* x, const KDB_GLOBAL k
         float s = 0.0f;
         for (int j = t; j < inner; j += BLOCK)
             s += KDB_LOAD(x, base + j);
-        LN_SUM(scratch, s, s);
+        KDB_BLOCK_REDUCE(scratch, s, KDB_REDUCE_ADD, s);
         const float m = s / inner;
         float v = 0.0f;
         for (int j = t; j < inner; j += BLOCK) {
             const float d = KDB_LOAD(x, base + j) - m;
             v += d * d;
         }
-        LN_SUM(scratch, v, v);
+        KDB_BLOCK_REDUCE(scratch, v, KDB_REDUCE_ADD, v);
         const float rs = 1.0f / KDB_SQRTF(v / inner + eps);
         if (t == 0) {
             mean[r] = m;
@@ -116,8 +104,8 @@ KDB_KERNEL void layernorm_bwd_data(const KDB_GLOBAL kdb_data_t* x, const KDB_GLO
             sg += g;
             sgx += g * (KDB_LOAD(x, base + j) - m) * rs;
         }
-        LN_SUM(scratch, sg, sg);
-        LN_SUM(scratch, sgx, sgx);
+        KDB_BLOCK_REDUCE(scratch, sg, KDB_REDUCE_ADD, sg);
+        KDB_BLOCK_REDUCE(scratch, sgx, KDB_REDUCE_ADD, sgx);
         for (int j = t; j < inner; j += BLOCK) {
             const float g = KDB_LOAD(dy, base + j) * (affine ? KDB_LOAD(weight, j) : 1.0f);
             const float xhat = (KDB_LOAD(x, base + j) - m) * rs;

@@ -12,6 +12,7 @@
  * rows). The *_thread kernels give each thread a row: for many short rows (channel mode).
  */
 #include "kdb_data.h"
+#include "kdb_reduce.h"
 
 #ifndef BLOCK
 #define BLOCK 256
@@ -54,21 +55,6 @@ KDB_DEVICE_FN int sm_step(int channel_mode, int H, int W, int s1, int s2, int s3
 #define SM_ROWS (channel_mode ? N * H * W : N)
 #define SM_LEN (channel_mode ? C : C * H * W)
 
-/* Block-wide reduction of `value` with OP into `result`, which every thread gets. */
-#define SM_REDUCE(scratch, value, OP, result)                              \
-    do {                                                                   \
-        scratch[KDB_LOCAL_ID_X] = (value);                                 \
-        KDB_BARRIER;                                                       \
-        for (int s_ = BLOCK / 2; s_ > 0; s_ >>= 1) {                       \
-            if (KDB_LOCAL_ID_X < s_)                                       \
-                scratch[KDB_LOCAL_ID_X] = OP(scratch[KDB_LOCAL_ID_X], scratch[KDB_LOCAL_ID_X + s_]); \
-            KDB_BARRIER;                                                   \
-        }                                                                  \
-        result = scratch[0];                                               \
-        KDB_BARRIER;                                                       \
-    } while (0)
-
-#define SM_ADD(a, b) ((a) + (b))
 
 KDB_KERNEL void softmax_fwd_block(const KDB_GLOBAL kdb_data_t* x, KDB_GLOBAL kdb_data_t* y, SM_GEOMETRY, int xs0,
                                   int xs1, int xs2, int xs3, int ys0, int ys1, int ys2, int ys3, int algorithm,
@@ -92,12 +78,12 @@ KDB_KERNEL void softmax_fwd_block(const KDB_GLOBAL kdb_data_t* x, KDB_GLOBAL kdb
                     m = KDB_FMAXF(m, cache[q]);
             }
             if (algorithm != 0)
-                SM_REDUCE(scratch, m, KDB_FMAXF, m);
+                KDB_BLOCK_REDUCE(scratch, m, KDB_FMAXF, m);
             float sum = 0.0f;
             for (int q = 0; q < SM_CACHE; ++q)
                 if (t + q * BLOCK < len)
                     sum += KDB_EXPF(cache[q] - m);
-            SM_REDUCE(scratch, sum, SM_ADD, sum);
+            KDB_BLOCK_REDUCE(scratch, sum, KDB_REDUCE_ADD, sum);
             const float log_sum = KDB_LOGF(sum), inv = 1.0f / sum;
             for (int q = 0; q < SM_CACHE; ++q) {
                 const int j = t + q * BLOCK;
@@ -120,14 +106,14 @@ KDB_KERNEL void softmax_fwd_block(const KDB_GLOBAL kdb_data_t* x, KDB_GLOBAL kdb
         if (algorithm != 0) {
             for (int j = t; j < len; j += BLOCK)
                 m = KDB_FMAXF(m, KDB_LOAD(x, SM_AT(xb, xst, r, j, channel_mode, C, H, W, xs0, xs1, xs2, xs3)));
-            SM_REDUCE(scratch, m, KDB_FMAXF, m);
+            KDB_BLOCK_REDUCE(scratch, m, KDB_FMAXF, m);
         } else {
             m = 0.0f;
         }
         float sum = 0.0f;
         for (int j = t; j < len; j += BLOCK)
             sum += KDB_EXPF(KDB_LOAD(x, SM_AT(xb, xst, r, j, channel_mode, C, H, W, xs0, xs1, xs2, xs3)) - m);
-        SM_REDUCE(scratch, sum, SM_ADD, sum);
+        KDB_BLOCK_REDUCE(scratch, sum, KDB_REDUCE_ADD, sum);
         const float log_sum = KDB_LOGF(sum);
         for (int j = t; j < len; j += BLOCK) {
             const float v = KDB_LOAD(x, SM_AT(xb, xst, r, j, channel_mode, C, H, W, xs0, xs1, xs2, xs3)) - m;
@@ -155,7 +141,7 @@ KDB_KERNEL void softmax_bwd_block(const KDB_GLOBAL kdb_data_t* y, const KDB_GLOB
             const long o = SM_AT(sb, sst, r, j, channel_mode, C, H, W, s0, s1, s2, s3);
             dot += algorithm == 2 ? KDB_LOAD(dy, o) : KDB_LOAD(dy, o) * KDB_LOAD(y, o);
         }
-        SM_REDUCE(scratch, dot, SM_ADD, dot);
+        KDB_BLOCK_REDUCE(scratch, dot, KDB_REDUCE_ADD, dot);
         for (int j = t; j < len; j += BLOCK) {
             const long o = SM_AT(sb, sst, r, j, channel_mode, C, H, W, s0, s1, s2, s3);
             const float yv = KDB_LOAD(y, o), g = KDB_LOAD(dy, o);
@@ -270,7 +256,7 @@ KDB_KERNEL void softmax_fwd_rows(const KDB_GLOBAL kdb_data_t* x, KDB_GLOBAL kdb_
         for (int q = 0; q < ROWS_CACHE; ++q)
             if (live && lane + q * ROWS_T < len)
                 sum += KDB_EXPF(cache[q] - m);
-        SM_SEGMENT_REDUCE(scratch, sum, SM_ADD, sum);
+        SM_SEGMENT_REDUCE(scratch, sum, KDB_REDUCE_ADD, sum);
         if (!live)
             continue;
         const float log_sum = KDB_LOGF(sum), inv = 1.0f / sum;

@@ -135,3 +135,11 @@ def launch_1d(handle: "Handle", kernel: Any, n: int, args: list, block: int = 25
     """Launch a grid-stride kernel over ``n`` elements: enough groups to cover them, capped."""
     groups = max(1, min(max_groups, -(-n // block)))
     handle.backend.launch(kernel, (groups, 1, 1), (block, 1, 1), args)
+
+
+def padded_ints(values, fill: int, dims: int) -> list:
+    """``values`` as ``dims`` int32 launch arguments, ``fill`` in front: a shape of fewer
+    dimensions as a kernel's fixed 5-D one (sizes padded with 1, strides with 0)."""
+    import numpy as np
+
+    return [np.int32(v) for v in (fill,) * (dims - len(values)) + tuple(values)]

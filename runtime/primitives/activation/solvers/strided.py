@@ -6,13 +6,9 @@ import numpy as np
 
 from kdbkit.runtime.primitives.activation.problem import ActivationProblem
 from kdbkit.runtime.primitives.activation.solvers.common import INT_MAX, mode_args, program
-from kdbkit.runtime.solver import APPLIES, Solver, launch_1d, not_applicable, register
+from kdbkit.runtime.solver import APPLIES, Solver, launch_1d, not_applicable, padded_ints, register
 
 MAX_DIMS = 5
-
-
-def _padded(values: tuple[int, ...], fill: int) -> list[np.int32]:
-    return [np.int32(v) for v in (fill,) * (MAX_DIMS - len(values)) + tuple(values)]
 
 
 @register
@@ -34,8 +30,8 @@ class ActivStrided(Solver):
     def invoker(self, handle, problem: ActivationProblem):
         request = program(problem)
         prog = handle.program(request.kernel_file, request.options)
-        dims = _padded(problem.shape, 1)[1:]  # the outermost size is implied by n
-        xs, ys = _padded(problem.x_strides, 0), _padded(problem.y_strides, 0)
+        dims = padded_ints(problem.shape, 1, MAX_DIMS)[1:]  # the outermost size is implied by n
+        xs, ys = padded_ints(problem.x_strides, 0, MAX_DIMS), padded_ints(problem.y_strides, 0, MAX_DIMS)
         n, tail = np.int32(problem.numel), mode_args(problem)
         if problem.direction == "fwd":
             kernel = prog.function("activ_fwd_strided")

@@ -6,13 +6,9 @@ import numpy as np
 
 from kdbkit.runtime.primitives.tensorop.problem import TensorOpProblem
 from kdbkit.runtime.primitives.tensorop.solvers.packed import INT_MAX, program, scalars
-from kdbkit.runtime.solver import APPLIES, Solver, launch_1d, not_applicable, register
+from kdbkit.runtime.solver import APPLIES, Solver, launch_1d, not_applicable, padded_ints, register
 
 MAX_DIMS = 5
-
-
-def _padded(values, fill: int) -> list:
-    return [np.int32(v) for v in (fill,) * (MAX_DIMS - len(values)) + tuple(values)]
 
 
 @register
@@ -35,7 +31,7 @@ class OpTensorStrided(Solver):
         request = program(problem)
         kernel = handle.program(request.kernel_file, request.options).function("op_tensor_strided")
         n = int(np.prod(problem.shape))
-        geometry = [np.int32(n), *_padded(problem.shape, 1)[1:], *_padded(problem.a_strides, 0),
-                    *_padded(problem.b_over_a, 0), *_padded(problem.c_strides, 0)]
+        geometry = [np.int32(n), *padded_ints(problem.shape, 1, MAX_DIMS)[1:], *padded_ints(problem.a_strides, 0, MAX_DIMS),
+                    *padded_ints(problem.b_over_a, 0, MAX_DIMS), *padded_ints(problem.c_strides, 0, MAX_DIMS)]
         tail = scalars(problem)
         return lambda a, b, c: launch_1d(handle, kernel, n, [a, b, c, *geometry, *tail])
