@@ -192,7 +192,8 @@ def test_find_then_the_find_db(kdb, isolated):  # noqa: F811
     args = "driver softmax -n 2 -c 8 -H 2 -W 2 -F 1"
     code, out, err = kdb(f"{args} -S -1")
     assert code == 0, out + err
-    found = re.search(r"^Find: timed 2 solver\(s\) and recorded the ranking in the user find-db: (\w+) \((\d+)\)",
+    # every applicable forward solver: SoftmaxThread, SoftmaxRows and SoftmaxBlock for rows of 8
+    found = re.search(r"^Find: timed 3 solver\(s\) and recorded the ranking in the user find-db: (\w+) \((\d+)\)",
                       out, re.M)
     assert found, out
     best = f"Solver: {found.group(1)} ({found.group(2)}), chosen by find (-S -1)"
