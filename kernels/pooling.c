@@ -88,3 +88,41 @@ KDB_KERNEL void pool_bwd(const KDB_GLOBAL kdb_data_t* dy, const KDB_GLOBAL int* 
         KDB_STORE(dx, (long)n * xs0 + (long)c * xs1 + (long)h * xs2 + (long)w * xs3, g);
     }
 }
+
+/* Forward over a 3-D grid, no index division: blocks of 16 x 16 threads over each plane's
+ * Wo x Ho outputs, one grid z per (n, c) plane: grid (ceil(Wo / 16), ceil(Ho / 16), N * C). */
+KDB_KERNEL void pool_fwd_2d(const KDB_GLOBAL kdb_data_t* x, KDB_GLOBAL kdb_data_t* y, KDB_GLOBAL int* indices,
+                            POOL_GEOMETRY, int xs0, int xs1, int xs2, int xs3, int ys0, int ys1, int ys2, int ys3,
+                            int mode, int save_indices)
+{
+    const int wo = KDB_GLOBAL_ID_X, ho = KDB_GLOBAL_ID_Y, plane = KDB_GROUP_ID_Z;
+    if (wo >= Wo || ho >= Ho)
+        return;
+    const int c = plane % C, n = plane / C;
+    const int h0 = ho * sh - ph, w0 = wo * sw - pw;
+    const int ha = h0 > 0 ? h0 : 0, hb = h0 + kh < H ? h0 + kh : H;
+    const int wa = w0 > 0 ? w0 : 0, wb = w0 + kw < W ? w0 + kw : W;
+    const KDB_GLOBAL kdb_data_t* p = x + (long)n * xs0 + (long)c * xs1;
+    float best = -3.402823466e38f, sum = 0.0f;
+    int best_at = -1;
+    for (int h = ha; h < hb; ++h)
+        for (int w = wa; w < wb; ++w) {
+            const float v = KDB_LOAD(p, (long)h * xs2 + (long)w * xs3);
+            if (v > best || best_at < 0) {
+                best = v;
+                best_at = h * W + w;
+            }
+            sum += v;
+        }
+    const int count = (hb - ha) * (wb - wa);
+    float out;
+    if (mode == 0)
+        out = best_at < 0 ? 0.0f : best;
+    else if (mode == 1)
+        out = count ? sum / count : 0.0f;
+    else
+        out = sum / (kh * kw);
+    KDB_STORE(y, (long)n * ys0 + (long)c * ys1 + (long)ho * ys2 + (long)wo * ys3, out);
+    if (save_indices)
+        indices[((long)plane * Ho + ho) * Wo + wo] = best_at;
+}

@@ -94,6 +94,7 @@ EXPECTED_LAYOUTS = {
     "layernorm_bwd_weight": [*((8 * i, 8) for i in range(6)), *((48 + 4 * i, 4) for i in range(2))],
     # pooling.c: three pointers, 12 geometry ints, 2 x 4 strides, mode (and save_indices)
     "pool_fwd": [(0, 8), (8, 8), (16, 8), *((24 + 4 * i, 4) for i in range(22))],
+    "pool_fwd_2d": [(0, 8), (8, 8), (16, 8), *((24 + 4 * i, 4) for i in range(22))],
     "pool_bwd": [(0, 8), (8, 8), (16, 8), *((24 + 4 * i, 4) for i in range(21))],
     # batchnorm.c: pointers, then N, C, H, W, spatial, 2 x 4 strides, eps (factor, update / use_saved)
     "bn_fwd_infer": [*((8 * i, 8) for i in range(6)), *((48 + 4 * i, 4) for i in range(14))],
@@ -109,7 +110,7 @@ EXPECTED_LDS = {  # static LDS bytes at the default options
     "activ_fwd_packed": 0, "activ_bwd_packed": 0, "activ_fwd_strided": 0, "activ_bwd_strided": 0,
     "softmax_fwd_block": 256 * 4, "softmax_bwd_block": 256 * 4,  # BLOCK floats of scratch
     "softmax_fwd_thread": 0, "softmax_bwd_thread": 0, "softmax_fwd_rows": 256 * 4, "op_tensor_packed": 0, "op_tensor_strided": 0,
-    "layernorm_fwd": 256 * 4, "layernorm_bwd_data": 256 * 4, "layernorm_bwd_weight": 0, "pool_fwd": 0, "pool_bwd": 0,
+    "layernorm_fwd": 256 * 4, "layernorm_bwd_data": 256 * 4, "layernorm_bwd_weight": 0, "pool_fwd": 0, "pool_fwd_2d": 0, "pool_bwd": 0,
     "bn_fwd_infer": 0, "bn_fwd_train": 256 * 4, "bn_bwd": 256 * 4, "bn_fwd_infer_planes": 0,
     "gemm_tiled": 2 * 16 * 17 * 4,  # two padded TILE x (TILE + 1) float tiles
     "reduce_sum": 256 * 4,  # BLOCK floats

@@ -71,3 +71,11 @@ def test_config_and_bad_input(handle):
         kdbkit.pooling_backward(handle, np.ones((1, 1, 2, 2), np.float32), (1, 1, 4, 4))
     with pytest.raises(ProblemError, match=r"dy is \(1, 1, 3, 3\), but pooling"):
         kdbkit.pooling_backward(handle, np.ones((1, 1, 3, 3), np.float32), (1, 1, 4, 4), mode="avg")
+
+
+def test_more_planes_than_a_grid_z_takes_the_one_dimensional_kernel(handle):
+    x = np.random.default_rng(5).standard_normal((65536 + 3, 1, 2, 3)).astype(np.float32)  # N * C > 65535
+    y, indices = kdbkit.pooling_forward(handle, x, window=2, stride=1)
+    ry, ridx = ref.forward(x, "max", (2, 2), (1, 1), (0, 0))
+    np.testing.assert_allclose(y, ry, rtol=1e-6)
+    np.testing.assert_array_equal(indices, ridx)

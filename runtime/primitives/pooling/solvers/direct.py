@@ -8,7 +8,7 @@ from kdbkit.runtime.primitives.pooling.problem import MODES, PoolProblem
 from kdbkit.runtime.program_key import ProgramRequest
 from kdbkit.runtime.solver import APPLIES, Solver, launch_1d, not_applicable, register
 
-INT_MAX = 2**31 - 1
+INT_MAX, MAX_GRID_Z = 2**31 - 1, 65535
 
 
 def program(problem: PoolProblem) -> ProgramRequest:
@@ -36,9 +36,14 @@ class PoolDirect(Solver):
                                           *problem.pad, *problem.x_strides, *problem.y_strides)]
         mode = np.int32(MODES.index(problem.mode))
         if problem.direction == "fwd":
-            kernel, outputs = prog.function("pool_fwd"), int(np.prod(problem.out_shape))
-
             save = np.int32(problem.indices and problem.mode == "max")
+            n, c = problem.shape[:2]
+            ho, wo = problem.out_hw
+            if n * c <= MAX_GRID_Z:  # a grid z per plane: no index division per output
+                kernel, launch = prog.function("pool_fwd_2d"), handle.backend.launch
+                grid = (-(-wo // 16), -(-ho // 16), n * c)
+                return lambda x, y, indices: launch(kernel, grid, (16, 16, 1), [x, y, indices, *geometry, mode, save])
+            kernel, outputs = prog.function("pool_fwd"), int(np.prod(problem.out_shape))
             return lambda x, y, indices: launch_1d(handle, kernel, outputs, [x, y, indices, *geometry, mode, save])
         kernel, inputs = prog.function("pool_bwd"), int(np.prod(problem.shape))
         return lambda dy, indices, dx: launch_1d(handle, kernel, inputs, [dy, indices, dx, *geometry, mode])
