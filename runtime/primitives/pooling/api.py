@@ -48,13 +48,14 @@ def pooling_forward(handle, x: Any, *, mode: str = "max", window=(2, 2), stride=
         keep = bool(save_indices) and mode == "max"
         problem = PoolProblem("fwd", mode, xd.dtype, xd.shape, window, stride, pad, xd.strides, yd.strides, keep)
         n_out = int(np.prod(problem.out_shape))
-        indices = handle.backend.alloc(4 * n_out if keep else 4)  # unwritten without keep
+        index_desc = TensorDesc.packed(DataType.FP32, problem.out_shape)
+        if not keep:  # the kernel writes no index: y's buffer stands in, nothing is allocated per call
+            invoke(handle, problem, solver, {"x": (xb, xd)}, {"y": (yb, yd)}, unused={"indices": (yb, index_desc)})
+            return result, None
+        indices = handle.backend.alloc(4 * n_out)
         try:
-            index_desc = TensorDesc.packed(DataType.FP32, problem.out_shape)
             invoke(handle, problem, solver, {"x": (xb, xd)}, {"y": (yb, yd)}, unused={"indices": (indices, index_desc)})
-            if not keep:
-                kept = None
-            elif isinstance(x, DeviceTensor):
+            if isinstance(x, DeviceTensor):
                 kept, indices = indices, None  # the caller owns it now
             else:
                 kept = handle.backend.to_host(indices, np.empty(problem.out_shape, np.int32))
