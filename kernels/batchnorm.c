@@ -165,3 +165,59 @@ KDB_KERNEL void bn_bwd(const KDB_GLOBAL kdb_data_t* x, const KDB_GLOBAL kdb_data
         }
     }
 }
+
+/* Spatial training in three launches, for many elements per channel over few channels (a
+ * group per channel leaves most of a GPU idle). Each H x W plane must be contiguous.
+ *   bn_train_partial: grid (chunks, C); group (j, c) sums x - k and (x - k)^2 over planes
+ *       n = j, j + chunks, ... of channel c (k = x[0, c, 0, 0]: shifting by a sample keeps the
+ *       one-pass variance accurate) into partial[(c * chunks + j) * 2 + {0, 1}]
+ *   bn_train_finalize: one thread per channel: mean, variance, saved statistics, running ones,
+ *       and the batch variance into var_out for the normalisation (bn_fwd_infer_planes) */
+KDB_KERNEL void bn_train_partial(const KDB_GLOBAL kdb_data_t* x, KDB_GLOBAL float* partial, int N, int C, int HW,
+                                 int xs0, int xs1, int chunks)
+{
+    KDB_SHARED(float, scratch, BLOCK);
+    const int j = KDB_GROUP_ID_X, c = KDB_GROUP_ID_Y;
+    const float k = KDB_LOAD(x, (long)c * xs1);
+    float s1 = 0.0f, s2 = 0.0f;
+    for (int n = j; n < N; n += chunks) {
+        const long base = (long)n * xs0 + (long)c * xs1;
+        for (int i = KDB_LOCAL_ID_X; i < HW; i += BLOCK) {
+            const float d = KDB_LOAD(x, base + i) - k;
+            s1 += d;
+            s2 += d * d;
+        }
+    }
+    KDB_BLOCK_REDUCE(scratch, s1, KDB_REDUCE_ADD, s1);
+    KDB_BLOCK_REDUCE(scratch, s2, KDB_REDUCE_ADD, s2);
+    if (KDB_LOCAL_ID_X == 0) {
+        partial[((long)c * chunks + j) * 2] = s1;
+        partial[((long)c * chunks + j) * 2 + 1] = s2;
+    }
+}
+
+KDB_KERNEL void bn_train_finalize(const KDB_GLOBAL kdb_data_t* x, const KDB_GLOBAL float* partial,
+                                  KDB_GLOBAL float* running_mean, KDB_GLOBAL float* running_var,
+                                  KDB_GLOBAL float* saved_mean, KDB_GLOBAL float* saved_invstd,
+                                  KDB_GLOBAL float* var_out, int C, int xs1, int chunks, int count, float eps,
+                                  float factor, int update_running)
+{
+    for (int c = KDB_GLOBAL_ID_X; c < C; c += KDB_LOCAL_SIZE_X * KDB_NUM_GROUPS_X) {
+        float s1 = 0.0f, s2 = 0.0f;
+        for (int j = 0; j < chunks; ++j) {
+            s1 += partial[((long)c * chunks + j) * 2];
+            s2 += partial[((long)c * chunks + j) * 2 + 1];
+        }
+        const float shifted_mean = s1 / count;
+        const float var = KDB_FMAXF(s2 / count - shifted_mean * shifted_mean, 0.0f);
+        const float mean = KDB_LOAD(x, (long)c * xs1) + shifted_mean;
+        saved_mean[c] = mean;
+        saved_invstd[c] = 1.0f / KDB_SQRTF(var + eps);
+        var_out[c] = var;
+        if (update_running) {
+            const float unbiased = count > 1 ? var * count / (count - 1) : var;
+            running_mean[c] = (1.0f - factor) * running_mean[c] + factor * mean;
+            running_var[c] = (1.0f - factor) * running_var[c] + factor * unbiased;
+        }
+    }
+}

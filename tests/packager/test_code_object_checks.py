@@ -99,6 +99,8 @@ EXPECTED_LAYOUTS = {
     # batchnorm.c: pointers, then N, C, H, W, spatial, 2 x 4 strides, eps (factor, update / use_saved)
     "bn_fwd_infer": [*((8 * i, 8) for i in range(6)), *((48 + 4 * i, 4) for i in range(14))],
     "bn_fwd_infer_planes": [*((8 * i, 8) for i in range(6)), *((48 + 4 * i, 4) for i in range(8))],
+    "bn_train_partial": [(0, 8), (8, 8), *((16 + 4 * i, 4) for i in range(6))],
+    "bn_train_finalize": [*((8 * i, 8) for i in range(7)), *((56 + 4 * i, 4) for i in range(7))],
     "bn_fwd_train": [*((8 * i, 8) for i in range(8)), *((64 + 4 * i, 4) for i in range(16))],
     "bn_bwd": [*((8 * i, 8) for i in range(8)), *((64 + 4 * i, 4) for i in range(15))],
     # gemm.c: A, B, C; M, N, K, lda, ldb, ldc; three long batch strides; trans_a, trans_b, alpha, beta
@@ -111,7 +113,7 @@ EXPECTED_LDS = {  # static LDS bytes at the default options
     "softmax_fwd_block": 256 * 4, "softmax_bwd_block": 256 * 4,  # BLOCK floats of scratch
     "softmax_fwd_thread": 0, "softmax_bwd_thread": 0, "softmax_fwd_rows": 256 * 4, "op_tensor_packed": 0, "op_tensor_strided": 0,
     "layernorm_fwd": 256 * 4, "layernorm_bwd_data": 256 * 4, "layernorm_bwd_weight": 0, "pool_fwd": 0, "pool_fwd_2d": 0, "pool_bwd": 0,
-    "bn_fwd_infer": 0, "bn_fwd_train": 256 * 4, "bn_bwd": 256 * 4, "bn_fwd_infer_planes": 0,
+    "bn_fwd_infer": 0, "bn_fwd_train": 256 * 4, "bn_bwd": 256 * 4, "bn_fwd_infer_planes": 0, "bn_train_partial": 256 * 4, "bn_train_finalize": 0,
     "gemm_tiled": 2 * 16 * 17 * 4,  # two padded TILE x (TILE + 1) float tiles
     "reduce_sum": 256 * 4,  # BLOCK floats
     "sgemm_tiled": 2 * 16 * 16 * 4,  # two TILE x TILE float tiles

@@ -72,3 +72,21 @@ def test_config_and_bad_input(handle):
         kdbkit.batchnorm_inference(handle, x, one, one, one, one, mode="spatial2")
     with pytest.raises(ProblemError, match="2-D; batch norm takes"):
         kdbkit.batchnorm_inference(handle, np.ones((2, 3), np.float32), one, one, one, one)
+
+
+@pytest.mark.parametrize("dtype", list(TYPES))
+def test_both_training_solvers_agree_with_the_reference(handle, dtype):
+    """BatchNormSplit (immediate mode's choice for spatial training) and BatchNormBlock, forced."""
+    store, read, tol = TYPES[dtype]
+    rng = np.random.default_rng(13)
+    x = store(rng.standard_normal((6, 4, 5, 9)) * 3 + 7)  # a large mean: the shifted one-pass variance
+    scale, bias = _params(rng, 4)
+    ry, rmean, rinv, new_rm, new_rv = ref.training(read(x), scale, bias, "spatial", 1e-5, 0.5, np.zeros(4), np.ones(4))
+    for solver in ("BatchNormSplit", "BatchNormBlock"):
+        rm, rv = np.zeros(4, np.float32), np.ones(4, np.float32)
+        y, mean, invstd = kdbkit.batchnorm_training(handle, x, scale, bias, momentum=0.5, running_mean=rm,
+                                                    running_var=rv, dtype=dtype, solver=solver)
+        np.testing.assert_allclose(read(y), ry, rtol=tol * 4, atol=tol * 4, err_msg=solver)
+        np.testing.assert_allclose(mean, rmean, rtol=1e-4, err_msg=solver)
+        np.testing.assert_allclose(invstd, rinv, rtol=1e-3, err_msg=solver)
+        np.testing.assert_allclose(rv, new_rv, rtol=1e-3, err_msg=solver)

@@ -18,7 +18,8 @@ from kdbkit.runtime.solver import REGISTRY, SolverRegistry
 # renumbered and a new solver takes the next free one. Extend this table; never edit a line.
 SHIPPED = {1: "ActivPacked", 2: "ActivStrided", 3: "SoftmaxThread", 4: "SoftmaxBlock", 5: "OpTensorPacked",
            6: "OpTensorStrided", 7: "LayerNormBlock", 8: "PoolDirect", 9: "BatchNormBlock",
-           10: "GemmTiled", 11: "GemmTensorCore", 12: "SoftmaxRows"}
+           10: "GemmTiled", 11: "GemmTensorCore", 12: "SoftmaxRows",
+           13: "BatchNormSplit"}
 
 
 def test_solver_ids_are_stable():

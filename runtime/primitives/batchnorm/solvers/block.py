@@ -5,14 +5,8 @@ from __future__ import annotations
 import numpy as np
 
 from kdbkit.runtime.primitives.batchnorm.problem import BatchNormProblem
-from kdbkit.runtime.program_key import ProgramRequest
+from kdbkit.runtime.primitives.batchnorm.solvers.common import BLOCK, INT_MAX, MAX_GROUPS, program
 from kdbkit.runtime.solver import APPLIES, Solver, launch_1d, not_applicable, register
-
-BLOCK, MAX_GROUPS, INT_MAX = 256, 65535, 2**31 - 1
-
-
-def program(problem: BatchNormProblem) -> ProgramRequest:
-    return ProgramRequest("batchnorm.c", problem.dtype.options)
 
 
 @register

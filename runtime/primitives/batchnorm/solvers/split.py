@@ -1,0 +1,68 @@
+"""BatchNormSplit (id 13): spatial training over contiguous planes in three launches (partial sums
+per chunk of planes, a finalize per channel, the normalisation per plane), for the few channels
+and many elements per channel where one group per channel leaves the GPU idle."""
+
+from __future__ import annotations
+
+import numpy as np
+
+from kdbkit.runtime.primitives.batchnorm.problem import BatchNormProblem
+from kdbkit.runtime.primitives.batchnorm.solvers.common import BLOCK, INT_MAX, MAX_GROUPS, program
+from kdbkit.runtime.solver import APPLIES, Solver, launch_1d, not_applicable, register
+
+TARGET_GROUPS = 2048  # partial-sum groups to aim for: many per SM on any current GPU
+
+
+def chunks_for(problem: BatchNormProblem) -> int:
+    n, c = problem.shape[:2]
+    return max(1, min(n, TARGET_GROUPS // max(c, 1), MAX_GROUPS))
+
+
+@register
+class BatchNormSplit(Solver):
+    id = 13
+    name = "BatchNormSplit"
+    primitive = "bnorm"
+
+    def is_applicable(self, problem: BatchNormProblem, device):
+        if problem.direction != "train" or problem.mode != "spatial":
+            return not_applicable("it computes spatial training only")
+        n, c, h, w = problem.shape
+        if not all(s[2:] == (w, 1) or h * w == 1 for s in (problem.x_strides, problem.y_strides)):
+            return not_applicable("its H x W planes are not contiguous")
+        if c > MAX_GROUPS or n * c * h * w > INT_MAX or max(problem.x_strides + problem.y_strides) > INT_MAX:
+            return not_applicable("sizes or strides exceed the kernels' int arguments")
+        return APPLIES
+
+    def workspace(self, problem: BatchNormProblem) -> int:
+        return 4 * problem.shape[1] * (2 * chunks_for(problem) + 1)
+
+    def programs(self, problem: BatchNormProblem):
+        return [program(problem)]
+
+    def invoker(self, handle, problem: BatchNormProblem):
+        request = program(problem)
+        prog = handle.program(request.kernel_file, request.options)
+        partial_k, finalize_k = prog.function("bn_train_partial"), prog.function("bn_train_finalize")
+        planes_k = prog.function("bn_fwd_infer_planes")
+        n, c, h, w = problem.shape
+        chunks = chunks_for(problem)
+        xs0, xs1 = problem.x_strides[:2]
+        # The invoker's own workspace, allocated once: partial sums, then the batch variance.
+        partial = handle.backend.alloc(4 * c * 2 * chunks)
+        var = handle.backend.alloc(4 * c)
+        launch, i32 = handle.backend.launch, np.int32
+        eps = np.float32(problem.eps)
+
+        def train(x, y, scale, bias, running_mean, running_var, saved_mean, saved_invstd):
+            launch(partial_k, (chunks, c, 1), (BLOCK, 1, 1), [x, partial, i32(n), i32(c), i32(h * w), i32(xs0), i32(xs1),
+                                                              i32(chunks)])
+            launch_1d(handle, finalize_k, c, [x, partial, running_mean, running_var, saved_mean, saved_invstd, var,
+                                              i32(c), i32(xs1), i32(chunks), i32(n * h * w), eps,
+                                              np.float32(problem.factor), i32(problem.running)], block=64)
+            launch(planes_k, (min(n * c, MAX_GROUPS), 1, 1), (BLOCK, 1, 1),
+                   [x, y, scale, bias, saved_mean, var, i32(n), i32(c), i32(h * w), i32(xs0), i32(xs1),
+                    *(i32(s) for s in problem.y_strides[:2]), eps])
+
+        train.workspace = (partial, var)  # kept alive with the invoker
+        return train
