@@ -18,6 +18,7 @@
  *   KDB_SHARED(T, n, N)   declare `T n[N]` in shared (CUDA/HIP) / local (OpenCL) memory, at
  *                         kernel scope; N must be a compile-time constant (use -D macros).
  *                         KDB_LOCAL(T, n, N) is the same, spelled the OpenCL way
+ *   KDB_SHARED_PTR(T)     the type of a helper's parameter that points into such an array
  *   KDB_LOCAL_ID_X        thread index within its block   (threadIdx.x / get_local_id(0))
  *   KDB_GROUP_ID_X        block index within the grid     (blockIdx.x  / get_group_id(0))
  *   KDB_LOCAL_SIZE_X      threads per block               (blockDim.x  / get_local_size(0))
@@ -51,6 +52,7 @@
 #define KDB_GLOBAL __global
 #define KDB_RESTRICT restrict
 #define KDB_SHARED(type, name, n) __local type name[n]
+#define KDB_SHARED_PTR(type) __local type*
 
 #define KDB_LOCAL_ID_X ((int)get_local_id(0))
 #define KDB_LOCAL_ID_Y ((int)get_local_id(1))
@@ -99,6 +101,7 @@ static inline ushort kdb_float_to_half(float f)
 #define KDB_GLOBAL
 #define KDB_RESTRICT __restrict__
 #define KDB_SHARED(type, name, n) __attribute__((shared)) type name[n]
+#define KDB_SHARED_PTR(type) type*
 
 #define KDB_LOCAL_ID_X ((int)__builtin_amdgcn_workitem_id_x())
 #define KDB_LOCAL_ID_Y ((int)__builtin_amdgcn_workitem_id_y())
@@ -159,6 +162,7 @@ static __attribute__((device)) inline float kdb_erff(float x)
 #define KDB_GLOBAL
 #define KDB_RESTRICT __restrict__
 #define KDB_SHARED(type, name, n) __shared__ type name[n]
+#define KDB_SHARED_PTR(type) type*
 
 #define KDB_LOCAL_ID_X ((int)threadIdx.x)
 #define KDB_LOCAL_ID_Y ((int)threadIdx.y)

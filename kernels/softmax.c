@@ -50,17 +50,21 @@ KDB_DEVICE_FN int sm_step(int channel_mode, int H, int W, int s1, int s2, int s3
 }
 
 #define SM_AT(base, step, r, j, ...) ((step) ? (base) + (long)(j) * (step) : sm_offset(r, j, __VA_ARGS__))
+/* SM_AT where `even` (a constant) promises step != 0: the division path compiles away. */
+#define SM_AT_IF(even, base, step, r, j, ...) ((even) ? (base) + (long)(j) * (step) : SM_AT(base, step, r, j, __VA_ARGS__))
 
 #define SM_GEOMETRY int N, int C, int H, int W, int channel_mode
 #define SM_ROWS (channel_mode ? N * H * W : N)
 #define SM_LEN (channel_mode ? C : C * H * W)
 
 
-KDB_KERNEL void softmax_fwd_block(const KDB_GLOBAL kdb_data_t* x, KDB_GLOBAL kdb_data_t* y, SM_GEOMETRY, int xs0,
-                                  int xs1, int xs2, int xs3, int ys0, int ys1, int ys2, int ys3, int algorithm,
-                                  float alpha, float beta)
+/* The forward block kernels' body; `even` is a constant at each call (rows evenly spaced or
+ * not), so that the inlined copy for even rows holds no per-element division path at all (its
+ * registers, and with them the occupancy, were the kernel's limit). */
+KDB_DEVICE_FN void sm_fwd_block(const KDB_GLOBAL kdb_data_t* x, KDB_GLOBAL kdb_data_t* y, SM_GEOMETRY, int xs0, int xs1,
+                                int xs2, int xs3, int ys0, int ys1, int ys2, int ys3, int algorithm, float alpha,
+                                float beta, KDB_SHARED_PTR(float) scratch, const int even)
 {
-    KDB_SHARED(float, scratch, BLOCK);
     const int rows = SM_ROWS, len = SM_LEN, t = KDB_LOCAL_ID_X;
     if (len <= BLOCK * SM_CACHE) {
         /* The row fits in registers, SM_CACHE elements per thread: read x once instead of three times. */
@@ -73,7 +77,7 @@ KDB_KERNEL void softmax_fwd_block(const KDB_GLOBAL kdb_data_t* x, KDB_GLOBAL kdb
             float m = algorithm != 0 ? -3.402823466e38f : 0.0f;
             for (int q = 0; q < SM_CACHE; ++q) {
                 const int j = t + q * BLOCK;
-                cache[q] = j < len ? KDB_LOAD(x, SM_AT(xb, xst, r, j, channel_mode, C, H, W, xs0, xs1, xs2, xs3)) : 0.0f;
+                cache[q] = j < len ? KDB_LOAD(x, SM_AT_IF(even, xb, xst, r, j, channel_mode, C, H, W, xs0, xs1, xs2, xs3)) : 0.0f;
                 if (algorithm != 0 && j < len)
                     m = KDB_FMAXF(m, cache[q]);
             }
@@ -91,7 +95,7 @@ KDB_KERNEL void softmax_fwd_block(const KDB_GLOBAL kdb_data_t* x, KDB_GLOBAL kdb
                     break;
                 const float v = cache[q] - m;
                 const float out = algorithm == 2 ? v - log_sum : KDB_EXPF(v) * inv;
-                const long yo = SM_AT(yb, yst, r, j, channel_mode, C, H, W, ys0, ys1, ys2, ys3);
+                const long yo = SM_AT_IF(even, yb, yst, r, j, channel_mode, C, H, W, ys0, ys1, ys2, ys3);
                 KDB_STORE(y, yo, beta == 0.0f ? alpha * out : alpha * out + beta * KDB_LOAD(y, yo));
             }
         }
@@ -105,23 +109,43 @@ KDB_KERNEL void softmax_fwd_block(const KDB_GLOBAL kdb_data_t* x, KDB_GLOBAL kdb
         float m = -3.402823466e38f;
         if (algorithm != 0) {
             for (int j = t; j < len; j += BLOCK)
-                m = KDB_FMAXF(m, KDB_LOAD(x, SM_AT(xb, xst, r, j, channel_mode, C, H, W, xs0, xs1, xs2, xs3)));
+                m = KDB_FMAXF(m, KDB_LOAD(x, SM_AT_IF(even, xb, xst, r, j, channel_mode, C, H, W, xs0, xs1, xs2, xs3)));
             KDB_BLOCK_REDUCE(scratch, m, KDB_FMAXF, m);
         } else {
             m = 0.0f;
         }
         float sum = 0.0f;
         for (int j = t; j < len; j += BLOCK)
-            sum += KDB_EXPF(KDB_LOAD(x, SM_AT(xb, xst, r, j, channel_mode, C, H, W, xs0, xs1, xs2, xs3)) - m);
+            sum += KDB_EXPF(KDB_LOAD(x, SM_AT_IF(even, xb, xst, r, j, channel_mode, C, H, W, xs0, xs1, xs2, xs3)) - m);
         KDB_BLOCK_REDUCE(scratch, sum, KDB_REDUCE_ADD, sum);
         const float log_sum = KDB_LOGF(sum);
         for (int j = t; j < len; j += BLOCK) {
-            const float v = KDB_LOAD(x, SM_AT(xb, xst, r, j, channel_mode, C, H, W, xs0, xs1, xs2, xs3)) - m;
+            const float v = KDB_LOAD(x, SM_AT_IF(even, xb, xst, r, j, channel_mode, C, H, W, xs0, xs1, xs2, xs3)) - m;
             const float out = algorithm == 2 ? v - log_sum : KDB_EXPF(v) / sum;
-            const long yo = SM_AT(yb, yst, r, j, channel_mode, C, H, W, ys0, ys1, ys2, ys3);
+            const long yo = SM_AT_IF(even, yb, yst, r, j, channel_mode, C, H, W, ys0, ys1, ys2, ys3);
             KDB_STORE(y, yo, beta == 0.0f ? alpha * out : alpha * out + beta * KDB_LOAD(y, yo));
         }
     }
+}
+
+KDB_KERNEL void softmax_fwd_block(const KDB_GLOBAL kdb_data_t* x, KDB_GLOBAL kdb_data_t* y, SM_GEOMETRY, int xs0,
+                                  int xs1, int xs2, int xs3, int ys0, int ys1, int ys2, int ys3, int algorithm,
+                                  float alpha, float beta)
+{
+    KDB_SHARED(float, scratch, BLOCK);
+    sm_fwd_block(x, y, N, C, H, W, channel_mode, xs0, xs1, xs2, xs3, ys0, ys1, ys2, ys3, algorithm, alpha, beta, scratch,
+                 0);
+}
+
+/* softmax_fwd_block for rows whose elements are evenly spaced in x and y (channel mode, or
+ * packed C x H x W in instance mode). */
+KDB_KERNEL void softmax_fwd_block_even(const KDB_GLOBAL kdb_data_t* x, KDB_GLOBAL kdb_data_t* y, SM_GEOMETRY, int xs0,
+                                       int xs1, int xs2, int xs3, int ys0, int ys1, int ys2, int ys3, int algorithm,
+                                       float alpha, float beta)
+{
+    KDB_SHARED(float, scratch, BLOCK);
+    sm_fwd_block(x, y, N, C, H, W, channel_mode, xs0, xs1, xs2, xs3, ys0, ys1, ys2, ys3, algorithm, alpha, beta, scratch,
+                 1);
 }
 
 /* y and dy share strides (s*); dx has its own (ds*). */
@@ -206,8 +230,8 @@ KDB_KERNEL void softmax_bwd_thread(const KDB_GLOBAL kdb_data_t* y, const KDB_GLO
     }
 }
 
-/* Forward over rows of at most ROWS_T * ROWS_CACHE (1024) elements, ROWS_T (32) threads per row
- * and BLOCK / ROWS_T rows per group: each reduction takes 5 steps over a 32-wide segment
+/* Forward over evenly spaced rows (see softmax_fwd_block_even) of at most ROWS_T * ROWS_CACHE
+ * (1024) elements, ROWS_T (32) threads per row and BLOCK / ROWS_T rows per group: each reduction takes 5 steps over a 32-wide segment
  * instead of 8 over the whole group, and one group serves 8 rows. Launch BLOCK threads per
  * group, any number of groups (grid-stride over blocks of rows). */
 #define ROWS_T 32
@@ -246,7 +270,7 @@ KDB_KERNEL void softmax_fwd_rows(const KDB_GLOBAL kdb_data_t* x, KDB_GLOBAL kdb_
         for (int q = 0; q < ROWS_CACHE; ++q) {
             const int j = lane + q * ROWS_T;
             const int in = live && j < len;
-            cache[q] = in ? KDB_LOAD(x, SM_AT(xb, xst, r, j, channel_mode, C, H, W, xs0, xs1, xs2, xs3)) : 0.0f;
+            cache[q] = in ? KDB_LOAD(x, SM_AT_IF(1, xb, xst, r, j, channel_mode, C, H, W, xs0, xs1, xs2, xs3)) : 0.0f;
             if (algorithm != 0 && in)
                 m = KDB_FMAXF(m, cache[q]);
         }
@@ -265,7 +289,7 @@ KDB_KERNEL void softmax_fwd_rows(const KDB_GLOBAL kdb_data_t* x, KDB_GLOBAL kdb_
             if (j < len) {
                 const float v = cache[q] - m;
                 const float out = algorithm == 2 ? v - log_sum : KDB_EXPF(v) * inv;
-                const long yo = SM_AT(yb, yst, r, j, channel_mode, C, H, W, ys0, ys1, ys2, ys3);
+                const long yo = SM_AT_IF(1, yb, yst, r, j, channel_mode, C, H, W, ys0, ys1, ys2, ys3);
                 KDB_STORE(y, yo, beta == 0.0f ? alpha * out : alpha * out + beta * KDB_LOAD(y, yo));
             }
         }

@@ -82,7 +82,7 @@ EXPECTED_LAYOUTS = {
     "activ_bwd_strided": [(0, 8), (8, 8), (16, 8), (24, 8), *((32 + 4 * i, 4) for i in range(19))],
     # softmax.c: pointers, then N, C, H, W, channel mode, 2 x 4 strides, algorithm, alpha, beta
     **{f"softmax_fwd_{k}": [(0, 8), (8, 8), *((16 + 4 * i, 4) for i in range(16))]
-       for k in ("block", "thread", "rows")},
+       for k in ("block", "thread", "rows", "block_even")},
     **{f"softmax_bwd_{k}": [(0, 8), (8, 8), (16, 8), *((24 + 4 * i, 4) for i in range(16))]
        for k in ("block", "thread")},
     # tensorop.c: three pointers, then n (and 4 sizes, 3 x 5 strides when strided), op, alpha1, alpha2, beta
@@ -111,7 +111,7 @@ EXPECTED_LDS = {  # static LDS bytes at the default options
     "relu_fwd": 0, "leaky_relu_fwd": 0,
     "activ_fwd_packed": 0, "activ_bwd_packed": 0, "activ_fwd_strided": 0, "activ_bwd_strided": 0,
     "softmax_fwd_block": 256 * 4, "softmax_bwd_block": 256 * 4,  # BLOCK floats of scratch
-    "softmax_fwd_thread": 0, "softmax_bwd_thread": 0, "softmax_fwd_rows": 256 * 4, "op_tensor_packed": 0, "op_tensor_strided": 0,
+    "softmax_fwd_thread": 0, "softmax_bwd_thread": 0, "softmax_fwd_rows": 256 * 4, "softmax_fwd_block_even": 256 * 4, "op_tensor_packed": 0, "op_tensor_strided": 0,
     "layernorm_fwd": 256 * 4, "layernorm_bwd_data": 256 * 4, "layernorm_bwd_weight": 0, "pool_fwd": 0, "pool_fwd_2d": 0, "pool_bwd": 0,
     "bn_fwd_infer": 0, "bn_fwd_train": 256 * 4, "bn_bwd": 256 * 4, "bn_fwd_infer_planes": 0, "bn_train_partial": 256 * 4, "bn_train_finalize": 0,
     "gemm_tiled": 2 * 16 * 17 * 4,  # two padded TILE x (TILE + 1) float tiles

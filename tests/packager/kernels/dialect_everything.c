@@ -28,6 +28,12 @@ KDB_DEVICE_FN float shape(float v)
     return KDB_FMAF(magnitude, 0.5f, KDB_EXPF(KDB_FMINF(v, 0.0f))) + same;
 }
 
+/* A helper reading shared memory through a pointer. */
+KDB_DEVICE_FN float neighbour(KDB_SHARED_PTR(float) stage, int lid, int staged)
+{
+    return stage[(lid + 1) % staged];
+}
+
 KDB_KERNEL void dialect_everything(const KDB_GLOBAL float* KDB_RESTRICT x, KDB_GLOBAL float* KDB_RESTRICT y,
                                    KDB_GLOBAL int* KDB_RESTRICT groups, int n, float lo, float hi)
 {
@@ -48,7 +54,7 @@ KDB_KERNEL void dialect_everything(const KDB_GLOBAL float* KDB_RESTRICT x, KDB_G
         stage[lid] = i < n ? x[i] : 0.0f;
     /* Every thread reaches the barrier: no return before it. */
     KDB_BARRIER;
-    const float s = stage[(lid + 1) % staged];
+    const float s = neighbour(stage, lid, staged);
     for (int j = i; j < n; j += grid_threads)
         y[j] = KDB_FMINF(KDB_FMAXF(shape(x[j]) + s, lo), hi);
     if (lid == 0)

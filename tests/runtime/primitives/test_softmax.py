@@ -93,3 +93,16 @@ def test_the_rows_solver_on_rows_of_65_to_1024_and_odd_counts(handle):
 
     assert choose(handle, P("fwd", "accurate", "channel", DataType.FP32, (9, 1024, 1, 1), (1024, 1, 1, 1),
                             (1024, 1, 1, 1))).solver.name == "SoftmaxRows"
+
+
+def test_instance_mode_over_a_non_packed_tensor_takes_the_general_kernels(handle):
+    n, c, h, w = 2, 3, 4, 5
+    nhwc = np.random.default_rng(14).standard_normal((n, h, w, c)).astype(np.float32)
+    be = handle.backend
+    x = DeviceTensor(be.to_device(nhwc), TensorDesc(DataType.FP32, (n, c, h, w), (h * w * c, 1, w * c, c)))
+    expected = ref.forward(nhwc.transpose(0, 3, 1, 2), "accurate", "instance")
+    for solver in ("SoftmaxBlock", "SoftmaxThread"):
+        y = kdbkit.softmax_forward(handle, x, mode="instance", solver=solver)
+        np.testing.assert_allclose(y.to_host(be), expected, rtol=1e-5, atol=1e-6, err_msg=solver)
+    with pytest.raises(NoSolverError, match="SoftmaxRows does not apply.*not evenly spaced"):
+        kdbkit.softmax_forward(handle, x, mode="instance", solver="SoftmaxRows")

@@ -3,7 +3,13 @@
 from __future__ import annotations
 
 from kdbkit.runtime.primitives.softmax.problem import SoftmaxProblem
-from kdbkit.runtime.primitives.softmax.solvers.common import arguments, fits_int_arguments, kernel_and_buffers, program
+from kdbkit.runtime.primitives.softmax.solvers.common import (
+    arguments,
+    evenly_spaced,
+    fits_int_arguments,
+    kernel_and_buffers,
+    program,
+)
 from kdbkit.runtime.solver import Solver, register
 
 BLOCK = 256  # the kernel's default -DBLOCK
@@ -24,7 +30,9 @@ class SoftmaxBlock(Solver):
 
     def invoker(self, handle, problem: SoftmaxProblem):
         request = program(problem)
-        kernel, order = kernel_and_buffers(problem, handle.program(request.kernel_file, request.options), "block")
+        even = problem.direction == "fwd" and evenly_spaced(problem)
+        kernel, order = kernel_and_buffers(problem, handle.program(request.kernel_file, request.options),
+                                           "block_even" if even else "block")
         tail, groups = arguments(problem), min(problem.rows, MAX_GROUPS)
         launch = handle.backend.launch
         return lambda **t: launch(kernel, (groups, 1, 1), (BLOCK, 1, 1), [*(t[name] for name in order), *tail])

@@ -33,6 +33,15 @@ def arguments(problem: SoftmaxProblem) -> list:
 
 def kernel_and_buffers(problem: SoftmaxProblem, prog, suffix: str):
     """The kernel for the direction, and the order its tensors come in."""
-    if problem.direction == "fwd" or suffix == "rows":
+    if problem.direction == "fwd" or suffix in ("rows", "block_even"):
         return prog.function(f"softmax_fwd_{suffix}"), ("x", "y")
     return prog.function(f"softmax_bwd_{suffix}"), ("y", "dy", "dx")
+
+
+def evenly_spaced(problem: SoftmaxProblem) -> bool:
+    """Each row's elements one stride apart in x and y (the kernels' ``sm_step`` != 0): channel
+    mode always, instance mode when C x H x W is packed within each row."""
+    if problem.mode == "channel":
+        return True
+    n, c, h, w = problem.shape
+    return all(s[2] == w * s[3] and s[1] == h * s[2] for s in (problem.x_strides, problem.y_strides))

@@ -3,7 +3,13 @@
 from __future__ import annotations
 
 from kdbkit.runtime.primitives.softmax.problem import SoftmaxProblem
-from kdbkit.runtime.primitives.softmax.solvers.common import arguments, fits_int_arguments, kernel_and_buffers, program
+from kdbkit.runtime.primitives.softmax.solvers.common import (
+    arguments,
+    evenly_spaced,
+    fits_int_arguments,
+    kernel_and_buffers,
+    program,
+)
 from kdbkit.runtime.solver import Solver, not_applicable, register
 
 BLOCK, ROWS_PER_GROUP, MAX_ROW, MAX_GROUPS = 256, 8, 1024, 65535
@@ -20,6 +26,8 @@ class SoftmaxRows(Solver):
             return not_applicable("it computes the forward pass only")
         if problem.row_length > MAX_ROW:
             return not_applicable(f"rows of {problem.row_length} elements; it keeps at most {MAX_ROW} in registers")
+        if not evenly_spaced(problem):
+            return not_applicable("a row's elements are not evenly spaced (instance mode over a non-packed tensor)")
         return fits_int_arguments(problem)
 
     def programs(self, problem: SoftmaxProblem):
