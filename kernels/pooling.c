@@ -13,6 +13,16 @@
 
 #define POOL_GEOMETRY int N, int C, int H, int W, int Ho, int Wo, int kh, int kw, int sh, int sw, int ph, int pw
 
+/* One output from its window's maximum (best_at < 0: the window held no input), sum and count. */
+KDB_DEVICE_FN float pool_result(int mode, float best, int best_at, float sum, int count, int window)
+{
+    if (mode == 0)
+        return best_at < 0 ? 0.0f : best;
+    if (mode == 1)
+        return count ? sum / count : 0.0f;
+    return sum / window;
+}
+
 KDB_KERNEL void pool_fwd(const KDB_GLOBAL kdb_data_t* x, KDB_GLOBAL kdb_data_t* y, KDB_GLOBAL int* indices,
                          POOL_GEOMETRY, int xs0, int xs1, int xs2, int xs3, int ys0, int ys1, int ys2, int ys3,
                          int mode, int save_indices)
@@ -41,14 +51,8 @@ KDB_KERNEL void pool_fwd(const KDB_GLOBAL kdb_data_t* x, KDB_GLOBAL kdb_data_t* 
                 ++count;
             }
         }
-        float out;
-        if (mode == 0)
-            out = best_at < 0 ? 0.0f : best;
-        else if (mode == 1)
-            out = count ? sum / count : 0.0f;
-        else
-            out = sum / (kh * kw);
-        KDB_STORE(y, (long)n * ys0 + (long)c * ys1 + (long)ho * ys2 + (long)wo * ys3, out);
+        KDB_STORE(y, (long)n * ys0 + (long)c * ys1 + (long)ho * ys2 + (long)wo * ys3,
+                  pool_result(mode, best, best_at, sum, count, kh * kw));
         if (save_indices)
             indices[i] = best_at;
     }
@@ -115,14 +119,8 @@ KDB_KERNEL void pool_fwd_2d(const KDB_GLOBAL kdb_data_t* x, KDB_GLOBAL kdb_data_
             sum += v;
         }
     const int count = (hb - ha) * (wb - wa);
-    float out;
-    if (mode == 0)
-        out = best_at < 0 ? 0.0f : best;
-    else if (mode == 1)
-        out = count ? sum / count : 0.0f;
-    else
-        out = sum / (kh * kw);
-    KDB_STORE(y, (long)n * ys0 + (long)c * ys1 + (long)ho * ys2 + (long)wo * ys3, out);
+    KDB_STORE(y, (long)n * ys0 + (long)c * ys1 + (long)ho * ys2 + (long)wo * ys3,
+              pool_result(mode, best, best_at, sum, count, kh * kw));
     if (save_indices)
         indices[((long)plane * Ho + ho) * Wo + wo] = best_at;
 }

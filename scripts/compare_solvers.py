@@ -10,7 +10,6 @@ back-to-back calls on PyTorch tensors used in place, median of blocks.
 from __future__ import annotations
 
 import argparse
-import statistics
 import sys
 
 
@@ -23,6 +22,7 @@ def main() -> int:
     import torch
 
     import kdbkit
+    from bench_primitives import timed  # this folder is on sys.path when run as a script
     from kdbkit.runtime.primitives import load_all
     from kdbkit.runtime.solver import REGISTRY
 
@@ -33,35 +33,20 @@ def main() -> int:
     x = torch.randn(shape, device="cuda", dtype=dt)
     y = torch.empty_like(x)
 
-    def timed(fn, iters=20, blocks=7):
-        for _ in range(3):
-            fn()
-        torch.cuda.synchronize()
-        out = []
-        for _ in range(blocks):
-            s, e = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-            s.record()
-            for _ in range(iters):
-                fn()
-            e.record()
-            e.synchronize()
-            out.append(s.elapsed_time(e) / iters)
-        return statistics.median(out)
-
     with kdbkit.Handle() as h:
         prim = "softmax" if args.primitive == "softmax" else "layernorm"
         for solver in REGISTRY.for_primitive(prim):
             try:
                 if prim == "softmax":
-                    ms = timed(lambda: kdbkit.softmax_forward(h, x, y=y, solver=solver.name))
+                    ms = timed(lambda: kdbkit.softmax_forward(h, x, y=y, solver=solver.name), iters=20, blocks=7)
                 else:
-                    ms = timed(lambda: kdbkit.layernorm_forward(h, x, solver=solver.name))
+                    ms = timed(lambda: kdbkit.layernorm_forward(h, x, solver=solver.name), iters=20, blocks=7)
             except kdbkit.KdbError as e:
                 print(f"{solver.name:16s} n/a ({e.problem})")
                 continue
             print(f"{solver.name:16s} {ms:.4f} ms  {2 * x.numel() * x.element_size() / ms / 1e6:.0f} GB/s")
         ref = (lambda: torch.softmax(x, -1)) if prim == "softmax" else (lambda: torch.nn.functional.layer_norm(x, shape[-1:]))
-        ms = timed(ref)
+        ms = timed(ref, iters=20, blocks=7)
         print(f"{'torch':16s} {ms:.4f} ms  {2 * x.numel() * x.element_size() / ms / 1e6:.0f} GB/s")
     return 0
 
