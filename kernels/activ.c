@@ -10,7 +10,8 @@
  *
  * Options: the element type only (kdb_data.h): every shape, stride and mode is an argument,
  * so one program per type serves every activation problem.
- * Launch: 1-D, any block size and grid (grid-stride loops). Packed kernels take n elements;
+ * Launch: 1-D, any block size and grid (grid-stride loops). Packed kernels take n elements
+ * (the *_vec ones 16-byte aligned tensors);
  * strided ones a 5-D shape (pad leading dimensions with 1) and each tensor's element strides.
  */
 #include "kdb_data.h"
@@ -93,22 +94,45 @@ KDB_KERNEL void activ_fwd_packed(const KDB_GLOBAL kdb_data_t* x, KDB_GLOBAL kdb_
         KDB_STORE(y, i, activ_f(KDB_LOAD(x, i), mode, alpha, beta, gamma));
 }
 
-#if defined(KDB_TYPE_FP16) || defined(KDB_TYPE_BF16)
-/* 16-bit types two at a time, as one 32-bit load and store: n2 pairs of packed elements, the
- * tensors' addresses 4-byte aligned (the solver checks). */
-KDB_KERNEL void activ_fwd_pairs(const KDB_GLOBAL unsigned int* x, KDB_GLOBAL unsigned int* y, int n2, int mode,
-                                float alpha, float beta, float gamma)
+/* Packed tensors 16 bytes at a time (KDB_VEC elements): n elements, every tensor 16-byte
+ * aligned (the solver checks); the last n % KDB_VEC go one per thread of the first group. */
+KDB_KERNEL void activ_fwd_vec(const KDB_GLOBAL kdb_vec4u* x, KDB_GLOBAL kdb_vec4u* y, int n, int mode, float alpha,
+                              float beta, float gamma)
 {
-    const int stride = KDB_LOCAL_SIZE_X * KDB_NUM_GROUPS_X;
-    for (int i = KDB_GLOBAL_ID_X; i < n2; i += stride) {
-        const unsigned int v = x[i];
-        kdb_data_t lo = (kdb_data_t)(v & 0xffffu), hi = (kdb_data_t)(v >> 16);
-        KDB_STORE(&lo, 0, activ_f(KDB_LOAD(&lo, 0), mode, alpha, beta, gamma));
-        KDB_STORE(&hi, 0, activ_f(KDB_LOAD(&hi, 0), mode, alpha, beta, gamma));
-        y[i] = (unsigned int)lo | ((unsigned int)hi << 16);
+    const int stride = KDB_LOCAL_SIZE_X * KDB_NUM_GROUPS_X, vectors = n / KDB_VEC;
+    for (int i = KDB_GLOBAL_ID_X; i < vectors; i += stride) {
+        float v[KDB_VEC];
+        kdb_unpack(x[i], v);
+        for (int e = 0; e < KDB_VEC; ++e)
+            v[e] = activ_f(v[e], mode, alpha, beta, gamma);
+        y[i] = kdb_pack(v);
     }
+    const int j = vectors * KDB_VEC + KDB_GLOBAL_ID_X;
+    if (j < n)
+        KDB_STORE((KDB_GLOBAL kdb_data_t*)y, j,
+                  activ_f(KDB_LOAD((const KDB_GLOBAL kdb_data_t*)x, j), mode, alpha, beta, gamma));
 }
-#endif
+
+KDB_KERNEL void activ_bwd_vec(const KDB_GLOBAL kdb_vec4u* x, const KDB_GLOBAL kdb_vec4u* y,
+                              const KDB_GLOBAL kdb_vec4u* dy, KDB_GLOBAL kdb_vec4u* dx, int n, int mode, float alpha,
+                              float beta, float gamma)
+{
+    const int stride = KDB_LOCAL_SIZE_X * KDB_NUM_GROUPS_X, vectors = n / KDB_VEC;
+    for (int i = KDB_GLOBAL_ID_X; i < vectors; i += stride) {
+        float xv[KDB_VEC], yv[KDB_VEC], g[KDB_VEC];
+        kdb_unpack(x[i], xv);
+        kdb_unpack(y[i], yv);
+        kdb_unpack(dy[i], g);
+        for (int e = 0; e < KDB_VEC; ++e)
+            g[e] = activ_df(xv[e], yv[e], g[e], mode, alpha, beta, gamma);
+        dx[i] = kdb_pack(g);
+    }
+    const int j = vectors * KDB_VEC + KDB_GLOBAL_ID_X;
+    if (j < n)
+        KDB_STORE((KDB_GLOBAL kdb_data_t*)dx, j,
+                  activ_df(KDB_LOAD((const KDB_GLOBAL kdb_data_t*)x, j), KDB_LOAD((const KDB_GLOBAL kdb_data_t*)y, j),
+                           KDB_LOAD((const KDB_GLOBAL kdb_data_t*)dy, j), mode, alpha, beta, gamma));
+}
 
 KDB_KERNEL void activ_bwd_packed(const KDB_GLOBAL kdb_data_t* x, const KDB_GLOBAL kdb_data_t* y,
                                  const KDB_GLOBAL kdb_data_t* dy, KDB_GLOBAL kdb_data_t* dx, int n, int mode,

@@ -15,7 +15,7 @@
  * Options: the element type (kdb_data.h); -DBLOCK=<n> (default 256): the training and backward
  * kernels run BLOCK threads per group, one group per channel (grid-stride over channels);
  * bn_fwd_infer is 1-D, any launch; bn_fwd_infer_planes (spatial, each H x W plane contiguous) takes
- * any block size, a group per plane (grid-stride over planes).
+ * any block size, a group per plane (grid-stride over planes); bn_fwd_infer_vec is 1-D, any launch.
  */
 #include "kdb_data.h"
 #include "kdb_reduce.h"
@@ -65,6 +65,25 @@ KDB_KERNEL void bn_fwd_infer(const KDB_GLOBAL kdb_data_t* x, KDB_GLOBAL kdb_data
 
 /* Spatial inference over contiguous H*W planes: a group per (n, c) plane, no index division
  * per element, the channel's scale and shift computed once. */
+/* Spatial inference 16 bytes at a time: each plane's HWv vectors contiguous; strides in
+ * vectors (every plane starts 16-byte aligned). A 1-D grid-stride loop over all vectors. */
+KDB_KERNEL void bn_fwd_infer_vec(const KDB_GLOBAL kdb_vec4u* x, KDB_GLOBAL kdb_vec4u* y, const KDB_GLOBAL float* scale,
+                                 const KDB_GLOBAL float* bias, const KDB_GLOBAL float* mean,
+                                 const KDB_GLOBAL float* var, int N, int C, int HWv, int xs0, int xs1, int ys0,
+                                 int ys1, float eps)
+{
+    const int total = N * C * HWv;
+    for (int i = KDB_GLOBAL_ID_X; i < total; i += KDB_LOCAL_SIZE_X * KDB_NUM_GROUPS_X) {
+        const int p = i / HWv, j = i - p * HWv, c = p % C, n = p / C;
+        const float a = scale[c] / KDB_SQRTF(var[c] + eps), b = bias[c] - a * mean[c];
+        float v[KDB_VEC];
+        kdb_unpack(x[(long)n * xs0 + (long)c * xs1 + j], v);
+        for (int e = 0; e < KDB_VEC; ++e)
+            v[e] = a * v[e] + b;
+        y[(long)n * ys0 + (long)c * ys1 + j] = kdb_pack(v);
+    }
+}
+
 KDB_KERNEL void bn_fwd_infer_planes(const KDB_GLOBAL kdb_data_t* x, KDB_GLOBAL kdb_data_t* y,
                                     const KDB_GLOBAL float* scale, const KDB_GLOBAL float* bias,
                                     const KDB_GLOBAL float* mean, const KDB_GLOBAL float* var, int N, int C, int HW,
@@ -186,6 +205,35 @@ KDB_KERNEL void bn_train_partial(const KDB_GLOBAL kdb_data_t* x, KDB_GLOBAL floa
             const float d = KDB_LOAD(x, base + i) - k;
             s1 += d;
             s2 += d * d;
+        }
+    }
+    KDB_BLOCK_REDUCE(scratch, s1, KDB_REDUCE_ADD, s1);
+    KDB_BLOCK_REDUCE(scratch, s2, KDB_REDUCE_ADD, s2);
+    if (KDB_LOCAL_ID_X == 0) {
+        partial[((long)c * chunks + j) * 2] = s1;
+        partial[((long)c * chunks + j) * 2 + 1] = s2;
+    }
+}
+
+/* bn_train_partial 16 bytes at a time: HWv vectors per plane, strides in vectors. */
+KDB_KERNEL void bn_train_partial_vec(const KDB_GLOBAL kdb_vec4u* x, KDB_GLOBAL float* partial, int N, int C, int HWv,
+                                     int xs0, int xs1, int chunks)
+{
+    KDB_SHARED(float, scratch, BLOCK);
+    const int j = KDB_GROUP_ID_X, c = KDB_GROUP_ID_Y;
+    float v[KDB_VEC];
+    kdb_unpack(x[(long)c * xs1], v);
+    const float k = v[0];
+    float s1 = 0.0f, s2 = 0.0f;
+    for (int n = j; n < N; n += chunks) {
+        const long base = (long)n * xs0 + (long)c * xs1;
+        for (int i = KDB_LOCAL_ID_X; i < HWv; i += BLOCK) {
+            kdb_unpack(x[base + i], v);
+            for (int e = 0; e < KDB_VEC; ++e) {
+                const float d = v[e] - k;
+                s1 += d;
+                s2 += d * d;
+            }
         }
     }
     KDB_BLOCK_REDUCE(scratch, s1, KDB_REDUCE_ADD, s1);

@@ -34,6 +34,12 @@
  *                         (16-bit types travel as their bits on every backend: one kernel
  *                         signature, and no fp16 extension needed on OpenCL)
  *   KDB_FLOAT_BITS(f) KDB_BITS_FLOAT(u)   a float's bits as unsigned int, and back
+ *   kdb_vec4u             16 bytes as four unsigned ints (.x .y .z .w): a pointer to it reads or
+ *                         writes 16 bytes in one access (the address must be 16-byte aligned)
+ *   KDB_HAS_SHUFFLE       1 where KDB_SHFL_XOR exists (CUDA, HIP), 0 on OpenCL
+ *   KDB_SHFL_XOR(v, m)    the float v of the thread whose lane is this one's xor m (m < 32),
+ *                         every thread of the 32 lanes taking part; kdb_reduce.h builds the
+ *                         lane reductions on it, through local memory where it is missing
  *
  * Ids are `int` everywhere (OpenCL's size_t and HIP's unsigned builtins are cast), so that
  * index arithmetic with negative intermediate values behaves the same on every backend.
@@ -92,6 +98,8 @@ static inline ushort kdb_float_to_half(float f)
 #define KDB_FLOAT_TO_HALF(f) kdb_float_to_half((float)(f))
 #define KDB_FLOAT_BITS(f) as_uint((float)(f))
 #define KDB_BITS_FLOAT(u) as_float((uint)(u))
+typedef uint4 kdb_vec4u;
+#define KDB_HAS_SHUFFLE 0 /* sub_group_shuffle_xor is an optional extension; kdb_reduce.h falls back */
 
 #elif defined(__HIP__) || defined(__HIPCC_RTC__)
 /* ---------------------------------------------------------------- HIP / amdgcn */
@@ -153,6 +161,15 @@ static __attribute__((device)) inline float kdb_erff(float x)
 #define KDB_FLOAT_TO_HALF(f) __builtin_bit_cast(unsigned short, (_Float16)(f))
 #define KDB_FLOAT_BITS(f) __builtin_bit_cast(unsigned int, (float)(f))
 #define KDB_BITS_FLOAT(u) __builtin_bit_cast(float, (unsigned int)(u))
+typedef unsigned int kdb_vec4u __attribute__((ext_vector_type(4)));
+#define KDB_HAS_SHUFFLE 1
+/* What HIP's __shfl_xor does: ds_bpermute from lane ^ m (m < 32 stays within a wave32 half). */
+static __attribute__((device)) inline float kdb_shfl_xor(float v, int m)
+{
+    const int lane = (int)__builtin_amdgcn_mbcnt_hi(~0u, __builtin_amdgcn_mbcnt_lo(~0u, 0u));
+    return __builtin_bit_cast(float, __builtin_amdgcn_ds_bpermute((lane ^ m) << 2, __builtin_bit_cast(int, v)));
+}
+#define KDB_SHFL_XOR(v, m) kdb_shfl_xor((float)(v), (m))
 
 #elif defined(__CUDACC__) || defined(__CUDACC_RTC__) || defined(__NVCC__)
 /* ---------------------------------------------------------------- CUDA (NVRTC, nvcc) */
@@ -207,6 +224,9 @@ static __device__ __forceinline__ unsigned short kdb_float_to_half(float f)
 #define KDB_FLOAT_TO_HALF(f) kdb_float_to_half((float)(f))
 #define KDB_FLOAT_BITS(f) __float_as_uint((float)(f))
 #define KDB_BITS_FLOAT(u) __uint_as_float((unsigned int)(u))
+typedef uint4 kdb_vec4u; /* NVRTC's built-in vector type */
+#define KDB_HAS_SHUFFLE 1
+#define KDB_SHFL_XOR(v, m) __shfl_xor_sync(0xffffffffu, (float)(v), (m))
 
 #else
 #error "kdb_compat.h: unknown compiler; expected OpenCL C, HIP (clang/hiprtc) or CUDA (NVRTC/nvcc)"

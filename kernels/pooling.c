@@ -124,3 +124,47 @@ KDB_KERNEL void pool_fwd_2d(const KDB_GLOBAL kdb_data_t* x, KDB_GLOBAL kdb_data_
     if (save_indices)
         indices[((long)plane * Ho + ho) * Wo + wo] = best_at;
 }
+
+/* Forward for windows of at most POOL_SMALL x POOL_SMALL (3 x 3 and 2 x 2, the usual CNN
+ * pools): the window loops have constant bounds, so they unroll and every load of a thread is
+ * in flight at once, and each thread computes POOL_RUN outputs down a column, so that enough
+ * bytes are in flight to cover memory latency. Offsets within a plane are int (the solver
+ * checks that they fit). Grid (ceil(Wo / bx), ceil(Ho / (by * POOL_RUN)), N * C) for any
+ * bx x by block. */
+#define POOL_SMALL 3
+#define POOL_RUN 4
+
+KDB_KERNEL void pool_fwd_small(const KDB_GLOBAL kdb_data_t* x, KDB_GLOBAL kdb_data_t* y, KDB_GLOBAL int* indices,
+                               POOL_GEOMETRY, int xs0, int xs1, int xs2, int xs3, int ys0, int ys1, int ys2, int ys3,
+                               int mode, int save_indices)
+{
+    const int wo = KDB_GLOBAL_ID_X, first = KDB_GLOBAL_ID_Y * POOL_RUN, plane = KDB_GROUP_ID_Z;
+    if (wo >= Wo || first >= Ho)
+        return;
+    const int c = plane % C, n = plane / C, w0 = wo * sw - pw;
+    const KDB_GLOBAL kdb_data_t* p = x + (long)n * xs0 + (long)c * xs1;
+    KDB_GLOBAL kdb_data_t* q = y + (long)n * ys0 + (long)c * ys1;
+    for (int r = 0; r < POOL_RUN; ++r) {
+        const int ho = first + r, h0 = ho * sh - ph;
+        float best = -3.402823466e38f, sum = 0.0f;
+        int best_at = -1, count = 0;
+        for (int a = 0; a < POOL_SMALL; ++a)
+            for (int b = 0; b < POOL_SMALL; ++b) {
+                const int h = h0 + a, w = w0 + b;
+                if (ho < Ho && a < kh && b < kw && h >= 0 && h < H && w >= 0 && w < W) {
+                    const float v = KDB_LOAD(p, h * xs2 + w * xs3);
+                    if (v > best || best_at < 0) {
+                        best = v;
+                        best_at = h * W + w;
+                    }
+                    sum += v;
+                    ++count;
+                }
+            }
+        if (ho < Ho) {
+            KDB_STORE(q, ho * ys2 + wo * ys3, pool_result(mode, best, best_at, sum, count, kh * kw));
+            if (save_indices)
+                indices[((long)plane * Ho + ho) * Wo + wo] = best_at;
+        }
+    }
+}

@@ -295,3 +295,103 @@ KDB_KERNEL void softmax_fwd_rows(const KDB_GLOBAL kdb_data_t* x, KDB_GLOBAL kdb_
         }
     }
 }
+
+/* ------------------------------------------------------------------ lanes: 16-byte rows
+ * Rows whose elements are contiguous in every tensor, start on a 16-byte vector and hold a
+ * whole number of vectors (len % KDB_VEC == 0; the solver checks, and that every tensor is
+ * 16-byte aligned). `lanes` threads share a row (a power of two, at most BLOCK; launch BLOCK
+ * threads per group), each keeping up to LANES_VECS of its vectors in registers as they were
+ * read: x is read once, the reductions run across the row's lanes (kdb_reduce.h).
+ * Options: -DLANES_VECS=<n> (default 4): rows of up to BLOCK * LANES_VECS vectors. */
+#ifndef LANES_VECS
+#define LANES_VECS 4
+#endif
+
+/* Vector j of a row, for this thread's slot k (k < LANES_VECS) and lane. */
+#define SM_LANE_VEC(k) (lane + (k) * lanes)
+
+KDB_KERNEL void softmax_fwd_lanes(const KDB_GLOBAL kdb_vec4u* x, KDB_GLOBAL kdb_vec4u* y, SM_GEOMETRY, int xs0,
+                                  int xs1, int xs2, int xs3, int ys0, int ys1, int ys2, int ys3, int algorithm,
+                                  float alpha, float beta, int lanes)
+{
+    KDB_SHARED(float, scratch, BLOCK);
+    const int rows = SM_ROWS, vecs = SM_LEN / KDB_VEC;
+    const int lane = KDB_LOCAL_ID_X & (lanes - 1), per_group = KDB_LOCAL_SIZE_X / lanes;
+    /* The loop's trip count is the same for the whole group: every thread reaches the reductions. */
+    for (int first = KDB_GROUP_ID_X * per_group; first < rows; first += KDB_NUM_GROUPS_X * per_group) {
+        const int r = first + KDB_LOCAL_ID_X / lanes, live = r < rows;
+        const long xb = live ? sm_base(r, channel_mode, C, H, W, xs0, xs1, xs2, xs3) / KDB_VEC : 0;
+        const long yb = live ? sm_base(r, channel_mode, C, H, W, ys0, ys1, ys2, ys3) / KDB_VEC : 0;
+        kdb_vec4u q[LANES_VECS];
+        float v[KDB_VEC], m = -3.402823466e38f;
+        for (int k = 0; k < LANES_VECS; ++k)
+            if (live && SM_LANE_VEC(k) < vecs) {
+                q[k] = x[xb + SM_LANE_VEC(k)];
+                kdb_unpack(q[k], v);
+                for (int e = 0; e < KDB_VEC; ++e)
+                    m = KDB_FMAXF(m, v[e]);
+            }
+        m = algorithm != 0 ? kdb_lanes_reduce(m, lanes, 0, scratch) : 0.0f;
+        float sum = 0.0f;
+        for (int k = 0; k < LANES_VECS; ++k)
+            if (live && SM_LANE_VEC(k) < vecs) {
+                kdb_unpack(q[k], v);
+                for (int e = 0; e < KDB_VEC; ++e)
+                    sum += KDB_EXPF(v[e] - m);
+            }
+        sum = kdb_lanes_reduce(sum, lanes, 1, scratch);
+        const float log_sum = KDB_LOGF(sum), inv = 1.0f / sum;
+        for (int k = 0; k < LANES_VECS; ++k)
+            if (live && SM_LANE_VEC(k) < vecs) {
+                float old[KDB_VEC];
+                kdb_unpack(q[k], v);
+                if (beta != 0.0f)
+                    kdb_unpack(y[yb + SM_LANE_VEC(k)], old);
+                for (int e = 0; e < KDB_VEC; ++e) {
+                    const float out = alpha * (algorithm == 2 ? v[e] - m - log_sum : KDB_EXPF(v[e] - m) * inv);
+                    v[e] = beta == 0.0f ? out : out + beta * old[e];
+                }
+                y[yb + SM_LANE_VEC(k)] = kdb_pack(v);
+            }
+    }
+}
+
+/* y and dy share strides (s*); dx has its own (ds*). */
+KDB_KERNEL void softmax_bwd_lanes(const KDB_GLOBAL kdb_vec4u* y, const KDB_GLOBAL kdb_vec4u* dy,
+                                  KDB_GLOBAL kdb_vec4u* dx, SM_GEOMETRY, int s0, int s1, int s2, int s3, int ds0,
+                                  int ds1, int ds2, int ds3, int algorithm, float alpha, float beta, int lanes)
+{
+    KDB_SHARED(float, scratch, BLOCK);
+    const int rows = SM_ROWS, vecs = SM_LEN / KDB_VEC;
+    const int lane = KDB_LOCAL_ID_X & (lanes - 1), per_group = KDB_LOCAL_SIZE_X / lanes;
+    for (int first = KDB_GROUP_ID_X * per_group; first < rows; first += KDB_NUM_GROUPS_X * per_group) {
+        const int r = first + KDB_LOCAL_ID_X / lanes, live = r < rows;
+        const long b = live ? sm_base(r, channel_mode, C, H, W, s0, s1, s2, s3) / KDB_VEC : 0;
+        const long db = live ? sm_base(r, channel_mode, C, H, W, ds0, ds1, ds2, ds3) / KDB_VEC : 0;
+        kdb_vec4u qy[LANES_VECS], qg[LANES_VECS];
+        float yv[KDB_VEC], g[KDB_VEC], dot = 0.0f;
+        for (int k = 0; k < LANES_VECS; ++k)
+            if (live && SM_LANE_VEC(k) < vecs) {
+                qy[k] = y[b + SM_LANE_VEC(k)];
+                qg[k] = dy[b + SM_LANE_VEC(k)];
+                kdb_unpack(qy[k], yv);
+                kdb_unpack(qg[k], g);
+                for (int e = 0; e < KDB_VEC; ++e)
+                    dot += algorithm == 2 ? g[e] : g[e] * yv[e];
+            }
+        dot = kdb_lanes_reduce(dot, lanes, 1, scratch);
+        for (int k = 0; k < LANES_VECS; ++k)
+            if (live && SM_LANE_VEC(k) < vecs) {
+                float old[KDB_VEC];
+                kdb_unpack(qy[k], yv);
+                kdb_unpack(qg[k], g);
+                if (beta != 0.0f)
+                    kdb_unpack(dx[db + SM_LANE_VEC(k)], old);
+                for (int e = 0; e < KDB_VEC; ++e) {
+                    const float out = alpha * (algorithm == 2 ? g[e] - KDB_EXPF(yv[e]) * dot : (g[e] - dot) * yv[e]);
+                    g[e] = beta == 0.0f ? out : out + beta * old[e];
+                }
+                dx[db + SM_LANE_VEC(k)] = kdb_pack(g);
+            }
+    }
+}

@@ -5,7 +5,7 @@
  *
  * Options: the element type (kdb_data.h).
  * Launch: 1-D, any block size and grid (grid-stride). op_tensor_packed takes n elements of
- * three packed tensors of one shape; op_tensor_strided a 5-D shape (leading sizes 1).
+ * three packed tensors of one shape (op_tensor_vec the same, 16-byte aligned); op_tensor_strided a 5-D shape (leading sizes 1).
  */
 #include "kdb_data.h"
 
@@ -26,6 +26,33 @@ KDB_KERNEL void op_tensor_packed(const KDB_GLOBAL kdb_data_t* a, const KDB_GLOBA
     for (int i = KDB_GLOBAL_ID_X; i < n; i += stride) {
         const float v = op_apply(op, alpha1 * KDB_LOAD(a, i), alpha2 * KDB_LOAD(b, i));
         KDB_STORE(c, i, beta == 0.0f ? v : v + beta * KDB_LOAD(c, i));
+    }
+}
+
+/* op_tensor_packed 16 bytes at a time: every tensor 16-byte aligned; the last n % KDB_VEC
+ * elements one per thread of the first group. */
+KDB_KERNEL void op_tensor_vec(const KDB_GLOBAL kdb_vec4u* a, const KDB_GLOBAL kdb_vec4u* b, KDB_GLOBAL kdb_vec4u* c,
+                              int n, int op, float alpha1, float alpha2, float beta)
+{
+    const int stride = KDB_LOCAL_SIZE_X * KDB_NUM_GROUPS_X, vectors = n / KDB_VEC;
+    for (int i = KDB_GLOBAL_ID_X; i < vectors; i += stride) {
+        float av[KDB_VEC], bv[KDB_VEC], cv[KDB_VEC];
+        kdb_unpack(a[i], av);
+        kdb_unpack(b[i], bv);
+        if (beta != 0.0f)
+            kdb_unpack(c[i], cv);
+        for (int e = 0; e < KDB_VEC; ++e) {
+            const float v = op_apply(op, alpha1 * av[e], alpha2 * bv[e]);
+            cv[e] = beta == 0.0f ? v : v + beta * cv[e];
+        }
+        c[i] = kdb_pack(cv);
+    }
+    const int j = vectors * KDB_VEC + KDB_GLOBAL_ID_X;
+    if (j < n) {
+        KDB_GLOBAL kdb_data_t* cs = (KDB_GLOBAL kdb_data_t*)c;
+        const float v = op_apply(op, alpha1 * KDB_LOAD((const KDB_GLOBAL kdb_data_t*)a, j),
+                                 alpha2 * KDB_LOAD((const KDB_GLOBAL kdb_data_t*)b, j));
+        KDB_STORE(cs, j, beta == 0.0f ? v : v + beta * KDB_LOAD(cs, j));
     }
 }
 

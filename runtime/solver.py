@@ -137,6 +137,17 @@ def launch_1d(handle: "Handle", kernel: Any, n: int, args: list, block: int = 25
     handle.backend.launch(kernel, (groups, 1, 1), (block, 1, 1), args)
 
 
+def aligned16(*buffers) -> bool:
+    """Every buffer starts 16-byte aligned, so a kernel may access it as 16-byte vectors
+    (OpenCL buffers carry no address and are always aligned far beyond that)."""
+    return all(int(getattr(b, "ptr", 0)) % 16 == 0 for b in buffers)
+
+
+def vector_elements(dtype) -> int:
+    """Elements of ``dtype`` per 16-byte vector (kernels' KDB_VEC)."""
+    return 16 // dtype.itemsize
+
+
 def padded_ints(values, fill: int, dims: int) -> list:
     """``values`` as ``dims`` int32 launch arguments, ``fill`` in front: a shape of fewer
     dimensions as a kernel's fixed 5-D one (sizes padded with 1, strides with 0)."""

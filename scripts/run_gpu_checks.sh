@@ -6,6 +6,7 @@
 # ../shared/tools/device-wheels fetches (plus setuptools and msgpack) as .whl and call:
 #   scripts/run_gpu_checks.sh            (RUNS=15 processes per benchmark mode by default)
 # PART=tests or PART=bench runs one half (each fits one 10-minute call); the default runs both.
+# PART=primitives runs only the primitives' CUDA tests and their benchmark (a tuning cycle).
 set -uo pipefail
 PART=${PART:-all}
 OUT=${OUT:-gpu-out}
@@ -28,6 +29,14 @@ export PYTHONUNBUFFERED=1 KDB_CUSTOM_CACHE_DIR=$(mktemp -d)
     python3 -m kdbkit.runtime.cli.app doctor
 } > "$OUT/gpu_env.txt" 2>&1
 
+if [ "$PART" = primitives ]; then
+    echo "== the primitives' tests on CUDA"
+    KDB_TEST_BACKEND=cuda python3 -m pytest -q -rs -p no:cacheprovider tests/runtime/primitives 2>&1 |
+        tee "$OUT/pytest_primitives_cuda.txt" | tail -8
+    echo "== the primitives against PyTorch"
+    python3 scripts/bench_primitives.py --out "$OUT" 2>&1 | tee "$OUT/bench_primitives.txt" | tail -40
+    exit 0
+fi
 if [ "$PART" != bench ]; then
 echo "== full test suite (CUDA tests run; PoCL and clang ones skip where those are absent)"
 python3 -m pytest -q -rs -p no:cacheprovider 2>&1 | tee "$OUT/pytest_all.txt" | tail -5

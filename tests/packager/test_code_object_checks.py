@@ -80,26 +80,36 @@ EXPECTED_LAYOUTS = {
     "activ_bwd_packed": [(0, 8), (8, 8), (16, 8), (24, 8), *((32 + 4 * i, 4) for i in range(5))],
     "activ_fwd_strided": [(0, 8), (8, 8), *((16 + 4 * i, 4) for i in range(19))],
     "activ_bwd_strided": [(0, 8), (8, 8), (16, 8), (24, 8), *((32 + 4 * i, 4) for i in range(19))],
+    "activ_fwd_vec": [(0, 8), (8, 8), *((16 + 4 * i, 4) for i in range(5))],
+    "activ_bwd_vec": [(0, 8), (8, 8), (16, 8), (24, 8), *((32 + 4 * i, 4) for i in range(5))],
     # softmax.c: pointers, then N, C, H, W, channel mode, 2 x 4 strides, algorithm, alpha, beta
     **{f"softmax_fwd_{k}": [(0, 8), (8, 8), *((16 + 4 * i, 4) for i in range(16))]
        for k in ("block", "thread", "rows", "block_even")},
     **{f"softmax_bwd_{k}": [(0, 8), (8, 8), (16, 8), *((24 + 4 * i, 4) for i in range(16))]
        for k in ("block", "thread")},
+    # the lanes kernels take the run's width last
+    "softmax_fwd_lanes": [(0, 8), (8, 8), *((16 + 4 * i, 4) for i in range(17))],
+    "softmax_bwd_lanes": [(0, 8), (8, 8), (16, 8), *((24 + 4 * i, 4) for i in range(17))],
     # tensorop.c: three pointers, then n (and 4 sizes, 3 x 5 strides when strided), op, alpha1, alpha2, beta
     "op_tensor_packed": [(0, 8), (8, 8), (16, 8), *((24 + 4 * i, 4) for i in range(5))],
     "op_tensor_strided": [(0, 8), (8, 8), (16, 8), *((24 + 4 * i, 4) for i in range(24))],
+    "op_tensor_vec": [(0, 8), (8, 8), (16, 8), *((24 + 4 * i, 4) for i in range(5))],
     # layernorm.c: pointers, then rows, inner (affine, eps / affine)
     "layernorm_fwd": [*((8 * i, 8) for i in range(6)), *((48 + 4 * i, 4) for i in range(4))],
+    "layernorm_fwd_lanes": [*((8 * i, 8) for i in range(6)), *((48 + 4 * i, 4) for i in range(5))],
     "layernorm_bwd_data": [*((8 * i, 8) for i in range(6)), *((48 + 4 * i, 4) for i in range(3))],
     "layernorm_bwd_weight": [*((8 * i, 8) for i in range(6)), *((48 + 4 * i, 4) for i in range(2))],
     # pooling.c: three pointers, 12 geometry ints, 2 x 4 strides, mode (and save_indices)
     "pool_fwd": [(0, 8), (8, 8), (16, 8), *((24 + 4 * i, 4) for i in range(22))],
+    "pool_fwd_small": [(0, 8), (8, 8), (16, 8), *((24 + 4 * i, 4) for i in range(22))],
     "pool_fwd_2d": [(0, 8), (8, 8), (16, 8), *((24 + 4 * i, 4) for i in range(22))],
     "pool_bwd": [(0, 8), (8, 8), (16, 8), *((24 + 4 * i, 4) for i in range(21))],
     # batchnorm.c: pointers, then N, C, H, W, spatial, 2 x 4 strides, eps (factor, update / use_saved)
     "bn_fwd_infer": [*((8 * i, 8) for i in range(6)), *((48 + 4 * i, 4) for i in range(14))],
     "bn_fwd_infer_planes": [*((8 * i, 8) for i in range(6)), *((48 + 4 * i, 4) for i in range(8))],
+    "bn_fwd_infer_vec": [*((8 * i, 8) for i in range(6)), *((48 + 4 * i, 4) for i in range(8))],
     "bn_train_partial": [(0, 8), (8, 8), *((16 + 4 * i, 4) for i in range(6))],
+    "bn_train_partial_vec": [(0, 8), (8, 8), *((16 + 4 * i, 4) for i in range(6))],
     "bn_train_finalize": [*((8 * i, 8) for i in range(7)), *((56 + 4 * i, 4) for i in range(7))],
     "bn_fwd_train": [*((8 * i, 8) for i in range(8)), *((64 + 4 * i, 4) for i in range(16))],
     "bn_bwd": [*((8 * i, 8) for i in range(8)), *((64 + 4 * i, 4) for i in range(15))],
@@ -111,9 +121,11 @@ EXPECTED_LDS = {  # static LDS bytes at the default options
     "relu_fwd": 0, "leaky_relu_fwd": 0,
     "activ_fwd_packed": 0, "activ_bwd_packed": 0, "activ_fwd_strided": 0, "activ_bwd_strided": 0,
     "softmax_fwd_block": 256 * 4, "softmax_bwd_block": 256 * 4,  # BLOCK floats of scratch
+    "activ_fwd_vec": 0, "activ_bwd_vec": 0, "op_tensor_vec": 0, "bn_fwd_infer_vec": 0,
+    "softmax_fwd_lanes": 256 * 4, "softmax_bwd_lanes": 256 * 4,  # scratch for runs wider than 32 lanes
     "softmax_fwd_thread": 0, "softmax_bwd_thread": 0, "softmax_fwd_rows": 256 * 4, "softmax_fwd_block_even": 256 * 4, "op_tensor_packed": 0, "op_tensor_strided": 0,
-    "layernorm_fwd": 256 * 4, "layernorm_bwd_data": 256 * 4, "layernorm_bwd_weight": 0, "pool_fwd": 0, "pool_fwd_2d": 0, "pool_bwd": 0,
-    "bn_fwd_infer": 0, "bn_fwd_train": 256 * 4, "bn_bwd": 256 * 4, "bn_fwd_infer_planes": 0, "bn_train_partial": 256 * 4, "bn_train_finalize": 0,
+    "layernorm_fwd": 256 * 4, "layernorm_fwd_lanes": 256 * 4, "layernorm_bwd_data": 256 * 4, "layernorm_bwd_weight": 0, "pool_fwd": 0, "pool_fwd_2d": 0, "pool_fwd_small": 0, "pool_bwd": 0,
+    "bn_fwd_infer": 0, "bn_fwd_train": 256 * 4, "bn_bwd": 256 * 4, "bn_fwd_infer_planes": 0, "bn_train_partial": 256 * 4, "bn_train_partial_vec": 256 * 4, "bn_train_finalize": 0,
     "gemm_tiled": 2 * 16 * 17 * 4,  # two padded TILE x (TILE + 1) float tiles
     "reduce_sum": 256 * 4,  # BLOCK floats
     "sgemm_tiled": 2 * 16 * 16 * 4,  # two TILE x TILE float tiles

@@ -4,8 +4,10 @@
  * this file does not use, so every macro of the dialect is compiled for each AMD target (and
  * with NVRTC and OpenCL where they are installed) before a real kernel relies on it.
  *
- *   y[j]      = clamp(shape(x[j]) + s, lo, hi) for every j < n (a grid-stride loop over the
- *               flattened 3-D grid), s the x the next thread of the block staged in shared memory
+ *   y[j]      = clamp(shape(x[j]) + max(s, p), lo, hi) for every j < n (a grid-stride loop over
+ *               the flattened 3-D grid), s the x the next thread of the block staged in shared
+ *               memory, p the s of the lane xor 1 (s itself where the backend cannot shuffle),
+ *               that float's bits round-tripped through a 16-byte vector
  *   groups[g] = g, the flattened 3-D group id, passed through local memory by thread 0
  *
  * Options: -DBLOCK=<n> (default 64): the shared array's length; blocks may be larger.
@@ -55,8 +57,17 @@ KDB_KERNEL void dialect_everything(const KDB_GLOBAL float* KDB_RESTRICT x, KDB_G
     /* Every thread reaches the barrier: no return before it. */
     KDB_BARRIER;
     const float s = neighbour(stage, lid, staged);
+#if KDB_HAS_SHUFFLE
+    const float swapped = KDB_SHFL_XOR(s, 1); /* every thread of the group is here */
+#else
+    const float swapped = s;
+#endif
+    kdb_vec4u bits;
+    bits.x = KDB_FLOAT_BITS(swapped);
+    bits.y = bits.z = bits.w = 0u;
+    const float p = KDB_BITS_FLOAT(bits.x | bits.w);
     for (int j = i; j < n; j += grid_threads)
-        y[j] = KDB_FMINF(KDB_FMAXF(shape(x[j]) + s, lo), hi);
+        y[j] = KDB_FMINF(KDB_FMAXF(shape(x[j]) + KDB_FMAXF(s, p), lo), hi);
     if (lid == 0)
         groups[group] = block_group[0];
 }

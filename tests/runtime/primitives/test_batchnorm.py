@@ -15,19 +15,22 @@ from kdbkit.runtime.tensor import DataType
 from .conftest import TYPES
 
 SHAPE = (5, 3, 4, 7)
+# Planes of 32 elements: whole 16-byte vectors for every type (bn_fwd_infer_vec), and odd ones.
+SHAPES = [SHAPE, (3, 5, 4, 8)]
 
 
 def _params(rng, count):
     return (rng.standard_normal(count).astype(np.float32), rng.standard_normal(count).astype(np.float32))
 
 
+@pytest.mark.parametrize("shape", SHAPES, ids=lambda s: "x".join(map(str, s)))
 @pytest.mark.parametrize("dtype", list(TYPES))
 @pytest.mark.parametrize("mode", ["spatial", "per_act"])
-def test_training_backward_and_inference_match_the_reference(handle, mode, dtype):
+def test_training_backward_and_inference_match_the_reference(handle, mode, dtype, shape):
     store, read, tol = TYPES[dtype]
-    rng = np.random.default_rng(len(mode))
-    count = SHAPE[1] if mode == "spatial" else SHAPE[1] * SHAPE[2] * SHAPE[3]
-    x = store(rng.standard_normal(SHAPE) * 2 + 0.5)
+    rng = np.random.default_rng(len(mode) + shape[3])
+    count = shape[1] if mode == "spatial" else shape[1] * shape[2] * shape[3]
+    x = store(rng.standard_normal(shape) * 2 + 0.5)
     scale, bias = _params(rng, count)
     rm, rv = rng.standard_normal(count).astype(np.float32), rng.random(count).astype(np.float32) + 0.5
     rm0, rv0 = rm.copy(), rv.copy()
@@ -39,7 +42,7 @@ def test_training_backward_and_inference_match_the_reference(handle, mode, dtype
     np.testing.assert_allclose(saved_invstd, rinv, rtol=1e-4)
     np.testing.assert_allclose(rm, new_rm, rtol=1e-4, atol=1e-5)  # updated in place
     np.testing.assert_allclose(rv, new_rv, rtol=1e-4, atol=1e-5)
-    dy = store(rng.standard_normal(SHAPE))
+    dy = store(rng.standard_normal(shape))
     rdx, rds, rdb = ref.backward(read(x), read(dy), scale, mode)
     for stats in ((saved_mean, saved_invstd), (None, None)):  # saved, and computed again
         dx, dscale, dbias = kdbkit.batchnorm_backward(handle, x, dy, scale, *stats, mode=mode, dtype=dtype)

@@ -18,7 +18,10 @@ from .conftest import TYPES
 @pytest.mark.parametrize("dtype", list(TYPES))
 @pytest.mark.parametrize("affine", [True, False])
 @pytest.mark.parametrize("shape, dim", [((4, 33), -1), ((2, 3, 300), 2), ((3, 5, 7), 1), ((5, 2), 0),
-                                        ((2, 3000), 1)])  # a row longer than registers hold: the 3-pass path
+                                        ((2, 3000), 1),  # a row longer than registers hold: the 3-pass path
+                                        # whole 16-byte vectors for every type (LayerNormLanes): one
+                                        # lane per row, a warp per row, and the long-row program
+                                        ((5, 8), -1), ((3, 7, 512), 2), ((2, 16384), 1)])
 def test_forward_and_backward_match_the_reference(handle, shape, dim, affine, dtype):
     store, read, tol = TYPES[dtype]
     rng = np.random.default_rng(len(shape) + dim)
@@ -40,6 +43,17 @@ def test_forward_and_backward_match_the_reference(handle, shape, dim, affine, dt
         np.testing.assert_allclose(read(db), rdb, rtol=tol * 4, atol=tol * 4 * scale)
     else:
         assert dw is None and db is None
+
+
+def test_immediate_mode_takes_the_lanes_kernel_for_rows_of_whole_vectors(handle):
+    from kdbkit.runtime.immediate import choose
+
+    def chosen(shape, dtype):
+        return choose(handle, LayerNormProblem("fwd", dtype, shape, len(shape) - 1, True, 1e-5)).solver.name
+
+    assert chosen((64, 768), DataType.FP16) == chosen((64, 1020), DataType.FP32) == "LayerNormLanes"
+    assert chosen((64, 1020), DataType.FP16) == "LayerNormBlock"  # 1020 is not whole vectors of 8
+    assert chosen((64, 70000), DataType.FP32) == "LayerNormBlock"  # longer than registers hold
 
 
 def test_config_and_bad_input(handle):

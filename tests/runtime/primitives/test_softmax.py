@@ -53,11 +53,12 @@ def test_long_rows_go_to_the_block_solver_and_nhwc_strides_work(handle):
     y = kdbkit.softmax_forward(handle, x, mode="channel")
     expected = ref.forward(nhwc.transpose(0, 3, 1, 2), "accurate", "channel")
     np.testing.assert_allclose(y.to_host(be), expected, rtol=1e-5, atol=1e-6)
-    long_rows = SoftmaxProblem("fwd", "accurate", "instance", DataType.FP32, (2, 40, 6, 6), (1440, 36, 6, 1),
-                               (1440, 36, 6, 1))
+    long_rows = SoftmaxProblem("fwd", "accurate", "instance", DataType.FP32, (2, 41, 5, 7), (1435, 35, 7, 1),
+                               (1435, 35, 7, 1))
     choice = choose(handle, long_rows)
     assert choice.solver.name == "SoftmaxBlock"
-    assert choice.trace[0] == "SoftmaxThread: rejected, rows of 1440 elements; one thread per row takes at most 64"
+    assert list(choice.trace[:2]) == ["SoftmaxLanes: rejected, rows of 1435 elements are not whole 16-byte vectors of 4",
+                                "SoftmaxThread: rejected, rows of 1435 elements; one thread per row takes at most 64"]
     with pytest.raises(NoSolverError, match="SoftmaxThread does not apply"):
         kdbkit.softmax_forward(handle, np.ones((2, 40, 6, 6), np.float32), mode="instance", solver=3)
 
@@ -91,8 +92,41 @@ def test_the_rows_solver_on_rows_of_65_to_1024_and_odd_counts(handle):
             np.testing.assert_allclose(y, ref.forward(x, algorithm, "channel"), rtol=1e-5, atol=1e-6)
     from kdbkit.runtime.primitives.softmax import SoftmaxProblem as P
 
-    assert choose(handle, P("fwd", "accurate", "channel", DataType.FP32, (9, 1024, 1, 1), (1024, 1, 1, 1),
-                            (1024, 1, 1, 1))).solver.name == "SoftmaxRows"
+    assert choose(handle, P("fwd", "accurate", "channel", DataType.FP32, (9, 1020, 1, 1), (1020, 1, 1, 1),
+                            (1020, 1, 1, 1))).solver.name == "SoftmaxLanes"
+    assert choose(handle, P("fwd", "accurate", "channel", DataType.FP32, (9, 1022, 1, 1), (1022, 1, 1, 1),
+                            (1022, 1, 1, 1))).solver.name == "SoftmaxRows"
+
+
+# Rows of 8 to 16384 elements: one lane per row, runs within a warp, runs across warps (through
+# shared memory), and the long-row program; row counts that leave the last group part-empty.
+LANE_SHAPES = [(5, 8), (7, 24), (33, 256), (3, 1024), (3, 8192), (2, 16384)]
+
+
+@pytest.mark.parametrize("dtype", list(TYPES))
+@pytest.mark.parametrize("rows,length", LANE_SHAPES, ids=lambda v: str(v))
+def test_the_lanes_solver_forward_and_backward_with_alpha_and_beta(handle, rows, length, dtype):
+    from kdbkit.runtime.primitives.softmax.solvers.lanes import tile
+
+    store, read, tol = TYPES[dtype]
+    rng = np.random.default_rng(rows + length)
+    x = store(rng.standard_normal((rows, length)) * 3)
+    for algorithm in ("fast", "accurate", "log"):
+        prior = store(rng.standard_normal((rows, length)))
+        expected = 0.5 * ref.forward(read(x), algorithm, "channel") + 0.25 * read(prior)
+        y = kdbkit.softmax_forward(handle, x, algorithm=algorithm, alpha=0.5, beta=0.25, y=prior, dtype=dtype,
+                                   solver="SoftmaxLanes")
+        np.testing.assert_allclose(read(y), expected, rtol=tol, atol=tol * 2, err_msg=algorithm)
+        y = kdbkit.softmax_forward(handle, x, algorithm=algorithm, dtype=dtype, solver="SoftmaxLanes")
+        dy = store(rng.standard_normal((rows, length)))
+        dx = kdbkit.softmax_backward(handle, y, dy, algorithm=algorithm, dtype=dtype, solver="SoftmaxLanes")
+        np.testing.assert_allclose(read(dx), ref.backward(read(y), read(dy), algorithm, "channel"), rtol=tol * 2,
+                                   atol=tol * 2, err_msg=algorithm)
+    per = 16 // DataType.parse(dtype).itemsize
+    problem = SoftmaxProblem("fwd", "accurate", "channel", DataType.parse(dtype), (rows, length, 1, 1), (length, 1, 1, 1),
+                             (length, 1, 1, 1))
+    vecs, lanes = tile(problem)
+    assert lanes * vecs >= length // per and vecs in (4, 16) and lanes & (lanes - 1) == 0
 
 
 def test_instance_mode_over_a_non_packed_tensor_takes_the_general_kernels(handle):

@@ -1,4 +1,4 @@
-"""ActivPacked (id 1): packed tensors as one flat array, a grid-stride loop over the elements."""
+"""ActivPacked (id 1): packed tensors as one flat array, a grid-stride loop over 16-byte vectors."""
 
 from __future__ import annotations
 
@@ -6,7 +6,7 @@ import numpy as np
 
 from kdbkit.runtime.primitives.activation.problem import ActivationProblem
 from kdbkit.runtime.primitives.activation.solvers.common import INT_MAX, mode_args, program
-from kdbkit.runtime.solver import APPLIES, Solver, launch_1d, not_applicable, register
+from kdbkit.runtime.solver import APPLIES, Solver, aligned16, launch_1d, not_applicable, register, vector_elements
 
 
 @register
@@ -29,21 +29,18 @@ class ActivPacked(Solver):
         request = program(problem)
         prog = handle.program(request.kernel_file, request.options)
         n, tail = np.int32(problem.numel), mode_args(problem)
-        if problem.direction == "fwd":
-            kernel = prog.function("activ_fwd_packed")
-            if problem.dtype.itemsize == 2 and problem.numel % 2 == 0:
-                # Two 16-bit elements per 32-bit load and store (half the transactions), where
-                # both tensors start 4-byte aligned; a tensor at an odd element offset takes the scalar kernel.
-                pairs, half = prog.function("activ_fwd_pairs"), problem.numel // 2
+        name = "activ_fwd" if problem.direction == "fwd" else "activ_bwd"
+        scalar, vector = prog.function(f"{name}_packed"), prog.function(f"{name}_vec")
+        vectors = problem.numel // vector_elements(problem.dtype)
 
-                def forward(x, y):
-                    if int(getattr(x, "ptr", 0)) % 4 == 0 and int(getattr(y, "ptr", 0)) % 4 == 0:  # OpenCL: whole buffers
-                        launch_1d(handle, pairs, half, [x, y, np.int32(half), *tail])
-                    else:
-                        launch_1d(handle, kernel, problem.numel, [x, y, n, *tail])
+        order = ("x", "y") if problem.direction == "fwd" else ("x", "y", "dy", "dx")
 
-                return forward
-            return lambda x, y: launch_1d(handle, kernel, problem.numel, [x, y, n, *tail])
-        kernel = prog.function("activ_bwd_packed")
-        return lambda x, y, dy, dx: launch_1d(handle, kernel, problem.numel, [x, y, dy, dx, n, *tail])
+        def run(**named):
+            # 16 bytes per access where every tensor starts 16-byte aligned; the scalar kernel otherwise.
+            tensors = [named[name] for name in order]
+            if aligned16(*tensors):
+                launch_1d(handle, vector, max(vectors, 1), [*tensors, n, *tail])
+            else:
+                launch_1d(handle, scalar, problem.numel, [*tensors, n, *tail])
 
+        return run

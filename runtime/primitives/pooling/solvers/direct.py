@@ -1,4 +1,5 @@
-"""PoolDirect (id 8): a thread per output (forward) or per input (backward, gathering: no atomics)."""
+"""PoolDirect (id 8): forward a thread per output (four down a column for windows up to 3 x 3),
+backward a thread per input (gathering: no atomics)."""
 
 from __future__ import annotations
 
@@ -9,6 +10,7 @@ from kdbkit.runtime.program_key import ProgramRequest
 from kdbkit.runtime.solver import APPLIES, Solver, launch_1d, not_applicable, register
 
 INT_MAX, MAX_GRID_Z = 2**31 - 1, 65535
+SMALL_WINDOW, SMALL_RUN = 3, 4  # pooling.c's POOL_SMALL and POOL_RUN
 
 
 def program(problem: PoolProblem) -> ProgramRequest:
@@ -39,6 +41,13 @@ class PoolDirect(Solver):
             save = np.int32(problem.indices and problem.mode == "max")
             n, c = problem.shape[:2]
             ho, wo = problem.out_hw
+            (h, w), xs, ys = problem.shape[2:], problem.x_strides, problem.y_strides
+            small = max(problem.window) <= SMALL_WINDOW and max(
+                (h - 1) * xs[2] + (w - 1) * xs[3], (ho - 1) * ys[2] + (wo - 1) * ys[3]) <= INT_MAX  # int offsets
+            if n * c <= MAX_GRID_Z and small:  # unrolled windows, four outputs per thread
+                kernel, launch = prog.function("pool_fwd_small"), handle.backend.launch
+                grid = (-(-wo // 32), -(-ho // (8 * SMALL_RUN)), n * c)
+                return lambda x, y, indices: launch(kernel, grid, (32, 8, 1), [x, y, indices, *geometry, mode, save])
             if n * c <= MAX_GRID_Z:  # a grid z per plane: no index division per output
                 kernel, launch = prog.function("pool_fwd_2d"), handle.backend.launch
                 grid = (-(-wo // 16), -(-ho // 16), n * c)

@@ -1,4 +1,4 @@
-"""OpTensorPacked (id 5): three packed tensors of one shape, as flat arrays."""
+"""OpTensorPacked (id 5): three packed tensors of one shape, as flat arrays of 16-byte vectors."""
 
 from __future__ import annotations
 
@@ -6,7 +6,7 @@ import numpy as np
 
 from kdbkit.runtime.primitives.tensorop.problem import OPS, TensorOpProblem
 from kdbkit.runtime.program_key import ProgramRequest
-from kdbkit.runtime.solver import APPLIES, Solver, launch_1d, not_applicable, register
+from kdbkit.runtime.solver import APPLIES, Solver, aligned16, launch_1d, not_applicable, register, vector_elements
 from kdbkit.runtime.tensor import TensorDesc
 
 INT_MAX = 2**31 - 1
@@ -42,7 +42,15 @@ class OpTensorPacked(Solver):
 
     def invoker(self, handle, problem: TensorOpProblem):
         request = program(problem)
-        kernel = handle.program(request.kernel_file, request.options).function("op_tensor_packed")
+        prog = handle.program(request.kernel_file, request.options)
+        scalar, vector = prog.function("op_tensor_packed"), prog.function("op_tensor_vec")
         n = int(np.prod(problem.shape))
-        tail = [np.int32(n), *scalars(problem)]
-        return lambda a, b, c: launch_1d(handle, kernel, n, [a, b, c, *tail])
+        vectors, tail = n // vector_elements(problem.dtype), [np.int32(n), *scalars(problem)]
+
+        def run(a, b, c):
+            if aligned16(a, b, c):  # 16 bytes per access; the scalar kernel for other offsets
+                launch_1d(handle, vector, max(vectors, 1), [a, b, c, *tail])
+            else:
+                launch_1d(handle, scalar, n, [a, b, c, *tail])
+
+        return run

@@ -1,0 +1,39 @@
+"""The tile of the row kernels that share a row among a run of lanes (softmax, layer norm).
+
+A row of whole 16-byte vectors is read once into registers by ``lanes`` threads (a power of
+two up to the group's BLOCK), each keeping up to LANES_VECS vectors; the kernels reduce across
+the run with shuffles, or shared memory where the backend has none (kernels/kdb_reduce.h).
+"""
+
+from __future__ import annotations
+
+BLOCK = 256  # the kernel files' default -DBLOCK: threads per group
+# Vectors per thread kept in registers (the kernels' LANES_VECS): 4 is the files' default, so
+# short and medium rows share the program of the primitive's other solvers.
+SHORT, LONG = 4, 16
+MAX_VECTORS = BLOCK * LONG
+
+
+def _pow2(n: int) -> int:
+    return 1 << max(0, (n - 1).bit_length())
+
+
+def lanes_tile(vectors: int) -> tuple[int, int]:
+    """(LANES_VECS, lanes) for rows of ``vectors`` vectors: two per thread up to a warp per row,
+    then up to four per thread over more lanes, then the long-row program."""
+    if vectors <= 32 * 2:
+        return SHORT, min(32, _pow2(-(-vectors // 2)))
+    if vectors <= BLOCK * SHORT:
+        return SHORT, _pow2(-(-vectors // SHORT))
+    return LONG, _pow2(-(-vectors // LONG))
+
+
+def lanes_options(vectors: int) -> tuple[str, ...]:
+    """The compile options the tile adds (none for the default)."""
+    per_thread, _ = lanes_tile(vectors)
+    return () if per_thread == SHORT else (f"-DLANES_VECS={per_thread}",)
+
+
+def lanes_groups(rows: int, lanes: int, max_groups: int = 65535) -> tuple[int, int, int]:
+    """The grid: BLOCK // lanes rows per group, capped (the kernels loop over the rest)."""
+    return (max(1, min(-(-rows // (BLOCK // lanes)), max_groups)), 1, 1)

@@ -1,0 +1,59 @@
+"""LayerNormLanes (id 15): forward over rows of whole 16-byte vectors, a power-of-two run of
+threads per row holding it in registers, the mean and variance reduced across the run."""
+
+from __future__ import annotations
+
+import numpy as np
+
+from kdbkit.runtime.primitives.lanes import MAX_VECTORS, BLOCK, lanes_groups, lanes_options, lanes_tile
+from kdbkit.runtime.primitives.layernorm.problem import LayerNormProblem
+from kdbkit.runtime.program_key import ProgramRequest
+from kdbkit.runtime.solver import APPLIES, Solver, aligned16, not_applicable, register, vector_elements
+
+INT_MAX = 2**31 - 1
+
+
+def vectors_per_row(problem: LayerNormProblem) -> int:
+    return problem.inner // vector_elements(problem.dtype)
+
+
+@register
+class LayerNormLanes(Solver):
+    id = 15
+    name = "LayerNormLanes"
+    primitive = "layernorm"
+
+    def is_applicable(self, problem: LayerNormProblem, device):
+        per = vector_elements(problem.dtype)
+        if problem.direction != "fwd":
+            return not_applicable("it computes the forward pass only")
+        if problem.inner % per:
+            return not_applicable(f"rows of {problem.inner} elements are not whole 16-byte vectors of {per}")
+        if vectors_per_row(problem) > MAX_VECTORS:
+            return not_applicable(f"rows of {problem.inner} elements; it keeps at most {MAX_VECTORS * per} in registers")
+        if problem.rows * problem.inner > INT_MAX:
+            return not_applicable("more elements than the kernel's int arguments")
+        return APPLIES
+
+    def programs(self, problem: LayerNormProblem):
+        return [ProgramRequest("layernorm.c", problem.dtype.options + lanes_options(vectors_per_row(problem)))]
+
+    def invoker(self, handle, problem: LayerNormProblem):
+        (request,) = self.programs(problem)
+        kernel = handle.program(request.kernel_file, request.options).function("layernorm_fwd_lanes")
+        _, lanes = lanes_tile(vectors_per_row(problem))
+        args = [np.int32(problem.rows), np.int32(problem.inner), np.int32(problem.affine), np.float32(problem.eps),
+                np.int32(lanes)]
+        groups, launch, fallback = lanes_groups(problem.rows, lanes), handle.backend.launch, []
+
+        def forward(x, weight, bias, y, mean, rstd):
+            if aligned16(x, weight, bias, y):
+                launch(kernel, groups, (BLOCK, 1, 1), [x, weight, bias, y, mean, rstd, *args])
+                return
+            if not fallback:  # a tensor at an offset that is not 16-byte aligned: the block kernel
+                from kdbkit.runtime.primitives.layernorm.solvers.block import LayerNormBlock
+
+                fallback.append(LayerNormBlock().invoker(handle, problem))
+            fallback[0](x, weight, bias, y, mean, rstd)
+
+        return forward
