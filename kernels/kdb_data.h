@@ -37,14 +37,38 @@ typedef float kdb_data_t;
 
 #if defined(KDB_TYPE_FP16) || defined(KDB_TYPE_BF16)
 #define KDB_VEC 8
+/* On NVIDIA GPUs a conversion instruction (F2F) issues at a fraction of the float rate, and
+ * with two per element the 16-bit row kernels were bound by it, not by memory: there, fp16
+ * bits become a float through float arithmetic (exact, subnormals, inf and NaN included), and
+ * two floats become one word in one packing conversion (sm_80 and later). */
+#if defined(KDB_BACKEND_CUDA) && defined(KDB_TYPE_FP16)
+KDB_DEVICE_FN float kdb_word_to_float(unsigned int h)
+{
+    const unsigned int em = h & 0x7fffu, u = em << 13;
+    const float magnitude = em >= 0x7c00u ? KDB_BITS_FLOAT(u | 0x7f800000u) : KDB_BITS_FLOAT(u) * 5.192296858534828e33f;
+    return KDB_BITS_FLOAT(KDB_FLOAT_BITS(magnitude) | ((h & 0x8000u) << 16)); /* 5.19e33 = 2^112 */
+}
+#else
+#define kdb_word_to_float(b) KDB_BITS_TO_ELEMENT((unsigned short)(b))
+#endif
 KDB_DEVICE_FN void kdb_unpack_word(unsigned int u, float* v)
 {
-    v[0] = KDB_BITS_TO_ELEMENT((unsigned short)(u & 0xffffu));
-    v[1] = KDB_BITS_TO_ELEMENT((unsigned short)(u >> 16));
+    v[0] = kdb_word_to_float(u & 0xffffu);
+    v[1] = kdb_word_to_float(u >> 16);
 }
 KDB_DEVICE_FN unsigned int kdb_pack_word(const float* v)
 {
+#if defined(KDB_BACKEND_CUDA) && defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
+    unsigned int u; /* the first operand goes to the upper half */
+#if defined(KDB_TYPE_FP16)
+    asm("cvt.rn.f16x2.f32 %0, %1, %2;" : "=r"(u) : "f"(v[1]), "f"(v[0]));
+#else
+    asm("cvt.rn.bf16x2.f32 %0, %1, %2;" : "=r"(u) : "f"(v[1]), "f"(v[0]));
+#endif
+    return u;
+#else
     return (unsigned int)KDB_ELEMENT_TO_BITS(v[0]) | ((unsigned int)KDB_ELEMENT_TO_BITS(v[1]) << 16);
+#endif
 }
 #else
 #define KDB_VEC 4

@@ -135,7 +135,7 @@ KDB_KERNEL void layernorm_bwd_weight(const KDB_GLOBAL kdb_data_t* x, const KDB_G
  * layernorm_fwd over rows of whole 16-byte vectors (inner % KDB_VEC == 0; every tensor,
  * weight and bias included, 16-byte aligned: the solver checks): `lanes` threads share a row
  * (a power of two, at most BLOCK; launch BLOCK threads per group), each keeping up to
- * LANES_VECS of its vectors in registers as read; the mean and the variance reduce across the
+ * LANES_VECS of its vectors in registers, as floats; the mean and the variance reduce across the
  * run (kdb_reduce.h). Options: -DLANES_VECS=<n> (default 4). */
 #ifndef LANES_VECS
 #define LANES_VECS 4
@@ -153,23 +153,19 @@ KDB_KERNEL void layernorm_fwd_lanes(const KDB_GLOBAL kdb_vec4u* x, const KDB_GLO
     for (int first = KDB_GROUP_ID_X * per_group; first < rows; first += KDB_NUM_GROUPS_X * per_group) {
         const int r = first + KDB_LOCAL_ID_X / lanes, live = r < rows;
         const long base = live ? (long)r * vecs : 0;
-        kdb_vec4u q[LANES_VECS];
-        float v[KDB_VEC], s = 0.0f;
+        float f[LANES_VECS * KDB_VEC], s = 0.0f; /* each element converted once */
         for (int k = 0; k < LANES_VECS; ++k)
             if (live && lane + k * lanes < vecs) {
-                q[k] = x[base + lane + k * lanes];
-                kdb_unpack(q[k], v);
+                kdb_unpack(x[base + lane + k * lanes], f + k * KDB_VEC);
                 for (int e = 0; e < KDB_VEC; ++e)
-                    s += v[e];
+                    s += f[k * KDB_VEC + e];
             }
         const float m = kdb_lanes_reduce(s, lanes, 1, scratch) / inner;
         float d2 = 0.0f;
         for (int k = 0; k < LANES_VECS; ++k)
-            if (live && lane + k * lanes < vecs) {
-                kdb_unpack(q[k], v);
+            if (live && lane + k * lanes < vecs)
                 for (int e = 0; e < KDB_VEC; ++e)
-                    d2 += (v[e] - m) * (v[e] - m);
-            }
+                    d2 += (f[k * KDB_VEC + e] - m) * (f[k * KDB_VEC + e] - m);
         const float rs = 1.0f / KDB_SQRTF(kdb_lanes_reduce(d2, lanes, 1, scratch) / inner + eps);
         if (live && lane == 0) {
             mean[r] = m;
@@ -178,7 +174,7 @@ KDB_KERNEL void layernorm_fwd_lanes(const KDB_GLOBAL kdb_vec4u* x, const KDB_GLO
         for (int k = 0; k < LANES_VECS; ++k)
             if (live && lane + k * lanes < vecs) {
                 const int j = lane + k * lanes;
-                kdb_unpack(q[k], v);
+                float* v = f + k * KDB_VEC;
                 for (int e = 0; e < KDB_VEC; ++e)
                     v[e] = (v[e] - m) * rs;
                 if (affine) {

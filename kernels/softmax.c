@@ -322,33 +322,34 @@ KDB_KERNEL void softmax_fwd_lanes(const KDB_GLOBAL kdb_vec4u* x, KDB_GLOBAL kdb_
         const int r = first + KDB_LOCAL_ID_X / lanes, live = r < rows;
         const long xb = live ? sm_base(r, channel_mode, C, H, W, xs0, xs1, xs2, xs3) / KDB_VEC : 0;
         const long yb = live ? sm_base(r, channel_mode, C, H, W, ys0, ys1, ys2, ys3) / KDB_VEC : 0;
-        kdb_vec4u q[LANES_VECS];
-        float v[KDB_VEC], m = -3.402823466e38f;
+        /* Each element converted to float once and its exponential taken once: on 16-bit types
+         * the conversions and exponentials, not memory, were the limit. */
+        float f[LANES_VECS * KDB_VEC], m = -3.402823466e38f;
         for (int k = 0; k < LANES_VECS; ++k)
             if (live && SM_LANE_VEC(k) < vecs) {
-                q[k] = x[xb + SM_LANE_VEC(k)];
-                kdb_unpack(q[k], v);
+                kdb_unpack(x[xb + SM_LANE_VEC(k)], f + k * KDB_VEC);
                 for (int e = 0; e < KDB_VEC; ++e)
-                    m = KDB_FMAXF(m, v[e]);
+                    m = KDB_FMAXF(m, f[k * KDB_VEC + e]);
             }
         m = algorithm != 0 ? kdb_lanes_reduce(m, lanes, 0, scratch) : 0.0f;
         float sum = 0.0f;
         for (int k = 0; k < LANES_VECS; ++k)
-            if (live && SM_LANE_VEC(k) < vecs) {
-                kdb_unpack(q[k], v);
-                for (int e = 0; e < KDB_VEC; ++e)
-                    sum += KDB_EXPF(v[e] - m);
-            }
+            if (live && SM_LANE_VEC(k) < vecs)
+                for (int e = 0; e < KDB_VEC; ++e) {
+                    const float p = KDB_EXPF(f[k * KDB_VEC + e] - m);
+                    sum += p;
+                    if (algorithm != 2)
+                        f[k * KDB_VEC + e] = p;
+                }
         sum = kdb_lanes_reduce(sum, lanes, 1, scratch);
-        const float log_sum = KDB_LOGF(sum), inv = 1.0f / sum;
+        const float shift = algorithm == 2 ? m + KDB_LOGF(sum) : 0.0f, inv = 1.0f / sum;
         for (int k = 0; k < LANES_VECS; ++k)
             if (live && SM_LANE_VEC(k) < vecs) {
-                float old[KDB_VEC];
-                kdb_unpack(q[k], v);
+                float old[KDB_VEC], *v = f + k * KDB_VEC;
                 if (beta != 0.0f)
                     kdb_unpack(y[yb + SM_LANE_VEC(k)], old);
                 for (int e = 0; e < KDB_VEC; ++e) {
-                    const float out = alpha * (algorithm == 2 ? v[e] - m - log_sum : KDB_EXPF(v[e] - m) * inv);
+                    const float out = alpha * (algorithm == 2 ? v[e] - shift : v[e] * inv);
                     v[e] = beta == 0.0f ? out : out + beta * old[e];
                 }
                 y[yb + SM_LANE_VEC(k)] = kdb_pack(v);

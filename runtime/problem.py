@@ -42,7 +42,14 @@ class Problem(ABC):
         """The problem these fields describe (every key of :meth:`fields` present)."""
 
     def config(self) -> str:
-        return ",".join([self.primitive, *(f"{k}={v}" for k, v in self.fields())])
+        # Kept on the (immutable) problem: every call asks for it several times (choice and
+        # invoker caches, numerics checks), and building it was a fair share of a call's cost.
+        try:
+            return self.__dict__["_config"]
+        except KeyError:
+            text = ",".join([self.primitive, *(f"{k}={v}" for k, v in self.fields())])
+            object.__setattr__(self, "_config", text)
+            return text
 
     def __str__(self) -> str:
         return self.config()

@@ -11,6 +11,7 @@ Types: ``fp32``, ``fp16`` and ``bf16``. NumPy has no bfloat16: a bf16 tensor is 
 from __future__ import annotations
 
 import enum
+import math
 from dataclasses import dataclass
 from typing import Any, Sequence
 
@@ -121,7 +122,7 @@ class TensorDesc:
 
     @property
     def numel(self) -> int:
-        return int(np.prod(self.shape))
+        return math.prod(self.shape)
 
     @property
     def is_packed(self) -> bool:

@@ -104,6 +104,33 @@ def cases(h, torch, kdbkit):
                        lambda A=A, B=B, C=C: torch.matmul(A, B, out=C), 3 * size * size * item, 2 * size**3)
 
 
+def host_cost_us(h, torch, kdbkit, calls: int = 400) -> dict:
+    """Host time per call (µs) of tiny problems, whose kernels take a few µs: what a call costs
+    the CPU, and the floor under any primitive's time in back-to-back calls."""
+    F = torch.nn.functional
+    x = torch.randn(4, 8, 8, 8, device="cuda")
+    y, p = torch.empty_like(x), torch.rand(8, device="cuda") + 0.5
+    w, b = torch.randn(8, device="cuda"), torch.randn(8, device="cuda")
+    pairs = {
+        "relu": (lambda: kdbkit.activation_forward(h, x, "relu", y=y), lambda: torch.relu(x)),
+        "batch norm (inference)": (lambda: kdbkit.batchnorm_inference(h, x, p, p, p, p, y=y),
+                                   lambda: F.batch_norm(x, p, p, p, p, training=False)),
+        "layer norm": (lambda: kdbkit.layernorm_forward(h, x, w, b), lambda: F.layer_norm(x, (8,), w, b)),
+    }
+    result = {}
+    for name, (ours, theirs) in pairs.items():
+        for label, fn in (("kdbkit", ours), ("torch", theirs)):
+            for _ in range(20):
+                fn()
+            torch.cuda.synchronize()
+            started = time.perf_counter()
+            for _ in range(calls):
+                fn()
+            torch.cuda.synchronize()
+            result[f"{name} {label}"] = (time.perf_counter() - started) / calls * 1e6
+    return result
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n", 1)[0])
     parser.add_argument("--out", default="docs")
@@ -123,6 +150,9 @@ def main() -> int:
             sys.exit(f"kdbkit's default device is {h.device.name} ({h.device.backend}), not a CUDA GPU")
         copy_gbs = copy_bandwidth(args.iters, args.blocks)
         print(f"device-to-device copy: {copy_gbs:.0f} GB/s on {h.device.name}", flush=True)
+        host = host_cost_us(h, torch, kdbkit)
+        print("host time per call, tiny problems: " + ", ".join(f"{k} {v:.1f} us" for k, v in host.items()),
+              flush=True)
         rows = []
         for name, label, ours, theirs, nbytes, flops in cases(h, torch, kdbkit):
             started = time.perf_counter()
@@ -144,7 +174,8 @@ def main() -> int:
                      else f"{row['kdbkit_tflops']:.0f} TFLOP/s (torch {row['torch_tflops']:.0f})")
             print(f"{name:24s} {label}: kdbkit {t_ours:8.4f} ms  torch {t_torch:8.4f} ms  x{t_torch / t_ours:5.2f}  "
                   f"{share}", flush=True)
-    result = {"device": h.device.name, "copy_gbs": copy_gbs, "iters": args.iters, "blocks": args.blocks,
+    result = {"device": h.device.name, "copy_gbs": copy_gbs, "host_us_per_call": host, "iters": args.iters,
+              "blocks": args.blocks,
               "torch": torch.__version__, "kdbkit": kdbkit.__version__, "rows": rows}
     (out / "bench_primitives.json").write_text(json.dumps(result, indent=1))
     write_report(result, out)
@@ -157,6 +188,9 @@ def write_report(result: dict, out: Path) -> None:
              f"median of {result['blocks']} blocks of {result['iters']} back-to-back calls, CUDA events). "
              f"Device-to-device copy in the same run: {result['copy_gbs']:.0f} GB/s (bytes read + written). "
              f"PyTorch {result['torch']}, kdbkit {result['kdbkit']}.", "",
+             "Host time per call on tiny problems (what a call costs the CPU; back-to-back calls of a "
+             "primitive whose kernel is shorter than this measure the host, not the GPU): "
+             + ", ".join(f"{k} {v:.1f} µs" for k, v in result.get("host_us_per_call", {}).items()) + ".", "",
              "| primitive | type | kdbkit ms | torch ms | torch / kdbkit | kdbkit | torch |", "|---|---|---|---|---|---|---|"]
     for r in result["rows"]:
         if "kdbkit_tflops" in r:

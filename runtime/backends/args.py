@@ -47,13 +47,24 @@ def check_launch_args(kernel_name: str, args: Sequence[Any], buffer_type: type[B
         )
 
 
-def scalar_bytes(value: np.generic) -> ctypes.Array:
-    """Return a C buffer holding the scalar's bytes, for drivers that take a pointer to each value.
+def pack_launch_slots(args: Sequence[Any], buffer_type: type[Buffer]) -> ctypes.Array:
+    """Every argument in its own 8-byte slot of one C buffer: a buffer's device address, or a
+    scalar's bytes from the slot's start (for drivers that take a pointer to each value).
 
-    ``ctypes.create_string_buffer`` memory comes from malloc, so it is aligned for any scalar.
+    Raises:
+        LaunchArgumentError: a scalar wider than 8 bytes.
     """
-    raw = np.asarray(value).tobytes()
-    return ctypes.create_string_buffer(raw, len(raw))
+    slots = []
+    for i, a in enumerate(args):
+        if isinstance(a, buffer_type):
+            slots.append(int(a.ptr).to_bytes(8, "little"))
+            continue
+        raw = a.tobytes()
+        if len(raw) > 8:
+            raise LaunchArgumentError(f"argument {i} is a {len(raw)}-byte {a.dtype} scalar; kernels take at most 8")
+        slots.append(raw.ljust(8, b"\0"))
+    raw = b"".join(slots)
+    return ctypes.create_string_buffer(raw, max(len(raw), 8))
 
 
 def scalar_ctype(value: np.generic) -> Any:

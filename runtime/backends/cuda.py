@@ -22,7 +22,7 @@ from typing import Any, Sequence
 import numpy as np
 
 from kdbkit.kdb.target import Target
-from kdbkit.runtime.backends.args import check_host_out, check_launch_args, scalar_bytes
+from kdbkit.runtime.backends.args import check_host_out, check_launch_args, pack_launch_slots
 from kdbkit.runtime.backends.base import (
     Backend,
     BackendUnavailableError,
@@ -343,12 +343,13 @@ class CudaBackend(Backend):
         if not isinstance(kernel, CudaKernel):
             raise LaunchArgumentError(f"{kernel!r} was not loaded by the CUDA backend")
         check_launch_args(kernel.name, args, CudaBuffer)
-        # One C buffer per argument holding its exact bytes (a device pointer is 8 bytes); the
-        # driver copies them during the call, so they only need to outlive it.
-        holders = [
-            ctypes.c_uint64(int(a.ptr)) if isinstance(a, CudaBuffer) else scalar_bytes(a) for a in args
-        ]
-        pointers = (ctypes.c_void_p * max(len(holders), 1))(*[ctypes.addressof(h) for h in holders])
+        # One C buffer with an 8-byte slot per argument holding its bytes (a device pointer is 8
+        # bytes, a scalar at most 8, little-endian from the slot's start); the driver copies
+        # them during the call, so they only need to outlive it. One buffer, not one per
+        # argument: building the arguments was a large share of a launch's host time.
+        holders = pack_launch_slots(args, CudaBuffer)
+        base = ctypes.addressof(holders)
+        pointers = (ctypes.c_void_p * max(len(args), 1))(*range(base, base + 8 * len(args), 8))
         self._activate()
         if shared_bytes > kernel.dynamic_shared_limit:
             # Over 48 KiB of dynamic shared memory is opt-in per kernel (sm_70+), once.
@@ -363,7 +364,7 @@ class CudaBackend(Backend):
                 *(int(b) for b in block),
                 int(shared_bytes),
                 self.stream,  # 0: the legacy default stream, which PyTorch and CuPy also use by default
-                ctypes.addressof(pointers) if holders else 0,
+                ctypes.addressof(pointers) if args else 0,
                 0,
             ),
             f"cuLaunchKernel({kernel.name}, grid={tuple(grid)}, block={tuple(block)})",

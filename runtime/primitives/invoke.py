@@ -34,9 +34,11 @@ def invoke(handle: "Handle", problem: Problem, solver: int | str | None, inputs:
 
         log_command(command_line(problem, solver))
     choice = choose(handle, problem, solver)
-    config = problem.config()
-    numerics.check(handle.backend, config, "input", [(n, b, d) for n, (b, d) in inputs.items()])
+    checking = numerics.flags()
+    if checking:
+        numerics.check(handle.backend, problem.config(), "input", [(n, b, d) for n, (b, d) in inputs.items()])
     tensors = (*inputs.items(), *outputs.items(), *(unused or {}).items())
     invoker(handle, problem, choice.solver)(**{n: b for n, (b, _) in tensors})
-    numerics.check(handle.backend, config, "output", [(n, b, d) for n, (b, d) in outputs.items()])
+    if checking:
+        numerics.check(handle.backend, problem.config(), "output", [(n, b, d) for n, (b, d) in outputs.items()])
     return choice

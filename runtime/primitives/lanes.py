@@ -1,7 +1,8 @@
 """The tile of the row kernels that share a row among a run of lanes (softmax, layer norm).
 
 A row of whole 16-byte vectors is read once into registers by ``lanes`` threads (a power of
-two up to the group's BLOCK), each keeping up to LANES_VECS vectors; the kernels reduce across
+two up to the group's BLOCK), each keeping up to LANES_VECS vectors (as floats: at most 64 per
+thread, so that registers do not spill); the kernels reduce across
 the run with shuffles, or shared memory where the backend has none (kernels/kdb_reduce.h).
 """
 
@@ -10,7 +11,7 @@ from __future__ import annotations
 BLOCK = 256  # the kernel files' default -DBLOCK: threads per group
 # Vectors per thread kept in registers (the kernels' LANES_VECS): 4 is the files' default, so
 # short and medium rows share the program of the primitive's other solvers.
-SHORT, LONG = 4, 16
+SHORT, LONG = 4, 8
 MAX_VECTORS = BLOCK * LONG
 
 
