@@ -83,6 +83,7 @@ class Handle:
         # Invokers of the primitives' solvers, by (config string, solver id): runtime/immediate.py.
         self.invokers: dict[tuple[str, int], object] = {}
         self.choices: dict[str, object] = {}  # immediate mode's choice per config string
+        self.plans: dict[tuple, object] = {}  # repeat calls' plans: runtime/primitives/repeat.py
         self.prepare_steps: list[Step] = self._prepare()
         if _log.isEnabledFor(logging.INFO):
             _log.info("handle for %s (%s): %s", self.device.name, self.target,

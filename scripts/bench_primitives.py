@@ -69,7 +69,9 @@ def cases(h, torch, kdbkit):
         yield ("softmax", label, lambda s=s, so=so: kdbkit.softmax_forward(h, s, y=so),
                lambda s=s: torch.softmax(s, -1), 2 * rows * cols * item, 0)
         w, b = torch.randn(cols, device="cuda", dtype=dt), torch.randn(cols, device="cuda", dtype=dt)
-        yield ("layer norm", label, lambda s=s, w=w, b=b: kdbkit.layernorm_forward(h, s, w, b),
+        stats = (torch.empty(rows, device="cuda"), torch.empty(rows, device="cuda"))
+        yield ("layer norm", label, lambda s=s, w=w, b=b, so=so, st=stats: kdbkit.layernorm_forward(
+                   h, s, w, b, y=so, mean=st[0], rstd=st[1]),
                lambda s=s, w=w, b=b: F.layer_norm(s, (cols,), w, b), 2 * rows * cols * item + 8 * rows, 0)
         img = torch.randn(32, 64, 112, 112, device="cuda", dtype=dt)
         pooled = torch.empty(32, 64, 56, 56, device="cuda", dtype=dt)
@@ -80,6 +82,7 @@ def cases(h, torch, kdbkit):
         scale, shift = torch.rand(64, device="cuda") + 0.5, torch.randn(64, device="cuda")
         mean, var = torch.randn(64, device="cuda"), torch.rand(64, device="cuda") + 0.5
         bn_out = torch.empty_like(img)
+        saved = (torch.empty(64, device="cuda"), torch.empty(64, device="cuda"))
         yield ("batch norm (inference)", label,
                lambda img=img, o=bn_out: kdbkit.batchnorm_inference(h, img, scale, shift, mean, var, y=o),
                lambda img=img: F.batch_norm(img, mean.to(dt) if dt != torch.float32 else mean,
@@ -88,7 +91,8 @@ def cases(h, torch, kdbkit):
                                             shift.to(dt) if dt != torch.float32 else shift, training=False),
                2 * img.numel() * item, 0)
         yield ("batch norm (training)", label,
-               lambda img=img, o=bn_out: kdbkit.batchnorm_training(h, img, scale, shift, y=o),
+               lambda img=img, o=bn_out: kdbkit.batchnorm_training(h, img, scale, shift, y=o, saved_mean=saved[0],
+                                                                   saved_invstd=saved[1]),
                lambda img=img: F.batch_norm(img, None, None, scale.to(dt) if dt != torch.float32 else scale,
                                             shift.to(dt) if dt != torch.float32 else shift, training=True),
                2 * img.numel() * item, 0)

@@ -8,6 +8,7 @@ from kdbkit.runtime import env, numerics
 from kdbkit.runtime.backends.base import Buffer
 from kdbkit.runtime.immediate import Choice, choose, invoker
 from kdbkit.runtime.logging_setup import log_command
+from kdbkit.runtime.primitives import repeat
 from kdbkit.runtime.problem import Problem
 from kdbkit.runtime.tensor import TensorDesc
 
@@ -38,7 +39,9 @@ def invoke(handle: "Handle", problem: Problem, solver: int | str | None, inputs:
     if checking:
         numerics.check(handle.backend, problem.config(), "input", [(n, b, d) for n, (b, d) in inputs.items()])
     tensors = (*inputs.items(), *outputs.items(), *(unused or {}).items())
-    invoker(handle, problem, choice.solver)(**{n: b for n, (b, _) in tensors})
+    run, buffers = invoker(handle, problem, choice.solver), {n: b for n, (b, _) in tensors}
+    run(**buffers)
+    repeat.note_invoke(run, buffers)
     if checking:
         numerics.check(handle.backend, problem.config(), "output", [(n, b, d) for n, (b, d) in outputs.items()])
     return choice

@@ -13,6 +13,7 @@ import numpy as np
 
 from kdbkit.runtime import interop
 from kdbkit.runtime.backends.base import Backend, Buffer
+from kdbkit.runtime.primitives import repeat
 from kdbkit.runtime.errors import ProblemError
 from kdbkit.runtime.tensor import DataType, DeviceTensor, TensorDesc, host_array
 
@@ -49,6 +50,7 @@ class Operands:
             if dtype is not None and DataType.parse(dtype) is not desc.dtype:
                 raise ProblemError(f"{what} holds {desc.dtype.label} elements but dtype={dtype} was asked for",
                                    "pass the matching dtype")
+            repeat.note_buffer(buffer, what, value)
             return buffer, desc
         host, desc = host_array(interop.host_view(value), dtype, what)
         host = np.ascontiguousarray(host)
@@ -70,10 +72,12 @@ class Operands:
             value = np.empty(like.shape, like.dtype.storage)
         if isinstance(value, DeviceTensor):
             _same(value.desc, like, what)
+            repeat.note_buffer(value.buffer, what, value)
             return value.buffer, value.desc, value
         if interop.is_foreign_device_tensor(value):
             buffer, desc = interop.wrap(value, self.backend, what)
             _same(desc, like, what)
+            repeat.note_buffer(buffer, what, value)
             return buffer, desc, value
         value = interop.host_view(value)
         host, desc = host_array(value, like.dtype, what)

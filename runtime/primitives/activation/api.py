@@ -7,9 +7,11 @@ from typing import Any
 from kdbkit.runtime.errors import ProblemError
 from kdbkit.runtime.primitives.invoke import invoke
 from kdbkit.runtime.primitives.activation.problem import ActivationMode, ActivationProblem
+from kdbkit.runtime.primitives.repeat import repeatable
 from kdbkit.runtime.primitives.operands import Operands, device_default
 
 
+@repeatable("activ_fwd", ('x', 'y'))
 def activation_forward(handle, x: Any, mode: ActivationMode | str | int = "relu", *, alpha: float = 0.0,
                        beta: float = 0.0, gamma: float = 0.0, y: Any = None, dtype: str | None = None,
                        solver: int | str | None = None) -> Any:
@@ -38,6 +40,7 @@ def activation_forward(handle, x: Any, mode: ActivationMode | str | int = "relu"
     return result
 
 
+@repeatable("activ_bwd", ('x', 'y', 'dy', 'dx'))
 def activation_backward(handle, x: Any, y: Any, dy: Any, mode: ActivationMode | str | int = "relu", *,
                         alpha: float = 0.0, beta: float = 0.0, gamma: float = 0.0, dx: Any = None,
                         dtype: str | None = None, solver: int | str | None = None) -> Any:

@@ -9,8 +9,9 @@ import numpy as np
 from kdbkit.runtime.errors import ProblemError
 from kdbkit.runtime.primitives.batchnorm.problem import MODES, BatchNormProblem
 from kdbkit.runtime.primitives.invoke import invoke
+from kdbkit.runtime.primitives.repeat import repeatable
 from kdbkit.runtime.primitives.operands import Operands, device_default
-from kdbkit.runtime.tensor import DataType, TensorDesc
+from kdbkit.runtime.tensor import DataType, DeviceTensor, TensorDesc
 
 
 def _channels(shape: tuple[int, ...], mode: str) -> int:
@@ -40,12 +41,16 @@ def _param(ops: Operands, value: Any, count: int, what: str, *, output: bool = F
     return buf, desc
 
 
-def _new_stats(ops: Operands, handle, x: Any, count: int, what: str):
-    """A new float32 per-channel output, of the caller's kind (NumPy, device tensor, PyTorch...)."""
-    desc = TensorDesc.packed(DataType.FP32, (count,))
-    return ops.output(device_default(handle, None, x, desc), desc, what)
+def _new_stats(ops: Operands, handle, x: Any, count: int, what: str, given: Any = None):
+    """A float32 per-channel output: ``given`` (count elements in any shape), or a new one of
+    the caller's kind (NumPy, device tensor, PyTorch...)."""
+    shape = (count,) if given is None else tuple(given.desc.shape if isinstance(given, DeviceTensor) else
+                                                  np.shape(given))
+    desc = TensorDesc.packed(DataType.FP32, shape if int(np.prod(shape)) == count else (count,))
+    return ops.output(device_default(handle, given, x, desc), desc, what)
 
 
+@repeatable("bnorm_infer", ('x', 'scale', 'bias', 'mean', 'var', 'y'))
 def batchnorm_inference(handle, x: Any, scale: Any, bias: Any, mean: Any, var: Any, *, mode: str = "spatial",
                         eps: float = 1e-5, y: Any = None, dtype: str | None = None,
                         solver: int | str | None = None) -> Any:
@@ -61,10 +66,14 @@ def batchnorm_inference(handle, x: Any, scale: Any, bias: Any, mean: Any, var: A
     return result
 
 
+@repeatable("bnorm_train", ('x', 'scale', 'bias', 'running_mean', 'running_var', 'y', 'saved_mean', 'saved_invstd'))
 def batchnorm_training(handle, x: Any, scale: Any, bias: Any, *, mode: str = "spatial", eps: float = 1e-5,
                        momentum: float = 0.1, running_mean: Any = None, running_var: Any = None, y: Any = None,
-                       dtype: str | None = None, solver: int | str | None = None) -> tuple[Any, Any, Any]:
+                       saved_mean: Any = None, saved_invstd: Any = None, dtype: str | None = None,
+                       solver: int | str | None = None) -> tuple[Any, Any, Any]:
     """Normalise with the batch's statistics; update running ones (float32 arrays, in place) if given.
+
+    ``y``, ``saved_mean`` and ``saved_invstd`` are where to write (``None``: new ones).
 
     Returns:
         ``(y, saved_mean, saved_invstd)`` for :func:`batchnorm_backward`.
@@ -80,8 +89,8 @@ def batchnorm_training(handle, x: Any, scale: Any, bias: Any, *, mode: str = "sp
             stats = {"running_mean": _param(ops, running_mean, count, "running_mean", output=True),
                      "running_var": _param(ops, running_var, count, "running_var", output=True)}
         yb, yd, result = ops.output(device_default(handle, y, x, xd), xd, "y")
-        mb, md, saved_mean = _new_stats(ops, handle, x, count, "saved_mean")
-        sb, sd, saved_invstd = _new_stats(ops, handle, x, count, "saved_invstd")
+        mb, md, saved_mean = _new_stats(ops, handle, x, count, "saved_mean", saved_mean)
+        sb, sd, saved_invstd = _new_stats(ops, handle, x, count, "saved_invstd", saved_invstd)
         if not running:  # the kernel leaves them alone: any buffer will do
             stats = {"running_mean": (mb, md), "running_var": (mb, md)}
         problem = BatchNormProblem("train", mode, xd.dtype, xd.shape, xd.strides, yd.strides, float(eps),
@@ -92,6 +101,7 @@ def batchnorm_training(handle, x: Any, scale: Any, bias: Any, *, mode: str = "sp
     return result, saved_mean, saved_invstd
 
 
+@repeatable("bnorm_bwd", ('x', 'dy', 'scale', 'saved_mean', 'saved_invstd', 'dx', 'dscale', 'dbias'))
 def batchnorm_backward(handle, x: Any, dy: Any, scale: Any, saved_mean: Any = None, saved_invstd: Any = None, *,
                        mode: str = "spatial", eps: float = 1e-5, dx: Any = None, dtype: str | None = None,
                        solver: int | str | None = None) -> tuple[Any, Any, Any]:

@@ -7,6 +7,7 @@ from typing import Any
 from kdbkit.runtime.errors import ProblemError
 from kdbkit.runtime.primitives.gemm.problem import GemmProblem
 from kdbkit.runtime.primitives.invoke import invoke
+from kdbkit.runtime.primitives.repeat import repeatable
 from kdbkit.runtime.primitives.operands import Operands, device_default
 from kdbkit.runtime.tensor import TensorDesc
 
@@ -25,6 +26,7 @@ def _matrix(desc: TensorDesc, what: str) -> tuple[int, int, int, int, int]:
         (desc.strides[0] if len(desc.shape) == 3 and batch > 1 else 0)
 
 
+@repeatable("gemm", ('a', 'b', 'c'))
 def gemm(handle, a: Any, b: Any, *, trans_a: bool = False, trans_b: bool = False, alpha: float = 1.0,
          beta: float = 0.0, c: Any = None, dtype: str | None = None, solver: int | str | None = None) -> Any:
     """``c = alpha * op(a) @ op(b) + beta * c``; 3-D operands are batches (one may be 2-D: shared).

@@ -4,9 +4,12 @@ from __future__ import annotations
 
 from typing import Any
 
+import numpy as np
+
 from kdbkit.runtime.errors import ProblemError
 from kdbkit.runtime.primitives.invoke import invoke
 from kdbkit.runtime.primitives.layernorm.problem import LayerNormProblem
+from kdbkit.runtime.primitives.repeat import repeatable
 from kdbkit.runtime.primitives.operands import Operands, device_default
 from kdbkit.runtime.tensor import DataType, TensorDesc
 
@@ -30,14 +33,27 @@ def _row_input(ops: Operands, value: Any, like: TensorDesc, shape: tuple[int, ..
     return buf, desc
 
 
+def _rows_like(value: Any, stats: TensorDesc) -> TensorDesc:
+    """The statistics' descriptor in the caller's own shape when it has one row count of
+    elements (a 1-D array of rows, or the leading dimensions' shape), so either is accepted."""
+    shape = tuple(getattr(value, "shape", ()) or ())
+    if value is not None and shape and int(np.prod(shape)) == stats.numel:
+        return TensorDesc.packed(stats.dtype, shape)
+    return stats
+
+
+@repeatable("lnorm_fwd", ("x", "weight", "bias", "y", "mean", "rstd"))
 def layernorm_forward(handle, x: Any, weight: Any = None, bias: Any = None, *, dim: int = -1, eps: float = 1e-5,
-                      dtype: str | None = None, solver: int | str | None = None) -> tuple[Any, Any, Any]:
+                      y: Any = None, mean: Any = None, rstd: Any = None, dtype: str | None = None,
+                      solver: int | str | None = None) -> tuple[Any, Any, Any]:
     """``y = (x - mean) / sqrt(var + eps) * weight + bias`` over x's dimensions from ``dim`` on.
 
     Args:
         x: a packed NumPy array or device tensor (fp32, fp16, bf16).
         weight, bias: both or neither, each of the normalised dimensions' shape.
         dim: the first normalised dimension (negative counts from the end).
+        y, mean, rstd: where to write (each as :func:`activation_forward`'s ``y``): ``None``
+            for new ones; mean and rstd are float32 with one element per row.
 
     Returns:
         ``(y, mean, rstd)``; mean and 1/std are float32, one per row.
@@ -54,16 +70,17 @@ def layernorm_forward(handle, x: Any, weight: Any = None, bias: Any = None, *, d
         problem = LayerNormProblem("fwd", xd.dtype, xd.shape, _dim(dim, len(xd.shape)), weight is not None, float(eps))
         row = xd.shape[problem.dim:]
         w, b = _row_input(ops, weight, xd, row, "weight"), _row_input(ops, bias, xd, row, "bias")
-        yb, yd, y = ops.output(device_default(handle, None, x, xd), xd, "y")
+        yb, yd, y = ops.output(device_default(handle, y, x, xd), xd, "y")
         stats = TensorDesc.packed(DataType.FP32, xd.shape[: problem.dim] or (1,))
-        mb, md, mean = ops.output(device_default(handle, None, x, stats), stats, "mean")
-        rb, rd, rstd = ops.output(device_default(handle, None, x, stats), stats, "rstd")
+        mb, md, mean = ops.output(device_default(handle, mean, x, stats), _rows_like(mean, stats), "mean")
+        rb, rd, rstd = ops.output(device_default(handle, rstd, x, stats), _rows_like(rstd, stats), "rstd")
         affine = {"weight": w, "bias": b} if w else {}
         invoke(handle, problem, solver, {"x": (xb, xd), **affine}, {"y": (yb, yd), "mean": (mb, md), "rstd": (rb, rd)},
                unused=None if w else {"weight": (xb, xd), "bias": (xb, xd)})
     return y, mean, rstd
 
 
+@repeatable("lnorm_bwd", ('x', 'dy', 'mean', 'rstd', 'weight', 'dx', 'dweight', 'dbias'))
 def layernorm_backward(handle, x: Any, dy: Any, mean: Any, rstd: Any, weight: Any = None, *, dim: int = -1,
                        dtype: str | None = None, solver: int | str | None = None) -> tuple[Any, Any, Any]:
     """Gradients of :func:`layernorm_forward`, from its input, its mean and rstd, and ``dy``.

@@ -8,6 +8,7 @@ import numpy as np
 
 from kdbkit.runtime.errors import ProblemError
 from kdbkit.runtime.primitives.invoke import invoke
+from kdbkit.runtime.primitives.repeat import repeatable
 from kdbkit.runtime.primitives.operands import Operands, device_default
 from kdbkit.runtime.primitives.pooling.problem import PoolProblem, _pair
 from kdbkit.runtime.tensor import DataType, DeviceTensor, TensorDesc, packed_strides
@@ -18,6 +19,7 @@ def _four_d(desc: TensorDesc, what: str) -> None:
         raise ProblemError(f"{what} is {len(desc.shape)}-D; pooling takes N x C x H x W", "reshape it to 4-D")
 
 
+@repeatable("pool_fwd", ('x', 'y'))
 def pooling_forward(handle, x: Any, *, mode: str = "max", window=(2, 2), stride=None, pad=(0, 0),
                     save_indices: bool = True, y: Any = None, dtype: str | None = None,
                     solver: int | str | None = None) -> tuple[Any, Any]:
@@ -65,6 +67,7 @@ def pooling_forward(handle, x: Any, *, mode: str = "max", window=(2, 2), stride=
     return result, kept
 
 
+@repeatable("pool_bwd", ('dy', 'indices', 'dx'))
 def pooling_backward(handle, dy: Any, x_shape: tuple[int, ...], *, mode: str = "max", window=(2, 2), stride=None,
                      pad=(0, 0), indices: Any = None, dx: Any = None, dtype: str | None = None,
                      solver: int | str | None = None) -> Any:

@@ -6,10 +6,12 @@ from typing import Any
 
 from kdbkit.runtime.errors import ProblemError
 from kdbkit.runtime.primitives.invoke import invoke
+from kdbkit.runtime.primitives.repeat import repeatable
 from kdbkit.runtime.primitives.operands import Operands, device_default
 from kdbkit.runtime.primitives.softmax.problem import SoftmaxProblem, as_nchw
 
 
+@repeatable("softmax_fwd", ('x', 'y'))
 def softmax_forward(handle, x: Any, *, algorithm: str = "accurate", mode: str = "channel", alpha: float = 1.0,
                     beta: float = 0.0, y: Any = None, dtype: str | None = None,
                     solver: int | str | None = None) -> Any:
@@ -34,6 +36,7 @@ def softmax_forward(handle, x: Any, *, algorithm: str = "accurate", mode: str = 
     return result
 
 
+@repeatable("softmax_bwd", ('y', 'dy', 'dx'))
 def softmax_backward(handle, y: Any, dy: Any, *, algorithm: str = "accurate", mode: str = "channel",
                      alpha: float = 1.0, beta: float = 0.0, dx: Any = None, dtype: str | None = None,
                      solver: int | str | None = None) -> Any:

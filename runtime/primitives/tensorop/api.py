@@ -6,10 +6,12 @@ from typing import Any
 
 from kdbkit.runtime.errors import ProblemError
 from kdbkit.runtime.primitives.invoke import invoke
+from kdbkit.runtime.primitives.repeat import repeatable
 from kdbkit.runtime.primitives.operands import Operands, device_default
 from kdbkit.runtime.primitives.tensorop.problem import TensorOpProblem
 
 
+@repeatable("op_tensor", ('a', 'b', 'c'))
 def op_tensor(handle, op: str, a: Any, b: Any, *, alpha1: float = 1.0, alpha2: float = 1.0, beta: float = 0.0,
               c: Any = None, dtype: str | None = None, solver: int | str | None = None) -> Any:
     """``c = op(alpha1 * a, alpha2 * b) + beta * c``; ``b``'s sizes are each 1 or ``a``'s.

@@ -133,3 +133,21 @@ def test_resnet50_stem_and_head_shapes_match_pytorch(cuda_handle, dtype):
     yt, saved_mean, saved_invstd = kdbkit.batchnorm_training(h, x, scale, bias)
     ref = torch.nn.functional.batch_norm(x.double(), None, None, scale.double(), bias.double(), training=True)
     _check("batch norm (training)", yt, ref, dtype)
+
+
+def test_repeat_calls_use_each_call_s_tensors_whatever_their_alignment(cuda_handle):
+    """Calls after the first run a plan (runtime/primitives/repeat.py): it must take every call's
+    own addresses, and a view 4 bytes into its storage must still go to the unaligned kernels."""
+    for round_ in range(6):
+        base = torch.randn(4097, device="cuda", dtype=torch.float16)
+        x = base[round_ % 2:][:4096]
+        y = torch.full((4096,), float("nan"), device="cuda", dtype=torch.float16)
+        assert kdbkit.activation_forward(cuda_handle, x, "relu", y=y) is y
+        w, b = torch.randn(64, device="cuda"), torch.randn(64, device="cuda")
+        rows = torch.randn(8, 64, device="cuda")
+        out, mean, rstd = torch.empty_like(rows), torch.empty(8, device="cuda"), torch.empty(8, device="cuda")
+        kdbkit.layernorm_forward(cuda_handle, rows, w, b, y=out, mean=mean, rstd=rstd)
+        torch.cuda.synchronize()
+        assert torch.equal(y, torch.relu(x)), round_
+        assert rel_error(out, torch.nn.functional.layer_norm(rows.double(), (64,), w.double(), b.double())) < 1e-5
+    assert len(cuda_handle.plans) == 2
