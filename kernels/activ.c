@@ -96,37 +96,62 @@ KDB_KERNEL void activ_fwd_packed(const KDB_GLOBAL kdb_data_t* x, KDB_GLOBAL kdb_
 
 /* Packed tensors 16 bytes at a time (KDB_VEC elements): n elements, every tensor 16-byte
  * aligned (the solver checks); the last n % KDB_VEC go one per thread of the first group.
- * Each thread takes ACTIV_UNROLL vectors a grid-stride apart per step, all loads issued before
- * any use (more bytes in flight), and the mode is dispatched once per vector: each case
- * inlines activ_f with a constant mode, so no element goes through the switch. */
+ * The mode is dispatched once per thread: each case inlines the whole loop with a constant
+ * mode (a switch per element, or per vector inside the loop, kept the loop from unrolling and
+ * its vectors from registers). Each step takes ACTIV_UNROLL vectors a grid-stride apart, all
+ * loads issued before any use, so that more bytes are in flight. */
 #define ACTIV_UNROLL 4
-#define ACTIV_DISPATCH(CASE)                                                                                 \
-    switch (mode) {                                                                                         \
-    case 1: CASE(1); break; case 2: CASE(2); break; case 3: CASE(3); break; case 4: CASE(4); break;          \
-    case 5: CASE(5); break; case 6: CASE(6); break; case 7: CASE(7); break; case 8: CASE(8); break;          \
-    case 9: CASE(9); break; case 10: CASE(10); break; case 11: CASE(11); break; default: CASE(0); break;     \
+#define ACTIV_DISPATCH(RUN)                                                                            \
+    switch (mode) {                                                                                    \
+    case 1: RUN(1); break; case 2: RUN(2); break; case 3: RUN(3); break; case 4: RUN(4); break;          \
+    case 5: RUN(5); break; case 6: RUN(6); break; case 7: RUN(7); break; case 8: RUN(8); break;          \
+    case 9: RUN(9); break; case 10: RUN(10); break; case 11: RUN(11); break; default: RUN(0); break;     \
     }
 
-KDB_KERNEL void activ_fwd_vec(const KDB_GLOBAL kdb_vec4u* x, KDB_GLOBAL kdb_vec4u* y, int n, int mode, float alpha,
-                              float beta, float gamma)
+KDB_DEVICE_FN void activ_fwd_run(const KDB_GLOBAL kdb_vec4u* x, KDB_GLOBAL kdb_vec4u* y, int vectors, const int mode,
+                                 float alpha, float beta, float gamma)
 {
-    const int stride = KDB_LOCAL_SIZE_X * KDB_NUM_GROUPS_X, vectors = n / KDB_VEC;
+    const int stride = KDB_LOCAL_SIZE_X * KDB_NUM_GROUPS_X;
     for (int i = KDB_GLOBAL_ID_X; i < vectors; i += stride * ACTIV_UNROLL) {
         kdb_vec4u q[ACTIV_UNROLL];
+#pragma unroll
         for (int u = 0; u < ACTIV_UNROLL; ++u)
             if (i + u * stride < vectors)
                 q[u] = x[i + u * stride];
+#pragma unroll
         for (int u = 0; u < ACTIV_UNROLL; ++u)
             if (i + u * stride < vectors) {
                 float v[KDB_VEC];
                 kdb_unpack(q[u], v);
-#define ACTIV_FWD_CASE(m)                    \
-    for (int e = 0; e < KDB_VEC; ++e)       \
-        v[e] = activ_f(v[e], m, alpha, beta, gamma);
-                ACTIV_DISPATCH(ACTIV_FWD_CASE)
+                for (int e = 0; e < KDB_VEC; ++e)
+                    v[e] = activ_f(v[e], mode, alpha, beta, gamma);
                 y[i + u * stride] = kdb_pack(v);
             }
     }
+}
+
+KDB_DEVICE_FN void activ_bwd_run(const KDB_GLOBAL kdb_vec4u* x, const KDB_GLOBAL kdb_vec4u* y,
+                                 const KDB_GLOBAL kdb_vec4u* dy, KDB_GLOBAL kdb_vec4u* dx, int vectors, const int mode,
+                                 float alpha, float beta, float gamma)
+{
+    const int stride = KDB_LOCAL_SIZE_X * KDB_NUM_GROUPS_X;
+    for (int i = KDB_GLOBAL_ID_X; i < vectors; i += stride) {
+        float xv[KDB_VEC], yv[KDB_VEC], g[KDB_VEC];
+        kdb_unpack(x[i], xv);
+        kdb_unpack(y[i], yv);
+        kdb_unpack(dy[i], g);
+        for (int e = 0; e < KDB_VEC; ++e)
+            g[e] = activ_df(xv[e], yv[e], g[e], mode, alpha, beta, gamma);
+        dx[i] = kdb_pack(g);
+    }
+}
+
+KDB_KERNEL void activ_fwd_vec(const KDB_GLOBAL kdb_vec4u* x, KDB_GLOBAL kdb_vec4u* y, int n, int mode, float alpha,
+                              float beta, float gamma)
+{
+    const int vectors = n / KDB_VEC;
+#define ACTIV_FWD_RUN(m) activ_fwd_run(x, y, vectors, m, alpha, beta, gamma)
+    ACTIV_DISPATCH(ACTIV_FWD_RUN)
     const int j = vectors * KDB_VEC + KDB_GLOBAL_ID_X;
     if (j < n)
         KDB_STORE((KDB_GLOBAL kdb_data_t*)y, j,
@@ -137,18 +162,9 @@ KDB_KERNEL void activ_bwd_vec(const KDB_GLOBAL kdb_vec4u* x, const KDB_GLOBAL kd
                               const KDB_GLOBAL kdb_vec4u* dy, KDB_GLOBAL kdb_vec4u* dx, int n, int mode, float alpha,
                               float beta, float gamma)
 {
-    const int stride = KDB_LOCAL_SIZE_X * KDB_NUM_GROUPS_X, vectors = n / KDB_VEC;
-    for (int i = KDB_GLOBAL_ID_X; i < vectors; i += stride) {
-        float xv[KDB_VEC], yv[KDB_VEC], g[KDB_VEC];
-        kdb_unpack(x[i], xv);
-        kdb_unpack(y[i], yv);
-        kdb_unpack(dy[i], g);
-#define ACTIV_BWD_CASE(m)                \
-    for (int e = 0; e < KDB_VEC; ++e)   \
-        g[e] = activ_df(xv[e], yv[e], g[e], m, alpha, beta, gamma);
-        ACTIV_DISPATCH(ACTIV_BWD_CASE)
-        dx[i] = kdb_pack(g);
-    }
+    const int vectors = n / KDB_VEC;
+#define ACTIV_BWD_RUN(m) activ_bwd_run(x, y, dy, dx, vectors, m, alpha, beta, gamma)
+    ACTIV_DISPATCH(ACTIV_BWD_RUN)
     const int j = vectors * KDB_VEC + KDB_GLOBAL_ID_X;
     if (j < n)
         KDB_STORE((KDB_GLOBAL kdb_data_t*)dx, j,

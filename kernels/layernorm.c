@@ -154,6 +154,7 @@ KDB_KERNEL void layernorm_fwd_lanes(const KDB_GLOBAL kdb_vec4u* x, const KDB_GLO
         const int r = first + KDB_LOCAL_ID_X / lanes, live = r < rows;
         const long base = live ? (long)r * vecs : 0;
         float f[LANES_VECS * KDB_VEC], s = 0.0f; /* each element converted once */
+#pragma unroll
         for (int k = 0; k < LANES_VECS; ++k)
             if (live && lane + k * lanes < vecs) {
                 kdb_unpack(x[base + lane + k * lanes], f + k * KDB_VEC);
@@ -162,6 +163,7 @@ KDB_KERNEL void layernorm_fwd_lanes(const KDB_GLOBAL kdb_vec4u* x, const KDB_GLO
             }
         const float m = kdb_lanes_reduce(s, lanes, 1, scratch) / inner;
         float d2 = 0.0f;
+#pragma unroll
         for (int k = 0; k < LANES_VECS; ++k)
             if (live && lane + k * lanes < vecs)
                 for (int e = 0; e < KDB_VEC; ++e)
@@ -171,6 +173,7 @@ KDB_KERNEL void layernorm_fwd_lanes(const KDB_GLOBAL kdb_vec4u* x, const KDB_GLO
             mean[r] = m;
             rstd[r] = rs;
         }
+#pragma unroll
         for (int k = 0; k < LANES_VECS; ++k)
             if (live && lane + k * lanes < vecs) {
                 const int j = lane + k * lanes;

@@ -325,6 +325,7 @@ KDB_KERNEL void softmax_fwd_lanes(const KDB_GLOBAL kdb_vec4u* x, KDB_GLOBAL kdb_
         /* Each element converted to float once and its exponential taken once: on 16-bit types
          * the conversions and exponentials, not memory, were the limit. */
         float f[LANES_VECS * KDB_VEC], m = -3.402823466e38f;
+#pragma unroll
         for (int k = 0; k < LANES_VECS; ++k)
             if (live && SM_LANE_VEC(k) < vecs) {
                 kdb_unpack(x[xb + SM_LANE_VEC(k)], f + k * KDB_VEC);
@@ -333,6 +334,7 @@ KDB_KERNEL void softmax_fwd_lanes(const KDB_GLOBAL kdb_vec4u* x, KDB_GLOBAL kdb_
             }
         m = algorithm != 0 ? kdb_lanes_reduce(m, lanes, 0, scratch) : 0.0f;
         float sum = 0.0f;
+#pragma unroll
         for (int k = 0; k < LANES_VECS; ++k)
             if (live && SM_LANE_VEC(k) < vecs)
                 for (int e = 0; e < KDB_VEC; ++e) {
@@ -343,6 +345,7 @@ KDB_KERNEL void softmax_fwd_lanes(const KDB_GLOBAL kdb_vec4u* x, KDB_GLOBAL kdb_
                 }
         sum = kdb_lanes_reduce(sum, lanes, 1, scratch);
         const float shift = algorithm == 2 ? m + KDB_LOGF(sum) : 0.0f, inv = 1.0f / sum;
+#pragma unroll
         for (int k = 0; k < LANES_VECS; ++k)
             if (live && SM_LANE_VEC(k) < vecs) {
                 float old[KDB_VEC], *v = f + k * KDB_VEC;
@@ -371,6 +374,7 @@ KDB_KERNEL void softmax_bwd_lanes(const KDB_GLOBAL kdb_vec4u* y, const KDB_GLOBA
         const long db = live ? sm_base(r, channel_mode, C, H, W, ds0, ds1, ds2, ds3) / KDB_VEC : 0;
         kdb_vec4u qy[LANES_VECS], qg[LANES_VECS];
         float yv[KDB_VEC], g[KDB_VEC], dot = 0.0f;
+#pragma unroll
         for (int k = 0; k < LANES_VECS; ++k)
             if (live && SM_LANE_VEC(k) < vecs) {
                 qy[k] = y[b + SM_LANE_VEC(k)];
@@ -381,6 +385,7 @@ KDB_KERNEL void softmax_bwd_lanes(const KDB_GLOBAL kdb_vec4u* y, const KDB_GLOBA
                     dot += algorithm == 2 ? g[e] : g[e] * yv[e];
             }
         dot = kdb_lanes_reduce(dot, lanes, 1, scratch);
+#pragma unroll
         for (int k = 0; k < LANES_VECS; ++k)
             if (live && SM_LANE_VEC(k) < vecs) {
                 float old[KDB_VEC];

@@ -30,17 +30,18 @@ KDB_KERNEL void op_tensor_packed(const KDB_GLOBAL kdb_data_t* a, const KDB_GLOBA
 }
 
 /* op_tensor_packed 16 bytes at a time: every tensor 16-byte aligned; the last n % KDB_VEC
- * elements one per thread of the first group. Each thread takes OP_UNROLL vectors a
- * grid-stride apart per step, every load issued before any use; the op is dispatched once per
- * vector (each case inlines op_apply with a constant op). */
+ * elements one per thread of the first group. The op is dispatched once per thread (each case
+ * inlines the loop with a constant op); each step takes OP_UNROLL vectors a grid-stride apart,
+ * every load issued before any use. */
 #define OP_UNROLL 4
 
-KDB_KERNEL void op_tensor_vec(const KDB_GLOBAL kdb_vec4u* a, const KDB_GLOBAL kdb_vec4u* b, KDB_GLOBAL kdb_vec4u* c,
-                              int n, int op, float alpha1, float alpha2, float beta)
+KDB_DEVICE_FN void op_tensor_run(const KDB_GLOBAL kdb_vec4u* a, const KDB_GLOBAL kdb_vec4u* b, KDB_GLOBAL kdb_vec4u* c,
+                                 int vectors, const int op, float alpha1, float alpha2, float beta)
 {
-    const int stride = KDB_LOCAL_SIZE_X * KDB_NUM_GROUPS_X, vectors = n / KDB_VEC;
+    const int stride = KDB_LOCAL_SIZE_X * KDB_NUM_GROUPS_X;
     for (int i = KDB_GLOBAL_ID_X; i < vectors; i += stride * OP_UNROLL) {
         kdb_vec4u qa[OP_UNROLL], qb[OP_UNROLL], qc[OP_UNROLL];
+#pragma unroll
         for (int u = 0; u < OP_UNROLL; ++u)
             if (i + u * stride < vectors) {
                 qa[u] = a[i + u * stride];
@@ -48,20 +49,14 @@ KDB_KERNEL void op_tensor_vec(const KDB_GLOBAL kdb_vec4u* a, const KDB_GLOBAL kd
                 if (beta != 0.0f)
                     qc[u] = c[i + u * stride];
             }
+#pragma unroll
         for (int u = 0; u < OP_UNROLL; ++u)
             if (i + u * stride < vectors) {
                 float av[KDB_VEC], bv[KDB_VEC], cv[KDB_VEC];
                 kdb_unpack(qa[u], av);
                 kdb_unpack(qb[u], bv);
-#define OP_CASE(o)                                                  \
-    for (int e = 0; e < KDB_VEC; ++e)                               \
-        av[e] = op_apply(o, alpha1 * av[e], alpha2 * bv[e]);
-                switch (op) {
-                case 1: OP_CASE(1); break;
-                case 2: OP_CASE(2); break;
-                case 3: OP_CASE(3); break;
-                default: OP_CASE(0); break;
-                }
+                for (int e = 0; e < KDB_VEC; ++e)
+                    av[e] = op_apply(op, alpha1 * av[e], alpha2 * bv[e]);
                 if (beta != 0.0f) {
                     kdb_unpack(qc[u], cv);
                     for (int e = 0; e < KDB_VEC; ++e)
@@ -69,6 +64,18 @@ KDB_KERNEL void op_tensor_vec(const KDB_GLOBAL kdb_vec4u* a, const KDB_GLOBAL kd
                 }
                 c[i + u * stride] = kdb_pack(av);
             }
+    }
+}
+
+KDB_KERNEL void op_tensor_vec(const KDB_GLOBAL kdb_vec4u* a, const KDB_GLOBAL kdb_vec4u* b, KDB_GLOBAL kdb_vec4u* c,
+                              int n, int op, float alpha1, float alpha2, float beta)
+{
+    const int vectors = n / KDB_VEC;
+    switch (op) {
+    case 1: op_tensor_run(a, b, c, vectors, 1, alpha1, alpha2, beta); break;
+    case 2: op_tensor_run(a, b, c, vectors, 2, alpha1, alpha2, beta); break;
+    case 3: op_tensor_run(a, b, c, vectors, 3, alpha1, alpha2, beta); break;
+    default: op_tensor_run(a, b, c, vectors, 0, alpha1, alpha2, beta); break;
     }
     const int j = vectors * KDB_VEC + KDB_GLOBAL_ID_X;
     if (j < n) {

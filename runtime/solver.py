@@ -137,6 +137,13 @@ def launch_1d(handle: "Handle", kernel: Any, n: int, args: list, block: int = 25
     handle.backend.launch(kernel, (groups, 1, 1), (block, 1, 1), args)
 
 
+def launcher_1d(handle: "Handle", kernel: Any, n: int, args: list, block: int = 256, max_groups: int = 4096):
+    """:func:`launch_1d` made once (``None`` where a buffer comes at run time): the returned
+    function takes those buffers in order (Backend.launcher)."""
+    groups = max(1, min(max_groups, -(-n // block)))
+    return handle.backend.launcher(kernel, (groups, 1, 1), (block, 1, 1), args)
+
+
 def aligned16(*buffers) -> bool:
     """Every buffer starts 16-byte aligned, so a kernel may access it as 16-byte vectors
     (OpenCL buffers carry no address and are always aligned far beyond that)."""

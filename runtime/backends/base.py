@@ -15,7 +15,7 @@ from __future__ import annotations
 
 from abc import ABC, abstractmethod
 from dataclasses import dataclass
-from typing import Any, Sequence
+from typing import Any, Callable, Sequence
 
 import numpy as np
 
@@ -97,6 +97,22 @@ class Backend(ABC):
         ``args`` holds ``Buffer`` objects and NumPy scalars (``np.int32(n)``,
         ``np.float32(x)``); plain Python ints/floats are refused to avoid width guesses.
         """
+
+    def launcher(self, kernel: Kernel, grid: tuple[int, int, int], block: tuple[int, int, int],
+                 args: Sequence[Any], shared_bytes: int = 0) -> Callable[..., None]:
+        """A launch made once and run many times: ``args`` as :meth:`launch` takes them, with
+        ``None`` where a buffer comes at run time; the result takes those buffers, in order.
+        Backends where it pays (CUDA) prepare the fixed arguments' bytes once."""
+        slots = [i for i, a in enumerate(args) if a is None]
+        template = list(args)
+
+        def run(*buffers: Buffer) -> None:
+            filled = list(template)
+            for i, buffer in zip(slots, buffers):
+                filled[i] = buffer
+            self.launch(kernel, grid, block, filled, shared_bytes)
+
+        return run
 
     @abstractmethod
     def alloc(self, nbytes: int) -> Buffer: ...

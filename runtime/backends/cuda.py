@@ -17,6 +17,7 @@ used from one thread. Work goes to the context's legacy default stream, so copie
 from __future__ import annotations
 
 import ctypes
+import threading
 from typing import Any, Sequence
 
 import numpy as np
@@ -351,12 +352,7 @@ class CudaBackend(Backend):
         base = ctypes.addressof(holders)
         pointers = (ctypes.c_void_p * max(len(args), 1))(*range(base, base + 8 * len(args), 8))
         self._activate()
-        if shared_bytes > kernel.dynamic_shared_limit:
-            # Over 48 KiB of dynamic shared memory is opt-in per kernel (sm_70+), once.
-            attribute = self._drv.CUfunction_attribute.CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES
-            _check(self._drv.cuFuncSetAttribute(kernel.function, attribute, int(shared_bytes)),
-                   f"cuFuncSetAttribute({kernel.name}, max dynamic shared memory {shared_bytes})", self._drv, LaunchError)
-            kernel.dynamic_shared_limit = int(shared_bytes)
+        self._allow_shared(kernel, shared_bytes)
         _check(
             self._drv.cuLaunchKernel(
                 kernel.function,
@@ -370,6 +366,49 @@ class CudaBackend(Backend):
             f"cuLaunchKernel({kernel.name}, grid={tuple(grid)}, block={tuple(block)})",
             self._drv, LaunchError,
         )
+
+    def _allow_shared(self, kernel: "CudaKernel", shared_bytes: int) -> None:
+        if shared_bytes > kernel.dynamic_shared_limit:
+            # Over 48 KiB of dynamic shared memory is opt-in per kernel (sm_70+), once.
+            attribute = self._drv.CUfunction_attribute.CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES
+            _check(self._drv.cuFuncSetAttribute(kernel.function, attribute, int(shared_bytes)),
+                   f"cuFuncSetAttribute({kernel.name}, max dynamic shared memory {shared_bytes})", self._drv, LaunchError)
+            kernel.dynamic_shared_limit = int(shared_bytes)
+
+    def launcher(self, kernel: Kernel, grid: tuple[int, int, int], block: tuple[int, int, int],
+                 args: Sequence[Any], shared_bytes: int = 0):
+        """The fixed arguments packed once into the parameter slots; a run writes only the
+        buffers' addresses (under a lock: the slots are shared) and calls cuLaunchKernel."""
+        if not isinstance(kernel, CudaKernel):
+            raise LaunchArgumentError(f"{kernel!r} was not loaded by the CUDA backend")
+        check_launch_args(kernel.name, [a for a in args if a is not None], CudaBuffer)
+        slots = [i for i, a in enumerate(args) if a is None]
+        holders = pack_launch_slots([CudaBuffer(self, 0, 0, owned=False) if a is None else a for a in args],
+                                    CudaBuffer)
+        words = (ctypes.c_uint64 * max(len(args), 1)).from_buffer(holders)
+        base = ctypes.addressof(holders)
+        pointers = (ctypes.c_void_p * max(len(args), 1))(*range(base, base + 8 * len(args), 8))
+        params = ctypes.addressof(pointers) if args else 0
+        dims = (*(int(g) for g in grid), *(int(b) for b in block))
+        self._activate()
+        self._allow_shared(kernel, shared_bytes)
+        lock, drv, function, what = threading.Lock(), self._drv, kernel.function, kernel.name
+
+        def run(*buffers: Buffer) -> None:
+            for buffer in buffers:
+                if not isinstance(buffer, CudaBuffer) or buffer.freed:
+                    check_launch_args(what, buffers, CudaBuffer)  # raises, naming the argument
+            with lock:
+                for i, buffer in zip(slots, buffers):
+                    words[i] = int(buffer.ptr)
+                self._activate()
+                err, = drv.cuLaunchKernel(function, *dims, int(shared_bytes), self.stream, params, 0)
+                if err != drv.CUresult.CUDA_SUCCESS:
+                    _check((err,), f"cuLaunchKernel({what}, grid={tuple(grid)}, block={tuple(block)})", drv,
+                           LaunchError)
+
+        run.keep = (holders, pointers)  # the slots live as long as the launcher
+        return run
 
     def wrap(self, ptr: int, nbytes: int) -> Buffer:
         """Another library's device memory (a PyTorch or CuPy tensor's), used in place, never freed here."""

@@ -34,9 +34,9 @@ def _signature(value: Any) -> Any:
         return None
     if isinstance(value, DeviceTensor):
         return ("kdbkit", value.desc)
-    kind = type(value).__module__
-    if kind.startswith("torch") and hasattr(value, "data_ptr"):
-        return ("torch", value.dtype, value.shape, value.stride(), value.device) if value.is_cuda else ...
+    if type(value).__module__.startswith("torch") and hasattr(value, "data_ptr"):
+        device = value.device
+        return ("torch", value.dtype, value.shape, value.stride(), device) if device.type == "cuda" else ...
     face = getattr(value, "__cuda_array_interface__", None)
     if face is not None:
         return ("cai", face["typestr"], tuple(face["shape"]), face.get("strides"), getattr(value, "device", None))
@@ -127,13 +127,18 @@ def repeatable(api: str, tensors: tuple[str, ...]) -> Callable:
         parameters = list(inspect.signature(function).parameters.values())
         names = [p.name for p in parameters[1:]]  # after the handle
         defaults = {p.name: p.default for p in parameters[1:] if p.default is not inspect.Parameter.empty}
+        others = [n for n in names if n not in tensors]
+        known = set(names)
 
         @functools.wraps(function)
         def call(handle, *args, **kwargs):
-            arguments = {**defaults, **dict(zip(names, args)), **kwargs}
+            arguments = dict(defaults)
+            arguments.update(zip(names, args))
+            arguments.update(kwargs)
             try:
-                key = (api, *(_signature(arguments.get(t)) for t in tensors),
-                       *((n, v) for n, v in sorted(arguments.items()) if n not in tensors))
+                if not known.issuperset(kwargs):
+                    raise TypeError  # the function itself says which argument is unknown
+                key = (api, *(_signature(arguments.get(t)) for t in tensors), *(arguments.get(n) for n in others))
                 hash(key)
             except TypeError:  # an unhashable parameter (a list for a window, ...): no plan
                 return function(handle, *args, **kwargs)

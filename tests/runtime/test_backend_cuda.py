@@ -224,3 +224,23 @@ def test_gpu_closing_a_handle_releases_the_cuda_context(cuda_backend):
     proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300)
     assert proc.returncode == 0, proc.stderr
     assert proc.stdout.split() == ["1", "0"]
+
+
+@pytest.mark.gpu
+def test_gpu_a_launcher_takes_new_buffers_each_run_and_refuses_freed_ones(cuda_backend, gpu_modules):
+    """Backend.launcher packs the fixed arguments once; each run writes only the buffers' addresses."""
+    from kdbkit.runtime.errors import LaunchArgumentError
+
+    kernel = gpu_modules["activation"].function("leaky_relu_fwd")
+    run = cuda_backend.launcher(kernel, (4, 1, 1), (256, 1, 1), [None, None, np.int32(1000), np.float32(0.25)])
+    rng = np.random.default_rng(5)
+    for _ in range(3):
+        host = rng.standard_normal(1000).astype(np.float32)
+        x, y = cuda_backend.to_device(host), cuda_backend.alloc(4000)
+        run(x, y)
+        out = cuda_backend.to_host(y, np.empty(1000, np.float32))
+        np.testing.assert_array_equal(out, np.where(host > 0, host, np.float32(0.25) * host))
+        x.free()
+        with pytest.raises(LaunchArgumentError, match="already freed"):
+            run(x, y)
+        y.free()

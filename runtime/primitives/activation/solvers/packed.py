@@ -6,7 +6,16 @@ import numpy as np
 
 from kdbkit.runtime.primitives.activation.problem import ActivationProblem
 from kdbkit.runtime.primitives.activation.solvers.common import INT_MAX, mode_args, program
-from kdbkit.runtime.solver import APPLIES, Solver, aligned16, launch_1d, not_applicable, register, vector_elements
+from kdbkit.runtime.solver import (
+    APPLIES,
+    Solver,
+    aligned16,
+    launch_1d,
+    launcher_1d,
+    not_applicable,
+    register,
+    vector_elements,
+)
 
 
 @register
@@ -35,11 +44,13 @@ class ActivPacked(Solver):
 
         order = ("x", "y") if problem.direction == "fwd" else ("x", "y", "dy", "dx")
 
+        fast = launcher_1d(handle, vector, max(vectors, 1), [*(None for _ in order), n, *tail])
+
         def run(**named):
             # 16 bytes per access where every tensor starts 16-byte aligned; the scalar kernel otherwise.
             tensors = [named[name] for name in order]
             if aligned16(*tensors):
-                launch_1d(handle, vector, max(vectors, 1), [*tensors, n, *tail])
+                fast(*tensors)
             else:
                 launch_1d(handle, scalar, problem.numel, [*tensors, n, *tail])
 

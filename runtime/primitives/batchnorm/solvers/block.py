@@ -6,7 +6,16 @@ import numpy as np
 
 from kdbkit.runtime.primitives.batchnorm.problem import BatchNormProblem
 from kdbkit.runtime.primitives.batchnorm.solvers.common import BLOCK, INT_MAX, MAX_GROUPS, program
-from kdbkit.runtime.solver import APPLIES, Solver, aligned16, launch_1d, not_applicable, register, vector_elements
+from kdbkit.runtime.solver import (
+    APPLIES,
+    Solver,
+    aligned16,
+    launch_1d,
+    launcher_1d,
+    not_applicable,
+    register,
+    vector_elements,
+)
 
 
 @register
@@ -42,9 +51,11 @@ class BatchNormBlock(Solver):
                     vec, vargs = prog.function("bn_fwd_infer_vec"), [np.int32(v // per) for v in args[2:]]
                     vectors = n * c * h * w // per
 
+                    fast = launcher_1d(handle, vec, vectors, [*(None,) * 6, *args[:2], *vargs, eps])
+
                     def infer(x, y, scale, bias, mean, var):
                         if aligned16(x, y):
-                            launch_1d(handle, vec, vectors, [x, y, scale, bias, mean, var, *args[:2], *vargs, eps])
+                            fast(x, y, scale, bias, mean, var)
                         else:
                             launch(planes, (min(n * c, MAX_GROUPS), 1, 1), (BLOCK, 1, 1),
                                    [x, y, scale, bias, mean, var, *args, eps])

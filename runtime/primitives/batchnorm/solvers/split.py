@@ -8,7 +8,16 @@ import numpy as np
 
 from kdbkit.runtime.primitives.batchnorm.problem import BatchNormProblem
 from kdbkit.runtime.primitives.batchnorm.solvers.common import BLOCK, INT_MAX, MAX_GROUPS, program
-from kdbkit.runtime.solver import APPLIES, Solver, aligned16, launch_1d, not_applicable, register, vector_elements
+from kdbkit.runtime.solver import (
+    APPLIES,
+    Solver,
+    aligned16,
+    launch_1d,
+    launcher_1d,
+    not_applicable,
+    register,
+    vector_elements,
+)
 
 TARGET_GROUPS = 2048  # partial-sum groups to aim for: many per SM on any current GPU
 
@@ -59,25 +68,32 @@ class BatchNormSplit(Solver):
         whole = all(v % per == 0 for v in (h * w, xs0, xs1, ys0, ys1))
         partial_v, infer_v = prog.function("bn_train_partial_vec"), prog.function("bn_fwd_infer_vec")
 
+        # The vector path's three launches, made once (Backend.launcher): only buffers vary.
+        fast_partial = handle.backend.launcher(
+            partial_v, (chunks, c, 1), (BLOCK, 1, 1),
+            [None, partial, i32(n), i32(c), *(i32(v // per) for v in (h * w, xs0, xs1)), i32(chunks)])
+        fast_finalize = launcher_1d(handle, finalize_k, c, [
+            None, partial, None, None, None, None, var, i32(c), i32(xs1), i32(chunks), i32(n * h * w), eps,
+            np.float32(problem.factor), i32(problem.running)], block=64)
+        fast_infer = launcher_1d(handle, infer_v, n * c * h * w // per, [
+            None, None, None, None, None, var, i32(n), i32(c), *(i32(v // per) for v in (h * w, xs0, xs1, ys0, ys1)),
+            eps]) if whole else None
+
         def train(x, y, scale, bias, running_mean, running_var, saved_mean, saved_invstd):
             vec = whole and aligned16(x, y)
             if vec:
-                launch(partial_v, (chunks, c, 1), (BLOCK, 1, 1),
-                       [x, partial, i32(n), i32(c), *(i32(v // per) for v in (h * w, xs0, xs1)), i32(chunks)])
-            else:
-                launch(partial_k, (chunks, c, 1), (BLOCK, 1, 1),
-                       [x, partial, i32(n), i32(c), i32(h * w), i32(xs0), i32(xs1), i32(chunks)])
+                fast_partial(x)
+                fast_finalize(x, running_mean, running_var, saved_mean, saved_invstd)
+                fast_infer(x, y, scale, bias, saved_mean)
+                return
+            launch(partial_k, (chunks, c, 1), (BLOCK, 1, 1),
+                   [x, partial, i32(n), i32(c), i32(h * w), i32(xs0), i32(xs1), i32(chunks)])
             launch_1d(handle, finalize_k, c, [x, partial, running_mean, running_var, saved_mean, saved_invstd, var,
                                               i32(c), i32(xs1), i32(chunks), i32(n * h * w), eps,
                                               np.float32(problem.factor), i32(problem.running)], block=64)
-            if vec:
-                launch_1d(handle, infer_v, n * c * h * w // per,
-                          [x, y, scale, bias, saved_mean, var, i32(n), i32(c),
-                           *(i32(v // per) for v in (h * w, xs0, xs1, ys0, ys1)), eps])
-            else:
-                launch(planes_k, (min(n * c, MAX_GROUPS), 1, 1), (BLOCK, 1, 1),
-                       [x, y, scale, bias, saved_mean, var, i32(n), i32(c), i32(h * w), i32(xs0), i32(xs1),
-                        i32(ys0), i32(ys1), eps])
+            launch(planes_k, (min(n * c, MAX_GROUPS), 1, 1), (BLOCK, 1, 1),
+                   [x, y, scale, bias, saved_mean, var, i32(n), i32(c), i32(h * w), i32(xs0), i32(xs1),
+                    i32(ys0), i32(ys1), eps])
 
         train.workspace = (partial, var)  # kept alive with the invoker
         return train

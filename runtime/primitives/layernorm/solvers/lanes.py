@@ -44,11 +44,12 @@ class LayerNormLanes(Solver):
         _, lanes = lanes_tile(vectors_per_row(problem))
         args = [np.int32(problem.rows), np.int32(problem.inner), np.int32(problem.affine), np.float32(problem.eps),
                 np.int32(lanes)]
-        groups, launch, fallback = lanes_groups(problem.rows, lanes), handle.backend.launch, []
+        groups, fallback = lanes_groups(problem.rows, lanes), []
+        fast = handle.backend.launcher(kernel, groups, (BLOCK, 1, 1), [*(None,) * 6, *args])
 
         def forward(x, weight, bias, y, mean, rstd):
             if aligned16(x, weight, bias, y):
-                launch(kernel, groups, (BLOCK, 1, 1), [x, weight, bias, y, mean, rstd, *args])
+                fast(x, weight, bias, y, mean, rstd)
                 return
             if not fallback:  # a tensor at an offset that is not 16-byte aligned: the block kernel
                 from kdbkit.runtime.primitives.layernorm.solvers.block import LayerNormBlock

@@ -45,9 +45,10 @@ class PoolDirect(Solver):
             small = max(problem.window) <= SMALL_WINDOW and max(
                 (h - 1) * xs[2] + (w - 1) * xs[3], (ho - 1) * ys[2] + (wo - 1) * ys[3]) <= INT_MAX  # int offsets
             if n * c <= MAX_GRID_Z and small:  # unrolled windows, four outputs per thread
-                kernel, launch = prog.function("pool_fwd_small"), handle.backend.launch
+                kernel = prog.function("pool_fwd_small")
                 grid = (-(-wo // 32), -(-ho // (8 * SMALL_RUN)), n * c)
-                return lambda x, y, indices: launch(kernel, grid, (32, 8, 1), [x, y, indices, *geometry, mode, save])
+                fast = handle.backend.launcher(kernel, grid, (32, 8, 1), [None, None, None, *geometry, mode, save])
+                return lambda x, y, indices: fast(x, y, indices)
             if n * c <= MAX_GRID_Z:  # a grid z per plane: no index division per output
                 kernel, launch = prog.function("pool_fwd_2d"), handle.backend.launch
                 grid = (-(-wo // 16), -(-ho // 16), n * c)

@@ -75,12 +75,12 @@ class SoftmaxLanes(Solver):
         groups = lanes_groups(problem.rows, lanes)
         # Tensors at an offset that is not 16-byte aligned go to the block kernels (same program
         # for short rows; the block solver's for long ones, resolved only if ever needed).
-        fallback, launch = [], handle.backend.launch
+        fallback, fast = [], handle.backend.launcher(kernel, groups, (BLOCK, 1, 1), [*(None for _ in order), *tail])
 
         def run(**named):
             tensors = [named[name] for name in order]
             if aligned16(*tensors):
-                launch(kernel, groups, (BLOCK, 1, 1), [*tensors, *tail])
+                fast(*tensors)
                 return
             if not fallback:
                 # Imported here: importing it at the top would register it before this solver.

@@ -6,7 +6,16 @@ import numpy as np
 
 from kdbkit.runtime.primitives.tensorop.problem import OPS, TensorOpProblem
 from kdbkit.runtime.program_key import ProgramRequest
-from kdbkit.runtime.solver import APPLIES, Solver, aligned16, launch_1d, not_applicable, register, vector_elements
+from kdbkit.runtime.solver import (
+    APPLIES,
+    Solver,
+    aligned16,
+    launch_1d,
+    launcher_1d,
+    not_applicable,
+    register,
+    vector_elements,
+)
 from kdbkit.runtime.tensor import TensorDesc
 
 INT_MAX = 2**31 - 1
@@ -47,9 +56,11 @@ class OpTensorPacked(Solver):
         n = int(np.prod(problem.shape))
         vectors, tail = n // vector_elements(problem.dtype), [np.int32(n), *scalars(problem)]
 
+        fast = launcher_1d(handle, vector, max(vectors, 1), [None, None, None, *tail])
+
         def run(a, b, c):
             if aligned16(a, b, c):  # 16 bytes per access; the scalar kernel for other offsets
-                launch_1d(handle, vector, max(vectors, 1), [a, b, c, *tail])
+                fast(a, b, c)
             else:
                 launch_1d(handle, scalar, n, [a, b, c, *tail])
 
