@@ -11,10 +11,14 @@
  * 16 x 8, stepping K by 32 through shared memory.
  *   gemm_tc: any layout, sizes and alignment (A as [m][k], B as [n][k] in shared memory: each
  *            fragment register is one 32-bit load of two k-neighbours)
- *   gemm_tc_nn: neither operand transposed, M and N multiples of 128, K of 32, lda and ldb of 8,
- *            every matrix 16-byte aligned: blocks of 128 threads (4 warps of 64 x 64 each) with
- *            75,776 bytes of dynamic shared memory: tiles copied with 16-byte cp.async into 4
- *            buffers (three tiles load while one computes), fragments read with ldmatrix
+ *   gemm_tc_nn: neither operand transposed, M and N multiples of 128, K of 32, lda, ldb and
+ *            ldc of 8, every matrix 16-byte aligned: blocks of 128 threads (4 warps of 64 x 64
+ *            each) with 75,776 bytes of dynamic shared memory: tiles copied with 16-byte
+ *            cp.async into 4 buffers (three tiles load while one computes), fragments read
+ *            with ldmatrix; grid (N / 128, M / 128, batch), taken in groups of 8 tile rows
+ *   gemm_tc_nn_wide, gemm_tc_nn_wide_deep: the same for N a multiple of 256 with 128 x 256
+ *            tiles: blocks of 256 threads, 108,544 / 162,816 bytes (4 / 6 buffers), grid
+ *            (N / 256, M / 128, batch)
  */
 #if !defined(__CUDACC__) && !defined(__CUDACC_RTC__)
 #error "gemm_tc.cu is CUDA only (tensor cores through mma.sync)"
@@ -151,88 +155,100 @@ __device__ __forceinline__ void copy16_async(void* shared, const void* global)
     asm volatile("cp.async.cg.shared.global [%0], [%1], 16;" ::"r"(smem_address(shared)), "l"(global));
 }
 
-#define STAGES 4
-#define A_STAGE (BM * (BK + PAD))
-#define B_STAGE (BK * (BN + PAD))
+/* The fast path's body, for a 128 x TBN block tile of WARPS_N x 2 warps (each 64 x 64) and
+ * NSTAGES shared-memory buffers of A's and B's tiles (dynamic shared memory,
+ * NSTAGES * (128 * (BK + PAD) + BK * (TBN + PAD)) * 2 bytes). Blocks are taken in groups of
+ * GROUP_M tile rows (the grid's x, y read as one sequence), so that the blocks running at
+ * once share A's and B's tiles in L2. */
+#define GROUP_M 8
 
-extern "C" __global__ void __launch_bounds__(128)
-gemm_tc_nn(const unsigned short* A, const unsigned short* B, unsigned short* C, int M, int N, int K, int lda, int ldb,
-           int ldc, long stride_a, long stride_b, long stride_c, float alpha, float beta)
+template <int TBN, int NSTAGES>
+__device__ __forceinline__ void gemm_nn_body(const unsigned short* A, const unsigned short* B, unsigned short* C, int M,
+                                             int N, int K, int lda, int ldb, int ldc, long stride_a, long stride_b,
+                                             long stride_c, float alpha, float beta)
 {
-    /* STAGES buffers of A's and B's tiles: dynamic shared memory, STAGES * (A_STAGE + B_STAGE) * 2 bytes. */
+    constexpr int WARPS_N = TBN / 64, THREADS = 64 * WARPS_N;
+    constexpr int A_STAGE = BM * (BK + PAD), B_STAGE = BK * (TBN + PAD);
     extern __shared__ __align__(16) unsigned short smem[];
     unsigned short* As = smem;
-    unsigned short* Bs = smem + STAGES * A_STAGE;
-    const unsigned short* a = A + blockIdx.z * stride_a + (long)blockIdx.y * BM * lda;
-    const unsigned short* b = B + blockIdx.z * stride_b + (long)blockIdx.x * BN;
+    unsigned short* Bs = smem + NSTAGES * A_STAGE;
+    /* Grouped order: consecutive blocks walk down GROUP_M tile rows, then across. */
+    const int tiles_m = gridDim.y, tiles_n = gridDim.x, id = blockIdx.y * tiles_n + blockIdx.x;
+    const int first_m = (id / (GROUP_M * tiles_n)) * GROUP_M;
+    const int rows_here = min(tiles_m - first_m, GROUP_M);
+    const int tile_m = first_m + (id % rows_here), tile_n = (id % (GROUP_M * tiles_n)) / rows_here;
+    const unsigned short* a = A + blockIdx.z * stride_a + (long)tile_m * BM * lda;
+    const unsigned short* b = B + blockIdx.z * stride_b + (long)tile_n * TBN;
     unsigned short* c = C + blockIdx.z * stride_c;
-    const int row0 = blockIdx.y * BM, col0 = blockIdx.x * BN;
+    const int row0 = tile_m * BM, col0 = tile_n * TBN;
     const int lane = threadIdx.x % 32, warp = threadIdx.x / 32;
-    const int wm = (warp / 2) * 64, wn = (warp % 2) * 64; /* 4 warps, each a 64 x 64 quarter */
+    const int wm = (warp / WARPS_N) * 64, wn = (warp % WARPS_N) * 64;
     const int group = lane >> 2, tig = lane & 3;
-
-    /* Each of the 128 threads copies four 16-byte chunks of A's tile (128 x 32) and four of B's (32 x 128). */
     const int t = threadIdx.x;
-    const int a_row = t / 4, a_col = (t % 4) * 8;    /* rows a_row + 32 q */
-    const int b_row = t / 16, b_col = (t % 16) * 8;  /* rows b_row + 8 q */
 
     float acc[4][8][4];
-    #pragma unroll
+#pragma unroll
     for (int i = 0; i < 4; ++i)
-        #pragma unroll
+#pragma unroll
         for (int j = 0; j < 8; ++j)
-            #pragma unroll
+#pragma unroll
             for (int r = 0; r < 4; ++r)
                 acc[i][j][r] = 0.0f;
 
     const int tiles = K / BK;
-#define STAGE(buf, p0)                                                                                   \
-    do {                                                                                                 \
-        unsigned short* as_ = As + (buf) * A_STAGE;                                                      \
-        unsigned short* bs_ = Bs + (buf) * B_STAGE;                                                      \
-        _Pragma("unroll") for (int q = 0; q < 4; ++q) {                                                  \
-            copy16_async(as_ + (a_row + 32 * q) * (BK + PAD) + a_col,                                    \
-                         a + (long)(a_row + 32 * q) * lda + (p0) + a_col);                               \
-            copy16_async(bs_ + (b_row + 8 * q) * (BN + PAD) + b_col, b + (long)((p0) + b_row + 8 * q) * ldb + b_col); \
-        }                                                                                                \
-    } while (0)
+    /* Each thread copies (BM * BK / 8) / THREADS 16-byte chunks of A's tile and (BK * TBN / 8) /
+     * THREADS of B's. */
+    auto stage = [&](int buf, int p0) {
+        unsigned short* as_ = As + buf * A_STAGE;
+        unsigned short* bs_ = Bs + buf * B_STAGE;
+#pragma unroll
+        for (int q = 0; q < BM * BK / 8 / THREADS; ++q) {
+            const int chunk = t + q * THREADS, r = chunk / (BK / 8), col = (chunk % (BK / 8)) * 8;
+            copy16_async(as_ + r * (BK + PAD) + col, a + (long)r * lda + p0 + col);
+        }
+#pragma unroll
+        for (int q = 0; q < BK * TBN / 8 / THREADS; ++q) {
+            const int chunk = t + q * THREADS, r = chunk / (TBN / 8), col = (chunk % (TBN / 8)) * 8;
+            copy16_async(bs_ + r * (TBN + PAD) + col, b + (long)(p0 + r) * ldb + col);
+        }
+    };
 
-    /* Tiles 0 .. STAGES-2 in flight before the first computes; each iteration waits for its tile,
-     * starts the copy STAGES-1 tiles ahead into the buffer the previous iteration finished with. */
-    for (int s = 0; s < STAGES - 1; ++s) {
+    /* Tiles 0 .. NSTAGES-2 in flight before the first computes; each iteration waits for its
+     * tile and starts the copy NSTAGES-1 tiles ahead into the buffer the previous one finished. */
+    for (int s = 0; s < NSTAGES - 1; ++s) {
         if (s < tiles)
-            STAGE(s, s * BK);
+            stage(s, s * BK);
         asm volatile("cp.async.commit_group;");
     }
     for (int tile = 0; tile < tiles; ++tile) {
-        asm volatile("cp.async.wait_group %0;" ::"n"(STAGES - 2));
+        asm volatile("cp.async.wait_group %0;" ::"n"(NSTAGES - 2));
         __syncthreads();
-        const int next = tile + STAGES - 1;
+        const int next = tile + NSTAGES - 1;
         if (next < tiles)
-            STAGE(next % STAGES, next * BK);
+            stage(next % NSTAGES, next * BK);
         asm volatile("cp.async.commit_group;");
-        const unsigned short* as = As + (tile % STAGES) * A_STAGE;
-        const unsigned short* bs = Bs + (tile % STAGES) * B_STAGE;
-        #pragma unroll
+        const unsigned short* as = As + (tile % NSTAGES) * A_STAGE;
+        const unsigned short* bs = Bs + (tile % NSTAGES) * B_STAGE;
+#pragma unroll
         for (int kk = 0; kk < BK; kk += 16) {
             unsigned int fa[4][4], fb[8][2];
-            #pragma unroll
+#pragma unroll
             for (int i = 0; i < 4; ++i) {
                 const unsigned short* p = as + (wm + 16 * i + (lane % 16)) * (BK + PAD) + kk + (lane / 16) * 8;
                 asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0, %1, %2, %3}, [%4];"
                              : "=r"(fa[i][0]), "=r"(fa[i][1]), "=r"(fa[i][2]), "=r"(fa[i][3])
                              : "r"(smem_address(p)));
             }
-            #pragma unroll
+#pragma unroll
             for (int j = 0; j < 8; j += 2) {
-                const unsigned short* p = bs + (kk + (lane % 16)) * (BN + PAD) + wn + 8 * j + (lane / 16) * 8;
+                const unsigned short* p = bs + (kk + (lane % 16)) * (TBN + PAD) + wn + 8 * j + (lane / 16) * 8;
                 asm volatile("ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16 {%0, %1, %2, %3}, [%4];"
                              : "=r"(fb[j][0]), "=r"(fb[j][1]), "=r"(fb[j + 1][0]), "=r"(fb[j + 1][1])
                              : "r"(smem_address(p)));
             }
-            #pragma unroll
+#pragma unroll
             for (int i = 0; i < 4; ++i)
-                #pragma unroll
+#pragma unroll
                 for (int j = 0; j < 8; ++j)
                     asm volatile(TC_MMA " {%0, %1, %2, %3}, {%4, %5, %6, %7}, {%8, %9}, {%0, %1, %2, %3};"
                                  : "+f"(acc[i][j][0]), "+f"(acc[i][j][1]), "+f"(acc[i][j][2]), "+f"(acc[i][j][3])
@@ -241,12 +257,12 @@ gemm_tc_nn(const unsigned short* A, const unsigned short* B, unsigned short* C, 
         }
     }
     asm volatile("cp.async.wait_group 0;");
-#undef STAGE
-    #pragma unroll
+    /* Each thread's two neighbouring outputs as one 32-bit store (ldc and the columns are even). */
+#pragma unroll
     for (int i = 0; i < 4; ++i)
-        #pragma unroll
+#pragma unroll
         for (int j = 0; j < 8; ++j)
-            #pragma unroll
+#pragma unroll
             for (int half = 0; half < 2; ++half) {
                 const int gi = row0 + wm + 16 * i + group + 8 * half, gj = col0 + wn + 8 * j + 2 * tig;
                 const long o = (long)gi * ldc + gj;
@@ -255,7 +271,31 @@ gemm_tc_nn(const unsigned short* A, const unsigned short* B, unsigned short* C, 
                     v0 += beta * tc_to_float(c[o]);
                     v1 += beta * tc_to_float(c[o + 1]);
                 }
-                c[o] = tc_from_float(v0);
-                c[o + 1] = tc_from_float(v1);
+                *(unsigned int*)(c + o) = (unsigned int)tc_from_float(v0) | ((unsigned int)tc_from_float(v1) << 16);
             }
+}
+
+/* 128 x 128 tiles, 4 warps, 4 stages (75,776 bytes): for problems with few tiles. */
+extern "C" __global__ void __launch_bounds__(128)
+gemm_tc_nn(const unsigned short* A, const unsigned short* B, unsigned short* C, int M, int N, int K, int lda, int ldb,
+           int ldc, long stride_a, long stride_b, long stride_c, float alpha, float beta)
+{
+    gemm_nn_body<128, 4>(A, B, C, M, N, K, lda, ldb, ldc, stride_a, stride_b, stride_c, alpha, beta);
+}
+
+/* 128 x 256 tiles, 8 warps, 4 stages (108,544 bytes): a third more arithmetic per byte read from
+ * L2 than 128 x 128, for problems that fill the GPU with them. */
+extern "C" __global__ void __launch_bounds__(256)
+gemm_tc_nn_wide(const unsigned short* A, const unsigned short* B, unsigned short* C, int M, int N, int K, int lda,
+                int ldb, int ldc, long stride_a, long stride_b, long stride_c, float alpha, float beta)
+{
+    gemm_nn_body<256, 4>(A, B, C, M, N, K, lda, ldb, ldc, stride_a, stride_b, stride_c, alpha, beta);
+}
+
+/* The same tile with 6 stages (162,816 bytes): deeper copies ahead, one block per SM. */
+extern "C" __global__ void __launch_bounds__(256)
+gemm_tc_nn_wide_deep(const unsigned short* A, const unsigned short* B, unsigned short* C, int M, int N, int K, int lda,
+                     int ldb, int ldc, long stride_a, long stride_b, long stride_c, float alpha, float beta)
+{
+    gemm_nn_body<256, 6>(A, B, C, M, N, K, lda, ldb, ldc, stride_a, stride_b, stride_c, alpha, beta);
 }

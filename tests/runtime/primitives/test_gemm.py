@@ -53,6 +53,28 @@ def test_tile_multiple_sizes(handle, dtype, batch):
     np.testing.assert_allclose(read(c), expected, rtol=tol * 4, atol=tol * 4 * np.sqrt(k))
 
 
+@pytest.mark.parametrize("kernel", ["gemm_tc_nn", "gemm_tc_nn_wide", "gemm_tc_nn_wide_deep"])
+@pytest.mark.parametrize("batch", [1, 3])
+def test_each_fast_tensor_core_kernel(handle, monkeypatch, kernel, batch):
+    """Every fast kernel of gemm_tc.cu, forced (immediate mode takes one by the problem's size),
+    on a grid whose tiles span several groups of 8 tile rows and a ragged last group."""
+    if handle.device.backend != "cuda":
+        pytest.skip("the tensor-core kernels are CUDA only (KDB_TEST_BACKEND=cuda on the GPU machine)")
+    from kdbkit.runtime.primitives.gemm.solvers import tensor_core
+
+    monkeypatch.setattr(tensor_core, "fast_kernel", lambda problem, units: kernel)
+    store, read, tol = TYPES["bf16"]
+    rng = np.random.default_rng(batch)
+    prefix = (batch,) if batch > 1 else ()
+    m, n, k = 128 * 11, 512, 160
+    a, b = store(rng.standard_normal(prefix + (m, k))), store(rng.standard_normal(prefix + (k, n)))
+    c0 = store(rng.standard_normal(prefix + (m, n)))
+    c = c0.copy()
+    kdbkit.gemm(handle, a, b, alpha=0.75, beta=0.5, c=c, dtype="bf16", solver="GemmTensorCore")
+    expected = ref(read(a), read(b), False, False, 0.75, 0.5, read(c0))
+    np.testing.assert_allclose(read(c), expected, rtol=tol * 4, atol=tol * 4 * np.sqrt(k))
+
+
 def test_a_shared_matrix_against_a_batch(handle):
     rng = np.random.default_rng(1)
     a, b = rng.standard_normal((4, 8, 5)).astype(np.float32), rng.standard_normal((5, 6)).astype(np.float32)

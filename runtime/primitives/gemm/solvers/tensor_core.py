@@ -8,8 +8,18 @@ from kdbkit.runtime.program_key import ProgramRequest
 from kdbkit.runtime.solver import Solver, not_applicable, register
 from kdbkit.runtime.tensor import DataType
 
-BLOCK_TILE, THREADS, FAST_THREADS = 128, 256, 128
-FAST_SHARED = 4 * (128 * 40 + 32 * 136) * 2  # gemm_tc_nn's 4 stages of padded A and B tiles (bytes)
+BLOCK_TILE, THREADS = 128, 256
+
+
+def _shared(tile_n: int, stages: int) -> int:
+    """Dynamic shared memory of the fast kernels: stages of padded A (128 x 40) and B (32 x (tile_n + 8)) tiles."""
+    return stages * (128 * 40 + 32 * (tile_n + 8)) * 2
+
+
+# The fast kernels: name -> (tile N, threads, shared bytes); all tiles are 128 rows of M.
+FAST = {"gemm_tc_nn": (128, 128, _shared(128, 4)), "gemm_tc_nn_wide": (256, 256, _shared(256, 4)),
+        "gemm_tc_nn_wide_deep": (256, 256, _shared(256, 6))}
+WIDE = "gemm_tc_nn_wide"  # the 128 x 256 kernel immediate mode takes (scripts/compare_gemm_tiles.py)
 
 
 @register
@@ -42,21 +52,35 @@ class GemmTensorCore(Solver):
         tail, launch = gemm_arguments(problem), handle.backend.launch
         if not _fast_path(problem):
             return lambda a, b, c: launch(kernel, grid, (THREADS, 1, 1), [a, b, c, *tail])
-        fast = prog.function("gemm_tc_nn")
-        fast_tail = [*tail[:9], *tail[11:]]  # gemm_tc_nn takes no transpose flags
+        name = fast_kernel(problem, device_units(handle))
+        tile_n, threads, shared = FAST[name]
+        fast_grid = (problem.n // tile_n, problem.m // BLOCK_TILE, problem.batch)
+        fast = handle.backend.launcher(prog.function(name), fast_grid, (threads, 1, 1),
+                                       [None, None, None, *tail[:9], *tail[11:]], shared)  # no transpose flags
 
         def run(a, b, c):
             # 16-byte copies need 16-byte aligned matrices; a view at an odd offset takes the general kernel.
             if all(int(getattr(t, "ptr", 1)) % 16 == 0 for t in (a, b, c)):
-                launch(fast, grid, (FAST_THREADS, 1, 1), [a, b, c, *fast_tail], FAST_SHARED)
+                fast(a, b, c)
             else:
                 launch(kernel, grid, (THREADS, 1, 1), [a, b, c, *tail])
 
         return run
 
 
+def device_units(handle) -> int:
+    """The GPU's multiprocessor count (its target's CU count; 132, an H100's, when unknown)."""
+    return handle.device.target.cu or 132
+
+
+def fast_kernel(problem: GemmProblem, units: int) -> str:
+    """128 x 256 tiles where N allows them and they still give every multiprocessor a block."""
+    wide_tiles = (problem.m // BLOCK_TILE) * (problem.n // 256) * problem.batch
+    return WIDE if problem.n % 256 == 0 and wide_tiles >= units else "gemm_tc_nn"
+
+
 def _fast_path(problem: GemmProblem) -> bool:
     """gemm_tc_nn's conditions that the problem fixes (the pointers' alignment is checked per call)."""
     p = problem
     return (not p.trans_a and not p.trans_b and p.m % BLOCK_TILE == 0 and p.n % BLOCK_TILE == 0 and p.k % 32 == 0
-            and p.lda % 8 == 0 and p.ldb % 8 == 0 and all(s % 8 == 0 for s in (p.stride_a, p.stride_b, p.stride_c)))
+            and p.lda % 8 == 0 and p.ldb % 8 == 0 and p.ldc % 8 == 0 and all(s % 8 == 0 for s in (p.stride_a, p.stride_b, p.stride_c)))
