@@ -162,13 +162,13 @@ __device__ __forceinline__ void copy16_async(void* shared, const void* global)
  * once share A's and B's tiles in L2. */
 #define GROUP_M 8
 
-template <int TBN, int NSTAGES>
+template <int TBN, int NSTAGES, int TBK = BK>
 __device__ __forceinline__ void gemm_nn_body(const unsigned short* A, const unsigned short* B, unsigned short* C, int M,
                                              int N, int K, int lda, int ldb, int ldc, long stride_a, long stride_b,
                                              long stride_c, float alpha, float beta)
 {
     constexpr int WARPS_N = TBN / 64, THREADS = 64 * WARPS_N;
-    constexpr int A_STAGE = BM * (BK + PAD), B_STAGE = BK * (TBN + PAD);
+    constexpr int A_STAGE = BM * (TBK + PAD), B_STAGE = TBK * (TBN + PAD);
     extern __shared__ __align__(16) unsigned short smem[];
     unsigned short* As = smem;
     unsigned short* Bs = smem + NSTAGES * A_STAGE;
@@ -195,19 +195,19 @@ __device__ __forceinline__ void gemm_nn_body(const unsigned short* A, const unsi
             for (int r = 0; r < 4; ++r)
                 acc[i][j][r] = 0.0f;
 
-    const int tiles = K / BK;
-    /* Each thread copies (BM * BK / 8) / THREADS 16-byte chunks of A's tile and (BK * TBN / 8) /
+    const int tiles = K / TBK;
+    /* Each thread copies (BM * TBK / 8) / THREADS 16-byte chunks of A's tile and (TBK * TBN / 8) /
      * THREADS of B's. */
     auto stage = [&](int buf, int p0) {
         unsigned short* as_ = As + buf * A_STAGE;
         unsigned short* bs_ = Bs + buf * B_STAGE;
 #pragma unroll
-        for (int q = 0; q < BM * BK / 8 / THREADS; ++q) {
-            const int chunk = t + q * THREADS, r = chunk / (BK / 8), col = (chunk % (BK / 8)) * 8;
-            copy16_async(as_ + r * (BK + PAD) + col, a + (long)r * lda + p0 + col);
+        for (int q = 0; q < BM * TBK / 8 / THREADS; ++q) {
+            const int chunk = t + q * THREADS, r = chunk / (TBK / 8), col = (chunk % (TBK / 8)) * 8;
+            copy16_async(as_ + r * (TBK + PAD) + col, a + (long)r * lda + p0 + col);
         }
 #pragma unroll
-        for (int q = 0; q < BK * TBN / 8 / THREADS; ++q) {
+        for (int q = 0; q < TBK * TBN / 8 / THREADS; ++q) {
             const int chunk = t + q * THREADS, r = chunk / (TBN / 8), col = (chunk % (TBN / 8)) * 8;
             copy16_async(bs_ + r * (TBN + PAD) + col, b + (long)(p0 + r) * ldb + col);
         }
@@ -217,7 +217,7 @@ __device__ __forceinline__ void gemm_nn_body(const unsigned short* A, const unsi
      * tile and starts the copy NSTAGES-1 tiles ahead into the buffer the previous one finished. */
     for (int s = 0; s < NSTAGES - 1; ++s) {
         if (s < tiles)
-            stage(s, s * BK);
+            stage(s, s * TBK);
         asm volatile("cp.async.commit_group;");
     }
     for (int tile = 0; tile < tiles; ++tile) {
@@ -225,16 +225,16 @@ __device__ __forceinline__ void gemm_nn_body(const unsigned short* A, const unsi
         __syncthreads();
         const int next = tile + NSTAGES - 1;
         if (next < tiles)
-            stage(next % NSTAGES, next * BK);
+            stage(next % NSTAGES, next * TBK);
         asm volatile("cp.async.commit_group;");
         const unsigned short* as = As + (tile % NSTAGES) * A_STAGE;
         const unsigned short* bs = Bs + (tile % NSTAGES) * B_STAGE;
 #pragma unroll
-        for (int kk = 0; kk < BK; kk += 16) {
+        for (int kk = 0; kk < TBK; kk += 16) {
             unsigned int fa[4][4], fb[8][2];
 #pragma unroll
             for (int i = 0; i < 4; ++i) {
-                const unsigned short* p = as + (wm + 16 * i + (lane % 16)) * (BK + PAD) + kk + (lane / 16) * 8;
+                const unsigned short* p = as + (wm + 16 * i + (lane % 16)) * (TBK + PAD) + kk + (lane / 16) * 8;
                 asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0, %1, %2, %3}, [%4];"
                              : "=r"(fa[i][0]), "=r"(fa[i][1]), "=r"(fa[i][2]), "=r"(fa[i][3])
                              : "r"(smem_address(p)));
@@ -292,7 +292,15 @@ gemm_tc_nn_wide(const unsigned short* A, const unsigned short* B, unsigned short
     gemm_nn_body<256, 4>(A, B, C, M, N, K, lda, ldb, ldc, stride_a, stride_b, stride_c, alpha, beta);
 }
 
-/* The same tile with 6 stages (162,816 bytes): deeper copies ahead, one block per SM. */
+/* 128 x 128 tiles stepping K by 64 through 3 buffers (107,520 bytes): half the barriers. */
+extern "C" __global__ void __launch_bounds__(128)
+gemm_tc_nn_k64(const unsigned short* A, const unsigned short* B, unsigned short* C, int M, int N, int K, int lda,
+               int ldb, int ldc, long stride_a, long stride_b, long stride_c, float alpha, float beta)
+{
+    gemm_nn_body<128, 3, 64>(A, B, C, M, N, K, lda, ldb, ldc, stride_a, stride_b, stride_c, alpha, beta);
+}
+
+/* The wide tile with 6 stages (162,816 bytes): deeper copies ahead, one block per SM. */
 extern "C" __global__ void __launch_bounds__(256)
 gemm_tc_nn_wide_deep(const unsigned short* A, const unsigned short* B, unsigned short* C, int M, int N, int K, int lda,
                      int ldb, int ldc, long stride_a, long stride_b, long stride_c, float alpha, float beta)

@@ -26,6 +26,9 @@
  *   KDB_GLOBAL_ID_X       KDB_GROUP_ID_X * KDB_LOCAL_SIZE_X + KDB_LOCAL_ID_X
  *   KDB_BARRIER           block-wide barrier that also orders shared/local memory
  *   KDB_EXPF KDB_SQRTF KDB_FMAXF KDB_FMINF KDB_FABSF KDB_FMAF   single-precision math
+ *   KDB_FAST_EXPF(x)      e^x through the hardware's base-2 exponential (CUDA __expf, AMD
+ *                         v_exp_f32, OpenCL native_exp): a few ulp for x <= 0, where softmax
+ *                         takes it, instead of the accurate routine's many instructions
  *   KDB_LOGF KDB_TANHF KDB_ERFF KDB_POWF(base, e)                 more of it (POWF: base > 0);
  *                         on amdgcn, where no device library is linked, tanh, erf and pow are
  *                         computed here from exp/log (error below 2e-7 absolute)
@@ -76,6 +79,7 @@
 #define KDB_BARRIER barrier(CLK_LOCAL_MEM_FENCE)
 
 #define KDB_EXPF(x) exp((float)(x))
+#define KDB_FAST_EXPF(x) native_exp((float)(x))
 #define KDB_SQRTF(x) sqrt((float)(x))
 #define KDB_FMAXF(a, b) fmax((float)(a), (float)(b))
 #define KDB_FMINF(a, b) fmin((float)(a), (float)(b))
@@ -134,6 +138,7 @@ typedef uint4 kdb_vec4u;
     } while (0)
 
 #define KDB_EXPF(x) __builtin_expf(x)
+#define KDB_FAST_EXPF(x) __builtin_exp2f((x) * 1.4426950408889634f)
 #define KDB_SQRTF(x) __builtin_sqrtf(x)
 #define KDB_FMAXF(a, b) __builtin_fmaxf((a), (b))
 #define KDB_FMINF(a, b) __builtin_fminf((a), (b))
@@ -197,6 +202,7 @@ static __attribute__((device)) inline float kdb_shfl_xor(float v, int m)
 #define KDB_BARRIER __syncthreads()
 
 #define KDB_EXPF(x) expf(x)
+#define KDB_FAST_EXPF(x) __expf(x)
 #define KDB_SQRTF(x) sqrtf(x)
 #define KDB_FMAXF(a, b) fmaxf((a), (b))
 #define KDB_FMINF(a, b) fminf((a), (b))

@@ -338,7 +338,8 @@ KDB_KERNEL void softmax_fwd_lanes(const KDB_GLOBAL kdb_vec4u* x, KDB_GLOBAL kdb_
         for (int k = 0; k < LANES_VECS; ++k)
             if (live && SM_LANE_VEC(k) < vecs)
                 for (int e = 0; e < KDB_VEC; ++e) {
-                    const float p = KDB_EXPF(f[k * KDB_VEC + e] - m);
+                    /* After the max is taken off (accurate, log) the argument is <= 0: the hardware exponential. */
+                    const float p = algorithm != 0 ? KDB_FAST_EXPF(f[k * KDB_VEC + e] - m) : KDB_EXPF(f[k * KDB_VEC + e]);
                     sum += p;
                     if (algorithm != 2)
                         f[k * KDB_VEC + e] = p;

@@ -50,8 +50,8 @@ def main() -> int:
                 bufs = [be.wrap(t.data_ptr(), t.numel() * 2) for t in (a, b, c)]
                 ints = [np.int32(v) for v in (size, size, size, size, size, size)]
                 tail = [*ints, np.int64(0), np.int64(0), np.int64(0), np.float32(1.0), np.float32(0.0)]
-                for name, (tile_n, threads, shared) in FAST.items():
-                    if size % tile_n:
+                for name, (tile_n, threads, shared, tile_k) in FAST.items():
+                    if size % tile_n or size % tile_k:
                         continue
                     kernel = prog.function(name)
                     grid = (size // tile_n, size // BLOCK_TILE, 1)

@@ -27,7 +27,7 @@ KDB_DEVICE_FN float shape(float v)
     /* The 16-bit conversions, each round trip through its bits. */
     const float rounded = KDB_HALF_TO_FLOAT(KDB_FLOAT_TO_HALF(curve)) + KDB_BF16_TO_FLOAT(KDB_FLOAT_TO_BF16(curve));
     const float same = KDB_BITS_FLOAT(KDB_FLOAT_BITS(rounded));
-    return KDB_FMAF(magnitude, 0.5f, KDB_EXPF(KDB_FMINF(v, 0.0f))) + same;
+    return KDB_FMAF(magnitude, 0.5f, KDB_EXPF(KDB_FMINF(v, 0.0f))) + same + KDB_FAST_EXPF(-magnitude);
 }
 
 /* A helper reading shared memory through a pointer. */

@@ -53,7 +53,7 @@ def test_tile_multiple_sizes(handle, dtype, batch):
     np.testing.assert_allclose(read(c), expected, rtol=tol * 4, atol=tol * 4 * np.sqrt(k))
 
 
-@pytest.mark.parametrize("kernel", ["gemm_tc_nn", "gemm_tc_nn_wide", "gemm_tc_nn_wide_deep"])
+@pytest.mark.parametrize("kernel", ["gemm_tc_nn", "gemm_tc_nn_k64", "gemm_tc_nn_wide", "gemm_tc_nn_wide_deep"])
 @pytest.mark.parametrize("batch", [1, 3])
 def test_each_fast_tensor_core_kernel(handle, monkeypatch, kernel, batch):
     """Every fast kernel of gemm_tc.cu, forced (immediate mode takes one by the problem's size),
@@ -66,7 +66,7 @@ def test_each_fast_tensor_core_kernel(handle, monkeypatch, kernel, batch):
     store, read, tol = TYPES["bf16"]
     rng = np.random.default_rng(batch)
     prefix = (batch,) if batch > 1 else ()
-    m, n, k = 128 * 11, 512, 160
+    m, n, k = 128 * 11, 512, 192  # K a multiple of 64 for gemm_tc_nn_k64
     a, b = store(rng.standard_normal(prefix + (m, k))), store(rng.standard_normal(prefix + (k, n)))
     c0 = store(rng.standard_normal(prefix + (m, n)))
     c = c0.copy()

@@ -11,15 +11,15 @@ from kdbkit.runtime.tensor import DataType
 BLOCK_TILE, THREADS = 128, 256
 
 
-def _shared(tile_n: int, stages: int) -> int:
-    """Dynamic shared memory of the fast kernels: stages of padded A (128 x 40) and B (32 x (tile_n + 8)) tiles."""
-    return stages * (128 * 40 + 32 * (tile_n + 8)) * 2
+def _shared(tile_n: int, stages: int, tile_k: int = 32) -> int:
+    """Dynamic shared memory of the fast kernels: stages of padded A (128 x (tile_k + 8)) and
+    B (tile_k x (tile_n + 8)) tiles."""
+    return stages * (128 * (tile_k + 8) + tile_k * (tile_n + 8)) * 2
 
 
-# The fast kernels: name -> (tile N, threads, shared bytes); all tiles are 128 rows of M.
-FAST = {"gemm_tc_nn": (128, 128, _shared(128, 4)), "gemm_tc_nn_wide": (256, 256, _shared(256, 4)),
-        "gemm_tc_nn_wide_deep": (256, 256, _shared(256, 6))}
-WIDE = "gemm_tc_nn_wide"  # the 128 x 256 kernel immediate mode takes (scripts/compare_gemm_tiles.py)
+# The fast kernels: name -> (tile N, threads, shared bytes, K step); all tiles are 128 rows of M.
+FAST = {"gemm_tc_nn": (128, 128, _shared(128, 4), 32), "gemm_tc_nn_k64": (128, 128, _shared(128, 3, 64), 64),
+        "gemm_tc_nn_wide": (256, 256, _shared(256, 4), 32), "gemm_tc_nn_wide_deep": (256, 256, _shared(256, 6), 32)}
 
 
 @register
@@ -53,7 +53,7 @@ class GemmTensorCore(Solver):
         if not _fast_path(problem):
             return lambda a, b, c: launch(kernel, grid, (THREADS, 1, 1), [a, b, c, *tail])
         name = fast_kernel(problem, device_units(handle))
-        tile_n, threads, shared = FAST[name]
+        tile_n, threads, shared, _ = FAST[name]
         fast_grid = (problem.n // tile_n, problem.m // BLOCK_TILE, problem.batch)
         fast = handle.backend.launcher(prog.function(name), fast_grid, (threads, 1, 1),
                                        [None, None, None, *tail[:9], *tail[11:]], shared)  # no transpose flags
@@ -74,9 +74,9 @@ def device_units(handle) -> int:
 
 
 def fast_kernel(problem: GemmProblem, units: int) -> str:
-    """128 x 256 tiles where N allows them and they still give every multiprocessor a block."""
-    wide_tiles = (problem.m // BLOCK_TILE) * (problem.n // 256) * problem.batch
-    return WIDE if problem.n % 256 == 0 and wide_tiles >= units else "gemm_tc_nn"
+    """The fast kernel for the problem: K steps of 64 where K allows (half the barriers), else 32.
+    The 128 x 256 kernels stay for comparison: they measured slower (docs/gemm_tiles.md)."""
+    return "gemm_tc_nn_k64" if problem.k % 64 == 0 else "gemm_tc_nn"
 
 
 def _fast_path(problem: GemmProblem) -> bool:
