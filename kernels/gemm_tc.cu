@@ -229,31 +229,40 @@ __device__ __forceinline__ void gemm_nn_body(const unsigned short* A, const unsi
         asm volatile("cp.async.commit_group;");
         const unsigned short* as = As + (tile % NSTAGES) * A_STAGE;
         const unsigned short* bs = Bs + (tile % NSTAGES) * B_STAGE;
-#pragma unroll
-        for (int kk = 0; kk < TBK; kk += 16) {
-            unsigned int fa[4][4], fb[8][2];
+        /* Fragments double-buffered: step kk + 16's are read from shared memory before step kk's
+         * multiplies issue. The reads stay volatile (ordered after the barrier); the multiplies
+         * are plain register operations the compiler may schedule around them. */
+        unsigned int fa[2][4][4], fb[2][8][2];
+        auto fragments = [&](int buf, int kk) {
 #pragma unroll
             for (int i = 0; i < 4; ++i) {
                 const unsigned short* p = as + (wm + 16 * i + (lane % 16)) * (TBK + PAD) + kk + (lane / 16) * 8;
                 asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0, %1, %2, %3}, [%4];"
-                             : "=r"(fa[i][0]), "=r"(fa[i][1]), "=r"(fa[i][2]), "=r"(fa[i][3])
+                             : "=r"(fa[buf][i][0]), "=r"(fa[buf][i][1]), "=r"(fa[buf][i][2]), "=r"(fa[buf][i][3])
                              : "r"(smem_address(p)));
             }
 #pragma unroll
             for (int j = 0; j < 8; j += 2) {
                 const unsigned short* p = bs + (kk + (lane % 16)) * (TBN + PAD) + wn + 8 * j + (lane / 16) * 8;
                 asm volatile("ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16 {%0, %1, %2, %3}, [%4];"
-                             : "=r"(fb[j][0]), "=r"(fb[j][1]), "=r"(fb[j + 1][0]), "=r"(fb[j + 1][1])
+                             : "=r"(fb[buf][j][0]), "=r"(fb[buf][j][1]), "=r"(fb[buf][j + 1][0]), "=r"(fb[buf][j + 1][1])
                              : "r"(smem_address(p)));
             }
+        };
+        fragments(0, 0);
+#pragma unroll
+        for (int kk = 0; kk < TBK; kk += 16) {
+            const int cur = (kk / 16) % 2;
+            if (kk + 16 < TBK)
+                fragments(cur ^ 1, kk + 16);
 #pragma unroll
             for (int i = 0; i < 4; ++i)
 #pragma unroll
                 for (int j = 0; j < 8; ++j)
-                    asm volatile(TC_MMA " {%0, %1, %2, %3}, {%4, %5, %6, %7}, {%8, %9}, {%0, %1, %2, %3};"
-                                 : "+f"(acc[i][j][0]), "+f"(acc[i][j][1]), "+f"(acc[i][j][2]), "+f"(acc[i][j][3])
-                                 : "r"(fa[i][0]), "r"(fa[i][1]), "r"(fa[i][2]), "r"(fa[i][3]), "r"(fb[j][0]),
-                                   "r"(fb[j][1]));
+                    asm(TC_MMA " {%0, %1, %2, %3}, {%4, %5, %6, %7}, {%8, %9}, {%0, %1, %2, %3};"
+                        : "+f"(acc[i][j][0]), "+f"(acc[i][j][1]), "+f"(acc[i][j][2]), "+f"(acc[i][j][3])
+                        : "r"(fa[cur][i][0]), "r"(fa[cur][i][1]), "r"(fa[cur][i][2]), "r"(fa[cur][i][3]),
+                          "r"(fb[cur][j][0]), "r"(fb[cur][j][1]));
         }
     }
     asm volatile("cp.async.wait_group 0;");
@@ -298,6 +307,14 @@ gemm_tc_nn_k64(const unsigned short* A, const unsigned short* B, unsigned short*
                int ldb, int ldc, long stride_a, long stride_b, long stride_c, float alpha, float beta)
 {
     gemm_nn_body<128, 3, 64>(A, B, C, M, N, K, lda, ldb, ldc, stride_a, stride_b, stride_c, alpha, beta);
+}
+
+/* The wide tile stepping K by 64 through 3 buffers (156,672 bytes). */
+extern "C" __global__ void __launch_bounds__(256)
+gemm_tc_nn_wide_k64(const unsigned short* A, const unsigned short* B, unsigned short* C, int M, int N, int K, int lda,
+                    int ldb, int ldc, long stride_a, long stride_b, long stride_c, float alpha, float beta)
+{
+    gemm_nn_body<256, 3, 64>(A, B, C, M, N, K, lda, ldb, ldc, stride_a, stride_b, stride_c, alpha, beta);
 }
 
 /* The wide tile with 6 stages (162,816 bytes): deeper copies ahead, one block per SM. */

@@ -53,7 +53,8 @@ def test_tile_multiple_sizes(handle, dtype, batch):
     np.testing.assert_allclose(read(c), expected, rtol=tol * 4, atol=tol * 4 * np.sqrt(k))
 
 
-@pytest.mark.parametrize("kernel", ["gemm_tc_nn", "gemm_tc_nn_k64", "gemm_tc_nn_wide", "gemm_tc_nn_wide_deep"])
+@pytest.mark.parametrize("kernel", ["gemm_tc_nn", "gemm_tc_nn_k64", "gemm_tc_nn_wide", "gemm_tc_nn_wide_k64",
+                                    "gemm_tc_nn_wide_deep"])
 @pytest.mark.parametrize("batch", [1, 3])
 def test_each_fast_tensor_core_kernel(handle, monkeypatch, kernel, batch):
     """Every fast kernel of gemm_tc.cu, forced (immediate mode takes one by the problem's size),

@@ -19,7 +19,8 @@ def _shared(tile_n: int, stages: int, tile_k: int = 32) -> int:
 
 # The fast kernels: name -> (tile N, threads, shared bytes, K step); all tiles are 128 rows of M.
 FAST = {"gemm_tc_nn": (128, 128, _shared(128, 4), 32), "gemm_tc_nn_k64": (128, 128, _shared(128, 3, 64), 64),
-        "gemm_tc_nn_wide": (256, 256, _shared(256, 4), 32), "gemm_tc_nn_wide_deep": (256, 256, _shared(256, 6), 32)}
+        "gemm_tc_nn_wide": (256, 256, _shared(256, 4), 32), "gemm_tc_nn_wide_k64": (256, 256, _shared(256, 3, 64), 64),
+        "gemm_tc_nn_wide_deep": (256, 256, _shared(256, 6), 32)}
 
 
 @register
