@@ -73,5 +73,7 @@ class LayerNormProblem(Problem):
 
 
 def catalogue() -> list[LayerNormProblem]:
-    """One problem per compile-time specialisation (the type)."""
-    return [LayerNormProblem(d, t, (2, 8), 1, True) for t in DataType for d in ("fwd", "bwd")]
+    """One problem per compile-time specialisation: the type, and the lanes kernel's tile for
+    long rows (2048 vectors of 16 bytes)."""
+    return [LayerNormProblem(d, t, (2, 8), 1, True) for t in DataType for d in ("fwd", "bwd")] + \
+        [LayerNormProblem("fwd", t, (2, 2048 * 16 // t.itemsize), 1, True) for t in DataType]

@@ -93,6 +93,10 @@ class SoftmaxProblem(Problem):
 
 
 def catalogue() -> list[SoftmaxProblem]:
-    """One problem per compile-time specialisation (the type: the rest are arguments)."""
+    """One problem per compile-time specialisation: the type, and the lanes kernel's tile for
+    long rows (2048 vectors of 16 bytes); the rest are arguments."""
     s = (8, 8, 1, 1)
-    return [SoftmaxProblem(d, "accurate", "channel", t, (1, 8, 1, 1), s, s) for t in DataType for d in ("fwd", "bwd")]
+    short = [SoftmaxProblem(d, "accurate", "channel", t, (1, 8, 1, 1), s, s) for t in DataType for d in ("fwd", "bwd")]
+    long_rows = [SoftmaxProblem(d, "accurate", "channel", t, (1, n, 1, 1), (n, 1, 1, 1), (n, 1, 1, 1))
+                 for t in DataType for n in (2048 * 16 // t.itemsize,) for d in ("fwd", "bwd")]
+    return short + long_rows

@@ -76,6 +76,26 @@ def test_each_fast_tensor_core_kernel(handle, monkeypatch, kernel, batch):
     np.testing.assert_allclose(read(c), expected, rtol=tol * 4, atol=tol * 4 * np.sqrt(k))
 
 
+@pytest.mark.parametrize("trans_b", [False, True])
+@pytest.mark.parametrize("batch, shared_b", [(1, False), (3, False), (3, True)])
+def test_the_wgmma_solver(handle, trans_b, batch, shared_b):
+    """GemmWgmma on sm_90: B transposed into its workspace first or taken as it is, batches
+    with their own B or one shared B, tiles over several groups of 8 tile rows."""
+    if handle.device.backend != "cuda" or handle.device.target.arch != "sm_90":
+        pytest.skip("wgmma needs an sm_90 GPU (KDB_TEST_BACKEND=cuda on the H100 machine)")
+    store, read, tol = TYPES["fp16"]
+    rng = np.random.default_rng(batch + trans_b)
+    m, n, k = 128 * 9, 256, 192
+    a = store(rng.standard_normal(((batch,) if batch > 1 else ()) + (m, k)))
+    b_shape = (n, k) if trans_b else (k, n)
+    b = store(rng.standard_normal(((batch,) if batch > 1 and not shared_b else ()) + b_shape))
+    c0 = store(rng.standard_normal(((batch,) if batch > 1 else ()) + (m, n)))
+    c = c0.copy()
+    kdbkit.gemm(handle, a, b, trans_b=trans_b, alpha=0.5, beta=0.25, c=c, dtype="fp16", solver="GemmWgmma")
+    expected = ref(read(a), read(b), False, trans_b, 0.5, 0.25, read(c0))
+    np.testing.assert_allclose(read(c), expected, rtol=tol * 4, atol=tol * 4 * np.sqrt(k))
+
+
 def test_a_shared_matrix_against_a_batch(handle):
     rng = np.random.default_rng(1)
     a, b = rng.standard_normal((4, 8, 5)).astype(np.float32), rng.standard_normal((5, 6)).astype(np.float32)
@@ -87,12 +107,16 @@ def test_solver_choice_config_and_bad_input(handle):
     assert parse_config(problem.config()) == problem
     choice = choose(handle, problem)
     if handle.device.backend == "cuda":  # the GPU run: the H100 has tensor cores
-        assert choice.solver.name == "GemmTensorCore"
+        assert choice.solver.name == "GemmTensorCore"  # A transposed: not wgmma's
+        assert choice.trace[0] == "GemmWgmma: rejected, A is transposed"
         fp32 = choose(handle, GemmProblem(DataType.FP32, 4, 4, 4, lda=4, ldb=4, ldc=4))
-        assert fp32.solver.name == "GemmTiled" and fp32.trace[0] == "GemmTensorCore: rejected, fp32 is not fp16 or bf16"
+        assert fp32.solver.name == "GemmTiled" and fp32.trace[1] == "GemmTensorCore: rejected, fp32 is not fp16 or bf16"
+        whole = choose(handle, GemmProblem(DataType.BF16, 256, 384, 128, lda=128, ldb=384, ldc=384))
+        assert whole.solver.name == ("GemmWgmma" if handle.device.target.arch == "sm_90" else "GemmTensorCore")
     else:
         assert choice.solver.name == "GemmTiled"
-        assert choice.trace[0].startswith("GemmTensorCore: rejected, tensor cores through mma.sync are CUDA only")
+        assert choice.trace[0].startswith("GemmWgmma: rejected, wgmma needs an sm_90 GPU")
+        assert choice.trace[1].startswith("GemmTensorCore: rejected, tensor cores through mma.sync are CUDA only")
         with pytest.raises(NoSolverError, match="GemmTensorCore does not apply"):
             kdbkit.gemm(handle, np.ones((4, 4), np.float16), np.ones((4, 4), np.float16), solver="GemmTensorCore")
     with pytest.raises(ProblemError, match="op\\(a\\) is 2x3 but op\\(b\\) is 4x2"):
