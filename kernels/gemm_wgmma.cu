@@ -9,7 +9,7 @@
  * Launch (gemm_wgmma): blocks of 256 threads (two warpgroups, each 64 rows of the block's
  * 128 x 128 tile of C), grid (N / 128, M / 128, batch), taken in groups of 8 tile rows;
  * M, N multiples of 128, K of 64, lda, ldbt, ldc of 8, every matrix 16-byte aligned;
- * WG_SHARED bytes of dynamic shared memory: STAGES buffers of A's and Bt's 128 x 64 tiles,
+ * 6 * 32 KiB + 1 KiB of dynamic shared memory: 6 buffers of A's and Bt's 128 x 64 tiles,
  * each row of 128 bytes stored with the 128-byte swizzle (16-byte chunk c of row r at chunk
  * c ^ (r % 8)), filled by 16-byte cp.async.
  * Launch (gemm_transpose): blocks of 32 x 8 threads, grid (N / 32, K / 32, batch).
@@ -48,7 +48,8 @@ __device__ __forceinline__ float wg_to_float(unsigned short b) { return __uint_a
 #define WG_BM 128
 #define WG_BN 128
 #define WG_BK 64
-#define WG_STAGES 4
+#define WG_STAGES 6
+#define WG_AHEAD (WG_STAGES - 2) /* copies ahead: two buffers are being read */
 #define WG_TILE_BYTES (128 * 128) /* 128 rows of 64 halves */
 #define WG_GROUP_M 8
 
@@ -105,18 +106,20 @@ gemm_wgmma(const unsigned short* A, const unsigned short* Bt, unsigned short* C,
 #pragma unroll
     for (int i = 0; i < 64; ++i)
         d[i] = 0.0f;
+    /* Copies run WG_AHEAD steps ahead; one step's multiplies stay in flight while the next
+     * step's are issued, so the buffer a copy refills is the one read two steps back. */
     const int steps = K / WG_BK;
-    for (int s = 0; s < WG_STAGES - 1; ++s) {
+    for (int s = 0; s < WG_AHEAD; ++s) {
         if (s < steps)
             stage(s, s * WG_BK);
         asm volatile("cp.async.commit_group;");
     }
     for (int step = 0; step < steps; ++step) {
-        asm volatile("cp.async.wait_group %0;" ::"n"(WG_STAGES - 2));
+        asm volatile("cp.async.wait_group %0;" ::"n"(WG_AHEAD - 1));
         /* cp.async wrote through the generic proxy; wgmma reads through the async one. */
         asm volatile("fence.proxy.async.shared::cta;");
-        __syncthreads();
-        const int next = step + WG_STAGES - 1;
+        __syncthreads(); /* every warpgroup's step - 2 multiplies are done (wait_group 1 below) */
+        const int next = step + WG_AHEAD;
         if (next < steps)
             stage(next % WG_STAGES, next * WG_BK);
         asm volatile("cp.async.commit_group;");
@@ -128,8 +131,9 @@ gemm_wgmma(const unsigned short* A, const unsigned short* Bt, unsigned short* C,
         for (int kk = 0; kk < WG_BK / 16; ++kk)
             wg_mma(d, da + 2 * kk, db + 2 * kk); /* 16 halves on: 32 bytes, 2 in the descriptor's units */
         asm volatile("wgmma.commit_group.sync.aligned;" ::: "memory");
-        asm volatile("wgmma.wait_group.sync.aligned 0;" ::: "memory");
+        asm volatile("wgmma.wait_group.sync.aligned 1;" ::: "memory");
     }
+    asm volatile("wgmma.wait_group.sync.aligned 0;" ::: "memory");
     asm volatile("cp.async.wait_group 0;");
     /* d[4j + 0..3]: rows r and r + 8, columns 8j + 2 * (lane % 4) and the next. */
     const int r0 = tile_m * WG_BM + warpgroup * 64 + warp * 16 + lane / 4, c0 = tile_n * WG_BN + 2 * (lane % 4);

@@ -13,7 +13,7 @@ from kdbkit.runtime.program_key import ProgramRequest
 from kdbkit.runtime.solver import APPLIES, Solver, not_applicable, register
 from kdbkit.runtime.tensor import DataType
 
-TILE, STEP, THREADS, STAGES = 128, 64, 256, 4
+TILE, STEP, THREADS, STAGES = 128, 64, 256, 6
 SHARED = STAGES * 2 * TILE * 128 + 1024  # the stages of A's and Bt's swizzled tiles, and 1 KiB to align them
 ARCH_OPTION = "--gpu-architecture=sm_90a"  # wgmma exists only in the arch-specific sm_90a code
 
