@@ -168,3 +168,65 @@ KDB_KERNEL void pool_fwd_small(const KDB_GLOBAL kdb_data_t* x, KDB_GLOBAL kdb_da
         }
     }
 }
+
+/* Forward through shared memory: a group stages a band of input rows of one plane (every
+ * column), read as 16-byte vectors where the rows allow (vec = 1: x's rows contiguous, whole
+ * vectors, 16-byte aligned) or element by element, then computes the band's outputs from it:
+ * each input element is read from device memory once, with many bytes in flight per thread.
+ * band_rows: output rows per band, such that their input rows fit POOL_BAND floats.
+ * Launch: 1-D, any group size, any grid (groups loop over the (plane, band) jobs). */
+#define POOL_BAND 6144 /* floats of input staged per group (24 KiB) */
+
+KDB_KERNEL void pool_fwd_band(const KDB_GLOBAL kdb_data_t* x, KDB_GLOBAL kdb_data_t* y, KDB_GLOBAL int* indices,
+                              POOL_GEOMETRY, int xs0, int xs1, int xs2, int xs3, int ys0, int ys1, int ys2, int ys3,
+                              int mode, int save_indices, int band_rows, int vec)
+{
+    KDB_SHARED(float, stage, POOL_BAND);
+    const int t = KDB_LOCAL_ID_X, threads = KDB_LOCAL_SIZE_X;
+    const int bands = (Ho + band_rows - 1) / band_rows;
+    for (int job = KDB_GROUP_ID_X; job < N * C * bands; job += KDB_NUM_GROUPS_X) {
+        const int band = job % bands, plane = job / bands, c = plane % C, n = plane / C;
+        const int ho0 = band * band_rows, ho1 = Ho < ho0 + band_rows ? Ho : ho0 + band_rows;
+        const int top = ho0 * sh - ph, bottom = (ho1 - 1) * sh - ph + kh;
+        const int h_lo = top > 0 ? top : 0, h_hi = bottom < H ? bottom : H, rows = h_hi - h_lo;
+        const KDB_GLOBAL kdb_data_t* p = x + (long)n * xs0 + (long)c * xs1;
+        KDB_BARRIER; /* the previous job's reads of the stage are done */
+        if (vec) {
+            const int wv = W / KDB_VEC;
+            for (int i = t; i < rows * wv; i += threads) {
+                const int r = i / wv, v = i - r * wv;
+                float f[KDB_VEC];
+                kdb_unpack(((const KDB_GLOBAL kdb_vec4u*)(p + (long)(h_lo + r) * xs2))[v], f);
+                for (int e = 0; e < KDB_VEC; ++e)
+                    stage[r * W + v * KDB_VEC + e] = f[e];
+            }
+        } else {
+            for (int i = t; i < rows * W; i += threads) {
+                const int r = i / W, w = i - r * W;
+                stage[i] = KDB_LOAD(p, (long)(h_lo + r) * xs2 + (long)w * xs3);
+            }
+        }
+        KDB_BARRIER;
+        for (int o = t; o < (ho1 - ho0) * Wo; o += threads) {
+            const int ho = ho0 + o / Wo, wo = o % Wo;
+            const int h0 = ho * sh - ph, w0 = wo * sw - pw;
+            const int ha = h0 > 0 ? h0 : 0, hb = h0 + kh < H ? h0 + kh : H;
+            const int wa = w0 > 0 ? w0 : 0, wb = w0 + kw < W ? w0 + kw : W;
+            float best = -3.402823466e38f, sum = 0.0f;
+            int best_at = -1;
+            for (int h = ha; h < hb; ++h)
+                for (int w = wa; w < wb; ++w) {
+                    const float v = stage[(h - h_lo) * W + w];
+                    if (v > best || best_at < 0) {
+                        best = v;
+                        best_at = h * W + w;
+                    }
+                    sum += v;
+                }
+            KDB_STORE(y, (long)n * ys0 + (long)c * ys1 + (long)ho * ys2 + (long)wo * ys3,
+                      pool_result(mode, best, best_at, sum, (hb - ha) * (wb - wa), kh * kw));
+            if (save_indices)
+                indices[((long)plane * Ho + ho) * Wo + wo] = best_at;
+        }
+    }
+}

@@ -19,15 +19,17 @@ GEOMETRIES = [((2, 2), (2, 2), (0, 0)), ((3, 3), (2, 2), (1, 1)), ((3, 2), (1, 2
               ((4, 5), (2, 3), (1, 2))]
 
 
+@pytest.mark.parametrize("solver", ["PoolBand", "PoolDirect"])
 @pytest.mark.parametrize("dtype", list(TYPES))
 @pytest.mark.parametrize("mode", ["max", "avg", "avg_in"])
 @pytest.mark.parametrize("window, stride, pad", GEOMETRIES)
-def test_forward_and_backward_match_the_reference(handle, mode, dtype, window, stride, pad):
+def test_forward_and_backward_match_the_reference(handle, mode, dtype, window, stride, pad, solver):
     store, read, tol = TYPES[dtype]
     rng = np.random.default_rng(sum(window) + sum(stride))
     shape = (2, 3, 11, 9)  # runs of four outputs down a column that end past the last row
     x = store(rng.standard_normal(shape))
-    y, indices = kdbkit.pooling_forward(handle, x, mode=mode, window=window, stride=stride, pad=pad, dtype=dtype)
+    y, indices = kdbkit.pooling_forward(handle, x, mode=mode, window=window, stride=stride, pad=pad, dtype=dtype,
+                                        solver=solver)
     ry, ridx = ref.forward(read(x), mode, window, stride, pad)
     np.testing.assert_allclose(read(y), ry, rtol=tol, atol=tol)
     if mode == "max":
@@ -39,6 +41,25 @@ def test_forward_and_backward_match_the_reference(handle, mode, dtype, window, s
                                  indices=indices, dtype=dtype)
     expected = ref.backward(read(dy), shape, ridx, mode, window, stride, pad)
     np.testing.assert_allclose(read(dx), expected, rtol=tol * 4, atol=tol * 4)
+
+
+@pytest.mark.parametrize("dtype", list(TYPES))
+@pytest.mark.parametrize("width", [1000, 999])  # rows of whole 16-byte vectors, and not
+def test_the_band_solver_over_several_bands_per_plane(handle, dtype, width):
+    """Rows of 1000 elements: a band of 6 input rows, so each plane takes several bands."""
+    from kdbkit.runtime.primitives.pooling.solvers.band import band_rows
+
+    store, read, tol = TYPES[dtype]
+    x = store(np.random.default_rng(width).standard_normal((2, 2, 23, width)))
+    for mode in ("max", "avg_in"):
+        y, indices = kdbkit.pooling_forward(handle, x, mode=mode, window=3, stride=2, pad=1, dtype=dtype)
+        ry, ridx = ref.forward(read(x), mode, (3, 3), (2, 2), (1, 1))
+        np.testing.assert_allclose(read(y), ry, rtol=tol, atol=tol)
+        if mode == "max":
+            np.testing.assert_array_equal(indices, ridx)
+    problem = PoolProblem("fwd", "max", DataType.FP32, (2, 2, 23, width), (3, 3), (2, 2), (1, 1),
+                          (46 * width, 23 * width, width, 1), (2 * 12 * 500, 12 * 500, 500, 1))
+    assert band_rows(problem) == 2  # 6 rows staged: outputs 2 rows at a time, 6 bands per plane
 
 
 def test_device_tensors_keep_the_indices_on_the_device(handle):
