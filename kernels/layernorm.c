@@ -149,18 +149,33 @@ KDB_KERNEL void layernorm_fwd_lanes(const KDB_GLOBAL kdb_vec4u* x, const KDB_GLO
     KDB_SHARED(float, scratch, BLOCK);
     const int vecs = inner / KDB_VEC;
     const int lane = KDB_LOCAL_ID_X & (lanes - 1), per_group = KDB_LOCAL_SIZE_X / lanes;
+    const int step = KDB_NUM_GROUPS_X * per_group;
+    /* The next row's vectors are read while this one's reductions run (the solver sizes the
+     * grid so that a group takes several rows). */
+    kdb_vec4u q[LANES_VECS];
+    {
+        const int r = KDB_GROUP_ID_X * per_group + KDB_LOCAL_ID_X / lanes;
+#pragma unroll
+        for (int k = 0; k < LANES_VECS; ++k)
+            if (r < rows && lane + k * lanes < vecs)
+                q[k] = x[(long)r * vecs + lane + k * lanes];
+    }
     /* The loop's trip count is the same for the whole group: every thread reaches the reductions. */
-    for (int first = KDB_GROUP_ID_X * per_group; first < rows; first += KDB_NUM_GROUPS_X * per_group) {
+    for (int first = KDB_GROUP_ID_X * per_group; first < rows; first += step) {
         const int r = first + KDB_LOCAL_ID_X / lanes, live = r < rows;
         const long base = live ? (long)r * vecs : 0;
         float f[LANES_VECS * KDB_VEC], s = 0.0f; /* each element converted once */
 #pragma unroll
         for (int k = 0; k < LANES_VECS; ++k)
             if (live && lane + k * lanes < vecs) {
-                kdb_unpack(x[base + lane + k * lanes], f + k * KDB_VEC);
+                kdb_unpack(q[k], f + k * KDB_VEC);
                 for (int e = 0; e < KDB_VEC; ++e)
                     s += f[k * KDB_VEC + e];
             }
+#pragma unroll
+        for (int k = 0; k < LANES_VECS; ++k)
+            if (r + step < rows && lane + k * lanes < vecs)
+                q[k] = x[(long)(r + step) * vecs + lane + k * lanes];
         const float m = kdb_lanes_reduce(s, lanes, 1, scratch) / inner;
         float d2 = 0.0f;
 #pragma unroll

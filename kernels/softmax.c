@@ -317,10 +317,21 @@ KDB_KERNEL void softmax_fwd_lanes(const KDB_GLOBAL kdb_vec4u* x, KDB_GLOBAL kdb_
     KDB_SHARED(float, scratch, BLOCK);
     const int rows = SM_ROWS, vecs = SM_LEN / KDB_VEC;
     const int lane = KDB_LOCAL_ID_X & (lanes - 1), per_group = KDB_LOCAL_SIZE_X / lanes;
+    const int step = KDB_NUM_GROUPS_X * per_group;
+    /* The next row's vectors are read while this one's reductions run (a group takes several
+     * rows: the solver sizes the grid to the GPU), so the loads of a thread never stop. */
+    kdb_vec4u q[LANES_VECS];
+    {
+        const int r = KDB_GROUP_ID_X * per_group + KDB_LOCAL_ID_X / lanes;
+        const long xb = r < rows ? sm_base(r, channel_mode, C, H, W, xs0, xs1, xs2, xs3) / KDB_VEC : 0;
+#pragma unroll
+        for (int k = 0; k < LANES_VECS; ++k)
+            if (r < rows && SM_LANE_VEC(k) < vecs)
+                q[k] = x[xb + SM_LANE_VEC(k)];
+    }
     /* The loop's trip count is the same for the whole group: every thread reaches the reductions. */
-    for (int first = KDB_GROUP_ID_X * per_group; first < rows; first += KDB_NUM_GROUPS_X * per_group) {
+    for (int first = KDB_GROUP_ID_X * per_group; first < rows; first += step) {
         const int r = first + KDB_LOCAL_ID_X / lanes, live = r < rows;
-        const long xb = live ? sm_base(r, channel_mode, C, H, W, xs0, xs1, xs2, xs3) / KDB_VEC : 0;
         const long yb = live ? sm_base(r, channel_mode, C, H, W, ys0, ys1, ys2, ys3) / KDB_VEC : 0;
         /* Each element converted to float once and its exponential taken once: on 16-bit types
          * the conversions and exponentials, not memory, were the limit. */
@@ -328,10 +339,18 @@ KDB_KERNEL void softmax_fwd_lanes(const KDB_GLOBAL kdb_vec4u* x, KDB_GLOBAL kdb_
 #pragma unroll
         for (int k = 0; k < LANES_VECS; ++k)
             if (live && SM_LANE_VEC(k) < vecs) {
-                kdb_unpack(x[xb + SM_LANE_VEC(k)], f + k * KDB_VEC);
+                kdb_unpack(q[k], f + k * KDB_VEC);
                 for (int e = 0; e < KDB_VEC; ++e)
                     m = KDB_FMAXF(m, f[k * KDB_VEC + e]);
             }
+        {
+            const int rn = r + step;
+            const long xn = rn < rows ? sm_base(rn, channel_mode, C, H, W, xs0, xs1, xs2, xs3) / KDB_VEC : 0;
+#pragma unroll
+            for (int k = 0; k < LANES_VECS; ++k)
+                if (rn < rows && SM_LANE_VEC(k) < vecs)
+                    q[k] = x[xn + SM_LANE_VEC(k)];
+        }
         m = algorithm != 0 ? kdb_lanes_reduce(m, lanes, 0, scratch) : 0.0f;
         float sum = 0.0f;
 #pragma unroll

@@ -35,6 +35,12 @@ def lanes_options(vectors: int) -> tuple[str, ...]:
     return () if per_thread == SHORT else (f"-DLANES_VECS={per_thread}",)
 
 
-def lanes_groups(rows: int, lanes: int, max_groups: int = 65535) -> tuple[int, int, int]:
-    """The grid: BLOCK // lanes rows per group, capped (the kernels loop over the rest)."""
-    return (max(1, min(-(-rows // (BLOCK // lanes)), max_groups)), 1, 1)
+GROUPS_PER_UNIT = 8  # the grid: at most this many groups per multiprocessor
+
+
+def lanes_groups(rows: int, lanes: int, units: int | None = None) -> tuple[int, int, int]:
+    """The grid: BLOCK // lanes rows per group, at most GROUPS_PER_UNIT groups per compute unit
+    (``units``: the device's count; 132, an H100's, when unknown), so that each group takes
+    several rows and the kernels' read of the next row overlaps the current one's work."""
+    cap = GROUPS_PER_UNIT * (units or 132)
+    return (max(1, min(-(-rows // (BLOCK // lanes)), cap, 65535)), 1, 1)

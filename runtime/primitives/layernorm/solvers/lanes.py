@@ -44,7 +44,7 @@ class LayerNormLanes(Solver):
         _, lanes = lanes_tile(vectors_per_row(problem))
         args = [np.int32(problem.rows), np.int32(problem.inner), np.int32(problem.affine), np.float32(problem.eps),
                 np.int32(lanes)]
-        groups, fallback = lanes_groups(problem.rows, lanes), []
+        groups, fallback = lanes_groups(problem.rows, lanes, handle.device.target.cu), []
         fast = handle.backend.launcher(kernel, groups, (BLOCK, 1, 1), [*(None,) * 6, *args])
 
         def forward(x, weight, bias, y, mean, rstd):

@@ -72,7 +72,7 @@ class SoftmaxLanes(Solver):
         kernel = prog.function(f"softmax_{problem.direction}_lanes")
         order = ("x", "y") if problem.direction == "fwd" else ("y", "dy", "dx")
         tail = [*arguments(problem), np.int32(lanes)]
-        groups = lanes_groups(problem.rows, lanes)
+        groups = lanes_groups(problem.rows, lanes, handle.device.target.cu)
         # Tensors at an offset that is not 16-byte aligned go to the block kernels (same program
         # for short rows; the block solver's for long ones, resolved only if ever needed).
         fallback, fast = [], handle.backend.launcher(kernel, groups, (BLOCK, 1, 1), [*(None for _ in order), *tail])
