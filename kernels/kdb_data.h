@@ -37,20 +37,8 @@ typedef float kdb_data_t;
 
 #if defined(KDB_TYPE_FP16) || defined(KDB_TYPE_BF16)
 #define KDB_VEC 8
-/* On NVIDIA GPUs a conversion instruction (F2F) issues at a fraction of the float rate, and
- * with two per element the 16-bit row kernels were bound by it, not by memory: there, fp16
- * bits become a float through float arithmetic (exact, subnormals, inf and NaN included), and
- * two floats become one word in one packing conversion (sm_80 and later). */
-#if defined(KDB_BACKEND_CUDA) && defined(KDB_TYPE_FP16)
-KDB_DEVICE_FN float kdb_word_to_float(unsigned int h)
-{
-    const unsigned int em = h & 0x7fffu, u = em << 13;
-    const float magnitude = em >= 0x7c00u ? KDB_BITS_FLOAT(u | 0x7f800000u) : KDB_BITS_FLOAT(u) * 5.192296858534828e33f;
-    return KDB_BITS_FLOAT(KDB_FLOAT_BITS(magnitude) | ((h & 0x8000u) << 16)); /* 5.19e33 = 2^112 */
-}
-#else
+/* Two floats become one word in one packing conversion on NVIDIA GPUs (sm_80 and later). */
 #define kdb_word_to_float(b) KDB_BITS_TO_ELEMENT((unsigned short)(b))
-#endif
 KDB_DEVICE_FN void kdb_unpack_word(unsigned int u, float* v)
 {
     v[0] = kdb_word_to_float(u & 0xffffu);

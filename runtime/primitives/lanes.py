@@ -41,6 +41,9 @@ GROUPS_PER_UNIT = 8  # the grid: at most this many groups per multiprocessor
 def lanes_groups(rows: int, lanes: int, units: int | None = None) -> tuple[int, int, int]:
     """The grid: BLOCK // lanes rows per group, at most GROUPS_PER_UNIT groups per compute unit
     (``units``: the device's count; 132, an H100's, when unknown), so that each group takes
-    several rows and the kernels' read of the next row overlaps the current one's work."""
-    cap = GROUPS_PER_UNIT * (units or 132)
-    return (max(1, min(-(-rows // (BLOCK // lanes)), cap, 65535)), 1, 1)
+    several rows and the kernels' read of the next row overlaps the current one's work; runs
+    wider than a warp keep a group per row set."""
+    needed = -(-rows // (BLOCK // lanes))
+    if lanes > 32:  # runs across warps reduce through barriers: separate groups per row measured faster
+        return (max(1, min(needed, 65535)), 1, 1)
+    return (max(1, min(needed, GROUPS_PER_UNIT * (units or 132), 65535)), 1, 1)

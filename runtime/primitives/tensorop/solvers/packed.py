@@ -56,7 +56,8 @@ class OpTensorPacked(Solver):
         n = int(np.prod(problem.shape))
         vectors, tail = n // vector_elements(problem.dtype), [np.int32(n), *scalars(problem)]
 
-        fast = launcher_1d(handle, vector, max(vectors, 1), [None, None, None, *tail])
+        # A group per 256 x 4 vectors (the kernel's unroll): each thread one step, no tail wave.
+        fast = launcher_1d(handle, vector, max(-(-vectors // 4), 1), [None, None, None, *tail], max_groups=65535)
 
         def run(a, b, c):
             if aligned16(a, b, c):  # 16 bytes per access; the scalar kernel for other offsets
