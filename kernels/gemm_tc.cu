@@ -24,32 +24,9 @@
 #error "gemm_tc.cu is CUDA only (tensor cores through mma.sync)"
 #endif
 
-#if defined(KDB_TYPE_FP16)
-#define TC_MMA "mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32"
-__device__ __forceinline__ float tc_to_float(unsigned short b)
-{
-    float f;
-    asm("cvt.f32.f16 %0, %1;" : "=f"(f) : "h"(b));
-    return f;
-}
-__device__ __forceinline__ unsigned short tc_from_float(float f)
-{
-    unsigned short b;
-    asm("cvt.rn.f16.f32 %0, %1;" : "=h"(b) : "f"(f));
-    return b;
-}
-#elif defined(KDB_TYPE_BF16)
-#define TC_MMA "mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32"
-__device__ __forceinline__ float tc_to_float(unsigned short b) { return __uint_as_float(((unsigned int)b) << 16); }
-__device__ __forceinline__ unsigned short tc_from_float(float f)
-{
-    unsigned short b;
-    asm("cvt.rn.bf16.f32 %0, %1;" : "=h"(b) : "f"(f));
-    return b;
-}
-#else
-#error "gemm_tc.cu needs -DKDB_TYPE_FP16 or -DKDB_TYPE_BF16"
-#endif
+#include "tc_types.h"
+
+#define TC_MMA "mma.sync.aligned.m16n8k16.row.col.f32." TC_TYPE "." TC_TYPE ".f32"
 
 #define BM 128
 #define BN 128

@@ -18,32 +18,9 @@
 #error "gemm_wgmma.cu is CUDA only"
 #endif
 
-#if defined(KDB_TYPE_FP16)
-#define WG_MMA "wgmma.mma_async.sync.aligned.m64n128k16.f32.f16.f16"
-__device__ __forceinline__ unsigned short wg_from_float(float f)
-{
-    unsigned short b;
-    asm("cvt.rn.f16.f32 %0, %1;" : "=h"(b) : "f"(f));
-    return b;
-}
-__device__ __forceinline__ float wg_to_float(unsigned short b)
-{
-    float f;
-    asm("cvt.f32.f16 %0, %1;" : "=f"(f) : "h"(b));
-    return f;
-}
-#elif defined(KDB_TYPE_BF16)
-#define WG_MMA "wgmma.mma_async.sync.aligned.m64n128k16.f32.bf16.bf16"
-__device__ __forceinline__ unsigned short wg_from_float(float f)
-{
-    unsigned short b;
-    asm("cvt.rn.bf16.f32 %0, %1;" : "=h"(b) : "f"(f));
-    return b;
-}
-__device__ __forceinline__ float wg_to_float(unsigned short b) { return __uint_as_float(((unsigned int)b) << 16); }
-#else
-#error "gemm_wgmma.cu needs -DKDB_TYPE_FP16 or -DKDB_TYPE_BF16"
-#endif
+#include "tc_types.h"
+
+#define WG_MMA "wgmma.mma_async.sync.aligned.m64n128k16.f32." TC_TYPE "." TC_TYPE
 
 #define WG_BM 128
 #define WG_BN 128
@@ -144,10 +121,10 @@ gemm_wgmma(const unsigned short* A, const unsigned short* Bt, unsigned short* C,
             const long o = (long)(r0 + 8 * half) * ldc + c0 + 8 * j;
             float v0 = alpha * d[4 * j + 2 * half], v1 = alpha * d[4 * j + 2 * half + 1];
             if (beta != 0.0f) {
-                v0 += beta * wg_to_float(c[o]);
-                v1 += beta * wg_to_float(c[o + 1]);
+                v0 += beta * tc_to_float(c[o]);
+                v1 += beta * tc_to_float(c[o + 1]);
             }
-            *(unsigned int*)(c + o) = (unsigned int)wg_from_float(v0) | ((unsigned int)wg_from_float(v1) << 16);
+            *(unsigned int*)(c + o) = (unsigned int)tc_from_float(v0) | ((unsigned int)tc_from_float(v1) << 16);
         }
 }
 

@@ -3,7 +3,6 @@ against PyTorch. Runs where KDB_TEST_BACKEND=cuda and PyTorch sees the GPU (scri
 
 from __future__ import annotations
 
-import numpy as np
 import pytest
 
 import kdbkit

@@ -10,7 +10,7 @@ from kdbkit.runtime.errors import ProblemError
 from kdbkit.runtime.primitives.pooling import PoolProblem
 from kdbkit.runtime.problem import parse_config
 from kdbkit.runtime.reference import pooling as ref
-from kdbkit.runtime.tensor import DataType, DeviceTensor, TensorDesc
+from kdbkit.runtime.tensor import DataType, DeviceTensor
 
 from .conftest import TYPES
 

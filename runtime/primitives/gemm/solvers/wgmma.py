@@ -10,7 +10,7 @@ import numpy as np
 from kdbkit.runtime.primitives.gemm.problem import GemmProblem
 from kdbkit.runtime.primitives.gemm.solvers.common import fits
 from kdbkit.runtime.program_key import ProgramRequest
-from kdbkit.runtime.solver import APPLIES, Solver, not_applicable, register
+from kdbkit.runtime.solver import Solver, not_applicable, register
 from kdbkit.runtime.tensor import DataType
 
 TILE, STEP, THREADS, STAGES = 128, 64, 256, 6

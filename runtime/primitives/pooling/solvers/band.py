@@ -7,15 +7,11 @@ from __future__ import annotations
 import numpy as np
 
 from kdbkit.runtime.primitives.pooling.problem import MODES, PoolProblem
-from kdbkit.runtime.program_key import ProgramRequest
-from kdbkit.runtime.solver import APPLIES, Solver, aligned16, not_applicable, register, vector_elements
+from kdbkit.runtime.primitives.pooling.solvers.common import fits_int_arguments, geometry, program
+from kdbkit.runtime.solver import Solver, aligned16, not_applicable, register, vector_elements
 
 BAND = 6144  # pooling.c's POOL_BAND: floats of input a group stages
-THREADS, MAX_GROUPS, INT_MAX = 256, 65535, 2**31 - 1
-
-
-def program(problem: PoolProblem) -> ProgramRequest:
-    return ProgramRequest("pooling.c", problem.dtype.options)  # the same program as PoolDirect's
+THREADS, MAX_GROUPS = 256, 65535
 
 
 def band_rows(problem: PoolProblem) -> int:
@@ -37,9 +33,7 @@ class PoolBand(Solver):
         if band_rows(problem) < 1:
             return not_applicable(f"{problem.window[0]} input rows of {problem.shape[3]} elements exceed its "
                                   f"{BAND}-float stage")
-        if int(np.prod(problem.shape)) > INT_MAX or max(problem.x_strides + problem.y_strides) > INT_MAX:
-            return not_applicable("sizes or strides exceed the kernel's int arguments")
-        return APPLIES
+        return fits_int_arguments(problem)
 
     def programs(self, problem: PoolProblem):
         return [program(problem)]
@@ -47,8 +41,7 @@ class PoolBand(Solver):
     def invoker(self, handle, problem: PoolProblem):
         request = program(problem)
         kernel = handle.program(request.kernel_file, request.options).function("pool_fwd_band")
-        geometry = [np.int32(v) for v in (*problem.shape, *problem.out_hw, *problem.window, *problem.stride,
-                                          *problem.pad, *problem.x_strides, *problem.y_strides)]
+        geometry_args = geometry(problem)
         bh = band_rows(problem)
         n, c, _, w = problem.shape
         jobs = n * c * -(-problem.out_hw[0] // bh)
@@ -56,8 +49,8 @@ class PoolBand(Solver):
         per, xs = vector_elements(problem.dtype), problem.x_strides
         rows_whole = xs[3] == 1 and w % per == 0 and all(s % per == 0 for s in xs[:3])
         grid, block = (min(jobs, MAX_GROUPS), 1, 1), (THREADS, 1, 1)
-        scalar = handle.backend.launcher(kernel, grid, block, [None, None, None, *geometry, *tail, np.int32(0)])
-        vector = handle.backend.launcher(kernel, grid, block, [None, None, None, *geometry, *tail, np.int32(1)])
+        scalar = handle.backend.launcher(kernel, grid, block, [None, None, None, *geometry_args, *tail, np.int32(0)])
+        vector = handle.backend.launcher(kernel, grid, block, [None, None, None, *geometry_args, *tail, np.int32(1)])
 
         def forward(x, y, indices):
             # 16-byte reads where x's rows are whole vectors and x starts aligned

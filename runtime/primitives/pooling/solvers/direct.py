@@ -6,15 +6,11 @@ from __future__ import annotations
 import numpy as np
 
 from kdbkit.runtime.primitives.pooling.problem import MODES, PoolProblem
-from kdbkit.runtime.program_key import ProgramRequest
-from kdbkit.runtime.solver import APPLIES, Solver, launch_1d, not_applicable, register
+from kdbkit.runtime.primitives.pooling.solvers.common import INT_MAX, fits_int_arguments, geometry, program
+from kdbkit.runtime.solver import Solver, launch_1d, register
 
-INT_MAX, MAX_GRID_Z = 2**31 - 1, 65535
+MAX_GRID_Z = 65535
 SMALL_WINDOW, SMALL_RUN = 3, 4  # pooling.c's POOL_SMALL and POOL_RUN
-
-
-def program(problem: PoolProblem) -> ProgramRequest:
-    return ProgramRequest("pooling.c", problem.dtype.options)
 
 
 @register
@@ -24,9 +20,7 @@ class PoolDirect(Solver):
     primitive = "pool"
 
     def is_applicable(self, problem: PoolProblem, device):
-        if int(np.prod(problem.shape)) > INT_MAX or max(problem.x_strides + problem.y_strides) > INT_MAX:
-            return not_applicable("sizes or strides exceed the kernel's int arguments")
-        return APPLIES
+        return fits_int_arguments(problem)
 
     def programs(self, problem: PoolProblem):
         return [program(problem)]
@@ -34,8 +28,7 @@ class PoolDirect(Solver):
     def invoker(self, handle, problem: PoolProblem):
         request = program(problem)
         prog = handle.program(request.kernel_file, request.options)
-        geometry = [np.int32(v) for v in (*problem.shape, *problem.out_hw, *problem.window, *problem.stride,
-                                          *problem.pad, *problem.x_strides, *problem.y_strides)]
+        geometry_args = geometry(problem)
         mode = np.int32(MODES.index(problem.mode))
         if problem.direction == "fwd":
             save = np.int32(problem.indices and problem.mode == "max")
@@ -47,13 +40,13 @@ class PoolDirect(Solver):
             if n * c <= MAX_GRID_Z and small:  # unrolled windows, four outputs per thread
                 kernel = prog.function("pool_fwd_small")
                 grid = (-(-wo // 32), -(-ho // (8 * SMALL_RUN)), n * c)
-                fast = handle.backend.launcher(kernel, grid, (32, 8, 1), [None, None, None, *geometry, mode, save])
+                fast = handle.backend.launcher(kernel, grid, (32, 8, 1), [None, None, None, *geometry_args, mode, save])
                 return lambda x, y, indices: fast(x, y, indices)
             if n * c <= MAX_GRID_Z:  # a grid z per plane: no index division per output
                 kernel, launch = prog.function("pool_fwd_2d"), handle.backend.launch
                 grid = (-(-wo // 16), -(-ho // 16), n * c)
-                return lambda x, y, indices: launch(kernel, grid, (16, 16, 1), [x, y, indices, *geometry, mode, save])
+                return lambda x, y, indices: launch(kernel, grid, (16, 16, 1), [x, y, indices, *geometry_args, mode, save])
             kernel, outputs = prog.function("pool_fwd"), int(np.prod(problem.out_shape))
-            return lambda x, y, indices: launch_1d(handle, kernel, outputs, [x, y, indices, *geometry, mode, save])
+            return lambda x, y, indices: launch_1d(handle, kernel, outputs, [x, y, indices, *geometry_args, mode, save])
         kernel, inputs = prog.function("pool_bwd"), int(np.prod(problem.shape))
-        return lambda dy, indices, dx: launch_1d(handle, kernel, inputs, [dy, indices, dx, *geometry, mode])
+        return lambda dy, indices, dx: launch_1d(handle, kernel, inputs, [dy, indices, dx, *geometry_args, mode])
