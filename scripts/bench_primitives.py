@@ -140,6 +140,8 @@ def main() -> int:
     parser.add_argument("--out", default="docs")
     parser.add_argument("--iters", type=int, default=20)
     parser.add_argument("--blocks", type=int, default=7)
+    parser.add_argument("--only", default="", help="run only the cases whose 'name type' contains this text "
+                        "(e.g. 'max pool 3x3/2 fp16', for a profiler); the report files are not written")
     args = parser.parse_args()
     import torch
 
@@ -154,11 +156,13 @@ def main() -> int:
             sys.exit(f"kdbkit's default device is {h.device.name} ({h.device.backend}), not a CUDA GPU")
         copy_gbs = copy_bandwidth(args.iters, args.blocks)
         print(f"device-to-device copy: {copy_gbs:.0f} GB/s on {h.device.name}", flush=True)
-        host = host_cost_us(h, torch, kdbkit)
+        host = {} if args.only else host_cost_us(h, torch, kdbkit)
         print("host time per call, tiny problems: " + ", ".join(f"{k} {v:.1f} us" for k, v in host.items()),
               flush=True)
         rows = []
         for name, label, ours, theirs, nbytes, flops in cases(h, torch, kdbkit):
+            if args.only not in f"{name} {label}":
+                continue
             started = time.perf_counter()
             ours()
             torch.cuda.synchronize()  # the first call resolves the program (JIT into the user cache)
@@ -181,6 +185,8 @@ def main() -> int:
     result = {"device": h.device.name, "copy_gbs": copy_gbs, "host_us_per_call": host, "iters": args.iters,
               "blocks": args.blocks,
               "torch": torch.__version__, "kdbkit": kdbkit.__version__, "rows": rows}
+    if args.only:
+        return 0
     (out / "bench_primitives.json").write_text(json.dumps(result, indent=1))
     write_report(result, out)
     return 0
