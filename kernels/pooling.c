@@ -177,6 +177,39 @@ KDB_KERNEL void pool_fwd_small(const KDB_GLOBAL kdb_data_t* x, KDB_GLOBAL kdb_da
  * Launch: 1-D, any group size, any grid (groups loop over the (plane, band) jobs). */
 #define POOL_BAND 6144 /* floats of input staged per group (24 KiB) */
 
+/* One band's outputs from the stage, for a constant mode MODE_ and save flag SAVE_ (the kernel
+ * dispatches once, so a plain max or sum does only its own work per element). A macro, not a
+ * helper taking the stage: PoCL 3.0 read another address through such a helper's pointer. */
+#define POOL_BAND_OUTPUTS(MODE_, SAVE_)                                                                     \
+    for (int o = t; o < (ho1 - ho0) * Wo; o += threads) {                                                  \
+        const int ho = ho0 + o / Wo, wo = o % Wo;                                                          \
+        const int h0 = ho * sh - ph, w0 = wo * sw - pw;                                                    \
+        const int ha = h0 > 0 ? h0 : 0, hb = h0 + kh < H ? h0 + kh : H;                                    \
+        const int wa = w0 > 0 ? w0 : 0, wb = w0 + kw < W ? w0 + kw : W;                                    \
+        float best = -3.402823466e38f, sum = 0.0f;                                                         \
+        int best_at = -1;                                                                                  \
+        for (int h = ha; h < hb; ++h)                                                                      \
+            for (int w = wa; w < wb; ++w) {                                                                \
+                const float v = stage[(h - h_lo) * W + w];                                                 \
+                if (MODE_ != 0) {                                                                          \
+                    sum += v;                                                                              \
+                } else if (SAVE_) {                                                                        \
+                    if (v > best || best_at < 0) {                                                         \
+                        best = v;                                                                          \
+                        best_at = h * W + w;                                                               \
+                    }                                                                                      \
+                } else {                                                                                   \
+                    best = KDB_FMAXF(best, v);                                                             \
+                }                                                                                          \
+            }                                                                                              \
+        if (MODE_ == 0 && !(SAVE_))                                                                        \
+            best_at = hb > ha && wb > wa ? 0 : -1; /* pool_result's "the window held an input" */          \
+        KDB_STORE(y, (long)n * ys0 + (long)c * ys1 + (long)ho * ys2 + (long)wo * ys3,                      \
+                  pool_result(MODE_, best, best_at, sum, (hb - ha) * (wb - wa), kh * kw));                 \
+        if (SAVE_)                                                                                         \
+            indices[((long)plane * Ho + ho) * Wo + wo] = best_at;                                          \
+    }
+
 KDB_KERNEL void pool_fwd_band(const KDB_GLOBAL kdb_data_t* x, KDB_GLOBAL kdb_data_t* y, KDB_GLOBAL int* indices,
                               POOL_GEOMETRY, int xs0, int xs1, int xs2, int xs3, int ys0, int ys1, int ys2, int ys3,
                               int mode, int save_indices, int band_rows, int vec)
@@ -192,13 +225,21 @@ KDB_KERNEL void pool_fwd_band(const KDB_GLOBAL kdb_data_t* x, KDB_GLOBAL kdb_dat
         const KDB_GLOBAL kdb_data_t* p = x + (long)n * xs0 + (long)c * xs1;
         KDB_BARRIER; /* the previous job's reads of the stage are done */
         if (vec) {
+            /* Whole vectors in, whole 16-byte words out to the stage (KDB_VEC / 4 per vector). */
             const int wv = W / KDB_VEC;
+            KDB_SHARED_PTR(kdb_vec4u) words = (KDB_SHARED_PTR(kdb_vec4u))stage;
             for (int i = t; i < rows * wv; i += threads) {
                 const int r = i / wv, v = i - r * wv;
                 float f[KDB_VEC];
                 kdb_unpack(((const KDB_GLOBAL kdb_vec4u*)(p + (long)(h_lo + r) * xs2))[v], f);
-                for (int e = 0; e < KDB_VEC; ++e)
-                    stage[r * W + v * KDB_VEC + e] = f[e];
+                for (int q = 0; q < KDB_VEC / 4; ++q) {
+                    kdb_vec4u bits;
+                    bits.x = KDB_FLOAT_BITS(f[4 * q]);
+                    bits.y = KDB_FLOAT_BITS(f[4 * q + 1]);
+                    bits.z = KDB_FLOAT_BITS(f[4 * q + 2]);
+                    bits.w = KDB_FLOAT_BITS(f[4 * q + 3]);
+                    words[(r * W + v * KDB_VEC) / 4 + q] = bits;
+                }
             }
         } else {
             for (int i = t; i < rows * W; i += threads) {
@@ -207,26 +248,14 @@ KDB_KERNEL void pool_fwd_band(const KDB_GLOBAL kdb_data_t* x, KDB_GLOBAL kdb_dat
             }
         }
         KDB_BARRIER;
-        for (int o = t; o < (ho1 - ho0) * Wo; o += threads) {
-            const int ho = ho0 + o / Wo, wo = o % Wo;
-            const int h0 = ho * sh - ph, w0 = wo * sw - pw;
-            const int ha = h0 > 0 ? h0 : 0, hb = h0 + kh < H ? h0 + kh : H;
-            const int wa = w0 > 0 ? w0 : 0, wb = w0 + kw < W ? w0 + kw : W;
-            float best = -3.402823466e38f, sum = 0.0f;
-            int best_at = -1;
-            for (int h = ha; h < hb; ++h)
-                for (int w = wa; w < wb; ++w) {
-                    const float v = stage[(h - h_lo) * W + w];
-                    if (v > best || best_at < 0) {
-                        best = v;
-                        best_at = h * W + w;
-                    }
-                    sum += v;
-                }
-            KDB_STORE(y, (long)n * ys0 + (long)c * ys1 + (long)ho * ys2 + (long)wo * ys3,
-                      pool_result(mode, best, best_at, sum, (hb - ha) * (wb - wa), kh * kw));
-            if (save_indices)
-                indices[((long)plane * Ho + ho) * Wo + wo] = best_at;
+        if (mode == 0 && save_indices) {
+            POOL_BAND_OUTPUTS(0, 1)
+        } else if (mode == 0) {
+            POOL_BAND_OUTPUTS(0, 0)
+        } else if (mode == 1) {
+            POOL_BAND_OUTPUTS(1, 0)
+        } else {
+            POOL_BAND_OUTPUTS(2, 0)
         }
     }
 }
