@@ -178,9 +178,25 @@ KDB_KERNEL void pool_fwd_small(const KDB_GLOBAL kdb_data_t* x, KDB_GLOBAL kdb_da
 #define POOL_BAND 6144 /* floats of input staged per group (24 KiB) */
 
 /* One band's outputs from the stage, for a constant mode MODE_ and save flag SAVE_ (the kernel
- * dispatches once, so a plain max or sum does only its own work per element). A macro, not a
+ * dispatches once, so a plain max or sum does only its own work per element). Macros, not a
  * helper taking the stage: PoCL 3.0 read another address through such a helper's pointer. */
-#define POOL_BAND_OUTPUTS(MODE_, SAVE_)                                                                     \
+#define POOL_BAND_ELEMENT(MODE_, SAVE_, h, w)                                                              \
+    do {                                                                                                   \
+        const float v_ = stage[((h) - h_lo) * W + (w)];                                                    \
+        if (MODE_ != 0) {                                                                                  \
+            sum += v_;                                                                                     \
+        } else if (SAVE_) {                                                                                \
+            if (v_ > best || best_at < 0) {                                                                \
+                best = v_;                                                                                 \
+                best_at = (h) * W + (w);                                                                   \
+            }                                                                                              \
+        } else {                                                                                           \
+            best = KDB_FMAXF(best, v_);                                                                    \
+        }                                                                                                  \
+    } while (0)
+
+/* SMALL_: windows of at most POOL_SMALL x POOL_SMALL, whose loops unroll with guards. */
+#define POOL_BAND_OUTPUTS(MODE_, SAVE_, SMALL_)                                                             \
     for (int o = t; o < (ho1 - ho0) * Wo; o += threads) {                                                  \
         const int ho = ho0 + o / Wo, wo = o % Wo;                                                          \
         const int h0 = ho * sh - ph, w0 = wo * sw - pw;                                                    \
@@ -188,20 +204,16 @@ KDB_KERNEL void pool_fwd_small(const KDB_GLOBAL kdb_data_t* x, KDB_GLOBAL kdb_da
         const int wa = w0 > 0 ? w0 : 0, wb = w0 + kw < W ? w0 + kw : W;                                    \
         float best = -3.402823466e38f, sum = 0.0f;                                                         \
         int best_at = -1;                                                                                  \
-        for (int h = ha; h < hb; ++h)                                                                      \
-            for (int w = wa; w < wb; ++w) {                                                                \
-                const float v = stage[(h - h_lo) * W + w];                                                 \
-                if (MODE_ != 0) {                                                                          \
-                    sum += v;                                                                              \
-                } else if (SAVE_) {                                                                        \
-                    if (v > best || best_at < 0) {                                                         \
-                        best = v;                                                                          \
-                        best_at = h * W + w;                                                               \
-                    }                                                                                      \
-                } else {                                                                                   \
-                    best = KDB_FMAXF(best, v);                                                             \
-                }                                                                                          \
-            }                                                                                              \
+        if (SMALL_) {                                                                                      \
+            for (int a = 0; a < POOL_SMALL; ++a)                                                           \
+                for (int b = 0; b < POOL_SMALL; ++b)                                                       \
+                    if (h0 + a >= ha && h0 + a < hb && w0 + b >= wa && w0 + b < wb)                        \
+                        POOL_BAND_ELEMENT(MODE_, SAVE_, h0 + a, w0 + b);                                   \
+        } else {                                                                                           \
+            for (int h = ha; h < hb; ++h)                                                                  \
+                for (int w = wa; w < wb; ++w)                                                              \
+                    POOL_BAND_ELEMENT(MODE_, SAVE_, h, w);                                                 \
+        }                                                                                                  \
         if (MODE_ == 0 && !(SAVE_))                                                                        \
             best_at = hb > ha && wb > wa ? 0 : -1; /* pool_result's "the window held an input" */          \
         KDB_STORE(y, (long)n * ys0 + (long)c * ys1 + (long)ho * ys2 + (long)wo * ys3,                      \
@@ -248,14 +260,17 @@ KDB_KERNEL void pool_fwd_band(const KDB_GLOBAL kdb_data_t* x, KDB_GLOBAL kdb_dat
             }
         }
         KDB_BARRIER;
+        const int small = kh <= POOL_SMALL && kw <= POOL_SMALL;
         if (mode == 0 && save_indices) {
-            POOL_BAND_OUTPUTS(0, 1)
+            POOL_BAND_OUTPUTS(0, 1, 0)
+        } else if (mode == 0 && small) {
+            POOL_BAND_OUTPUTS(0, 0, 1)
         } else if (mode == 0) {
-            POOL_BAND_OUTPUTS(0, 0)
-        } else if (mode == 1) {
-            POOL_BAND_OUTPUTS(1, 0)
+            POOL_BAND_OUTPUTS(0, 0, 0)
+        } else if (small) {
+            POOL_BAND_OUTPUTS(mode, 0, 1)
         } else {
-            POOL_BAND_OUTPUTS(2, 0)
+            POOL_BAND_OUTPUTS(mode, 0, 0)
         }
     }
 }
