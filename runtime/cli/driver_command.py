@@ -16,7 +16,7 @@ import typer
 from typer.core import TyperGroup
 
 from kdbkit.runtime.driver import registry
-from kdbkit.runtime.driver.spec import DriverSpec, Flag
+from kdbkit.runtime.driver.spec import SHAPE, DriverSpec, Flag
 from kdbkit.runtime.errors import ProblemError
 
 
@@ -82,6 +82,15 @@ def _resolve(ctx: Any, spec: DriverSpec, given: dict[str, Any]) -> SimpleNamespa
     _check_solver(ctx, spec, values["solver"])
     if spec.shape_flags:
         values["shape"] = (values["n"], values["c"], values["h"], values["w"])
+    if values.get("input") is not None:  # pool's --input NxCxHxW stands for -n -c -H -W
+        clash = [f.decls[0] for f in SHAPE if given.get(f.dest) is not None]
+        if clash:
+            raise _usage(ctx, f"--input gives the whole shape: drop {', '.join(clash)}", "--input")
+        parts = values["input"].lower().split("x")
+        if len(parts) != 4 or not all(p.strip().isdigit() and int(p) >= 1 for p in parts):
+            raise _usage(ctx, f"{values['input']!r} is not four sizes of at least 1 as NxCxHxW (e.g. 32x64x112x112)",
+                         "--input")
+        values["shape"] = tuple(int(p) for p in parts)
     return SimpleNamespace(**values)
 
 

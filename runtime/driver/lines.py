@@ -48,7 +48,7 @@ def elapsed(title: str, ms: float) -> str:
 
 
 def verdict(title: str, error: float, tolerance: float, overwritten: list[str]) -> str:
-    if overwritten:
+    if overwritten:  # elements written where nothing should be, or exact results that differ
         return f"{title} FAILED: wrote {'; '.join(overwritten)}"
     if error <= tolerance:
         return f"{title} Verifies OK on CPU reference ({error:.1e} < {tolerance:.1e})"

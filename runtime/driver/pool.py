@@ -2,8 +2,8 @@
 
 The argmax indices (int32, one per output) are passed as ``unused``, as ``pooling_forward`` and
 ``pooling_backward`` pass them: the invoker takes them, but they are not float values, so
-KDB_CHECK_NUMERICS leaves them alone and forward's are not compared with the reference (the
-verification compares float values; ``y`` is checked). Backward max pooling reads indices
+KDB_CHECK_NUMERICS leaves them alone; forward's are compared with the reference's argmax
+exactly (``exact``), ``y`` within the tolerance. Backward max pooling reads indices
 prepared as the reference's argmax of dx's initial (random, seeded) values, as if its buffer
 held the forward's x.
 """
@@ -32,6 +32,8 @@ class Pool(DriverSpec):
         Flag("pad_h", ("-p", "--pad_h"), int, 0, "Padding at the top and bottom (below the window height).",
              minimum=0),
         Flag("pad_w", ("-q", "--pad_w"), int, 0, "Padding left and right (below the window width).", minimum=0),
+        Flag("input", ("--input",), str, None, "The input's shape as NxCxHxW (MIOpenDriver's newer pool flag), "
+             "instead of -n -c -H -W."),
         Flag("indices", ("--indices",), int, 1, "Forward max pooling saves each output's argmax (the config's idx): "
              "1 yes, 0 no.", choices=(0, 1)),
     )
@@ -49,6 +51,12 @@ class Pool(DriverSpec):
 
     def unused(self, p):
         return ("indices",)  # int32, not float: see the module's docstring
+
+    def exact(self, p, t):
+        """Forward max pooling's argmax, where the problem saves it: the first maximum of each window."""
+        if p.direction != "fwd" or p.mode != "max" or not p.indices:
+            return {}
+        return {"indices": np.ascontiguousarray(ref.forward(t["x"], "max", p.window, p.stride, p.pad)[1], np.int32)}
 
     def prepare(self, p, t):
         if p.direction == "bwd" and p.mode == "max":

@@ -59,12 +59,13 @@ def run_problem(handle: "Handle", spec: DriverSpec, problem: Problem, o: SimpleN
         outcome = Outcome(problem, choice.solver.name, how or choice.how)
         emit(lines.solver(choice.solver.name, choice.solver.id, outcome.how))
         results = {n: backend.to_host(buffers[n], np.empty_like(host.flat[n])) for n in outputs}
+        exact = {n: backend.to_host(buffers[n], np.empty_like(host.flat[n])) for n in spec.exact(problem, host)}
         if o.time:
             run = invoker(handle, problem, choice.solver)
             outcome.time_ms = backend.time_ms(lambda: run(**buffers), repeat=o.iterations)
             emit(lines.elapsed(spec.title(problem), outcome.time_ms))
         if o.verify:
-            _verify(spec, problem, host, results, o, outcome, emit)
+            _verify(spec, problem, host, results, o, outcome, emit, exact)
         return outcome
     finally:
         for buffer in buffers.values():
@@ -83,7 +84,7 @@ def _solver(handle: "Handle", problem: Problem, solver: str | None, emit) -> tup
 
 
 def _verify(spec: DriverSpec, problem: Problem, host: HostTensors, results: dict[str, np.ndarray],
-            o: SimpleNamespace, outcome: Outcome, emit) -> None:
+            o: SimpleNamespace, outcome: Outcome, emit, exact: dict[str, np.ndarray]) -> None:
     expected = spec.reference(problem, host)
     tolerance = o.tolerance if o.tolerance is not None else spec.tolerance(problem)
     error, overwritten = 0.0, []
@@ -92,6 +93,11 @@ def _verify(spec: DriverSpec, problem: Problem, host: HostTensors, results: dict
         changed = host.gaps_changed(name, flat)
         if changed:
             overwritten.append(f"{changed} elements of {name} between its strides")
+    for name, wanted in spec.exact(problem, host).items():
+        got = exact[name].view(wanted.dtype).reshape(wanted.shape)
+        wrong = int(np.count_nonzero(got != wanted))
+        if wrong:
+            overwritten.append(f"{wrong} of {wanted.size} {name} unlike the reference's")
     outcome.error, outcome.tolerance = error, tolerance
     outcome.ok = error <= tolerance and not overwritten
     emit(lines.verdict(spec.title(problem), error, tolerance, overwritten))

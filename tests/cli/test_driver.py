@@ -462,3 +462,30 @@ def test_nothing_is_logged_without_the_variable(make_handle, capsys):  # noqa: F
     configure_logging(force=True)
     kdbkit.activation_forward(make_handle(), np.ones(4, np.float32))
     assert "LogCmd" not in capsys.readouterr().err
+
+
+def test_pool_takes_miopens_input_flag_and_refuses_it_with_the_shape_flags(kdb):
+    code, out, err = kdb("driver pool --input 2x3x9x10 -m max -y 3 -x 3 -u 2 -v 2 -F 1")
+    assert code == 0, out + err
+    assert "shape=2x3x9x10" in _problems(out)[0]
+    for bad, message in (("--input 2x3x9x10 -H 9", "--input gives the whole shape: drop -H"),
+                         ("--input 2x3x9", "'2x3x9' is not four sizes"), ("--input 2x0x9x9", "not four sizes")):
+        code, out, err = kdb(f"driver pool {bad} -F 1")
+        assert code == 2 and message in out + err, out + err
+
+
+def test_forward_max_pooling_indices_are_verified_exactly(kdb, monkeypatch):
+    code, out, err = kdb("driver pool -n 1 -c 2 -H 7 -W 9 -m max -y 3 -x 3 -u 2 -v 2 -F 1")
+    assert code == 0 and "Forward Pooling Verifies OK" in out, out + err
+    from kdbkit.runtime.driver import pool
+
+    real = pool.ref.forward
+
+    def off_by_one(x, mode, *rest):  # a reference whose argmax differs from any right kernel's
+        y, indices = real(x, mode, *rest)
+        return y, None if indices is None else indices + 1
+
+    monkeypatch.setattr(pool.ref, "forward", off_by_one)
+    code, out, err = kdb("driver pool -n 1 -c 2 -H 7 -W 9 -m max -y 3 -x 3 -u 2 -v 2 -F 1")
+    assert code == 1, out + err
+    assert re.search(r"^Forward Pooling FAILED: wrote 24 of 24 indices unlike the reference's$", out, re.M), out
