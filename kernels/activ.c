@@ -98,7 +98,7 @@ KDB_KERNEL void activ_fwd_packed(const KDB_GLOBAL kdb_data_t* x, KDB_GLOBAL kdb_
  * aligned (the solver checks); the last n % KDB_VEC go one per thread of the first group.
  * The mode is dispatched once per thread: each case inlines the whole loop with a constant
  * mode (a switch per element, or per vector inside the loop, kept the loop from unrolling and
- * its vectors from registers). Each step takes ACTIV_UNROLL vectors a grid-stride apart, all
+ * its vectors from registers). Each step takes ACTIV_UNROLL vectors a group's size apart, all
  * loads issued before any use, so that more bytes are in flight. */
 #define ACTIV_UNROLL 4
 #define ACTIV_DISPATCH(RUN)                                                                            \
@@ -111,8 +111,10 @@ KDB_KERNEL void activ_fwd_packed(const KDB_GLOBAL kdb_data_t* x, KDB_GLOBAL kdb_
 KDB_DEVICE_FN void activ_fwd_run(const KDB_GLOBAL kdb_vec4u* x, KDB_GLOBAL kdb_vec4u* y, int vectors, const int mode,
                                  float alpha, float beta, float gamma)
 {
-    const int stride = KDB_LOCAL_SIZE_X * KDB_NUM_GROUPS_X;
-    for (int i = KDB_GLOBAL_ID_X; i < vectors; i += stride * ACTIV_UNROLL) {
+    /* A group takes ACTIV_UNROLL * its size consecutive vectors per step: a warp's loads stay
+     * within one stretch of memory instead of ACTIV_UNROLL far-apart ones. */
+    const int stride = KDB_LOCAL_SIZE_X, step = KDB_LOCAL_SIZE_X * ACTIV_UNROLL * KDB_NUM_GROUPS_X;
+    for (int i = KDB_GROUP_ID_X * KDB_LOCAL_SIZE_X * ACTIV_UNROLL + KDB_LOCAL_ID_X; i < vectors; i += step) {
         kdb_vec4u q[ACTIV_UNROLL];
 #pragma unroll
         for (int u = 0; u < ACTIV_UNROLL; ++u)

@@ -31,15 +31,16 @@ KDB_KERNEL void op_tensor_packed(const KDB_GLOBAL kdb_data_t* a, const KDB_GLOBA
 
 /* op_tensor_packed 16 bytes at a time: every tensor 16-byte aligned; the last n % KDB_VEC
  * elements one per thread of the first group. The op is dispatched once per thread (each case
- * inlines the loop with a constant op); each step takes OP_UNROLL vectors a grid-stride apart,
- * every load issued before any use. */
+ * inlines the loop with a constant op); each step takes OP_UNROLL vectors a group's size
+ * apart, every load issued before any use. */
 #define OP_UNROLL 4
 
 KDB_DEVICE_FN void op_tensor_run(const KDB_GLOBAL kdb_vec4u* a, const KDB_GLOBAL kdb_vec4u* b, KDB_GLOBAL kdb_vec4u* c,
                                  int vectors, const int op, float alpha1, float alpha2, float beta)
 {
-    const int stride = KDB_LOCAL_SIZE_X * KDB_NUM_GROUPS_X;
-    for (int i = KDB_GLOBAL_ID_X; i < vectors; i += stride * OP_UNROLL) {
+    /* A group takes OP_UNROLL * its size consecutive vectors per step (one stretch of memory). */
+    const int stride = KDB_LOCAL_SIZE_X, step = KDB_LOCAL_SIZE_X * OP_UNROLL * KDB_NUM_GROUPS_X;
+    for (int i = KDB_GROUP_ID_X * KDB_LOCAL_SIZE_X * OP_UNROLL + KDB_LOCAL_ID_X; i < vectors; i += step) {
         kdb_vec4u qa[OP_UNROLL], qb[OP_UNROLL], qc[OP_UNROLL];
 #pragma unroll
         for (int u = 0; u < OP_UNROLL; ++u)
