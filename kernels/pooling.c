@@ -174,7 +174,8 @@ KDB_KERNEL void pool_fwd_small(const KDB_GLOBAL kdb_data_t* x, KDB_GLOBAL kdb_da
  * vectors, 16-byte aligned) or element by element, then computes the band's outputs from it:
  * each input element is read from device memory once, with many bytes in flight per thread.
  * band_rows: output rows per band, such that their input rows fit POOL_BAND floats.
- * Launch: 1-D, any group size, any grid (groups loop over the (plane, band) jobs). */
+ * Launch: 1-D, groups of a multiple of 32 threads, any grid (groups loop over the (plane, band)
+ * jobs). */
 #define POOL_BAND 6144 /* floats of input staged per group (24 KiB) */
 
 /* One band's outputs from the stage, for a constant mode MODE_ and save flag SAVE_ (the kernel
@@ -197,8 +198,9 @@ KDB_KERNEL void pool_fwd_small(const KDB_GLOBAL kdb_data_t* x, KDB_GLOBAL kdb_da
 
 /* SMALL_: windows of at most POOL_SMALL x POOL_SMALL, whose loops unroll with guards. */
 #define POOL_BAND_OUTPUTS(MODE_, SAVE_, SMALL_)                                                             \
-    for (int o = t; o < (ho1 - ho0) * Wo; o += threads) {                                                  \
-        const int ho = ho0 + o / Wo, wo = o % Wo;                                                          \
+    for (int oy = t / 32; oy < ho1 - ho0; oy += threads / 32)                                              \
+    for (int wo = t % 32; wo < Wo; wo += 32) {  /* rows of 32 threads: no division per output */           \
+        const int ho = ho0 + oy;                                                                           \
         const int h0 = ho * sh - ph, w0 = wo * sw - pw;                                                    \
         const int ha = h0 > 0 ? h0 : 0, hb = h0 + kh < H ? h0 + kh : H;                                    \
         const int wa = w0 > 0 ? w0 : 0, wb = w0 + kw < W ? w0 + kw : W;                                    \
