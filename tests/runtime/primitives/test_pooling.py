@@ -51,11 +51,13 @@ def test_the_band_solver_over_several_bands_per_plane(handle, dtype, width):
 
     store, read, tol = TYPES[dtype]
     x = store(np.random.default_rng(width).standard_normal((2, 2, 23, width)))
-    for mode in ("max", "avg_in"):
-        y, indices = kdbkit.pooling_forward(handle, x, mode=mode, window=3, stride=2, pad=1, dtype=dtype)
+    for mode, save in (("max", True), ("max", False), ("avg_in", False), ("avg", False)):
+        # max with indices: the direct loop; without, and average: the separable passes
+        y, indices = kdbkit.pooling_forward(handle, x, mode=mode, window=3, stride=2, pad=1, dtype=dtype,
+                                            save_indices=save)
         ry, ridx = ref.forward(read(x), mode, (3, 3), (2, 2), (1, 1))
-        np.testing.assert_allclose(read(y), ry, rtol=tol, atol=tol)
-        if mode == "max":
+        np.testing.assert_allclose(read(y), ry, rtol=tol, atol=tol, err_msg=f"{mode} {save}")
+        if save:
             np.testing.assert_array_equal(indices, ridx)
     problem = PoolProblem("fwd", "max", DataType.FP32, (2, 2, 23, width), (3, 3), (2, 2), (1, 1),
                           (46 * width, 23 * width, width, 1), (2 * 12 * 500, 12 * 500, 500, 1))
