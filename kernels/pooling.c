@@ -224,44 +224,11 @@ KDB_KERNEL void pool_fwd_small(const KDB_GLOBAL kdb_data_t* x, KDB_GLOBAL kdb_da
             indices[((long)plane * Ho + ho) * Wo + wo] = best_at;                                          \
     }
 
-/* Windows up to POOL_SMALL x POOL_SMALL without indices, in two passes over shared memory: each
- * staged row reduced over every output column's kw inputs into `across` (rows x Wo), then each
- * output over its kh rows of that: about a third of the reads of the direct loop. MODE_ 0 takes
- * the maximum (pad < window: every window holds an input), others the sum. */
-#define POOL_BAND_ACROSS(MODE_)                                                                             \
-    for (int r = t / 32; r < rows; r += threads / 32)                                                      \
-        for (int wo = t % 32; wo < Wo; wo += 32) {                                                         \
-            const int w0 = wo * sw - pw;                                                                   \
-            float acc = MODE_ == 0 ? -3.402823466e38f : 0.0f;                                              \
-            for (int b = 0; b < POOL_SMALL; ++b)                                                           \
-                if (b < kw && w0 + b >= 0 && w0 + b < W) {                                                 \
-                    const float v_ = stage[r * W + w0 + b];                                                \
-                    acc = MODE_ == 0 ? KDB_FMAXF(acc, v_) : acc + v_;                                      \
-                }                                                                                          \
-            across[r * Wo + wo] = acc;                                                                     \
-        }
-#define POOL_BAND_DOWN(MODE_)                                                                               \
-    for (int oy = t / 32; oy < ho1 - ho0; oy += threads / 32)                                              \
-        for (int wo = t % 32; wo < Wo; wo += 32) {                                                         \
-            const int ho = ho0 + oy, h0 = ho * sh - ph, w0 = wo * sw - pw;                                 \
-            const int ha = h0 > 0 ? h0 : 0, hb = h0 + kh < H ? h0 + kh : H;                                \
-            const int wa = w0 > 0 ? w0 : 0, wb = w0 + kw < W ? w0 + kw : W;                                \
-            float acc = MODE_ == 0 ? -3.402823466e38f : 0.0f;                                              \
-            for (int a = 0; a < POOL_SMALL; ++a)                                                           \
-                if (a < kh && h0 + a >= 0 && h0 + a < H) {                                                 \
-                    const float v_ = across[(h0 + a - h_lo) * Wo + wo];                                    \
-                    acc = MODE_ == 0 ? KDB_FMAXF(acc, v_) : acc + v_;                                      \
-                }                                                                                          \
-            KDB_STORE(y, (long)n * ys0 + (long)c * ys1 + (long)ho * ys2 + (long)wo * ys3,                  \
-                      pool_result(MODE_, acc, 0, acc, (hb - ha) * (wb - wa), kh * kw));                    \
-        }
-
 KDB_KERNEL void pool_fwd_band(const KDB_GLOBAL kdb_data_t* x, KDB_GLOBAL kdb_data_t* y, KDB_GLOBAL int* indices,
                               POOL_GEOMETRY, int xs0, int xs1, int xs2, int xs3, int ys0, int ys1, int ys2, int ys3,
                               int mode, int save_indices, int band_rows, int vec)
 {
     KDB_SHARED(float, stage, POOL_BAND);
-    KDB_SHARED(float, across, POOL_BAND); /* the separable path's rows reduced across (rows x Wo <= rows x W) */
     const int t = KDB_LOCAL_ID_X, threads = KDB_LOCAL_SIZE_X;
     const int bands = (Ho + band_rows - 1) / band_rows;
     for (int job = KDB_GROUP_ID_X; job < N * C * bands; job += KDB_NUM_GROUPS_X) {
@@ -295,23 +262,13 @@ KDB_KERNEL void pool_fwd_band(const KDB_GLOBAL kdb_data_t* x, KDB_GLOBAL kdb_dat
             }
         }
         KDB_BARRIER;
-        /* Separable where the window is small and no index is kept (the rows across fit the
-         * stage: Wo <= W). The barrier between the passes is reached by every thread either way. */
-        const int small = kh <= POOL_SMALL && kw <= POOL_SMALL, separable = small && !save_indices && Wo <= W;
-        if (separable && mode == 0) {
-            POOL_BAND_ACROSS(0)
-        } else if (separable) {
-            POOL_BAND_ACROSS(1)
-        }
-        KDB_BARRIER;
-        if (separable && mode == 0) {
-            POOL_BAND_DOWN(0)
-        } else if (separable) {
-            POOL_BAND_DOWN(mode)
-        } else if (mode == 0 && save_indices && small) {
-            POOL_BAND_OUTPUTS(0, 1, 1)
-        } else if (mode == 0 && save_indices) {
+        const int small = kh <= POOL_SMALL && kw <= POOL_SMALL;
+        if (mode == 0 && save_indices) {
             POOL_BAND_OUTPUTS(0, 1, 0)
+        } else if (mode == 0 && small) {
+            POOL_BAND_OUTPUTS(0, 0, 1)
+        } else if (mode == 0) {
+            POOL_BAND_OUTPUTS(0, 0, 0)
         } else if (small) {
             POOL_BAND_OUTPUTS(mode, 0, 1)
         } else {

@@ -52,7 +52,6 @@ def test_the_band_solver_over_several_bands_per_plane(handle, dtype, width):
     store, read, tol = TYPES[dtype]
     x = store(np.random.default_rng(width).standard_normal((2, 2, 23, width)))
     for mode, save in (("max", True), ("max", False), ("avg_in", False), ("avg", False)):
-        # max with indices: the direct loop; without, and average: the separable passes
         y, indices = kdbkit.pooling_forward(handle, x, mode=mode, window=3, stride=2, pad=1, dtype=dtype,
                                             save_indices=save)
         ry, ridx = ref.forward(read(x), mode, (3, 3), (2, 2), (1, 1))
