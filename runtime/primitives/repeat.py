@@ -114,8 +114,9 @@ def note_invoke(invoker: Any, buffers: dict[str, Any]) -> None:
 
 
 def _full_path_only() -> bool:
-    return any(os.environ.get(name, "0").strip() not in ("", "0")
-               for name in ("KDB_CHECK_NUMERICS", "KDB_ENABLE_LOGGING_CMD"))
+    numerics, logging_cmd = os.environ.get("KDB_CHECK_NUMERICS"), os.environ.get("KDB_ENABLE_LOGGING_CMD")
+    return bool(numerics and numerics.strip() not in ("", "0")) or \
+        bool(logging_cmd and logging_cmd.strip() not in ("", "0"))
 
 
 def repeatable(api: str, tensors: tuple[str, ...]) -> Callable:
@@ -135,17 +136,17 @@ def repeatable(api: str, tensors: tuple[str, ...]) -> Callable:
             arguments = dict(defaults)
             arguments.update(zip(names, args))
             arguments.update(kwargs)
+            if not known.issuperset(kwargs):  # the function itself says which argument is unknown
+                return function(handle, *args, **kwargs)
+            signatures = [_signature(arguments.get(t)) for t in tensors]
+            if any(s is ... for s in signatures) or _full_path_only():
+                return function(handle, *args, **kwargs)
+            key = (api, *signatures, *(arguments.get(n) for n in others))
+            plans = handle.plans
             try:
-                if not known.issuperset(kwargs):
-                    raise TypeError  # the function itself says which argument is unknown
-                key = (api, *(_signature(arguments.get(t)) for t in tensors), *(arguments.get(n) for n in others))
-                hash(key)
+                plan = plans.get(key)
             except TypeError:  # an unhashable parameter (a list for a window, ...): no plan
                 return function(handle, *args, **kwargs)
-            if ... in key or _full_path_only():
-                return function(handle, *args, **kwargs)
-            plans = handle.plans
-            plan = plans.get(key)
             if plan is not None:
                 backend = handle.backend
                 buffers = {}
