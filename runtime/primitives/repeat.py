@@ -18,9 +18,9 @@ from __future__ import annotations
 import contextvars
 import functools
 import inspect
-import os
 from typing import Any, Callable
 
+from kdbkit.runtime import env, numerics
 from kdbkit.runtime.tensor import DeviceTensor
 
 MAX_PLANS = 4096  # per handle; past it the plans start over (a program with endless shapes)
@@ -114,9 +114,9 @@ def note_invoke(invoker: Any, buffers: dict[str, Any]) -> None:
 
 
 def _full_path_only() -> bool:
-    numerics, logging_cmd = os.environ.get("KDB_CHECK_NUMERICS"), os.environ.get("KDB_ENABLE_LOGGING_CMD")
-    return bool(numerics and numerics.strip() not in ("", "0")) or \
-        bool(logging_cmd and logging_cmd.strip() not in ("", "0"))
+    """Numerics checks or command logging asked for: each call goes the full way (read through
+    runtime/env.py, the one parser of each variable, as invoke reads them)."""
+    return bool(numerics.flags()) or env.get_bool("KDB_ENABLE_LOGGING_CMD")
 
 
 def repeatable(api: str, tensors: tuple[str, ...]) -> Callable:
