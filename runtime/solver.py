@@ -131,17 +131,35 @@ def register(cls: type[Solver]) -> type[Solver]:
     return cls
 
 
+def _grid_1d(n: int, block: int, max_groups: int) -> tuple[int, int, int]:
+    """Enough groups of ``block`` to cover ``n`` elements, capped (the kernels loop over the rest)."""
+    return (max(1, min(max_groups, -(-n // block))), 1, 1)
+
+
 def launch_1d(handle: "Handle", kernel: Any, n: int, args: list, block: int = 256, max_groups: int = 4096) -> None:
     """Launch a grid-stride kernel over ``n`` elements: enough groups to cover them, capped."""
-    groups = max(1, min(max_groups, -(-n // block)))
-    handle.backend.launch(kernel, (groups, 1, 1), (block, 1, 1), args)
+    handle.backend.launch(kernel, _grid_1d(n, block, max_groups), (block, 1, 1), args)
 
 
 def launcher_1d(handle: "Handle", kernel: Any, n: int, args: list, block: int = 256, max_groups: int = 4096):
     """:func:`launch_1d` made once (``None`` where a buffer comes at run time): the returned
     function takes those buffers in order (Backend.launcher)."""
-    groups = max(1, min(max_groups, -(-n // block)))
-    return handle.backend.launcher(kernel, (groups, 1, 1), (block, 1, 1), args)
+    return handle.backend.launcher(kernel, _grid_1d(n, block, max_groups), (block, 1, 1), args)
+
+
+def fallback_invoker(handle: "Handle", problem: Any, solver_name: str) -> Callable[..., None]:
+    """The invoker of another registered solver for the same problem, built on its first call:
+    where a fast kernel cannot take a call (a tensor at an offset not 16-byte aligned). Found
+    in the registry by name, so the fast solver's module need not import (and so register
+    before it) the one it falls back on."""
+    made: list = []
+
+    def run(*args: Any, **kwargs: Any) -> None:
+        if not made:
+            made.append(REGISTRY.find(solver_name).invoker(handle, problem))
+        made[0](*args, **kwargs)
+
+    return run
 
 
 def aligned16(*buffers) -> bool:

@@ -72,3 +72,16 @@ def test_config_and_bad_input(handle):
     y, mean, rstd = kdbkit.layernorm_forward(handle, x)
     with pytest.raises(ProblemError, match=r"mean has shape \(3,\), expected \(4,\)"):
         kdbkit.layernorm_backward(handle, x, x, mean[:3].copy(), rstd)
+
+
+def test_unaligned_tensors_take_the_block_solver(handle, monkeypatch):
+    """LayerNormLanes hands a call whose tensors are not 16-byte aligned to LayerNormBlock."""
+    from kdbkit.runtime.primitives.layernorm.solvers import lanes as lanes_solver
+
+    monkeypatch.setattr(lanes_solver, "aligned16", lambda *tensors: False)
+    rng = np.random.default_rng(22)
+    x, w, b = (rng.standard_normal(s).astype(np.float32) for s in ((5, 64), 64, 64))
+    y, mean, rstd = kdbkit.layernorm_forward(handle, x, w, b, solver="LayerNormLanes")
+    ry, rm, rr = ref.forward(x, w, b, 1)
+    np.testing.assert_allclose(y, ry, rtol=1e-5, atol=1e-5)
+    np.testing.assert_allclose(mean, rm, rtol=1e-5, atol=1e-6)

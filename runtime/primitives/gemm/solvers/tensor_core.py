@@ -5,7 +5,7 @@ from __future__ import annotations
 from kdbkit.runtime.primitives.gemm.problem import GemmProblem
 from kdbkit.runtime.primitives.gemm.solvers.common import fits, gemm_arguments
 from kdbkit.runtime.program_key import ProgramRequest
-from kdbkit.runtime.solver import Solver, not_applicable, register
+from kdbkit.runtime.solver import Solver, aligned16, not_applicable, register
 from kdbkit.runtime.tensor import DataType
 
 BLOCK_TILE, THREADS = 128, 256
@@ -61,7 +61,7 @@ class GemmTensorCore(Solver):
 
         def run(a, b, c):
             # 16-byte copies need 16-byte aligned matrices; a view at an odd offset takes the general kernel.
-            if all(int(getattr(t, "ptr", 1)) % 16 == 0 for t in (a, b, c)):
+            if aligned16(a, b, c):
                 fast(a, b, c)
             else:
                 launch(kernel, grid, (THREADS, 1, 1), [a, b, c, *tail])

@@ -10,7 +10,7 @@ import numpy as np
 from kdbkit.runtime.primitives.gemm.problem import GemmProblem
 from kdbkit.runtime.primitives.gemm.solvers.common import fits
 from kdbkit.runtime.program_key import ProgramRequest
-from kdbkit.runtime.solver import Solver, not_applicable, register
+from kdbkit.runtime.solver import Solver, aligned16, fallback_invoker, not_applicable, register
 from kdbkit.runtime.tensor import DataType
 
 TILE, STEP, THREADS, STAGES = 128, 64, 256, 6
@@ -66,15 +66,11 @@ class GemmWgmma(Solver):
             prog.function("gemm_wgmma"), grid, (THREADS, 1, 1),
             [None, None if bt is None else bt, None, *(i32(v) for v in (p.m, p.n, p.k, p.lda, ldbt, p.ldc)),
              i64(p.stride_a), i64(stride_bt), i64(p.stride_c), np.float32(p.alpha), np.float32(p.beta)], SHARED)
-        fallback = []
+        fallback = fallback_invoker(handle, problem, "GemmTensorCore")  # the mma.sync kernels
 
         def run(a, b, c):
-            if not all(int(getattr(t, "ptr", 0)) % 16 == 0 for t in (a, b, c)):
-                if not fallback:  # 16-byte copies need aligned matrices: the mma.sync kernels take the rest
-                    from kdbkit.runtime.primitives.gemm.solvers.tensor_core import GemmTensorCore
-
-                    fallback.append(GemmTensorCore().invoker(handle, problem))
-                fallback[0](a, b, c)
+            if not aligned16(a, b, c):  # 16-byte copies need aligned matrices
+                fallback(a, b, c)
                 return
             if transpose is None:
                 main(a, b, c)

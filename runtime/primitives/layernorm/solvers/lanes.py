@@ -8,7 +8,8 @@ import numpy as np
 from kdbkit.runtime.primitives.lanes import MAX_VECTORS, BLOCK, lanes_groups, lanes_options, lanes_tile
 from kdbkit.runtime.primitives.layernorm.problem import LayerNormProblem
 from kdbkit.runtime.program_key import ProgramRequest
-from kdbkit.runtime.solver import APPLIES, Solver, aligned16, not_applicable, register, vector_elements
+from kdbkit.runtime.solver import (APPLIES, Solver, aligned16, fallback_invoker, not_applicable, register,
+                                   vector_elements)
 
 INT_MAX = 2**31 - 1
 
@@ -44,17 +45,11 @@ class LayerNormLanes(Solver):
         _, lanes = lanes_tile(vectors_per_row(problem))
         args = [np.int32(problem.rows), np.int32(problem.inner), np.int32(problem.affine), np.float32(problem.eps),
                 np.int32(lanes)]
-        groups, fallback = lanes_groups(problem.rows, lanes, handle.device.target.cu), []
+        groups = lanes_groups(problem.rows, lanes, handle.device.target.cu)
         fast = handle.backend.launcher(kernel, groups, (BLOCK, 1, 1), [*(None,) * 6, *args])
+        fallback = fallback_invoker(handle, problem, "LayerNormBlock")  # tensors not 16-byte aligned
 
         def forward(x, weight, bias, y, mean, rstd):
-            if aligned16(x, weight, bias, y):
-                fast(x, weight, bias, y, mean, rstd)
-                return
-            if not fallback:  # a tensor at an offset that is not 16-byte aligned: the block kernel
-                from kdbkit.runtime.primitives.layernorm.solvers.block import LayerNormBlock
-
-                fallback.append(LayerNormBlock().invoker(handle, problem))
-            fallback[0](x, weight, bias, y, mean, rstd)
+            (fast if aligned16(x, weight, bias, y) else fallback)(x, weight, bias, y, mean, rstd)
 
         return forward

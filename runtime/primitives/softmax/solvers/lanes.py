@@ -4,27 +4,12 @@ row holding it in registers, reductions across the run (shuffles where the backe
 from __future__ import annotations
 
 import numpy as np
-from kdbkit.runtime.primitives.lanes import (
-    BLOCK,
-    MAX_VECTORS,
-    lanes_groups,
-    lanes_options,
-    lanes_tile,
-)
+
+from kdbkit.runtime.primitives.lanes import BLOCK, MAX_VECTORS, lanes_groups, lanes_options, lanes_tile
 from kdbkit.runtime.primitives.softmax.problem import SoftmaxProblem
-from kdbkit.runtime.primitives.softmax.solvers.common import (
-    KERNEL_FILE,
-    arguments,
-    fits_int_arguments,
-)
+from kdbkit.runtime.primitives.softmax.solvers.common import KERNEL_FILE, arguments, fits_int_arguments
 from kdbkit.runtime.program_key import ProgramRequest
-from kdbkit.runtime.solver import (
-    Solver,
-    aligned16,
-    not_applicable,
-    register,
-    vector_elements,
-)
+from kdbkit.runtime.solver import Solver, aligned16, fallback_invoker, not_applicable, register, vector_elements
 
 
 def vectors_per_row(problem: SoftmaxProblem) -> int:
@@ -75,18 +60,14 @@ class SoftmaxLanes(Solver):
         groups = lanes_groups(problem.rows, lanes, handle.device.target.cu)
         # Tensors at an offset that is not 16-byte aligned go to the block kernels (same program
         # for short rows; the block solver's for long ones, resolved only if ever needed).
-        fallback, fast = [], handle.backend.launcher(kernel, groups, (BLOCK, 1, 1), [*(None for _ in order), *tail])
+        fast = handle.backend.launcher(kernel, groups, (BLOCK, 1, 1), [*(None for _ in order), *tail])
+        fallback = fallback_invoker(handle, problem, "SoftmaxBlock")
 
         def run(**named):
             tensors = [named[name] for name in order]
             if aligned16(*tensors):
                 fast(*tensors)
-                return
-            if not fallback:
-                # Imported here: importing it at the top would register it before this solver.
-                from kdbkit.runtime.primitives.softmax.solvers.block import SoftmaxBlock
-
-                fallback.append(SoftmaxBlock().invoker(handle, problem))
-            fallback[0](**named)
+            else:
+                fallback(**named)
 
         return run
