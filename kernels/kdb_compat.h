@@ -39,6 +39,8 @@
  *   KDB_FLOAT_BITS(f) KDB_BITS_FLOAT(u)   a float's bits as unsigned int, and back
  *   kdb_vec4u             16 bytes as four unsigned ints (.x .y .z .w): a pointer to it reads or
  *                         writes 16 bytes in one access (the address must be 16-byte aligned)
+ *   KDB_UNROLL            before a loop of constant trip count: unroll it wholly (where the
+ *                         loop indexes a private array, that keeps the array in registers)
  *   KDB_HAS_SHUFFLE       1 where KDB_SHFL_XOR exists (CUDA, HIP), 0 on OpenCL
  *   KDB_SHFL_XOR(v, m)    the float v of the thread whose lane is this one's xor m (m < 32),
  *                         every thread of the 32 lanes taking part; kdb_reduce.h builds the
@@ -239,6 +241,8 @@ typedef uint4 kdb_vec4u; /* NVRTC's built-in vector type */
 #endif
 
 #define KDB_LOCAL(type, name, n) KDB_SHARED(type, name, n)
+/* Unroll the loop that follows, also where a macro writes it (no #pragma in a macro). */
+#define KDB_UNROLL _Pragma("unroll")
 
 #define KDB_GLOBAL_ID_X (KDB_GROUP_ID_X * KDB_LOCAL_SIZE_X + KDB_LOCAL_ID_X)
 #define KDB_GLOBAL_ID_Y (KDB_GROUP_ID_Y * KDB_LOCAL_SIZE_Y + KDB_LOCAL_ID_Y)

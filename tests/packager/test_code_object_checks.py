@@ -105,6 +105,9 @@ EXPECTED_LAYOUTS = {
     "pool_fwd_band": [(0, 8), (8, 8), (16, 8), *((24 + 4 * i, 4) for i in range(24))],
     "pool_fwd_2d": [(0, 8), (8, 8), (16, 8), *((24 + 4 * i, 4) for i in range(22))],
     "pool_bwd": [(0, 8), (8, 8), (16, 8), *((24 + 4 * i, 4) for i in range(21))],
+    # pool_strip.c: three pointers, 7 sizes (with the top pad), 2 x 4 strides, outputs per thread, mode, vec
+    **{f"pool_strip_k{g}_{v}": [(0, 8), (8, 8), (16, 8), *((24 + 4 * i, 4) for i in range(18))]
+       for g in ("3s2p1", "3s2p0", "2s2p0", "3s1p1") for v in ("max", "argmax", "avg")},
     # batchnorm.c: pointers, then N, C, H, W, spatial, 2 x 4 strides, eps (factor, update / use_saved)
     "bn_fwd_infer": [*((8 * i, 8) for i in range(6)), *((48 + 4 * i, 4) for i in range(14))],
     "bn_fwd_infer_planes": [*((8 * i, 8) for i in range(6)), *((48 + 4 * i, 4) for i in range(8))],
@@ -131,6 +134,7 @@ EXPECTED_LDS = {  # static LDS bytes at the default options
     "reduce_sum": 256 * 4,  # BLOCK floats
     "sgemm_tiled": 2 * 16 * 16 * 4,  # two TILE x TILE float tiles
     "dialect_everything": 64 * 4 + 4,  # BLOCK floats and one int
+    **{f"pool_strip_k{g}_{v}": 0 for g in ("3s2p1", "3s2p0", "2s2p0", "3s1p1") for v in ("max", "argmax", "avg")},
 }  # fmt: skip
 
 

@@ -65,7 +65,9 @@ KDB_KERNEL void dialect_everything(const KDB_GLOBAL float* KDB_RESTRICT x, KDB_G
     kdb_vec4u bits;
     bits.x = KDB_FLOAT_BITS(swapped);
     bits.y = bits.z = bits.w = 0u;
-    const float p = KDB_BITS_FLOAT(bits.x | bits.w);
+    KDB_UNROLL for (int u = 0; u < 2; ++u) /* lanes z and w stay 0 */
+        bits.z |= bits.w << u;
+    const float p = KDB_BITS_FLOAT(bits.x | bits.w | bits.z);
     for (int j = i; j < n; j += grid_threads)
         y[j] = KDB_FMINF(KDB_FMAXF(shape(x[j]) + KDB_FMAXF(s, p), lo), hi);
     if (lid == 0)

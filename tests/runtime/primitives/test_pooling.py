@@ -103,3 +103,52 @@ def test_more_planes_than_a_grid_z_takes_the_one_dimensional_kernel(handle):
     ry, ridx = ref.forward(x, "max", (2, 2), (1, 1), (0, 0))
     np.testing.assert_allclose(y, ry, rtol=1e-6)
     np.testing.assert_array_equal(indices, ridx)
+
+
+# PoolStrip's geometries, each with a top pad of its own (any is taken), on widths of whole
+# 16-byte vectors (16 or 32 elements: the vector reads) and not (13: element by element), and
+# heights whose last strip of four output rows ends past the last row.
+STRIP_CASES = [(3, 2, (1, 1)), (3, 2, (0, 1)), (3, 2, (0, 0)), (3, 2, (2, 0)), (2, 2, (0, 0)), (2, 2, (1, 0)),
+               (3, 1, (1, 1)), (3, 1, (0, 1))]
+
+
+@pytest.mark.parametrize("dtype", list(TYPES))
+@pytest.mark.parametrize("window, stride, pad", STRIP_CASES)
+@pytest.mark.parametrize("width", [16, 32, 13])
+def test_the_strip_solver_matches_the_reference(handle, dtype, window, stride, pad, width):
+    store, read, tol = TYPES[dtype]
+    shape = (2, 3, 14, width)
+    x = store(np.random.default_rng(width + window + pad[0]).standard_normal(shape))
+    for mode, save in (("max", True), ("max", False), ("avg", False), ("avg_in", False)):
+        y, indices = kdbkit.pooling_forward(handle, x, mode=mode, window=window, stride=stride, pad=pad, dtype=dtype,
+                                            save_indices=save, solver="PoolStrip")
+        ry, ridx = ref.forward(read(x), mode, (window,) * 2, (stride,) * 2, pad)
+        np.testing.assert_allclose(read(y), ry, rtol=tol, atol=tol, err_msg=f"{mode} {save}")
+        if save:
+            np.testing.assert_array_equal(indices, ridx)
+
+
+def test_the_strip_solver_on_strided_input_and_ties(handle):
+    """Columns of a wider array (rows not contiguous from the plane's start: element reads), and
+    planes of equal values, where the first maximum in row-major order must win."""
+    base = np.random.default_rng(3).standard_normal((2, 2, 20, 40)).astype(np.float32)
+    x = base[:, :, 1:18, 3:35]
+    y, indices = kdbkit.pooling_forward(handle, x, window=3, stride=2, pad=1, solver="PoolStrip")
+    ry, ridx = ref.forward(np.ascontiguousarray(x), "max", (3, 3), (2, 2), (1, 1))
+    np.testing.assert_allclose(y, ry, rtol=1e-6)
+    np.testing.assert_array_equal(indices, ridx)
+    flat = np.ones((1, 2, 9, 16), np.float32)
+    y, indices = kdbkit.pooling_forward(handle, flat, window=3, stride=2, pad=1, solver="PoolStrip")
+    np.testing.assert_array_equal(indices, ref.forward(flat, "max", (3, 3), (2, 2), (1, 1))[1])
+
+
+def test_the_strip_solver_names_the_geometries_it_takes(handle):
+    from kdbkit.runtime.solver import REGISTRY
+
+    x = np.ones((1, 1, 8, 8), np.float32)
+    problem = PoolProblem("fwd", "max", DataType.FP32, (1, 1, 8, 8), (3, 3), (2, 2), (0, 2), (64, 64, 8, 1),
+                          (12, 12, 3, 1))
+    verdict = REGISTRY.find("PoolStrip").is_applicable(problem, handle.device)
+    assert not verdict and "3x3/2 pad 1" in verdict.reason
+    with pytest.raises(kdbkit.KdbError, match="PoolStrip"):
+        kdbkit.pooling_forward(handle, x, window=(3, 2), stride=2, solver="PoolStrip")
