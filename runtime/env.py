@@ -220,6 +220,23 @@ def _read(name: str | EnvVar, *kinds: str) -> Any:
     return _parse(var, os.environ.get(var.name))
 
 
+def any_set(*names: str | EnvVar) -> bool:
+    """Whether any of these variables holds a non-blank value, not parsed: a cheap first test
+    on a hot path, before reading the variables with their accessors.
+
+    Args:
+        names: registered names or ``EnvVar`` entries.
+    Returns:
+        True when one of them is set to something other than blanks.
+    """
+    environ = os.environ
+    for name in names:
+        value = environ.get(lookup(name).name)
+        if value and not value.isspace():
+            return True
+    return False
+
+
 def get_bool(name: str | EnvVar) -> bool:
     """A ``bool`` variable: one of ``TRUE_SPELLINGS``/``FALSE_SPELLINGS``, any case.
 

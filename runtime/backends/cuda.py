@@ -376,9 +376,11 @@ class CudaBackend(Backend):
             kernel.dynamic_shared_limit = int(shared_bytes)
 
     def launcher(self, kernel: Kernel, grid: tuple[int, int, int], block: tuple[int, int, int],
-                 args: Sequence[Any], shared_bytes: int = 0):
+                 args: Sequence[Any], shared_bytes: int = 0, cooperative: bool = False):
         """The fixed arguments packed once into the parameter slots; a run writes only the
-        buffers' addresses (under a lock: the slots are shared) and calls cuLaunchKernel."""
+        buffers' addresses (under a lock: the slots are shared) and calls cuLaunchKernel.
+        ``cooperative``: cuLaunchCooperativeKernel, for kernels whose groups wait on each other
+        (the driver refuses a grid whose groups could not all be resident at once)."""
         if not isinstance(kernel, CudaKernel):
             raise LaunchArgumentError(f"{kernel!r} was not loaded by the CUDA backend")
         check_launch_args(kernel.name, [a for a in args if a is not None], CudaBuffer)
@@ -393,6 +395,8 @@ class CudaBackend(Backend):
         self._activate()
         self._allow_shared(kernel, shared_bytes)
         lock, drv, function, what = threading.Lock(), self._drv, kernel.function, kernel.name
+        call = "cuLaunchCooperativeKernel" if cooperative else "cuLaunchKernel"
+        tail = () if cooperative else (0,)  # the cooperative call takes no `extra`
 
         def run(*buffers: Buffer) -> None:
             for buffer in buffers:
@@ -402,13 +406,24 @@ class CudaBackend(Backend):
                 for i, buffer in zip(slots, buffers):
                     words[i] = int(buffer.ptr)
                 self._activate()
-                err, = drv.cuLaunchKernel(function, *dims, int(shared_bytes), self.stream, params, 0)
+                launch = drv.cuLaunchCooperativeKernel if cooperative else drv.cuLaunchKernel
+                err, = launch(function, *dims, int(shared_bytes), self.stream, params, *tail)
                 if err != drv.CUresult.CUDA_SUCCESS:
-                    _check((err,), f"cuLaunchKernel({what}, grid={tuple(grid)}, block={tuple(block)})", drv,
-                           LaunchError)
+                    _check((err,), f"{call}({what}, grid={tuple(grid)}, block={tuple(block)})", drv, LaunchError)
 
         run.keep = (holders, pointers)  # the slots live as long as the launcher
         return run
+
+    def resident_groups(self, kernel: Kernel, block_threads: int, shared_bytes: int = 0) -> int:
+        """How many groups of ``block_threads`` threads with ``shared_bytes`` of dynamic shared
+        memory one multiprocessor holds at once (cuOccupancyMaxActiveBlocksPerMultiprocessor)."""
+        if not isinstance(kernel, CudaKernel):
+            raise LaunchArgumentError(f"{kernel!r} was not loaded by the CUDA backend")
+        self._activate()
+        self._allow_shared(kernel, shared_bytes)
+        return int(_check(self._drv.cuOccupancyMaxActiveBlocksPerMultiprocessor(
+            kernel.function, int(block_threads), int(shared_bytes)),
+            f"cuOccupancyMaxActiveBlocksPerMultiprocessor({kernel.name})", self._drv, LaunchError))
 
     def wrap(self, ptr: int, nbytes: int) -> Buffer:
         """Another library's device memory (a PyTorch or CuPy tensor's), used in place, never freed here."""

@@ -27,24 +27,45 @@ MAX_PLANS = 4096  # per handle; past it the plans start over (a program with end
 _recording: contextvars.ContextVar["_Recorder | None"] = contextvars.ContextVar("kdbkit_plan", default=None)
 
 
+# A tensor argument's kind, found once per Python type: how to describe it and find its address.
+_KDBKIT, _TORCH, _CAI, _NONE, _OTHER = range(5)
+_kinds: dict[type, int] = {type(None): _NONE}
+
+
+def _kind_of(kind_type: type) -> int:
+    kind = _kinds.get(kind_type)
+    if kind is None:
+        if issubclass(kind_type, DeviceTensor):
+            kind = _KDBKIT
+        elif kind_type.__module__.startswith("torch") and hasattr(kind_type, "data_ptr"):
+            kind = _TORCH
+        elif hasattr(kind_type, "__cuda_array_interface__"):
+            kind = _CAI
+        else:
+            kind = _OTHER
+        _kinds[kind_type] = kind
+    return kind
+
+
 def _signature(value: Any) -> Any:
     """A hashable description of a device tensor argument (None stays None); ``...`` for
     anything that cannot take the fast path (NumPy arrays, CPU tensors, numbers...)."""
-    if value is None:
+    kind = _kind_of(type(value))
+    if kind == _TORCH:
+        # get_device(), not .device, which builds a torch.device on every call
+        return (value.dtype, value.shape, value.stride(), value.get_device()) if value.is_cuda else ...
+    if kind == _KDBKIT:
+        return value.desc
+    if kind == _NONE:
         return None
-    if isinstance(value, DeviceTensor):
-        return ("kdbkit", value.desc)
-    if type(value).__module__.startswith("torch") and hasattr(value, "data_ptr"):
-        device = value.device
-        return ("torch", value.dtype, value.shape, value.stride(), device) if device.type == "cuda" else ...
-    face = getattr(value, "__cuda_array_interface__", None)
-    if face is not None:
+    if kind == _CAI:
+        face = value.__cuda_array_interface__
         return ("cai", face["typestr"], tuple(face["shape"]), face.get("strides"), getattr(value, "device", None))
     return ...
 
 
 def _address(value: Any) -> int:
-    if type(value).__module__.startswith("torch"):
+    if _kinds[type(value)] == _TORCH:
         return value.data_ptr()
     return value.__cuda_array_interface__["data"][0]
 
@@ -69,7 +90,8 @@ class _Recorder:
         if what in self.arguments and self.arguments[what] is value and _signature(value) is not ...:
             self.origins[id(buffer)] = (what, buffer)
 
-    def plan(self, result: Any) -> _Plan | None:
+    def plan(self, result: Any, slots: dict[str, int]) -> _Plan | None:
+        """The plan, with each tensor and the result given as argument positions (``slots``)."""
         if len(self.calls) != 1:
             return None  # none, or several invokers: not a plan's shape
         invoker, buffers = self.calls[0]
@@ -78,9 +100,13 @@ class _Recorder:
             origin = self.origins.get(id(buffer))
             if origin is None or origin[1] is not buffer:
                 return None  # a temporary, an allocated output, or a stand-in buffer
-            feeds.append((keyword, origin[0], int(getattr(buffer, "nbytes", 0))))
+            feeds.append((keyword, slots[origin[0]], int(getattr(buffer, "nbytes", 0))))
         shape = _result_shape(result, self.arguments)
-        return None if shape is ... else _Plan(invoker, tuple(feeds), shape)
+        if shape is ...:
+            return None
+        shape = tuple(None if n is None else slots[n] for n in shape) if isinstance(shape, tuple) else \
+            None if shape is None else slots[shape]
+        return _Plan(invoker, tuple(feeds), shape)
 
 
 def _result_shape(result: Any, arguments: dict[str, Any]) -> Any:
@@ -117,6 +143,8 @@ def _full_path_only() -> bool:
     """Numerics checks or command logging asked for: each call goes the full way (read through
     runtime/env.py, the one parser of each variable). get_int, not numerics.flags(), which also
     builds a flag object on every call (0.8 against 1.2 µs here)."""
+    if not env.any_set("KDB_CHECK_NUMERICS", "KDB_ENABLE_LOGGING_CMD"):  # the usual case, unparsed
+        return False
     return bool(env.get_int("KDB_CHECK_NUMERICS")) or env.get_bool("KDB_ENABLE_LOGGING_CMD")
 
 
@@ -129,44 +157,57 @@ def repeatable(api: str, tensors: tuple[str, ...]) -> Callable:
         parameters = list(inspect.signature(function).parameters.values())
         names = [p.name for p in parameters[1:]]  # after the handle
         defaults = {p.name: p.default for p in parameters[1:] if p.default is not inspect.Parameter.empty}
-        others = [n for n in names if n not in tensors]
-        known = set(names)
+        positional = sum(p.kind in (p.POSITIONAL_ONLY, p.POSITIONAL_OR_KEYWORD) for p in parameters[1:])
+        slots = {name: i for i, name in enumerate(names)}
+        tensor_slots = [slots[t] for t in tensors if t in slots]  # outputs it only returns are not arguments
+        other_slots = [i for i, name in enumerate(names) if name not in tensors]
+        # Per count of positional arguments: the keywords a call may add (a name also given by
+        # position, or an unknown one, goes the full way, where the function itself says so),
+        # and the defaults of the rest.
+        keywords = [frozenset(names[n:]) for n in range(len(names) + 1)]
+        missing = object()
+        rest = [[defaults.get(name, missing) for name in names[n:]] for n in range(len(names) + 1)]
+        tails = [names[n:] for n in range(len(names) + 1)]
 
         @functools.wraps(function)
         def call(handle, *args, **kwargs):
-            arguments = dict(defaults)
-            arguments.update(zip(names, args))
-            arguments.update(kwargs)
-            if not known.issuperset(kwargs):  # the function itself says which argument is unknown
+            count = len(args)
+            if count > positional or (kwargs and not keywords[count].issuperset(kwargs)):
                 return function(handle, *args, **kwargs)
-            signatures = [_signature(arguments.get(t)) for t in tensors]
-            if any(s is ... for s in signatures) or _full_path_only():
+            if kwargs:
+                values = [*args, *(kwargs.get(name, default) for name, default in zip(tails[count], rest[count]))]
+            else:
+                values = [*args, *rest[count]]
+            signatures = [_signature(values[i]) for i in tensor_slots]
+            if ... in signatures or _full_path_only():
                 return function(handle, *args, **kwargs)
-            key = (api, *signatures, *(arguments.get(n) for n in others))
+            key = (api, *signatures, *[values[i] for i in other_slots])
             plans = handle.plans
             try:
                 plan = plans.get(key)
             except TypeError:  # an unhashable parameter (a list for a window, ...): no plan
                 return function(handle, *args, **kwargs)
             if plan is not None:
-                backend = handle.backend
                 buffers = {}
-                for keyword, name, nbytes in plan.feeds:
-                    value = arguments[name]
-                    buffers[keyword] = value.buffer if isinstance(value, DeviceTensor) else \
-                        backend.wrap(_address(value), nbytes)
+                for keyword, slot, nbytes in plan.feeds:
+                    value = values[slot]
+                    buffers[keyword] = value.buffer if _kinds[type(value)] == _KDBKIT else \
+                        handle.backend.wrap(_address(value), nbytes)
                 plan.invoker(**buffers)
                 shape = plan.result
-                if isinstance(shape, tuple):
-                    return tuple(None if n is None else arguments[n] for n in shape)
-                return None if shape is None else arguments[shape]
+                if type(shape) is tuple:
+                    return tuple(None if n is None else values[n] for n in shape)
+                return None if shape is None else values[shape]
+            if any(v is missing for v in values):  # a required argument is absent: the function says which
+                return function(handle, *args, **kwargs)
+            arguments = dict(zip(names, values))
             recorder = _Recorder(arguments)
             token = _recording.set(recorder)
             try:
                 result = function(handle, *args, **kwargs)
             finally:
                 _recording.reset(token)
-            plan = recorder.plan(result)
+            plan = recorder.plan(result, slots)
             if plan is not None:
                 if len(plans) >= MAX_PLANS:
                     plans.clear()

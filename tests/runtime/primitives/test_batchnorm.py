@@ -10,6 +10,7 @@ from kdbkit.runtime.errors import ProblemError
 from kdbkit.runtime.primitives.batchnorm import BatchNormProblem
 from kdbkit.runtime.problem import parse_config
 from kdbkit.runtime.reference import batchnorm as ref
+from kdbkit.runtime.solver import REGISTRY
 from kdbkit.runtime.tensor import DataType
 
 from .conftest import TYPES
@@ -93,3 +94,47 @@ def test_both_training_solvers_agree_with_the_reference(handle, dtype):
         np.testing.assert_allclose(mean, rmean, rtol=1e-4, err_msg=solver)
         np.testing.assert_allclose(invstd, rinv, rtol=1e-3, err_msg=solver)
         np.testing.assert_allclose(rv, new_rv, rtol=1e-3, err_msg=solver)
+
+
+# BatchNormPersistent's shapes: one member per team, several (a last chunk shorter than the
+# others), more channels than teams (several rounds), and channels of one image.
+PERSISTENT_SHAPES = [(2, 3, 4, 8), (8, 5, 24, 40), (3, 70, 16, 16), (1, 2, 8, 8)]
+
+
+@pytest.mark.parametrize("dtype", list(TYPES))
+@pytest.mark.parametrize("shape", PERSISTENT_SHAPES)
+def test_the_persistent_training_solver_matches_the_reference(handle, dtype, shape):
+    if handle.device.backend != "cuda":
+        pytest.skip("BatchNormPersistent runs on CUDA only (KDB_TEST_BACKEND=cuda on the GPU machine)")
+    store, read, tol = TYPES[dtype]
+    rng = np.random.default_rng(sum(shape))
+    channels = shape[1]
+    x = store(rng.standard_normal(shape) * 3 + 7)
+    scale, bias = _params(rng, channels)
+    ry, rmean, rinv, new_rm, new_rv = ref.training(read(x), scale, bias, "spatial", 1e-5, 0.5, np.zeros(channels),
+                                                   np.ones(channels))
+    for _ in range(3):  # the counters are back at zero after each launch
+        rm, rv = np.zeros(channels, np.float32), np.ones(channels, np.float32)
+        y, mean, invstd = kdbkit.batchnorm_training(handle, x, scale, bias, momentum=0.5, running_mean=rm,
+                                                    running_var=rv, dtype=dtype, solver="BatchNormPersistent")
+        np.testing.assert_allclose(read(y), ry, rtol=tol * 4, atol=tol * 4)
+        np.testing.assert_allclose(mean, rmean, rtol=1e-4)
+        np.testing.assert_allclose(invstd, rinv, rtol=1e-3)
+        np.testing.assert_allclose(rm, new_rm, rtol=1e-4, atol=1e-6)
+        np.testing.assert_allclose(rv, new_rv, rtol=1e-3)
+
+
+def test_the_persistent_training_solver_plans_its_teams(handle):
+    from kdbkit.runtime.primitives.batchnorm.solvers.persistent import MAX_CHUNK, team_plan
+
+    members, chunk, teams = team_plan(32 * 112 * 112 // 8, 64, 4 * 132)  # ResNet-50's first norm, fp16, H100
+    assert members * chunk >= 32 * 112 * 112 // 8 and chunk <= MAX_CHUNK and members * teams <= 4 * 132
+    assert -(-64 // teams) * teams - 64 < teams  # no round of channels more than needed
+    members, chunk, teams = team_plan(10, 3, 8)  # small channels: every channel at once
+    assert teams == 3 and members * teams <= 8 and members * chunk >= 10
+    assert team_plan(MAX_CHUNK * 9, 1, 8) is None  # more groups than can be resident
+    problem = BatchNormProblem("train", "spatial", DataType.FP32, (2, 3, 4, 8), (96, 32, 8, 1), (96, 32, 8, 1))
+    verdict = REGISTRY.find("BatchNormPersistent").is_applicable(problem, handle.device)
+    assert bool(verdict) == (handle.device.backend == "cuda")
+    if handle.device.backend != "cuda":
+        assert "needs CUDA" in verdict.reason
