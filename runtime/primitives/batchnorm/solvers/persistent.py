@@ -45,7 +45,7 @@ def team_plan(vectors: int, channels: int, resident: int) -> tuple[int, int, int
 
 
 def _whole_vector_planes(problem: BatchNormProblem) -> bool:
-    per, (n, c, h, w) = vector_elements(problem.dtype), problem.shape
+    per, (h, w) = vector_elements(problem.dtype), problem.shape[2:]
     return all(v % per == 0 for v in (h * w, *problem.x_strides[:2], *problem.y_strides[:2]))
 
 

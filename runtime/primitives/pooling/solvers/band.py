@@ -7,8 +7,13 @@ from __future__ import annotations
 import numpy as np
 
 from kdbkit.runtime.primitives.pooling.problem import MODES, PoolProblem
-from kdbkit.runtime.primitives.pooling.solvers.common import fits_int_arguments, geometry, program
-from kdbkit.runtime.solver import Solver, aligned16, not_applicable, register, vector_elements
+from kdbkit.runtime.primitives.pooling.solvers.common import (
+    fits_int_arguments,
+    geometry,
+    program,
+    vector_or_element,
+)
+from kdbkit.runtime.solver import Solver, not_applicable, register, vector_elements
 
 BAND = 6144  # pooling.c's POOL_BAND: floats of input a group stages
 THREADS, MAX_GROUPS = 256, 65535
@@ -49,11 +54,6 @@ class PoolBand(Solver):
         per, xs = vector_elements(problem.dtype), problem.x_strides
         rows_whole = xs[3] == 1 and w % per == 0 and all(s % per == 0 for s in xs[:3])
         grid, block = (min(jobs, MAX_GROUPS), 1, 1), (THREADS, 1, 1)
-        scalar = handle.backend.launcher(kernel, grid, block, [None, None, None, *geometry_args, *tail, np.int32(0)])
-        vector = handle.backend.launcher(kernel, grid, block, [None, None, None, *geometry_args, *tail, np.int32(1)])
-
-        def forward(x, y, indices):
-            # 16-byte reads where x's rows are whole vectors and x starts aligned
-            (vector if rows_whole and aligned16(x) else scalar)(x, y, indices)
-
-        return forward
+        return vector_or_element(
+            lambda vec: handle.backend.launcher(kernel, grid, block, [None, None, None, *geometry_args, *tail, vec]),
+            rows_whole)

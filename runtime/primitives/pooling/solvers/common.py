@@ -1,4 +1,5 @@
-"""What the pooling solvers share: the program, the int-argument check, the geometry arguments."""
+"""What the pooling solvers share: the program, the int-argument check, the geometry arguments,
+the choice between a forward kernel's vector and element reads."""
 
 from __future__ import annotations
 
@@ -6,7 +7,7 @@ import numpy as np
 
 from kdbkit.runtime.primitives.pooling.problem import PoolProblem
 from kdbkit.runtime.program_key import ProgramRequest
-from kdbkit.runtime.solver import APPLIES, not_applicable
+from kdbkit.runtime.solver import APPLIES, aligned16, not_applicable
 
 INT_MAX = 2**31 - 1
 
@@ -25,3 +26,15 @@ def geometry(problem: PoolProblem) -> list:
     """POOL_GEOMETRY and both stride sets, in the kernels' order."""
     return [np.int32(v) for v in (*problem.shape, *problem.out_hw, *problem.window, *problem.stride, *problem.pad,
                                   *problem.x_strides, *problem.y_strides)]
+
+
+def vector_or_element(make_launcher, rows_whole: bool):
+    """A forward invoker over two launches made once by ``make_launcher(vec)`` (vec the kernel's
+    last argument): 16-byte reads where x's rows start on whole vectors (``rows_whole``) and x
+    starts aligned, element reads otherwise."""
+    element, vector = make_launcher(np.int32(0)), make_launcher(np.int32(1))
+
+    def forward(x, y, indices):
+        (vector if rows_whole and aligned16(x) else element)(x, y, indices)
+
+    return forward
