@@ -27,12 +27,13 @@
 
 #define POOL_STRIP_ROWS 4
 #define POOL_STRIP_LOWEST -3.402823466e38f
+#define POOL_STRIP_IDENTITY(AVG_) ((AVG_) ? 0.0f : POOL_STRIP_LOWEST) /* what a missing element adds */
 
 /* One column of the thread's row: v[e] is input column c0 + e of row `row`, or the identity
  * where the column is outside the input. */
 #define POOL_STRIP_COLUMN(e, AVG_)                                                                          \
     v[e] = (c0 + (e) >= 0 && c0 + (e) < W) ? KDB_LOAD(row, (long)(c0 + (e)) * xs3)                          \
-                                           : (AVG_ ? 0.0f : POOL_STRIP_LOWEST)
+                                           : POOL_STRIP_IDENTITY(AVG_)
 
 /* The function for window K_, stride S_, left pad P_; AVG_: sum instead of max; SAVE_: argmax. */
 #define POOL_STRIP_FN(NAME, K_, S_, P_, AVG_, SAVE_)                                                         \
@@ -65,7 +66,7 @@
             float v[SPAN];                                                                                    \
             if (h < 0 || h >= H) {                                                                            \
                 for (int e = 0; e < SPAN; ++e)                                                                \
-                    v[e] = AVG_ ? 0.0f : POOL_STRIP_LOWEST;                                                   \
+                    v[e] = POOL_STRIP_IDENTITY(AVG_);                                                   \
             } else if (whole) {                                                                               \
                 float m[KDB_VEC];                                                                             \
                 kdb_unpack(rowv[j], m);                                                                       \
@@ -73,7 +74,7 @@
                     v[P_ + e] = m[e];                                                                         \
                 for (int e = 0; e < SPAN - KDB_VEC; ++e) {                                                    \
                     const int at = e < P_ ? e : e + KDB_VEC, col = c0 + at;                                   \
-                    v[at] = col >= 0 && col < W ? halo[j][e] : (AVG_ ? 0.0f : POOL_STRIP_LOWEST);             \
+                    v[at] = col >= 0 && col < W ? halo[j][e] : POOL_STRIP_IDENTITY(AVG_);             \
                 }                                                                                             \
             } else {                                                                                          \
                 const KDB_GLOBAL kdb_data_t* row = p + (long)h * xs2;                                         \
