@@ -39,6 +39,7 @@
  *   KDB_FLOAT_BITS(f) KDB_BITS_FLOAT(u)   a float's bits as unsigned int, and back
  *   kdb_vec4u             16 bytes as four unsigned ints (.x .y .z .w): a pointer to it reads or
  *                         writes 16 bytes in one access (the address must be 16-byte aligned)
+ *   kdb_vec2u             8 bytes as two unsigned ints (.x .y), the same way (8-byte aligned)
  *   KDB_UNROLL            before a loop of constant trip count: unroll it wholly (where the
  *                         loop indexes a private array, that keeps the array in registers)
  *   KDB_HAS_SHUFFLE       1 where KDB_SHFL_XOR exists (CUDA, HIP), 0 on OpenCL
@@ -105,6 +106,7 @@ static inline ushort kdb_float_to_half(float f)
 #define KDB_FLOAT_BITS(f) as_uint((float)(f))
 #define KDB_BITS_FLOAT(u) as_float((uint)(u))
 typedef uint4 kdb_vec4u;
+typedef uint2 kdb_vec2u;
 #define KDB_HAS_SHUFFLE 0 /* sub_group_shuffle_xor is an optional extension; kdb_reduce.h falls back */
 
 #elif defined(__HIP__) || defined(__HIPCC_RTC__)
@@ -169,6 +171,7 @@ static __attribute__((device)) inline float kdb_erff(float x)
 #define KDB_FLOAT_BITS(f) __builtin_bit_cast(unsigned int, (float)(f))
 #define KDB_BITS_FLOAT(u) __builtin_bit_cast(float, (unsigned int)(u))
 typedef unsigned int kdb_vec4u __attribute__((ext_vector_type(4)));
+typedef unsigned int kdb_vec2u __attribute__((ext_vector_type(2)));
 #define KDB_HAS_SHUFFLE 1
 /* What HIP's __shfl_xor does: ds_bpermute from lane ^ m (m < 32 stays within a wave32 half). */
 static __attribute__((device)) inline float kdb_shfl_xor(float v, int m)
@@ -232,7 +235,8 @@ static __device__ __forceinline__ unsigned short kdb_float_to_half(float f)
 #define KDB_FLOAT_TO_HALF(f) kdb_float_to_half((float)(f))
 #define KDB_FLOAT_BITS(f) __float_as_uint((float)(f))
 #define KDB_BITS_FLOAT(u) __uint_as_float((unsigned int)(u))
-typedef uint4 kdb_vec4u; /* NVRTC's built-in vector type */
+typedef uint4 kdb_vec4u; /* NVRTC's built-in vector types */
+typedef uint2 kdb_vec2u;
 #define KDB_HAS_SHUFFLE 1
 #define KDB_SHFL_XOR(v, m) __shfl_xor_sync(0xffffffffu, (float)(v), (m))
 

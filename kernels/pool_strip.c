@@ -17,8 +17,10 @@
  * order, as pooling.c). A window with no input element gives 0.
  *
  * Options: the element type (kdb_data.h).
- * vec = 1 (the solver checks): x's rows are contiguous, start 16-byte aligned and hold whole
- * vectors; else every element is read on its own (any strides).
+ * vec, two flags the solver checks: bit 0, x's rows are contiguous, start 16-byte aligned and
+ * hold whole vectors (else every element is read on its own, any strides); bit 1, y's rows are
+ * contiguous and every run of outs outputs starting at a multiple of outs is outs elements
+ * aligned (then each thread writes a row's outputs in one store).
  * Kernels pool_strip_k<K>s<S>p<P>_max, _argmax (max with indices) and _avg (mode 1 or 2).
  * Launch: 1-D, any block and grid (grid-stride over N * C * strips * groups jobs), with
  * strips = ceil(Ho / POOL_STRIP_ROWS), groups = ceil(Wo / outs), outs = KDB_VEC / S.
@@ -35,6 +37,19 @@
     v[e] = (c0 + (e) >= 0 && c0 + (e) < W) ? KDB_LOAD(row, (long)(c0 + (e)) * xs3)                          \
                                            : POOL_STRIP_IDENTITY(AVG_)
 
+/* OUTS = KDB_VEC / S outputs (4 / S words) at dst, 8 (S = 2) or 16 (S = 1) bytes aligned. */
+#define POOL_STRIP_STORE_PACKED(dst, out, S_)                                                               \
+    do {                                                                                                    \
+        if ((S_) == 1) {                                                                                    \
+            *(KDB_GLOBAL kdb_vec4u*)(dst) = kdb_pack(out);                                                  \
+        } else {                                                                                            \
+            kdb_vec2u w2;                                                                                   \
+            w2.x = kdb_pack_word(out);                                                                      \
+            w2.y = kdb_pack_word((out) + KDB_PER_WORD);                                                     \
+            *(KDB_GLOBAL kdb_vec2u*)(dst) = w2;                                                             \
+        }                                                                                                   \
+    } while (0)
+
 /* The function for window K_, stride S_, left pad P_; AVG_: sum instead of max; SAVE_: argmax. */
 #define POOL_STRIP_FN(NAME, K_, S_, P_, AVG_, SAVE_)                                                         \
     KDB_DEVICE_FN void NAME(const KDB_GLOBAL kdb_data_t* p, KDB_GLOBAL kdb_data_t* q, KDB_GLOBAL int* at_out, \
@@ -43,7 +58,7 @@
     {                                                                                                         \
         enum { OUTS = KDB_VEC / S_, SPAN = KDB_VEC + K_ - S_, ROWS_IN = (POOL_STRIP_ROWS - 1) * S_ + K_ };    \
         const int c0 = g * KDB_VEC - P_, wo0 = g * OUTS, top = ho0 * S_ - ph;                                 \
-        const int whole = vec && c0 + P_ + KDB_VEC <= W;                                                      \
+        const int whole = (vec & 1) && c0 + P_ + KDB_VEC <= W, packed = vec & 2;                               \
         float acc[POOL_STRIP_ROWS][OUTS];                                                                     \
         int acc_at[POOL_STRIP_ROWS][OUTS];                                                                    \
         /* Vector path: every row's reads issued before any is used (rows and halo columns        */         \
@@ -122,19 +137,26 @@
                 /* The window's last row: the output row is complete. */                                      \
                 const int h0 = top + r * S_;                                                                  \
                 const int rows_in = (h0 + K_ < H ? h0 + K_ : H) - (h0 > 0 ? h0 : 0);                          \
+                float out[KDB_VEC];                                                                           \
                 for (int o = 0; o < OUTS; ++o) {                                                              \
                     const int wo = wo0 + o, w0 = wo * S_ - P_;                                                \
-                    if (wo >= Wo)                                                                             \
-                        continue;                                                                             \
                     const int count = rows_in * ((w0 + K_ < W ? w0 + K_ : W) - (w0 > 0 ? w0 : 0));            \
-                    float out;                                                                                \
                     if (AVG_)                                                                                 \
-                        out = mode == 2 ? acc[r][o] / (K_ * K_) : (count > 0 ? acc[r][o] / count : 0.0f);     \
+                        out[o] = mode == 2 ? acc[r][o] / (K_ * K_) : (count > 0 ? acc[r][o] / count : 0.0f);  \
                     else                                                                                      \
-                        out = (SAVE_ ? acc_at[r][o] >= 0 : count > 0) ? acc[r][o] : 0.0f;                     \
-                    KDB_STORE(q, (long)(ho0 + r) * ys2 + (long)wo * ys3, out);                                \
-                    if (SAVE_)                                                                                \
+                        out[o] = (SAVE_ ? acc_at[r][o] >= 0 : count > 0) ? acc[r][o] : 0.0f;                  \
+                    if (SAVE_ && wo < Wo)                                                                     \
                         at_out[(long)(ho0 + r) * Wo + wo] = acc_at[r][o];                                     \
+                }                                                                                             \
+                KDB_GLOBAL kdb_data_t* dst = q + (long)(ho0 + r) * ys2;                                       \
+                if (packed && wo0 + OUTS <= Wo) {                                                             \
+                    /* The outputs in one 8- or 16-byte store: a warp's stores cover whole  */                \
+                    /* sectors (one per element cost the L2 four times the requests).      */                 \
+                    POOL_STRIP_STORE_PACKED(dst + wo0, out, S_);                                              \
+                } else {                                                                                      \
+                    for (int o = 0; o < OUTS; ++o)                                                            \
+                        if (wo0 + o < Wo)                                                                     \
+                            KDB_STORE(dst, (long)(wo0 + o) * ys3, out[o]);                                    \
                 }                                                                                             \
             }                                                                                                 \
         }                                                                                                     \

@@ -10,7 +10,7 @@ from kdbkit.runtime.errors import ProblemError
 from kdbkit.runtime.primitives.pooling import PoolProblem
 from kdbkit.runtime.problem import parse_config
 from kdbkit.runtime.reference import pooling as ref
-from kdbkit.runtime.tensor import DataType, DeviceTensor
+from kdbkit.runtime.tensor import DataType, DeviceTensor, TensorDesc
 
 from .conftest import TYPES
 
@@ -140,6 +140,50 @@ def test_the_strip_solver_on_strided_input_and_ties(handle):
     flat = np.ones((1, 2, 9, 16), np.float32)
     y, indices = kdbkit.pooling_forward(handle, flat, window=3, stride=2, pad=1, solver="PoolStrip")
     np.testing.assert_array_equal(indices, ref.forward(flat, "max", (3, 3), (2, 2), (1, 1))[1])
+
+
+@pytest.mark.parametrize("dtype", list(TYPES))
+@pytest.mark.parametrize("window, stride, pad", STRIP_CASES[::2])
+@pytest.mark.parametrize("width, row", [(17, 24), (203, 208)])
+def test_the_strip_solver_on_rows_of_whole_vectors_with_a_partial_last_group(handle, dtype, window, stride, pad,
+                                                                              width, row):
+    """x's rows start on whole vectors (row > width): the vector reads, a last group past the
+    row's end, and (where lanes shuffle) halo columns from the neighbouring lanes, a warp's
+    first and last lanes and the ends of rows reading theirs."""
+    store, read, tol = TYPES[dtype]
+    be = handle.backend
+    shape = (2, 3, 23, width)
+    wide = store(np.random.default_rng(width + window).standard_normal((*shape[:3], row)))
+    desc = TensorDesc(DataType.parse(dtype), shape, (3 * 23 * row, 23 * row, row, 1))
+    x = DeviceTensor(be.to_device(wide), desc)
+    for mode, save in (("max", True), ("max", False), ("avg", False)):
+        y, indices = kdbkit.pooling_forward(handle, x, mode=mode, window=window, stride=stride, pad=pad,
+                                            save_indices=save, solver="PoolStrip")
+        ry, ridx = ref.forward(read(wide)[..., :width], mode, (window,) * 2, (stride,) * 2, pad)
+        np.testing.assert_allclose(read(y.to_host(be)), ry, rtol=tol, atol=tol, err_msg=f"{mode} {save}")
+        if save:
+            np.testing.assert_array_equal(be.to_host(indices, np.empty(ry.shape, np.int32)), ridx)
+
+
+@pytest.mark.parametrize("dtype", list(TYPES))
+@pytest.mark.parametrize("stride", [2, 1])
+def test_the_strip_solver_writes_rows_of_a_wider_output(handle, dtype, stride):
+    """y's rows 16 elements apart, 7 outputs each: runs of outputs go out in one store, except
+    the row's last, partial run (element stores); the columns past the 7th keep their value."""
+    store, read, tol = TYPES[dtype]
+    be = handle.backend
+    width = 13 if stride == 2 else 7
+    x = store(np.random.default_rng(stride).standard_normal((2, 3, 14, width)))
+    ho = 7 if stride == 2 else 14
+    sentinel = store(np.full((2, 3, ho, 16), 5.0))
+    desc = TensorDesc(DataType.parse(dtype), (2, 3, ho, 7), (3 * ho * 16, ho * 16, 16, 1))
+    y = DeviceTensor(be.to_device(sentinel), desc)
+    kdbkit.pooling_forward(handle, x, window=3, stride=stride, pad=1, dtype=dtype, y=y, save_indices=False,
+                           solver="PoolStrip")
+    got = read(be.to_host(y.buffer, np.empty_like(sentinel)))
+    ry, _ = ref.forward(read(x), "max", (3, 3), (stride, stride), (1, 1))
+    np.testing.assert_allclose(got[..., :7], ry, rtol=tol, atol=tol)
+    np.testing.assert_array_equal(got[..., 7:], 5.0)
 
 
 def test_the_strip_solver_names_the_geometries_it_takes(handle):

@@ -8,9 +8,9 @@ from __future__ import annotations
 import numpy as np
 
 from kdbkit.runtime.primitives.pooling.problem import MODES, PoolProblem
-from kdbkit.runtime.primitives.pooling.solvers.common import fits_int_arguments, vector_or_element
+from kdbkit.runtime.primitives.pooling.solvers.common import fits_int_arguments
 from kdbkit.runtime.program_key import ProgramRequest
-from kdbkit.runtime.solver import Solver, launcher_1d, not_applicable, register, vector_elements
+from kdbkit.runtime.solver import Solver, aligned16, launcher_1d, not_applicable, register, vector_elements
 
 GEOMETRIES = ((3, 2, 1), (3, 2, 0), (2, 2, 0), (3, 1, 1))  # (window, stride, left/right pad), pool_strip.c's
 STRIP_ROWS = 4  # pool_strip.c's POOL_STRIP_ROWS
@@ -58,5 +58,14 @@ class PoolStrip(Solver):
         args = [np.int32(v) for v in (n, c, h, w, ho, wo, problem.pad[0], *xs, *ys, outs,
                                       MODES.index(problem.mode))]
         rows_whole = xs[3] == 1 and all(s % per == 0 for s in xs[:3])
-        return vector_or_element(lambda vec: launcher_1d(handle, kernel, jobs, [None, None, None, *args, vec]),
-                                 rows_whole)
+        rows_packed = ys[3] == 1 and all(s % outs == 0 for s in ys[:3])
+        store_bytes = outs * problem.dtype.itemsize
+        launchers = [launcher_1d(handle, kernel, jobs, [None, None, None, *args, np.int32(vec)]) for vec in range(4)]
+
+        def forward(x, y, indices):
+            # Bit 0: 16-byte reads of x; bit 1: one store per thread and row of y (pool_strip.c).
+            reads = rows_whole and aligned16(x)
+            stores = rows_packed and int(getattr(y, "ptr", 0)) % store_bytes == 0
+            launchers[int(reads) + 2 * int(stores)](x, y, indices)
+
+        return forward
