@@ -71,10 +71,13 @@ def _address(value: Any) -> int:
 
 
 class _Plan:
-    __slots__ = ("invoker", "feeds", "result")
+    __slots__ = ("invoker", "feeds", "result", "wrapped")
 
     def __init__(self, invoker, feeds, result):
         self.invoker, self.feeds, self.result = invoker, feeds, result
+        # Per feed, the buffer that wrapped its tensor last time: reused while the address is
+        # the same (the usual case: a model's tensors stay put), instead of a new wrap per call.
+        self.wrapped = [None] * len(feeds)
 
 
 class _Recorder:
@@ -188,11 +191,16 @@ def repeatable(api: str, tensors: tuple[str, ...]) -> Callable:
             except TypeError:  # an unhashable parameter (a list for a window, ...): no plan
                 return function(handle, *args, **kwargs)
             if plan is not None:
-                buffers = {}
-                for keyword, slot, nbytes in plan.feeds:
+                buffers, wrapped = {}, plan.wrapped
+                for k, (keyword, slot, nbytes) in enumerate(plan.feeds):
                     value = values[slot]
-                    buffers[keyword] = value.buffer if _kinds[type(value)] == _KDBKIT else \
-                        handle.backend.wrap(_address(value), nbytes)
+                    if _kinds[type(value)] == _KDBKIT:
+                        buffers[keyword] = value.buffer
+                        continue
+                    address, held = _address(value), wrapped[k]
+                    if held is None or held.ptr != address:
+                        held = wrapped[k] = handle.backend.wrap(address, nbytes)
+                    buffers[keyword] = held
                 plan.invoker(**buffers)
                 shape = plan.result
                 if type(shape) is tuple:

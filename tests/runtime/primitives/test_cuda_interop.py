@@ -156,3 +156,16 @@ def test_repeat_calls_use_each_call_s_tensors_whatever_their_alignment(cuda_hand
         assert torch.equal(y, torch.relu(x)), round_
         assert rel_error(out, torch.nn.functional.layer_norm(rows.double(), (64,), w.double(), b.double())) < 1e-5
     assert len(cuda_handle.plans) == 2
+
+
+def test_repeat_calls_alternating_between_tensors_that_stay_put(cuda_handle):
+    """A plan keeps the buffer that wrapped each tensor while its address stays the same: calls
+    alternating between two pairs of tensors (A, A, B, B, A, ...) must each write their own."""
+    pairs = [(torch.randn(1000, device="cuda"), torch.empty(1000, device="cuda")) for _ in range(2)]
+    for call in range(8):
+        x, y = pairs[(call // 2) % 2]
+        y.fill_(float("nan"))
+        kdbkit.activation_forward(cuda_handle, x, "relu", y=y)
+        torch.cuda.synchronize()
+        assert torch.equal(y, torch.relu(x)), call
+    assert len(cuda_handle.plans) == 1
