@@ -40,6 +40,30 @@ def timed(fn, *, iters: int, blocks: int) -> float:
     return statistics.median(per_call)
 
 
+def timed_pair(ours, theirs, *, iters: int, blocks: int) -> tuple[float, float, list[float]]:
+    """Both calls timed in alternating blocks (ours first in even blocks, theirs first in odd
+    ones), so that clock and temperature drift fall on both alike: each one's median time per
+    call (ms), and the ratio theirs / ours of every pair of blocks."""
+    import torch
+
+    for _ in range(3):
+        ours()
+        theirs()
+    torch.cuda.synchronize()
+    per = {ours: [], theirs: []}
+    for block in range(blocks):
+        for fn in ((ours, theirs) if block % 2 == 0 else (theirs, ours)):
+            start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+            start.record()
+            for _ in range(iters):
+                fn()
+            end.record()
+            end.synchronize()
+            per[fn].append(start.elapsed_time(end) / iters)
+    ratios = [t / o for o, t in zip(per[ours], per[theirs])]
+    return statistics.median(per[ours]), statistics.median(per[theirs]), ratios
+
+
 def copy_bandwidth(iters: int, blocks: int) -> float:
     """GB/s of a 1 GiB device-to-device copy, counting bytes read plus bytes written."""
     import torch
@@ -167,10 +191,11 @@ def main() -> int:
             ours()
             torch.cuda.synchronize()  # the first call resolves the program (JIT into the user cache)
             resolve_s = time.perf_counter() - started
-            t_ours = timed(ours, iters=args.iters, blocks=args.blocks)
-            t_torch = timed(theirs, iters=args.iters, blocks=args.blocks)
+            t_ours, t_torch, ratios = timed_pair(ours, theirs, iters=args.iters, blocks=args.blocks)
+            quartiles = statistics.quantiles(ratios, n=4) if len(ratios) > 1 else ratios * 3
             row = {"primitive": name, "type": label, "kdbkit_ms": t_ours, "torch_ms": t_torch,
-                   "speedup_vs_torch": t_torch / t_ours, "bytes": nbytes, "first_call_s": resolve_s}
+                   "speedup_vs_torch": t_torch / t_ours, "speedup_quartiles": [quartiles[0], quartiles[2]],
+                   "bytes": nbytes, "first_call_s": resolve_s}
             if flops:
                 row.update(kdbkit_tflops=flops / t_ours / 1e9, torch_tflops=flops / t_torch / 1e9)
             else:
@@ -180,8 +205,8 @@ def main() -> int:
             rows.append(row)
             share = (f"{row['kdbkit_copy_share']:.0%} of copy (torch {row['torch_copy_share']:.0%})" if not flops
                      else f"{row['kdbkit_tflops']:.0f} TFLOP/s (torch {row['torch_tflops']:.0f})")
-            print(f"{name:24s} {label}: kdbkit {t_ours:8.4f} ms  torch {t_torch:8.4f} ms  x{t_torch / t_ours:5.2f}  "
-                  f"{share}", flush=True)
+            print(f"{name:24s} {label}: kdbkit {t_ours:8.4f} ms  torch {t_torch:8.4f} ms  x{t_torch / t_ours:5.2f} "
+                  f"[{quartiles[0]:.2f}, {quartiles[2]:.2f}]  {share}", flush=True)
     result = {"device": h.device.name, "copy_gbs": copy_gbs, "host_us_per_call": host, "iters": args.iters,
               "blocks": args.blocks,
               "torch": torch.__version__, "kdbkit": kdbkit.__version__, "rows": rows}
@@ -194,10 +219,11 @@ def main() -> int:
 
 def write_report(result: dict, out: Path) -> None:
     lines = [f"# Primitives against PyTorch on {result['device']}", "",
-             "Written by `python scripts/bench_primitives.py` (one run: both libraries on the same tensors, "
-             f"median of {result['blocks']} blocks of {result['iters']} back-to-back calls, CUDA events). "
-             f"Device-to-device copy in the same run: {result['copy_gbs']:.0f} GB/s (bytes read + written). "
-             f"PyTorch {result['torch']}, kdbkit {result['kdbkit']}.", "",
+             ("Written by `python scripts/bench_primitives.py` (one run: both libraries on the same tensors, "
+              f"median of {result['blocks']} blocks of {result['iters']} back-to-back calls, CUDA events, the two "
+              "libraries' blocks alternating; the bracket holds the quartiles of the per-pair ratios). "
+              f"Device-to-device copy in the same run: {result['copy_gbs']:.0f} GB/s (bytes read + written). "
+              f"PyTorch {result['torch']}, kdbkit {result['kdbkit']}."), "",
              "Host time per call on tiny problems (what a call costs the CPU; back-to-back calls of a "
              "primitive whose kernel is shorter than this measure the host, not the GPU): "
              + ", ".join(f"{k} {v:.1f} µs" for k, v in result.get("host_us_per_call", {}).items()) + ".", "",
@@ -207,8 +233,9 @@ def write_report(result: dict, out: Path) -> None:
             ours, theirs = f"{r['kdbkit_tflops']:.0f} TFLOP/s", f"{r['torch_tflops']:.0f} TFLOP/s"
         else:
             ours, theirs = f"{r['kdbkit_copy_share']:.0%} of copy", f"{r['torch_copy_share']:.0%} of copy"
+        q1, q3 = r["speedup_quartiles"]
         lines.append(f"| {r['primitive']} | {r['type']} | {r['kdbkit_ms']:.4f} | {r['torch_ms']:.4f} | "
-                     f"{r['speedup_vs_torch']:.2f} | {ours} | {theirs} |")
+                     f"{r['speedup_vs_torch']:.2f} [{q1:.2f}, {q3:.2f}] | {ours} | {theirs} |")
     (out / "bench_primitives.md").write_text("\n".join(lines) + "\n")
     try:
         import matplotlib

@@ -26,9 +26,14 @@ def main() -> int:
         sys.exit("no CUDA GPU for PyTorch: run this on the GPU machine")
     x = torch.randn(4, 8, 8, 8, device="cuda")
     y, p = torch.empty_like(x), torch.rand(8, device="cuda") + 0.5
+    m, v, pooled = torch.empty(8, device="cuda"), torch.empty(8, device="cuda"), torch.empty(4, 8, 4, 4, device="cuda")
     with kdbkit.Handle() as h:
         calls = {"relu": lambda: kdbkit.activation_forward(h, x, "relu", y=y),
-                 "batch norm (inference)": lambda: kdbkit.batchnorm_inference(h, x, p, p, p, p, y=y)}
+                 "batch norm (inference)": lambda: kdbkit.batchnorm_inference(h, x, p, p, p, p, y=y),
+                 "batch norm (training)": lambda: kdbkit.batchnorm_training(h, x, p, p, y=y, saved_mean=m,
+                                                                            saved_invstd=v),
+                 "max pool 3x3/2": lambda: kdbkit.pooling_forward(h, x, window=3, stride=2, pad=1,
+                                                                  save_indices=False, y=pooled)}
         for name, call in calls.items():
             for _ in range(20):
                 call()
