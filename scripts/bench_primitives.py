@@ -21,6 +21,19 @@ import time
 from pathlib import Path
 
 
+def block_ms(fn, iters: int) -> float:
+    """Mean time per call (ms) of ``iters`` back-to-back calls, by CUDA events."""
+    import torch
+
+    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+    start.record()
+    for _ in range(iters):
+        fn()
+    end.record()
+    end.synchronize()
+    return start.elapsed_time(end) / iters
+
+
 def timed(fn, *, iters: int, blocks: int) -> float:
     """Median over ``blocks`` of the mean time per call (ms) of ``iters`` back-to-back calls."""
     import torch
@@ -28,16 +41,7 @@ def timed(fn, *, iters: int, blocks: int) -> float:
     for _ in range(3):
         fn()
     torch.cuda.synchronize()
-    per_call = []
-    for _ in range(blocks):
-        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        start.record()
-        for _ in range(iters):
-            fn()
-        end.record()
-        end.synchronize()
-        per_call.append(start.elapsed_time(end) / iters)
-    return statistics.median(per_call)
+    return statistics.median(block_ms(fn, iters) for _ in range(blocks))
 
 
 def timed_pair(ours, theirs, *, iters: int, blocks: int) -> tuple[float, float, list[float]]:
@@ -53,13 +57,7 @@ def timed_pair(ours, theirs, *, iters: int, blocks: int) -> tuple[float, float, 
     per = {ours: [], theirs: []}
     for block in range(blocks):
         for fn in ((ours, theirs) if block % 2 == 0 else (theirs, ours)):
-            start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-            start.record()
-            for _ in range(iters):
-                fn()
-            end.record()
-            end.synchronize()
-            per[fn].append(start.elapsed_time(end) / iters)
+            per[fn].append(block_ms(fn, iters))
     ratios = [t / o for o, t in zip(per[ours], per[theirs])]
     return statistics.median(per[ours]), statistics.median(per[theirs]), ratios
 
