@@ -192,6 +192,17 @@ KDB_KERNEL void bn_bwd(const KDB_GLOBAL kdb_data_t* x, const KDB_GLOBAL kdb_data
  *       one-pass variance accurate) into partial[(c * chunks + j) * 2 + {0, 1}]
  *   bn_train_finalize: one thread per channel: mean, variance, saved statistics, running ones,
  *       and the batch variance into var_out for the normalisation (bn_fwd_infer_planes) */
+/* The group's two sums, reduced over its threads, into the pair `slot` of partial. */
+#define BN_PUBLISH_PARTIAL(scratch, s1, s2, partial, slot)                                                  \
+    do {                                                                                                   \
+        KDB_BLOCK_REDUCE(scratch, s1, KDB_REDUCE_ADD, s1);                                                 \
+        KDB_BLOCK_REDUCE(scratch, s2, KDB_REDUCE_ADD, s2);                                                 \
+        if (KDB_LOCAL_ID_X == 0) {                                                                         \
+            partial[(slot) * 2] = s1;                                                                      \
+            partial[(slot) * 2 + 1] = s2;                                                                  \
+        }                                                                                                  \
+    } while (0)
+
 KDB_KERNEL void bn_train_partial(const KDB_GLOBAL kdb_data_t* x, KDB_GLOBAL float* partial, int N, int C, int HW,
                                  int xs0, int xs1, int chunks)
 {
@@ -207,12 +218,7 @@ KDB_KERNEL void bn_train_partial(const KDB_GLOBAL kdb_data_t* x, KDB_GLOBAL floa
             s2 += d * d;
         }
     }
-    KDB_BLOCK_REDUCE(scratch, s1, KDB_REDUCE_ADD, s1);
-    KDB_BLOCK_REDUCE(scratch, s2, KDB_REDUCE_ADD, s2);
-    if (KDB_LOCAL_ID_X == 0) {
-        partial[((long)c * chunks + j) * 2] = s1;
-        partial[((long)c * chunks + j) * 2 + 1] = s2;
-    }
+    BN_PUBLISH_PARTIAL(scratch, s1, s2, partial, (long)c * chunks + j);
 }
 
 /* bn_train_partial 16 bytes at a time: HWv vectors per plane, strides in vectors. */
@@ -236,12 +242,7 @@ KDB_KERNEL void bn_train_partial_vec(const KDB_GLOBAL kdb_vec4u* x, KDB_GLOBAL f
             }
         }
     }
-    KDB_BLOCK_REDUCE(scratch, s1, KDB_REDUCE_ADD, s1);
-    KDB_BLOCK_REDUCE(scratch, s2, KDB_REDUCE_ADD, s2);
-    if (KDB_LOCAL_ID_X == 0) {
-        partial[((long)c * chunks + j) * 2] = s1;
-        partial[((long)c * chunks + j) * 2 + 1] = s2;
-    }
+    BN_PUBLISH_PARTIAL(scratch, s1, s2, partial, (long)c * chunks + j);
 }
 
 KDB_KERNEL void bn_train_finalize(const KDB_GLOBAL kdb_data_t* x, const KDB_GLOBAL float* partial,
