@@ -13,6 +13,9 @@
  *   KDB_KERNEL            start of a kernel definition: `KDB_KERNEL void name(...)`; C linkage
  *                         in CUDA/HIP so that the symbol is `name`, not a mangled one
  *   KDB_DEVICE_FN         a helper function callable from kernels (static inline)
+ *   KDB_BOUNDS(T, G)      after `KDB_KERNEL void`: launched with at most T threads per block,
+ *                         and compiled so that G blocks fit a multiprocessor (registers capped
+ *                         to fit); CUDA only (__launch_bounds__), nothing elsewhere
  *   KDB_GLOBAL            address space of a pointer argument to device memory
  *   KDB_RESTRICT          restrict qualifier for pointer arguments
  *   KDB_SHARED(T, n, N)   declare `T n[N]` in shared (CUDA/HIP) / local (OpenCL) memory, at
@@ -61,6 +64,7 @@
 #endif
 #define KDB_KERNEL __kernel
 #define KDB_DEVICE_FN static inline
+#define KDB_BOUNDS(threads, groups)
 #define KDB_GLOBAL __global
 #define KDB_RESTRICT restrict
 #define KDB_SHARED(type, name, n) __local type name[n]
@@ -113,6 +117,7 @@ typedef uint2 kdb_vec2u;
 /* ---------------------------------------------------------------- HIP / amdgcn */
 #define KDB_BACKEND_HIP 1
 #define KDB_KERNEL extern "C" __attribute__((global))
+#define KDB_BOUNDS(threads, groups)
 #define KDB_DEVICE_FN static __attribute__((device)) inline __attribute__((always_inline))
 #define KDB_GLOBAL
 #define KDB_RESTRICT __restrict__
@@ -185,6 +190,7 @@ static __attribute__((device)) inline float kdb_shfl_xor(float v, int m)
 /* ---------------------------------------------------------------- CUDA (NVRTC, nvcc) */
 #define KDB_BACKEND_CUDA 1
 #define KDB_KERNEL extern "C" __global__
+#define KDB_BOUNDS(threads, groups) __launch_bounds__(threads, groups)
 #define KDB_DEVICE_FN static __device__ __forceinline__
 #define KDB_GLOBAL
 #define KDB_RESTRICT __restrict__

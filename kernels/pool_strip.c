@@ -22,12 +22,20 @@
  * contiguous and every run of outs outputs starting at a multiple of outs is outs elements
  * aligned (then each thread writes a row's outputs in one store).
  * Kernels pool_strip_k<K>s<S>p<P>_max, _argmax (max with indices) and _avg (mode 1 or 2).
- * Launch: 1-D, any block and grid (grid-stride over N * C * strips * groups jobs), with
- * strips = ceil(Ho / POOL_STRIP_ROWS), groups = ceil(Wo / outs), outs = KDB_VEC / S.
+ * Launch: 1-D, blocks of at most POOL_STRIP_THREADS threads, any grid (grid-stride over
+ * N * C * strips * groups jobs), with strips = ceil(Ho / POOL_STRIP_ROWS),
+ * groups = ceil(Wo / outs), outs = KDB_VEC / S.
  */
 #include "kdb_data.h"
 
 #define POOL_STRIP_ROWS 4
+/* Blocks of at most 128 threads, five per multiprocessor on CUDA: the registers go down from
+ * about 110 to 96 a thread (a few spilled), so 20 warps fit a multiprocessor instead of 16
+ * (scripts/compare_pool_strip.py: max pooling fp16 75% -> 81% of copy on the H100). */
+#ifndef POOL_STRIP_THREADS
+#define POOL_STRIP_THREADS 128
+#define POOL_STRIP_GROUPS_PER_MP 5
+#endif
 #define POOL_STRIP_LOWEST -3.402823466e38f
 #define POOL_STRIP_IDENTITY(AVG_) ((AVG_) ? 0.0f : POOL_STRIP_LOWEST) /* what a missing element adds */
 
@@ -164,7 +172,8 @@
 
 /* One kernel per geometry and variant (each gets the registers its own loops need). */
 #define POOL_STRIP_KERNEL(NAME, FN)                                                                          \
-    KDB_KERNEL void NAME(const KDB_GLOBAL kdb_data_t* x, KDB_GLOBAL kdb_data_t* y, KDB_GLOBAL int* indices,   \
+    KDB_KERNEL void KDB_BOUNDS(POOL_STRIP_THREADS, POOL_STRIP_GROUPS_PER_MP)                                   \
+    NAME(const KDB_GLOBAL kdb_data_t* x, KDB_GLOBAL kdb_data_t* y, KDB_GLOBAL int* indices,                  \
                          int N, int C, int H, int W, int Ho, int Wo, int ph, int xs0, int xs1, int xs2, int xs3,  \
                          int ys0, int ys1, int ys2, int ys3, int outs, int mode, int vec)                      \
     {                                                                                                        \

@@ -36,8 +36,9 @@ KDB_DEVICE_FN float neighbour(KDB_SHARED_PTR(float) stage, int lid, int staged)
     return stage[(lid + 1) % staged];
 }
 
-KDB_KERNEL void dialect_everything(const KDB_GLOBAL float* KDB_RESTRICT x, KDB_GLOBAL float* KDB_RESTRICT y,
-                                   KDB_GLOBAL int* KDB_RESTRICT groups, int n, float lo, float hi)
+KDB_KERNEL void KDB_BOUNDS(1024, 1)
+dialect_everything(const KDB_GLOBAL float* KDB_RESTRICT x, KDB_GLOBAL float* KDB_RESTRICT y,
+                   KDB_GLOBAL int* KDB_RESTRICT groups, int n, float lo, float hi)
 {
     KDB_SHARED(float, stage, BLOCK);
     KDB_LOCAL(int, block_group, 1);

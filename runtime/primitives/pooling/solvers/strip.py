@@ -14,6 +14,7 @@ from kdbkit.runtime.solver import Solver, aligned16, launcher_1d, not_applicable
 
 GEOMETRIES = ((3, 2, 1), (3, 2, 0), (2, 2, 0), (3, 1, 1))  # (window, stride, left/right pad), pool_strip.c's
 STRIP_ROWS = 4  # pool_strip.c's POOL_STRIP_ROWS
+THREADS = 128  # pool_strip.c's POOL_STRIP_THREADS: its kernels are compiled for blocks of at most this many
 
 
 def program(problem: PoolProblem) -> ProgramRequest:
@@ -60,7 +61,8 @@ class PoolStrip(Solver):
         rows_whole = xs[3] == 1 and all(s % per == 0 for s in xs[:3])
         rows_packed = ys[3] == 1 and all(s % outs == 0 for s in ys[:3])
         store_bytes = outs * problem.dtype.itemsize
-        launchers = [launcher_1d(handle, kernel, jobs, [None, None, None, *args, np.int32(vec)]) for vec in range(4)]
+        launchers = [launcher_1d(handle, kernel, jobs, [None, None, None, *args, np.int32(vec)], block=THREADS)
+                     for vec in range(4)]
 
         def forward(x, y, indices):
             # Bit 0: 16-byte reads of x; bit 1: one store per thread and row of y (pool_strip.c).
