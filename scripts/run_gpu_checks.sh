@@ -7,6 +7,7 @@
 #   scripts/run_gpu_checks.sh            (RUNS=15 processes per benchmark mode by default)
 # PART=tests or PART=bench runs one half (each fits one 10-minute call); the default runs both.
 # PART=primitives runs only the primitives' CUDA tests and their benchmark (a tuning cycle).
+# PART=install only installs (then: export PYTHONPATH=/tmp/site and run a script of scripts/).
 set -uo pipefail
 PART=${PART:-all}
 OUT=${OUT:-gpu-out}
@@ -28,6 +29,7 @@ export PYTHONUNBUFFERED=1 KDB_CUSTOM_CACHE_DIR=$(mktemp -d)
     python3 -c 'import sys, cuda.bindings, numpy, kdbkit; print(sys.version.split()[0], "cuda-bindings", cuda.bindings.__version__, "numpy", numpy.__version__, "kdbkit", kdbkit.__version__, "from", kdbkit.__file__)'
     python3 -m kdbkit.runtime.cli.app doctor
 } > "$OUT/gpu_env.txt" 2>&1
+[ "$PART" = install ] && exit 0
 
 if [ "$PART" = primitives ]; then
     echo "== the primitives' tests on CUDA"

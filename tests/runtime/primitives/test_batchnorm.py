@@ -125,14 +125,20 @@ def test_the_persistent_training_solver_matches_the_reference(handle, dtype, sha
 
 
 def test_the_persistent_training_solver_plans_its_teams(handle):
-    from kdbkit.runtime.primitives.batchnorm.solvers.persistent import MAX_CHUNK, team_plan
+    from kdbkit.runtime.primitives.batchnorm.solvers.persistent import MAX_CHUNK, shared_bytes, team_plan
 
-    members, chunk, teams = team_plan(32 * 112 * 112 // 8, 64, 4 * 132)  # ResNet-50's first norm, fp16, H100
-    assert members * chunk >= 32 * 112 * 112 // 8 and chunk <= MAX_CHUNK and members * teams <= 4 * 132
+    def h100(chunk, members=1):  # 132 multiprocessors of 227 KiB, 4 groups each at most (registers)
+        return 132 * min(4, 227 * 1024 // (shared_bytes(chunk, members) + 1024))
+
+    vectors = 32 * 112 * 112 // 8  # ResNet-50's first norm, fp16
+    members, chunk, teams = team_plan(vectors, 64, h100)
+    assert members * chunk >= vectors and chunk <= MAX_CHUNK and members * teams <= h100(chunk, members)
     assert -(-64 // teams) * teams - 64 < teams  # no round of channels more than needed
-    members, chunk, teams = team_plan(10, 3, 8)  # small channels: every channel at once
+    members, chunk, teams = team_plan(vectors * 2, 64, h100)  # fp32: shared memory, not registers, limits
+    assert members * chunk >= vectors * 2 and members * teams <= h100(chunk, members)
+    members, chunk, teams = team_plan(10, 3, lambda chunk, members: 8)  # small channels: every channel at once
     assert teams == 3 and members * teams <= 8 and members * chunk >= 10
-    assert team_plan(MAX_CHUNK * 9, 1, 8) is None  # more groups than can be resident
+    assert team_plan(MAX_CHUNK * 9, 1, lambda chunk, members: 8) is None  # more groups than can be resident
     problem = BatchNormProblem("train", "spatial", DataType.FP32, (2, 3, 4, 8), (96, 32, 8, 1), (96, 32, 8, 1))
     verdict = REGISTRY.find("BatchNormPersistent").is_applicable(problem, handle.device)
     assert bool(verdict) == (handle.device.backend == "cuda")

@@ -1,9 +1,12 @@
 """BatchNormPersistent (id 19): spatial training forward on CUDA in one cooperative launch that
 reads x from device memory once (batchnorm_persistent.cu): teams of groups take a channel at a
 time, each group staging its chunk of the channel in shared memory while summing it; the team
-meets once per channel for the statistics, then normalises from shared memory."""
+publishes its sums with a tag and, a channel later (its next channel's reads in flight), reads
+the team's sums of the channel before and normalises that one from shared memory."""
 
 from __future__ import annotations
+
+from collections.abc import Callable
 
 import numpy as np
 
@@ -21,6 +24,7 @@ from kdbkit.runtime.solver import (
 
 BLOCK = 256  # batchnorm_persistent.cu's BN_BLOCK
 MAX_CHUNK = 2048  # 16-byte vectors a group stages: batchnorm_persistent.cu's BN_BLOCK * BN_REGS (32 KiB)
+STAGES = 2  # a group holds two chunks in shared memory: one being normalised, the next being summed
 ROUND_COST = 4096  # a team's meeting per channel, counted as this many vectors (scripts/compare_bn_teams.py)
 INT_MAX = 2**31 - 1
 
@@ -29,19 +33,43 @@ def program(problem: BatchNormProblem) -> ProgramRequest:
     return ProgramRequest("batchnorm_persistent.cu", problem.dtype.options)
 
 
-def team_plan(vectors: int, channels: int, resident: int) -> tuple[int, int, int] | None:
-    """(members per team, vectors per member, teams) that finish soonest with at most
-    ``resident`` groups: every round of channels costs its chunk plus one meeting."""
-    fewest = -(-vectors // MAX_CHUNK)
-    best = None
-    for members in range(fewest, resident + 1):
-        teams = min(channels, resident // members)
-        rounds = -(-channels // teams)
+def shared_bytes(chunk: int, members: int) -> int:
+    """A group's dynamic shared memory: STAGES chunks of 16-byte vectors, then a 16-byte copy
+    of each member's pair of sums."""
+    return (STAGES * chunk + members) * 16
+
+
+def team_plan(vectors: int, channels: int, resident: Callable[[int, int], int]) -> tuple[int, int, int] | None:
+    """(members per team, vectors per member, teams) that finish soonest, where
+    ``resident(chunk, members)`` groups of teams of ``members`` staging ``chunk`` vectors each
+    fit the GPU at once: every round of channels costs its chunk plus one meeting, and the
+    pipeline one chunk more (the first reads, the last writes)."""
+    best, members = None, -(-vectors // MAX_CHUNK)
+    while members <= resident(1, members):
         chunk = -(-vectors // members)
-        cost = rounds * (chunk + ROUND_COST)
-        if best is None or cost < best[0]:
-            best = (cost, members, chunk, -(-channels // rounds))
+        fit = resident(chunk, members)
+        if members <= fit:
+            teams = min(channels, fit // members)
+            rounds = -(-channels // teams)
+            cost = (rounds + 1) * chunk + rounds * ROUND_COST
+            if best is None or cost < best[0]:
+                best = (cost, members, chunk, -(-channels // rounds))
+        members += 1
     return None if best is None else best[1:]
+
+
+def resident_for(backend, kernel, multiprocessors: int) -> Callable[[int, int], int]:
+    """``resident(chunk, members)`` for :func:`team_plan`: groups of the kernel the GPU holds at
+    once with :func:`shared_bytes` each (asked per KiB, rounding up)."""
+    asked: dict[int, int] = {}
+
+    def resident(chunk: int, members: int) -> int:
+        kib = -(-shared_bytes(chunk, members) // 1024)
+        if kib not in asked:
+            asked[kib] = backend.resident_groups(kernel, BLOCK, kib * 1024) * multiprocessors
+        return asked[kib]
+
+    return resident
 
 
 def _whole_vector_planes(problem: BatchNormProblem) -> bool:
@@ -88,19 +116,18 @@ class BatchNormPersistent(Solver):
         n, c, h, w = problem.shape
         per = vector_elements(problem.dtype)
         vectors = n * h * w // per
-        resident = backend.resident_groups(kernel, BLOCK, MAX_CHUNK * 16) * (handle.device.target.cu or 1)
+        resident = resident_for(backend, kernel, handle.device.target.cu or 1)
         members, chunk, teams = team_plan(vectors, c, resident)
         groups = members * teams
-        # The invoker's own workspace: each group's two sums, the per-channel counters (zero
-        # between launches) and the per-channel affine pair.
-        partial = backend.alloc(4 * 2 * groups)
-        sync = backend.to_device(np.zeros(2 * c, np.uint32))
-        stats = backend.alloc(4 * 2 * c)
+        # The invoker's own workspace, zero before the first launch: each member's tagged pair of
+        # sums per channel, and each channel's generation.
+        pairs = backend.to_device(np.zeros(2 * c * members, np.uint64))
+        gen = backend.to_device(np.zeros(c, np.uint32))
         strides = (*problem.x_strides[:2], *problem.y_strides[:2])
         fast = backend.launcher(kernel, (groups, 1, 1), (BLOCK, 1, 1), [
-            *(None,) * 8, partial, sync, stats, i32(n), i32(c), i32(h * w // per), *(i32(s // per) for s in strides),
+            *(None,) * 8, pairs, gen, i32(n), i32(c), i32(h * w // per), *(i32(s // per) for s in strides),
             i32(members), i32(chunk), i32(n * h * w), np.float32(problem.eps), np.float32(problem.factor),
-            i32(problem.running)], shared_bytes=chunk * 16, cooperative=True)
+            i32(problem.running)], shared_bytes=shared_bytes(chunk, members), cooperative=True)
         unaligned = fallback_invoker(handle, problem, "BatchNormSplit")
 
         def train(x, y, scale, bias, running_mean, running_var, saved_mean, saved_invstd):
@@ -109,6 +136,6 @@ class BatchNormPersistent(Solver):
             else:
                 unaligned(x, y, scale, bias, running_mean, running_var, saved_mean, saved_invstd)
 
-        train.workspace = (partial, sync, stats)  # kept alive with the invoker
+        train.workspace = (pairs, gen)  # kept alive with the invoker
         train.grid = (members, chunk, teams)
         return train

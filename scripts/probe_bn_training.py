@@ -1,0 +1,128 @@
+#!/usr/bin/env python3
+"""Where BatchNormPersistent's time goes, on a CUDA GPU: the benchmark's training problem
+(32 x 64 x 112 x 112, fp16 and fp32) launched straight through the backend, in variants:
+
+- cooperatively (as the solver does) and as a plain launch (same grid; safe here only because
+  the GPU is otherwise idle, so every group is resident anyway), to price the cooperative call;
+- with -DBN_TRACE, each group's global timer at its start and at each stage of every channel
+  (this channel staged and summed, its arrival published; the channel before's statistics seen,
+  its writes issued): the median over
+  groups per round, relative to the first group's start, and the kernel's span next to the
+  time between events;
+- other compile options given with --variant "-DBN_REGS=4" (vectors in flight per thread).
+
+    python scripts/probe_bn_training.py --out gpu-out      # on the GPU machine
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import sys
+from pathlib import Path
+
+import numpy as np
+
+SHAPE = (32, 64, 112, 112)
+ROUNDS = 15  # batchnorm_persistent.cu's BN_TRACE_ROUNDS
+# Per round r: channel r staged and summed, its arrival published; the statistics of channel
+# r - 1 seen, its writes issued (the round after the last: the last channel's).
+MARKS = ("staged and summed", "arrived", "statistics seen (channel before)", "writes issued (channel before)")
+
+
+def regs_of(options: tuple[str, ...]) -> int:
+    for option in options:
+        if option.startswith("-DBN_REGS="):
+            return int(option.split("=", 1)[1])
+    return 8
+
+
+def run_variant(h, dtype, extra: tuple[str, ...], cooperative: bool, trace: bool, iters: int) -> dict:
+    from kdbkit.runtime.primitives.batchnorm.solvers import persistent
+
+    backend, i32 = h.backend, np.int32
+    n, c, hh, ww = SHAPE
+    options = (*dtype.options, *extra, *(("-DBN_TRACE",) if trace else ()))
+    kernel = h.program("batchnorm_persistent.cu", options).function("bn_train_persistent")
+    per = 16 // dtype.itemsize
+    vectors = n * hh * ww // per
+    cu = h.device.target.cu or 1
+    resident = persistent.resident_for(backend, kernel, cu)
+    saved, persistent.MAX_CHUNK = persistent.MAX_CHUNK, persistent.BLOCK * regs_of(extra)
+    try:
+        members, chunk, teams = persistent.team_plan(vectors, c, resident)
+    finally:
+        persistent.MAX_CHUNK = saved
+    per_sm = resident(chunk, members) // cu
+    groups = members * teams
+    rng = np.random.default_rng(0)
+    x = backend.to_device((rng.standard_normal(SHAPE) * 2 + 1).astype(dtype.storage))
+    y = backend.alloc(x.nbytes)
+    ones = backend.to_device(np.ones(c, np.float32))
+    zeros = [backend.to_device(np.zeros(c, np.float32)) for _ in range(4)]
+    pairs, gen = backend.to_device(np.zeros(2 * c * members, np.uint64)), backend.to_device(np.zeros(c, np.uint32))
+    slots = 4 * ROUNDS + 2
+    tail = [backend.to_device(np.zeros(groups * slots, np.uint64))] if trace else []
+    plane = hh * ww // per
+    args = [x, y, ones, zeros[0], *zeros, pairs, gen, i32(n), i32(c), i32(plane), i32(c * plane),
+            i32(plane), i32(c * plane), i32(plane), i32(members), i32(chunk), i32(n * hh * ww), np.float32(1e-5),
+            np.float32(0.1), i32(1), *tail]
+    launch = backend.launcher(kernel, (groups, 1, 1), (persistent.BLOCK, 1, 1), args,
+                              shared_bytes=persistent.shared_bytes(chunk, members),
+                              cooperative=cooperative)
+    for _ in range(3):
+        launch()
+    backend.synchronize()
+    ms = statistics.median(backend.time_ms(launch, iters) for _ in range(5))
+    row = {"type": dtype.label, "options": list(extra), "cooperative": cooperative, "groups_per_sm": per_sm,
+           "plan": {"members": members, "chunk_vectors": chunk, "teams": teams, "rounds": -(-c // teams)},
+           "ms": ms, "copy_bytes": 2 * x.nbytes}
+    if trace:
+        launch()
+        backend.synchronize()
+        marks = backend.to_host(tail[0], np.zeros(groups * slots, np.uint64)).reshape(groups, slots).astype(np.int64)
+        start = int(marks[:, 0].min())
+        rel = (marks - start) / 1000.0  # µs after the first group's start
+        rounds = []
+        for r in range(min(ROUNDS, row["plan"]["rounds"] + 1)):
+            cols = marks[:, 1 + 4 * r:5 + 4 * r]
+            stages = {}
+            for i, mark in enumerate(MARKS):
+                live = cols[:, i] > 0
+                if live.any():
+                    stages[mark] = round(float(np.median(rel[live, 1 + 4 * r + i])), 2)
+            rounds.append(stages)
+        row["trace_us"] = {"group start, last": round(float(rel[:, 0].max()), 2), "rounds": rounds,
+                           "group end, median": round(float(np.median(rel[:, -1])), 2),
+                           "group end, last": round(float(rel[:, -1].max()), 2)}
+    return row
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--out", type=Path, default=Path("gpu-out"))
+    parser.add_argument("--iters", type=int, default=50)
+    parser.add_argument("--variant", action="append", default=[], help="compile options, e.g. '-DBN_REGS=4'")
+    args = parser.parse_args()
+
+    import kdbkit
+    from kdbkit.runtime.tensor import DataType
+
+    rows = []
+    with kdbkit.Handle() as h:
+        if h.backend.name != "cuda":
+            sys.exit("no CUDA device: run this on the GPU machine")
+        for dtype in (DataType.FP16, DataType.FP32):
+            for extra in [(), *(tuple(v.split()) for v in args.variant)]:
+                for cooperative, trace in ((True, False), (True, True)):
+                    row = run_variant(h, dtype, extra, cooperative, trace, args.iters)
+                    rows.append(row)
+                    print(json.dumps(row), flush=True)
+    args.out.mkdir(parents=True, exist_ok=True)
+    (args.out / "probe_bn_training.json").write_text(json.dumps(rows, indent=1) + "\n")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
