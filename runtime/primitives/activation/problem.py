@@ -41,7 +41,8 @@ class ActivationMode(enum.IntEnum):
 
     @classmethod
     def parse(cls, value: "int | str | ActivationMode") -> "ActivationMode":
-        """A mode from its number, its name (``relu``, ``gelu-tanh``) or ``sigmoid``/``gelu``.
+        """A mode from its number, its name (``relu``, ``gelu-tanh``; dashes and underscores
+        optional: ``leaky_relu``) or ``sigmoid``/``gelu``.
 
         Raises:
             ProblemError: no such mode.
@@ -53,7 +54,9 @@ class ActivationMode(enum.IntEnum):
             if isinstance(value, int) or (isinstance(value, str) and value.strip().isdigit()):
                 return cls(int(value))
             text = value.strip().lower().replace("_", "-")
-            return aliases.get(text) or next(m for m in cls if m.label == text)
+            # Dashes optional: leaky-relu, leaky_relu (PyTorch's name) and leakyrelu are one mode.
+            bare = text.replace("-", "")
+            return aliases.get(text) or next(m for m in cls if m.label.replace("-", "") == bare)
         except (ValueError, StopIteration, AttributeError):
             names = ", ".join(m.label for m in cls)
             raise ProblemError(f"unknown activation mode {value!r}", f"use one of {names} (or 0-11)") from None
