@@ -33,7 +33,9 @@ KDB_KERNEL void op_tensor_packed(const KDB_GLOBAL kdb_data_t* a, const KDB_GLOBA
  * elements one per thread of the first group. The op is dispatched once per thread (each case
  * inlines the loop with a constant op); each step takes OP_UNROLL vectors a group's size
  * apart, every load issued before any use. */
+#ifndef OP_UNROLL
 #define OP_UNROLL 4
+#endif
 
 KDB_DEVICE_FN void op_tensor_run(const KDB_GLOBAL kdb_vec4u* a, const KDB_GLOBAL kdb_vec4u* b, KDB_GLOBAL kdb_vec4u* c,
                                  int vectors, const int op, float alpha1, float alpha2, float beta)

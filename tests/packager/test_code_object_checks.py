@@ -81,6 +81,7 @@ EXPECTED_LAYOUTS = {
     "activ_fwd_strided": [(0, 8), (8, 8), *((16 + 4 * i, 4) for i in range(19))],
     "activ_bwd_strided": [(0, 8), (8, 8), (16, 8), (24, 8), *((32 + 4 * i, 4) for i in range(19))],
     "activ_fwd_vec": [(0, 8), (8, 8), *((16 + 4 * i, 4) for i in range(5))],
+    "activ_fwd_vec_light": [(0, 8), (8, 8), *((16 + 4 * i, 4) for i in range(5))],
     "activ_bwd_vec": [(0, 8), (8, 8), (16, 8), (24, 8), *((32 + 4 * i, 4) for i in range(5))],
     # softmax.c: pointers, then N, C, H, W, channel mode, 2 x 4 strides, algorithm, alpha, beta
     **{f"softmax_fwd_{k}": [(0, 8), (8, 8), *((16 + 4 * i, 4) for i in range(16))]
@@ -125,7 +126,7 @@ EXPECTED_LDS = {  # static LDS bytes at the default options
     "relu_fwd": 0, "leaky_relu_fwd": 0,
     "activ_fwd_packed": 0, "activ_bwd_packed": 0, "activ_fwd_strided": 0, "activ_bwd_strided": 0,
     "softmax_fwd_block": 256 * 4, "softmax_bwd_block": 256 * 4,  # BLOCK floats of scratch
-    "activ_fwd_vec": 0, "activ_bwd_vec": 0, "op_tensor_vec": 0, "bn_fwd_infer_vec": 0,
+    "activ_fwd_vec": 0, "activ_fwd_vec_light": 0, "activ_bwd_vec": 0, "op_tensor_vec": 0, "bn_fwd_infer_vec": 0,
     "softmax_fwd_lanes": 256 * 4, "softmax_bwd_lanes": 256 * 4,  # scratch for runs wider than 32 lanes
     "softmax_fwd_thread": 0, "softmax_bwd_thread": 0, "softmax_fwd_rows": 256 * 4, "softmax_fwd_block_even": 256 * 4, "op_tensor_packed": 0, "op_tensor_strided": 0,
     "layernorm_fwd": 256 * 4, "layernorm_fwd_lanes": 256 * 4, "layernorm_bwd_data": 256 * 4, "layernorm_bwd_weight": 0, "pool_fwd": 0, "pool_fwd_2d": 0, "pool_fwd_small": 0, "pool_fwd_band": 6144 * 4, "pool_bwd": 0,

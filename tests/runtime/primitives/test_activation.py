@@ -36,6 +36,18 @@ def test_forward_and_backward_match_the_reference(handle, mode, dtype):
     assert dx.dtype == x.dtype and dx.shape == x.shape
 
 
+@pytest.mark.parametrize("dtype", ["fp32", "fp16"])
+@pytest.mark.parametrize("mode", ["relu", "leaky_relu", "clipped-relu", "abs", "gelu"])  # the spellings PyTorch and MIOpen use
+def test_packed_forward_over_many_groups_and_a_tail(handle, mode, dtype):
+    # Thousands of 16-byte vectors (many groups, one vector per thread in activ_fwd_vec_light,
+    # four in activ_fwd_vec) and a last partial vector.
+    store, read, tol = TYPES[dtype]
+    x = store(np.random.default_rng(11).standard_normal(128 * 8 * 37 + 5) * 2)
+    y = kdbkit.activation_forward(handle, x, mode, dtype=dtype, solver="ActivPacked", **PARAMS)
+    np.testing.assert_allclose(read(y), ref.forward(read(x), int(ActivationMode.parse(mode)), **PARAMS),
+                               rtol=tol, atol=tol)
+
+
 def test_strided_device_tensors_take_the_strided_solver(handle):
     be = handle.backend
     rng = np.random.default_rng(3)

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from kdbkit.runtime.primitives.activation.problem import ActivationProblem
+from kdbkit.runtime.primitives.activation.problem import ActivationMode, ActivationProblem
 from kdbkit.runtime.primitives.activation.solvers.common import INT_MAX, mode_args, program
 from kdbkit.runtime.solver import (
     APPLIES,
@@ -16,6 +16,15 @@ from kdbkit.runtime.solver import (
     register,
     vector_elements,
 )
+
+
+# activ.c's activ_fwd_vec and activ_fwd_vec_light: threads per group and vectors per thread and
+# step (ACTIV_UNROLL, ACTIV_LIGHT_UNROLL); the grid gives each thread one step.
+BLOCK, UNROLL = 256, 4
+LIGHT_BLOCK, LIGHT_UNROLL = 128, 1
+# Modes whose function is a few instructions: activ_fwd_vec_light's (scripts/compare_elementwise.py).
+LIGHT_MODES = frozenset({ActivationMode.PASTHRU, ActivationMode.RELU, ActivationMode.ABS, ActivationMode.CLIPPEDRELU,
+                         ActivationMode.LEAKYRELU})
 
 
 @register
@@ -39,14 +48,17 @@ class ActivPacked(Solver):
         prog = handle.program(request.kernel_file, request.options)
         n, tail = np.int32(problem.numel), mode_args(problem)
         name = "activ_fwd" if problem.direction == "fwd" else "activ_bwd"
-        scalar, vector = prog.function(f"{name}_packed"), prog.function(f"{name}_vec")
+        light = problem.direction == "fwd" and problem.mode in LIGHT_MODES
+        scalar = prog.function(f"{name}_packed")
+        vector = prog.function(f"{name}_vec_light" if light else f"{name}_vec")
         vectors = problem.numel // vector_elements(problem.dtype)
 
         order = ("x", "y") if problem.direction == "fwd" else ("x", "y", "dy", "dx")
 
-        # A group per 256 x 4 vectors (the kernel's unroll): each thread one step, no tail wave.
-        fast = launcher_1d(handle, vector, max(-(-vectors // 4), 1), [*(None for _ in order), n, *tail],
-                           max_groups=65535)
+        # A group per block x unroll vectors: each thread one step, no tail wave.
+        block, unroll = (LIGHT_BLOCK, LIGHT_UNROLL) if light else (BLOCK, UNROLL)
+        fast = launcher_1d(handle, vector, max(-(-vectors // unroll), 1), [*(None for _ in order), n, *tail],
+                           block=block, max_groups=1 << 20)
 
         def run(**named):
             # 16 bytes per access where every tensor starts 16-byte aligned; the scalar kernel otherwise.
