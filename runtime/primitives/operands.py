@@ -103,5 +103,7 @@ def device_default(handle, out: Any, like_input: Any, desc: TensorDesc) -> Any:
     if out is None and isinstance(like_input, DeviceTensor):
         return DeviceTensor.empty(handle.backend, TensorDesc.packed(desc.dtype, desc.shape))
     if out is None and interop.is_foreign_device_tensor(like_input):
-        return interop.empty_like(like_input, TensorDesc.packed(desc.dtype, desc.shape))
+        packed = TensorDesc.packed(desc.dtype, desc.shape)
+        out = interop.empty_like(like_input, packed)
+        repeat.note_new(out, like_input, packed)  # a repeat call makes it the same way
     return out

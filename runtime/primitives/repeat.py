@@ -8,9 +8,12 @@ argument fed each of the invoker's tensors. The plan is keyed by the call's othe
 and each tensor argument's kind, shape, strides, type and device, so a later call with the
 same key is the same problem: it takes the tensors' current addresses and calls the invoker.
 
-Calls with NumPy arrays, outputs left for kdbkit to allocate, or temporaries never leave a
-plan (they run the full path every time), and while KDB_CHECK_NUMERICS or
-KDB_ENABLE_LOGGING_CMD is set every call takes the full path, so both see every call.
+An output left for kdbkit to allocate beside PyTorch or CuPy inputs is part of the plan too: a
+repeat call allocates it anew the same way (torch.empty_like's cost, a few µs, instead of the
+full path's). Calls with NumPy arrays, kdbkit's own new outputs (DeviceTensor.empty is a
+device allocation) or temporaries never leave a plan (they run the full path every time), and
+while KDB_CHECK_NUMERICS or KDB_ENABLE_LOGGING_CMD is set every call takes the full path, so
+both see every call.
 """
 
 from __future__ import annotations
@@ -20,7 +23,7 @@ import functools
 import inspect
 from typing import Any, Callable
 
-from kdbkit.runtime import env
+from kdbkit.runtime import env, interop
 from kdbkit.runtime.tensor import DeviceTensor
 
 MAX_PLANS = 4096  # per handle; past it the plans start over (a program with endless shapes)
@@ -71,10 +74,13 @@ def _address(value: Any) -> int:
 
 
 class _Plan:
-    __slots__ = ("invoker", "feeds", "result", "wrapped")
+    __slots__ = ("invoker", "feeds", "result", "wrapped", "new")
 
-    def __init__(self, invoker, feeds, result):
-        self.invoker, self.feeds, self.result = invoker, feeds, result
+    def __init__(self, invoker, feeds, result, new=()):
+        # feeds: (invoker keyword, argument slot or ("new", k), bytes); result: the same, per
+        # returned value; new: per output kdbkit allocates, (slot of the tensor it is made
+        # beside, its descriptor).
+        self.invoker, self.feeds, self.result, self.new = invoker, feeds, result, new
         # Per feed, the buffer that wrapped its tensor last time: reused while the address is
         # the same (the usual case: a model's tensors stay put), instead of a new wrap per call.
         self.wrapped = [None] * len(feeds)
@@ -85,46 +91,68 @@ class _Recorder:
 
     def __init__(self, arguments: dict[str, Any]):
         self.arguments = arguments
-        self.origins: dict[int, tuple[str, Any]] = {}  # id(buffer) -> (argument name, buffer)
+        self.origins: dict[int, tuple[Any, Any]] = {}  # id(buffer) -> (argument name or ("new", k), buffer)
         self.calls: list[tuple[Any, dict]] = []
+        self.new: list[tuple[Any, Any, Any]] = []  # (output kdbkit allocated, the tensor it is beside, descriptor)
 
     def note(self, buffer: Any, what: str, value: Any) -> None:
-        """``buffer`` is argument ``what``'s device tensor, in place (not a copy, not a new tensor)."""
+        """``buffer`` is argument ``what``'s device tensor, in place (not a copy), or an output
+        noted by :meth:`note_new`."""
         if what in self.arguments and self.arguments[what] is value and _signature(value) is not ...:
             self.origins[id(buffer)] = (what, buffer)
+            return
+        for k, (new, _, _) in enumerate(self.new):
+            if new is value:
+                self.origins[id(buffer)] = (("new", k), buffer)
+
+    def note_new(self, value: Any, beside: Any, desc: Any) -> None:
+        self.new.append((value, beside, desc))
+
+    def _slot_of(self, origin: Any, slots: dict[str, int]) -> Any:
+        return origin if isinstance(origin, tuple) else slots[origin]
 
     def plan(self, result: Any, slots: dict[str, int]) -> _Plan | None:
         """The plan, with each tensor and the result given as argument positions (``slots``)."""
         if len(self.calls) != 1:
             return None  # none, or several invokers: not a plan's shape
         invoker, buffers = self.calls[0]
+        new = []
+        for _, beside, desc in self.new:
+            name = next((n for n, argument in self.arguments.items() if argument is beside), None)
+            if name is None or _signature(beside) is ...:
+                return None  # made beside something that is not a device tensor argument
+            new.append((slots[name], desc))
         feeds = []
         for keyword, buffer in buffers.items():
             origin = self.origins.get(id(buffer))
             if origin is None or origin[1] is not buffer:
-                return None  # a temporary, an allocated output, or a stand-in buffer
-            feeds.append((keyword, slots[origin[0]], int(getattr(buffer, "nbytes", 0))))
-        shape = _result_shape(result, self.arguments)
+                return None  # a temporary, a kdbkit-allocated buffer, or a stand-in buffer
+            feeds.append((keyword, self._slot_of(origin[0], slots), int(getattr(buffer, "nbytes", 0))))
+        shape = _result_shape(result, self.arguments, [v for v, _, _ in self.new])
         if shape is ...:
             return None
-        shape = tuple(None if n is None else slots[n] for n in shape) if isinstance(shape, tuple) else \
-            None if shape is None else slots[shape]
-        return _Plan(invoker, tuple(feeds), shape)
+        shape = [None if n is None else self._slot_of(n, slots) for n in shape] if isinstance(shape, list) \
+            else None if shape is None else self._slot_of(shape, slots)
+        return _Plan(invoker, tuple(feeds), shape, tuple(new))
 
 
-def _result_shape(result: Any, arguments: dict[str, Any]) -> Any:
-    """The call's return value as argument names (None kept), or ``...`` if it holds anything else."""
+def _result_shape(result: Any, arguments: dict[str, Any], new: list) -> Any:
+    """The call's return value as argument names or ("new", k) (None kept; a tuple as a list),
+    or ``...`` if it holds anything else."""
     def name_of(value):
         if value is None:
             return None
         for name, argument in arguments.items():
             if argument is value:
                 return name
+        for k, made in enumerate(new):
+            if made is value:
+                return ("new", k)
         return ...
 
     if isinstance(result, tuple):
-        names = tuple(name_of(v) for v in result)
-        return ... if ... in names else names
+        names = [name_of(v) for v in result]
+        return ... if any(n is ... for n in names) else names
     return name_of(result)
 
 
@@ -133,6 +161,13 @@ def note_buffer(buffer: Any, what: str, value: Any) -> None:
     recorder = _recording.get()
     if recorder is not None:
         recorder.note(buffer, what, value)
+
+
+def note_new(value: Any, beside: Any, desc: Any) -> None:
+    """device_default: ``value`` is an output kdbkit allocated like ``beside``, shaped ``desc``."""
+    recorder = _recording.get()
+    if recorder is not None:
+        recorder.note_new(value, beside, desc)
 
 
 def note_invoke(invoker: Any, buffers: dict[str, Any]) -> None:
@@ -192,8 +227,9 @@ def repeatable(api: str, tensors: tuple[str, ...]) -> Callable:
                 return function(handle, *args, **kwargs)
             if plan is not None:
                 buffers, wrapped = {}, plan.wrapped
+                made = [interop.empty_like(values[slot], desc) for slot, desc in plan.new] if plan.new else None
                 for k, (keyword, slot, nbytes) in enumerate(plan.feeds):
-                    value = values[slot]
+                    value = values[slot] if type(slot) is int else made[slot[1]]
                     if _kinds[type(value)] == _KDBKIT:
                         buffers[keyword] = value.buffer
                         continue
@@ -203,9 +239,9 @@ def repeatable(api: str, tensors: tuple[str, ...]) -> Callable:
                     buffers[keyword] = held
                 plan.invoker(**buffers)
                 shape = plan.result
-                if type(shape) is tuple:
-                    return tuple(None if n is None else values[n] for n in shape)
-                return None if shape is None else values[shape]
+                if type(shape) is list:
+                    return tuple(None if n is None else values[n] if type(n) is int else made[n[1]] for n in shape)
+                return None if shape is None else values[shape] if type(shape) is int else made[shape[1]]
             if any(v is missing for v in values):  # a required argument is absent: the function says which
                 return function(handle, *args, **kwargs)
             arguments = dict(zip(names, values))

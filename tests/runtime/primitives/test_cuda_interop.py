@@ -169,3 +169,34 @@ def test_repeat_calls_alternating_between_tensors_that_stay_put(cuda_handle):
         torch.cuda.synchronize()
         assert torch.equal(y, torch.relu(x)), call
     assert len(cuda_handle.plans) == 1
+
+
+def test_repeat_calls_with_outputs_left_to_kdbkit(cuda_handle, monkeypatch):
+    """Outputs kdbkit allocates beside PyTorch inputs are part of a plan: a repeat call makes
+    new ones (each call's result its own tensor) without the full path."""
+    import importlib
+
+    full_path = []
+    for module in ("activation", "layernorm", "pooling"):
+        api = importlib.import_module(f"kdbkit.runtime.primitives.{module}.api")
+        monkeypatch.setattr(api, "invoke", lambda *a, real=api.invoke, **k: (full_path.append(a[1].config()),
+                                                                             real(*a, **k))[1])
+    rows, w, b = torch.empty(8, 64, device="cuda"), torch.randn(64, device="cuda"), torch.randn(64, device="cuda")
+    img = torch.empty(2, 3, 9, 9, device="cuda", dtype=torch.float16)
+    calls = []
+    for _ in range(4):  # the same inputs with new values each time
+        rows.normal_()
+        img.normal_()
+        relu = kdbkit.activation_forward(cuda_handle, rows, "relu")
+        y, mean, rstd = kdbkit.layernorm_forward(cuda_handle, rows, w, b)
+        pooled, indices = kdbkit.pooling_forward(cuda_handle, img, window=3, stride=2, pad=1, save_indices=False)
+        calls.append((rows.clone(), img.clone(), relu, y, mean, rstd, pooled, indices))
+    torch.cuda.synchronize()
+    assert len(full_path) == 3  # the first call of each
+    for r, i, relu, y, mean, rstd, pooled, indices in calls:
+        assert torch.equal(relu, torch.relu(r))
+        assert rel_error(y, torch.nn.functional.layer_norm(r.double(), (64,), w.double(), b.double())) < 1e-5
+        assert rel_error(mean, r.double().mean(1)) < 1e-5
+        assert rel_error(rstd, 1 / torch.sqrt(r.double().var(1, unbiased=False) + 1e-5)) < 1e-4
+        assert torch.equal(pooled, torch.nn.functional.max_pool2d(i, 3, 2, 1)) and indices is None
+    assert len({c[3].data_ptr() for c in calls}) == 4  # every call's output its own
