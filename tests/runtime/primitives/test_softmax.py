@@ -163,3 +163,16 @@ def test_unaligned_tensors_take_the_fallback_solver(handle, monkeypatch):
         y = kdbkit.softmax_forward(handle, x, solver="SoftmaxLanes")
         np.testing.assert_allclose(y, ref.forward(x), rtol=1e-5, atol=1e-6)
     assert len(built) == 1  # built once, on the first unaligned call
+
+
+@pytest.mark.parametrize("algorithm", ["accurate", "log"])
+@pytest.mark.parametrize("cols", [128, 1024, 2048])  # one warp, two, eight of lanes per row
+def test_masked_rows_with_whole_threads_of_minus_infinity(handle, algorithm, cols):
+    # An attention mask: stretches of -inf wider than one thread's elements, so some threads of
+    # a row take their own maximum off nothing but -inf (SoftmaxLanes combines per-thread sums).
+    rng = np.random.default_rng(cols)
+    x = (rng.standard_normal((6, cols)) * 4).astype(np.float32)
+    x[:, cols // 8: cols // 2] = -np.inf
+    x[1, : cols - 1] = -np.inf  # one element left in the row
+    y = kdbkit.softmax_forward(handle, x, algorithm=algorithm, mode="instance", solver="SoftmaxLanes")
+    np.testing.assert_allclose(y, ref.forward(x, algorithm, "instance"), rtol=1e-5, atol=1e-6)
