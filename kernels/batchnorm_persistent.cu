@@ -52,9 +52,16 @@
             trace[blockIdx.x * (4 * BN_TRACE_ROUNDS + 2) + (slot)] = now;                                     \
         }                                                                                                      \
     } while (0)
+/* After every group's marks, per group and round: how many members' sums the early copy missed. */
+#define BN_COUNT(round, n)                                                                                      \
+    do {                                                                                                       \
+        if (t == 0 && (round) < BN_TRACE_ROUNDS)                                                               \
+            trace[gridDim.x * (4 * BN_TRACE_ROUNDS + 2) + blockIdx.x * BN_TRACE_ROUNDS + (round)] = (n);     \
+    } while (0)
 #else
 #define BN_TRACE_ARG
 #define BN_MARK(slot) do { } while (0)
+#define BN_COUNT(round, n) do { } while (0)
 #endif
 
 __device__ __forceinline__ float bn_warp_sum(float v)
@@ -149,15 +156,17 @@ __device__ __forceinline__ void bn_fetch_pairs(unsigned long long* copy, const u
  * read again from pairs until it carries `tag` (its member had not published yet); every lane
  * gets them. */
 __device__ __forceinline__ void bn_team_sums(const unsigned long long* copy, const unsigned long long* pairs,
-                                             int members, unsigned int tag, float* s1, float* s2)
+                                             int members, unsigned int tag, float* s1, float* s2, int* late)
 {
 #if __CUDA_ARCH__ >= 800
     asm volatile("cp.async.wait_all;" ::: "memory");
 #endif
     float t1 = 0.0f, t2 = 0.0f;
+    int stale = 0; /* pairs whose copy was not yet the channel's (BN_TRACE counts them) */
     for (int m = threadIdx.x; m < members; m += 32) {
         const volatile unsigned long long* pair = pairs + 2 * m;
         unsigned long long a = copy[2 * m], b = copy[2 * m + 1];
+        stale += (unsigned int)(a >> 32) != tag || (unsigned int)(b >> 32) != tag;
         while ((unsigned int)(a >> 32) != tag || (unsigned int)(b >> 32) != tag) {
             __nanosleep(64);
             a = pair[0];
@@ -168,7 +177,40 @@ __device__ __forceinline__ void bn_team_sums(const unsigned long long* copy, con
     }
     *s1 = bn_warp_sum(t1);
     *s2 = bn_warp_sum(t2);
+    *late = (int)bn_warp_sum((float)stale);
 }
+
+/* Warp 0 of a member: the statistics of channel `before` from the team's sums (copied first
+ * where FETCH), its affine pair into shared memory; member 0 also writes the saved and running
+ * statistics and moves the channel's generation on. (A macro: it uses most of the kernel's
+ * arguments and locals.) */
+#define BN_CHANNEL_STATS(FETCH)                                                                                 \
+    do {                                                                                                       \
+        float t1, t2;                                                                                          \
+        int late;                                                                                              \
+        if (FETCH)                                                                                             \
+            bn_fetch_pairs(copies, pairs + 2 * (long)before * members, members);                              \
+        bn_team_sums(copies, pairs + 2 * (long)before * members, members, tag_before, &t1, &t2, &late);       \
+        BN_COUNT(round, late);                                                                                 \
+        if (lane == 0) {                                                                                       \
+            const float shifted = t1 / count;                                                                  \
+            const float var = fmaxf(t2 / count - shifted * shifted, 0.0f);                                     \
+            const float mean = k_before + shifted, invstd = 1.0f / sqrtf(var + eps);                          \
+            const float a = scale[before] * invstd;                                                           \
+            affine[0] = a;                                                                                     \
+            affine[1] = bias[before] - a * mean;                                                               \
+            if (member == 0) {                                                                                 \
+                saved_mean[before] = mean;                                                                     \
+                saved_invstd[before] = invstd;                                                                 \
+                if (update_running) {                                                                          \
+                    const float unbiased = count > 1 ? var * count / (count - 1) : var;                       \
+                    running_mean[before] = (1.0f - factor) * running_mean[before] + factor * mean;            \
+                    running_var[before] = (1.0f - factor) * running_var[before] + factor * unbiased;          \
+                }                                                                                              \
+                gen[before] = tag_before; /* every member has read the old generation */                       \
+            }                                                                                                  \
+        }                                                                                                      \
+    } while (0)
 
 extern "C" __global__ void __launch_bounds__(BN_BLOCK)
 bn_train_persistent(const kdb_vec4u* __restrict__ x, kdb_vec4u* __restrict__ y, const float* __restrict__ scale,
@@ -236,30 +278,8 @@ bn_train_persistent(const kdb_vec4u* __restrict__ x, kdb_vec4u* __restrict__ y, 
         if (before >= 0) {
             /* The channel before: its statistics from the team's sums, then its outputs from the
              * other stage. */
-            if (warp == 0) {
-                float t1, t2;
-                if (c >= C)
-                    bn_fetch_pairs(copies, pairs + 2 * (long)before * members, members);
-                bn_team_sums(copies, pairs + 2 * (long)before * members, members, tag_before, &t1, &t2);
-                if (lane == 0) {
-                    const float shifted = t1 / count;
-                    const float var = fmaxf(t2 / count - shifted * shifted, 0.0f);
-                    const float mean = k_before + shifted, invstd = 1.0f / sqrtf(var + eps);
-                    const float a = scale[before] * invstd;
-                    affine[0] = a;
-                    affine[1] = bias[before] - a * mean;
-                    if (member == 0) {
-                        saved_mean[before] = mean;
-                        saved_invstd[before] = invstd;
-                        if (update_running) {
-                            const float unbiased = count > 1 ? var * count / (count - 1) : var;
-                            running_mean[before] = (1.0f - factor) * running_mean[before] + factor * mean;
-                            running_var[before] = (1.0f - factor) * running_var[before] + factor * unbiased;
-                        }
-                        gen[before] = tag_before; /* every member has read the old generation */
-                    }
-                }
-            }
+            if (warp == 0)
+                BN_CHANNEL_STATS(c >= C);
             __syncthreads();
             BN_MARK(3 + 4 * round); /* the statistics seen */
             bn_write_chunk(y, stages + (stage ^ 1) * chunk, before, lo, hi, HWv, ys0, ys1, affine[0], affine[1]);

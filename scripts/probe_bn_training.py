@@ -6,7 +6,7 @@
   the GPU is otherwise idle, so every group is resident anyway), to price the cooperative call;
 - with -DBN_TRACE, each group's global timer at its start and at each stage of every channel
   (this channel staged and summed, its arrival published; the channel before's statistics seen,
-  its writes issued): the median over
+  its writes issued), and how many groups found a member's sums missing from their early copy: the median over
   groups per round, relative to the first group's start, and the kernel's span next to the
   time between events;
 - other compile options given with --variant "-DBN_REGS=4" (vectors in flight per thread).
@@ -57,15 +57,16 @@ def run_variant(h, dtype, extra: tuple[str, ...], cooperative: bool, trace: bool
     per_sm = resident(chunk, members) // cu
     groups = members * teams
     rng = np.random.default_rng(0)
-    x = backend.to_device((rng.standard_normal(SHAPE) * 2 + 1).astype(dtype.storage))
+    host = (rng.standard_normal(SHAPE) * 2 + 1).astype(dtype.storage)
+    x = backend.to_device(host)
     y = backend.alloc(x.nbytes)
     ones = backend.to_device(np.ones(c, np.float32))
-    zeros = [backend.to_device(np.zeros(c, np.float32)) for _ in range(4)]
+    zeros = [backend.to_device(np.zeros(c, np.float32)) for _ in range(5)]  # bias, then the four statistics
     pairs, gen = backend.to_device(np.zeros(2 * c * members, np.uint64)), backend.to_device(np.zeros(c, np.uint32))
     slots = 4 * ROUNDS + 2
-    tail = [backend.to_device(np.zeros(groups * slots, np.uint64))] if trace else []
+    tail = [backend.to_device(np.zeros(groups * (slots + ROUNDS), np.uint64))] if trace else []
     plane = hh * ww // per
-    args = [x, y, ones, zeros[0], *zeros, pairs, gen, i32(n), i32(c), i32(plane), i32(c * plane),
+    args = [x, y, ones, *zeros, pairs, gen, i32(n), i32(c), i32(plane), i32(c * plane),
             i32(plane), i32(c * plane), i32(plane), i32(members), i32(chunk), i32(n * hh * ww), np.float32(1e-5),
             np.float32(0.1), i32(1), *tail]
     launch = backend.launcher(kernel, (groups, 1, 1), (persistent.BLOCK, 1, 1), args,
@@ -75,13 +76,21 @@ def run_variant(h, dtype, extra: tuple[str, ...], cooperative: bool, trace: bool
         launch()
     backend.synchronize()
     ms = statistics.median(backend.time_ms(launch, iters) for _ in range(5))
+    # Each variant checked: y against NumPy's normalisation (scale 1, bias 0).
+    out = backend.to_host(y, np.empty(SHAPE, dtype.storage)).astype(np.float64)
+    ref = host.astype(np.float64)
+    ref = (ref - ref.mean((0, 2, 3), keepdims=True)) / np.sqrt(ref.var((0, 2, 3), keepdims=True) + 1e-5)
+    error = float(np.abs(out - ref).max())
+    assert error < (2e-2 if dtype.itemsize == 2 else 1e-4), f"{extra}: y is off by {error}"
     row = {"type": dtype.label, "options": list(extra), "cooperative": cooperative, "groups_per_sm": per_sm,
            "plan": {"members": members, "chunk_vectors": chunk, "teams": teams, "rounds": -(-c // teams)},
            "ms": ms, "copy_bytes": 2 * x.nbytes}
     if trace:
         launch()
         backend.synchronize()
-        marks = backend.to_host(tail[0], np.zeros(groups * slots, np.uint64)).reshape(groups, slots).astype(np.int64)
+        raw = backend.to_host(tail[0], np.zeros(groups * (slots + ROUNDS), np.uint64)).astype(np.int64)
+        marks = raw[:groups * slots].reshape(groups, slots)
+        late = raw[groups * slots:].reshape(groups, ROUNDS)
         start = int(marks[:, 0].min())
         rel = (marks - start) / 1000.0  # µs after the first group's start
         rounds = []
@@ -92,6 +101,9 @@ def run_variant(h, dtype, extra: tuple[str, ...], cooperative: bool, trace: bool
                 live = cols[:, i] > 0
                 if live.any():
                     stages[mark] = round(float(np.median(rel[live, 1 + 4 * r + i])), 2)
+            if r > 0 and r < ROUNDS:  # the team's sums of the channel before, read in this round
+                stages["groups whose early copy missed a member"] = int((late[:, r] > 0).sum())
+                stages["most members missed"] = int(late[:, r].max())
             rounds.append(stages)
         row["trace_us"] = {"group start, last": round(float(rel[:, 0].max()), 2), "rounds": rounds,
                            "group end, median": round(float(np.median(rel[:, -1])), 2),
