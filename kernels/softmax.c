@@ -319,9 +319,9 @@ KDB_KERNEL void softmax_fwd_rows(const KDB_GLOBAL kdb_data_t* x, KDB_GLOBAL kdb_
 /* Vector j of a row, for this thread's slot k (k < LANES_VECS) and lane. */
 #define SM_LANE_VEC(k) (lane + (k) * lanes)
 
-KDB_KERNEL void SM_LANES_BOUNDS softmax_fwd_lanes(const KDB_GLOBAL kdb_vec4u* x, KDB_GLOBAL kdb_vec4u* y, SM_GEOMETRY, int xs0,
-                                  int xs1, int xs2, int xs3, int ys0, int ys1, int ys2, int ys3, int algorithm,
-                                  float alpha, float beta, int lanes)
+KDB_KERNEL void SM_LANES_BOUNDS
+softmax_fwd_lanes(const KDB_GLOBAL kdb_vec4u* x, KDB_GLOBAL kdb_vec4u* y, SM_GEOMETRY, int xs0, int xs1, int xs2,
+                  int xs3, int ys0, int ys1, int ys2, int ys3, int algorithm, float alpha, float beta, int lanes)
 {
     KDB_SHARED(float, scratch, BLOCK);
     const int rows = SM_ROWS, vecs = SM_LEN / KDB_VEC;
