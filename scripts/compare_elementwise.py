@@ -26,11 +26,11 @@ def with_options(program, extra: tuple[str, ...], problem):
     return type(request)(request.kernel_file, (*request.options, *extra))
 
 
-def launcher_for(original, block: int, unroll: int):
-    """OpTensorPacked's launcher_1d with ``block`` threads and a grid of one step per thread at ``unroll``."""
+def launcher_for(original, block: int):
+    """OpTensorPacked's launcher_1d with ``block`` threads (its grid follows its UNROLL)."""
 
     def launcher_1d(handle, kernel, n, args, max_groups=4096):
-        return original(handle, kernel, max(-(-n * 4 // unroll), 1), args, block=block, max_groups=1 << 20)
+        return original(handle, kernel, n, args, block=block, max_groups=max_groups)
 
     return launcher_1d
 
@@ -47,7 +47,7 @@ def main() -> int:
     print(f"device-to-device copy: {copy:.0f} GB/s", flush=True)
     names = ("program", "BLOCK", "UNROLL", "LIGHT_BLOCK", "LIGHT_UNROLL")
     saved_activ = {k: getattr(activ, k) for k in names}
-    saved_op = (tensorop.program, tensorop.launcher_1d)
+    saved_op = (tensorop.program, tensorop.launcher_1d, tensorop.UNROLL)
     try:
         for variant in VARIANTS:
             if variant is not None:
@@ -57,7 +57,8 @@ def main() -> int:
                 activ.BLOCK = activ.LIGHT_BLOCK = block
                 activ.UNROLL = activ.LIGHT_UNROLL = unroll
                 tensorop.program = functools.partial(with_options, saved_op[0], (f"-DOP_UNROLL={unroll}",))
-                tensorop.launcher_1d = launcher_for(saved_op[1], block, unroll)
+                tensorop.launcher_1d = launcher_for(saved_op[1], block)
+                tensorop.UNROLL = unroll
             label_v = "as built" if variant is None else f"{variant}"
             with kdbkit.Handle() as h:
                 for dt, label in ((torch.float16, "fp16"), (torch.bfloat16, "bf16"), (torch.float32, "fp32")):
@@ -83,7 +84,7 @@ def main() -> int:
     finally:
         for k, v in saved_activ.items():
             setattr(activ, k, v)
-        tensorop.program, tensorop.launcher_1d = saved_op
+        tensorop.program, tensorop.launcher_1d, tensorop.UNROLL = saved_op
     return 0
 
 

@@ -31,6 +31,20 @@ def test_ops_with_broadcasting_match_numpy(handle, op, dtype, a_shape, b_shape):
     np.testing.assert_allclose(read(c), expected, rtol=tol, atol=tol * 4)
 
 
+@pytest.mark.parametrize("dtype", ["fp32", "fp16"])
+@pytest.mark.parametrize("op", ["add", "max"])
+def test_packed_ops_over_many_groups_and_a_tail(handle, op, dtype):
+    # Thousands of 16-byte vectors (many groups of one-vector threads) and a last partial vector.
+    store, read, tol = TYPES[dtype]
+    rng = np.random.default_rng(13)
+    a, b, c0 = (store(rng.standard_normal(256 * 4 * 29 + 3)) for _ in range(3))
+    for beta in (0.0, 0.5):
+        c = c0.copy()
+        kdbkit.op_tensor(handle, op, a, b, alpha1=1.5, beta=beta, c=c, dtype=dtype, solver="OpTensorPacked")
+        expected = NUMPY_OPS[op](1.5 * read(a).astype(np.float64), read(b)) + beta * read(c0)
+        np.testing.assert_allclose(read(c), expected, rtol=tol, atol=tol * 4)
+
+
 def test_solver_choice_and_the_result_array(handle):
     a = np.arange(12, dtype=np.float32).reshape(3, 4)
     np.testing.assert_array_equal(kdbkit.op_tensor(handle, "max", a, a[::-1].copy()), np.maximum(a, a[::-1]))

@@ -30,6 +30,9 @@ def scalars(problem: TensorOpProblem) -> list:
             np.float32(problem.beta)]
 
 
+UNROLL = 1  # tensorop.c's OP_UNROLL: vectors per thread and step
+
+
 @register
 class OpTensorPacked(Solver):
     id = 5
@@ -56,8 +59,9 @@ class OpTensorPacked(Solver):
         n = int(np.prod(problem.shape))
         vectors, tail = n // vector_elements(problem.dtype), [np.int32(n), *scalars(problem)]
 
-        # A group per 256 x 4 vectors (the kernel's unroll): each thread one step, no tail wave.
-        fast = launcher_1d(handle, vector, max(-(-vectors // 4), 1), [None, None, None, *tail], max_groups=65535)
+        # A group per 256 x UNROLL vectors: each thread one step, no tail wave.
+        fast = launcher_1d(handle, vector, max(-(-vectors // UNROLL), 1), [None, None, None, *tail],
+                           max_groups=1 << 20)
 
         def run(a, b, c):
             if aligned16(a, b, c):  # 16 bytes per access; the scalar kernel for other offsets
