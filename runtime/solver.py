@@ -141,10 +141,33 @@ def launch_1d(handle: "Handle", kernel: Any, n: int, args: list, block: int = 25
     handle.backend.launch(kernel, _grid_1d(n, block, max_groups), (block, 1, 1), args)
 
 
-def launcher_1d(handle: "Handle", kernel: Any, n: int, args: list, block: int = 256, max_groups: int = 4096):
+def launcher_1d(handle: "Handle", kernel: Any, n: int, args: list, block: int = 256, max_groups: int = 4096,
+                groups_per_unit: int | None = None):
     """:func:`launch_1d` made once (``None`` where a buffer comes at run time): the returned
-    function takes those buffers in order (Backend.launcher)."""
-    return handle.backend.launcher(kernel, _grid_1d(n, block, max_groups), (block, 1, 1), args)
+    function takes those buffers in order (Backend.launcher). ``groups_per_unit``: at most
+    this many groups share a multiprocessor (:func:`residency_cap`)."""
+    shared = residency_cap(handle, kernel, block, groups_per_unit) if groups_per_unit else 0
+    return handle.backend.launcher(kernel, _grid_1d(n, block, max_groups), (block, 1, 1), args, shared_bytes=shared)
+
+
+def residency_cap(handle: "Handle", kernel: Any, block: int, groups: int) -> int:
+    """Dynamic shared memory (bytes, unused by the kernel) with which at most ``groups`` groups
+    of ``block`` threads share a multiprocessor: some streaming kernels run faster a little
+    below full occupancy. 0 where the kernel already fits no more, or where the backend has no
+    occupancy calculator to ask (only CUDA's is)."""
+    resident = getattr(handle.backend, "resident_groups", None)
+    if resident is None or resident(kernel, block, 0) <= groups:
+        return 0
+    low, high = 0, 48 * 1024  # at most 48 KiB: no opt-in needed, and few groups fit past it
+    if resident(kernel, block, high) > groups:
+        return 0
+    while high - low > 256:  # the smallest multiple of 256 bytes that caps it
+        middle = (low + high) // 2 // 256 * 256
+        if resident(kernel, block, middle) <= groups:
+            high = middle
+        else:
+            low = middle
+    return high
 
 
 def fallback_invoker(handle: "Handle", problem: Any, solver_name: str) -> Callable[..., None]:

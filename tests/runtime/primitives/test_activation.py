@@ -48,6 +48,23 @@ def test_packed_forward_over_many_groups_and_a_tail(handle, mode, dtype):
                                rtol=tol, atol=tol)
 
 
+def test_the_light_kernel_s_residency_cap(handle):
+    """activ_fwd_vec_light runs a little below full occupancy on CUDA: the dynamic shared memory
+    residency_cap asks for leaves exactly the groups wanted (the least that does); no cap where
+    the backend has no occupancy calculator."""
+    from kdbkit.runtime.primitives.activation.solvers.packed import LIGHT_BLOCK, LIGHT_GROUPS_PER_UNIT
+    from kdbkit.runtime.solver import residency_cap
+
+    kernel = handle.program("activ.c").function("activ_fwd_vec_light")
+    shared = residency_cap(handle, kernel, LIGHT_BLOCK, LIGHT_GROUPS_PER_UNIT)
+    if handle.device.backend != "cuda":
+        assert shared == 0
+        return
+    resident = handle.backend.resident_groups
+    assert resident(kernel, LIGHT_BLOCK, 0) > LIGHT_GROUPS_PER_UNIT  # the cap is needed
+    assert resident(kernel, LIGHT_BLOCK, shared) <= LIGHT_GROUPS_PER_UNIT < resident(kernel, LIGHT_BLOCK, shared - 256)
+
+
 def test_strided_device_tensors_take_the_strided_solver(handle):
     be = handle.backend
     rng = np.random.default_rng(3)
