@@ -48,6 +48,19 @@ def test_packed_forward_over_many_groups_and_a_tail(handle, mode, dtype):
                                rtol=tol, atol=tol)
 
 
+def test_which_modes_take_the_light_kernel():
+    from kdbkit.runtime.primitives.activation.solvers.packed import light_kernel
+
+    def problem(direction, mode, dtype):
+        return ActivationProblem(direction, ActivationMode.parse(mode), DataType.parse(dtype), (8,), (1,), (1,))
+
+    assert light_kernel(problem("fwd", "relu", "fp16")) and light_kernel(problem("fwd", "leaky_relu", "bf16"))
+    assert not light_kernel(problem("fwd", "gelu", "fp16"))  # 8 erf a vector: four vectors a thread
+    assert light_kernel(problem("fwd", "gelu", "fp32")) and light_kernel(problem("fwd", "sigmoid", "fp32"))
+    assert not light_kernel(problem("fwd", "softrelu", "fp32")) and not light_kernel(problem("fwd", "power", "fp32"))
+    assert not light_kernel(problem("bwd", "relu", "fp32"))
+
+
 def test_the_light_kernel_s_residency_cap(handle):
     """activ_fwd_vec_light runs a little below full occupancy on CUDA: the dynamic shared memory
     residency_cap asks for leaves exactly the groups wanted (the least that does); no cap where
