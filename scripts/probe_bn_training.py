@@ -1,15 +1,13 @@
 #!/usr/bin/env python3
 """Where BatchNormPersistent's time goes, on a CUDA GPU: the benchmark's training problem
-(32 x 64 x 112 x 112, fp16 and fp32) launched straight through the backend, in variants:
+(32 x 64 x 112 x 112, fp16 and fp32) launched straight through the backend as the solver
+launches it (cooperatively), each variant timed and its y checked against NumPy:
 
-- cooperatively (as the solver does) and as a plain launch (same grid; safe here only because
-  the GPU is otherwise idle, so every group is resident anyway), to price the cooperative call;
-- with -DBN_TRACE, each group's global timer at its start and at each stage of every channel
-  (this channel staged and summed, its arrival published; the channel before's statistics seen,
-  its writes issued), and how many groups found a member's sums missing from their early copy: the median over
-  groups per round, relative to the first group's start, and the kernel's span next to the
-  time between events;
-- other compile options given with --variant "-DBN_REGS=4" (vectors in flight per thread).
+- as built, and with -DBN_TRACE: each group's global timer at its start and at each stage of
+  every channel (this channel staged and summed, its arrival published; the channel before's
+  statistics seen, its writes issued), the median over groups per round relative to the first
+  group's start, and how many groups found a member's sums missing from their early copy;
+- other compile options given with --variant=-DBN_REGS=4 (vectors in flight per thread).
 
     python scripts/probe_bn_training.py --out gpu-out      # on the GPU machine
 """
@@ -38,10 +36,10 @@ def regs_of(options: tuple[str, ...]) -> int:
     return 8
 
 
-def run_variant(h, dtype, extra: tuple[str, ...], cooperative: bool, trace: bool, iters: int) -> dict:
+def run_variant(h, dtype, extra: tuple[str, ...], trace: bool, iters: int) -> dict:
     from kdbkit.runtime.primitives.batchnorm.solvers import persistent
 
-    backend, i32 = h.backend, np.int32
+    backend = h.backend
     n, c, hh, ww = SHAPE
     options = (*dtype.options, *extra, *(("-DBN_TRACE",) if trace else ()))
     kernel = h.program("batchnorm_persistent.cu", options).function("bn_train_persistent")
@@ -66,12 +64,10 @@ def run_variant(h, dtype, extra: tuple[str, ...], cooperative: bool, trace: bool
     slots = 4 * ROUNDS + 2
     tail = [backend.to_device(np.zeros(groups * (slots + ROUNDS), np.uint64))] if trace else []
     plane = hh * ww // per
-    args = [x, y, ones, *zeros, pairs, gen, i32(n), i32(c), i32(plane), i32(c * plane),
-            i32(plane), i32(c * plane), i32(plane), i32(members), i32(chunk), i32(n * hh * ww), np.float32(1e-5),
-            np.float32(0.1), i32(1), *tail]
+    args = [x, y, ones, *zeros, pairs, gen, *persistent.kernel_args(
+        n, c, plane, (c * plane, plane, c * plane, plane), members, chunk, n * hh * ww, 1e-5, 0.1, True), *tail]
     launch = backend.launcher(kernel, (groups, 1, 1), (persistent.BLOCK, 1, 1), args,
-                              shared_bytes=persistent.shared_bytes(chunk, members),
-                              cooperative=cooperative)
+                              shared_bytes=persistent.shared_bytes(chunk, members), cooperative=True)
     for _ in range(3):
         launch()
     backend.synchronize()
@@ -82,7 +78,7 @@ def run_variant(h, dtype, extra: tuple[str, ...], cooperative: bool, trace: bool
     ref = (ref - ref.mean((0, 2, 3), keepdims=True)) / np.sqrt(ref.var((0, 2, 3), keepdims=True) + 1e-5)
     error = float(np.abs(out - ref).max())
     assert error < (2e-2 if dtype.itemsize == 2 else 1e-4), f"{extra}: y is off by {error}"
-    row = {"type": dtype.label, "options": list(extra), "cooperative": cooperative, "groups_per_sm": per_sm,
+    row = {"type": dtype.label, "options": list(extra), "groups_per_sm": per_sm,
            "plan": {"members": members, "chunk_vectors": chunk, "teams": teams, "rounds": -(-c // teams)},
            "ms": ms, "copy_bytes": 2 * x.nbytes}
     if trace:
@@ -127,8 +123,8 @@ def main() -> int:
             sys.exit("no CUDA device: run this on the GPU machine")
         for dtype in (DataType.FP16, DataType.FP32):
             for extra in [(), *(tuple(v.split()) for v in args.variant)]:
-                for cooperative, trace in ((True, False), (True, True)):
-                    row = run_variant(h, dtype, extra, cooperative, trace, args.iters)
+                for trace in (False, True):
+                    row = run_variant(h, dtype, extra, trace, args.iters)
                     rows.append(row)
                     print(json.dumps(row), flush=True)
     args.out.mkdir(parents=True, exist_ok=True)

@@ -72,6 +72,16 @@ def resident_for(backend, kernel, multiprocessors: int) -> Callable[[int, int], 
     return resident
 
 
+def kernel_args(n: int, c: int, plane: int, strides: tuple[int, ...], members: int, chunk: int, count: int,
+                eps: float, factor: float, running: bool) -> list:
+    """bn_train_persistent's arguments after its buffers (the eight tensors, pairs and gen):
+    ``plane`` vectors per H x W plane, x's and y's strides of n and c in vectors, the team
+    plan, ``count`` elements per channel, and the scalars."""
+    i32 = np.int32
+    return [i32(n), i32(c), i32(plane), *(i32(s) for s in strides), i32(members), i32(chunk), i32(count),
+            np.float32(eps), np.float32(factor), i32(running)]
+
+
 def _whole_vector_planes(problem: BatchNormProblem) -> bool:
     per, (h, w) = vector_elements(problem.dtype), problem.shape[2:]
     return all(v % per == 0 for v in (h * w, *problem.x_strides[:2], *problem.y_strides[:2]))
@@ -112,7 +122,7 @@ class BatchNormPersistent(Solver):
     def invoker(self, handle, problem: BatchNormProblem):
         request = program(problem)
         kernel = handle.program(request.kernel_file, request.options).function("bn_train_persistent")
-        backend, i32 = handle.backend, np.int32
+        backend = handle.backend
         n, c, h, w = problem.shape
         per = vector_elements(problem.dtype)
         vectors = n * h * w // per
@@ -123,11 +133,11 @@ class BatchNormPersistent(Solver):
         # sums per channel, and each channel's generation.
         pairs = backend.to_device(np.zeros(2 * c * members, np.uint64))
         gen = backend.to_device(np.zeros(c, np.uint32))
-        strides = (*problem.x_strides[:2], *problem.y_strides[:2])
+        strides = tuple(s // per for s in (*problem.x_strides[:2], *problem.y_strides[:2]))
         fast = backend.launcher(kernel, (groups, 1, 1), (BLOCK, 1, 1), [
-            *(None,) * 8, pairs, gen, i32(n), i32(c), i32(h * w // per), *(i32(s // per) for s in strides),
-            i32(members), i32(chunk), i32(n * h * w), np.float32(problem.eps), np.float32(problem.factor),
-            i32(problem.running)], shared_bytes=shared_bytes(chunk, members), cooperative=True)
+            *(None,) * 8, pairs, gen, *kernel_args(n, c, h * w // per, strides, members, chunk, n * h * w,
+                                                   problem.eps, problem.factor, problem.running)],
+            shared_bytes=shared_bytes(chunk, members), cooperative=True)
         unaligned = fallback_invoker(handle, problem, "BatchNormSplit")
 
         def train(x, y, scale, bias, running_mean, running_var, saved_mean, saved_invstd):
