@@ -66,6 +66,13 @@ def timed_pair(ours, theirs, *, iters: int, blocks: int) -> tuple[float, float, 
     return statistics.median(per[ours]), statistics.median(per[theirs]), ratios
 
 
+def with_options(program, extra: tuple[str, ...], problem):
+    """``program(problem)`` (a solver's ProgramRequest) with ``extra`` compile options: the
+    comparison scripts' variants, as functools.partial(with_options, solver_module.program, ...)."""
+    request = program(problem)
+    return type(request)(request.kernel_file, (*request.options, *extra))
+
+
 def copy_bandwidth(iters: int, blocks: int) -> float:
     """GB/s of a 1 GiB device-to-device copy, counting bytes read plus bytes written."""
     import torch

@@ -15,15 +15,9 @@ import functools
 import statistics
 import sys
 
-from bench_primitives import copy_bandwidth, timed_pair
+from bench_primitives import copy_bandwidth, timed_pair, with_options
 
 VARIANTS = (None, (256, 4), (128, 1), (256, 1), (128, 2), (256, 2))  # None: as the solvers build them
-
-
-def with_options(program, extra: tuple[str, ...], problem):
-    """``program(problem)`` with ``extra`` options."""
-    request = program(problem)
-    return type(request)(request.kernel_file, (*request.options, *extra))
 
 
 def launcher_for(original, block: int):

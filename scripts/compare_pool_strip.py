@@ -15,15 +15,9 @@ from __future__ import annotations
 import functools
 import sys
 
-from bench_primitives import copy_bandwidth, timed
+from bench_primitives import copy_bandwidth, timed, with_options
 
 VARIANTS = ((256, 2), (128, 4), (64, 8), (128, 5), (64, 10), (128, 6), (256, 3))
-
-
-def with_options(program, extra: tuple[str, ...], problem):
-    """``program(problem)`` with ``extra`` options."""
-    request = program(problem)
-    return type(request)(request.kernel_file, (*request.options, *extra))
 
 
 def main() -> int:
