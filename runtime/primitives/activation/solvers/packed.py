@@ -18,7 +18,6 @@ from kdbkit.runtime.solver import (
 )
 from kdbkit.runtime.tensor import DataType
 
-
 # activ.c's activ_fwd_vec and activ_fwd_vec_light: threads per group and vectors per thread and
 # step (ACTIV_UNROLL, ACTIV_LIGHT_UNROLL); the grid gives each thread one step.
 BLOCK, UNROLL = 256, 4
@@ -30,8 +29,6 @@ LIGHT_GROUPS_PER_UNIT = 14
 # Modes whose function is a few instructions: activ_fwd_vec_light's (scripts/compare_elementwise.py).
 LIGHT_MODES = frozenset({ActivationMode.PASTHRU, ActivationMode.RELU, ActivationMode.ABS, ActivationMode.CLIPPEDRELU,
                          ActivationMode.LEAKYRELU})
-
-
 # Modes of a log and an exponential per element: the four-vector kernel even in fp32.
 HEAVY_MODES = frozenset({ActivationMode.SOFTRELU, ActivationMode.POWER})
 
