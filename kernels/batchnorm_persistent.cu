@@ -38,6 +38,12 @@
 #ifndef BN_REGS
 #define BN_REGS 8 /* vectors per thread in flight: a chunk is at most BN_BLOCK * BN_REGS vectors */
 #endif
+/* -DBN_MIN_GROUPS=g: registers capped so that g groups fit a multiprocessor (compare_bn_teams.py). */
+#ifdef BN_MIN_GROUPS
+#define BN_BOUNDS __launch_bounds__(BN_BLOCK, BN_MIN_GROUPS)
+#else
+#define BN_BOUNDS __launch_bounds__(BN_BLOCK)
+#endif
 
 /* -DBN_TRACE: a last argument `trace` takes, per group, the global timer (ns) at the kernel's
  * start and at each stage of its first BN_TRACE_ROUNDS channels (scripts/probe_bn_training.py). */
@@ -212,7 +218,7 @@ __device__ __forceinline__ void bn_team_sums(const unsigned long long* copy, con
         }                                                                                                      \
     } while (0)
 
-extern "C" __global__ void __launch_bounds__(BN_BLOCK)
+extern "C" __global__ void BN_BOUNDS
 bn_train_persistent(const kdb_vec4u* __restrict__ x, kdb_vec4u* __restrict__ y, const float* __restrict__ scale,
                     const float* __restrict__ bias, float* running_mean, float* running_var, float* saved_mean,
                     float* saved_invstd, unsigned long long* pairs, unsigned int* gen, int N, int C, int HWv, int xs0,
@@ -231,6 +237,7 @@ bn_train_persistent(const kdb_vec4u* __restrict__ x, kdb_vec4u* __restrict__ y, 
     float k = 0.0f, k_before = 0.0f;               /* the channel's first element, and the channel before's */
     unsigned int tag = 0u, tag_next = 0u, tag_before = 0u; /* the tags they are published with */
     int round = 0, stage = 0;
+    KDB_GRID_PROLOGUE();
     BN_MARK(0);
     if (team < C) {
         head = x[(long)team * xs1];
@@ -292,3 +299,161 @@ bn_train_persistent(const kdb_vec4u* __restrict__ x, kdb_vec4u* __restrict__ y, 
     }
     BN_MARK(4 * BN_TRACE_ROUNDS + 1);
 }
+
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+/* sm_90 and later: bn_train_persistent_bulk, the same teams and meetings, but x's chunks reach
+ * shared memory through the bulk copy engine (cp.async.bulk, one copy per stretch of a plane,
+ * completing on a stage's mbarrier), three stages deep: while a member sums channel c and
+ * writes the channel before, channel c + teams is on its way, and no thread's issue waits
+ * behind loads (bn_train_persistent's register loads held up the writes after them until the
+ * multiprocessor took them all). Launch: as bn_train_persistent, with (3 * chunk + members) *
+ * 16 bytes of dynamic shared memory. */
+
+__device__ __forceinline__ unsigned int bn_smem(const void* p)
+{
+    return (unsigned int)__cvta_generic_to_shared(p);
+}
+
+/* Thread 0: channel c's chunk [lo, hi) into stage, one bulk copy per plane it touches, all
+ * completing on bar (an empty chunk completes the barrier's phase at once). */
+__device__ __forceinline__ void bn_bulk_load(kdb_vec4u* stage, unsigned long long* bar, const kdb_vec4u* x, int c,
+                                             int lo, int hi, int HWv, int xs0, int xs1, unsigned long long policy)
+{
+    const int bytes = hi > lo ? (hi - lo) * 16 : 0;
+    asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;" ::"r"(bn_smem(bar)), "r"(bytes) : "memory");
+    for (int g = lo; g < hi;) {
+        const int n = g / HWv, end = min(hi, (n + 1) * HWv);
+        const kdb_vec4u* src = x + (long)n * xs0 + (long)c * xs1 + (g - n * HWv);
+        asm volatile("cp.async.bulk.shared::cluster.global.mbarrier::complete_tx::bytes.L2::cache_hint"
+                     " [%0], [%1], %2, [%3], %4;" ::"r"(bn_smem(stage + (g - lo))),
+                     "l"(src), "r"((end - g) * 16), "r"(bn_smem(bar)), "l"(policy)
+                     : "memory");
+        g = end;
+    }
+}
+
+__device__ __forceinline__ void bn_bulk_wait(unsigned long long* bar, unsigned int parity)
+{
+    unsigned int done = 0;
+    do {
+        asm volatile("{\n .reg .pred p;\n mbarrier.try_wait.parity.shared::cta.b64 p, [%1], %2;\n"
+                     " selp.u32 %0, 1, 0, p;\n}" : "=r"(done) : "r"(bn_smem(bar)), "r"(parity) : "memory");
+    } while (!done);
+}
+
+extern "C" __global__ void __launch_bounds__(BN_BLOCK)
+bn_train_persistent_bulk(const kdb_vec4u* __restrict__ x, kdb_vec4u* __restrict__ y, const float* __restrict__ scale,
+                         const float* __restrict__ bias, float* running_mean, float* running_var, float* saved_mean,
+                         float* saved_invstd, unsigned long long* pairs, unsigned int* gen, int N, int C, int HWv,
+                         int xs0, int xs1, int ys0, int ys1, int members, int chunk, int count, float eps, float factor,
+                         int update_running BN_TRACE_ARG)
+{
+    extern __shared__ kdb_vec4u stages[]; /* three of chunk vectors each, then copies of the team's pairs */
+    unsigned long long* copies = (unsigned long long*)(stages + 3 * chunk);
+    __shared__ unsigned long long bars[3];
+    __shared__ float sums[2][BN_BLOCK / 32];
+    __shared__ float affine[2];
+    const int t = threadIdx.x, lane = t & 31, warp = t >> 5;
+    const int member = blockIdx.x % members, team = blockIdx.x / members, teams = gridDim.x / members;
+    const int total = N * HWv; /* vectors per channel */
+    const int lo = member * chunk, hi = min(lo + chunk, total), mine = hi - lo;
+    unsigned long long policy; /* x is read once: first out of the L2 */
+    asm("createpolicy.fractional.L2::evict_first.b64 %0, 1.0;" : "=l"(policy));
+    BN_MARK(0);
+    if (t == 0) {
+        for (int s = 0; s < 3; ++s)
+            asm volatile("mbarrier.init.shared::cta.b64 [%0], 1;" ::"r"(bn_smem(bars + s)) : "memory");
+        asm volatile("fence.mbarrier_init.release.cluster;" ::: "memory");
+    }
+    __syncthreads();
+    KDB_GRID_PROLOGUE();
+    kdb_vec4u head;
+    float k = 0.0f, k_before = 0.0f;
+    unsigned int tag = 0u, tag_next = 0u, tag_before = 0u, phases = 0u; /* phases: each stage's barrier parity */
+    if (team < C) {
+        if (t == 0) {
+            bn_bulk_load(stages, bars, x, team, lo, hi, HWv, xs0, xs1, policy);
+            if (team + teams < C)
+                bn_bulk_load(stages + chunk, bars + 1, x, team + teams, lo, hi, HWv, xs0, xs1, policy);
+        }
+        head = x[(long)team * xs1];
+        tag_next = *(volatile unsigned int*)(gen + team) + 1u;
+    }
+    int round = 0, stage = 0;
+    for (int c = team, before = -1; c < C || before >= 0; before = c < C ? c : -1, c += teams, ++round) {
+        const int older = stage == 0 ? 2 : stage - 1; /* the channel before's stage */
+        if (c < C) {
+            float first[KDB_VEC];
+            kdb_unpack(head, first);
+            k = first[0];
+            tag = tag_next;
+            const int next = c + teams;
+            if (next < C) { /* the next channel's head and tag, read before publishing it */
+                head = x[(long)next * xs1];
+                tag_next = *(volatile unsigned int*)(gen + next) + 1u;
+            }
+            bn_bulk_wait(bars + stage, (phases >> stage) & 1u);
+            phases ^= 1u << stage;
+            float s1 = 0.0f, s2 = 0.0f;
+            const kdb_vec4u* staged = stages + stage * chunk;
+            for (int g = t; g < mine; g += BN_BLOCK) {
+                float v[KDB_VEC];
+                kdb_unpack(staged[g], v);
+#pragma unroll
+                for (int e = 0; e < KDB_VEC; ++e) {
+                    const float d = v[e] - k;
+                    s1 += d;
+                    s2 += d * d;
+                }
+            }
+            s1 = bn_warp_sum(s1);
+            s2 = bn_warp_sum(s2);
+            if (lane == 0) {
+                sums[0][warp] = s1;
+                sums[1][warp] = s2;
+            }
+            __syncthreads();
+            BN_MARK(1 + 4 * round); /* staged and summed */
+            if (t == 0) {
+                s1 = s2 = 0.0f;
+                for (int w = 0; w < BN_BLOCK / 32; ++w) {
+                    s1 += sums[0][w];
+                    s2 += sums[1][w];
+                }
+                volatile unsigned long long* out = pairs + 2 * ((long)c * members + member);
+                out[0] = bn_tagged(s1, tag);
+                out[1] = bn_tagged(s2, tag);
+            }
+            BN_MARK(2 + 4 * round); /* arrived */
+        }
+        if (before >= 0) {
+            if (warp == 0)
+                BN_CHANNEL_STATS(1);
+            __syncthreads();
+            BN_MARK(3 + 4 * round); /* the statistics seen */
+            const float a = affine[0], b = affine[1];
+            const kdb_vec4u* staged = stages + older * chunk;
+            for (int g = t; g < mine; g += BN_BLOCK) {
+                const int at = lo + g, n = at / HWv;
+                float v[KDB_VEC];
+                kdb_unpack(staged[g], v);
+#pragma unroll
+                for (int e = 0; e < KDB_VEC; ++e)
+                    v[e] = a * v[e] + b;
+                __stcs(y + (long)n * ys0 + (long)before * ys1 + (at - n * HWv), kdb_pack(v));
+            }
+            BN_MARK(4 + 4 * round); /* writes issued */
+        }
+        k_before = k;
+        tag_before = tag;
+        __syncthreads(); /* the older stage read out, the affine pair free again */
+        const int after = c + 2 * teams;
+        if (t == 0 && after < C) { /* the channel after next into the stage just freed */
+            asm volatile("fence.proxy.async.shared::cta;" ::: "memory");
+            bn_bulk_load(stages + older * chunk, bars + older, x, after, lo, hi, HWv, xs0, xs1, policy);
+        }
+        stage = stage == 2 ? 0 : stage + 1;
+    }
+    BN_MARK(4 * BN_TRACE_ROUNDS + 1);
+}
+#endif

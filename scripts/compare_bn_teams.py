@@ -1,19 +1,39 @@
 #!/usr/bin/env python3
 """BatchNormPersistent's team plans side by side on a CUDA GPU: the benchmark's training problem
-(32 x 64 x 112 x 112) under several costs per round of channels (runtime/primitives/batchnorm/
-solvers/persistent.py's ROUND_COST: higher means fewer, longer rounds), timed like
-bench_primitives with the copy bandwidth of the same run. Tells which ROUND_COST to keep.
+(32 x 64 x 112 x 112, fp16, bf16, fp32) for each kernel (the next chunk through registers,
+with BN_REGS vectors in flight per thread bounding a group's chunk, or by bulk copies on
+sm_90+) under several costs per round of channels (runtime/primitives/batchnorm/solvers/
+persistent.py's ROUND_COST: higher means fewer, longer rounds), timed like bench_primitives
+with the copy bandwidth of the same run.
+
+Every variant writes the same output from the same input (where buffers lie moves a
+streaming kernel's time by up to a few per cent), and the variants take turns over several
+passes (each variant's figure is its median over the passes), so drift falls on all alike.
+Tells which kernel, ROUND_COST and BN_REGS to keep.
 
     python scripts/compare_bn_teams.py            # on the GPU machine
 """
 
 from __future__ import annotations
 
+import functools
+import statistics
 import sys
 
-from bench_primitives import copy_bandwidth, timed
+from bench_primitives import copy_bandwidth, timed, with_options
 
-COSTS = (128, 512, 1024, 2048, 4096, 16384)
+COSTS = (4096,)
+PASSES = 5
+
+
+def kernels(persistent):
+    """(label, flavour, compile options) of each kernel compared."""
+    def registers(regs, groups):
+        return (f"BN_REGS={regs}, {groups} groups", persistent.Flavour("bn_train_persistent", 2, regs * persistent.BLOCK),
+                (f"-DBN_REGS={regs}", f"-DBN_MIN_GROUPS={groups}"))
+
+    return (("BN_REGS=8 (as built)", persistent.REGISTERS, ()), registers(4, 5), registers(4, 6), registers(3, 6), registers(2, 8),
+            ("bulk copies", persistent.BULK, ()))
 
 
 def main() -> int:
@@ -25,23 +45,48 @@ def main() -> int:
         sys.exit("no CUDA GPU for PyTorch: run this on the GPU machine")
     copy = copy_bandwidth(20, 5)
     print(f"device-to-device copy: {copy:.0f} GB/s", flush=True)
-    for cost in COSTS:
-        persistent.ROUND_COST = cost
-        with kdbkit.Handle() as h:
-            for dt, label in ((torch.float16, "fp16"), (torch.float32, "fp32")):
-                x = torch.randn(32, 64, 112, 112, device="cuda", dtype=dt)
-                y, s = torch.empty_like(x), torch.rand(64, device="cuda") + 0.5
-                m, v = torch.empty(64, device="cuda"), torch.empty(64, device="cuda")
-                vectors = 32 * 112 * 112 * x.element_size() // 16
-                kernel = h.program("batchnorm_persistent.cu", ("-DKDB_TYPE_FP16",) if x.element_size() == 2 else ()
-                                   ).function("bn_train_persistent")
-                plan = persistent.team_plan(vectors, 64, persistent.resident_for(h.backend, kernel, h.device.target.cu))
-                ms = timed(lambda: kdbkit.batchnorm_training(h, x, s, s, y=y, saved_mean=m, saved_invstd=v,
-                                                             solver="BatchNormPersistent"), iters=20, blocks=7)
-                nbytes = 2 * x.numel() * x.element_size()
-                print(f"round cost {cost:>10} {label}: plan (members, chunk, teams) {plan}: "
-                      f"{ms:.4f} ms {nbytes / ms / 1e6 / copy:4.0%}", flush=True)
+    program, flavour, cost = persistent.program, persistent.flavour, persistent.ROUND_COST
+    for dt, label in ((torch.float16, "fp16"), (torch.bfloat16, "bf16"), (torch.float32, "fp32")):
+        x = torch.randn(32, 64, 112, 112, device="cuda", dtype=dt)
+        y, s = torch.empty_like(x), torch.rand(64, device="cuda") + 0.5
+        m, v = torch.empty(64, device="cuda"), torch.empty(64, device="cuda")
+        ref = torch.nn.functional.batch_norm(x.float(), None, None, s, s, training=True)
+        variants = {}
+        for name, kind, extra in kernels(persistent):
+            for round_cost in COSTS:
+                persistent.program = functools.partial(with_options, program, extra)
+                persistent.flavour, persistent.ROUND_COST = (lambda arch, kind=kind: kind), round_cost
+                h = kdbkit.Handle()
+                call = functools.partial(kdbkit.batchnorm_training, h, x, s, s, y=y, saved_mean=m, saved_invstd=v,
+                                         solver="BatchNormPersistent")
+                try:
+                    call()  # the invoker, planned under this variant, is cached in its handle
+                finally:
+                    persistent.program, persistent.flavour, persistent.ROUND_COST = program, flavour, cost
+                error = float((y.float() - ref).abs().max())
+                assert error < 0.05, f"{name}, ROUND_COST={round_cost} {label}: y off by {error}"
+                stats_error = float((m - x.float().mean((0, 2, 3))).abs().max())
+                assert stats_error < 1e-2, f"{name}, ROUND_COST={round_cost} {label}: mean off by {stats_error}"
+                variants[(name, round_cost)] = (h, call, _plan(h))
+        times = {key: [] for key in variants}
+        for _ in range(PASSES):
+            for key, (_, call, _) in variants.items():
+                times[key].append(timed(call, iters=20, blocks=3))
+        nbytes = 2 * x.numel() * x.element_size()
+        for (name, round_cost), (h, _, (members, chunk, teams)) in variants.items():
+            ms = statistics.median(times[(name, round_cost)])
+            print(f"{label} {name:<20} round cost {round_cost:>5}: members {members:>3}, chunk {chunk:>4}, "
+                  f"teams {teams:>2}, rounds {-(-64 // teams)}: {ms * 1000:6.2f} µs {nbytes / ms / 1e6 / copy:6.1%} "
+                  f"of copy", flush=True)
+            h.close()
     return 0
+
+
+def _plan(handle) -> tuple[int, int, int]:
+    """The team plan of the one BatchNormPersistent invoker the handle has built."""
+    plans = [inv.grid for inv in handle.invokers.values() if hasattr(inv, "grid")]
+    assert len(plans) == 1, plans
+    return plans[0]
 
 
 if __name__ == "__main__":
