@@ -182,7 +182,6 @@ KDB_KERNEL void activ_fwd_vec(const KDB_GLOBAL kdb_vec4u* x, KDB_GLOBAL kdb_vec4
 KDB_KERNEL void activ_fwd_vec_light(const KDB_GLOBAL kdb_vec4u* x, KDB_GLOBAL kdb_vec4u* y, int n, int mode,
                                     float alpha, float beta, float gamma)
 {
-    KDB_GRID_PROLOGUE();
     const int vectors = n / KDB_VEC;
 #define ACTIV_FWD_RUN_LIGHT(m) activ_fwd_run(x, y, vectors, m, alpha, beta, gamma, ACTIV_LIGHT_UNROLL)
     ACTIV_DISPATCH(ACTIV_FWD_RUN_LIGHT)

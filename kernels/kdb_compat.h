@@ -245,25 +245,11 @@ typedef uint4 kdb_vec4u; /* NVRTC's built-in vector types */
 typedef uint2 kdb_vec2u;
 #define KDB_HAS_SHUFFLE 1
 #define KDB_SHFL_XOR(v, m) __shfl_xor_sync(0xffffffffu, (float)(v), (m))
-/* Programmatic dependent launch (sm_90+): wait until the grid before has finished and its
- * writes are visible (a no-op when the launch did not allow overlap), then let the next grid's
- * groups take multiprocessors as this grid's leave (they wait in their own prologue). */
-#if defined(KDB_PDL) && defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
-#define KDB_GRID_PROLOGUE()                                                                                    \
-    do {                                                                                                       \
-        asm volatile("griddepcontrol.wait;" ::: "memory");                                                   \
-        if (KDB_PDL > 1)                                                                                       \
-            asm volatile("griddepcontrol.launch_dependents;" ::: "memory");                                  \
-    } while (0)
-#endif
 
 #else
 #error "kdb_compat.h: unknown compiler; expected OpenCL C, HIP (clang/hiprtc) or CUDA (NVRTC/nvcc)"
 #endif
 
-#ifndef KDB_GRID_PROLOGUE
-#define KDB_GRID_PROLOGUE() do { } while (0)
-#endif
 #define KDB_LOCAL(type, name, n) KDB_SHARED(type, name, n)
 /* Unroll the loop that follows, also where a macro writes it (no #pragma in a macro). */
 #define KDB_UNROLL _Pragma("unroll")

@@ -177,7 +177,6 @@
                          int N, int C, int H, int W, int Ho, int Wo, int ph, int xs0, int xs1, int xs2, int xs3,  \
                          int ys0, int ys1, int ys2, int ys3, int outs, int mode, int vec)                      \
     {                                                                                                        \
-        KDB_GRID_PROLOGUE();                                                                                 \
         const int groups = (Wo + outs - 1) / outs, strips = (Ho + POOL_STRIP_ROWS - 1) / POOL_STRIP_ROWS;     \
         const long jobs = (long)N * C * strips * groups;                                                     \
         for (long job = KDB_GLOBAL_ID_X; job < jobs; job += (long)KDB_LOCAL_SIZE_X * KDB_NUM_GROUPS_X) {     \

@@ -1,15 +1,15 @@
 #!/usr/bin/env python3
 """BatchNormPersistent's team plans side by side on a CUDA GPU: the benchmark's training problem
-(32 x 64 x 112 x 112, fp16, bf16, fp32) for each kernel (the next chunk through registers,
-with BN_REGS vectors in flight per thread bounding a group's chunk, or by bulk copies on
-sm_90+) under several costs per round of channels (runtime/primitives/batchnorm/solvers/
-persistent.py's ROUND_COST: higher means fewer, longer rounds), timed like bench_primitives
-with the copy bandwidth of the same run.
+(32 x 64 x 112 x 112, fp16, bf16, fp32) for several builds of the kernel (BN_REGS vectors in
+flight per thread, which bounds a group's chunk; BN_MIN_GROUPS groups a multiprocessor must
+hold, which caps the registers) under several costs per round of channels (runtime/primitives/
+batchnorm/solvers/persistent.py's ROUND_COST: higher means fewer, longer rounds), timed like
+bench_primitives with the copy bandwidth of the same run.
 
 Every variant writes the same output from the same input (where buffers lie moves a
 streaming kernel's time by up to a few per cent), and the variants take turns over several
 passes (each variant's figure is its median over the passes), so drift falls on all alike.
-Tells which kernel, ROUND_COST and BN_REGS to keep.
+Tells which ROUND_COST, BN_REGS and BN_MIN_GROUPS to keep.
 
     python scripts/compare_bn_teams.py            # on the GPU machine
 """
@@ -22,18 +22,16 @@ import sys
 
 from bench_primitives import copy_bandwidth, timed, with_options
 
-COSTS = (4096,)
+COSTS = (2048, 4096)
 PASSES = 5
+BUILDS = ((8, None), (4, 5), (4, 6), (3, 6), (2, 8))  # (BN_REGS, BN_MIN_GROUPS); (8, None): as built
 
 
-def kernels(persistent):
-    """(label, flavour, compile options) of each kernel compared."""
-    def registers(regs, groups):
-        return (f"BN_REGS={regs}, {groups} groups", persistent.Flavour("bn_train_persistent", 2, regs * persistent.BLOCK),
-                (f"-DBN_REGS={regs}", f"-DBN_MIN_GROUPS={groups}"))
-
-    return (("BN_REGS=8 (as built)", persistent.REGISTERS, ()), registers(4, 5), registers(4, 6), registers(3, 6), registers(2, 8),
-            ("bulk copies", persistent.BULK, ()))
+def build(regs: int, groups: int | None) -> tuple[str, tuple[str, ...]]:
+    """A build's label and compile options."""
+    if groups is None:
+        return f"BN_REGS={regs}", (f"-DBN_REGS={regs}",)
+    return f"BN_REGS={regs}, {groups} groups", (f"-DBN_REGS={regs}", f"-DBN_MIN_GROUPS={groups}")
 
 
 def main() -> int:
@@ -45,24 +43,25 @@ def main() -> int:
         sys.exit("no CUDA GPU for PyTorch: run this on the GPU machine")
     copy = copy_bandwidth(20, 5)
     print(f"device-to-device copy: {copy:.0f} GB/s", flush=True)
-    program, flavour, cost = persistent.program, persistent.flavour, persistent.ROUND_COST
+    program, max_chunk, cost = persistent.program, persistent.MAX_CHUNK, persistent.ROUND_COST
     for dt, label in ((torch.float16, "fp16"), (torch.bfloat16, "bf16"), (torch.float32, "fp32")):
         x = torch.randn(32, 64, 112, 112, device="cuda", dtype=dt)
         y, s = torch.empty_like(x), torch.rand(64, device="cuda") + 0.5
         m, v = torch.empty(64, device="cuda"), torch.empty(64, device="cuda")
         ref = torch.nn.functional.batch_norm(x.float(), None, None, s, s, training=True)
         variants = {}
-        for name, kind, extra in kernels(persistent):
+        for regs, groups in BUILDS:
+            name, extra = build(regs, groups)
             for round_cost in COSTS:
                 persistent.program = functools.partial(with_options, program, extra)
-                persistent.flavour, persistent.ROUND_COST = (lambda arch, kind=kind: kind), round_cost
+                persistent.MAX_CHUNK, persistent.ROUND_COST = persistent.BLOCK * regs, round_cost
                 h = kdbkit.Handle()
                 call = functools.partial(kdbkit.batchnorm_training, h, x, s, s, y=y, saved_mean=m, saved_invstd=v,
                                          solver="BatchNormPersistent")
                 try:
                     call()  # the invoker, planned under this variant, is cached in its handle
                 finally:
-                    persistent.program, persistent.flavour, persistent.ROUND_COST = program, flavour, cost
+                    persistent.program, persistent.MAX_CHUNK, persistent.ROUND_COST = program, max_chunk, cost
                 error = float((y.float() - ref).abs().max())
                 assert error < 0.05, f"{name}, ROUND_COST={round_cost} {label}: y off by {error}"
                 stats_error = float((m - x.float().mean((0, 2, 3))).abs().max())

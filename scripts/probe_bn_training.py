@@ -42,14 +42,16 @@ def run_variant(h, dtype, extra: tuple[str, ...], trace: bool, iters: int) -> di
     backend = h.backend
     n, c, hh, ww = SHAPE
     options = (*dtype.options, *extra, *(("-DBN_TRACE",) if trace else ()))
-    kind = persistent.flavour(h.device.target.arch)
-    kernel = h.program("batchnorm_persistent.cu", options).function(kind.kernel)
+    kernel = h.program("batchnorm_persistent.cu", options).function("bn_train_persistent")
     per = 16 // dtype.itemsize
     vectors = n * hh * ww // per
     cu = h.device.target.cu or 1
-    resident = persistent.resident_for(backend, kernel, cu, kind.stages)
-    max_chunk = kind.max_chunk if kind.stages == 3 else persistent.BLOCK * regs_of(extra)
-    members, chunk, teams = persistent.team_plan(vectors, c, resident, max_chunk)
+    resident = persistent.resident_for(backend, kernel, cu)
+    saved, persistent.MAX_CHUNK = persistent.MAX_CHUNK, persistent.BLOCK * regs_of(extra)
+    try:
+        members, chunk, teams = persistent.team_plan(vectors, c, resident)
+    finally:
+        persistent.MAX_CHUNK = saved
     per_sm = resident(chunk, members) // cu
     groups = members * teams
     rng = np.random.default_rng(0)
@@ -65,7 +67,7 @@ def run_variant(h, dtype, extra: tuple[str, ...], trace: bool, iters: int) -> di
     args = [x, y, ones, *zeros, pairs, gen, *persistent.kernel_args(
         n, c, plane, (c * plane, plane, c * plane, plane), members, chunk, n * hh * ww, 1e-5, 0.1, True), *tail]
     launch = backend.launcher(kernel, (groups, 1, 1), (persistent.BLOCK, 1, 1), args,
-                              shared_bytes=persistent.shared_bytes(chunk, members, kind.stages), cooperative=True)
+                              shared_bytes=persistent.shared_bytes(chunk, members), cooperative=True)
     for _ in range(3):
         launch()
     backend.synchronize()

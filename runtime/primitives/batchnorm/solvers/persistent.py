@@ -2,14 +2,11 @@
 reads x from device memory once (batchnorm_persistent.cu): teams of groups take a channel at a
 time, each group staging its chunk of the channel in shared memory while summing it; the team
 publishes its sums with a tag and, a channel later (its next channel's reads in flight), reads
-the team's sums of the channel before and normalises that one from shared memory. The next
-chunk comes through registers, two stages deep (bn_train_persistent); bn_train_persistent_bulk
-(sm_90+, by bulk copies, three stages deep) is there to compare."""
+the team's sums of the channel before and normalises that one from shared memory."""
 
 from __future__ import annotations
 
 from collections.abc import Callable
-from dataclasses import dataclass
 
 import numpy as np
 
@@ -32,44 +29,22 @@ ROUND_COST = 4096  # a team's meeting per channel, counted as this many vectors 
 INT_MAX = 2**31 - 1
 
 
-@dataclass(frozen=True)
-class Flavour:
-    """The kernel a GPU runs, the chunks each group keeps in shared memory, the largest chunk."""
-
-    kernel: str
-    stages: int
-    max_chunk: int
-
-
-# The next chunk in registers: one being normalised, one being summed.
-REGISTERS = Flavour("bn_train_persistent", STAGES, MAX_CHUNK)
-# The next chunk in flight by bulk copy into a third stage; shared memory bounds the chunk.
-BULK = Flavour("bn_train_persistent_bulk", 3, 4096)
-
-
-def flavour(arch: str) -> Flavour:
-    # BULK measured slower on the H100 (fp16 52 against 43 us, scripts/compare_bn_teams.py):
-    # with nothing holding up the issue any more, each round waits for the team's last member.
-    return REGISTERS
-
-
 def program(problem: BatchNormProblem) -> ProgramRequest:
     return ProgramRequest("batchnorm_persistent.cu", problem.dtype.options)
 
 
-def shared_bytes(chunk: int, members: int, stages: int = STAGES) -> int:
-    """A group's dynamic shared memory: ``stages`` chunks of 16-byte vectors, then a 16-byte
-    copy of each member's pair of sums."""
-    return (stages * chunk + members) * 16
+def shared_bytes(chunk: int, members: int) -> int:
+    """A group's dynamic shared memory: STAGES chunks of 16-byte vectors, then a 16-byte copy
+    of each member's pair of sums."""
+    return (STAGES * chunk + members) * 16
 
 
-def team_plan(vectors: int, channels: int, resident: Callable[[int, int], int],
-              max_chunk: int = MAX_CHUNK) -> tuple[int, int, int] | None:
+def team_plan(vectors: int, channels: int, resident: Callable[[int, int], int]) -> tuple[int, int, int] | None:
     """(members per team, vectors per member, teams) that finish soonest, where
     ``resident(chunk, members)`` groups of teams of ``members`` staging ``chunk`` vectors each
     fit the GPU at once: every round of channels costs its chunk plus one meeting, and the
     pipeline one chunk more (the first reads, the last writes)."""
-    best, members = None, -(-vectors // max_chunk)
+    best, members = None, -(-vectors // MAX_CHUNK)
     while members <= resident(1, members):
         chunk = -(-vectors // members)
         fit = resident(chunk, members)
@@ -83,13 +58,13 @@ def team_plan(vectors: int, channels: int, resident: Callable[[int, int], int],
     return None if best is None else best[1:]
 
 
-def resident_for(backend, kernel, multiprocessors: int, stages: int = STAGES) -> Callable[[int, int], int]:
+def resident_for(backend, kernel, multiprocessors: int) -> Callable[[int, int], int]:
     """``resident(chunk, members)`` for :func:`team_plan`: groups of the kernel the GPU holds at
     once with :func:`shared_bytes` each (asked per KiB, rounding up)."""
     asked: dict[int, int] = {}
 
     def resident(chunk: int, members: int) -> int:
-        kib = -(-shared_bytes(chunk, members, stages) // 1024)
+        kib = -(-shared_bytes(chunk, members) // 1024)
         if kib not in asked:
             asked[kib] = backend.resident_groups(kernel, BLOCK, kib * 1024) * multiprocessors
         return asked[kib]
@@ -146,14 +121,13 @@ class BatchNormPersistent(Solver):
 
     def invoker(self, handle, problem: BatchNormProblem):
         request = program(problem)
-        kind = flavour(handle.device.target.arch)
-        kernel = handle.program(request.kernel_file, request.options).function(kind.kernel)
+        kernel = handle.program(request.kernel_file, request.options).function("bn_train_persistent")
         backend = handle.backend
         n, c, h, w = problem.shape
         per = vector_elements(problem.dtype)
         vectors = n * h * w // per
-        resident = resident_for(backend, kernel, handle.device.target.cu or 1, kind.stages)
-        members, chunk, teams = team_plan(vectors, c, resident, kind.max_chunk)
+        resident = resident_for(backend, kernel, handle.device.target.cu or 1)
+        members, chunk, teams = team_plan(vectors, c, resident)
         groups = members * teams
         # The invoker's own workspace, zero before the first launch: each member's tagged pair of
         # sums per channel, and each channel's generation.
@@ -163,7 +137,7 @@ class BatchNormPersistent(Solver):
         fast = backend.launcher(kernel, (groups, 1, 1), (BLOCK, 1, 1), [
             *(None,) * 8, pairs, gen, *kernel_args(n, c, h * w // per, strides, members, chunk, n * h * w,
                                                    problem.eps, problem.factor, problem.running)],
-            shared_bytes=shared_bytes(chunk, members, kind.stages), cooperative=True)
+            shared_bytes=shared_bytes(chunk, members), cooperative=True)
         unaligned = fallback_invoker(handle, problem, "BatchNormSplit")
 
         def train(x, y, scale, bias, running_mean, running_var, saved_mean, saved_invstd):
