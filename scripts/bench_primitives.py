@@ -6,7 +6,11 @@ primitive must move: inputs read once, outputs written once) as a share of a dev
 copy measured in the same run; for GEMM, TFLOP/s next to torch.matmul. Both libraries run on
 the same tensors (kdbkit uses PyTorch's memory in place) on the legacy default stream, timed
 with CUDA events around back-to-back launches; each figure is the median of several such
-blocks. Writes ``<out>/bench_primitives.json``, ``.md`` and ``.png``.
+blocks. Where the buffers lie moves a streaming kernel's time by a few per cent (relu fp16 with
+its output at four addresses: 0.991x to 1.001x PyTorch's speed, docs/probe_launch_overlap.json),
+so every case runs on several placements (fresh tensors, the earlier ones kept allocated so that
+the new ones land elsewhere) and each figure is the median over placements.
+Writes ``<out>/bench_primitives.json``, ``.md`` and ``.png``.
 
     python scripts/bench_primitives.py --out docs            # on the GPU machine
 """
@@ -91,8 +95,10 @@ def cases(h, torch, kdbkit):
         n = 1 << 26
         x = torch.randn(n, device="cuda", dtype=dt)
         y = torch.empty_like(x)
+        # torch.relu(x) is clamp_min(x, 0) in ATen (the same kernel, seen in the profiler): called
+        # with out=y, it writes the buffer kdbkit writes, as torch.add does below.
         yield ("relu", label, lambda x=x, y=y: kdbkit.activation_forward(h, x, "relu", y=y),
-               lambda x=x: torch.relu(x),
+               lambda x=x, y=y: torch.clamp_min(x, 0, out=y),
                2 * n * item, 0)
         yield ("gelu (erf)", label, lambda x=x, y=y: kdbkit.activation_forward(h, x, "gelu", y=y),
                lambda x=x: F.gelu(x), 2 * n * item, 0)
@@ -173,6 +179,7 @@ def main() -> int:
     parser.add_argument("--out", default="docs")
     parser.add_argument("--iters", type=int, default=20)
     parser.add_argument("--blocks", type=int, default=7)
+    parser.add_argument("--placements", type=int, default=3, help="fresh tensors per case; the median is reported")
     parser.add_argument("--only", default="", help="run only the cases whose 'name type' contains this text "
                         "(e.g. 'max pool 3x3/2 fp16', for a profiler); the report files are not written")
     args = parser.parse_args()
@@ -192,32 +199,30 @@ def main() -> int:
         host = {} if args.only else host_cost_us(h, torch, kdbkit)
         print("host time per call, tiny problems: " + ", ".join(f"{k} {v:.1f} us" for k, v in host.items()),
               flush=True)
-        rows = []
-        for name, label, ours, theirs, nbytes, flops in cases(h, torch, kdbkit):
-            if args.only not in f"{name} {label}":
-                continue
-            started = time.perf_counter()
-            ours()
-            torch.cuda.synchronize()  # the first call resolves the program (JIT into the user cache)
-            resolve_s = time.perf_counter() - started
-            t_ours, t_torch, ratios = timed_pair(ours, theirs, iters=args.iters, blocks=args.blocks)
-            quartiles = statistics.quantiles(ratios, n=4) if len(ratios) > 1 else ratios * 3
-            row = {"primitive": name, "type": label, "kdbkit_ms": t_ours, "torch_ms": t_torch,
-                   "speedup_vs_torch": t_torch / t_ours, "speedup_quartiles": [quartiles[0], quartiles[2]],
-                   "bytes": nbytes, "first_call_s": resolve_s}
-            if flops:
-                row.update(kdbkit_tflops=flops / t_ours / 1e9, torch_tflops=flops / t_torch / 1e9)
-            else:
-                row.update(kdbkit_gbs=nbytes / t_ours / 1e6, torch_gbs=nbytes / t_torch / 1e6,
-                           kdbkit_copy_share=nbytes / t_ours / 1e6 / copy_gbs,
-                           torch_copy_share=nbytes / t_torch / 1e6 / copy_gbs)
-            rows.append(row)
+        runs, keep = {}, []  # keep: every placement's tensors stay allocated, so the next ones land elsewhere
+        for placement in range(args.placements):
+            for name, label, ours, theirs, nbytes, flops in cases(h, torch, kdbkit):
+                if args.only not in f"{name} {label}":
+                    continue
+                keep.append((ours, theirs))
+                started = time.perf_counter()
+                ours()
+                torch.cuda.synchronize()  # the first call resolves the program (JIT into the user cache)
+                resolve_s = time.perf_counter() - started
+                t_ours, t_torch, ratios = timed_pair(ours, theirs, iters=args.iters, blocks=args.blocks)
+                runs.setdefault((name, label), []).append((t_ours, t_torch, ratios, resolve_s, nbytes, flops))
+                print(f"placement {placement}: {name:24s} {label}: kdbkit {t_ours:8.4f} ms  torch {t_torch:8.4f} ms  "
+                      f"x{statistics.median(ratios):5.3f}", flush=True)
+        rows = [summary_row(name, label, found, copy_gbs) for (name, label), found in runs.items()]
+        for row in rows:
+            flops = "kdbkit_tflops" in row
             share = (f"{row['kdbkit_copy_share']:.0%} of copy (torch {row['torch_copy_share']:.0%})" if not flops
                      else f"{row['kdbkit_tflops']:.0f} TFLOP/s (torch {row['torch_tflops']:.0f})")
-            print(f"{name:24s} {label}: kdbkit {t_ours:8.4f} ms  torch {t_torch:8.4f} ms  x{t_torch / t_ours:5.2f} "
-                  f"[{quartiles[0]:.2f}, {quartiles[2]:.2f}]  {share}", flush=True)
+            q1, q3 = row["speedup_quartiles"]
+            print(f"{row['primitive']:24s} {row['type']}: kdbkit {row['kdbkit_ms']:8.4f} ms  torch {row['torch_ms']:8.4f} "
+                  f"ms  x{row['speedup_vs_torch']:5.3f} [{q1:.3f}, {q3:.3f}]  {share}", flush=True)
     result = {"device": h.device.name, "copy_gbs": copy_gbs, "host_us_per_call": host, "iters": args.iters,
-              "blocks": args.blocks,
+              "blocks": args.blocks, "placements": args.placements,
               "torch": torch.__version__, "kdbkit": kdbkit.__version__, "rows": rows}
     if args.only:
         return 0
@@ -226,25 +231,51 @@ def main() -> int:
     return 0
 
 
+def summary_row(name: str, label: str, runs: list, copy_gbs: float) -> dict:
+    """One case's row from its placements' (kdbkit ms, torch ms, ratios, first call s, bytes,
+    flops): each time the median over placements, the speedup their ratio, the quartiles those
+    of every pair of blocks, and each placement's speedup beside."""
+    t_ours = statistics.median(r[0] for r in runs)
+    t_torch = statistics.median(r[1] for r in runs)
+    ratios = [q for r in runs for q in r[2]]
+    quartiles = statistics.quantiles(ratios, n=4) if len(ratios) > 1 else ratios * 3
+    nbytes, flops = runs[0][4], runs[0][5]
+    row = {"primitive": name, "type": label, "kdbkit_ms": t_ours, "torch_ms": t_torch,
+           "speedup_vs_torch": t_torch / t_ours, "speedup_quartiles": [quartiles[0], quartiles[2]],
+           "placement_speedups": [r[1] / r[0] for r in runs], "placement_kdbkit_ms": [r[0] for r in runs],
+           "bytes": nbytes, "first_call_s": runs[0][3]}
+    if flops:
+        row.update(kdbkit_tflops=flops / t_ours / 1e9, torch_tflops=flops / t_torch / 1e9)
+    else:
+        row.update(kdbkit_gbs=nbytes / t_ours / 1e6, torch_gbs=nbytes / t_torch / 1e6,
+                   kdbkit_copy_share=nbytes / t_ours / 1e6 / copy_gbs,
+                   torch_copy_share=nbytes / t_torch / 1e6 / copy_gbs)
+    return row
+
+
 def write_report(result: dict, out: Path) -> None:
     lines = [f"# Primitives against PyTorch on {result['device']}", "",
              ("Written by `python scripts/bench_primitives.py` (one run: both libraries on the same tensors, "
               f"median of {result['blocks']} blocks of {result['iters']} back-to-back calls, CUDA events, the two "
-              "libraries' blocks alternating; the bracket holds the quartiles of the per-pair ratios). "
+              f"libraries' blocks alternating, then the median over {result.get('placements', 1)} placements of "
+              "fresh tensors; the bracket holds the quartiles of the per-pair ratios, and the last column each "
+              "placement's speedup). "
               f"Device-to-device copy in the same run: {result['copy_gbs']:.0f} GB/s (bytes read + written). "
               f"PyTorch {result['torch']}, kdbkit {result['kdbkit']}."), "",
              "Host time per call on tiny problems (what a call costs the CPU; back-to-back calls of a "
              "primitive whose kernel is shorter than this measure the host, not the GPU): "
              + ", ".join(f"{k} {v:.1f} µs" for k, v in result.get("host_us_per_call", {}).items()) + ".", "",
-             "| primitive | type | kdbkit ms | torch ms | torch / kdbkit | kdbkit | torch |", "|---|---|---|---|---|---|---|"]
+             "| primitive | type | kdbkit ms | torch ms | torch / kdbkit | kdbkit | torch | per placement |",
+             "|---|---|---|---|---|---|---|---|"]
     for r in result["rows"]:
         if "kdbkit_tflops" in r:
             ours, theirs = f"{r['kdbkit_tflops']:.0f} TFLOP/s", f"{r['torch_tflops']:.0f} TFLOP/s"
         else:
             ours, theirs = f"{r['kdbkit_copy_share']:.0%} of copy", f"{r['torch_copy_share']:.0%} of copy"
         q1, q3 = r["speedup_quartiles"]
+        each = " ".join(f"{v:.3f}" for v in r.get("placement_speedups", []))
         lines.append(f"| {r['primitive']} | {r['type']} | {r['kdbkit_ms']:.4f} | {r['torch_ms']:.4f} | "
-                     f"{r['speedup_vs_torch']:.2f} [{q1:.2f}, {q3:.2f}] | {ours} | {theirs} |")
+                     f"{r['speedup_vs_torch']:.3f} [{q1:.3f}, {q3:.3f}] | {ours} | {theirs} | {each} |")
     (out / "bench_primitives.md").write_text("\n".join(lines) + "\n")
     try:
         import matplotlib

@@ -9,7 +9,7 @@ bench_primitives with the copy bandwidth of the same run.
 Every variant writes the same output from the same input (where buffers lie moves a
 streaming kernel's time by up to a few per cent), and the variants take turns over several
 passes (each variant's figure is its median over the passes), so drift falls on all alike.
-Tells which ROUND_COST, BN_REGS and BN_MIN_GROUPS to keep.
+Tells which ROUND_COST and which (BN_REGS, BN_MIN_GROUPS) per type (persistent.BUILDS) to keep.
 
     python scripts/compare_bn_teams.py            # on the GPU machine
 """
@@ -20,30 +20,29 @@ import functools
 import statistics
 import sys
 
-from bench_primitives import copy_bandwidth, timed, with_options
+from bench_primitives import copy_bandwidth, timed
 
 COSTS = (2048, 4096)
 PASSES = 5
-BUILDS = ((8, None), (4, 5), (4, 6), (3, 6), (2, 8))  # (BN_REGS, BN_MIN_GROUPS); (8, None): as built
+BUILDS = ((8, None), (4, None), (4, 6), (3, 6), (2, 8))  # (BN_REGS, BN_MIN_GROUPS), persistent.BUILDS' form
 
 
-def build(regs: int, groups: int | None) -> tuple[str, tuple[str, ...]]:
-    """A build's label and compile options."""
-    if groups is None:
-        return f"BN_REGS={regs}", (f"-DBN_REGS={regs}",)
-    return f"BN_REGS={regs}, {groups} groups", (f"-DBN_REGS={regs}", f"-DBN_MIN_GROUPS={groups}")
+def label_of(regs: int, groups: int | None) -> str:
+    return f"BN_REGS={regs}" + ("" if groups is None else f", {groups} groups")
 
 
 def main() -> int:
     import kdbkit
     import torch
+    from kdbkit.runtime.errors import NoSolverError
+    from kdbkit.runtime.tensor import DataType
     from kdbkit.runtime.primitives.batchnorm.solvers import persistent
 
     if not torch.cuda.is_available():
         sys.exit("no CUDA GPU for PyTorch: run this on the GPU machine")
     copy = copy_bandwidth(20, 5)
     print(f"device-to-device copy: {copy:.0f} GB/s", flush=True)
-    program, max_chunk, cost = persistent.program, persistent.MAX_CHUNK, persistent.ROUND_COST
+    builds, cost = persistent.BUILDS, persistent.ROUND_COST
     for dt, label in ((torch.float16, "fp16"), (torch.bfloat16, "bf16"), (torch.float32, "fp32")):
         x = torch.randn(32, 64, 112, 112, device="cuda", dtype=dt)
         y, s = torch.empty_like(x), torch.rand(64, device="cuda") + 0.5
@@ -51,17 +50,21 @@ def main() -> int:
         ref = torch.nn.functional.batch_norm(x.float(), None, None, s, s, training=True)
         variants = {}
         for regs, groups in BUILDS:
-            name, extra = build(regs, groups)
+            name = label_of(regs, groups)
             for round_cost in COSTS:
-                persistent.program = functools.partial(with_options, program, extra)
-                persistent.MAX_CHUNK, persistent.ROUND_COST = persistent.BLOCK * regs, round_cost
+                persistent.BUILDS = {dtype: (regs, groups) for dtype in DataType}
+                persistent.ROUND_COST = round_cost
                 h = kdbkit.Handle()
                 call = functools.partial(kdbkit.batchnorm_training, h, x, s, s, y=y, saved_mean=m, saved_invstd=v,
                                          solver="BatchNormPersistent")
                 try:
                     call()  # the invoker, planned under this variant, is cached in its handle
+                except NoSolverError as error:
+                    print(f"{label} {name}: {error}", flush=True)
+                    h.close()
+                    continue
                 finally:
-                    persistent.program, persistent.MAX_CHUNK, persistent.ROUND_COST = program, max_chunk, cost
+                    persistent.BUILDS, persistent.ROUND_COST = builds, cost
                 error = float((y.float() - ref).abs().max())
                 assert error < 0.05, f"{name}, ROUND_COST={round_cost} {label}: y off by {error}"
                 stats_error = float((m - x.float().mean((0, 2, 3))).abs().max())

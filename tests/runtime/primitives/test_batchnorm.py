@@ -139,6 +139,21 @@ def test_the_persistent_training_solver_plans_its_teams(handle):
     members, chunk, teams = team_plan(10, 3, lambda chunk, members: 8)  # small channels: every channel at once
     assert teams == 3 and members * teams <= 8 and members * chunk >= 10
     assert team_plan(MAX_CHUNK * 9, 1, lambda chunk, members: 8) is None  # more groups than can be resident
+    members, chunk, teams = team_plan(vectors, 64, h100, 1024)  # a build with fewer vectors in flight
+    assert chunk <= 1024 and members * chunk >= vectors
+
+
+def test_the_persistent_training_solver_builds_each_type_as_its_table_says():
+    from kdbkit.runtime.primitives.batchnorm.solvers import persistent
+
+    for dtype in (DataType.FP32, DataType.FP16, DataType.BF16):
+        problem = BatchNormProblem("train", "spatial", dtype, (2, 3, 4, 8), (96, 32, 8, 1), (96, 32, 8, 1))
+        regs, groups = persistent.build(dtype)
+        options = persistent.program(problem).options
+        assert (f"-DBN_REGS={regs}" in options) == (regs != 8)
+        assert (f"-DBN_MIN_GROUPS={groups}" in options) == (groups is not None)
+        assert persistent.max_chunk(dtype) == persistent.BLOCK * regs
+    assert persistent.build(DataType.BF16) == (4, 6)  # the H100's measurements (compare_bn_teams.py)
     problem = BatchNormProblem("train", "spatial", DataType.FP32, (2, 3, 4, 8), (96, 32, 8, 1), (96, 32, 8, 1))
     verdict = REGISTRY.find("BatchNormPersistent").is_applicable(problem, handle.device)
     assert bool(verdict) == (handle.device.backend == "cuda")

@@ -12,6 +12,7 @@ import numpy as np
 
 from kdbkit.runtime.primitives.batchnorm.problem import BatchNormProblem
 from kdbkit.runtime.program_key import ProgramRequest
+from kdbkit.runtime.tensor import DataType
 from kdbkit.runtime.solver import (
     APPLIES,
     Solver,
@@ -27,10 +28,27 @@ MAX_CHUNK = 2048  # 16-byte vectors a group stages: batchnorm_persistent.cu's BN
 STAGES = 2  # a group holds two chunks in shared memory: one being normalised, the next being summed
 ROUND_COST = 4096  # a team's meeting per channel, counted as this many vectors (scripts/compare_bn_teams.py)
 INT_MAX = 2**31 - 1
+# Per type, (vectors in flight per thread, groups a multiprocessor must hold): the kernel's
+# BN_REGS and BN_MIN_GROUPS where not (8, None). scripts/compare_bn_teams.py on the H100, each
+# build on the same buffers: bf16 at (4, 6) 41.4-42.0 us against 43.3-43.9 at 8; fp16 at (4, 6)
+# 44.2 against 42.5-43.8; fp32 within 1%.
+BUILDS = {DataType.BF16: (4, 6)}
+
+
+def build(dtype: DataType) -> tuple[int, int | None]:
+    return BUILDS.get(dtype, (8, None))
+
+
+def max_chunk(dtype: DataType) -> int:
+    """The most vectors a group stages: BN_BLOCK * BN_REGS."""
+    return BLOCK * build(dtype)[0]
 
 
 def program(problem: BatchNormProblem) -> ProgramRequest:
-    return ProgramRequest("batchnorm_persistent.cu", problem.dtype.options)
+    regs, groups = build(problem.dtype)
+    extra = () if (regs, groups) == (8, None) else (f"-DBN_REGS={regs}",) + (
+        () if groups is None else (f"-DBN_MIN_GROUPS={groups}",))
+    return ProgramRequest("batchnorm_persistent.cu", (*problem.dtype.options, *extra))
 
 
 def shared_bytes(chunk: int, members: int) -> int:
@@ -39,12 +57,14 @@ def shared_bytes(chunk: int, members: int) -> int:
     return (STAGES * chunk + members) * 16
 
 
-def team_plan(vectors: int, channels: int, resident: Callable[[int, int], int]) -> tuple[int, int, int] | None:
+def team_plan(vectors: int, channels: int, resident: Callable[[int, int], int],
+              most: int = MAX_CHUNK) -> tuple[int, int, int] | None:
     """(members per team, vectors per member, teams) that finish soonest, where
     ``resident(chunk, members)`` groups of teams of ``members`` staging ``chunk`` vectors each
-    fit the GPU at once: every round of channels costs its chunk plus one meeting, and the
-    pipeline one chunk more (the first reads, the last writes)."""
-    best, members = None, -(-vectors // MAX_CHUNK)
+    fit the GPU at once and a chunk holds at most ``most`` vectors: every round of channels
+    costs its chunk plus one meeting, and the pipeline one chunk more (the first reads, the
+    last writes)."""
+    best, members = None, -(-vectors // most)
     while members <= resident(1, members):
         chunk = -(-vectors // members)
         fit = resident(chunk, members)
@@ -108,9 +128,10 @@ class BatchNormPersistent(Solver):
         if n * c * h * w > INT_MAX or max(problem.x_strides + problem.y_strides) > INT_MAX:
             return not_applicable("sizes or strides exceed the kernel's int arguments")
         vectors = n * h * w // vector_elements(problem.dtype)
-        if -(-vectors // MAX_CHUNK) > (target.cu or 1):
+        most = max_chunk(problem.dtype)
+        if -(-vectors // most) > (target.cu or 1):
             return not_applicable(f"a channel of {vectors} vectors needs more groups than the GPU has "
-                                  f"multiprocessors at {MAX_CHUNK} vectors each")
+                                  f"multiprocessors at {most} vectors each")
         return APPLIES
 
     def workspace(self, problem: BatchNormProblem) -> int:
@@ -127,7 +148,7 @@ class BatchNormPersistent(Solver):
         per = vector_elements(problem.dtype)
         vectors = n * h * w // per
         resident = resident_for(backend, kernel, handle.device.target.cu or 1)
-        members, chunk, teams = team_plan(vectors, c, resident)
+        members, chunk, teams = team_plan(vectors, c, resident, max_chunk(problem.dtype))
         groups = members * teams
         # The invoker's own workspace, zero before the first launch: each member's tagged pair of
         # sums per channel, and each channel's generation.
