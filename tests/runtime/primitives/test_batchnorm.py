@@ -141,6 +141,11 @@ def test_the_persistent_training_solver_plans_its_teams(handle):
     assert team_plan(MAX_CHUNK * 9, 1, lambda chunk, members: 8) is None  # more groups than can be resident
     members, chunk, teams = team_plan(vectors, 64, h100, 1024)  # a build with fewer vectors in flight
     assert chunk <= 1024 and members * chunk >= vectors
+    problem = BatchNormProblem("train", "spatial", DataType.FP32, (2, 3, 4, 8), (96, 32, 8, 1), (96, 32, 8, 1))
+    verdict = REGISTRY.find("BatchNormPersistent").is_applicable(problem, handle.device)
+    assert bool(verdict) == (handle.device.backend == "cuda")
+    if handle.device.backend != "cuda":
+        assert "needs CUDA" in verdict.reason
 
 
 def test_the_persistent_training_solver_builds_each_type_as_its_table_says():
@@ -154,8 +159,3 @@ def test_the_persistent_training_solver_builds_each_type_as_its_table_says():
         assert (f"-DBN_MIN_GROUPS={groups}" in options) == (groups is not None)
         assert persistent.max_chunk(dtype) == persistent.BLOCK * regs
     assert persistent.build(DataType.BF16) == (4, 6)  # the H100's measurements (compare_bn_teams.py)
-    problem = BatchNormProblem("train", "spatial", DataType.FP32, (2, 3, 4, 8), (96, 32, 8, 1), (96, 32, 8, 1))
-    verdict = REGISTRY.find("BatchNormPersistent").is_applicable(problem, handle.device)
-    assert bool(verdict) == (handle.device.backend == "cuda")
-    if handle.device.backend != "cuda":
-        assert "needs CUDA" in verdict.reason
