@@ -12,26 +12,40 @@ passes (each variant's figure is its median over the passes), so drift falls on 
 Tells which ROUND_COST and which (BN_REGS, BN_MIN_GROUPS) per type (persistent.BUILDS) to keep.
 
     python scripts/compare_bn_teams.py            # on the GPU machine
+    python scripts/compare_bn_teams.py --types fp16 --builds 8 6:5 4::2   # BN_REGS[:BN_MIN_GROUPS[:BN_AHEAD]]
 """
 
 from __future__ import annotations
 
+import argparse
 import functools
 import statistics
 import sys
 
 from bench_primitives import copy_bandwidth, timed
 
-COSTS = (2048, 4096)
+COSTS = (4096,)
 PASSES = 5
-BUILDS = ((8, None), (4, None), (4, 6), (3, 6), (2, 8))  # (BN_REGS, BN_MIN_GROUPS), persistent.BUILDS' form
+BUILDS = ("8", "4", "4:6", "4::2", "4:5:2")  # BN_REGS[:BN_MIN_GROUPS[:BN_AHEAD]]
 
 
-def label_of(regs: int, groups: int | None) -> str:
-    return f"BN_REGS={regs}" + ("" if groups is None else f", {groups} groups")
+def parse_build(text: str) -> tuple[int, int | None, int]:
+    """'4:6:2' -> (4, 6, 2), '4::2' -> (4, None, 2), '8' -> (8, None, 1): persistent.BUILDS' form."""
+    regs, groups, ahead = (text.split(":") + ["", ""])[:3]
+    return int(regs), int(groups) if groups else None, int(ahead) if ahead else 1
+
+
+def label_of(regs: int, groups: int | None, ahead: int) -> str:
+    return (f"BN_REGS={regs}" + ("" if groups is None else f", {groups} groups")
+            + ("" if ahead == 1 else f", {ahead} ahead"))
 
 
 def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n", 1)[0])
+    parser.add_argument("--types", nargs="+", default=["fp16", "bf16", "fp32"], choices=["fp16", "bf16", "fp32"])
+    parser.add_argument("--builds", nargs="+", default=list(BUILDS), help="BN_REGS[:BN_MIN_GROUPS[:BN_AHEAD]] each")
+    args = parser.parse_args()
+    builds_asked = [parse_build(b) for b in args.builds]
     import kdbkit
     import torch
     from kdbkit.runtime.errors import NoSolverError
@@ -44,15 +58,17 @@ def main() -> int:
     print(f"device-to-device copy: {copy:.0f} GB/s", flush=True)
     builds, cost = persistent.BUILDS, persistent.ROUND_COST
     for dt, label in ((torch.float16, "fp16"), (torch.bfloat16, "bf16"), (torch.float32, "fp32")):
+        if label not in args.types:
+            continue
         x = torch.randn(32, 64, 112, 112, device="cuda", dtype=dt)
         y, s = torch.empty_like(x), torch.rand(64, device="cuda") + 0.5
         m, v = torch.empty(64, device="cuda"), torch.empty(64, device="cuda")
         ref = torch.nn.functional.batch_norm(x.float(), None, None, s, s, training=True)
         variants = {}
-        for regs, groups in BUILDS:
-            name = label_of(regs, groups)
+        for regs, groups, ahead in builds_asked:
+            name = label_of(regs, groups, ahead)
             for round_cost in COSTS:
-                persistent.BUILDS = {dtype: (regs, groups) for dtype in DataType}
+                persistent.BUILDS = {dtype: (regs, groups, ahead) for dtype in DataType}
                 persistent.ROUND_COST = round_cost
                 h = kdbkit.Handle()
                 call = functools.partial(kdbkit.batchnorm_training, h, x, s, s, y=y, saved_mean=m, saved_invstd=v,
@@ -74,10 +90,14 @@ def main() -> int:
         for _ in range(PASSES):
             for key, (_, call, _) in variants.items():
                 times[key].append(timed(call, iters=20, blocks=3))
+        for (name, round_cost), (_, call, _) in variants.items():  # still right after many launches
+            call()
+            error = float((y.float() - ref).abs().max())
+            assert error < 0.05, f"{name}, ROUND_COST={round_cost} {label}: y off by {error} after the timing"
         nbytes = 2 * x.numel() * x.element_size()
         for (name, round_cost), (h, _, (members, chunk, teams)) in variants.items():
             ms = statistics.median(times[(name, round_cost)])
-            print(f"{label} {name:<20} round cost {round_cost:>5}: members {members:>3}, chunk {chunk:>4}, "
+            print(f"{label} {name:<28} round cost {round_cost:>5}: members {members:>3}, chunk {chunk:>4}, "
                   f"teams {teams:>2}, rounds {-(-64 // teams)}: {ms * 1000:6.2f} µs {nbytes / ms / 1e6 / copy:6.1%} "
                   f"of copy", flush=True)
             h.close()
