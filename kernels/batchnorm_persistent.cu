@@ -38,12 +38,6 @@
 #ifndef BN_REGS
 #define BN_REGS 8 /* vectors per thread in flight: a chunk is at most BN_BLOCK * BN_REGS vectors */
 #endif
-/* -DBN_AHEAD=2: reads two channels ahead, in two sets of registers, issued after the channel
- * before's writes (so the writes never wait behind the reads' issue, and a channel's reads are
- * in flight throughout); 1: one channel ahead, issued before the meeting and the writes. */
-#ifndef BN_AHEAD
-#define BN_AHEAD 1
-#endif
 /* -DBN_MIN_GROUPS=g: registers capped so that g groups fit a multiprocessor (compare_bn_teams.py). */
 #ifdef BN_MIN_GROUPS
 #define BN_BOUNDS __launch_bounds__(BN_BLOCK, BN_MIN_GROUPS)
@@ -224,62 +218,6 @@ __device__ __forceinline__ void bn_team_sums(const unsigned long long* copy, con
         }                                                                                                      \
     } while (0)
 
-/* BN_AHEAD == 2: one channel's round with the registers Q (its chunk arrived there, loaded two
- * rounds earlier, with its first vector HEAD and its tag TAG): stage and sum it, publish; meet
- * for the channel before and write it; then Q takes the reads of the channel two rounds on.
- * (A macro: it uses most of the kernel's arguments and locals.) */
-#define BN_AHEAD_ROUND(Q, HEAD, TAG)                                                                           \
-    do {                                                                                                       \
-        if (c < C) {                                                                                           \
-            float first[KDB_VEC];                                                                              \
-            kdb_unpack(HEAD, first);                                                                           \
-            k = first[0];                                                                                      \
-            tag = TAG;                                                                                         \
-            float s1 = 0.0f, s2 = 0.0f;                                                                        \
-            bn_stage_and_sum(stages + stage * chunk, Q, lo, hi, k, &s1, &s2);                                 \
-            s1 = bn_warp_sum(s1);                                                                              \
-            s2 = bn_warp_sum(s2);                                                                              \
-            if (lane == 0) {                                                                                   \
-                sums[0][warp] = s1;                                                                            \
-                sums[1][warp] = s2;                                                                            \
-            }                                                                                                  \
-            __syncthreads();                                                                                   \
-            BN_MARK(1 + 4 * round);                                                                            \
-            if (t == 0) {                                                                                      \
-                s1 = s2 = 0.0f;                                                                                \
-                for (int w = 0; w < BN_BLOCK / 32; ++w) {                                                      \
-                    s1 += sums[0][w];                                                                          \
-                    s2 += sums[1][w];                                                                          \
-                }                                                                                              \
-                volatile unsigned long long* mine = pairs + 2 * ((long)c * members + member);                 \
-                mine[0] = bn_tagged(s1, tag);                                                                  \
-                mine[1] = bn_tagged(s2, tag);                                                                  \
-            }                                                                                                  \
-            BN_MARK(2 + 4 * round);                                                                            \
-        }                                                                                                      \
-        if (before >= 0) {                                                                                     \
-            if (warp == 0)                                                                                     \
-                BN_CHANNEL_STATS(1);                                                                           \
-            __syncthreads();                                                                                   \
-            BN_MARK(3 + 4 * round);                                                                            \
-            bn_write_chunk(y, stages + (stage ^ 1) * chunk, before, lo, hi, HWv, ys0, ys1, affine[0], affine[1]); \
-            BN_MARK(4 + 4 * round);                                                                            \
-        }                                                                                                      \
-        const int after = c + 2 * teams;                                                                       \
-        if (after < C) {                                                                                       \
-            HEAD = x[(long)after * xs1];                                                                       \
-            TAG = *(volatile unsigned int*)(gen + after) + 1u; /* read before publishing */                   \
-            bn_load_chunk(Q, x, after, lo, hi, HWv, xs0, xs1);                                                 \
-        }                                                                                                      \
-        k_before = k;                                                                                          \
-        tag_before = tag;                                                                                      \
-        ++round;                                                                                               \
-        before = c < C ? c : -1;                                                                               \
-        c += teams;                                                                                            \
-        stage ^= 1;                                                                                            \
-        __syncthreads(); /* the stage just written from and the affine pair are free again */               \
-    } while (0)
-
 extern "C" __global__ void BN_BOUNDS
 bn_train_persistent(const kdb_vec4u* __restrict__ x, kdb_vec4u* __restrict__ y, const float* __restrict__ scale,
                     const float* __restrict__ bias, float* running_mean, float* running_var, float* saved_mean,
@@ -295,33 +233,6 @@ bn_train_persistent(const kdb_vec4u* __restrict__ x, kdb_vec4u* __restrict__ y, 
     const int member = blockIdx.x % members, team = blockIdx.x / members, teams = gridDim.x / members;
     const int total = N * HWv; /* vectors per channel */
     const int lo = member * chunk, hi = min(lo + chunk, total);
-#if BN_AHEAD == 2
-    kdb_vec4u qa[BN_REGS], qb[BN_REGS], heada, headb; /* two channels' reads in flight, and their first vectors */
-    unsigned int taga = 0u, tagb = 0u;
-    float k = 0.0f, k_before = 0.0f;
-    unsigned int tag = 0u, tag_before = 0u;
-    int round = 0, stage = 0;
-    BN_MARK(0);
-    if (team < C) {
-        heada = x[(long)team * xs1];
-        taga = *(volatile unsigned int*)(gen + team) + 1u;
-        bn_load_chunk(qa, x, team, lo, hi, HWv, xs0, xs1);
-    }
-    if (team + teams < C) {
-        headb = x[(long)(team + teams) * xs1];
-        tagb = *(volatile unsigned int*)(gen + team + teams) + 1u;
-        bn_load_chunk(qb, x, team + teams, lo, hi, HWv, xs0, xs1);
-    }
-    int c = team, before = -1;
-    for (;;) {
-        BN_AHEAD_ROUND(qa, heada, taga);
-        if (c >= C && before < 0)
-            break;
-        BN_AHEAD_ROUND(qb, headb, tagb);
-        if (c >= C && before < 0)
-            break;
-    }
-#else
     kdb_vec4u q[BN_REGS], head;
     float k = 0.0f, k_before = 0.0f;               /* the channel's first element, and the channel before's */
     unsigned int tag = 0u, tag_next = 0u, tag_before = 0u; /* the tags they are published with */
@@ -385,7 +296,6 @@ bn_train_persistent(const kdb_vec4u* __restrict__ x, kdb_vec4u* __restrict__ y, 
         ++round;
         __syncthreads(); /* the stage just written from and the affine pair are free again */
     }
-#endif
     BN_MARK(4 * BN_TRACE_ROUNDS + 1);
 }
 

@@ -12,7 +12,7 @@ passes (each variant's figure is its median over the passes), so drift falls on 
 Tells which ROUND_COST and which (BN_REGS, BN_MIN_GROUPS) per type (persistent.BUILDS) to keep.
 
     python scripts/compare_bn_teams.py            # on the GPU machine
-    python scripts/compare_bn_teams.py --types fp16 --builds 8 6:5 4::2   # BN_REGS[:BN_MIN_GROUPS[:BN_AHEAD]]
+    python scripts/compare_bn_teams.py --types fp16 --builds 8 6:5   # BN_REGS[:BN_MIN_GROUPS]
 """
 
 from __future__ import annotations
@@ -26,24 +26,23 @@ from bench_primitives import copy_bandwidth, timed
 
 COSTS = (4096,)
 PASSES = 5
-BUILDS = ("8", "4", "4:6", "4::2", "4:5:2")  # BN_REGS[:BN_MIN_GROUPS[:BN_AHEAD]]
+BUILDS = ("8", "4", "4:6", "3:6", "6:5")  # BN_REGS[:BN_MIN_GROUPS]
 
 
-def parse_build(text: str) -> tuple[int, int | None, int]:
-    """'4:6:2' -> (4, 6, 2), '4::2' -> (4, None, 2), '8' -> (8, None, 1): persistent.BUILDS' form."""
-    regs, groups, ahead = (text.split(":") + ["", ""])[:3]
-    return int(regs), int(groups) if groups else None, int(ahead) if ahead else 1
+def parse_build(text: str) -> tuple[int, int | None]:
+    """'4:6' -> (4, 6), '8' -> (8, None): persistent.BUILDS' form."""
+    regs, _, groups = text.partition(":")
+    return int(regs), int(groups) if groups else None
 
 
-def label_of(regs: int, groups: int | None, ahead: int) -> str:
-    return (f"BN_REGS={regs}" + ("" if groups is None else f", {groups} groups")
-            + ("" if ahead == 1 else f", {ahead} ahead"))
+def label_of(regs: int, groups: int | None) -> str:
+    return f"BN_REGS={regs}" + ("" if groups is None else f", {groups} groups")
 
 
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n", 1)[0])
     parser.add_argument("--types", nargs="+", default=["fp16", "bf16", "fp32"], choices=["fp16", "bf16", "fp32"])
-    parser.add_argument("--builds", nargs="+", default=list(BUILDS), help="BN_REGS[:BN_MIN_GROUPS[:BN_AHEAD]] each")
+    parser.add_argument("--builds", nargs="+", default=list(BUILDS), help="BN_REGS[:BN_MIN_GROUPS] each")
     args = parser.parse_args()
     builds_asked = [parse_build(b) for b in args.builds]
     import kdbkit
@@ -65,10 +64,10 @@ def main() -> int:
         m, v = torch.empty(64, device="cuda"), torch.empty(64, device="cuda")
         ref = torch.nn.functional.batch_norm(x.float(), None, None, s, s, training=True)
         variants = {}
-        for regs, groups, ahead in builds_asked:
-            name = label_of(regs, groups, ahead)
+        for regs, groups in builds_asked:
+            name = label_of(regs, groups)
             for round_cost in COSTS:
-                persistent.BUILDS = {dtype: (regs, groups, ahead) for dtype in DataType}
+                persistent.BUILDS = {dtype: (regs, groups) for dtype in DataType}
                 persistent.ROUND_COST = round_cost
                 h = kdbkit.Handle()
                 call = functools.partial(kdbkit.batchnorm_training, h, x, s, s, y=y, saved_mean=m, saved_invstd=v,

@@ -28,16 +28,15 @@ MAX_CHUNK = 2048  # 16-byte vectors a group stages: batchnorm_persistent.cu's BN
 STAGES = 2  # a group holds two chunks in shared memory: one being normalised, the next being summed
 ROUND_COST = 4096  # a team's meeting per channel, counted as this many vectors (scripts/compare_bn_teams.py)
 INT_MAX = 2**31 - 1
-# Per type, (vectors in flight per thread and channel, groups a multiprocessor must hold,
-# channels read ahead): the kernel's BN_REGS, BN_MIN_GROUPS and BN_AHEAD where not (8, None, 1).
-# scripts/compare_bn_teams.py on the H100, each build on the same buffers, three runs: bf16 at
-# (4, 6, 1) 41.4-42.1 us against 43.3-44.0 at 8; fp32 83.2-83.5 against 84.2-86.1; fp16
-# 43.1-44.2 against 42.5-43.8, so it stays at 8.
-BUILDS = {DataType.BF16: (4, 6, 1), DataType.FP32: (4, 6, 1)}
+# Per type, (vectors in flight per thread, groups a multiprocessor must hold): the kernel's
+# BN_REGS and BN_MIN_GROUPS where not (8, None). scripts/compare_bn_teams.py on the H100, each
+# build on the same buffers, three runs: bf16 at (4, 6) 41.4-42.1 us against 43.3-44.0 at 8;
+# fp32 83.2-83.5 against 84.2-86.1; fp16 43.1-44.2 against 42.5-43.8, so it stays at 8.
+BUILDS = {DataType.BF16: (4, 6), DataType.FP32: (4, 6)}
 
 
-def build(dtype: DataType) -> tuple[int, int | None, int]:
-    return BUILDS.get(dtype, (8, None, 1))
+def build(dtype: DataType) -> tuple[int, int | None]:
+    return BUILDS.get(dtype, (8, None))
 
 
 def max_chunk(dtype: DataType) -> int:
@@ -45,14 +44,11 @@ def max_chunk(dtype: DataType) -> int:
     return BLOCK * build(dtype)[0]
 
 
-def build_options(regs: int, groups: int | None, ahead: int) -> tuple[str, ...]:
-    """The compile options of a build (none for the kernel's defaults)."""
-    return ((() if regs == 8 else (f"-DBN_REGS={regs}",)) + (() if groups is None else (f"-DBN_MIN_GROUPS={groups}",))
-            + (() if ahead == 1 else (f"-DBN_AHEAD={ahead}",)))
-
-
 def program(problem: BatchNormProblem) -> ProgramRequest:
-    return ProgramRequest("batchnorm_persistent.cu", (*problem.dtype.options, *build_options(*build(problem.dtype))))
+    regs, groups = build(problem.dtype)
+    extra = () if (regs, groups) == (8, None) else (f"-DBN_REGS={regs}",) + (
+        () if groups is None else (f"-DBN_MIN_GROUPS={groups}",))
+    return ProgramRequest("batchnorm_persistent.cu", (*problem.dtype.options, *extra))
 
 
 def shared_bytes(chunk: int, members: int) -> int:
