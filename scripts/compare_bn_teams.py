@@ -12,7 +12,7 @@ passes (each variant's figure is its median over the passes), so drift falls on 
 Tells which ROUND_COST and which (BN_REGS, BN_MIN_GROUPS) per type (persistent.BUILDS) to keep.
 
     python scripts/compare_bn_teams.py            # on the GPU machine
-    python scripts/compare_bn_teams.py --types fp16 --builds 8 6:5   # BN_REGS[:BN_MIN_GROUPS]
+    python scripts/compare_bn_teams.py --types fp16 --builds 8 6:5 8+LOAD_FIRST=4   # BN_REGS[:BN_MIN_GROUPS][+BN_...]
 """
 
 from __future__ import annotations
@@ -22,27 +22,29 @@ import functools
 import statistics
 import sys
 
-from bench_primitives import copy_bandwidth, timed
+from bench_primitives import copy_bandwidth, timed, with_options
 
 COSTS = (4096,)
 PASSES = 5
-BUILDS = ("8", "4", "4:6", "3:6", "6:5")  # BN_REGS[:BN_MIN_GROUPS]
+BUILDS = ("8", "4", "4:6", "3:6", "6:5")  # BN_REGS[:BN_MIN_GROUPS][+BN_ option...]
 
 
-def parse_build(text: str) -> tuple[int, int | None]:
-    """'4:6' -> (4, 6), '8' -> (8, None): persistent.BUILDS' form."""
-    regs, _, groups = text.partition(":")
-    return int(regs), int(groups) if groups else None
+def parse_build(text: str) -> tuple[int, int | None, tuple[str, ...]]:
+    """'4:6' -> (4, 6, ()), '8+LOAD_FIRST=4' -> (8, None, ('-DBN_LOAD_FIRST=4',)): persistent.BUILDS'
+    form, then other options of the kernel's."""
+    base, *extra = text.split("+")
+    regs, _, groups = base.partition(":")
+    return int(regs), int(groups) if groups else None, tuple(f"-DBN_{e}" for e in extra)
 
 
-def label_of(regs: int, groups: int | None) -> str:
-    return f"BN_REGS={regs}" + ("" if groups is None else f", {groups} groups")
+def label_of(regs: int, groups: int | None, extra: tuple[str, ...]) -> str:
+    return f"BN_REGS={regs}" + ("" if groups is None else f", {groups} groups") + "".join(f" {e[2:]}" for e in extra)
 
 
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n", 1)[0])
     parser.add_argument("--types", nargs="+", default=["fp16", "bf16", "fp32"], choices=["fp16", "bf16", "fp32"])
-    parser.add_argument("--builds", nargs="+", default=list(BUILDS), help="BN_REGS[:BN_MIN_GROUPS] each")
+    parser.add_argument("--builds", nargs="+", default=list(BUILDS), help="BN_REGS[:BN_MIN_GROUPS][+BN_ option without its prefix...] each")
     args = parser.parse_args()
     builds_asked = [parse_build(b) for b in args.builds]
     import kdbkit
@@ -55,7 +57,7 @@ def main() -> int:
         sys.exit("no CUDA GPU for PyTorch: run this on the GPU machine")
     copy = copy_bandwidth(20, 5)
     print(f"device-to-device copy: {copy:.0f} GB/s", flush=True)
-    builds, cost = persistent.BUILDS, persistent.ROUND_COST
+    builds, cost, program = persistent.BUILDS, persistent.ROUND_COST, persistent.program
     for dt, label in ((torch.float16, "fp16"), (torch.bfloat16, "bf16"), (torch.float32, "fp32")):
         if label not in args.types:
             continue
@@ -64,10 +66,11 @@ def main() -> int:
         m, v = torch.empty(64, device="cuda"), torch.empty(64, device="cuda")
         ref = torch.nn.functional.batch_norm(x.float(), None, None, s, s, training=True)
         variants = {}
-        for regs, groups in builds_asked:
-            name = label_of(regs, groups)
+        for regs, groups, extra in builds_asked:
+            name = label_of(regs, groups, extra)
             for round_cost in COSTS:
                 persistent.BUILDS = {dtype: (regs, groups) for dtype in DataType}
+                persistent.program = functools.partial(with_options, program, extra)
                 persistent.ROUND_COST = round_cost
                 h = kdbkit.Handle()
                 call = functools.partial(kdbkit.batchnorm_training, h, x, s, s, y=y, saved_mean=m, saved_invstd=v,
@@ -79,7 +82,7 @@ def main() -> int:
                     h.close()
                     continue
                 finally:
-                    persistent.BUILDS, persistent.ROUND_COST = builds, cost
+                    persistent.BUILDS, persistent.ROUND_COST, persistent.program = builds, cost, program
                 error = float((y.float() - ref).abs().max())
                 assert error < 0.05, f"{name}, ROUND_COST={round_cost} {label}: y off by {error}"
                 stats_error = float((m - x.float().mean((0, 2, 3))).abs().max())
