@@ -38,11 +38,6 @@
 #ifndef BN_REGS
 #define BN_REGS 8 /* vectors per thread in flight: a chunk is at most BN_BLOCK * BN_REGS vectors */
 #endif
-/* -DBN_LOAD_FIRST=v: of the next channel's vectors, each thread issues v before the meeting and
- * the writes of the channel before, the rest after them (so reads and writes interleave). */
-#ifndef BN_LOAD_FIRST
-#define BN_LOAD_FIRST BN_REGS
-#endif
 /* -DBN_MIN_GROUPS=g: registers capped so that g groups fit a multiprocessor (compare_bn_teams.py). */
 #ifdef BN_MIN_GROUPS
 #define BN_BOUNDS __launch_bounds__(BN_BLOCK, BN_MIN_GROUPS)
@@ -82,25 +77,18 @@ __device__ __forceinline__ float bn_warp_sum(float v)
     return v;
 }
 
-/* This thread's vectors of a chunk [lo, hi) of channel c, from its from-th to before its to-th,
- * into registers (loads only issued). */
-__device__ __forceinline__ void bn_load_part(kdb_vec4u* q, const kdb_vec4u* __restrict__ x, int c, int lo, int hi,
-                                             int HWv, int xs0, int xs1, int from, int to)
+/* This thread's vectors of a chunk [lo, hi) of channel c, into registers (loads only issued). */
+__device__ __forceinline__ void bn_load_chunk(kdb_vec4u* q, const kdb_vec4u* __restrict__ x, int c, int lo, int hi,
+                                              int HWv, int xs0, int xs1)
 {
 #pragma unroll
-    for (int u = from; u < to; ++u) {
+    for (int u = 0; u < BN_REGS; ++u) {
         const int g = lo + threadIdx.x + u * BN_BLOCK;
         if (g < hi) {
             const int n = g / HWv;
             q[u] = __ldcs(x + (long)n * xs0 + (long)c * xs1 + (g - n * HWv)); /* evict first: read once */
         }
     }
-}
-
-__device__ __forceinline__ void bn_load_chunk(kdb_vec4u* q, const kdb_vec4u* __restrict__ x, int c, int lo, int hi,
-                                              int HWv, int xs0, int xs1)
-{
-    bn_load_part(q, x, c, lo, hi, HWv, xs0, xs1, 0, BN_REGS);
 }
 
 /* Stage this thread's vectors of the chunk (arrived in q) at stage[0..) and sum them about k. */
@@ -290,7 +278,7 @@ bn_train_persistent(const kdb_vec4u* __restrict__ x, kdb_vec4u* __restrict__ y, 
             if (next < C) {
                 head = x[(long)next * xs1];
                 tag_next = *(volatile unsigned int*)(gen + next) + 1u; /* read before publishing */
-                bn_load_part(q, x, next, lo, hi, HWv, xs0, xs1, 0, BN_LOAD_FIRST);
+                bn_load_chunk(q, x, next, lo, hi, HWv, xs0, xs1);
             }
         }
         if (before >= 0) {
@@ -303,10 +291,6 @@ bn_train_persistent(const kdb_vec4u* __restrict__ x, kdb_vec4u* __restrict__ y, 
             bn_write_chunk(y, stages + (stage ^ 1) * chunk, before, lo, hi, HWv, ys0, ys1, affine[0], affine[1]);
             BN_MARK(4 + 4 * round); /* writes issued */
         }
-#if BN_LOAD_FIRST < BN_REGS
-        if (c < C && c + teams < C)
-            bn_load_part(q, x, c + teams, lo, hi, HWv, xs0, xs1, BN_LOAD_FIRST, BN_REGS);
-#endif
         k_before = k;
         tag_before = tag;
         ++round;
