@@ -50,6 +50,14 @@
 #ifdef BN_TRACE
 #define BN_TRACE_ROUNDS 15
 #define BN_TRACE_ARG , unsigned long long* trace
+/* After the counts: each group's multiprocessor. */
+#define BN_MARK_SM()                                                                                            \
+    do {                                                                                                       \
+        unsigned int sm;                                                                                       \
+        asm volatile("mov.u32 %0, %%smid;" : "=r"(sm));                                                       \
+        if (t == 0)                                                                                            \
+            trace[gridDim.x * (5 * BN_TRACE_ROUNDS + 2) + blockIdx.x] = sm;                                   \
+    } while (0)
 #define BN_MARK(slot)                                                                                          \
     do {                                                                                                       \
         if (t == 0 && (slot) < 4 * BN_TRACE_ROUNDS + 2) {                                                      \
@@ -66,6 +74,7 @@
     } while (0)
 #else
 #define BN_TRACE_ARG
+#define BN_MARK_SM() do { } while (0)
 #define BN_MARK(slot) do { } while (0)
 #define BN_COUNT(round, n) do { } while (0)
 #endif
@@ -238,6 +247,7 @@ bn_train_persistent(const kdb_vec4u* __restrict__ x, kdb_vec4u* __restrict__ y, 
     unsigned int tag = 0u, tag_next = 0u, tag_before = 0u; /* the tags they are published with */
     int round = 0, stage = 0;
     BN_MARK(0);
+    BN_MARK_SM();
     if (team < C) {
         head = x[(long)team * xs1];
         tag_next = *(volatile unsigned int*)(gen + team) + 1u;

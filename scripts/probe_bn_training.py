@@ -62,7 +62,7 @@ def run_variant(h, dtype, extra: tuple[str, ...], trace: bool, iters: int) -> di
     zeros = [backend.to_device(np.zeros(c, np.float32)) for _ in range(5)]  # bias, then the four statistics
     pairs, gen = backend.to_device(np.zeros(2 * c * members, np.uint64)), backend.to_device(np.zeros(c, np.uint32))
     slots = 4 * ROUNDS + 2
-    tail = [backend.to_device(np.zeros(groups * (slots + ROUNDS), np.uint64))] if trace else []
+    tail = [backend.to_device(np.zeros(groups * (slots + ROUNDS + 1), np.uint64))] if trace else []
     plane = hh * ww // per
     args = [x, y, ones, *zeros, pairs, gen, *persistent.kernel_args(
         n, c, plane, (c * plane, plane, c * plane, plane), members, chunk, n * hh * ww, 1e-5, 0.1, True), *tail]
@@ -84,9 +84,10 @@ def run_variant(h, dtype, extra: tuple[str, ...], trace: bool, iters: int) -> di
     if trace:
         launch()
         backend.synchronize()
-        raw = backend.to_host(tail[0], np.zeros(groups * (slots + ROUNDS), np.uint64)).astype(np.int64)
+        raw = backend.to_host(tail[0], np.zeros(groups * (slots + ROUNDS + 1), np.uint64)).astype(np.int64)
         marks = raw[:groups * slots].reshape(groups, slots)
-        late = raw[groups * slots:].reshape(groups, ROUNDS)
+        late = raw[groups * slots:groups * (slots + ROUNDS)].reshape(groups, ROUNDS)
+        sms = raw[groups * (slots + ROUNDS):]
         start = int(marks[:, 0].min())
         rel = (marks - start) / 1000.0  # µs after the first group's start
         rounds = []
@@ -103,8 +104,26 @@ def run_variant(h, dtype, extra: tuple[str, ...], trace: bool, iters: int) -> di
             rounds.append(stages)
         row["trace_us"] = {"group start, last": round(float(rel[:, 0].max()), 2), "rounds": rounds,
                            "group end, median": round(float(np.median(rel[:, -1])), 2),
-                           "group end, last": round(float(rel[:, -1].max()), 2)}
+                           "group end, last": round(float(rel[:, -1].max()), 2),
+                           "tail": tail_of(rel, sms, members, row["plan"]["rounds"])}
     return row
+
+
+def tail_of(rel, sms, members: int, rounds: int) -> dict:
+    """Where the last groups' time goes: end percentiles; the last round's staging (its reads
+    arrived) and its statistics seen, each a spread over groups; the teams ordered by their
+    last member's end; and whether the latest groups share multiprocessors."""
+    end = rel[:, -1]
+    last = rounds - 1
+    staged, seen = rel[:, 1 + 4 * last], rel[:, 3 + 4 * rounds]
+    team_end = end.reshape(-1, members).max(1)
+    latest = np.argsort(end)[-8:]
+    pct = lambda v: {f"p{q}": round(float(np.percentile(v, q)), 2) for q in (10, 50, 90, 99, 100)}
+    return {"group end": pct(end), "last channel staged": pct(staged), "last channel's statistics seen": pct(seen),
+            "team end, earliest and latest": [round(float(team_end.min()), 2), round(float(team_end.max()), 2)],
+            "latest groups (end, multiprocessor, its groups' ends)": [
+                [round(float(end[g]), 2), int(sms[g]), sorted(round(float(e), 1) for e in end[sms == sms[g]])]
+                for g in latest]}
 
 
 def main() -> int:
