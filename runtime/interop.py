@@ -74,14 +74,21 @@ def wrap(value: Any, backend, what: str) -> tuple[Any, TensorDesc]:
 
 
 def empty_like(value: Any, desc: TensorDesc) -> Any:
-    """A new tensor of the caller's library, on its device, packed, for an output."""
+    """A new tensor of the caller's library, on its device, laid out as ``desc`` (its strides:
+    packed, or a convolution's channels-last), for an output."""
     if is_torch(value):
         import torch
 
         dtype = {DataType.FP32: torch.float32, DataType.FP16: torch.float16, DataType.BF16: torch.bfloat16}[desc.dtype]
-        return torch.empty(desc.shape, dtype=dtype, device=value.device)
+        if desc.is_packed:
+            return torch.empty(desc.shape, dtype=dtype, device=value.device)
+        return torch.empty_strided(desc.shape, desc.strides, dtype=dtype, device=value.device)
     import cupy
 
     if desc.dtype is DataType.BF16:
         raise ProblemError("CuPy has no bfloat16 type for the output", "pass an output tensor, or use PyTorch")
-    return cupy.empty(desc.shape, dtype=desc.dtype.storage)
+    if desc.is_packed:
+        return cupy.empty(desc.shape, dtype=desc.dtype.storage)
+    item = desc.dtype.itemsize
+    return cupy.lib.stride_tricks.as_strided(cupy.empty(desc.span, dtype=desc.dtype.storage), desc.shape,
+                                             tuple(s * item for s in desc.strides))

@@ -1,7 +1,8 @@
 """Problems: one primitive call's description, whose config string keys invokers and the find-db.
 
 A config string is ``<primitive>,<key>=<value>,...`` with the keys in a fixed order, e.g.
-``activ,dir=fwd,mode=relu,type=fp32,shape=2x3x4x5,xs=60x20x5x1,ys=60x20x5x1,a=0,b=0,g=0``.
+``activ,dir=fwd,mode=relu,type=fp32,shape=2x3x4x5,xs=60x20x5x1,ys=60x20x5x1,a=0,b=0,g=0``;
+a convolution's is MIOpen's key instead (``64-56-56-3x3-64-56-56-32-1x1-1x1-1x1-0-NCHW-FP32-F``).
 It parses back to the same problem (:func:`parse_config`), so a find-db record, a log line or
 a driver command (``--config``) names exactly one problem.
 """
@@ -64,6 +65,8 @@ def parse_config(text: str) -> Problem:
     from kdbkit.runtime.primitives import load_all  # each primitive registers its problem kind
 
     load_all()
+    if text.strip()[:1].isdigit():  # a convolution: MIOpen's key, which names no primitive
+        return Problem._kinds["conv"].parse_key(text)  # type: ignore[attr-defined]
     primitive, _, rest = text.strip().partition(",")
     kind = Problem._kinds.get(primitive)
     if kind is None:

@@ -51,6 +51,9 @@ _EXPORTS = {
     "batchnorm_training": "kdbkit.runtime.primitives.batchnorm",
     "batchnorm_backward": "kdbkit.runtime.primitives.batchnorm",
     "gemm": "kdbkit.runtime.primitives.gemm",
+    "convolution_forward": "kdbkit.runtime.primitives.convolution",
+    "convolution_backward_data": "kdbkit.runtime.primitives.convolution",
+    "convolution_backward_weights": "kdbkit.runtime.primitives.convolution",
     "find_solutions": "kdbkit.runtime.find", "run_solution": "kdbkit.runtime.find", "Solution": "kdbkit.runtime.find",
     "parse_config": "kdbkit.runtime.problem",
     # errors: the bundle format's

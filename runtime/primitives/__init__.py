@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import importlib
 
-PRIMITIVES = ("activation", "softmax", "tensorop", "layernorm", "pooling", "batchnorm", "gemm")
+PRIMITIVES = ("activation", "softmax", "tensorop", "layernorm", "pooling", "batchnorm", "gemm", "convolution")
 
 
 def load_all() -> None:

@@ -98,12 +98,13 @@ def _same(desc: TensorDesc, like: TensorDesc, what: str) -> None:
                            f"{like.dtype.label} {'x'.join(map(str, like.shape))}", f"pass {what} of that shape and type")
 
 
-def device_default(handle, out: Any, like_input: Any, desc: TensorDesc) -> Any:
-    """A missing output of a device-tensor call is a new device tensor (a NumPy call gets a NumPy array)."""
+def device_default(handle, out: Any, like_input: Any, desc: TensorDesc, *, keep_strides: bool = False) -> Any:
+    """A missing output of a device-tensor call is a new device tensor (a NumPy call gets a NumPy
+    array), packed, or laid out as ``desc`` with ``keep_strides`` (a channels-last convolution's)."""
+    made = desc if keep_strides else TensorDesc.packed(desc.dtype, desc.shape)
     if out is None and isinstance(like_input, DeviceTensor):
-        return DeviceTensor.empty(handle.backend, TensorDesc.packed(desc.dtype, desc.shape))
+        return DeviceTensor.empty(handle.backend, made)
     if out is None and interop.is_foreign_device_tensor(like_input):
-        packed = TensorDesc.packed(desc.dtype, desc.shape)
-        out = interop.empty_like(like_input, packed)
-        repeat.note_new(out, like_input, packed)  # a repeat call makes it the same way
+        out = interop.empty_like(like_input, made)
+        repeat.note_new(out, like_input, made)  # a repeat call makes it the same way
     return out

@@ -118,6 +118,13 @@ EXPECTED_LAYOUTS = {
     "bn_train_finalize": [*((8 * i, 8) for i in range(7)), *((56 + 4 * i, 4) for i in range(7))],
     "bn_fwd_train": [*((8 * i, 8) for i in range(8)), *((64 + 4 * i, 4) for i in range(16))],
     "bn_bwd": [*((8 * i, 8) for i in range(8)), *((64 + 4 * i, 4) for i in range(15))],
+    # conv_direct.c: three tensors, then 16 sizes and 3 x 4 strides (CONV_SHAPE_ARGS)
+    **{f"conv_{d}_direct": [(0, 8), (8, 8), (16, 8), *((24 + 4 * i, 4) for i in range(28))]
+       for d in ("fwd", "bwd_data", "bwd_weights")},
+    # conv_gemm.c: two tensors, CONV_SHAPE_ARGS, then (im2col, col2im) 5 long column strides and the order
+    **{name: [(0, 8), (8, 8), *((16 + 4 * i, 4) for i in range(28)), *((128 + 8 * i, 8) for i in range(5)), (168, 4)]
+       for name in ("conv_im2col", "conv_col2im")},
+    "conv_dy_by_channel": [(0, 8), (8, 8), *((16 + 4 * i, 4) for i in range(28))],
     # gemm.c: A, B, C; M, N, K, lda, ldb, ldc; three long batch strides; trans_a, trans_b, alpha, beta
     "gemm_tiled": [(0, 8), (8, 8), (16, 8), *((24 + 4 * i, 4) for i in range(6)), (48, 8), (56, 8), (64, 8),
                    *((72 + 4 * i, 4) for i in range(4))],
@@ -132,6 +139,8 @@ EXPECTED_LDS = {  # static LDS bytes at the default options
     "layernorm_fwd": 256 * 4, "layernorm_fwd_lanes": 256 * 4, "layernorm_bwd_data": 256 * 4, "layernorm_bwd_weight": 0, "pool_fwd": 0, "pool_fwd_2d": 0, "pool_fwd_small": 0, "pool_fwd_band": 6144 * 4, "pool_bwd": 0,
     "bn_fwd_infer": 0, "bn_fwd_train": 256 * 4, "bn_bwd": 256 * 4, "bn_fwd_infer_planes": 0, "bn_train_partial": 256 * 4, "bn_train_partial_vec": 256 * 4, "bn_train_finalize": 0,
     "gemm_tiled": 2 * 16 * 17 * 4,  # two padded TILE x (TILE + 1) float tiles
+    "conv_fwd_direct": 0, "conv_bwd_data_direct": 0, "conv_bwd_weights_direct": 256 * 4,  # CONV_WRW_BLOCK floats
+    "conv_im2col": 0, "conv_col2im": 0, "conv_dy_by_channel": 0,
     "reduce_sum": 256 * 4,  # BLOCK floats
     "sgemm_tiled": 2 * 16 * 16 * 4,  # two TILE x TILE float tiles
     "dialect_everything": 64 * 4 + 4,  # BLOCK floats and one int

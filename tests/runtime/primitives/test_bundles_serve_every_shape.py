@@ -8,6 +8,7 @@ import kdbkit
 from kdbkit.runtime.primitives.activation import ActivationMode
 from kdbkit.runtime.primitives.catalogue import all_programs
 from kdbkit.runtime.reference import activation as activation_ref
+from kdbkit.runtime.reference import convolution as conv_ref
 from kdbkit.runtime.reference import softmax as softmax_ref
 
 from .conftest import TYPES
@@ -17,15 +18,15 @@ def test_the_catalogue_is_one_program_per_primitive_and_type():
     programs = all_programs()
     portable = {p.kernel_file for p in programs if p.kernel_file.endswith(".c")}
     assert portable == {"activ.c", "softmax.c", "tensorop.c", "layernorm.c", "pooling.c", "pool_strip.c",
-                        "batchnorm.c", "gemm.c"}
+                        "batchnorm.c", "gemm.c", "conv_direct.c", "conv_gemm.c"}
     # fp32, fp16 and bf16 of each: every mode and shape is an argument; plus the long-row tile
     # of softmax's and layer norm's lanes kernels per type; plus the CUDA GEMMs' fp16 and bf16
     # (mma.sync and wgmma) and the three of the persistent batch norm, which only a CUDA bundle holds
     long_rows = {p for p in programs if "-DLANES_VECS=8" in p.options}
     assert {p.kernel_file for p in long_rows} == {"softmax.c", "layernorm.c"} and len(long_rows) == 6
-    assert len(programs) == 3 * len(portable) + 6 + 4 + 3 == 37
+    assert len(programs) == 3 * len(portable) + 6 + 4 + 3 == 43
     opencl = all_programs("opencl")
-    assert {p.kernel_file for p in opencl} == portable and len(opencl) == 30 and len(all_programs("cuda")) == 37
+    assert {p.kernel_file for p in opencl} == portable and len(opencl) == 36 and len(all_programs("cuda")) == 43
 
 
 def test_a_bundle_of_the_catalogue_serves_random_new_shapes_with_no_jit(isolated, chain_backend, monkeypatch):
@@ -40,7 +41,7 @@ def test_a_bundle_of_the_catalogue_serves_random_new_shapes_with_no_jit(isolated
 
     def counting(self, *args, **kwargs):
         program = real_program(self, *args, **kwargs)
-        sources.append(program.source)
+        sources.append((program.source, args[0], tuple(args[1]) if len(args) > 1 else ()))
         return program
 
     monkeypatch.setattr(Handle, "program", counting)
@@ -60,5 +61,17 @@ def test_a_bundle_of_the_catalogue_serves_random_new_shapes_with_no_jit(isolated
                 y4 = kdbkit.softmax_forward(handle, x4, algorithm=algorithm, mode=mode4, dtype=dtype)
                 np.testing.assert_allclose(read(y4), softmax_ref.forward(read(x4), algorithm, mode4), rtol=tol,
                                            atol=tol)
-    # Each program came from the bundle once; every later problem found it loaded.
-    assert sources.count("system") == 6 and set(sources) == {"system", "memory"}
+                groups, pad = (1 if _ % 2 == 0 else int(rng.integers(1, 3))), int(rng.integers(0, 2))
+                n, c, k = int(rng.integers(1, 3)), groups * int(rng.integers(1, 4)), groups * int(rng.integers(1, 4))
+                fy, fx = (int(v) for v in rng.integers(1, 4, size=2))
+                xc = store(rng.standard_normal((n, c, int(rng.integers(fy, 12)), int(rng.integers(fx, 12)))))
+                wc = store(rng.standard_normal((k, c // groups, fy, fx)))
+                for solver in ("ConvDirect", "ConvIm2colGemm") if groups == 1 else ("ConvDirect",):
+                    yc = kdbkit.convolution_forward(handle, xc, wc, pad=pad, groups=groups, dtype=dtype, solver=solver)
+                    expected = conv_ref.forward(read(xc), read(wc), (pad, pad), groups=groups)
+                    np.testing.assert_allclose(read(yc), expected, rtol=tol, atol=tol * max(1.0, abs(expected).max()))
+    # Each program came from the bundle once; every later problem found it loaded. Activation,
+    # softmax and both convolution solvers' (with their GEMM's) in every type.
+    assert {source for source, *_ in sources} == {"system", "memory"}
+    first = [program for source, *program in sources if source == "system"]
+    assert len(first) == len(set(map(tuple, first))) == 15

@@ -1,0 +1,98 @@
+/* conv_gemm.c: the memory movements around a convolution computed as a matrix multiply
+ * (ConvIm2colGemm): im2col (each output position's receptive field as a row or a column),
+ * col2im (the sum back into the input's positions, gathered: no atomics) and a transpose of
+ * the output gradient for backward weights. One group (the solver takes groups = 1).
+ *
+ * The column matrix is addressed by strides, so one kernel writes every arrangement the
+ * solver multiplies: element (n, c, a, b, p) of the receptive fields (p = i * Wo + j the
+ * output position, (a, b) the filter tap) lies at n*cn + p*cp + c*cc + a*ca + b*cb.
+ *
+ * Options: the element type (kdb_data.h).
+ * Arguments: the tensors, CONV_SHAPE_ARGS as conv_direct.c's (x's strides where x is read or
+ *   dx written), then the column strides and the enumeration order.
+ * Launch: 1-D, any grid (grid-stride over the elements written).
+ */
+#include "kdb_data.h"
+
+#define CONV_SHAPE_ARGS                                                                                      \
+    int N, int C, int H, int W, int K, int Ho, int Wo, int Y, int X, int ph, int pw, int sh, int sw, int dlh,  \
+        int dlw, int G, int xs0, int xs1, int xs2, int xs3, int ws0, int ws1, int ws2, int ws3, int ys0, int ys1, \
+        int ys2, int ys3
+#define CONV_COL_ARGS long cn, long cp, long cc, long ca, long cb
+
+/* col[n, c, a, b, p] = x[n, c, i * sh - ph + a * dlh, j * sw - pw + b * dlw], 0 in the padding.
+ * channels_fastest: elements go in (n, p, a, b, c) order (NHWC: contiguous reads and writes),
+ * else (n, c, a, b, p) (NCHW). */
+KDB_KERNEL void conv_im2col(const KDB_GLOBAL kdb_data_t* x, KDB_GLOBAL kdb_data_t* col, CONV_SHAPE_ARGS, CONV_COL_ARGS,
+                            int channels_fastest)
+{
+    const long P = (long)Ho * Wo, taps = (long)Y * X, total = (long)N * C * taps * P;
+    for (long e = KDB_GLOBAL_ID_X; e < total; e += (long)KDB_LOCAL_SIZE_X * KDB_NUM_GROUPS_X) {
+        long p, tap;
+        int c, n;
+        if (channels_fastest) {
+            c = (int)(e % C);
+            tap = e / C % taps;
+            p = e / ((long)C * taps) % P;
+            n = (int)(e / ((long)C * taps * P));
+        } else {
+            p = e % P;
+            tap = e / P % taps;
+            c = (int)(e / (P * taps) % C);
+            n = (int)(e / (P * taps * C));
+        }
+        const int a = (int)(tap / X), b = (int)(tap % X), i = (int)(p / Wo), j = (int)(p % Wo);
+        const int h = i * sh - ph + a * dlh, v = j * sw - pw + b * dlw;
+        const float value = h >= 0 && h < H && v >= 0 && v < W
+                                ? KDB_LOAD(x, (long)n * xs0 + (long)c * xs1 + (long)h * xs2 + (long)v * xs3)
+                                : 0.0f;
+        KDB_STORE(col, n * cn + p * cp + c * cc + a * ca + b * cb, value);
+    }
+}
+
+/* dx[n, c, h, v] = sum of col[n, c, a, b, p] over the taps (a, b) and output positions p whose
+ * window reads (h, v). channels_fastest: dx's elements in (n, h, v, c) order, else (n, c, h, v). */
+KDB_KERNEL void conv_col2im(const KDB_GLOBAL kdb_data_t* col, KDB_GLOBAL kdb_data_t* dx, CONV_SHAPE_ARGS,
+                            CONV_COL_ARGS, int channels_fastest)
+{
+    const long total = (long)N * C * H * W;
+    for (long e = KDB_GLOBAL_ID_X; e < total; e += (long)KDB_LOCAL_SIZE_X * KDB_NUM_GROUPS_X) {
+        int n, c, h, v;
+        if (channels_fastest) {
+            c = (int)(e % C);
+            v = (int)(e / C % W);
+            h = (int)(e / ((long)C * W) % H);
+            n = (int)(e / ((long)C * W * H));
+        } else {
+            v = (int)(e % W);
+            h = (int)(e / W % H);
+            c = (int)(e / ((long)W * H) % C);
+            n = (int)(e / ((long)W * H * C));
+        }
+        float acc = 0.0f;
+        for (int a = 0; a < Y; ++a) {
+            const int top = h + ph - a * dlh;
+            if (top < 0 || top % sh || top / sh >= Ho)
+                continue;
+            for (int b = 0; b < X; ++b) {
+                const int left = v + pw - b * dlw;
+                if (left < 0 || left % sw || left / sw >= Wo)
+                    continue;
+                const long p = (long)(top / sh) * Wo + left / sw;
+                acc += KDB_LOAD(col, n * cn + p * cp + c * cc + a * ca + b * cb);
+            }
+        }
+        KDB_STORE(dx, (long)n * xs0 + (long)c * xs1 + (long)h * xs2 + (long)v * xs3, acc);
+    }
+}
+
+/* dyt[k, n, p] = dy[n, k, p] (dy NCHW): backward weights multiplies K x (N * Ho * Wo). */
+KDB_KERNEL void conv_dy_by_channel(const KDB_GLOBAL kdb_data_t* dy, KDB_GLOBAL kdb_data_t* dyt, CONV_SHAPE_ARGS)
+{
+    const long P = (long)Ho * Wo, total = (long)K * N * P;
+    for (long e = KDB_GLOBAL_ID_X; e < total; e += (long)KDB_LOCAL_SIZE_X * KDB_NUM_GROUPS_X) {
+        const long p = e % P;
+        const int n = (int)(e / P % N), k = (int)(e / (P * N));
+        KDB_STORE(dyt, e, KDB_LOAD(dy, (long)n * ys0 + (long)k * ys1 + (p / Wo) * ys2 + (p % Wo) * ys3));
+    }
+}

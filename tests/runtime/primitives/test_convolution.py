@@ -1,0 +1,169 @@
+"""Convolution on the chain device against the NumPy reference: every direction, type and
+solver on odd shapes with groups, depthwise filters, dilation, strides and padding; layouts;
+MIOpen's keys; bad input."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+import kdbkit
+from kdbkit.runtime.errors import ProblemError
+from kdbkit.runtime.primitives.convolution import ConvProblem
+from kdbkit.runtime.problem import parse_config
+from kdbkit.runtime.reference import convolution as ref
+from kdbkit.runtime.tensor import DataType, DeviceTensor, TensorDesc
+
+from .conftest import TYPES
+
+# (N, C, H, W, K, filter, pad, stride, dilation, groups)
+CASES = [
+    (2, 3, 7, 9, 5, (3, 3), (1, 1), (1, 1), (1, 1), 1),  # odd sizes, a 3 x 3 filter, same padding
+    (1, 4, 11, 6, 6, (3, 2), (1, 0), (2, 1), (1, 2), 2),  # groups, a non-square filter, stride, dilation
+    (3, 6, 5, 5, 6, (3, 3), (1, 1), (2, 2), (1, 1), 6),  # depthwise, strided
+    (2, 5, 8, 7, 3, (1, 1), (0, 0), (1, 1), (1, 1), 1),  # pointwise: x is its own column matrix
+    (1, 2, 9, 10, 4, (5, 4), (2, 3), (3, 2), (2, 1), 2),  # large pad, dilation on one axis
+    (2, 6, 9, 8, 7, (1, 1), (0, 0), (2, 2), (1, 1), 1),  # 1 x 1 at stride 2 (a projection)
+    (1, 3, 10, 11, 4, (2, 3), (0, 2), (2, 3), (2, 1), 1),  # one group, dilation, uneven strides
+]
+# Each solver on every case it takes (ConvIm2colGemm: one group).
+SOLVER_CASES = [("ConvDirect", case) for case in CASES] + [("ConvIm2colGemm", case) for case in CASES if case[-1] == 1]
+
+
+def _tolerance(tol: float, expected: np.ndarray) -> dict:
+    """Rounding of the result's type, on the scale of the result (sums of many products)."""
+    return {"rtol": tol, "atol": tol * max(1.0, float(np.abs(expected).max()))}
+
+
+@pytest.mark.parametrize("dtype", list(TYPES))
+@pytest.mark.parametrize("solver, case", SOLVER_CASES,
+                         ids=[f"{s}-" + "x".join(map(str, c[:5])) + f"-{c[5][0]}x{c[5][1]}-g{c[-1]}" for s, c in SOLVER_CASES])
+def test_every_direction_matches_the_reference(handle, solver, dtype, case):
+    n, c, h, w, k, filt, pad, stride, dilation, groups = case
+    store, read, tol = TYPES[dtype]
+    rng = np.random.default_rng(sum(case[:5]))
+    x = store(rng.standard_normal((n, c, h, w)))
+    wt = store(rng.standard_normal((k, c // groups, *filt)))
+    geometry = {"pad": pad, "stride": stride, "dilation": dilation, "groups": groups}
+    y = kdbkit.convolution_forward(handle, x, wt, dtype=dtype, solver=solver, **geometry)
+    expected = ref.forward(read(x), read(wt), pad, stride, dilation, groups)
+    np.testing.assert_allclose(read(y), expected, **_tolerance(tol, expected))
+    dy = store(rng.standard_normal(expected.shape))
+    dx = kdbkit.convolution_backward_data(handle, dy, wt, x.shape, dtype=dtype, solver=solver, **geometry)
+    expected = ref.backward_data(read(dy), read(wt), x.shape, pad, stride, dilation, groups)
+    np.testing.assert_allclose(read(dx), expected, **_tolerance(tol, expected))
+    dw = kdbkit.convolution_backward_weights(handle, dy, x, wt.shape, dtype=dtype, solver=solver, **geometry)
+    expected = ref.backward_weights(read(dy), read(x), wt.shape, pad, stride, dilation, groups)
+    np.testing.assert_allclose(read(dw), expected, **_tolerance(tol, expected))
+
+
+def _channels_last(backend, array: np.ndarray) -> DeviceTensor:
+    """A device tensor holding ``array`` (N x C x H x W) packed NHWC."""
+    n, c, h, w = array.shape
+    desc = TensorDesc(DataType.parse(array.dtype), array.shape, (h * w * c, 1, w * c, c))
+    return DeviceTensor(backend.to_device(np.ascontiguousarray(array.transpose(0, 2, 3, 1))), desc)
+
+
+def _from_channels_last(backend, tensor: DeviceTensor) -> np.ndarray:
+    n, c, h, w = tensor.desc.shape
+    host = backend.to_host(tensor.buffer, np.empty((n, h, w, c), tensor.desc.dtype.storage))
+    return host.transpose(0, 3, 1, 2)
+
+
+@pytest.mark.parametrize("solver, groups, filt, pad, stride", [
+    ("ConvDirect", 2, 3, 1, (2, 1)), ("ConvIm2colGemm", 1, 3, 1, (2, 1)), ("ConvIm2colGemm", 1, 1, 0, (1, 1))])
+def test_channels_last_tensors_in_every_direction(handle, solver, groups, filt, pad, stride):
+    """NHWC device tensors (weights KYXC): the outputs kdbkit makes are NHWC too."""
+    be = handle.backend
+    rng = np.random.default_rng(7)
+    x = rng.standard_normal((2, 4, 9, 7)).astype(np.float32)
+    wt = rng.standard_normal((6, 4 // groups, filt, filt)).astype(np.float32)
+    geometry = {"pad": pad, "stride": stride, "groups": groups, "solver": solver}
+    pads = (pad, pad)
+    y = kdbkit.convolution_forward(handle, _channels_last(be, x), _channels_last(be, wt), **geometry)
+    expected = ref.forward(x, wt, pads, stride, (1, 1), groups)
+    k, ho, wo = expected.shape[1:]
+    assert y.desc.strides == (ho * wo * k, 1, wo * k, k)
+    np.testing.assert_allclose(_from_channels_last(be, y), expected, rtol=1e-5, atol=1e-5)
+    dy = rng.standard_normal(expected.shape).astype(np.float32)
+    dx = kdbkit.convolution_backward_data(handle, _channels_last(be, dy), _channels_last(be, wt), x.shape, **geometry)
+    np.testing.assert_allclose(_from_channels_last(be, dx),
+                               ref.backward_data(dy, wt, x.shape, pads, stride, (1, 1), groups), rtol=1e-5, atol=1e-5)
+    dw = kdbkit.convolution_backward_weights(handle, _channels_last(be, dy), _channels_last(be, x), wt.shape,
+                                             **geometry)
+    np.testing.assert_allclose(_from_channels_last(be, dw),
+                               ref.backward_weights(dy, x, wt.shape, pads, stride, (1, 1), groups), rtol=1e-4,
+                               atol=1e-4)
+    for tensor in (y, dx, dw):
+        tensor.buffer.free()
+
+
+def test_the_config_string_is_miopens_key():
+    forward = ConvProblem("F", DataType.FP32, "NCHW", (32, 64, 56, 56), 64, (3, 3), (1, 1))
+    assert forward.config() == "64-56-56-3x3-64-56-56-32-1x1-1x1-1x1-0-NCHW-FP32-F"
+    # Backward: "in" is dy, "out" x, as in MIOpen; layouts written three times unless all NCHW.
+    backward = ConvProblem("B", DataType.FP16, "NHWC", (32, 64, 56, 56), 128, (3, 3), (1, 1), (2, 2), groups=4)
+    assert backward.config() == "128-28-28-3x3-64-56-56-32-1x1-2x2-1x1-0-NHWC-NHWC-NHWC-FP16-B_g4"
+    weights = ConvProblem("W", DataType.BF16, "NCHW", (8, 3, 224, 224), 64, (7, 7), (3, 3), (2, 2))
+    assert weights.config() == "64-112-112-7x7-3-224-224-8-3x3-2x2-1x1-0-NCHW-BF16-W"
+    for problem in (forward, backward, weights):
+        assert parse_config(problem.config()) == problem
+        assert problem.flops == 2 * np.prod(problem.y_shape) * np.prod(problem.w_shape[1:])
+
+
+@pytest.mark.parametrize("key, message", [
+    ("64-56-56-3x3-64-56-56-32-1x1-1x1-1x1-1-NCHW-FP32-F", "has a bias"),
+    ("64-56-56-3x3-64-56-56-32-1x1-1x1-1x1-0-NCHW-FP64-F", "type FP64"),
+    ("64-56-56-3x3-64-56-56-32-1x1-1x1-1x1-0-NHWC-NCHW-NCHW-FP32-F", "layouts NHWC-NCHW-NCHW"),
+    ("64-56-56-3x3-64-55-56-32-1x1-1x1-1x1-0-NCHW-FP32-F", "its output is 55x56"),
+    ("64-56-56-3x3-64-56-56-32-1x1-1x1-1x1-0-NCHW-FP32-F_g3", "multiples of the group count"),
+    ("64-56-56-3x3-64-56-56-32-1x1-1x1-0-NCHW-FP32-F", "not MIOpen's 2-D form"),
+    ("64-56-56-3x3-64-56-56-32-1x1-1x1-1x1-0-NCHW-FP32-X", "not MIOpen's 2-D form"),
+])
+def test_a_bad_key_is_a_clear_error(key, message):
+    with pytest.raises(ProblemError, match=message):
+        parse_config(key)
+
+
+def test_bad_input_is_named_before_any_launch(handle):
+    x, w = np.ones((1, 4, 5, 5), np.float32), np.ones((6, 2, 3, 3), np.float32)
+    with pytest.raises(ProblemError, match="multiples of the group count"):
+        kdbkit.convolution_forward(handle, np.ones((1, 3, 5, 5), np.float32), np.ones((4, 1, 3, 3), np.float32),
+                                   groups=3)  # 4 output channels in 3 groups
+    with pytest.raises(ProblemError, match="w is 6x2x3x3: 2 channels per group, but x has 4 channels in 1 groups"):
+        kdbkit.convolution_forward(handle, x, w)
+    with pytest.raises(ProblemError, match="leaves no output"):
+        kdbkit.convolution_forward(handle, x, np.ones((6, 4, 7, 3), np.float32))
+    with pytest.raises(ProblemError, match="pad .* is negative"):
+        kdbkit.convolution_forward(handle, x, w, groups=2, pad=-1)
+    with pytest.raises(ProblemError, match="stride .* must be >= 1"):
+        kdbkit.convolution_forward(handle, x, w, groups=2, stride=0)
+    with pytest.raises(ProblemError, match="types differ"):
+        kdbkit.convolution_forward(handle, x, w.astype(np.float16), groups=2)
+    with pytest.raises(ProblemError, match="3-D; convolution takes 4-D"):
+        kdbkit.convolution_forward(handle, x[0], w, groups=2)
+    with pytest.raises(ProblemError, match="dy is 1x6x4x4, but convolving 1x4x5x5 gives 1x6x3x3"):
+        kdbkit.convolution_backward_data(handle, np.ones((1, 6, 4, 4), np.float32), w, x.shape, groups=2)
+    with pytest.raises(ProblemError, match="dy is 1x6x4x4, but convolving x gives 1x6x3x3"):
+        kdbkit.convolution_backward_weights(handle, np.ones((1, 6, 4, 4), np.float32), x, w.shape, groups=2)
+    with pytest.raises(ProblemError, match="y is fp32 1x6x2x2 but must be fp32 1x6x3x3"):
+        kdbkit.convolution_forward(handle, x, w, groups=2, y=np.empty((1, 6, 2, 2), np.float32))
+
+
+def test_layouts_must_agree_and_be_packed(handle):
+    be = handle.backend
+    x = np.random.default_rng(0).standard_normal((1, 4, 5, 5)).astype(np.float32)
+    w = np.ones((6, 2, 3, 3), np.float32)
+    with pytest.raises(ProblemError, match="layouts differ"):
+        kdbkit.convolution_forward(handle, _channels_last(be, x), DeviceTensor.from_host(be, w), groups=2)
+    wide = be.to_device(np.zeros((1, 4, 5, 8), np.float32))
+    columns = DeviceTensor(wide, TensorDesc(DataType.FP32, (1, 4, 5, 5), (160, 40, 8, 1)))
+    with pytest.raises(ProblemError, match="x has strides .* neither packed NCHW nor packed NHWC"):
+        kdbkit.convolution_forward(handle, columns, DeviceTensor.from_host(be, w), groups=2)
+    nchw_out = DeviceTensor.empty(be, TensorDesc.packed(DataType.FP32, (1, 6, 3, 3)))
+    with pytest.raises(ProblemError, match="y has strides .* not packed NHWC"):
+        kdbkit.convolution_forward(handle, _channels_last(be, x), _channels_last(be, w), groups=2, y=nchw_out)
+    # Depthwise weights (one channel per group) fit both layouts: x's decides.
+    y = kdbkit.convolution_forward(handle, _channels_last(be, x), _channels_last(be, np.ones((4, 1, 3, 3), np.float32)),
+                                   groups=4)
+    assert y.desc.strides == (36, 1, 12, 4)

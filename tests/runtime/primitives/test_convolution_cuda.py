@@ -1,0 +1,60 @@
+"""On CUDA: ResNet-50 and MobileNet-V2 convolution layers in all three directions against
+PyTorch in float64, NCHW and channels-last PyTorch tensors used in place. Runs where
+KDB_TEST_BACKEND=cuda and PyTorch sees the GPU (scripts/run_gpu_checks.sh)."""
+
+from __future__ import annotations
+
+import pytest
+
+import kdbkit
+
+torch = pytest.importorskip("torch", reason="PyTorch is not installed (the GPU machine has it)")
+pytestmark = pytest.mark.gpu
+
+# (name, C, H, W, K, filter, pad, stride, groups) at batch 2: ResNet-50's stem, a bottleneck's
+# 3x3 and a strided 1x1 projection; MobileNet-V2's depthwise 3x3 (strided) and a pointwise 1x1.
+LAYERS = [
+    ("resnet50 conv1 7x7/2", 3, 224, 224, 64, 7, 3, 2, 1),
+    ("resnet50 layer1 3x3", 64, 56, 56, 64, 3, 1, 1, 1),
+    ("resnet50 layer2 1x1/2 projection", 256, 56, 56, 512, 1, 0, 2, 1),
+    ("mobilenet-v2 depthwise 3x3/2", 96, 112, 112, 96, 3, 1, 2, 96),
+    ("mobilenet-v2 pointwise 1x1", 32, 112, 112, 16, 1, 0, 1, 1),
+]
+
+
+@pytest.fixture
+def cuda_handle(handle):
+    if handle.device.backend != "cuda" or not torch.cuda.is_available():
+        pytest.skip("needs the CUDA backend (KDB_TEST_BACKEND=cuda) and a GPU PyTorch can see")
+    return handle
+
+
+def _check(name, out, ref, dtype):
+    limit = 1e-5 if dtype == torch.float32 else 1e-2
+    out, ref = out.double(), ref.double()
+    assert torch.isfinite(out).all()
+    err = float((out - ref).norm() / ref.norm())
+    assert err < limit, f"{name}: relative error {err:.2e} >= {limit}"
+
+
+@pytest.mark.parametrize("channels_last", [False, True], ids=["nchw", "nhwc"])
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float16, torch.bfloat16])
+@pytest.mark.parametrize("layer", LAYERS, ids=[layer[0] for layer in LAYERS])
+def test_model_layers_match_pytorch(cuda_handle, layer, dtype, channels_last):
+    name, c, h, w, k, f, pad, stride, groups = layer
+    fmt = torch.channels_last if channels_last else torch.contiguous_format
+    x = torch.randn(2, c, h, w, device="cuda", dtype=dtype).to(memory_format=fmt)
+    wt = (torch.randn(k, c // groups, f, f, device="cuda", dtype=dtype) / (c // groups * f * f) ** 0.5).to(
+        memory_format=fmt)
+    geometry = {"pad": pad, "stride": stride, "groups": groups}
+    y = kdbkit.convolution_forward(cuda_handle, x, wt, **geometry)
+    assert y.is_contiguous(memory_format=fmt)
+    _check(f"{name} forward", y, torch.nn.functional.conv2d(x.double(), wt.double(), None, stride, pad, 1, groups),
+           dtype)
+    dy = torch.randn_like(y)
+    dx = kdbkit.convolution_backward_data(cuda_handle, dy, wt, x.shape, **geometry)
+    _check(f"{name} backward data", dx,
+           torch.nn.grad.conv2d_input(x.shape, wt.double(), dy.double(), stride, pad, 1, groups), dtype)
+    dw = kdbkit.convolution_backward_weights(cuda_handle, dy, x, wt.shape, **geometry)
+    _check(f"{name} backward weights", dw,
+           torch.nn.grad.conv2d_weight(x.double(), wt.shape, dy.double(), stride, pad, 1, groups), dtype)
