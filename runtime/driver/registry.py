@@ -12,7 +12,7 @@ from functools import lru_cache
 from kdbkit.runtime.driver.spec import DriverSpec
 from kdbkit.runtime.problem import Problem
 
-MODULES = ("activ", "softmax", "tensorop", "lnorm", "pool", "bnorm", "gemm")
+MODULES = ("activ", "softmax", "tensorop", "lnorm", "pool", "bnorm", "gemm", "conv")
 # MIOpenDriver's typed commands: activfp16, softmaxbfp16, ...
 TYPE_SUFFIXES = {"fp16": "fp16", "bfp16": "bf16"}
 

@@ -63,7 +63,9 @@ def run_problem(handle: "Handle", spec: DriverSpec, problem: Problem, o: SimpleN
         if o.time:
             run = invoker(handle, problem, choice.solver)
             outcome.time_ms = backend.time_ms(lambda: run(**buffers), repeat=o.iterations)
-            emit(lines.elapsed(spec.title(problem), outcome.time_ms))
+            emit(lines.elapsed(spec.timing_title(problem), outcome.time_ms))
+            for line in spec.stats(problem, outcome.time_ms):
+                emit(line)
         if o.verify:
             _verify(spec, problem, host, results, o, outcome, emit, exact)
         return outcome

@@ -177,5 +177,14 @@ class DriverSpec:
         return TOLERANCES[problem.dtype]
 
     def title(self, problem: "Problem") -> str:
-        """``Forward Softmax``: what the timing and verification lines name."""
+        """``Forward Softmax``: what the verification line names (and the timing line's, unless
+        :meth:`timing_title` says otherwise)."""
         return " ".join(filter(None, (self.phase(problem), self.label)))
+
+    def timing_title(self, problem: "Problem") -> str:
+        """What the timing line names (MIOpenDriver's conv says ``Forward Conv.`` there)."""
+        return self.title(problem)
+
+    def stats(self, problem: "Problem", ms: float) -> list[str]:
+        """Lines after the timing (MIOpenDriver's conv prints ``stats:``); none by default."""
+        return []

@@ -79,6 +79,28 @@ def test_forward_and_backward_verify_and_are_timed(kdb, command, title, flags):
     assert len(re.findall(r"^Solver: \w+ \(\d+\), chosen by heuristic$", out, re.M)) == 2
 
 
+@pytest.mark.parametrize("command, tolerance, flags", [
+    ("conv", "1.0e-05", "-k 6 -y 3 -x 2 -p 1 -q 0 -u 2 -v 1 -l 1 -j 2 -g 2"),
+    ("convfp16", "2.0e-03", "-k 5 -y 3 -x 3 -p 1 -q 1 -I NHWC -O NHWC -f NHWC"),
+    ("convbfp16", "1.6e-02", "-k 8 -y 1 -x 1 -u 2 -v 2"),
+])
+def test_convolution_verifies_every_direction_as_miopens_driver_prints_it(kdb, command, tolerance, flags):
+    code, out, err = kdb(f"driver {command} -n 2 -c 4 -H 9 -W 8 {flags} -V 1 -t 1 -i 2")
+    assert code == 0, out + err
+    configs = [parse_config(c) for c in _problems(out)]
+    assert [p.direction for p in configs] == ["F", "B", "W"] and all(p.config() == c for p, c in
+                                                                      zip(configs, _problems(out)))
+    for timing, verdict, name in (("Forward Conv.", "Forward Convolution", "fwd"),
+                                  ("Backward Data Conv.", "Backward Convolution Data", "bwd"),
+                                  ("Backward Weights Conv.", "Backward Convolution Weights", "wrw")):
+        assert re.search(rf"^GPU Kernel Time {re.escape(timing)} Elapsed: {FLOAT} ms \(average\)$", out, re.M), out
+        assert re.search(rf"^stats: {name}-conv\d+x\d+u\d+, 2, 4, \d+, \d+, \d+, \d+, \d+, \d+, \d+, \d+, "
+                         rf"[0-9.]+, [0-9.]+, {FLOAT}$", out, re.M), out
+        assert re.search(rf"^{verdict} Verifies OK on CPU reference \({SCI} < {tolerance}\)$", out, re.M), out
+    code, out, err = kdb(f"driver conv --config '{configs[1].config()}' -V 1")  # a key runs its own direction
+    assert code == 0 and [parse_config(c) for c in _problems(out)] == [configs[1]], out + err
+
+
 def test_tensorop_verifies_with_broadcasting_and_is_timed(kdb):
     code, out, err = kdb("driver tensorop --op max -n 2 -c 8 -H 2 -W 3 --bshape 1x8x1x1 -A 0.5 -B -2 --beta 0.25 -t 1")
     assert code == 0, out + err
@@ -253,6 +275,13 @@ def test_a_strided_config_runs_both_directions(kdb):
      "the config is a train problem but -F 2 asks for infer; give -F 1 or leave -F out"),
     ("driver bnorm -b 1 --config 'bnorm,dir=bwd,mode=spatial,type=fp32,shape=1x2x2x2,xs=8x4x2x1,ys=8x4x2x1'",
      "-b cannot be combined with --config"),
+    ("driver conv -I NHWC", "-I NHWC, -O NCHW and -f NCHW differ"),
+    ("driver conv -m trans", "Invalid value for -m: 'trans' is not one of conv"),
+    ("driver conv -c 4 -k 6 -g 3", "multiples of the group count"),
+    ("driver conv -H 2 -y 3", "leaves no output"),
+    ("driver conv -F 8", "Invalid value for -F: 8 is not one of"),
+    ("driver conv --config '64-56-56-3x3-64-56-56-32-1x1-1x1-1x1-1-NCHW-FP32-F'", "has a bias"),
+    ("driver conv -y 3 --config '4-9-9-3x3-6-9-9-2-1x1-1x1-1x1-0-NCHW-FP32-F'", "-y cannot be combined with --config"),
     ("driver gemm -H 3", "No such option: -H"),
     ("driver gemm -F 1", "No such option: -F"),
     ("driver gemm -u 2", "Invalid value for -u: 2 is not one of 0, 1"),
@@ -285,6 +314,8 @@ def test_a_wrong_result_fails_with_exit_1(kdb, monkeypatch):
     ("bnorm -n 2 -c 2 -H 2 -W 2 -F 2", "y"),
     *(("bnorm -n 2 -c 2 -H 2 -W 2 -F 0 -b 1", name) for name in ("dx", "dscale", "dbias")),
     ("gemm -m 4 -n 4 -k 4", "c"),
+    ("conv -n 1 -c 2 -H 5 -W 5 -k 3 -F 1", "y"), ("conv -n 1 -c 2 -H 5 -W 5 -k 3 -F 2", "dx"),
+    ("conv -n 1 -c 2 -H 5 -W 5 -k 3 -F 4", "dw"),
 ])
 def test_every_output_is_verified(kdb, monkeypatch, args, output):
     spec = registry.for_primitive(parse_config(_problems(kdb(f"driver {args} -V 0")[1])[0]).primitive)
@@ -376,10 +407,20 @@ def _calls():
         a, b, c = (v.astype(np.float32) for v in (a, b, c))
         kdbkit.gemm(h, a, b, trans_a=True, trans_b=True, alpha=0.5, beta=-0.25, c=c)
 
+    def convolution_channels_last_all_directions(h):
+        rng, be = np.random.default_rng(8), h.backend
+        x = _strided(be, (2, 4, 7, 6), (168, 1, 24, 4), rng)  # NHWC
+        w = _strided(be, (6, 2, 3, 3), (18, 1, 6, 2), rng)  # KYXC
+        geometry = {"pad": 1, "stride": (2, 1), "dilation": (1, 2), "groups": 2}
+        y = kdbkit.convolution_forward(h, x, w, **geometry)
+        kdbkit.convolution_backward_data(h, y, w, x.desc.shape, **geometry)
+        kdbkit.convolution_backward_weights(h, y, x, w.desc.shape, **geometry)
+
     return [("softmax_nhwc", softmax_nhwc), ("activation_backward_padded", activation_backward_padded),
             ("tensorop_broadcast", tensorop_broadcast), ("layernorm_backward", layernorm_backward),
             ("pooling_max_padded", pooling_max_padded), ("batchnorm_per_act_unsaved", batchnorm_per_act_unsaved),
-            ("gemm_transposed_batch_shared_b", gemm_transposed_batch_shared_b)]
+            ("gemm_transposed_batch_shared_b", gemm_transposed_batch_shared_b),
+            ("convolution_channels_last_all_directions", convolution_channels_last_all_directions)]
 
 
 @pytest.mark.parametrize("call", [c for _, c in _calls()], ids=[n for n, _ in _calls()])
@@ -414,6 +455,14 @@ def _bnorm_calls(h):
     kdbkit.batchnorm_inference(h, x, one, one, one, one, mode="per_act")
 
 
+def _conv_calls(h):
+    x, w = np.ones((2, 4, 9, 8), np.float16), np.ones((6, 2, 3, 2), np.float16)
+    geometry = {"pad": (1, 0), "stride": (2, 1), "dilation": (1, 2), "groups": 2}
+    y = kdbkit.convolution_forward(h, x, w, **geometry)
+    kdbkit.convolution_backward_data(h, y, w, x.shape, **geometry)
+    kdbkit.convolution_backward_weights(h, y, x, w.shape, **geometry)
+
+
 def _gemm_calls(h):
     a, b, c = np.ones((3, 6, 5), np.float16), np.ones((3, 7, 6), np.float16), np.ones((3, 5, 7), np.float16)
     kdbkit.gemm(h, a, b, trans_a=True, trans_b=True, alpha=0.5, beta=-0.25, c=c)
@@ -425,7 +474,8 @@ def _gemm_calls(h):
     (_bnorm_calls, ["bnorm -n 4 -c 2 -H 3 -W 3 -m 0 --eps 1e-3 --momentum 0.25 -F 1 -b 1 -s 0 -V 0",
                     "bnorm -n 4 -c 2 -H 3 -W 3 -m 0 -F 2 -V 0"]),
     (_gemm_calls, ["gemmfp16 -m 5 -n 7 -k 6 -u 1 -v 1 -b 3 -A 0.5 -B -0.25 -V 0"]),
-], ids=["pool", "bnorm", "gemm"])
+    (_conv_calls, ["convfp16 -n 2 -c 4 -H 9 -W 8 -k 6 -y 3 -x 2 -p 1 -q 0 -u 2 -v 1 -l 1 -j 2 -g 2 -F 0 -V 0"]),
+], ids=["pool", "bnorm", "gemm", "conv"])
 def test_the_flags_describe_a_call_as_the_call_does(kdb, make_handle, logging_cmd, capsys, call, args):  # noqa: F811
     """The same work has the same config string (so the same find-db record) from the flags as from a call."""
     call(make_handle())
