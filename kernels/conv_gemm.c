@@ -96,3 +96,29 @@ KDB_KERNEL void conv_dy_by_channel(const KDB_GLOBAL kdb_data_t* dy, KDB_GLOBAL k
         KDB_STORE(dyt, e, KDB_LOAD(dy, (long)n * ys0 + (long)k * ys1 + (p / Wo) * ys2 + (p % Wo) * ys3));
     }
 }
+
+/* dst (N x C x H x W, packed NHWC) = src (any strides, NCHW among them): the tensor-core
+ * convolution's staging of NCHW tensors (weights K x C x Y x X the same way). */
+KDB_KERNEL void conv_to_channels_last(const KDB_GLOBAL kdb_data_t* src, KDB_GLOBAL kdb_data_t* dst, int N, int C,
+                                      int H, int W, int s0, int s1, int s2, int s3)
+{
+    const long total = (long)N * C * H * W;
+    for (long e = KDB_GLOBAL_ID_X; e < total; e += (long)KDB_LOCAL_SIZE_X * KDB_NUM_GROUPS_X) {
+        const int c = (int)(e % C), v = (int)(e / C % W), h = (int)(e / ((long)C * W) % H);
+        const int n = (int)(e / ((long)C * W * H));
+        KDB_STORE(dst, e, KDB_LOAD(src, (long)n * s0 + (long)c * s1 + (long)h * s2 + (long)v * s3));
+    }
+}
+
+/* dst (any strides) = src (packed NHWC): the way back, in dst's NCHW order (v fastest). */
+KDB_KERNEL void conv_from_channels_last(const KDB_GLOBAL kdb_data_t* src, KDB_GLOBAL kdb_data_t* dst, int N, int C,
+                                        int H, int W, int s0, int s1, int s2, int s3)
+{
+    const long total = (long)N * C * H * W;
+    for (long e = KDB_GLOBAL_ID_X; e < total; e += (long)KDB_LOCAL_SIZE_X * KDB_NUM_GROUPS_X) {
+        const int v = (int)(e % W), h = (int)(e / W % H), c = (int)(e / ((long)W * H) % C);
+        const int n = (int)(e / ((long)W * H * C));
+        KDB_STORE(dst, (long)n * s0 + (long)c * s1 + (long)h * s2 + (long)v * s3,
+                  KDB_LOAD(src, (((long)n * H + h) * W + v) * C + c));
+    }
+}

@@ -167,3 +167,27 @@ def test_layouts_must_agree_and_be_packed(handle):
     y = kdbkit.convolution_forward(handle, _channels_last(be, x), _channels_last(be, np.ones((4, 1, 3, 3), np.float32)),
                                    groups=4)
     assert y.desc.strides == (36, 1, 12, 4)
+
+
+def test_the_tensor_core_solver_says_what_it_takes():
+    """ConvImplicitGemmTensorCore's applicability, on descriptions of devices (it runs on CUDA only)."""
+    from types import SimpleNamespace
+
+    from kdbkit.runtime.solver import REGISTRY
+
+    solver = REGISTRY.find("ConvImplicitGemmTensorCore")
+    h100 = SimpleNamespace(backend="cuda", target=SimpleNamespace(arch="sm_90"))
+
+    def verdict(device=h100, direction="F", dtype=DataType.FP16, layout="NHWC", c=64, k=64, groups=1):
+        return solver.is_applicable(ConvProblem(direction, dtype, layout, (2, c, 9, 9), k, (3, 3), (1, 1),
+                                                groups=groups), device)
+
+    assert verdict() and verdict(layout="NCHW") and verdict(c=3) and verdict(dtype=DataType.BF16)
+    assert "sm_80 or later" in verdict(SimpleNamespace(backend="cuda", target=SimpleNamespace(arch="sm_75"))).reason
+    assert "sm_80 or later" in verdict(SimpleNamespace(backend="opencl", target=SimpleNamespace(arch="ocl-x"))).reason
+    assert "fp32 is not fp16 or bf16" in verdict(dtype=DataType.FP32).reason
+    assert "forward direction only" in verdict(direction="W").reason
+    assert "one group, not 2" in verdict(groups=2).reason
+    assert "must be even" in verdict(k=63).reason
+    assert solver.workspace(ConvProblem("F", DataType.FP16, "NCHW", (2, 64, 9, 9), 64, (3, 3), (1, 1))) == \
+        2 * (2 * 64 * 81 + 64 * 64 * 9 + 2 * 64 * 81)  # x, w and y staged channels-last

@@ -58,3 +58,33 @@ def test_model_layers_match_pytorch(cuda_handle, layer, dtype, channels_last):
     dw = kdbkit.convolution_backward_weights(cuda_handle, dy, x, wt.shape, **geometry)
     _check(f"{name} backward weights", dw,
            torch.nn.grad.conv2d_weight(x.double(), wt.shape, dy.double(), stride, pad, 1, groups), dtype)
+
+
+# (N, C, H, W, K, filter, pad, stride, dilation): tiles cut by every edge (positions and output
+# channels not multiples of 128, K below a tile), padding, strides, dilation, uneven filters.
+TC_CASES = [(2, 64, 7, 7, 16, (3, 3), (1, 1), (1, 1), (1, 1)), (3, 32, 13, 11, 130, (5, 3), (2, 0), (2, 1), (1, 2)),
+            (1, 96, 20, 20, 64, (1, 1), (0, 0), (2, 2), (1, 1)), (4, 128, 9, 9, 256, (3, 3), (2, 2), (1, 1), (2, 2)),
+            (2, 3, 30, 29, 64, (7, 7), (3, 3), (2, 2), (1, 1)),  # a first layer: 3 channels, element by element
+            (1, 20, 9, 9, 12, (3, 2), (1, 1), (1, 2), (1, 1))]  # 20 channels: steps across taps
+
+
+@pytest.mark.parametrize("channels_last", [True, False], ids=["nhwc", "nchw"])
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16])
+@pytest.mark.parametrize("case", TC_CASES, ids=["x".join(map(str, c[:5])) for c in TC_CASES])
+def test_the_tensor_core_implicit_gemm_matches_pytorch(cuda_handle, dtype, case, channels_last):
+    """NHWC tensors used as they are; NCHW ones staged channels-last in the workspace."""
+    from kdbkit.runtime.immediate import choose
+    from kdbkit.runtime.primitives.convolution import ConvProblem
+    from kdbkit.runtime.tensor import DataType
+
+    n, c, h, w, k, filt, pad, stride, dilation = case
+    fmt = torch.channels_last if channels_last else torch.contiguous_format
+    x = torch.randn(n, c, h, w, device="cuda", dtype=dtype).to(memory_format=fmt)
+    wt = (torch.randn(k, c, *filt, device="cuda", dtype=dtype) / (c * filt[0] * filt[1]) ** 0.5).to(memory_format=fmt)
+    y = kdbkit.convolution_forward(cuda_handle, x, wt, pad=pad, stride=stride, dilation=dilation,
+                                   solver="ConvImplicitGemmTensorCore")
+    _check("implicit GEMM forward", y, torch.nn.functional.conv2d(x.double(), wt.double(), None, stride, pad,
+                                                                  dilation), dtype)
+    problem = ConvProblem("F", DataType.parse(str(dtype).split(".")[1].replace("bfloat16", "bf16").replace(
+        "float16", "fp16")), "NHWC" if channels_last else "NCHW", (n, c, h, w), k, filt, pad, stride, dilation)
+    assert choose(cuda_handle, problem).solver.name == "ConvImplicitGemmTensorCore"  # immediate mode's first choice

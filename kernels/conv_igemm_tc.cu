@@ -1,0 +1,218 @@
+/* conv_igemm_tc.cu: forward convolution of NHWC tensors as an implicit GEMM on the tensor
+ * cores (mma.sync, sm_80+), fp16 or bf16 in, fp32 accumulation; no workspace, no im2col.
+ *
+ * The GEMM: rows m = (n, i, j) the output positions (M = N Ho Wo), columns the output
+ * channels (K), the reduction r = (a, b, c) over the filter's taps and the input channels
+ * (R = Y X C), in KYXC order as the weights hold it. y (M x K) is NHWC as it comes out. A
+ * block computes a 128 x 128 tile of y with 4 warps (64 x 64 each, m16n8k16 steps), the
+ * reduction 32 channels of one tap at a time (C a multiple of 32): each row of A's tile is
+ * then 64 contiguous bytes of x at one input pixel, or zeros in the padding, copied with
+ * 16-byte cp.async (a zero source size fills zeros) into 4 shared-memory stages, three in
+ * flight while one computes; B's tile, 32 contiguous weights of each of 128 output channels,
+ * the same way. Fragments come through ldmatrix (B stored [k_out][r]: no transpose).
+ *
+ * Options: -DKDB_TYPE_FP16 or -DKDB_TYPE_BF16 (required).
+ * Arguments: x, w, y, then conv_direct.c's CONV_SHAPE_ARGS (the strides are not read: every
+ *   tensor is packed NHWC, 16-byte aligned).
+ * Kernels: conv_igemm_fwd_nhwc (C a multiple of 32), conv_igemm_fwd_nhwc_any (any C: element
+ *   loads, as for a first layer's 3 channels).
+ * Launch: blocks of 128 threads, grid (ceil(K / 128), ceil(N Ho Wo / 128)), 81,920 bytes of
+ *   dynamic shared memory.
+ */
+#if !defined(__CUDACC__) && !defined(__CUDACC_RTC__)
+#error "conv_igemm_tc.cu is CUDA only (tensor cores through mma.sync)"
+#endif
+
+#include "tc_types.h"
+
+#define IG_MMA "mma.sync.aligned.m16n8k16.row.col.f32." TC_TYPE "." TC_TYPE ".f32"
+#define IG_BM 128
+#define IG_BN 128
+#define IG_BK 32
+#define IG_PAD 8 /* halves per shared row: the ldmatrix rows spread over the banks */
+#define IG_STAGES 4
+#define IG_THREADS 128
+#define IG_ROW (IG_BK + IG_PAD)
+#define IG_STAGE (IG_BM * IG_ROW + IG_BN * IG_ROW)
+#define IG_CHUNKS (IG_BM * IG_BK / 8 / IG_THREADS) /* 16-byte copies per thread and operand */
+
+__device__ __forceinline__ unsigned int ig_smem(const void* p)
+{
+    return (unsigned int)__cvta_generic_to_shared(p);
+}
+
+/* 16 bytes from global to shared, or 16 zeros where !valid (nothing is read then). */
+__device__ __forceinline__ void ig_copy16(void* shared, const void* global, bool valid)
+{
+    asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;" ::"r"(ig_smem(shared)), "l"(global),
+                 "r"(valid ? 16 : 0));
+}
+
+/* ALIGNED: C a multiple of 32 (a step's 32 reductions are one tap's contiguous channels, copied
+ * with cp.async); else any C: each element of A's and B's tiles found and loaded on its own
+ * (the reduction padded to a multiple of 32 with zeros), as for a first layer's 3 channels. */
+template <bool ALIGNED>
+__device__ __forceinline__ void conv_igemm_body(const unsigned short* __restrict__ x,
+                                                const unsigned short* __restrict__ w, unsigned short* __restrict__ y,
+                                                int N, int C, int H, int W, int K, int Ho, int Wo, int Y, int X, int ph,
+                                                int pw, int sh, int sw, int dlh, int dlw)
+{
+    extern __shared__ __align__(16) unsigned short ig_smem_tiles[];
+    const int M = N * Ho * Wo, R = Y * X * C, tiles = (R + IG_BK - 1) / IG_BK;
+    const int row0 = blockIdx.y * IG_BM, col0 = blockIdx.x * IG_BN;
+    const int t = threadIdx.x, lane = t % 32, warp = t / 32;
+    const int wm = (warp / 2) * 64, wn = (warp % 2) * 64;
+    const int group = lane >> 2, tig = lane & 3;
+
+    /* This thread's rows of A (output positions) and of B (output channels): rows t / 4 + 32 q,
+     * the 8 channels at (t % 4) * 8 of each step's 32. */
+    /* Any C: the block's rows as (pixel offset of the image, or -1 past the last position; top
+     * row and left column of the window), found once. */
+    __shared__ long row_base[ALIGNED ? 1 : IG_BM];
+    __shared__ int row_top[ALIGNED ? 1 : IG_BM], row_left[ALIGNED ? 1 : IG_BM];
+    if (!ALIGNED) {
+        const int m = row0 + t, j = m % Wo, i = m / Wo % Ho, n = m / (Wo * Ho);
+        row_base[t] = m < M ? (long)n * H * W * C : -1;
+        row_top[t] = i * sh - ph;
+        row_left[t] = j * sw - pw;
+        __syncthreads();
+    }
+    const int part = (t % 4) * 8;
+    long pixel_base[IG_CHUNKS];
+    int top[IG_CHUNKS], left[IG_CHUNKS];
+    bool row_ok[IG_CHUNKS], chan_ok[IG_CHUNKS];
+#pragma unroll
+    for (int q = 0; q < IG_CHUNKS; ++q) {
+        const int m = row0 + t / 4 + 32 * q;
+        row_ok[q] = m < M;
+        const int mm = row_ok[q] ? m : 0, j = mm % Wo, i = mm / Wo % Ho, n = mm / (Wo * Ho);
+        pixel_base[q] = (long)n * H * W * C;
+        top[q] = i * sh - ph;
+        left[q] = j * sw - pw;
+        chan_ok[q] = col0 + t / 4 + 32 * q < K;
+    }
+
+    auto stage = [&](int buf, int tile) {
+        unsigned short* as = ig_smem_tiles + buf * IG_STAGE;
+        unsigned short* bs = as + IG_BM * IG_ROW;
+        const int r0 = tile * IG_BK;
+        if (!ALIGNED) {
+            /* Thread t fills column t % 32 of rows t / 32 + 4 e: one reduction index, its tap and
+             * channel found once for all of them; each row's pixel from the block's table; the
+             * loads of 8 rows issued before their stores. */
+            const int kc = t % 32, r = r0 + kc, tap = r / C, c = r - tap * C, a = tap / X, b = tap - (tap / X) * X;
+            const bool live = r < R;
+#pragma unroll
+            for (int e0 = 0; e0 < IG_BM / 4; e0 += 8) {
+                unsigned short value[8], weight[8];
+#pragma unroll
+                for (int u = 0; u < 8; ++u) {
+                    const int e = t / 32 + 4 * (e0 + u);
+                    const int h = row_top[e] + a * dlh, v = row_left[e] + b * dlw;
+                    const bool inside = live && row_base[e] >= 0 && h >= 0 && h < H && v >= 0 && v < W;
+                    value[u] = inside ? x[row_base[e] + ((long)h * W + v) * C + c] : 0;
+                    weight[u] = live && col0 + e < K ? w[(long)(col0 + e) * R + r] : 0;
+                }
+#pragma unroll
+                for (int u = 0; u < 8; ++u) {
+                    const int e = t / 32 + 4 * (e0 + u);
+                    as[e * IG_ROW + kc] = value[u];
+                    bs[e * IG_ROW + kc] = weight[u];
+                }
+            }
+            return;
+        }
+        const int tap = r0 / C, c0 = r0 - tap * C;
+        const int a = tap / X, b = tap - (tap / X) * X;
+#pragma unroll
+        for (int q = 0; q < IG_CHUNKS; ++q) {
+            const int row = t / 4 + 32 * q;
+            const int h = top[q] + a * dlh, v = left[q] + b * dlw;
+            const bool inside = row_ok[q] && h >= 0 && h < H && v >= 0 && v < W;
+            const unsigned short* src = inside ? x + pixel_base[q] + ((long)h * W + v) * C + c0 + part : x;
+            ig_copy16(as + row * IG_ROW + part, src, inside);
+            const unsigned short* wsrc = chan_ok[q] ? w + (long)(col0 + row) * R + r0 + part : w;
+            ig_copy16(bs + row * IG_ROW + part, wsrc, chan_ok[q]);
+        }
+    };
+
+    float acc[4][8][4];
+#pragma unroll
+    for (int i = 0; i < 4; ++i)
+#pragma unroll
+        for (int j = 0; j < 8; ++j)
+#pragma unroll
+            for (int e = 0; e < 4; ++e)
+                acc[i][j][e] = 0.0f;
+
+    for (int s = 0; s < IG_STAGES - 1; ++s) {
+        if (s < tiles)
+            stage(s, s);
+        asm volatile("cp.async.commit_group;");
+    }
+    for (int tile = 0; tile < tiles; ++tile) {
+        asm volatile("cp.async.wait_group %0;" ::"n"(IG_STAGES - 2));
+        __syncthreads();
+        const int next = tile + IG_STAGES - 1;
+        if (next < tiles)
+            stage(next % IG_STAGES, next);
+        asm volatile("cp.async.commit_group;");
+        const unsigned short* as = ig_smem_tiles + (tile % IG_STAGES) * IG_STAGE;
+        const unsigned short* bs = as + IG_BM * IG_ROW;
+#pragma unroll
+        for (int kk = 0; kk < IG_BK; kk += 16) {
+            unsigned int fa[4][4], fb[8][2];
+#pragma unroll
+            for (int i = 0; i < 4; ++i) {
+                const unsigned short* p = as + (wm + 16 * i + (lane % 16)) * IG_ROW + kk + (lane / 16) * 8;
+                asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0, %1, %2, %3}, [%4];"
+                             : "=r"(fa[i][0]), "=r"(fa[i][1]), "=r"(fa[i][2]), "=r"(fa[i][3])
+                             : "r"(ig_smem(p)));
+            }
+            /* B's tile is [k_out][r]: matrices (n 0-7, k 0-7), (n 0-7, k 8-15), (n 8-15, k 0-7),
+             * (n 8-15, k 8-15) of each pair of n8 tiles, lanes 8 q .. 8 q + 7 addressing matrix q. */
+#pragma unroll
+            for (int j = 0; j < 8; j += 2) {
+                const int quad = lane / 8;
+                const unsigned short* p =
+                    bs + (wn + 8 * j + 8 * (quad / 2) + (lane % 8)) * IG_ROW + kk + 8 * (quad % 2);
+                asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0, %1, %2, %3}, [%4];"
+                             : "=r"(fb[j][0]), "=r"(fb[j][1]), "=r"(fb[j + 1][0]), "=r"(fb[j + 1][1])
+                             : "r"(ig_smem(p)));
+            }
+#pragma unroll
+            for (int i = 0; i < 4; ++i)
+#pragma unroll
+                for (int j = 0; j < 8; ++j)
+                    asm(IG_MMA " {%0, %1, %2, %3}, {%4, %5, %6, %7}, {%8, %9}, {%0, %1, %2, %3};"
+                        : "+f"(acc[i][j][0]), "+f"(acc[i][j][1]), "+f"(acc[i][j][2]), "+f"(acc[i][j][3])
+                        : "r"(fa[i][0]), "r"(fa[i][1]), "r"(fa[i][2]), "r"(fa[i][3]), "r"(fb[j][0]), "r"(fb[j][1]));
+        }
+    }
+    asm volatile("cp.async.wait_group 0;");
+    /* Each thread's two neighbouring output channels of a position as one 32-bit store (K even). */
+#pragma unroll
+    for (int i = 0; i < 4; ++i)
+#pragma unroll
+        for (int j = 0; j < 8; ++j)
+#pragma unroll
+            for (int half = 0; half < 2; ++half) {
+                const int m = row0 + wm + 16 * i + group + 8 * half, k = col0 + wn + 8 * j + 2 * tig;
+                if (m < M && k < K)
+                    *(unsigned int*)(y + (long)m * K + k) = (unsigned int)tc_from_float(acc[i][j][2 * half]) |
+                                                            ((unsigned int)tc_from_float(acc[i][j][2 * half + 1]) << 16);
+            }
+}
+
+#define IG_KERNEL(NAME, ALIGNED)                                                                             \
+    extern "C" __global__ void __launch_bounds__(IG_THREADS)                                                  \
+    NAME(const unsigned short* __restrict__ x, const unsigned short* __restrict__ w, unsigned short* __restrict__ y, \
+         int N, int C, int H, int W, int K, int Ho, int Wo, int Y, int X, int ph, int pw, int sh, int sw, int dlh,  \
+         int dlw, int G, int xs0, int xs1, int xs2, int xs3, int ws0, int ws1, int ws2, int ws3, int ys0, int ys1,  \
+         int ys2, int ys3)                                                                                     \
+    {                                                                                                         \
+        conv_igemm_body<ALIGNED>(x, w, y, N, C, H, W, K, Ho, Wo, Y, X, ph, pw, sh, sw, dlh, dlw);              \
+    }
+
+IG_KERNEL(conv_igemm_fwd_nhwc, true)
+IG_KERNEL(conv_igemm_fwd_nhwc_any, false)
