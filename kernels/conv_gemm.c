@@ -97,28 +97,23 @@ KDB_KERNEL void conv_dy_by_channel(const KDB_GLOBAL kdb_data_t* dy, KDB_GLOBAL k
     }
 }
 
-/* dst (N x C x H x W, packed NHWC) = src (any strides, NCHW among them): the tensor-core
- * convolution's staging of NCHW tensors (weights K x C x Y x X the same way). */
-KDB_KERNEL void conv_to_channels_last(const KDB_GLOBAL kdb_data_t* src, KDB_GLOBAL kdb_data_t* dst, int N, int C,
-                                      int H, int W, int s0, int s1, int s2, int s3)
+/* dst[b] = src[b]^T for each of the grid's z matrices of rows x cols (packed): the tensor-core
+ * convolution's staging of NCHW tensors channels-last (x: C x HW per image; weights: C x YX per
+ * output channel) and back (y: HoWo x K per image). A 32 x 32 tile through shared memory, so
+ * both the reads and the writes go along rows. Launch: blocks of 32 x 8, grid (ceil(cols / 32),
+ * ceil(rows / 32), matrices). */
+#define CONV_TILE 32
+KDB_KERNEL void conv_transpose(const KDB_GLOBAL kdb_data_t* src, KDB_GLOBAL kdb_data_t* dst, int rows, int cols)
 {
-    const long total = (long)N * C * H * W;
-    for (long e = KDB_GLOBAL_ID_X; e < total; e += (long)KDB_LOCAL_SIZE_X * KDB_NUM_GROUPS_X) {
-        const int c = (int)(e % C), v = (int)(e / C % W), h = (int)(e / ((long)C * W) % H);
-        const int n = (int)(e / ((long)C * W * H));
-        KDB_STORE(dst, e, KDB_LOAD(src, (long)n * s0 + (long)c * s1 + (long)h * s2 + (long)v * s3));
-    }
-}
-
-/* dst (any strides) = src (packed NHWC): the way back, in dst's NCHW order (v fastest). */
-KDB_KERNEL void conv_from_channels_last(const KDB_GLOBAL kdb_data_t* src, KDB_GLOBAL kdb_data_t* dst, int N, int C,
-                                        int H, int W, int s0, int s1, int s2, int s3)
-{
-    const long total = (long)N * C * H * W;
-    for (long e = KDB_GLOBAL_ID_X; e < total; e += (long)KDB_LOCAL_SIZE_X * KDB_NUM_GROUPS_X) {
-        const int v = (int)(e % W), h = (int)(e / W % H), c = (int)(e / ((long)W * H) % C);
-        const int n = (int)(e / ((long)W * H * C));
-        KDB_STORE(dst, (long)n * s0 + (long)c * s1 + (long)h * s2 + (long)v * s3,
-                  KDB_LOAD(src, (((long)n * H + h) * W + v) * C + c));
-    }
+    KDB_SHARED(float, tile, CONV_TILE * (CONV_TILE + 1));
+    const long base = (long)KDB_GROUP_ID_Z * rows * cols;
+    const int c0 = KDB_GROUP_ID_X * CONV_TILE, r0 = KDB_GROUP_ID_Y * CONV_TILE;
+    const int tx = KDB_LOCAL_ID_X, ty = KDB_LOCAL_ID_Y;
+    for (int k = ty; k < CONV_TILE; k += 8)
+        if (r0 + k < rows && c0 + tx < cols)
+            tile[k * (CONV_TILE + 1) + tx] = KDB_LOAD(src, base + (long)(r0 + k) * cols + c0 + tx);
+    KDB_BARRIER;
+    for (int k = ty; k < CONV_TILE; k += 8)
+        if (c0 + k < cols && r0 + tx < rows)
+            KDB_STORE(dst, base + (long)(c0 + k) * rows + r0 + tx, tile[tx * (CONV_TILE + 1) + k]);
 }

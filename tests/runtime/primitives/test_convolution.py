@@ -191,3 +191,18 @@ def test_the_tensor_core_solver_says_what_it_takes():
     assert "must be even" in verdict(k=63).reason
     assert solver.workspace(ConvProblem("F", DataType.FP16, "NCHW", (2, 64, 9, 9), 64, (3, 3), (1, 1))) == \
         2 * (2 * 64 * 81 + 64 * 64 * 9 + 2 * 64 * 81)  # x, w and y staged channels-last
+
+
+@pytest.mark.parametrize("dtype", list(TYPES))
+def test_the_staging_transpose_moves_every_element(handle, dtype):
+    """conv_gemm.c's conv_transpose (the tensor-core solver's NCHW staging, CUDA only there) on
+    the chain device: matrices of sizes that cut its 32 x 32 tiles."""
+    store, read, _ = TYPES[dtype]
+    be = handle.backend
+    kernel = handle.program("conv_gemm.c", DataType.parse(dtype).options).function("conv_transpose")
+    matrices, rows, cols = 3, 45, 70
+    src = store(np.random.default_rng(0).standard_normal((matrices, rows, cols)))
+    dst = be.alloc(src.nbytes)
+    be.launch(kernel, (-(-cols // 32), -(-rows // 32), matrices), (32, 8, 1),
+              [be.to_device(src), dst, np.int32(rows), np.int32(cols)])
+    np.testing.assert_array_equal(be.to_host(dst, np.empty((matrices, cols, rows), src.dtype)), src.transpose(0, 2, 1))
