@@ -117,3 +117,17 @@ KDB_KERNEL void conv_transpose(const KDB_GLOBAL kdb_data_t* src, KDB_GLOBAL kdb_
         if (c0 + k < cols && r0 + tx < rows)
             KDB_STORE(dst, base + (long)(c0 + k) * rows + r0 + tx, tile[tx * (CONV_TILE + 1) + k]);
 }
+
+/* dst[c][a][b][k] = src[k][c][Y-1-a][X-1-b] (src through its strides, KCYX or KYXC): the
+ * weights of backward data at stride 1 read as a forward convolution of dy, whose "input
+ * channels" are K and "output channels" C, in that convolution's KYXC order. */
+KDB_KERNEL void conv_flip_weights(const KDB_GLOBAL kdb_data_t* src, KDB_GLOBAL kdb_data_t* dst, int K, int C, int Y,
+                                  int X, int s0, int s1, int s2, int s3)
+{
+    const long total = (long)K * C * Y * X;
+    for (long e = KDB_GLOBAL_ID_X; e < total; e += (long)KDB_LOCAL_SIZE_X * KDB_NUM_GROUPS_X) {
+        const int k = (int)(e % K), b = (int)(e / K % X), a = (int)(e / ((long)K * X) % Y);
+        const int c = (int)(e / ((long)K * X * Y));
+        KDB_STORE(dst, e, KDB_LOAD(src, (long)k * s0 + (long)c * s1 + (long)(Y - 1 - a) * s2 + (long)(X - 1 - b) * s3));
+    }
+}

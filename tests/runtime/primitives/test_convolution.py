@@ -186,11 +186,16 @@ def test_the_tensor_core_solver_says_what_it_takes():
     assert "sm_80 or later" in verdict(SimpleNamespace(backend="cuda", target=SimpleNamespace(arch="sm_75"))).reason
     assert "sm_80 or later" in verdict(SimpleNamespace(backend="opencl", target=SimpleNamespace(arch="ocl-x"))).reason
     assert "fp32 is not fp16 or bf16" in verdict(dtype=DataType.FP32).reason
-    assert "forward direction only" in verdict(direction="W").reason
+    assert verdict(direction="B") and verdict(direction="B", layout="NCHW")
+    assert "not backward weights" in verdict(direction="W").reason
+    strided = ConvProblem("B", DataType.FP16, "NHWC", (2, 64, 9, 9), 64, (3, 3), (1, 1), (2, 2))
+    assert "stride 1 only, not (2, 2)" in solver.is_applicable(strided, h100).reason
     assert "one group, not 2" in verdict(groups=2).reason
     assert "must be even" in verdict(k=63).reason
     assert solver.workspace(ConvProblem("F", DataType.FP16, "NCHW", (2, 64, 9, 9), 64, (3, 3), (1, 1))) == \
         2 * (2 * 64 * 81 + 64 * 64 * 9 + 2 * 64 * 81)  # x, w and y staged channels-last
+    assert solver.workspace(ConvProblem("B", DataType.FP16, "NHWC", (2, 64, 9, 9), 64, (3, 3), (1, 1))) == \
+        2 * 64 * 64 * 9  # the flipped weights only
 
 
 @pytest.mark.parametrize("dtype", list(TYPES))

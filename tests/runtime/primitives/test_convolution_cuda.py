@@ -88,3 +88,9 @@ def test_the_tensor_core_implicit_gemm_matches_pytorch(cuda_handle, dtype, case,
     problem = ConvProblem("F", DataType.parse(str(dtype).split(".")[1].replace("bfloat16", "bf16").replace(
         "float16", "fp16")), "NHWC" if channels_last else "NCHW", (n, c, h, w), k, filt, pad, stride, dilation)
     assert choose(cuda_handle, problem).solver.name == "ConvImplicitGemmTensorCore"  # immediate mode's first choice
+    if stride == (1, 1) and pad[0] <= dilation[0] * (filt[0] - 1) and pad[1] <= dilation[1] * (filt[1] - 1):
+        dy = torch.randn_like(y)
+        dx = kdbkit.convolution_backward_data(cuda_handle, dy, wt, x.shape, pad=pad, stride=stride, dilation=dilation,
+                                              solver="ConvImplicitGemmTensorCore")
+        _check("implicit GEMM backward data", dx,
+               torch.nn.grad.conv2d_input(x.shape, wt.double(), dy.double(), stride, pad, dilation), dtype)

@@ -1,19 +1,23 @@
-"""ConvImplicitGemmTensorCore (id 22): forward convolution of fp16/bf16 tensors as an
-implicit GEMM on NVIDIA tensor cores (conv_igemm_tc.cu, mma.sync, sm_80+): output positions
+"""ConvImplicitGemmTensorCore (id 22): forward convolution, and backward data at stride 1, of
+fp16/bf16 tensors as an implicit GEMM on NVIDIA tensor cores (conv_igemm_tc.cu, mma.sync, sm_80+): output positions
 by output channels, the reduction over the filter taps and 32 input channels at a time, x's
 pixels staged straight from memory (zeros in the padding): no im2col. Input channels not a
 multiple of 32 (a first layer's 3) take a kernel that gathers element by element. NHWC tensors go as they
 are; NCHW ones are staged channels-last in a workspace (x, w and y, by conv_gemm.c's tiled
-transposes)."""
+transposes). Backward data at stride 1 is the forward convolution of dy with the weights
+flipped and transposed (conv_gemm.c's conv_flip_weights), padded by dilation x (filter - 1) -
+pad."""
 
 from __future__ import annotations
+
+import dataclasses
 
 import numpy as np
 
 from kdbkit.runtime.primitives.convolution.problem import ConvProblem
 from kdbkit.runtime.primitives.convolution.solvers.common import INT_MAX, shape_args
 from kdbkit.runtime.program_key import ProgramRequest
-from kdbkit.runtime.solver import APPLIES, Solver, aligned16, fallback_invoker, not_applicable, register
+from kdbkit.runtime.solver import APPLIES, Solver, aligned16, fallback_invoker, launcher_1d, not_applicable, register
 from kdbkit.runtime.tensor import DataType
 
 TILE, THREADS, STAGES, STEP, PAD = 128, 128, 4, 32, 8  # conv_igemm_tc.cu's IG_BM = IG_BN, IG_THREADS, ...
@@ -24,6 +28,19 @@ def program(problem: ConvProblem) -> ProgramRequest | None:
     if problem.dtype not in (DataType.FP16, DataType.BF16):
         return None
     return ProgramRequest("conv_igemm_tc.cu", problem.dtype.options)
+
+
+def as_forward(problem: ConvProblem) -> ConvProblem:
+    """The NHWC forward convolution the tensor-core kernel computes for ``problem``: itself
+    (forward), or (backward data at stride 1) dy convolved with the flipped weights, K input
+    channels to C, padded by dilation x (filter - 1) - pad."""
+    forward = dataclasses.replace(problem, direction="F", layout="NHWC")
+    if problem.direction == "F":
+        return forward
+    (fy, fx), (dh, dw) = problem.filter, problem.dilation
+    n, c = problem.x_shape[:2]
+    return dataclasses.replace(forward, x_shape=problem.y_shape, out_channels=c,
+                               pad=(dh * (fy - 1) - problem.pad[0], dw * (fx - 1) - problem.pad[1]))
 
 
 @register
@@ -39,12 +56,18 @@ class ConvImplicitGemmTensorCore(Solver):
             return not_applicable(f"it needs CUDA tensor cores with mma.sync (sm_80 or later; this is {arch})")
         if problem.dtype not in (DataType.FP16, DataType.BF16):
             return not_applicable(f"{problem.dtype.label} is not fp16 or bf16")
-        if problem.direction != "F":
-            return not_applicable("it computes the forward direction only")
+        if problem.direction == "W":
+            return not_applicable("it computes forward and backward data, not backward weights")
         if problem.groups != 1:
             return not_applicable(f"it takes one group, not {problem.groups}")
-        if problem.out_channels % 2:
-            return not_applicable(f"its output channels ({problem.out_channels}) must be even")
+        if problem.direction == "B":
+            if problem.stride != (1, 1):
+                return not_applicable(f"it computes backward data at stride 1 only, not {problem.stride}")
+            if min(as_forward(problem).pad) < 0:
+                return not_applicable(f"backward data with a pad {problem.pad} beyond dilation x (filter - 1)")
+        computed = as_forward(problem)
+        if computed.out_channels % 2:
+            return not_applicable(f"the channels it writes ({computed.out_channels}) must be even")
         n, c, h, w = problem.x_shape
         k = problem.out_channels
         if max(n * h * w * c, n * problem.out_hw[0] * problem.out_hw[1] * k, k * c * problem.filter[0]
@@ -56,10 +79,10 @@ class ConvImplicitGemmTensorCore(Solver):
         return APPLIES
 
     def workspace(self, problem: ConvProblem) -> int:
-        if problem.layout == "NHWC":
-            return 0
         d = problem.descs()
-        return sum(d[name].numel for name in ("x", "w", "y")) * problem.dtype.itemsize
+        staged = 0 if problem.layout == "NHWC" else d["x"].numel + d["y"].numel
+        weights = d["w"].numel if problem.layout == "NCHW" or problem.direction == "B" else 0
+        return (staged + weights) * problem.dtype.itemsize
 
     def programs(self, problem: ConvProblem):
         request = program(problem)
@@ -67,38 +90,67 @@ class ConvImplicitGemmTensorCore(Solver):
 
     def invoker(self, handle, problem: ConvProblem):
         request = program(problem)
+        computed = as_forward(problem)
         # 32 channels a step from one tap with cp.async, or (a first layer's 3 channels) element by element
-        name = "conv_igemm_fwd_nhwc" if problem.x_shape[1] % STEP == 0 else "conv_igemm_fwd_nhwc_any"
+        name = "conv_igemm_fwd_nhwc" if computed.x_shape[1] % STEP == 0 else "conv_igemm_fwd_nhwc_any"
         kernel = handle.program(request.kernel_file, request.options).function(name)
-        n, _, _, _ = problem.x_shape
-        positions = n * problem.out_hw[0] * problem.out_hw[1]
-        grid = (-(-problem.out_channels // TILE), -(-positions // TILE), 1)
-        fast = handle.backend.launcher(kernel, grid, (THREADS, 1, 1), [None, None, None, *shape_args(problem)],
+        n = computed.x_shape[0]
+        positions = n * computed.out_hw[0] * computed.out_hw[1]
+        grid = (-(-computed.out_channels // TILE), -(-positions // TILE), 1)
+        fast = handle.backend.launcher(kernel, grid, (THREADS, 1, 1), [None, None, None, *shape_args(computed)],
                                        shared_bytes=SHARED)
-        unaligned = fallback_invoker(handle, problem, "ConvIm2colGemm")  # a tensor not 16-byte aligned
-        if problem.layout == "NHWC":
-            def forward(x, w, y):
-                (fast if aligned16(x, w, y) else unaligned)(x, w, y)
-
-            return forward
-        # NCHW: x and w staged channels-last, y computed channels-last and put back, each a batch
-        # of matrix transposes (conv_gemm.c's conv_transpose).
-        moves = handle.program("conv_gemm.c", problem.dtype.options).function("conv_transpose")
-        backend, d = handle.backend, problem.descs()
-        staged = {name: backend.alloc(d[name].numel * problem.dtype.itemsize) for name in ("x", "w", "y")}
+        moves = handle.program("conv_gemm.c", problem.dtype.options)
+        backend, d, item = handle.backend, problem.descs(), problem.dtype.itemsize
+        (n, c, h, w_), (k, _, fy, fx), (ho, wo) = problem.x_shape, problem.w_shape, problem.out_hw
 
         def transpose(matrices: int, rows: int, cols: int):
             grid = (-(-cols // 32), -(-rows // 32), matrices)
-            return backend.launcher(moves, grid, (32, 8, 1), [None, None, np.int32(rows), np.int32(cols)])
+            return backend.launcher(moves.function("conv_transpose"), grid, (32, 8, 1),
+                                    [None, None, np.int32(rows), np.int32(cols)])
 
-        (n, c, h, w_), (k, _, fy, fx), (ho, wo) = problem.x_shape, problem.w_shape, problem.out_hw
-        x_in, w_in, y_out = transpose(n, c, h * w_), transpose(k, c, fy * fx), transpose(n, ho * wo, k)
+        nchw = problem.layout == "NCHW"
+        # The input the kernel reads (x forward, dy backward) and the output it writes, NHWC.
+        source, target = ("x", "y") if problem.direction == "F" else ("y", "x")
+        staged = {name: backend.alloc(d[name].numel * item) for name in (source, target)} if nchw else {}
+        shapes = {"x": (n, c, h * w_), "y": (n, k, ho * wo)}  # matrices, channels, positions
+        into = transpose(*shapes[source]) if nchw else None
+        back = transpose(shapes[target][0], shapes[target][2], shapes[target][1]) if nchw else None
+        weights = backend.alloc(d["w"].numel * item) if nchw or problem.direction == "B" else None
+        if problem.direction == "B":
+            prepare = launcher_1d(handle, moves.function("conv_flip_weights"), d["w"].numel,
+                                  [None, None, *(np.int32(v) for v in (k, c // problem.groups, fy, fx,
+                                                                       *d["w"].strides))], max_groups=1 << 16)
+        elif nchw:
+            prepare = transpose(k, c, fy * fx)  # KCYX -> KYXC
+        else:
+            prepare = None
+        unaligned = fallback_invoker(handle, problem, "ConvIm2colGemm")  # a tensor not 16-byte aligned
 
-        def forward_nchw(x, w, y):
-            x_in(x, staged["x"])
-            w_in(w, staged["w"])
-            fast(staged["x"], staged["w"], staged["y"])
-            y_out(staged["y"], y)
+        def run(inp, w, out):
+            if not nchw and prepare is None and not aligned16(inp, w, out):
+                unaligned(inp, w, out)
+                return
+            if prepare is not None:
+                prepare(w, weights)
+                w = weights
+            if nchw:
+                into(inp, staged[source])
+                fast(staged[source], w, staged[target])
+                back(staged[target], out)
+            elif aligned16(inp, out):
+                fast(inp, w, out)
+            else:
+                unaligned(inp, w, out)
 
-        forward_nchw.workspace = tuple(staged.values())
-        return forward_nchw
+        if problem.direction == "F":
+            def forward(x, w, y):
+                run(x, w, y)
+
+            forward.workspace = (*staged.values(), weights)
+            return forward
+
+        def backward_data(dy, w, dx):
+            run(dy, w, dx)
+
+        backward_data.workspace = (*staged.values(), weights)
+        return backward_data
