@@ -131,3 +131,17 @@ KDB_KERNEL void conv_flip_weights(const KDB_GLOBAL kdb_data_t* src, KDB_GLOBAL k
         KDB_STORE(dst, e, KDB_LOAD(src, (long)k * s0 + (long)c * s1 + (long)(Y - 1 - a) * s2 + (long)(X - 1 - b) * s3));
     }
 }
+
+/* dst (N x H x W x Cp, packed, Cp >= C) = src (N x C x H x W through its strides), the
+ * channels past C zero: a first layer's 3 channels widened to a multiple of 8 for the
+ * tensor-core backward weights. */
+KDB_KERNEL void conv_pad_channels(const KDB_GLOBAL kdb_data_t* src, KDB_GLOBAL kdb_data_t* dst, int N, int C, int H,
+                                  int W, int Cp, int s0, int s1, int s2, int s3)
+{
+    const long total = (long)N * H * W * Cp;
+    for (long e = KDB_GLOBAL_ID_X; e < total; e += (long)KDB_LOCAL_SIZE_X * KDB_NUM_GROUPS_X) {
+        const int c = (int)(e % Cp), v = (int)(e / Cp % W), h = (int)(e / ((long)Cp * W) % H);
+        const int n = (int)(e / ((long)Cp * W * H));
+        KDB_STORE(dst, e, c < C ? KDB_LOAD(src, (long)n * s0 + (long)c * s1 + (long)h * s2 + (long)v * s3) : 0.0f);
+    }
+}

@@ -216,3 +216,149 @@ __device__ __forceinline__ void conv_igemm_body(const unsigned short* __restrict
 
 IG_KERNEL(conv_igemm_fwd_nhwc, true)
 IG_KERNEL(conv_igemm_fwd_nhwc_any, false)
+
+/* ---------------------------------------------------------------- backward weights */
+
+/* dw (K x R, R = Y X C in KYXC order) = dy^T (K x M) im2col(x) (M x R), M = N Ho Wo the output
+ * positions, NHWC tensors, C a multiple of 8. A block takes a 128 x 128 tile of dw and one of
+ * gridDim.z slices of the positions, 32 at a time: dy's rows (128 output channels of a
+ * position, contiguous) and x's receptive fields (128 reductions of a position, 8 channels of
+ * one tap per 16-byte copy) staged [position][...] by zero-filling cp.async in 4 stages, both
+ * fragments read transposed by ldmatrix. Each slice's sums are added in fp32 to `partial`
+ * (K x R, zero at first), which conv_wrw_finish turns into dw (and zeros again).
+ * Launch: blocks of 128 threads, grid (ceil(R / 128), ceil(K / 128), slices), 69,632 bytes of
+ * dynamic shared memory. */
+#define WG_ROW (128 + IG_PAD)
+#define WG_STAGE (2 * IG_BK * WG_ROW)
+
+template <int DUMMY>
+__device__ __forceinline__ void conv_wrw_body(const unsigned short* __restrict__ dy,
+                                              const unsigned short* __restrict__ x, float* __restrict__ partial,
+                                              int N, int C, int H, int W, int K, int Ho, int Wo, int Y, int X, int ph,
+                                              int pw, int sh, int sw, int dlh, int dlw)
+{
+    extern __shared__ __align__(16) unsigned short wg_tiles[];
+    const int M = N * Ho * Wo, R = Y * X * C;
+    const int k0 = blockIdx.y * 128, r0 = blockIdx.x * 128;
+    const int per_slice = ((M + gridDim.z - 1) / gridDim.z + IG_BK - 1) / IG_BK * IG_BK;
+    const int first = blockIdx.z * per_slice, last = min(M, first + per_slice);
+    const int steps = last > first ? (last - first + IG_BK - 1) / IG_BK : 0;
+    const int t = threadIdx.x, lane = t % 32, warp = t / 32;
+    const int wm = (warp / 2) * 64, wn = (warp % 2) * 64;
+    const int group = lane >> 2, tig = lane & 3;
+
+    /* This thread's 16-byte pieces: rows (positions) t / 16 + 8 q of each step, columns
+     * (t % 16) * 8 of the tile's 128; for x, the piece's tap and channel found once. */
+    const int col = (t % 16) * 8;
+    const int r = r0 + col, tap = r / C, c = r - tap * C, a = tap / X, b = tap - (tap / X) * X;
+    const bool r_ok = r < R, k_ok = k0 + col < K;
+
+    auto stage = [&](int buf, int step) {
+        unsigned short* as = wg_tiles + buf * WG_STAGE;
+        unsigned short* bs = as + IG_BK * WG_ROW;
+        const int p0 = first + step * IG_BK;
+#pragma unroll
+        for (int q = 0; q < 4; ++q) {
+            const int row = t / 16 + 8 * q, m = p0 + row;
+            const bool live = m < last;
+            const int mm = live ? m : 0, j = mm % Wo, i = mm / Wo % Ho, n = mm / (Wo * Ho);
+            ig_copy16(as + row * WG_ROW + col, live && k_ok ? dy + (long)mm * K + k0 + col : dy, live && k_ok);
+            const int h = i * sh - ph + a * dlh, v = j * sw - pw + b * dlw;
+            const bool inside = live && r_ok && h >= 0 && h < H && v >= 0 && v < W;
+            ig_copy16(bs + row * WG_ROW + col, inside ? x + (((long)n * H + h) * W + v) * C + c : x, inside);
+        }
+    };
+
+    float acc[4][8][4];
+#pragma unroll
+    for (int i = 0; i < 4; ++i)
+#pragma unroll
+        for (int j = 0; j < 8; ++j)
+#pragma unroll
+            for (int e = 0; e < 4; ++e)
+                acc[i][j][e] = 0.0f;
+    for (int s = 0; s < IG_STAGES - 1; ++s) {
+        if (s < steps)
+            stage(s, s);
+        asm volatile("cp.async.commit_group;");
+    }
+    for (int step = 0; step < steps; ++step) {
+        asm volatile("cp.async.wait_group %0;" ::"n"(IG_STAGES - 2));
+        __syncthreads();
+        const int next = step + IG_STAGES - 1;
+        if (next < steps)
+            stage(next % IG_STAGES, next);
+        asm volatile("cp.async.commit_group;");
+        const unsigned short* as = wg_tiles + (step % IG_STAGES) * WG_STAGE;
+        const unsigned short* bs = as + IG_BK * WG_ROW;
+#pragma unroll
+        for (int kk = 0; kk < IG_BK; kk += 16) {
+            unsigned int fa[4][4], fb[8][2];
+            /* A (dw's rows = output channels, by positions) is stored [position][channel]:
+             * matrices (m 0-7, k 0-7), (m 8-15, k 0-7), (m 0-7, k 8-15), (m 8-15, k 8-15). */
+#pragma unroll
+            for (int i = 0; i < 4; ++i) {
+                const int quad = lane / 8;
+                const unsigned short* p = as + (kk + 8 * (quad / 2) + (lane % 8)) * WG_ROW + wm + 16 * i + 8 * (quad % 2);
+                asm volatile("ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16 {%0, %1, %2, %3}, [%4];"
+                             : "=r"(fa[i][0]), "=r"(fa[i][1]), "=r"(fa[i][2]), "=r"(fa[i][3])
+                             : "r"(ig_smem(p)));
+            }
+#pragma unroll
+            for (int j = 0; j < 8; j += 2) {
+                const unsigned short* p = bs + (kk + (lane % 16)) * WG_ROW + wn + 8 * j + (lane / 16) * 8;
+                asm volatile("ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16 {%0, %1, %2, %3}, [%4];"
+                             : "=r"(fb[j][0]), "=r"(fb[j][1]), "=r"(fb[j + 1][0]), "=r"(fb[j + 1][1])
+                             : "r"(ig_smem(p)));
+            }
+#pragma unroll
+            for (int i = 0; i < 4; ++i)
+#pragma unroll
+                for (int j = 0; j < 8; ++j)
+                    asm(IG_MMA " {%0, %1, %2, %3}, {%4, %5, %6, %7}, {%8, %9}, {%0, %1, %2, %3};"
+                        : "+f"(acc[i][j][0]), "+f"(acc[i][j][1]), "+f"(acc[i][j][2]), "+f"(acc[i][j][3])
+                        : "r"(fa[i][0]), "r"(fa[i][1]), "r"(fa[i][2]), "r"(fa[i][3]), "r"(fb[j][0]), "r"(fb[j][1]));
+        }
+    }
+    asm volatile("cp.async.wait_group 0;");
+    if (steps == 0)
+        return;
+#pragma unroll
+    for (int i = 0; i < 4; ++i)
+#pragma unroll
+        for (int j = 0; j < 8; ++j)
+#pragma unroll
+            for (int half = 0; half < 2; ++half) {
+                const int kout = k0 + wm + 16 * i + group + 8 * half, rr = r0 + wn + 8 * j + 2 * tig;
+                if (kout < K && rr < R) {
+                    atomicAdd(partial + (long)kout * R + rr, acc[i][j][2 * half]);
+                    if (rr + 1 < R)
+                        atomicAdd(partial + (long)kout * R + rr + 1, acc[i][j][2 * half + 1]);
+                }
+            }
+}
+
+extern "C" __global__ void __launch_bounds__(IG_THREADS)
+conv_wrw_igemm_nhwc(const unsigned short* __restrict__ dy, const unsigned short* __restrict__ x,
+                    float* __restrict__ partial, int N, int C, int H, int W, int K, int Ho, int Wo, int Y, int X,
+                    int ph, int pw, int sh, int sw, int dlh, int dlw, int G, int xs0, int xs1, int xs2, int xs3,
+                    int ws0, int ws1, int ws2, int ws3, int ys0, int ys1, int ys2, int ys3)
+{
+    conv_wrw_body<0>(dy, x, partial, N, C, H, W, K, Ho, Wo, Y, X, ph, pw, sh, sw, dlh, dlw);
+}
+
+/* dw[e] = partial[e] rounded to the type, and partial[e] = 0 for the next call (partial KYXC
+ * with C channels, element e = ((k Y + a) X + b) C + c; dw through its strides, its first
+ * `keep` channels: x's channels may have been padded with zeros to a multiple of 8). */
+extern "C" __global__ void conv_wrw_finish(float* __restrict__ partial, unsigned short* __restrict__ dw, int K, int C,
+                                           int Y, int X, int keep, int s0, int s1, int s2, int s3)
+{
+    const long total = (long)K * Y * X * C;
+    for (long e = blockIdx.x * (long)blockDim.x + threadIdx.x; e < total; e += (long)blockDim.x * gridDim.x) {
+        const int c = (int)(e % C), b = (int)(e / C % X), a = (int)(e / ((long)C * X) % Y);
+        const int k = (int)(e / ((long)C * X * Y));
+        if (c < keep)
+            dw[(long)k * s0 + (long)c * s1 + (long)a * s2 + (long)b * s3] = tc_from_float(partial[e]);
+        partial[e] = 0.0f;
+    }
+}

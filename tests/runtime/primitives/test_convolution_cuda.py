@@ -94,3 +94,26 @@ def test_the_tensor_core_implicit_gemm_matches_pytorch(cuda_handle, dtype, case,
                                               solver="ConvImplicitGemmTensorCore")
         _check("implicit GEMM backward data", dx,
                torch.nn.grad.conv2d_input(x.shape, wt.double(), dy.double(), stride, pad, dilation), dtype)
+
+
+@pytest.mark.parametrize("channels_last", [True, False], ids=["nhwc", "nchw"])
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16])
+@pytest.mark.parametrize("case", [(2, 64, 7, 7, 16, (3, 3), (1, 1), (1, 1), (1, 1)),
+                                  (3, 32, 13, 11, 136, (5, 3), (2, 0), (2, 1), (1, 2)),
+                                  (4, 128, 9, 9, 256, (3, 3), (2, 2), (1, 1), (2, 2)),
+                                  (1, 8, 20, 20, 64, (1, 1), (0, 0), (2, 2), (1, 1)),
+                                  (2, 3, 30, 29, 64, (7, 7), (3, 3), (2, 2), (1, 1))],
+                         ids=["edges", "strided-dilated", "large", "pointwise", "first-layer"])
+def test_the_tensor_core_backward_weights_matches_pytorch(cuda_handle, dtype, case, channels_last):
+    """Slices of positions summed by atomics, twice: the workspace is zero again after each call."""
+    n, c, h, w, k, filt, pad, stride, dilation = case
+    fmt = torch.channels_last if channels_last else torch.contiguous_format
+    x = torch.randn(n, c, h, w, device="cuda", dtype=dtype).to(memory_format=fmt)
+    wshape = (k, c, *filt)
+    y = torch.nn.functional.conv2d(x, torch.zeros(wshape, device="cuda", dtype=dtype), None, stride, pad, dilation)
+    dy = torch.randn_like(y).to(memory_format=fmt)
+    ref = torch.nn.grad.conv2d_weight(x.double(), wshape, dy.double(), stride, pad, dilation)
+    for _ in range(2):
+        dw = kdbkit.convolution_backward_weights(cuda_handle, dy, x, wshape, pad=pad, stride=stride,
+                                                 dilation=dilation, solver="ConvWrwImplicitGemmTensorCore")
+        _check("implicit GEMM backward weights", dw, ref, dtype)

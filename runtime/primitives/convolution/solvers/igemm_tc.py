@@ -154,3 +154,119 @@ class ConvImplicitGemmTensorCore(Solver):
 
         backward_data.workspace = (*staged.values(), weights)
         return backward_data
+
+
+WRW_SHARED = STAGES * 2 * STEP * (TILE + PAD) * 2  # conv_igemm_tc.cu's 4 stages of WG_STAGE halves
+
+
+def wrw_slices(problem: ConvProblem, units: int) -> int:
+    """How many slices of the output positions the blocks split: about four blocks per
+    multiprocessor over dw's tiles, each slice at least 256 positions."""
+    n, k, (ho, wo) = problem.x_shape[0], problem.out_channels, problem.out_hw
+    r = problem.w_shape[1] * problem.filter[0] * problem.filter[1]
+    tiles = -(-k // TILE) * -(-r // TILE)
+    return max(1, min(-(-4 * units // tiles), -(-n * ho * wo // 256)))
+
+
+@register
+class ConvWrwImplicitGemmTensorCore(Solver):
+    """ConvWrwImplicitGemmTensorCore (id 23): backward weights of fp16/bf16 tensors on NVIDIA
+    tensor cores (conv_igemm_tc.cu's conv_wrw_igemm_nhwc): dw = dy^T im2col(x) with the output
+    positions the reduction, split in slices whose fp32 sums meet by atomic adds in a workspace
+    that conv_wrw_finish rounds into dw (and zeros). NCHW dy and x are staged channels-last, x
+    widened with zero channels to a multiple of 8 where it is not (a first layer's 3); dw is
+    written through its strides."""
+
+    id = 23
+    name = "ConvWrwImplicitGemmTensorCore"
+    primitive = "conv"
+    backends = ("cuda",)
+
+    def is_applicable(self, problem: ConvProblem, device):
+        arch = device.target.arch
+        if device.backend != "cuda" or not arch[3:].rstrip("afs").isdigit() or int(arch[3:].rstrip("afs")) < 80:
+            return not_applicable(f"it needs CUDA tensor cores with mma.sync (sm_80 or later; this is {arch})")
+        if problem.dtype not in (DataType.FP16, DataType.BF16):
+            return not_applicable(f"{problem.dtype.label} is not fp16 or bf16")
+        if problem.direction != "W":
+            return not_applicable("it computes backward weights only")
+        if problem.groups != 1:
+            return not_applicable(f"it takes one group, not {problem.groups}")
+        c, k = problem.x_shape[1], problem.out_channels
+        if k % 8:
+            return not_applicable(f"its output channels ({k}) must be a multiple of 8")
+        n, _, h, w = problem.x_shape
+        if max(n * h * w * c, n * problem.out_hw[0] * problem.out_hw[1] * k) > INT_MAX:
+            return not_applicable("sizes exceed the kernel's int arguments")
+        if problem.layout == "NCHW" and n > 65535:
+            return not_applicable("NCHW staging transposes one matrix per image, at most 65535")
+        return APPLIES
+
+    def workspace(self, problem: ConvProblem) -> int:
+        d, padded = problem.descs(), wide_channels(problem)
+        n, _, h, w = problem.x_shape
+        x_staged = n * h * w * padded if problem.layout == "NCHW" or padded != problem.x_shape[1] else 0
+        dy_staged = d["y"].numel if problem.layout == "NCHW" else 0
+        return (x_staged + dy_staged) * problem.dtype.itemsize + 4 * d["w"].numel // problem.x_shape[1] * padded
+
+    def programs(self, problem: ConvProblem):
+        request = program(problem)
+        return [request, ProgramRequest("conv_gemm.c", problem.dtype.options)] if request else []
+
+    def invoker(self, handle, problem: ConvProblem):
+        request = program(problem)
+        prog = handle.program(request.kernel_file, request.options)
+        backend, d, item = handle.backend, problem.descs(), problem.dtype.itemsize
+        (n, c, h, w_), (k, _, fy, fx), (ho, wo) = problem.x_shape, problem.w_shape, problem.out_hw
+        cp = wide_channels(problem)
+        r = cp * fy * fx
+        slices = wrw_slices(problem, handle.device.target.cu or 132)
+        partial = backend.to_device(np.zeros(k * r, np.float32))  # zero again after every call (finish)
+        staged = dataclasses.replace(problem, layout="NHWC", x_shape=(n, cp, h, w_))
+        multiply = backend.launcher(prog.function("conv_wrw_igemm_nhwc"), (-(-r // TILE), -(-k // TILE), slices),
+                                    (THREADS, 1, 1), [None, None, partial, *shape_args(staged)],
+                                    shared_bytes=WRW_SHARED)
+        finish = launcher_1d(handle, prog.function("conv_wrw_finish"), k * r,
+                             [partial, None, *(np.int32(v) for v in (k, cp, fy, fx, c, *d["w"].strides))],
+                             max_groups=1 << 16)
+        moves = handle.program("conv_gemm.c", problem.dtype.options)
+
+        def transpose(matrices: int, rows: int, cols: int):
+            grid = (-(-cols // 32), -(-rows // 32), matrices)
+            return backend.launcher(moves.function("conv_transpose"), grid, (32, 8, 1),
+                                    [None, None, np.int32(rows), np.int32(cols)])
+
+        nchw = problem.layout == "NCHW"
+        x_in = x_nhwc = None
+        if cp != c:  # widened with zero channels (through x's strides: either layout)
+            x_in = launcher_1d(handle, moves.function("conv_pad_channels"), n * h * w_ * cp,
+                               [None, None, *(np.int32(v) for v in (n, c, h, w_, cp, *d["x"].strides))],
+                               max_groups=1 << 16)
+        elif nchw:
+            x_in = transpose(n, c, h * w_)
+        if x_in is not None:
+            x_nhwc = backend.alloc(n * h * w_ * cp * item)
+        dy_in = transpose(n, k, ho * wo) if nchw else None
+        dy_nhwc = backend.alloc(d["y"].numel * item) if nchw else None
+        unaligned = fallback_invoker(handle, problem, "ConvIm2colGemm")
+
+        def backward_weights(dy, x, dw):
+            if x_in is not None:
+                x_in(x, x_nhwc)
+                x = x_nhwc
+            if dy_in is not None:
+                dy_in(dy, dy_nhwc)
+                dy = dy_nhwc
+            if not aligned16(dy, x):
+                unaligned(dy, x, dw)
+                return
+            multiply(dy, x)
+            finish(dw)
+
+        backward_weights.workspace = (partial, x_nhwc, dy_nhwc)
+        return backward_weights
+
+
+def wide_channels(problem: ConvProblem) -> int:
+    """x's channels as the backward-weights kernel reads them: a multiple of 8 (16-byte pieces)."""
+    return -(-problem.x_shape[1] // 8) * 8
