@@ -211,3 +211,37 @@ def test_the_staging_transpose_moves_every_element(handle, dtype):
     be.launch(kernel, (-(-cols // 32), -(-rows // 32), matrices), (32, 8, 1),
               [be.to_device(src), dst, np.int32(rows), np.int32(cols)])
     np.testing.assert_array_equal(be.to_host(dst, np.empty((matrices, cols, rows), src.dtype)), src.transpose(0, 2, 1))
+
+
+def test_a_second_process_takes_the_find_db_ranking_for_its_first_call(handle, isolated):
+    """Find ranks the solvers once; a new process's first convolution of that layer uses the
+    recorded best, timing and searching nothing (cuDNN's benchmark mode searches again in every
+    process)."""
+    import json
+    import os
+    import subprocess
+    import sys
+
+    from kdbkit.runtime.find import find_solutions
+
+    problem = ConvProblem("F", DataType.FP32, "NCHW", (2, 8, 9, 9), 8, (3, 3), (1, 1))
+    ranked = find_solutions(handle, problem)
+    assert {s.solver for s in ranked} == {"ConvDirect", "ConvIm2colGemm"}
+    child = """
+import json, numpy as np, kdbkit
+from kdbkit.runtime.immediate import choose
+from kdbkit.runtime.problem import parse_config
+timed = []
+with kdbkit.Handle() as h:
+    real = type(h.backend).time_ms
+    type(h.backend).time_ms = lambda self, *a, **k: timed.append(1) or real(self, *a, **k)
+    x, w = np.ones((2, 8, 9, 9), np.float32), np.ones((8, 8, 3, 3), np.float32)
+    y = kdbkit.convolution_forward(h, x, w, pad=1)
+    choice = choose(h, parse_config(KEY))
+    print(json.dumps({"timed": len(timed), "how": choice.how, "solver": choice.solver.name,
+                      "center": float(y[0, 0, 4, 4])}))
+""".replace("KEY", repr(problem.config()))
+    env = {**os.environ, "KDB_BACKEND": handle.device.backend}
+    out = subprocess.run([sys.executable, "-c", child], capture_output=True, text=True, env=env, check=True)
+    result = json.loads(out.stdout.strip().splitlines()[-1])
+    assert result == {"timed": 0, "how": "find-db", "solver": ranked[0].solver, "center": 72.0}
