@@ -26,8 +26,11 @@ CASES = [
     (2, 6, 9, 8, 7, (1, 1), (0, 0), (2, 2), (1, 1), 1),  # 1 x 1 at stride 2 (a projection)
     (1, 3, 10, 11, 4, (2, 3), (0, 2), (2, 3), (2, 1), 1),  # one group, dilation, uneven strides
 ]
-# Each solver on every case it takes (ConvIm2colGemm: one group).
-SOLVER_CASES = [("ConvDirect", case) for case in CASES] + [("ConvIm2colGemm", case) for case in CASES if case[-1] == 1]
+DEPTHWISE = [(2, 6, 9, 7, 6, (3, 3), (1, 1), (2, 1), (1, 1), 6), (1, 5, 11, 12, 5, (5, 3), (2, 0), (1, 2), (2, 1), 5)]
+# Each solver on every case it takes (ConvIm2colGemm: one group; ConvDepthwise: groups = C = K).
+SOLVER_CASES = ([("ConvDirect", case) for case in CASES + DEPTHWISE]
+                + [("ConvIm2colGemm", case) for case in CASES if case[-1] == 1]
+                + [("ConvDepthwise", case) for case in CASES + DEPTHWISE if case[-1] == case[1] == case[4]])
 
 
 def _tolerance(tol: float, expected: np.ndarray) -> dict:
@@ -52,7 +55,8 @@ def test_every_direction_matches_the_reference(handle, solver, dtype, case):
     dx = kdbkit.convolution_backward_data(handle, dy, wt, x.shape, dtype=dtype, solver=solver, **geometry)
     expected = ref.backward_data(read(dy), read(wt), x.shape, pad, stride, dilation, groups)
     np.testing.assert_allclose(read(dx), expected, **_tolerance(tol, expected))
-    dw = kdbkit.convolution_backward_weights(handle, dy, x, wt.shape, dtype=dtype, solver=solver, **geometry)
+    wrw_solver = None if solver == "ConvDepthwise" else solver  # forward and backward data only
+    dw = kdbkit.convolution_backward_weights(handle, dy, x, wt.shape, dtype=dtype, solver=wrw_solver, **geometry)
     expected = ref.backward_weights(read(dy), read(x), wt.shape, pad, stride, dilation, groups)
     np.testing.assert_allclose(read(dw), expected, **_tolerance(tol, expected))
 
@@ -71,13 +75,15 @@ def _from_channels_last(backend, tensor: DeviceTensor) -> np.ndarray:
 
 
 @pytest.mark.parametrize("solver, groups, filt, pad, stride", [
-    ("ConvDirect", 2, 3, 1, (2, 1)), ("ConvIm2colGemm", 1, 3, 1, (2, 1)), ("ConvIm2colGemm", 1, 1, 0, (1, 1))])
+    ("ConvDirect", 2, 3, 1, (2, 1)), ("ConvIm2colGemm", 1, 3, 1, (2, 1)), ("ConvIm2colGemm", 1, 1, 0, (1, 1)),
+    ("ConvDepthwise", 4, 3, 1, (2, 1))])
 def test_channels_last_tensors_in_every_direction(handle, solver, groups, filt, pad, stride):
     """NHWC device tensors (weights KYXC): the outputs kdbkit makes are NHWC too."""
     be = handle.backend
     rng = np.random.default_rng(7)
     x = rng.standard_normal((2, 4, 9, 7)).astype(np.float32)
-    wt = rng.standard_normal((6, 4 // groups, filt, filt)).astype(np.float32)
+    k = 4 if solver == "ConvDepthwise" else 6
+    wt = rng.standard_normal((k, 4 // groups, filt, filt)).astype(np.float32)
     geometry = {"pad": pad, "stride": stride, "groups": groups, "solver": solver}
     pads = (pad, pad)
     y = kdbkit.convolution_forward(handle, _channels_last(be, x), _channels_last(be, wt), **geometry)
@@ -89,8 +95,8 @@ def test_channels_last_tensors_in_every_direction(handle, solver, groups, filt, 
     dx = kdbkit.convolution_backward_data(handle, _channels_last(be, dy), _channels_last(be, wt), x.shape, **geometry)
     np.testing.assert_allclose(_from_channels_last(be, dx),
                                ref.backward_data(dy, wt, x.shape, pads, stride, (1, 1), groups), rtol=1e-5, atol=1e-5)
-    dw = kdbkit.convolution_backward_weights(handle, _channels_last(be, dy), _channels_last(be, x), wt.shape,
-                                             **geometry)
+    wrw = {**geometry, "solver": None if solver == "ConvDepthwise" else solver}  # forward and backward data only
+    dw = kdbkit.convolution_backward_weights(handle, _channels_last(be, dy), _channels_last(be, x), wt.shape, **wrw)
     np.testing.assert_allclose(_from_channels_last(be, dw),
                                ref.backward_weights(dy, x, wt.shape, pads, stride, (1, 1), groups), rtol=1e-4,
                                atol=1e-4)

@@ -1,0 +1,83 @@
+/* conv_depthwise.c: depthwise convolution (one filter per channel: groups = C = K), forward
+ * and backward data, memory-bound, for MobileNet-style layers.
+ *
+ * A thread per element written, taken in the layout's memory order (channels_fastest: NHWC,
+ * c varies fastest; else NCHW, the column does), so that a warp's reads and writes go along
+ * memory; its 4-D index found once, then the filter's taps. Sums are fp32.
+ *
+ * Options: the element type (kdb_data.h).
+ * Arguments: the tensors, conv_direct.c's CONV_SHAPE_ARGS (K = C, G = C), channels_fastest.
+ * Launch: 1-D over the elements written (y; dx), any grid (grid-stride).
+ */
+#include "kdb_data.h"
+
+#define CONV_SHAPE_ARGS                                                                                      \
+    int N, int C, int H, int W, int K, int Ho, int Wo, int Y, int X, int ph, int pw, int sh, int sw, int dlh,  \
+        int dlw, int G, int xs0, int xs1, int xs2, int xs3, int ws0, int ws1, int ws2, int ws3, int ys0, int ys1, \
+        int ys2, int ys3
+
+/* (n, c, row, col) of element e of an N x C x rows x cols tensor enumerated in layout order. */
+#define CONV_DW_INDEX(e, rows, cols, channels_fastest, n, c, row, col)                                      \
+    do {                                                                                                    \
+        if (channels_fastest) {                                                                             \
+            c = (int)((e) % C);                                                                             \
+            col = (int)((e) / C % (cols));                                                                  \
+            row = (int)((e) / ((long)C * (cols)) % (rows));                                                 \
+            n = (int)((e) / ((long)C * (cols) * (rows)));                                                   \
+        } else {                                                                                            \
+            col = (int)((e) % (cols));                                                                      \
+            row = (int)((e) / (cols) % (rows));                                                             \
+            c = (int)((e) / ((long)(cols) * (rows)) % C);                                                   \
+            n = (int)((e) / ((long)(cols) * (rows) * C));                                                   \
+        }                                                                                                   \
+    } while (0)
+
+KDB_KERNEL void conv_dw_fwd(const KDB_GLOBAL kdb_data_t* x, const KDB_GLOBAL kdb_data_t* w, KDB_GLOBAL kdb_data_t* y,
+                            CONV_SHAPE_ARGS, int channels_fastest)
+{
+    const long total = (long)N * C * Ho * Wo;
+    for (long e = KDB_GLOBAL_ID_X; e < total; e += (long)KDB_LOCAL_SIZE_X * KDB_NUM_GROUPS_X) {
+        int n, c, i, j;
+        CONV_DW_INDEX(e, Ho, Wo, channels_fastest, n, c, i, j);
+        const KDB_GLOBAL kdb_data_t* plane = x + (long)n * xs0 + (long)c * xs1;
+        const KDB_GLOBAL kdb_data_t* filter = w + (long)c * ws0;
+        float acc = 0.0f;
+        for (int a = 0; a < Y; ++a) {
+            const int h = i * sh - ph + a * dlh;
+            if (h < 0 || h >= H)
+                continue;
+            for (int b = 0; b < X; ++b) {
+                const int v = j * sw - pw + b * dlw;
+                if (v >= 0 && v < W)
+                    acc += KDB_LOAD(plane, (long)h * xs2 + (long)v * xs3) * KDB_LOAD(filter, a * ws2 + b * ws3);
+            }
+        }
+        KDB_STORE(y, (long)n * ys0 + (long)c * ys1 + (long)i * ys2 + (long)j * ys3, acc);
+    }
+}
+
+/* dx[n, c, h, v] = sum over the taps of dy at the output whose window puts that tap on (h, v). */
+KDB_KERNEL void conv_dw_bwd_data(const KDB_GLOBAL kdb_data_t* dy, const KDB_GLOBAL kdb_data_t* w,
+                                 KDB_GLOBAL kdb_data_t* dx, CONV_SHAPE_ARGS, int channels_fastest)
+{
+    const long total = (long)N * C * H * W;
+    for (long e = KDB_GLOBAL_ID_X; e < total; e += (long)KDB_LOCAL_SIZE_X * KDB_NUM_GROUPS_X) {
+        int n, c, h, v;
+        CONV_DW_INDEX(e, H, W, channels_fastest, n, c, h, v);
+        const KDB_GLOBAL kdb_data_t* plane = dy + (long)n * ys0 + (long)c * ys1;
+        const KDB_GLOBAL kdb_data_t* filter = w + (long)c * ws0;
+        float acc = 0.0f;
+        for (int a = 0; a < Y; ++a) {
+            const int top = h + ph - a * dlh;
+            if (top < 0 || top % sh || top / sh >= Ho)
+                continue;
+            for (int b = 0; b < X; ++b) {
+                const int left = v + pw - b * dlw;
+                if (left >= 0 && left % sw == 0 && left / sw < Wo)
+                    acc += KDB_LOAD(plane, (long)(top / sh) * ys2 + (long)(left / sw) * ys3) *
+                           KDB_LOAD(filter, a * ws2 + b * ws3);
+            }
+        }
+        KDB_STORE(dx, (long)n * xs0 + (long)c * xs1 + (long)h * xs2 + (long)v * xs3, acc);
+    }
+}
