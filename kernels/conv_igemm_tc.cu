@@ -41,6 +41,31 @@ __device__ __forceinline__ unsigned int ig_smem(const void* p)
     return (unsigned int)__cvta_generic_to_shared(p);
 }
 
+/* A warp's 64 x 64 accumulators (4 x 8 mma tiles of 16 x 8, 4 floats a thread each): zeroed,
+ * and one k16 step of every tile from A's 4 and B's 8 fragments. */
+__device__ __forceinline__ void ig_zero(float (&acc)[4][8][4])
+{
+#pragma unroll
+    for (int i = 0; i < 4; ++i)
+#pragma unroll
+        for (int j = 0; j < 8; ++j)
+#pragma unroll
+            for (int e = 0; e < 4; ++e)
+                acc[i][j][e] = 0.0f;
+}
+
+__device__ __forceinline__ void ig_mma_step(float (&acc)[4][8][4], const unsigned int (&fa)[4][4],
+                                            const unsigned int (&fb)[8][2])
+{
+#pragma unroll
+    for (int i = 0; i < 4; ++i)
+#pragma unroll
+        for (int j = 0; j < 8; ++j)
+            asm(IG_MMA " {%0, %1, %2, %3}, {%4, %5, %6, %7}, {%8, %9}, {%0, %1, %2, %3};"
+                : "+f"(acc[i][j][0]), "+f"(acc[i][j][1]), "+f"(acc[i][j][2]), "+f"(acc[i][j][3])
+                : "r"(fa[i][0]), "r"(fa[i][1]), "r"(fa[i][2]), "r"(fa[i][3]), "r"(fb[j][0]), "r"(fb[j][1]));
+}
+
 /* 16 bytes from global to shared, or 16 zeros where !valid (nothing is read then). */
 __device__ __forceinline__ void ig_copy16(void* shared, const void* global, bool valid)
 {
@@ -137,13 +162,7 @@ __device__ __forceinline__ void conv_igemm_body(const unsigned short* __restrict
     };
 
     float acc[4][8][4];
-#pragma unroll
-    for (int i = 0; i < 4; ++i)
-#pragma unroll
-        for (int j = 0; j < 8; ++j)
-#pragma unroll
-            for (int e = 0; e < 4; ++e)
-                acc[i][j][e] = 0.0f;
+    ig_zero(acc);
 
     for (int s = 0; s < IG_STAGES - 1; ++s) {
         if (s < tiles)
@@ -180,13 +199,7 @@ __device__ __forceinline__ void conv_igemm_body(const unsigned short* __restrict
                              : "=r"(fb[j][0]), "=r"(fb[j][1]), "=r"(fb[j + 1][0]), "=r"(fb[j + 1][1])
                              : "r"(ig_smem(p)));
             }
-#pragma unroll
-            for (int i = 0; i < 4; ++i)
-#pragma unroll
-                for (int j = 0; j < 8; ++j)
-                    asm(IG_MMA " {%0, %1, %2, %3}, {%4, %5, %6, %7}, {%8, %9}, {%0, %1, %2, %3};"
-                        : "+f"(acc[i][j][0]), "+f"(acc[i][j][1]), "+f"(acc[i][j][2]), "+f"(acc[i][j][3])
-                        : "r"(fa[i][0]), "r"(fa[i][1]), "r"(fa[i][2]), "r"(fa[i][3]), "r"(fb[j][0]), "r"(fb[j][1]));
+            ig_mma_step(acc, fa, fb);
         }
     }
     asm volatile("cp.async.wait_group 0;");
@@ -270,13 +283,7 @@ __device__ __forceinline__ void conv_wrw_body(const unsigned short* __restrict__
     };
 
     float acc[4][8][4];
-#pragma unroll
-    for (int i = 0; i < 4; ++i)
-#pragma unroll
-        for (int j = 0; j < 8; ++j)
-#pragma unroll
-            for (int e = 0; e < 4; ++e)
-                acc[i][j][e] = 0.0f;
+    ig_zero(acc);
     for (int s = 0; s < IG_STAGES - 1; ++s) {
         if (s < steps)
             stage(s, s);
@@ -311,13 +318,7 @@ __device__ __forceinline__ void conv_wrw_body(const unsigned short* __restrict__
                              : "=r"(fb[j][0]), "=r"(fb[j][1]), "=r"(fb[j + 1][0]), "=r"(fb[j + 1][1])
                              : "r"(ig_smem(p)));
             }
-#pragma unroll
-            for (int i = 0; i < 4; ++i)
-#pragma unroll
-                for (int j = 0; j < 8; ++j)
-                    asm(IG_MMA " {%0, %1, %2, %3}, {%4, %5, %6, %7}, {%8, %9}, {%0, %1, %2, %3};"
-                        : "+f"(acc[i][j][0]), "+f"(acc[i][j][1]), "+f"(acc[i][j][2]), "+f"(acc[i][j][3])
-                        : "r"(fa[i][0]), "r"(fa[i][1]), "r"(fa[i][2]), "r"(fa[i][3]), "r"(fb[j][0]), "r"(fb[j][1]));
+            ig_mma_step(acc, fa, fb);
         }
     }
     asm volatile("cp.async.wait_group 0;");

@@ -43,6 +43,17 @@ def as_forward(problem: ConvProblem) -> ConvProblem:
                                pad=(dh * (fy - 1) - problem.pad[0], dw * (fx - 1) - problem.pad[1]))
 
 
+def tensor_core_refusal(problem: ConvProblem, device):
+    """Why the tensor-core solvers cannot run ``problem`` on ``device`` (the GPU or the type),
+    or None."""
+    arch = device.target.arch
+    if device.backend != "cuda" or not arch[3:].rstrip("afs").isdigit() or int(arch[3:].rstrip("afs")) < 80:
+        return not_applicable(f"it needs CUDA tensor cores with mma.sync (sm_80 or later; this is {arch})")
+    if problem.dtype not in (DataType.FP16, DataType.BF16):
+        return not_applicable(f"{problem.dtype.label} is not fp16 or bf16")
+    return None
+
+
 @register
 class ConvImplicitGemmTensorCore(Solver):
     id = 22
@@ -51,11 +62,9 @@ class ConvImplicitGemmTensorCore(Solver):
     backends = ("cuda",)
 
     def is_applicable(self, problem: ConvProblem, device):
-        arch = device.target.arch
-        if device.backend != "cuda" or not arch[3:].rstrip("afs").isdigit() or int(arch[3:].rstrip("afs")) < 80:
-            return not_applicable(f"it needs CUDA tensor cores with mma.sync (sm_80 or later; this is {arch})")
-        if problem.dtype not in (DataType.FP16, DataType.BF16):
-            return not_applicable(f"{problem.dtype.label} is not fp16 or bf16")
+        refusal = tensor_core_refusal(problem, device)
+        if refusal is not None:
+            return refusal
         if problem.direction == "W":
             return not_applicable("it computes forward and backward data, not backward weights")
         if problem.groups != 1:
@@ -183,11 +192,9 @@ class ConvWrwImplicitGemmTensorCore(Solver):
     backends = ("cuda",)
 
     def is_applicable(self, problem: ConvProblem, device):
-        arch = device.target.arch
-        if device.backend != "cuda" or not arch[3:].rstrip("afs").isdigit() or int(arch[3:].rstrip("afs")) < 80:
-            return not_applicable(f"it needs CUDA tensor cores with mma.sync (sm_80 or later; this is {arch})")
-        if problem.dtype not in (DataType.FP16, DataType.BF16):
-            return not_applicable(f"{problem.dtype.label} is not fp16 or bf16")
+        refusal = tensor_core_refusal(problem, device)
+        if refusal is not None:
+            return refusal
         if problem.direction != "W":
             return not_applicable("it computes backward weights only")
         if problem.groups != 1:
