@@ -54,6 +54,8 @@ _EXPORTS = {
     "convolution_forward": "kdbkit.runtime.primitives.convolution",
     "convolution_backward_data": "kdbkit.runtime.primitives.convolution",
     "convolution_backward_weights": "kdbkit.runtime.primitives.convolution",
+    "convolution_bias_forward": "kdbkit.runtime.primitives.convolution",
+    "convolution_bias_backward": "kdbkit.runtime.primitives.convolution",
     "find_solutions": "kdbkit.runtime.find", "run_solution": "kdbkit.runtime.find", "Solution": "kdbkit.runtime.find",
     "parse_config": "kdbkit.runtime.problem",
     # errors: the bundle format's

@@ -1,5 +1,5 @@
 """2-D convolution forward, backward data and backward weights (groups, padding, stride,
-dilation; NCHW and NHWC)."""
+dilation; NCHW and NHWC), and its bias forward and backward."""
 
 from kdbkit.runtime.primitives.convolution import solvers  # noqa: F401  (registers the solvers)
 from kdbkit.runtime.primitives.convolution.api import (
@@ -7,6 +7,12 @@ from kdbkit.runtime.primitives.convolution.api import (
     convolution_backward_weights,
     convolution_forward,
 )
+from kdbkit.runtime.primitives.convolution.bias import (
+    ConvBiasProblem,
+    convolution_bias_backward,
+    convolution_bias_forward,
+)
 from kdbkit.runtime.primitives.convolution.problem import ConvProblem
 
-__all__ = ["ConvProblem", "convolution_backward_data", "convolution_backward_weights", "convolution_forward"]
+__all__ = ["ConvBiasProblem", "ConvProblem", "convolution_backward_data", "convolution_backward_weights",
+           "convolution_bias_backward", "convolution_bias_forward", "convolution_forward"]

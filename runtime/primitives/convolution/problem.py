@@ -182,6 +182,9 @@ class ConvProblem(Problem):
         return problem
 
 
-def catalogue() -> list[ConvProblem]:
-    """One problem per compile-time specialisation (type and direction)."""
-    return [ConvProblem(d, t, "NCHW", (1, 2, 4, 4), 2, (3, 3), (1, 1)) for t in DataType for d in DIRECTIONS]
+def catalogue() -> list:
+    """One problem per compile-time specialisation (type and direction), the bias's too."""
+    from kdbkit.runtime.primitives.convolution.bias import catalogue as bias_catalogue
+
+    return [ConvProblem(d, t, "NCHW", (1, 2, 4, 4), 2, (3, 3), (1, 1)) for t in DataType for d in DIRECTIONS] + \
+        bias_catalogue()

@@ -251,3 +251,32 @@ with kdbkit.Handle() as h:
     out = subprocess.run([sys.executable, "-c", child], capture_output=True, text=True, env=env, check=True)
     result = json.loads(out.stdout.strip().splitlines()[-1])
     assert result == {"timed": 0, "how": "find-db", "solver": ranked[0].solver, "center": 72.0}
+
+
+@pytest.mark.parametrize("dtype", list(TYPES))
+def test_the_bias_forward_and_backward(handle, dtype):
+    """y += bias per channel, in place (NumPy arrays and channels-last device tensors); db the sum of dy."""
+    from kdbkit.runtime.primitives.convolution import ConvBiasProblem
+
+    store, read, tol = TYPES[dtype]
+    rng = np.random.default_rng(3)
+    y, bias = store(rng.standard_normal((3, 5, 7, 6))), store(rng.standard_normal(5))
+    expected = read(y).astype(np.float64) + read(bias).astype(np.float64)[None, :, None, None]
+    out = kdbkit.convolution_bias_forward(handle, y, bias, dtype=dtype)
+    assert out is y
+    np.testing.assert_allclose(read(y), expected, rtol=tol, atol=tol)
+    be = handle.backend
+    nhwc = _channels_last(be, read(y).astype(np.float32))
+    kdbkit.convolution_bias_forward(handle, nhwc, np.ones(5, np.float32))
+    np.testing.assert_allclose(_from_channels_last(be, nhwc), read(y) + 1, rtol=1e-6, atol=1e-6)
+    dy = store(rng.standard_normal((3, 5, 7, 6)))
+    db = kdbkit.convolution_bias_backward(handle, dy, dtype=dtype)
+    wanted = read(dy).astype(np.float64).sum(axis=(0, 2, 3))
+    np.testing.assert_allclose(read(db), wanted, rtol=tol * 4, atol=tol * 4 * max(1.0, abs(wanted).max()))
+    problem = ConvBiasProblem("bwd", DataType.parse(dtype), (3, 5, 7, 6), (210, 42, 6, 1))
+    assert parse_config(problem.config()) == problem
+    with pytest.raises(ProblemError, match="bias has shape"):
+        kdbkit.convolution_bias_forward(handle, y, store(np.ones(4)), dtype=dtype)
+    with pytest.raises(ProblemError, match="2-D; a convolution's bias takes"):
+        kdbkit.convolution_bias_backward(handle, np.ones((2, 3), np.float32))
+    nhwc.buffer.free()

@@ -22,7 +22,8 @@ SHIPPED = {1: "ActivPacked", 2: "ActivStrided", 3: "SoftmaxThread", 4: "SoftmaxB
            13: "BatchNormSplit", 14: "SoftmaxLanes", 15: "LayerNormLanes", 16: "GemmWgmma", 17: "PoolBand", 18: "PoolStrip",
            19: "BatchNormPersistent", 20: "ConvDirect", 21: "ConvIm2colGemm",
            22: "ConvImplicitGemmTensorCore", 23: "ConvWrwImplicitGemmTensorCore",
-           24: "ConvDepthwise", 25: "ConvImplicitGemmMfma"}
+           24: "ConvDepthwise", 25: "ConvImplicitGemmMfma",
+           26: "ConvBias"}
 
 
 def test_solver_ids_are_stable():

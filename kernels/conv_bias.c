@@ -1,0 +1,48 @@
+/* conv_bias.c: a convolution's bias, forward (y[n, c, h, w] += bias[c], in place) and
+ * backward (db[c] = the sum of dy over n, h, w), through the tensor's strides (NCHW, NHWC).
+ *
+ * Options: the element type (kdb_data.h).
+ * Arguments: the tensors, then N, C, H, W and the 4-D tensor's strides.
+ * Launch: conv_bias_fwd 1-D over the N C H W elements, any grid (grid-stride);
+ *   conv_bias_bwd one group of CONV_BIAS_BLOCK threads per channel (a grid stride over them).
+ */
+#include "kdb_data.h"
+
+#define CONV_BIAS_BLOCK 256
+
+KDB_KERNEL void conv_bias_fwd(KDB_GLOBAL kdb_data_t* y, const KDB_GLOBAL kdb_data_t* bias, int N, int C, int H, int W,
+                              int s0, int s1, int s2, int s3)
+{
+    const long total = (long)N * C * H * W;
+    for (long e = KDB_GLOBAL_ID_X; e < total; e += (long)KDB_LOCAL_SIZE_X * KDB_NUM_GROUPS_X) {
+        const int v = (int)(e % W), h = (int)(e / W % H), c = (int)(e / ((long)W * H) % C);
+        const int n = (int)(e / ((long)W * H * C));
+        const long at = (long)n * s0 + (long)c * s1 + (long)h * s2 + (long)v * s3;
+        KDB_STORE(y, at, KDB_LOAD(y, at) + KDB_LOAD(bias, c));
+    }
+}
+
+KDB_KERNEL void conv_bias_bwd(const KDB_GLOBAL kdb_data_t* dy, KDB_GLOBAL kdb_data_t* db, int N, int C, int H, int W,
+                              int s0, int s1, int s2, int s3)
+{
+    KDB_SHARED(float, part, CONV_BIAS_BLOCK);
+    const int t = KDB_LOCAL_ID_X;
+    const long per_channel = (long)N * H * W;
+    for (int c = KDB_GROUP_ID_X; c < C; c += KDB_NUM_GROUPS_X) { /* uniform across the group */
+        float acc = 0.0f;
+        for (long q = t; q < per_channel; q += CONV_BIAS_BLOCK) {
+            const int v = (int)(q % W), h = (int)(q / W % H), n = (int)(q / ((long)W * H));
+            acc += KDB_LOAD(dy, (long)n * s0 + (long)c * s1 + (long)h * s2 + (long)v * s3);
+        }
+        part[t] = acc;
+        KDB_BARRIER;
+        for (int s = CONV_BIAS_BLOCK / 2; s > 0; s >>= 1) {
+            if (t < s)
+                part[t] += part[t + s];
+            KDB_BARRIER;
+        }
+        if (t == 0)
+            KDB_STORE(db, c, part[0]);
+        KDB_BARRIER; /* part is read before the next channel overwrites it */
+    }
+}
