@@ -126,6 +126,10 @@ EXPECTED_LAYOUTS = {
        for name in ("conv_im2col", "conv_col2im")},
     "conv_dy_by_channel": [(0, 8), (8, 8), *((16 + 4 * i, 4) for i in range(28))],
     "conv_transpose": [(0, 8), (8, 8), (16, 4), (20, 4)],  # two tensors, rows, cols
+    # conv_winograd.c: two tensors, then sizes and the tensor's 4 strides
+    "wino_filter": [(0, 8), (8, 8), *((16 + 4 * i, 4) for i in range(6))],
+    "wino_input": [(0, 8), (8, 8), *((16 + 4 * i, 4) for i in range(12))],
+    "wino_output": [(0, 8), (8, 8), *((16 + 4 * i, 4) for i in range(10))],
     # conv_bias.c: two tensors, N C H W, 4 strides
     **{name: [(0, 8), (8, 8), *((16 + 4 * i, 4) for i in range(8))] for name in ("conv_bias_fwd", "conv_bias_bwd")},
     # conv_depthwise.c: three tensors, CONV_SHAPE_ARGS, channels_fastest
@@ -147,7 +151,7 @@ EXPECTED_LDS = {  # static LDS bytes at the default options
     "bn_fwd_infer": 0, "bn_fwd_train": 256 * 4, "bn_bwd": 256 * 4, "bn_fwd_infer_planes": 0, "bn_train_partial": 256 * 4, "bn_train_partial_vec": 256 * 4, "bn_train_finalize": 0,
     "gemm_tiled": 2 * 16 * 17 * 4,  # two padded TILE x (TILE + 1) float tiles
     "conv_fwd_direct": 0, "conv_bwd_data_direct": 0, "conv_bwd_weights_direct": 256 * 4,  # CONV_WRW_BLOCK floats
-    "conv_im2col": 0, "conv_col2im": 0, "conv_dy_by_channel": 0, "conv_transpose": 32 * 33 * 4, "conv_flip_weights": 0, "conv_pad_channels": 0, "conv_dw_fwd": 0, "conv_dw_bwd_data": 0, "conv_bias_fwd": 0,
+    "conv_im2col": 0, "conv_col2im": 0, "conv_dy_by_channel": 0, "conv_transpose": 32 * 33 * 4, "conv_flip_weights": 0, "conv_pad_channels": 0, "conv_dw_fwd": 0, "conv_dw_bwd_data": 0, "conv_bias_fwd": 0, "wino_filter": 0, "wino_input": 0, "wino_output": 0,
     "conv_bias_bwd": 256 * 4,
     "reduce_sum": 256 * 4,  # BLOCK floats
     "sgemm_tiled": 2 * 16 * 16 * 4,  # two TILE x TILE float tiles

@@ -27,10 +27,14 @@ CASES = [
     (1, 3, 10, 11, 4, (2, 3), (0, 2), (2, 3), (2, 1), 1),  # one group, dilation, uneven strides
 ]
 DEPTHWISE = [(2, 6, 9, 7, 6, (3, 3), (1, 1), (2, 1), (1, 1), 6), (1, 5, 11, 12, 5, (5, 3), (2, 0), (1, 2), (2, 1), 5)]
+# Winograd's tiles: odd outputs (a last tile half outside), no padding, padding of 2.
+WINOGRAD = [(2, 4, 8, 7, 6, (3, 3), (0, 0), (1, 1), (1, 1), 1), (1, 3, 6, 9, 5, (3, 3), (2, 1), (1, 1), (1, 1), 1)]
 # Each solver on every case it takes (ConvIm2colGemm: one group; ConvDepthwise: groups = C = K).
 SOLVER_CASES = ([("ConvDirect", case) for case in CASES + DEPTHWISE]
                 + [("ConvIm2colGemm", case) for case in CASES if case[-1] == 1]
-                + [("ConvDepthwise", case) for case in CASES + DEPTHWISE if case[-1] == case[1] == case[4]])
+                + [("ConvDepthwise", case) for case in CASES + DEPTHWISE if case[-1] == case[1] == case[4]]
+                + [("ConvWinogradF2x3", case) for case in CASES + WINOGRAD if case[5] == (3, 3) and case[7] == (1, 1)
+                   and case[8] == (1, 1) and case[-1] == 1])
 
 
 def _tolerance(tol: float, expected: np.ndarray) -> dict:
@@ -48,14 +52,16 @@ def test_every_direction_matches_the_reference(handle, solver, dtype, case):
     x = store(rng.standard_normal((n, c, h, w)))
     wt = store(rng.standard_normal((k, c // groups, *filt)))
     geometry = {"pad": pad, "stride": stride, "dilation": dilation, "groups": groups}
+    forward_only = solver == "ConvWinogradF2x3"
     y = kdbkit.convolution_forward(handle, x, wt, dtype=dtype, solver=solver, **geometry)
     expected = ref.forward(read(x), read(wt), pad, stride, dilation, groups)
     np.testing.assert_allclose(read(y), expected, **_tolerance(tol, expected))
     dy = store(rng.standard_normal(expected.shape))
-    dx = kdbkit.convolution_backward_data(handle, dy, wt, x.shape, dtype=dtype, solver=solver, **geometry)
+    dx = kdbkit.convolution_backward_data(handle, dy, wt, x.shape, dtype=dtype,
+                                          solver=None if forward_only else solver, **geometry)
     expected = ref.backward_data(read(dy), read(wt), x.shape, pad, stride, dilation, groups)
     np.testing.assert_allclose(read(dx), expected, **_tolerance(tol, expected))
-    wrw_solver = None if solver == "ConvDepthwise" else solver  # forward and backward data only
+    wrw_solver = None if solver in ("ConvDepthwise", "ConvWinogradF2x3") else solver  # forward (and backward data)
     dw = kdbkit.convolution_backward_weights(handle, dy, x, wt.shape, dtype=dtype, solver=wrw_solver, **geometry)
     expected = ref.backward_weights(read(dy), read(x), wt.shape, pad, stride, dilation, groups)
     np.testing.assert_allclose(read(dw), expected, **_tolerance(tol, expected))
@@ -76,7 +82,7 @@ def _from_channels_last(backend, tensor: DeviceTensor) -> np.ndarray:
 
 @pytest.mark.parametrize("solver, groups, filt, pad, stride", [
     ("ConvDirect", 2, 3, 1, (2, 1)), ("ConvIm2colGemm", 1, 3, 1, (2, 1)), ("ConvIm2colGemm", 1, 1, 0, (1, 1)),
-    ("ConvDepthwise", 4, 3, 1, (2, 1))])
+    ("ConvDepthwise", 4, 3, 1, (2, 1)), ("ConvWinogradF2x3", 1, 3, 1, (1, 1))])
 def test_channels_last_tensors_in_every_direction(handle, solver, groups, filt, pad, stride):
     """NHWC device tensors (weights KYXC): the outputs kdbkit makes are NHWC too."""
     be = handle.backend
@@ -92,10 +98,11 @@ def test_channels_last_tensors_in_every_direction(handle, solver, groups, filt, 
     assert y.desc.strides == (ho * wo * k, 1, wo * k, k)
     np.testing.assert_allclose(_from_channels_last(be, y), expected, rtol=1e-5, atol=1e-5)
     dy = rng.standard_normal(expected.shape).astype(np.float32)
-    dx = kdbkit.convolution_backward_data(handle, _channels_last(be, dy), _channels_last(be, wt), x.shape, **geometry)
+    backward = {**geometry, "solver": None if solver == "ConvWinogradF2x3" else solver}  # forward only
+    dx = kdbkit.convolution_backward_data(handle, _channels_last(be, dy), _channels_last(be, wt), x.shape, **backward)
     np.testing.assert_allclose(_from_channels_last(be, dx),
                                ref.backward_data(dy, wt, x.shape, pads, stride, (1, 1), groups), rtol=1e-5, atol=1e-5)
-    wrw = {**geometry, "solver": None if solver == "ConvDepthwise" else solver}  # forward and backward data only
+    wrw = {**geometry, "solver": None if solver in ("ConvDepthwise", "ConvWinogradF2x3") else solver}
     dw = kdbkit.convolution_backward_weights(handle, _channels_last(be, dy), _channels_last(be, x), wt.shape, **wrw)
     np.testing.assert_allclose(_from_channels_last(be, dw),
                                ref.backward_weights(dy, x, wt.shape, pads, stride, (1, 1), groups), rtol=1e-4,
@@ -232,7 +239,7 @@ def test_a_second_process_takes_the_find_db_ranking_for_its_first_call(handle, i
 
     problem = ConvProblem("F", DataType.FP32, "NCHW", (2, 8, 9, 9), 8, (3, 3), (1, 1))
     ranked = find_solutions(handle, problem)
-    assert {s.solver for s in ranked} == {"ConvDirect", "ConvIm2colGemm"}
+    assert {s.solver for s in ranked} == {"ConvDirect", "ConvIm2colGemm", "ConvWinogradF2x3"}
     child = """
 import json, numpy as np, kdbkit
 from kdbkit.runtime.immediate import choose
