@@ -14,7 +14,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import statistics
 import sys
 from pathlib import Path
 
@@ -128,7 +127,6 @@ def main() -> int:
                             print(f"{model} {label} {layout} {direction} {name:36s} {solver:15s} kdbkit "
                                   f"{t_ours:8.3f} ms torch {t_torch:8.3f} ms x{t_torch / t_ours:5.2f} "
                                   f"({row['kdbkit_tflops']:6.1f} vs {row['torch_tflops']:6.1f} TFLOP/s)", flush=True)
-                        del x, w, y, dy, dx, dw
     totals = {}
     for r in rows:
         key = f"{r['model']} {r['type']} {r['layout']} {r['direction']}"
