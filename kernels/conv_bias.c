@@ -7,8 +7,10 @@
  *   conv_bias_bwd one group of CONV_BIAS_BLOCK threads per channel (a grid stride over them).
  */
 #include "kdb_data.h"
+#include "kdb_reduce.h"
 
 #define CONV_BIAS_BLOCK 256
+#define BLOCK CONV_BIAS_BLOCK /* kdb_reduce.h's */
 
 KDB_KERNEL void conv_bias_fwd(KDB_GLOBAL kdb_data_t* y, const KDB_GLOBAL kdb_data_t* bias, int N, int C, int H, int W,
                               int s0, int s1, int s2, int s3)
@@ -34,15 +36,9 @@ KDB_KERNEL void conv_bias_bwd(const KDB_GLOBAL kdb_data_t* dy, KDB_GLOBAL kdb_da
             const int v = (int)(q % W), h = (int)(q / W % H), n = (int)(q / ((long)W * H));
             acc += KDB_LOAD(dy, (long)n * s0 + (long)c * s1 + (long)h * s2 + (long)v * s3);
         }
-        part[t] = acc;
-        KDB_BARRIER;
-        for (int s = CONV_BIAS_BLOCK / 2; s > 0; s >>= 1) {
-            if (t < s)
-                part[t] += part[t + s];
-            KDB_BARRIER;
-        }
+        float sum;
+        KDB_BLOCK_REDUCE(part, acc, KDB_REDUCE_ADD, sum); /* ends on a barrier: part is free again */
         if (t == 0)
-            KDB_STORE(db, c, part[0]);
-        KDB_BARRIER; /* part is read before the next channel overwrites it */
+            KDB_STORE(db, c, sum);
     }
 }

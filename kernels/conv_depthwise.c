@@ -6,15 +6,11 @@
  * memory; its 4-D index found once, then the filter's taps. Sums are fp32.
  *
  * Options: the element type (kdb_data.h).
- * Arguments: the tensors, conv_direct.c's CONV_SHAPE_ARGS (K = C, G = C), channels_fastest.
+ * Arguments: the tensors, conv_shape.h's CONV_SHAPE_ARGS (K = C, G = C), channels_fastest.
  * Launch: 1-D over the elements written (y; dx), any grid (grid-stride).
  */
 #include "kdb_data.h"
-
-#define CONV_SHAPE_ARGS                                                                                      \
-    int N, int C, int H, int W, int K, int Ho, int Wo, int Y, int X, int ph, int pw, int sh, int sw, int dlh,  \
-        int dlw, int G, int xs0, int xs1, int xs2, int xs3, int ws0, int ws1, int ws2, int ws3, int ys0, int ys1, \
-        int ys2, int ys3
+#include "conv_shape.h"
 
 /* (n, c, row, col) of element e of an N x C x rows x cols tensor enumerated in layout order. */
 #define CONV_DW_INDEX(e, rows, cols, channels_fastest, n, c, row, col)                                      \

@@ -6,20 +6,18 @@
  * NCHW and NHWC alike; weights K x C/G x Y x X the same way. Sums are fp32 whatever the type.
  *
  * Options: the element type (kdb_data.h).
- * Arguments, after the tensors: CONV_SHAPE (N, C, H, W, K, Ho, Wo, Y, X, pad h, pad w, stride
+ * Arguments, after the tensors: conv_shape.h's CONV_SHAPE_ARGS (N, C, H, W, K, Ho, Wo, Y, X, pad h, pad w, stride
  *   h, stride w, dilation h, dilation w, groups), then x's, w's and y's strides (4 each).
  * Launch: conv_fwd_direct and conv_bwd_data_direct 1-D over the outputs (y; dx), any grid
  *   (grid-stride); conv_bwd_weights_direct one group of CONV_WRW_BLOCK threads per weight
  *   element (K * C/G * Y * X groups, a grid stride over them), each reducing over N x Ho x Wo.
  */
 #include "kdb_data.h"
+#include "conv_shape.h"
+#include "kdb_reduce.h"
 
 #define CONV_WRW_BLOCK 256
-
-#define CONV_SHAPE_ARGS                                                                                      \
-    int N, int C, int H, int W, int K, int Ho, int Wo, int Y, int X, int ph, int pw, int sh, int sw, int dlh,  \
-        int dlw, int G, int xs0, int xs1, int xs2, int xs3, int ws0, int ws1, int ws2, int ws3, int ys0, int ys1, \
-        int ys2, int ys3
+#define BLOCK CONV_WRW_BLOCK /* kdb_reduce.h's */
 
 /* y[n, k, i, j] = sum over the group's channels and the filter's taps. */
 KDB_KERNEL void conv_fwd_direct(const KDB_GLOBAL kdb_data_t* x, const KDB_GLOBAL kdb_data_t* w,
@@ -102,15 +100,9 @@ KDB_KERNEL void conv_bwd_weights_direct(const KDB_GLOBAL kdb_data_t* dy, const K
                 acc += KDB_LOAD(dy, (long)n * ys0 + (long)k * ys1 + (long)i * ys2 + (long)j * ys3) *
                        KDB_LOAD(x, (long)n * xs0 + (long)cx * xs1 + (long)h * xs2 + (long)v * xs3);
         }
-        part[t] = acc;
-        KDB_BARRIER;
-        for (int s = CONV_WRW_BLOCK / 2; s > 0; s >>= 1) {
-            if (t < s)
-                part[t] += part[t + s];
-            KDB_BARRIER;
-        }
+        float sum;
+        KDB_BLOCK_REDUCE(part, acc, KDB_REDUCE_ADD, sum); /* ends on a barrier: part is free again */
         if (t == 0)
-            KDB_STORE(dw, (long)k * ws0 + (long)c * ws1 + (long)a * ws2 + (long)b * ws3, part[0]);
-        KDB_BARRIER; /* part is read before the next element overwrites it */
+            KDB_STORE(dw, (long)k * ws0 + (long)c * ws1 + (long)a * ws2 + (long)b * ws3, sum);
     }
 }

@@ -8,16 +8,13 @@
  * output position, (a, b) the filter tap) lies at n*cn + p*cp + c*cc + a*ca + b*cb.
  *
  * Options: the element type (kdb_data.h).
- * Arguments: the tensors, CONV_SHAPE_ARGS as conv_direct.c's (x's strides where x is read or
+ * Arguments: the tensors, conv_shape.h's CONV_SHAPE_ARGS (x's strides where x is read or
  *   dx written), then the column strides and the enumeration order.
  * Launch: 1-D, any grid (grid-stride over the elements written).
  */
 #include "kdb_data.h"
+#include "conv_shape.h"
 
-#define CONV_SHAPE_ARGS                                                                                      \
-    int N, int C, int H, int W, int K, int Ho, int Wo, int Y, int X, int ph, int pw, int sh, int sw, int dlh,  \
-        int dlw, int G, int xs0, int xs1, int xs2, int xs3, int ws0, int ws1, int ws2, int ws3, int ys0, int ys1, \
-        int ys2, int ys3
 #define CONV_COL_ARGS long cn, long cp, long cc, long ca, long cb
 
 /* col[n, c, a, b, p] = x[n, c, i * sh - ph + a * dlh, j * sw - pw + b * dlw], 0 in the padding.

@@ -13,12 +13,14 @@
  * D[8 (t / 4) + 4 (l / 32) + t % 4][l % 32], t = 0..15 (AMD's layout for 32x32x8).
  *
  * Options: -DKDB_TYPE_FP16 or -DKDB_TYPE_BF16 (required).
- * Arguments: x, w, y, then conv_direct.c's CONV_SHAPE_ARGS (strides not read: packed NHWC).
+ * Arguments: x, w, y, then conv_shape.h's CONV_SHAPE_ARGS (strides not read: packed NHWC).
  * Launch: workgroups of 64, grid (ceil(K / 32), ceil(N Ho Wo / 32)).
  */
 #if !defined(__HIP__)
 #error "conv_igemm_mfma.hip is for AMD GPUs (clang in HIP mode)"
 #endif
+
+#include "conv_shape.h"
 
 #define MFMA_DEVICE static __attribute__((device)) inline __attribute__((always_inline))
 
@@ -46,9 +48,7 @@ MFMA_DEVICE unsigned short mfma_store(float v)
 
 extern "C" __attribute__((global)) __attribute__((amdgpu_flat_work_group_size(64, 64))) void
 conv_igemm_mfma_fwd_nhwc(const unsigned short* __restrict__ x, const unsigned short* __restrict__ w,
-                         unsigned short* __restrict__ y, int N, int C, int H, int W, int K, int Ho, int Wo, int Y, int X,
-                         int ph, int pw, int sh, int sw, int dlh, int dlw, int G, int xs0, int xs1, int xs2, int xs3,
-                         int ws0, int ws1, int ws2, int ws3, int ys0, int ys1, int ys2, int ys3)
+                         unsigned short* __restrict__ y, CONV_SHAPE_ARGS)
 {
 #if defined(MFMA_AVAILABLE)
     const int lane = (int)__builtin_amdgcn_workitem_id_x();

@@ -12,7 +12,7 @@
  * the same way. Fragments come through ldmatrix (B stored [k_out][r]: no transpose).
  *
  * Options: -DKDB_TYPE_FP16 or -DKDB_TYPE_BF16 (required).
- * Arguments: x, w, y, then conv_direct.c's CONV_SHAPE_ARGS (the strides are not read: every
+ * Arguments: x, w, y, then conv_shape.h's CONV_SHAPE_ARGS (the strides are not read: every
  *   tensor is packed NHWC, 16-byte aligned).
  * Kernels: conv_igemm_fwd_nhwc (C a multiple of 32), conv_igemm_fwd_nhwc_any (any C: element
  *   loads, as for a first layer's 3 channels).
@@ -24,6 +24,7 @@
 #endif
 
 #include "tc_types.h"
+#include "conv_shape.h"
 
 #define IG_MMA "mma.sync.aligned.m16n8k16.row.col.f32." TC_TYPE "." TC_TYPE ".f32"
 #define IG_BM 128
@@ -220,9 +221,7 @@ __device__ __forceinline__ void conv_igemm_body(const unsigned short* __restrict
 #define IG_KERNEL(NAME, ALIGNED)                                                                             \
     extern "C" __global__ void __launch_bounds__(IG_THREADS)                                                  \
     NAME(const unsigned short* __restrict__ x, const unsigned short* __restrict__ w, unsigned short* __restrict__ y, \
-         int N, int C, int H, int W, int K, int Ho, int Wo, int Y, int X, int ph, int pw, int sh, int sw, int dlh,  \
-         int dlw, int G, int xs0, int xs1, int xs2, int xs3, int ws0, int ws1, int ws2, int ws3, int ys0, int ys1,  \
-         int ys2, int ys3)                                                                                     \
+         CONV_SHAPE_ARGS)                                                                                      \
     {                                                                                                         \
         conv_igemm_body<ALIGNED>(x, w, y, N, C, H, W, K, Ho, Wo, Y, X, ph, pw, sh, sw, dlh, dlw);              \
     }
@@ -341,9 +340,7 @@ __device__ __forceinline__ void conv_wrw_body(const unsigned short* __restrict__
 
 extern "C" __global__ void __launch_bounds__(IG_THREADS)
 conv_wrw_igemm_nhwc(const unsigned short* __restrict__ dy, const unsigned short* __restrict__ x,
-                    float* __restrict__ partial, int N, int C, int H, int W, int K, int Ho, int Wo, int Y, int X,
-                    int ph, int pw, int sh, int sw, int dlh, int dlw, int G, int xs0, int xs1, int xs2, int xs3,
-                    int ws0, int ws1, int ws2, int ws3, int ys0, int ys1, int ys2, int ys3)
+                    float* __restrict__ partial, CONV_SHAPE_ARGS)
 {
     conv_wrw_body<0>(dy, x, partial, N, C, H, W, K, Ho, Wo, Y, X, ph, pw, sh, sw, dlh, dlw);
 }

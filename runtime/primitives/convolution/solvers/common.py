@@ -11,7 +11,7 @@ INT_MAX = 2**31 - 1
 
 
 def shape_args(problem: ConvProblem) -> list:
-    """conv_direct.c's CONV_SHAPE_ARGS: the sizes, then x's, w's and y's strides."""
+    """conv_shape.h's CONV_SHAPE_ARGS: the sizes, then x's, w's and y's strides."""
     n, c, h, w = problem.x_shape
     d = problem.descs()
     return [np.int32(v) for v in (n, c, h, w, problem.out_channels, *problem.out_hw, *problem.filter, *problem.pad,
