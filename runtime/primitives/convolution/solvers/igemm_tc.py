@@ -43,6 +43,19 @@ def as_forward(problem: ConvProblem) -> ConvProblem:
                                pad=(dh * (fy - 1) - problem.pad[0], dw * (fx - 1) - problem.pad[1]))
 
 
+def transposer(handle, moves):
+    """``transpose(matrices, rows, cols)``: a launcher of conv_gemm.c's conv_transpose (from the
+    loaded program ``moves``) for that batch of matrices, taking (source, destination): the
+    tensor-core solvers' staging of NCHW tensors channels-last and back."""
+
+    def transpose(matrices: int, rows: int, cols: int):
+        grid = (-(-cols // 32), -(-rows // 32), matrices)
+        return handle.backend.launcher(moves.function("conv_transpose"), grid, (32, 8, 1),
+                                       [None, None, np.int32(rows), np.int32(cols)])
+
+    return transpose
+
+
 def tensor_core_refusal(problem: ConvProblem, device):
     """Why the tensor-core solvers cannot run ``problem`` on ``device`` (the GPU or the type),
     or None."""
@@ -112,11 +125,7 @@ class ConvImplicitGemmTensorCore(Solver):
         backend, d, item = handle.backend, problem.descs(), problem.dtype.itemsize
         (n, c, h, w_), (k, _, fy, fx), (ho, wo) = problem.x_shape, problem.w_shape, problem.out_hw
 
-        def transpose(matrices: int, rows: int, cols: int):
-            grid = (-(-cols // 32), -(-rows // 32), matrices)
-            return backend.launcher(moves.function("conv_transpose"), grid, (32, 8, 1),
-                                    [None, None, np.int32(rows), np.int32(cols)])
-
+        transpose = transposer(handle, moves)
         nchw = problem.layout == "NCHW"
         # The input the kernel reads (x forward, dy backward) and the output it writes, NHWC.
         source, target = ("x", "y") if problem.direction == "F" else ("y", "x")
@@ -237,12 +246,7 @@ class ConvWrwImplicitGemmTensorCore(Solver):
                              [partial, None, *(np.int32(v) for v in (k, cp, fy, fx, c, *d["w"].strides))],
                              max_groups=1 << 16)
         moves = handle.program("conv_gemm.c", problem.dtype.options)
-
-        def transpose(matrices: int, rows: int, cols: int):
-            grid = (-(-cols // 32), -(-rows // 32), matrices)
-            return backend.launcher(moves.function("conv_transpose"), grid, (32, 8, 1),
-                                    [None, None, np.int32(rows), np.int32(cols)])
-
+        transpose = transposer(handle, moves)
         nchw = problem.layout == "NCHW"
         x_in = x_nhwc = None
         if cp != c:  # widened with zero channels (through x's strides: either layout)
