@@ -3,7 +3,8 @@
 In order: the solver the caller asked for; else the find-db's best for the problem's config
 string (a solver it names that no longer exists or applies is skipped with a log line); else
 the heuristic, the registry's order, in which each primitive registers its specialised solvers
-(packed, vectorised) before its general ones. The choice carries how it was made and a trace
+(packed, vectorised) before its general ones, passing over a solver that applies but says it
+does not suit the problem (slow there) unless nothing else applies. The choice carries how it was made and a trace
 with one accepted or rejected (reason) line per solver; when nothing applies the error prints
 that trace.
 """
@@ -66,15 +67,23 @@ def _choose(handle: "Handle", problem: Problem, candidates: list[Solver]) -> Cho
         best = REGISTRY.find(recorded.solver_id)
         if best is not None and enabled(best):
             return Choice(best, "find-db", (f"{best.name}: ranked first by the find-db ({recorded.source})",))
-    trace = []
+    trace, passed_over = [], None
     for candidate in candidates:
         if not enabled(candidate):
             trace.append(f"{candidate.name}: disabled by {candidate.switch.name}=0")
             continue
         verdict = candidate.is_applicable(problem, device)
-        trace.append(f"{candidate.name}: " + ("applies" if verdict else f"rejected, {verdict.reason}"))
-        if verdict:
+        if not verdict:
+            trace.append(f"{candidate.name}: rejected, {verdict.reason}")
+            continue
+        fit = candidate.suits(problem, device)
+        if fit:
+            trace.append(f"{candidate.name}: applies")
             return Choice(candidate, "heuristic", tuple(trace))
+        trace.append(f"{candidate.name}: applies, passed over: {fit.reason}")
+        passed_over = passed_over or candidate
+    if passed_over is not None:  # slow, but the only one that computes it
+        return Choice(passed_over, "heuristic", tuple(trace))
     raise NoSolverError(f"no solver applies to {problem}: " + "; ".join(trace),
                         "change the layout or type to one a solver supports (packed tensors always work), or "
                         "re-enable the solvers switched off")

@@ -57,6 +57,12 @@ class Solver(ABC):
     def is_applicable(self, problem: "Problem", device: DeviceInfo) -> Applicability:
         """Whether this solver computes ``problem`` on ``device``; the reason when it does not."""
 
+    def suits(self, problem: "Problem", device: DeviceInfo) -> Applicability:
+        """Whether immediate mode should pick this solver where it applies: a solver known to be
+        slow on some problems it computes says why, and the heuristic passes over it to the next
+        (find still times it; with nothing else applying, immediate mode takes it anyway)."""
+        return APPLIES
+
     def workspace(self, problem: "Problem") -> int:
         """Device bytes of scratch memory the invoker needs besides the problem's tensors."""
         return 0

@@ -18,16 +18,17 @@ def test_the_catalogue_is_one_program_per_primitive_and_type():
     programs = all_programs()
     portable = {p.kernel_file for p in programs if p.kernel_file.endswith(".c")}
     assert portable == {"activ.c", "softmax.c", "tensorop.c", "layernorm.c", "pooling.c", "pool_strip.c",
-                        "batchnorm.c", "gemm.c", "conv_direct.c", "conv_gemm.c", "conv_depthwise.c", "conv_bias.c", "conv_winograd.c"}
+                        "batchnorm.c", "gemm.c", "conv_direct.c", "conv_gemm.c", "conv_depthwise.c", "conv_bias.c", "conv_winograd.c",
+                        "conv_igemm.c"}
     # fp32, fp16 and bf16 of each: every mode and shape is an argument; plus the long-row tile
     # of softmax's and layer norm's lanes kernels per type; plus the CUDA GEMMs' and the tensor-core
     # convolution's fp16 and bf16 (mma.sync and wgmma) and the three of the persistent batch norm,
     # which only a CUDA bundle holds; and the AMD MFMA convolution's fp16 and bf16, a HIP bundle's
     long_rows = {p for p in programs if "-DLANES_VECS=8" in p.options}
     assert {p.kernel_file for p in long_rows} == {"softmax.c", "layernorm.c"} and len(long_rows) == 6
-    assert len(programs) == 3 * len(portable) + 6 + 6 + 3 + 2 == 56
+    assert len(programs) == 3 * len(portable) + 6 + 6 + 3 + 2 == 59
     opencl = all_programs("opencl")
-    assert {p.kernel_file for p in opencl} == portable and len(opencl) == 45 and len(all_programs("cuda")) == 54
+    assert {p.kernel_file for p in opencl} == portable and len(opencl) == 48 and len(all_programs("cuda")) == 57
     assert {p.kernel_file for p in all_programs("hip")} == portable | {"conv_igemm_mfma.hip"}
 
 

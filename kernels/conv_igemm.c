@@ -1,0 +1,357 @@
+/* conv_igemm.c: 2-D convolution in its three directions as an implicit GEMM on the general
+ * cores (ConvImplicitGemm): fp32 FMAs whatever the element type, 128 x 128 tiles of the
+ * product, 8 x 8 per thread, the reduction 8 at a time through double-buffered shared memory,
+ * the operands gathered straight from the tensors through their strides (zeros in the
+ * padding): no im2col, any layout, group count, stride, dilation and padding.
+ *
+ * The products, per group g (grid z):
+ *   forward           y[m = (n, i, j)][k]       = sum over r = (c, a, b) of x gathered * w
+ *   backward data     dx[m = (n, h, v)][c]      = sum over r = (k, a, b) of dy gathered * w
+ *   backward weights  dw[k][col = (c, a, b)]    = sum over r = (n, i, j) of dy * x gathered,
+ *                     r split in slices (grid z = g * slices + s) whose fp32 sums go to a
+ *                     workspace that conv_igemm_wrw_finish adds in a fixed order: the result
+ *                     does not depend on timing (no atomics)
+ * cfast (NHWC) orders the channel digit of r (and of col) fastest, else the filter's column
+ * (NCHW), so that consecutive reduction steps read consecutive memory in either layout.
+ *
+ * Options: the element type (kdb_data.h).
+ * Arguments: the tensors, conv_shape.h's CONV_SHAPE_ARGS, cfast; backward weights also the
+ *   slice length (a multiple of IG_BK) and the slice count.
+ * Launch: (IG_THREADS, 1, 1); grid (ceil(M / IG_BM), ceil(columns / IG_BN), G [x slices]);
+ *   offsets within one image must fit an int (the solver checks).
+ */
+#include "kdb_data.h"
+#include "conv_shape.h"
+
+#define IG_BM 128
+#define IG_BN 128
+#define IG_BK 8
+#define IG_THREADS 256
+#define IG_LD (IG_BM + 4) /* a shared row: 16-byte aligned, and r-fastest stores spread over the banks */
+#define IG_TILE (IG_BK * IG_LD)
+#define IG_FAR (-(1 << 29)) /* a row or column outside the product: every bounds check fails */
+#define IG_NONZERO(v) ((v) > 0 ? (v) : 1)
+
+/* Digits (d0, d1, d2) of a reduction index in radices (., r1, r2): set from r, or advanced by
+ * IG_BK, whose digits (s0, s1, s2) each kernel computes once; each carry is at most one. */
+#define IG_DIGITS_SET(r, r1, r2, d0, d1, d2) \
+    do {                                     \
+        d2 = (r) % (r2);                     \
+        d1 = (r) / (r2) % (r1);              \
+        d0 = (r) / ((r2) * (r1));            \
+    } while (0)
+#define IG_DIGITS_STEP(r1, r2, d0, d1, d2) \
+    do {                                   \
+        d2 += s2;                          \
+        const int c2_ = d2 >= (r2);        \
+        d2 -= c2_ ? (r2) : 0;              \
+        d1 += s1 + c2_;                    \
+        const int c1_ = d1 >= (r1);        \
+        d1 -= c1_ ? (r1) : 0;              \
+        d0 += s0 + c1_;                    \
+    } while (0)
+#define IG_STEP_DIGITS(r1, r2)                           \
+    const int s2 = IG_BK % (r2), s1 = IG_BK / (r2) % (r1); \
+    const int s0 = IG_BK / ((r2) * (r1))
+
+/* Which element of a 128 x 8 tile a thread loads: one reduction index (kr) and four rows
+ * (kr's partner + 32 q). Rows fastest: a warp reads 32 rows of one reduction index; else the
+ * reduction fastest: 8 reduction indices of 4 rows. */
+#define IG_LOAD_SLOT(rows_fastest, t, kr, row) \
+    const int kr = (rows_fastest) ? (t) >> 5 : (t) & 7, row = (rows_fastest) ? (t) & 31 : (t) >> 3
+
+/* The loaded elements into shared buffer buf: As[buf][kr][row + 32 q], and B's the same way. */
+#define IG_STAGE(buf)                                                     \
+    do {                                                                  \
+        KDB_UNROLL for (int q = 0; q < 4; ++q) {                          \
+            As[(buf) * IG_TILE + ka * IG_LD + ma + 32 * q] = ga[q];        \
+            Bs[(buf) * IG_TILE + kb * IG_LD + nb + 32 * q] = gb[q];        \
+        }                                                                 \
+    } while (0)
+
+#define IG_READ4(tile, at, v, o)                                                 \
+    do {                                                                       \
+        const kdb_vec4u u_ = *(KDB_SHARED_PTR(kdb_vec4u))&tile[at];            \
+        v[o] = KDB_BITS_FLOAT(u_.x);                                           \
+        v[o + 1] = KDB_BITS_FLOAT(u_.y);                                       \
+        v[o + 2] = KDB_BITS_FLOAT(u_.z);                                       \
+        v[o + 3] = KDB_BITS_FLOAT(u_.w);                                       \
+    } while (0)
+
+/* acc += the shared buffer buf's A tile (rows ty*4.. and 64+ty*4..) x B tile (columns tx*4..
+ * and 64+tx*4..): four 16-byte shared reads per 64 FMAs. */
+#define IG_MULTIPLY(buf)                                                            \
+    do {                                                                            \
+        KDB_UNROLL for (int kk = 0; kk < IG_BK; ++kk) {                             \
+            float a_[8], b_[8];                                                     \
+            IG_READ4(As, (buf) * IG_TILE + kk * IG_LD + ty * 4, a_, 0);             \
+            IG_READ4(As, (buf) * IG_TILE + kk * IG_LD + 64 + ty * 4, a_, 4);        \
+            IG_READ4(Bs, (buf) * IG_TILE + kk * IG_LD + tx * 4, b_, 0);             \
+            IG_READ4(Bs, (buf) * IG_TILE + kk * IG_LD + 64 + tx * 4, b_, 4);        \
+            KDB_UNROLL for (int i_ = 0; i_ < 8; ++i_)                               \
+                KDB_UNROLL for (int j_ = 0; j_ < 8; ++j_)                           \
+                    acc[i_ * 8 + j_] = KDB_FMAF(a_[i_], b_[j_], acc[i_ * 8 + j_]);   \
+        }                                                                           \
+    } while (0)
+
+/* The k loop: tile 0 staged, then each step loads the next tile's elements (LOAD, into ga and
+ * gb) before multiplying the current one, and stages them into the other buffer: one barrier
+ * a step. ADVANCE moves the reduction digits on by IG_BK. */
+#define IG_PIPELINE(steps, LOAD, ADVANCE)         \
+    do {                                          \
+        LOAD;                                     \
+        IG_STAGE(0);                              \
+        KDB_BARRIER;                              \
+        for (int step = 0; step < (steps); ++step) { \
+            const int cur = step & 1;             \
+            if (step + 1 < (steps)) {             \
+                ADVANCE;                          \
+                LOAD;                             \
+            }                                     \
+            IG_MULTIPLY(cur);                     \
+            if (step + 1 < (steps))               \
+                IG_STAGE(cur ^ 1);                \
+            KDB_BARRIER;                          \
+        }                                         \
+    } while (0)
+
+#define IG_PROLOGUE                                             \
+    KDB_SHARED(float, As, 2 * IG_TILE);                         \
+    KDB_SHARED(float, Bs, 2 * IG_TILE);                         \
+    const int t = KDB_LOCAL_ID_X, tx = t & 15, ty = t >> 4;    \
+    const int m0 = KDB_GROUP_ID_X * IG_BM, n0 = KDB_GROUP_ID_Y * IG_BN; \
+    const int cg = C / G, kg = K / G;                           \
+    float acc[64];                                              \
+    KDB_UNROLL for (int e = 0; e < 64; ++e) acc[e] = 0.0f;       \
+    float ga[4], gb[4]
+
+/* This thread's result rows and columns: ty*4 + (e & 3) + 64 (e >> 2), likewise tx. */
+#define IG_ROW(e) (m0 + ty * 4 + ((e) & 3) + ((e) >> 2) * 64)
+#define IG_COL(e) (n0 + tx * 4 + ((e) & 3) + ((e) >> 2) * 64)
+
+KDB_KERNEL void KDB_BOUNDS(IG_THREADS, 2)
+    conv_fwd_igemm(const KDB_GLOBAL kdb_data_t* x, const KDB_GLOBAL kdb_data_t* w, KDB_GLOBAL kdb_data_t* y,
+                   CONV_SHAPE_ARGS, int cfast)
+{
+    IG_PROLOGUE;
+    const int g = KDB_GROUP_ID_Z, plane = Ho * Wo, M = N * plane, R = cg * Y * X;
+    /* A = x gathered: rows fastest in NCHW (along an image row), channels fastest in NHWC.
+     * B = w: the reduction fastest, as weights lie in either layout. */
+    IG_LOAD_SLOT(!cfast, t, ka, ma);
+    IG_LOAD_SLOT(0, t, kb, nb);
+    long xo[4];
+    int hb[4], vb[4], wk[4];
+    KDB_UNROLL for (int q = 0; q < 4; ++q) {
+        const int m = m0 + ma + 32 * q, k = n0 + nb + 32 * q;
+        const int n = m / plane, i = m % plane / Wo, j = m % Wo;
+        hb[q] = m < M ? i * sh - ph : IG_FAR;
+        vb[q] = j * sw - pw;
+        xo[q] = (long)n * xs0 + (long)(g * cg) * xs1 + (long)hb[q] * xs2 + (long)vb[q] * xs3;
+        wk[q] = k < kg ? (g * kg + k) * ws0 : -1;
+    }
+    /* r's digits: (a, b, c) when cfast, else (c, a, b). */
+    const int r1 = cfast ? X : Y, r2 = cfast ? cg : X;
+    IG_STEP_DIGITS(r1, r2);
+    int ra = ka, a0, a1, a2, rb = kb, b0, b1, b2;
+    IG_DIGITS_SET(ra, r1, r2, a0, a1, a2);
+    IG_DIGITS_SET(rb, r1, r2, b0, b1, b2);
+#define IG_FWD_LOAD                                                                                  \
+    do {                                                                                             \
+        const int c_ = cfast ? a2 : a0, dh_ = (cfast ? a0 : a1) * dlh, dv_ = (cfast ? a1 : a2) * dlw; \
+        const int off_ = c_ * xs1 + dh_ * xs2 + dv_ * xs3;                                           \
+        KDB_UNROLL for (int q = 0; q < 4; ++q) {                                                     \
+            const int h_ = hb[q] + dh_, v_ = vb[q] + dv_;                                            \
+            ga[q] = ra < R && (unsigned)h_ < (unsigned)H && (unsigned)v_ < (unsigned)W                \
+                        ? KDB_LOAD(x, xo[q] + off_)                                                  \
+                        : 0.0f;                                                                      \
+        }                                                                                            \
+        const int wr_ = (cfast ? b2 : b0) * ws1 + (cfast ? b0 : b1) * ws2 + (cfast ? b1 : b2) * ws3;  \
+        KDB_UNROLL for (int q = 0; q < 4; ++q)                                                       \
+            gb[q] = rb < R && wk[q] >= 0 ? KDB_LOAD(w, wk[q] + wr_) : 0.0f;                          \
+    } while (0)
+#define IG_ADVANCE                            \
+    do {                                          \
+        ra += IG_BK;                              \
+        rb += IG_BK;                              \
+        IG_DIGITS_STEP(r1, r2, a0, a1, a2);       \
+        IG_DIGITS_STEP(r1, r2, b0, b1, b2);       \
+    } while (0)
+    IG_PIPELINE((R + IG_BK - 1) / IG_BK, IG_FWD_LOAD, IG_ADVANCE);
+    KDB_UNROLL for (int e = 0; e < 8; ++e) {
+        const int m = IG_ROW(e);
+        if (m >= M)
+            continue;
+        const int n = m / plane, i = m % plane / Wo, j = m % Wo;
+        const long yo = (long)n * ys0 + (long)i * ys2 + (long)j * ys3;
+        KDB_UNROLL for (int f = 0; f < 8; ++f) {
+            const int k = IG_COL(f);
+            if (k < kg)
+                KDB_STORE(y, yo + (long)(g * kg + k) * ys1, acc[e * 8 + f]);
+        }
+    }
+}
+
+/* One stride phase along an axis: the input positions q + s * u (u = 0, 1, ...) take exactly
+ * the taps a = a0 + step * t (t < taps), those with q + p - a * dl a multiple of s, and read
+ * the output index u + i0 - di * t: no tap between strides is ever visited. */
+#define IG_PHASE(q, p, s, dl, F, a0, step, taps, i0, di)                                     \
+    int a0 = -1, step, taps, i0, di;                                                          \
+    do {                                                                                      \
+        int g_ = dl, b_ = s;                                                                  \
+        while (b_) {                                                                          \
+            const int r_ = g_ % b_;                                                           \
+            g_ = b_;                                                                          \
+            b_ = r_;                                                                          \
+        }                                                                                     \
+        step = (s) / g_;                                                                      \
+        di = (dl) / g_;                                                                       \
+        for (int a_ = step - 1; a_ >= 0; --a_)                                                \
+            if (((q) + (p) - a_ * (dl)) % (s) == 0)                                           \
+                a0 = a_;                                                                      \
+        taps = a0 < 0 || a0 >= (F) ? 0 : ((F) - a0 + step - 1) / step;                        \
+        a0 = a0 < 0 ? 0 : a0;                                                                 \
+        i0 = ((q) + (p) - a0 * (dl)) / (s);                                                   \
+    } while (0)
+
+/* dx[n, c, h, v] = sum of dy[n, k, i, j] w[k, c, a, b] over i * sh = h + ph - a * dlh (likewise
+ * j): grid z runs the groups and the sh x sw stride phases, each a GEMM over its own taps. */
+KDB_KERNEL void KDB_BOUNDS(IG_THREADS, 2)
+    conv_bwd_data_igemm(const KDB_GLOBAL kdb_data_t* dy, const KDB_GLOBAL kdb_data_t* w, KDB_GLOBAL kdb_data_t* dx,
+                        CONV_SHAPE_ARGS, int cfast)
+{
+    IG_PROLOGUE;
+    const int phases = sh * sw, g = KDB_GROUP_ID_Z / phases, qh = KDB_GROUP_ID_Z % phases / sw, qw = KDB_GROUP_ID_Z % sw;
+    IG_PHASE(qh, ph, sh, dlh, Y, ah, sa, Yp, ih, di);
+    IG_PHASE(qw, pw, sw, dlw, X, aw, sb, Xp, jw, dj);
+    const int Hq = (H - qh + sh - 1) / sh, Wq = (W - qw + sw - 1) / sw;
+    /* (A phase may have no rows, H < sh: its divisions take 1 and nothing is stored.) */
+    const int plane = IG_NONZERO(Hq * Wq), M = N * Hq * Wq, R = kg * Yp * Xp, Wd = IG_NONZERO(Wq);
+    /* Blocks past a smaller phase's rows multiply nothing (no early return: every thread of
+     * a block must meet its barriers, and OpenCL compilers such as PoCL rely on it). */
+    const int steps = m0 < M ? (R + IG_BK - 1) / IG_BK : 0;
+    /* A = dy gathered (as the forward's x); B = w: its channels fastest in KYXC, the filter's
+     * column in KCYX. */
+    IG_LOAD_SLOT(!cfast, t, ka, ma);
+    IG_LOAD_SLOT(cfast, t, kb, nb);
+    long yo[4];
+    int hp[4], vp[4], wc[4];
+    KDB_UNROLL for (int q = 0; q < 4; ++q) {
+        const int m = m0 + ma + 32 * q, c = n0 + nb + 32 * q;
+        const int n = m / plane, hh = m % plane / Wd, vv = m % Wd;
+        hp[q] = m < M ? hh + ih : IG_FAR; /* dy's row at tap 0 of the phase */
+        vp[q] = vv + jw;
+        yo[q] = (long)n * ys0 + (long)(g * kg) * ys1 + (long)hp[q] * ys2 + (long)vp[q] * ys3;
+        wc[q] = c < cg ? c * ws1 : -1;
+    }
+    /* r's digits: (ta, tb, k) when cfast, else (k, ta, tb): the phase's taps and dy's channels. */
+    const int r1 = IG_NONZERO(cfast ? Xp : Yp), r2 = IG_NONZERO(cfast ? kg : Xp); /* R = 0: no digits to count */
+    IG_STEP_DIGITS(r1, r2);
+    int ra = ka, a0, a1, a2, rb = kb, b0, b1, b2;
+    IG_DIGITS_SET(ra, r1, r2, a0, a1, a2);
+    IG_DIGITS_SET(rb, r1, r2, b0, b1, b2);
+#define IG_BWD_LOAD                                                                                     \
+    do {                                                                                                \
+        const int di_ = (cfast ? a0 : a1) * di, dj_ = (cfast ? a1 : a2) * dj;                           \
+        const int off_ = (cfast ? a2 : a0) * ys1 - di_ * ys2 - dj_ * ys3;                               \
+        KDB_UNROLL for (int q = 0; q < 4; ++q) {                                                        \
+            const int i_ = hp[q] - di_, j_ = vp[q] - dj_;                                               \
+            ga[q] = ra < R && (unsigned)i_ < (unsigned)Ho && (unsigned)j_ < (unsigned)Wo                \
+                        ? KDB_LOAD(dy, yo[q] + off_)                                                    \
+                        : 0.0f;                                                                         \
+        }                                                                                               \
+        const int wr_ = (g * kg + (cfast ? b2 : b0)) * ws0 + (ah + sa * (cfast ? b0 : b1)) * ws2 +       \
+                        (aw + sb * (cfast ? b1 : b2)) * ws3;                                            \
+        KDB_UNROLL for (int q = 0; q < 4; ++q)                                                          \
+            gb[q] = rb < R && wc[q] >= 0 ? KDB_LOAD(w, wr_ + wc[q]) : 0.0f;                             \
+    } while (0)
+    IG_PIPELINE(steps, IG_BWD_LOAD, IG_ADVANCE);
+    KDB_UNROLL for (int e = 0; e < 8; ++e) {
+        const int m = IG_ROW(e);
+        if (m >= M)
+            continue;
+        const int n = m / plane, h = qh + m % plane / Wd * sh, v = qw + m % Wd * sw;
+        const long xo = (long)n * xs0 + (long)h * xs2 + (long)v * xs3;
+        KDB_UNROLL for (int f = 0; f < 8; ++f) {
+            const int c = IG_COL(f);
+            if (c < cg)
+                KDB_STORE(dx, xo + (long)(g * cg + c) * xs1, acc[e * 8 + f]);
+        }
+    }
+}
+
+/* partial[g, s][k][col] = the sum over slice s of the positions r = (n, i, j). */
+KDB_KERNEL void KDB_BOUNDS(IG_THREADS, 2)
+    conv_wrw_igemm(const KDB_GLOBAL kdb_data_t* dy, const KDB_GLOBAL kdb_data_t* x, KDB_GLOBAL float* partial,
+                   CONV_SHAPE_ARGS, int cfast, int slice, int slices)
+{
+    IG_PROLOGUE;
+    const int g = KDB_GROUP_ID_Z / slices, s = KDB_GROUP_ID_Z % slices;
+    const int RC = cg * Y * X, R = N * Ho * Wo, r_begin = s * slice;
+    const int r_end = R - r_begin < slice ? R : r_begin + slice;
+    /* A = dy: the positions fastest in NCHW, the output channels in NHWC. B = x gathered: the
+     * positions fastest in NCHW, the channels (col's fastest digit) in NHWC. */
+    IG_LOAD_SLOT(cfast, t, ka, ma);
+    IG_LOAD_SLOT(cfast, t, kb, nb);
+    int dk[4], dh[4], dv[4], xc[4];
+    KDB_UNROLL for (int q = 0; q < 4; ++q) {
+        const int k = m0 + ma + 32 * q, col = n0 + nb + 32 * q;
+        dk[q] = k < kg ? (g * kg + k) * ys1 : -1;
+        /* col's digits: (a, b, c) when cfast, else (c, a, b) */
+        const int c = cfast ? col % cg : col / (Y * X);
+        const int a = cfast ? col / (X * cg) : col / X % Y, b = cfast ? col / cg % X : col % X;
+        dh[q] = col < RC ? a * dlh - ph : IG_FAR;
+        dv[q] = b * dlw - pw;
+        xc[q] = (g * cg + c) * xs1 + dh[q] * xs2 + dv[q] * xs3;
+    }
+    /* r's digits: (n, i, j) */
+    const int r1 = Ho, r2 = Wo;
+    IG_STEP_DIGITS(r1, r2);
+    int ra = r_begin + ka, a0, a1, a2, rb = r_begin + kb, b0, b1, b2;
+    IG_DIGITS_SET(ra, r1, r2, a0, a1, a2);
+    IG_DIGITS_SET(rb, r1, r2, b0, b1, b2);
+#define IG_WRW_LOAD                                                                                   \
+    do {                                                                                              \
+        const long yr_ = (long)a0 * ys0 + a1 * ys2 + a2 * ys3;                                        \
+        KDB_UNROLL for (int q = 0; q < 4; ++q)                                                        \
+            ga[q] = ra < r_end && dk[q] >= 0 ? KDB_LOAD(dy, yr_ + dk[q]) : 0.0f;                      \
+        const int hi_ = b1 * sh, vj_ = b2 * sw;                                                       \
+        const long xr_ = (long)b0 * xs0 + (long)hi_ * xs2 + (long)vj_ * xs3;                          \
+        KDB_UNROLL for (int q = 0; q < 4; ++q) {                                                      \
+            const int h_ = hi_ + dh[q], v_ = vj_ + dv[q];                                             \
+            gb[q] = rb < r_end && (unsigned)h_ < (unsigned)H && (unsigned)v_ < (unsigned)W            \
+                        ? KDB_LOAD(x, xr_ + xc[q])                                                    \
+                        : 0.0f;                                                                       \
+        }                                                                                             \
+    } while (0)
+    IG_PIPELINE((r_end - r_begin + IG_BK - 1) / IG_BK, IG_WRW_LOAD, IG_ADVANCE);
+    KDB_GLOBAL float* out = partial + (long)KDB_GROUP_ID_Z * kg * RC;
+    KDB_UNROLL for (int e = 0; e < 8; ++e) {
+        const int k = IG_ROW(e);
+        if (k >= kg)
+            continue;
+        KDB_UNROLL for (int f = 0; f < 8; ++f) {
+            const int col = IG_COL(f);
+            if (col < RC)
+                out[(long)k * RC + col] = acc[e * 8 + f];
+        }
+    }
+}
+
+/* dw[k, c, a, b] = the sum of the slices' partial sums, in slice order; one thread per weight. */
+KDB_KERNEL void conv_igemm_wrw_finish(const KDB_GLOBAL float* partial, KDB_GLOBAL kdb_data_t* dw, int K, int cg,
+                                      int Y, int X, int G, int slices, int cfast, int ws0, int ws1, int ws2,
+                                      int ws3)
+{
+    const int kg = K / G, RC = cg * Y * X;
+    const long total = (long)K * RC;
+    for (long e = KDB_GLOBAL_ID_X; e < total; e += (long)KDB_LOCAL_SIZE_X * KDB_NUM_GROUPS_X) {
+        const int col = (int)(e % RC), k = (int)(e / RC), g = k / kg;
+        const KDB_GLOBAL float* p = partial + ((long)g * slices * kg + k % kg) * RC + col;
+        float sum = 0.0f;
+        for (int s = 0; s < slices; ++s)
+            sum += p[(long)s * kg * RC];
+        const int c = cfast ? col % cg : col / (Y * X);
+        const int a = cfast ? col / (X * cg) : col / X % Y, b = cfast ? col / cg % X : col % X;
+        KDB_STORE(dw, (long)k * ws0 + (long)c * ws1 + (long)a * ws2 + (long)b * ws3, sum);
+    }
+}

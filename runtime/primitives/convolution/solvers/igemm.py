@@ -1,0 +1,120 @@
+"""ConvImplicitGemm (id 28): every direction as an implicit GEMM on the general cores
+(conv_igemm.c): fp32 FMAs in 128 x 128 tiles, 8 x 8 per thread, the operands gathered straight
+from the tensors through their strides, so no im2col and no staging, any layout, type, group
+count, stride, dilation and padding. Forward: output positions by output channels over the
+taps and input channels; backward data: input positions by input channels over the taps and
+output channels (taps between strides read zero); backward weights: output channels by taps
+and input channels over the positions, split in slices whose fp32 sums a finish kernel adds
+in a fixed order (deterministic). The fast path for fp32, and for groups on every type."""
+
+from __future__ import annotations
+
+import numpy as np
+
+from kdbkit.runtime.primitives.convolution.problem import ConvProblem
+from kdbkit.runtime.primitives.convolution.solvers.common import INT_MAX, fits_int_arguments, shape_args
+from kdbkit.runtime.program_key import ProgramRequest
+from kdbkit.runtime.solver import APPLIES, Solver, launcher_1d, not_applicable, register
+
+TILE, THREADS, STEP = 128, 256, 8  # conv_igemm.c's IG_BM = IG_BN, IG_THREADS, IG_BK
+MAX_GRID_YZ = 65535
+WORKSPACE_LIMIT = 256 << 20  # backward weights' partial sums
+
+
+def program(problem: ConvProblem) -> ProgramRequest:
+    return ProgramRequest("conv_igemm.c", problem.dtype.options)
+
+
+def product(problem: ConvProblem) -> tuple[int, int, int]:
+    """The GEMM per group (backward data: per stride phase, its largest): (rows, columns, reduction)."""
+    (n, c, h, w), k, (ho, wo), (fy, fx) = problem.x_shape, problem.out_channels, problem.out_hw, problem.filter
+    cg, kg, (sh, sw) = c // problem.groups, k // problem.groups, problem.stride
+    return {"F": (n * ho * wo, kg, cg * fy * fx), "B": (n * -(-h // sh) * -(-w // sw), cg, kg * fy * fx),
+            "W": (kg, cg * fy * fx, n * ho * wo)}[problem.direction]
+
+
+def wrw_slices(problem: ConvProblem, units: int) -> tuple[int, int]:
+    """(slices, slice length) for backward weights: about two blocks per multiprocessor, at
+    least 256 positions a slice, the partial sums within WORKSPACE_LIMIT."""
+    rows, cols, r = product(problem)
+    tiles = -(-rows // TILE) * -(-cols // TILE) * problem.groups
+    most = max(1, min(-(-r // 256), WORKSPACE_LIMIT // (4 * rows * cols * problem.groups),
+                      MAX_GRID_YZ // problem.groups))
+    slices = max(1, min(-(-2 * units // tiles), most))
+    length = -(-(-(-r // slices)) // STEP) * STEP
+    return -(-r // length), length
+
+
+@register
+class ConvImplicitGemm(Solver):
+    id = 28
+    name = "ConvImplicitGemm"
+    primitive = "conv"
+
+    def is_applicable(self, problem: ConvProblem, device):
+        refusal = fits_int_arguments(problem)
+        if refusal is not APPLIES:
+            return refusal
+        d = problem.descs()
+        n = problem.x_shape[0]
+        if max(d["x"].numel, d["y"].numel) // n > INT_MAX or d["w"].numel > INT_MAX:
+            return not_applicable("one image's offsets or the weights' exceed the kernel's int arguments")
+        rows, cols, r = product(problem)
+        if problem.direction == "W":
+            if 4 * rows * cols * problem.groups > WORKSPACE_LIMIT:
+                return not_applicable(f"its partial sums ({4 * rows * cols * problem.groups >> 20} MiB) exceed "
+                                      f"{WORKSPACE_LIMIT >> 20} MiB")
+        elif problem.groups * problem.stride[0] * problem.stride[1] > MAX_GRID_YZ:
+            return not_applicable(f"it launches a grid layer per group and stride phase, at most {MAX_GRID_YZ}")
+        if max(rows, r + TILE) > INT_MAX or -(-cols // TILE) > MAX_GRID_YZ:
+            return not_applicable("the product's sizes exceed the kernel's grid or int arguments")
+        return APPLIES
+
+    def suits(self, problem: ConvProblem, device):
+        rows, cols, _ = product(problem)
+        used = min(rows, TILE) * min(cols, TILE) / TILE**2
+        if used < 1 / 8:
+            return not_applicable(f"its {TILE} x {TILE} tiles would be {100 * (1 - used):.0f}% empty (a {rows} x {cols} "
+                                  "product per group)")
+        return APPLIES
+
+    def workspace(self, problem: ConvProblem) -> int:
+        if problem.direction != "W":
+            return 0
+        rows, cols, _ = product(problem)
+        return 4 * rows * cols * problem.groups * wrw_slices(problem, 132)[0]
+
+    def programs(self, problem: ConvProblem):
+        return [program(problem)]
+
+    def invoker(self, handle, problem: ConvProblem):
+        request = program(problem)
+        prog = handle.program(request.kernel_file, request.options)
+        rows, cols, _ = product(problem)
+        cfast = np.int32(problem.layout == "NHWC")
+        args = [None, None, None, *shape_args(problem), cfast]
+        tiles = (-(-rows // TILE), -(-cols // TILE))
+        if problem.direction == "F":
+            fast = handle.backend.launcher(prog.function("conv_fwd_igemm"), (*tiles, problem.groups),
+                                           (THREADS, 1, 1), args)
+            return lambda x, w, y: fast(x, w, y)
+        if problem.direction == "B":
+            phases = problem.stride[0] * problem.stride[1]
+            fast = handle.backend.launcher(prog.function("conv_bwd_data_igemm"), (*tiles, problem.groups * phases),
+                                           (THREADS, 1, 1), args)
+            return lambda dy, w, dx: fast(dy, w, dx)
+        slices, length = wrw_slices(problem, handle.device.target.cu or 132)
+        partial = handle.backend.alloc(4 * rows * cols * problem.groups * slices)
+        multiply = handle.backend.launcher(prog.function("conv_wrw_igemm"), (*tiles, problem.groups * slices),
+                                           (THREADS, 1, 1), [*args, np.int32(length), np.int32(slices)])
+        (k, cg, fy, fx), ws = problem.w_shape, problem.descs()["w"].strides
+        finish = launcher_1d(handle, prog.function("conv_igemm_wrw_finish"), k * cg * fy * fx,
+                             [partial, None, *(np.int32(v) for v in (k, cg, fy, fx, problem.groups, slices, cfast,
+                                                                     *ws))], max_groups=1 << 16)
+
+        def backward_weights(dy, x, dw):
+            multiply(dy, x, partial)
+            finish(dw)
+
+        backward_weights.workspace = (partial,)
+        return backward_weights
