@@ -29,8 +29,13 @@ CASES = [
 DEPTHWISE = [(2, 6, 9, 7, 6, (3, 3), (1, 1), (2, 1), (1, 1), 6), (1, 5, 11, 12, 5, (5, 3), (2, 0), (1, 2), (2, 1), 5)]
 # Winograd's tiles: odd outputs (a last tile half outside), no padding, padding of 2.
 WINOGRAD = [(2, 4, 8, 7, 6, (3, 3), (0, 0), (1, 1), (1, 1), 1), (1, 3, 6, 9, 5, (3, 3), (2, 1), (1, 1), (1, 1), 1)]
+# The implicit GEMM's tiles cut at every edge over several reduction steps, groups of 40
+# channels; backward data's stride phases, some with no rows (stride 4 over 3 rows).
+BIG = [(2, 80, 9, 11, 136, (3, 3), (1, 1), (1, 1), (1, 1), 2), (1, 20, 17, 15, 140, (3, 1), (1, 0), (2, 2), (1, 1), 1),
+       (2, 3, 3, 5, 4, (3, 3), (1, 1), (4, 4), (1, 1), 1)]
 # Each solver on every case it takes (ConvIm2colGemm: one group; ConvDepthwise: groups = C = K).
 SOLVER_CASES = ([("ConvDirect", case) for case in CASES + DEPTHWISE]
+                + [("ConvImplicitGemm", case) for case in CASES + DEPTHWISE + BIG]
                 + [("ConvIm2colGemm", case) for case in CASES if case[-1] == 1]
                 + [("ConvDepthwise", case) for case in CASES + DEPTHWISE if case[-1] == case[1] == case[4]]
                 + [("ConvWinogradF2x3", case) for case in CASES + WINOGRAD if case[5] == (3, 3) and case[7] == (1, 1)
@@ -81,7 +86,8 @@ def _from_channels_last(backend, tensor: DeviceTensor) -> np.ndarray:
 
 
 @pytest.mark.parametrize("solver, groups, filt, pad, stride", [
-    ("ConvDirect", 2, 3, 1, (2, 1)), ("ConvIm2colGemm", 1, 3, 1, (2, 1)), ("ConvIm2colGemm", 1, 1, 0, (1, 1)),
+    ("ConvDirect", 2, 3, 1, (2, 1)), ("ConvImplicitGemm", 2, 3, 1, (2, 1)), ("ConvImplicitGemm", 1, 1, 0, (1, 1)),
+    ("ConvIm2colGemm", 1, 3, 1, (2, 1)), ("ConvIm2colGemm", 1, 1, 0, (1, 1)),
     ("ConvDepthwise", 4, 3, 1, (2, 1)), ("ConvWinogradF2x3", 1, 3, 1, (1, 1))])
 def test_channels_last_tensors_in_every_direction(handle, solver, groups, filt, pad, stride):
     """NHWC device tensors (weights KYXC): the outputs kdbkit makes are NHWC too."""
@@ -206,9 +212,11 @@ def test_the_tensor_core_solver_says_what_it_takes():
     assert "one group, not 2" in verdict(groups=2).reason
     assert "must be even" in verdict(k=63).reason
     assert solver.workspace(ConvProblem("F", DataType.FP16, "NCHW", (2, 64, 9, 9), 64, (3, 3), (1, 1))) == \
-        2 * (2 * 64 * 81 + 64 * 64 * 9 + 2 * 64 * 81)  # x, w and y staged channels-last
+        2 * (2 * 64 * 81 + 64 * 64 * 9 + 2 * 64 * 81) + 4 * 2 * 2 * 64 * 81  # x, w and y staged channels-last
+    # (and, since 2 output tiles cannot fill an H100, the reduction's 18 tiles split in two fp32 slabs of y)
+    assert solver.workspace(ConvProblem("F", DataType.FP16, "NHWC", (32, 64, 56, 56), 64, (3, 3), (1, 1))) == 0
     assert solver.workspace(ConvProblem("B", DataType.FP16, "NHWC", (2, 64, 9, 9), 64, (3, 3), (1, 1))) == \
-        2 * 64 * 64 * 9  # the flipped weights only
+        2 * 64 * 64 * 9 + 4 * 2 * 2 * 64 * 81  # the flipped weights, two fp32 slabs of dx
 
 
 @pytest.mark.parametrize("dtype", list(TYPES))
@@ -226,6 +234,24 @@ def test_the_staging_transpose_moves_every_element(handle, dtype):
     np.testing.assert_array_equal(be.to_host(dst, np.empty((matrices, cols, rows), src.dtype)), src.transpose(0, 2, 1))
 
 
+def test_immediate_mode_passes_over_mostly_empty_implicit_gemm_tiles(handle):
+    """Backward data into 3 channels would fill 3 of the implicit GEMM's 128 tile columns: the
+    heuristic says so and takes the next solver; with only it applying, it takes it anyway."""
+    from kdbkit.runtime.immediate import choose
+
+    problem = ConvProblem("B", DataType.FP32, "NCHW", (2, 3, 16, 16), 64, (7, 7), (3, 3), (2, 2))
+    choice = choose(handle, problem)
+    assert choice.solver.name == "ConvIm2colGemm"
+    assert "ConvImplicitGemm: applies, passed over: its 128 x 128 tiles would be 98% empty" in "\n".join(choice.trace)
+    grouped = ConvProblem("B", DataType.FP32, "NCHW", (2, 4, 16, 16), 4, (3, 3), (1, 1), groups=2)
+    monkey = pytest.MonkeyPatch()
+    monkey.setenv("KDB_DEBUG_CONV_DIRECT", "0")
+    try:
+        assert choose(handle, grouped).solver.name == "ConvImplicitGemm"  # im2col takes one group only
+    finally:
+        monkey.undo()
+
+
 def test_a_second_process_takes_the_find_db_ranking_for_its_first_call(handle, isolated):
     """Find ranks the solvers once; a new process's first convolution of that layer uses the
     recorded best, timing and searching nothing (cuDNN's benchmark mode searches again in every
@@ -239,7 +265,7 @@ def test_a_second_process_takes_the_find_db_ranking_for_its_first_call(handle, i
 
     problem = ConvProblem("F", DataType.FP32, "NCHW", (2, 8, 9, 9), 8, (3, 3), (1, 1))
     ranked = find_solutions(handle, problem)
-    assert {s.solver for s in ranked} == {"ConvDirect", "ConvIm2colGemm", "ConvWinogradF2x3"}
+    assert {s.solver for s in ranked} == {"ConvDirect", "ConvIm2colGemm", "ConvWinogradF2x3", "ConvImplicitGemm"}
     child = """
 import json, numpy as np, kdbkit
 from kdbkit.runtime.immediate import choose
