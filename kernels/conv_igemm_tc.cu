@@ -12,11 +12,15 @@
  * the same way. Fragments come through ldmatrix (B stored [k_out][r]: no transpose).
  *
  * Options: -DKDB_TYPE_FP16 or -DKDB_TYPE_BF16 (required).
- * Arguments: x, w, y, then conv_shape.h's CONV_SHAPE_ARGS (the strides are not read: every
- *   tensor is packed NHWC, 16-byte aligned).
+ * Arguments: x, w, y, partial (fp32, gridDim.z x M x K: read only when split), then
+ *   conv_shape.h's CONV_SHAPE_ARGS (the strides are not read: every tensor is packed NHWC,
+ *   16-byte aligned).
+ * Split reduction: with gridDim.z > 1 each z takes a run of the reduction's tiles and writes
+ *   its fp32 sums to its slab of partial; conv_igemm_split_finish adds the slabs into y (for
+ *   grids too small to fill the GPU: few output positions, a long reduction).
  * Kernels: conv_igemm_fwd_nhwc (C a multiple of 32), conv_igemm_fwd_nhwc_any (any C: element
  *   loads, as for a first layer's 3 channels).
- * Launch: blocks of 128 threads, grid (ceil(K / 128), ceil(N Ho Wo / 128)), 81,920 bytes of
+ * Launch: blocks of 128 threads, grid (ceil(K / 128), ceil(N Ho Wo / 128), slices), 81,920 bytes of
  *   dynamic shared memory.
  */
 #if !defined(__CUDACC__) && !defined(__CUDACC_RTC__)
@@ -80,11 +84,14 @@ __device__ __forceinline__ void ig_copy16(void* shared, const void* global, bool
 template <bool ALIGNED>
 __device__ __forceinline__ void conv_igemm_body(const unsigned short* __restrict__ x,
                                                 const unsigned short* __restrict__ w, unsigned short* __restrict__ y,
-                                                int N, int C, int H, int W, int K, int Ho, int Wo, int Y, int X, int ph,
-                                                int pw, int sh, int sw, int dlh, int dlw)
+                                                float* __restrict__ partial, int N, int C, int H, int W, int K, int Ho,
+                                                int Wo, int Y, int X, int ph, int pw, int sh, int sw, int dlh, int dlw)
 {
     extern __shared__ __align__(16) unsigned short ig_smem_tiles[];
-    const int M = N * Ho * Wo, R = Y * X * C, tiles = (R + IG_BK - 1) / IG_BK;
+    const int M = N * Ho * Wo, R = Y * X * C, all_tiles = (R + IG_BK - 1) / IG_BK;
+    /* Split reduction (gridDim.z slices): this block's run of reduction tiles. */
+    const int per_slice = (all_tiles + gridDim.z - 1) / gridDim.z, first_tile = blockIdx.z * per_slice;
+    const int tiles = max(0, min(all_tiles - first_tile, per_slice));
     const int row0 = blockIdx.y * IG_BM, col0 = blockIdx.x * IG_BN;
     const int t = threadIdx.x, lane = t % 32, warp = t / 32;
     const int wm = (warp / 2) * 64, wn = (warp % 2) * 64;
@@ -167,7 +174,7 @@ __device__ __forceinline__ void conv_igemm_body(const unsigned short* __restrict
 
     for (int s = 0; s < IG_STAGES - 1; ++s) {
         if (s < tiles)
-            stage(s, s);
+            stage(s, first_tile + s);
         asm volatile("cp.async.commit_group;");
     }
     for (int tile = 0; tile < tiles; ++tile) {
@@ -175,7 +182,7 @@ __device__ __forceinline__ void conv_igemm_body(const unsigned short* __restrict
         __syncthreads();
         const int next = tile + IG_STAGES - 1;
         if (next < tiles)
-            stage(next % IG_STAGES, next);
+            stage(next % IG_STAGES, first_tile + next);
         asm volatile("cp.async.commit_group;");
         const unsigned short* as = ig_smem_tiles + (tile % IG_STAGES) * IG_STAGE;
         const unsigned short* bs = as + IG_BM * IG_ROW;
@@ -204,7 +211,9 @@ __device__ __forceinline__ void conv_igemm_body(const unsigned short* __restrict
         }
     }
     asm volatile("cp.async.wait_group 0;");
-    /* Each thread's two neighbouring output channels of a position as one 32-bit store (K even). */
+    /* Each thread's two neighbouring output channels of a position as one 32-bit store (K even);
+     * split, as one 8-byte store of fp32 sums into this slice's M x K slab of partial. */
+    float* slab = partial + (long)blockIdx.z * M * K;
 #pragma unroll
     for (int i = 0; i < 4; ++i)
 #pragma unroll
@@ -212,18 +221,39 @@ __device__ __forceinline__ void conv_igemm_body(const unsigned short* __restrict
 #pragma unroll
             for (int half = 0; half < 2; ++half) {
                 const int m = row0 + wm + 16 * i + group + 8 * half, k = col0 + wn + 8 * j + 2 * tig;
-                if (m < M && k < K)
+                if (m >= M || k >= K)
+                    continue;
+                if (gridDim.z > 1)
+                    *(float2*)(slab + (long)m * K + k) = make_float2(acc[i][j][2 * half], acc[i][j][2 * half + 1]);
+                else
                     *(unsigned int*)(y + (long)m * K + k) = (unsigned int)tc_from_float(acc[i][j][2 * half]) |
                                                             ((unsigned int)tc_from_float(acc[i][j][2 * half + 1]) << 16);
             }
 }
 
+/* y[e] = the slabs' sums for element e in slab order (deterministic), two channels at a time
+ * (K even): the split forward's second kernel. */
+extern "C" __global__ void conv_igemm_split_finish(const float* __restrict__ partial, unsigned short* __restrict__ y,
+                                                   int M, int K, int slices)
+{
+    const long pairs = (long)M * K / 2, slab = (long)M * K;
+    for (long e = blockIdx.x * (long)blockDim.x + threadIdx.x; e < pairs; e += (long)blockDim.x * gridDim.x) {
+        float2 sum = make_float2(0.0f, 0.0f);
+        for (int s = 0; s < slices; ++s) {
+            const float2 v = *(const float2*)(partial + s * slab + 2 * e);
+            sum.x += v.x;
+            sum.y += v.y;
+        }
+        *(unsigned int*)(y + 2 * e) = (unsigned int)tc_from_float(sum.x) | ((unsigned int)tc_from_float(sum.y) << 16);
+    }
+}
+
 #define IG_KERNEL(NAME, ALIGNED)                                                                             \
     extern "C" __global__ void __launch_bounds__(IG_THREADS)                                                  \
     NAME(const unsigned short* __restrict__ x, const unsigned short* __restrict__ w, unsigned short* __restrict__ y, \
-         CONV_SHAPE_ARGS)                                                                                      \
+         float* __restrict__ partial, CONV_SHAPE_ARGS)                                                         \
     {                                                                                                         \
-        conv_igemm_body<ALIGNED>(x, w, y, N, C, H, W, K, Ho, Wo, Y, X, ph, pw, sh, sw, dlh, dlw);              \
+        conv_igemm_body<ALIGNED>(x, w, y, partial, N, C, H, W, K, Ho, Wo, Y, X, ph, pw, sh, sw, dlh, dlw);     \
     }
 
 IG_KERNEL(conv_igemm_fwd_nhwc, true)

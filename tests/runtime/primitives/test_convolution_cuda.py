@@ -12,11 +12,12 @@ torch = pytest.importorskip("torch", reason="PyTorch is not installed (the GPU m
 pytestmark = pytest.mark.gpu
 
 # (name, C, H, W, K, filter, pad, stride, groups) at batch 2: ResNet-50's stem, a bottleneck's
-# 3x3 and a strided 1x1 projection; MobileNet-V2's depthwise 3x3 (strided) and a pointwise 1x1.
+# 3x3, a strided 1x1 projection and a last stage's 3x3; MobileNet-V2's depthwise 3x3 (strided) and a pointwise 1x1.
 LAYERS = [
     ("resnet50 conv1 7x7/2", 3, 224, 224, 64, 7, 3, 2, 1),
     ("resnet50 layer1 3x3", 64, 56, 56, 64, 3, 1, 1, 1),
     ("resnet50 layer2 1x1/2 projection", 256, 56, 56, 512, 1, 0, 2, 1),
+    ("resnet50 layer4 3x3", 512, 7, 7, 512, 3, 1, 1, 1),  # few output tiles: the reduction split
     ("mobilenet-v2 depthwise 3x3/2", 96, 112, 112, 96, 3, 1, 2, 96),
     ("mobilenet-v2 pointwise 1x1", 32, 112, 112, 16, 1, 0, 1, 1),
 ]

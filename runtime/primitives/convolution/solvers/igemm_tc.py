@@ -43,6 +43,19 @@ def as_forward(problem: ConvProblem) -> ConvProblem:
                                pad=(dh * (fy - 1) - problem.pad[0], dw * (fx - 1) - problem.pad[1]))
 
 
+def split_slices(problem: ConvProblem, units: int) -> int:
+    """How many slices the forward kernel splits the reduction into: 1 where the output's tiles
+    fill the GPU (two blocks per multiprocessor), else enough to fill it, each slice at least 8
+    of the reduction's 32-wide tiles, at most 8 slices."""
+    computed = as_forward(problem)
+    rows = computed.x_shape[0] * computed.out_hw[0] * computed.out_hw[1]
+    blocks = -(-rows // TILE) * -(-computed.out_channels // TILE)
+    tiles = -(-computed.x_shape[1] * computed.filter[0] * computed.filter[1] // STEP)
+    if blocks >= units:
+        return 1
+    return max(1, min(2 * units // blocks, tiles // 8, 8))
+
+
 def transposer(handle, moves):
     """``transpose(matrices, rows, cols)``: a launcher of conv_gemm.c's conv_transpose (from the
     loaded program ``moves``) for that batch of matrices, taking (source, destination): the
@@ -104,7 +117,9 @@ class ConvImplicitGemmTensorCore(Solver):
         d = problem.descs()
         staged = 0 if problem.layout == "NHWC" else d["x"].numel + d["y"].numel
         weights = d["w"].numel if problem.layout == "NCHW" or problem.direction == "B" else 0
-        return (staged + weights) * problem.dtype.itemsize
+        slices = split_slices(problem, 132)
+        written = d["y"].numel if problem.direction == "F" else d["x"].numel
+        return (staged + weights) * problem.dtype.itemsize + (4 * slices * written if slices > 1 else 0)
 
     def programs(self, problem: ConvProblem):
         request = program(problem)
@@ -115,14 +130,27 @@ class ConvImplicitGemmTensorCore(Solver):
         computed = as_forward(problem)
         # 32 channels a step from one tap with cp.async, or (a first layer's 3 channels) element by element
         name = "conv_igemm_fwd_nhwc" if computed.x_shape[1] % STEP == 0 else "conv_igemm_fwd_nhwc_any"
-        kernel = handle.program(request.kernel_file, request.options).function(name)
+        prog = handle.program(request.kernel_file, request.options)
+        kernel = prog.function(name)
         n = computed.x_shape[0]
         positions = n * computed.out_hw[0] * computed.out_hw[1]
-        grid = (-(-computed.out_channels // TILE), -(-positions // TILE), 1)
-        fast = handle.backend.launcher(kernel, grid, (THREADS, 1, 1), [None, None, None, *shape_args(computed)],
-                                       shared_bytes=SHARED)
-        moves = handle.program("conv_gemm.c", problem.dtype.options)
         backend, d, item = handle.backend, problem.descs(), problem.dtype.itemsize
+        # Too few output tiles to fill the GPU: the reduction split, fp32 slabs summed after.
+        slices = split_slices(problem, handle.device.target.cu or 132)
+        partial = backend.alloc(4 * slices * positions * computed.out_channels if slices > 1 else 16)
+        grid = (-(-computed.out_channels // TILE), -(-positions // TILE), slices)
+        fast = backend.launcher(kernel, grid, (THREADS, 1, 1), [None, None, None, partial, *shape_args(computed)],
+                                shared_bytes=SHARED)
+        if slices > 1:
+            multiply = fast
+            finish = launcher_1d(handle, prog.function("conv_igemm_split_finish"), positions * computed.out_channels // 2,
+                                 [partial, None, *(np.int32(v) for v in (positions, computed.out_channels, slices))],
+                                 max_groups=1 << 16)
+
+            def fast(inp, w, out):
+                multiply(inp, w, out)
+                finish(out)
+        moves = handle.program("conv_gemm.c", problem.dtype.options)
         (n, c, h, w_), (k, _, fy, fx), (ho, wo) = problem.x_shape, problem.w_shape, problem.out_hw
 
         transpose = transposer(handle, moves)
@@ -164,13 +192,13 @@ class ConvImplicitGemmTensorCore(Solver):
             def forward(x, w, y):
                 run(x, w, y)
 
-            forward.workspace = (*staged.values(), weights)
+            forward.workspace = (*staged.values(), weights, partial)
             return forward
 
         def backward_data(dy, w, dx):
             run(dy, w, dx)
 
-        backward_data.workspace = (*staged.values(), weights)
+        backward_data.workspace = (*staged.values(), weights, partial)
         return backward_data
 
 
