@@ -18,8 +18,9 @@
  * Split reduction: with gridDim.z > 1 each z takes a run of the reduction's tiles and writes
  *   its fp32 sums to its slab of partial; conv_igemm_split_finish adds the slabs into y (for
  *   grids too small to fill the GPU: few output positions, a long reduction).
- * Kernels: conv_igemm_fwd_nhwc (C a multiple of 32), conv_igemm_fwd_nhwc_any (any C: element
- *   loads, as for a first layer's 3 channels).
+ * Kernels: conv_igemm_fwd_nhwc (C a multiple of 32), conv_igemm_fwd_nhwc_c8 (C a multiple of 8:
+ *   a first layer's 3 channels widened to 8 by the solver), conv_igemm_fwd_nhwc_any (any C:
+ *   element loads).
  * Launch: blocks of 128 threads, grid (ceil(K / 128), ceil(N Ho Wo / 128), slices), 81,920 bytes of
  *   dynamic shared memory.
  */
@@ -78,15 +79,17 @@ __device__ __forceinline__ void ig_copy16(void* shared, const void* global, bool
                  "r"(valid ? 16 : 0));
 }
 
-/* ALIGNED: C a multiple of 32 (a step's 32 reductions are one tap's contiguous channels, copied
- * with cp.async); else any C: each element of A's and B's tiles found and loaded on its own
- * (the reduction padded to a multiple of 32 with zeros), as for a first layer's 3 channels. */
-template <bool ALIGNED>
+/* PIECE 32: C a multiple of 32 (a step's 32 reductions are one tap's contiguous channels, copied
+ * with cp.async); 8: C a multiple of 8 (each 16-byte copy is 8 channels of its own tap); 0: any
+ * C, each element of A's and B's tiles found and loaded on its own (the reduction padded to a
+ * multiple of 32 with zeros). */
+template <int PIECE>
 __device__ __forceinline__ void conv_igemm_body(const unsigned short* __restrict__ x,
                                                 const unsigned short* __restrict__ w, unsigned short* __restrict__ y,
                                                 float* __restrict__ partial, int N, int C, int H, int W, int K, int Ho,
                                                 int Wo, int Y, int X, int ph, int pw, int sh, int sw, int dlh, int dlw)
 {
+    constexpr bool ALIGNED = PIECE != 0;
     extern __shared__ __align__(16) unsigned short ig_smem_tiles[];
     const int M = N * Ho * Wo, R = Y * X * C, all_tiles = (R + IG_BK - 1) / IG_BK;
     /* Split reduction (gridDim.z slices): this block's run of reduction tiles. */
@@ -155,17 +158,21 @@ __device__ __forceinline__ void conv_igemm_body(const unsigned short* __restrict
             }
             return;
         }
-        const int tap = r0 / C, c0 = r0 - tap * C;
+        /* PIECE 32: the step's 32 reductions are one tap's channels; 8: each 16-byte piece is
+         * 8 channels of its own tap (C a multiple of 8; the reduction's end may cut a step). */
+        const int r = r0 + (PIECE == 32 ? 0 : part), tap = r / C, channel = r - tap * C + (PIECE == 32 ? part : 0);
         const int a = tap / X, b = tap - (tap / X) * X;
+        const bool r_ok = PIECE == 32 || r < R;
 #pragma unroll
         for (int q = 0; q < IG_CHUNKS; ++q) {
             const int row = t / 4 + 32 * q;
             const int h = top[q] + a * dlh, v = left[q] + b * dlw;
-            const bool inside = row_ok[q] && h >= 0 && h < H && v >= 0 && v < W;
-            const unsigned short* src = inside ? x + pixel_base[q] + ((long)h * W + v) * C + c0 + part : x;
+            const bool inside = r_ok && row_ok[q] && h >= 0 && h < H && v >= 0 && v < W;
+            const unsigned short* src = inside ? x + pixel_base[q] + ((long)h * W + v) * C + channel : x;
             ig_copy16(as + row * IG_ROW + part, src, inside);
-            const unsigned short* wsrc = chan_ok[q] ? w + (long)(col0 + row) * R + r0 + part : w;
-            ig_copy16(bs + row * IG_ROW + part, wsrc, chan_ok[q]);
+            const bool weight_ok = r_ok && chan_ok[q];
+            const unsigned short* wsrc = weight_ok ? w + (long)(col0 + row) * R + r0 + part : w;
+            ig_copy16(bs + row * IG_ROW + part, wsrc, weight_ok);
         }
     };
 
@@ -248,16 +255,17 @@ extern "C" __global__ void conv_igemm_split_finish(const float* __restrict__ par
     }
 }
 
-#define IG_KERNEL(NAME, ALIGNED)                                                                             \
+#define IG_KERNEL(NAME, PIECE)                                                                             \
     extern "C" __global__ void __launch_bounds__(IG_THREADS)                                                  \
     NAME(const unsigned short* __restrict__ x, const unsigned short* __restrict__ w, unsigned short* __restrict__ y, \
          float* __restrict__ partial, CONV_SHAPE_ARGS)                                                         \
     {                                                                                                         \
-        conv_igemm_body<ALIGNED>(x, w, y, partial, N, C, H, W, K, Ho, Wo, Y, X, ph, pw, sh, sw, dlh, dlw);     \
+        conv_igemm_body<PIECE>(x, w, y, partial, N, C, H, W, K, Ho, Wo, Y, X, ph, pw, sh, sw, dlh, dlw);     \
     }
 
-IG_KERNEL(conv_igemm_fwd_nhwc, true)
-IG_KERNEL(conv_igemm_fwd_nhwc_any, false)
+IG_KERNEL(conv_igemm_fwd_nhwc, 32)
+IG_KERNEL(conv_igemm_fwd_nhwc_c8, 8)
+IG_KERNEL(conv_igemm_fwd_nhwc_any, 0)
 
 /* ---------------------------------------------------------------- backward weights */
 

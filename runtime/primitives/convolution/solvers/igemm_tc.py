@@ -43,6 +43,14 @@ def as_forward(problem: ConvProblem) -> ConvProblem:
                                pad=(dh * (fy - 1) - problem.pad[0], dw * (fx - 1) - problem.pad[1]))
 
 
+def widened_channels(problem: ConvProblem) -> int:
+    """The input channels the forward kernel reads: a forward convolution's C not a multiple of
+    8 (a first layer's 3) widened with zeros to the next multiple, so that 16-byte copies
+    still work; else as_forward's."""
+    c = as_forward(problem).x_shape[1]
+    return -(-c // 8) * 8 if problem.direction == "F" else c
+
+
 def split_slices(problem: ConvProblem, units: int) -> int:
     """How many slices the forward kernel splits the reduction into: 1 where the output's tiles
     fill the GPU (two blocks per multiprocessor), else enough to fill it, each slice at least 8
@@ -114,9 +122,13 @@ class ConvImplicitGemmTensorCore(Solver):
         return APPLIES
 
     def workspace(self, problem: ConvProblem) -> int:
-        d = problem.descs()
-        staged = 0 if problem.layout == "NHWC" else d["x"].numel + d["y"].numel
-        weights = d["w"].numel if problem.layout == "NCHW" or problem.direction == "B" else 0
+        d, cin = problem.descs(), widened_channels(problem)
+        widen = cin != as_forward(problem).x_shape[1]
+        source = d["x"] if problem.direction == "F" else d["y"]
+        staged = (source.numel // source.shape[1] * cin if problem.layout == "NCHW" or widen else 0) + (
+            (d["y"] if problem.direction == "F" else d["x"]).numel if problem.layout == "NCHW" else 0)
+        (fy, fx), kout = problem.filter, as_forward(problem).out_channels  # the forward's KYXC weights
+        weights = kout * fy * fx * cin if problem.layout == "NCHW" or widen or problem.direction == "B" else 0
         slices = split_slices(problem, 132)
         written = d["y"].numel if problem.direction == "F" else d["x"].numel
         return (staged + weights) * problem.dtype.itemsize + (4 * slices * written if slices > 1 else 0)
@@ -127,11 +139,13 @@ class ConvImplicitGemmTensorCore(Solver):
 
     def invoker(self, handle, problem: ConvProblem):
         request = program(problem)
-        computed = as_forward(problem)
-        # 32 channels a step from one tap with cp.async, or (a first layer's 3 channels) element by element
-        name = "conv_igemm_fwd_nhwc" if computed.x_shape[1] % STEP == 0 else "conv_igemm_fwd_nhwc_any"
+        computed, cin = as_forward(problem), widened_channels(problem)
+        widen = cin != computed.x_shape[1]
+        computed = dataclasses.replace(computed, x_shape=(computed.x_shape[0], cin, *computed.x_shape[2:]))
+        # 32 channels a step from one tap with cp.async, 8 channels of a tap per copy, or element by element
+        name = {0: "conv_igemm_fwd_nhwc", 8: "conv_igemm_fwd_nhwc_c8"}.get(cin % STEP if cin % 8 == 0 else -1,
+                                                                           "conv_igemm_fwd_nhwc_any")
         prog = handle.program(request.kernel_file, request.options)
-        kernel = prog.function(name)
         n = computed.x_shape[0]
         positions = n * computed.out_hw[0] * computed.out_hw[1]
         backend, d, item = handle.backend, problem.descs(), problem.dtype.itemsize
@@ -139,8 +153,8 @@ class ConvImplicitGemmTensorCore(Solver):
         slices = split_slices(problem, handle.device.target.cu or 132)
         partial = backend.alloc(4 * slices * positions * computed.out_channels if slices > 1 else 16)
         grid = (-(-computed.out_channels // TILE), -(-positions // TILE), slices)
-        fast = backend.launcher(kernel, grid, (THREADS, 1, 1), [None, None, None, partial, *shape_args(computed)],
-                                shared_bytes=SHARED)
+        fast = backend.launcher(prog.function(name), grid, (THREADS, 1, 1),
+                                [None, None, None, partial, *shape_args(computed)], shared_bytes=SHARED)
         if slices > 1:
             multiply = fast
             finish = launcher_1d(handle, prog.function("conv_igemm_split_finish"), positions * computed.out_channels // 2,
@@ -153,19 +167,35 @@ class ConvImplicitGemmTensorCore(Solver):
         moves = handle.program("conv_gemm.c", problem.dtype.options)
         (n, c, h, w_), (k, _, fy, fx), (ho, wo) = problem.x_shape, problem.w_shape, problem.out_hw
 
+        def widener(matrices: int, channels: int, rows: int, cols: int, strides):
+            """conv_gemm.c's conv_pad_channels: a tensor (through its strides) packed channels-last, widened."""
+            return launcher_1d(handle, moves.function("conv_pad_channels"), matrices * rows * cols * cin,
+                               [None, None, *(np.int32(v) for v in (matrices, channels, rows, cols, cin, *strides))],
+                               max_groups=1 << 16)
+
         transpose = transposer(handle, moves)
         nchw = problem.layout == "NCHW"
         # The input the kernel reads (x forward, dy backward) and the output it writes, NHWC.
         source, target = ("x", "y") if problem.direction == "F" else ("y", "x")
-        staged = {name: backend.alloc(d[name].numel * item) for name in (source, target)} if nchw else {}
+        staged = {}
+        if nchw or widen:
+            staged[source] = backend.alloc(d[source].numel // d[source].shape[1] * cin * item)
+        if nchw:
+            staged[target] = backend.alloc(d[target].numel * item)
         shapes = {"x": (n, c, h * w_), "y": (n, k, ho * wo)}  # matrices, channels, positions
-        into = transpose(*shapes[source]) if nchw else None
+        if widen:
+            into = widener(n, c, h, w_, d["x"].strides)
+        else:
+            into = transpose(*shapes[source]) if nchw else None
         back = transpose(shapes[target][0], shapes[target][2], shapes[target][1]) if nchw else None
-        weights = backend.alloc(d["w"].numel * item) if nchw or problem.direction == "B" else None
+        weights = backend.alloc(computed.out_channels * fy * fx * cin * item) if nchw or widen or \
+            problem.direction == "B" else None
         if problem.direction == "B":
             prepare = launcher_1d(handle, moves.function("conv_flip_weights"), d["w"].numel,
                                   [None, None, *(np.int32(v) for v in (k, c // problem.groups, fy, fx,
                                                                        *d["w"].strides))], max_groups=1 << 16)
+        elif widen:
+            prepare = widener(k, c, fy, fx, d["w"].strides)  # KYX x widened C
         elif nchw:
             prepare = transpose(k, c, fy * fx)  # KCYX -> KYXC
         else:
@@ -173,20 +203,19 @@ class ConvImplicitGemmTensorCore(Solver):
         unaligned = fallback_invoker(handle, problem, "ConvIm2colGemm")  # a tensor not 16-byte aligned
 
         def run(inp, w, out):
-            if not nchw and prepare is None and not aligned16(inp, w, out):
+            """Stage what needs staging, then the kernel on 16-byte aligned tensors (a user's
+            tensor that is not goes to ConvIm2colGemm)."""
+            src, weights_used, dst = staged.get(source, inp), weights or w, staged.get(target, out)
+            if not aligned16(*(b for b, ours in ((src, into), (weights_used, prepare), (dst, back)) if ours is None)):
                 unaligned(inp, w, out)
                 return
             if prepare is not None:
                 prepare(w, weights)
-                w = weights
-            if nchw:
-                into(inp, staged[source])
-                fast(staged[source], w, staged[target])
-                back(staged[target], out)
-            elif aligned16(inp, out):
-                fast(inp, w, out)
-            else:
-                unaligned(inp, w, out)
+            if into is not None:
+                into(inp, src)
+            fast(src, weights_used, dst)
+            if back is not None:
+                back(dst, out)
 
         if problem.direction == "F":
             def forward(x, w, y):
