@@ -77,3 +77,50 @@ KDB_KERNEL void conv_dw_bwd_data(const KDB_GLOBAL kdb_data_t* dy, const KDB_GLOB
         KDB_STORE(dx, (long)n * xs0 + (long)c * xs1 + (long)h * xs2 + (long)v * xs3, acc);
     }
 }
+
+#define CONV_DW_THREADS 256
+#define CONV_DW_MAX_TAPS 25 /* filters up to 5 x 5 keep their sums in registers */
+
+/* partial[k][s][tap] = the sum over slice s of the output positions of dy[n, k, i, j] times
+ * x[n, k, i * sh - ph + a * dlh, j * sw - pw + b * dlw], tap = a X + b: every tap of a channel
+ * from one read of dy, the block's rows then added in a tree. A block takes `lanes` channels
+ * (32 when channels_fastest: a warp reads 32 neighbouring channels; else 1: a warp reads 32
+ * neighbouring positions) and CONV_DW_THREADS / lanes rows of positions; grid (ceil(K / lanes),
+ * slices). conv_igemm.c's conv_igemm_wrw_finish adds the slices into dw (G = K, 1 channel). */
+KDB_KERNEL void conv_dw_bwd_weights(const KDB_GLOBAL kdb_data_t* dy, const KDB_GLOBAL kdb_data_t* x,
+                                    KDB_GLOBAL float* partial, CONV_SHAPE_ARGS, int channels_fastest, int slice)
+{
+    KDB_SHARED(float, rows_sum, CONV_DW_THREADS);
+    const int t = KDB_LOCAL_ID_X, lanes = channels_fastest ? 32 : 1, rows = CONV_DW_THREADS / lanes;
+    const int lane = t % lanes, row = t / lanes, k = KDB_GROUP_ID_X * lanes + lane, taps = Y * X;
+    const int P = N * Ho * Wo, begin = KDB_GROUP_ID_Y * slice, end = P - begin < slice ? P : begin + slice;
+    float acc[CONV_DW_MAX_TAPS];
+    KDB_UNROLL for (int e = 0; e < CONV_DW_MAX_TAPS; ++e) acc[e] = 0.0f;
+    if (k < K)
+        for (int p = begin + row; p < end; p += rows) {
+            const int j = p % Wo, i = p / Wo % Ho, n = p / (Wo * Ho);
+            const float g = KDB_LOAD(dy, (long)n * ys0 + (long)k * ys1 + (long)i * ys2 + (long)j * ys3);
+            const long xk = (long)n * xs0 + (long)k * xs1;
+            int h = i * sh - ph, v = j * sw - pw, b = 0; /* tap e = (a, b): row h, column v of x */
+            KDB_UNROLL for (int e = 0; e < CONV_DW_MAX_TAPS; ++e) {
+                if (e < taps && h >= 0 && h < H && v >= 0 && v < W)
+                    acc[e] += g * KDB_LOAD(x, xk + (long)h * xs2 + (long)v * xs3);
+                const int wrap = ++b == X; /* the next filter row: no division per tap */
+                b = wrap ? 0 : b;
+                h += wrap ? dlh : 0;
+                v += wrap ? -(X - 1) * dlw : dlw;
+            }
+        }
+    for (int e = 0; e < taps; ++e) {
+        rows_sum[t] = acc[e < CONV_DW_MAX_TAPS ? e : 0];
+        KDB_BARRIER;
+        for (int span = rows / 2; span > 0; span /= 2) {
+            if (row < span)
+                rows_sum[t] += rows_sum[t + span * lanes];
+            KDB_BARRIER;
+        }
+        if (row == 0 && k < K)
+            partial[((long)k * KDB_NUM_GROUPS_Y + KDB_GROUP_ID_Y) * taps + e] = rows_sum[lane];
+        KDB_BARRIER;
+    }
+}

@@ -1,6 +1,9 @@
 """ConvDepthwise (id 24): depthwise convolution (groups = C = K, one filter per channel),
-forward and backward data, memory-bound (conv_depthwise.c): a thread per element written, in
-the layout's memory order, its index found once, then the filter's taps."""
+memory-bound (conv_depthwise.c). Forward and backward data: a thread per element written, in
+the layout's memory order, its index found once, then the filter's taps. Backward weights
+(filters up to 25 taps): blocks of channels by slices of the output positions, every tap of a
+channel summed from one read of dy, the slices' sums added in a fixed order by conv_igemm.c's
+finish kernel."""
 
 from __future__ import annotations
 
@@ -11,9 +14,22 @@ from kdbkit.runtime.primitives.convolution.solvers.common import fits_int_argume
 from kdbkit.runtime.program_key import ProgramRequest
 from kdbkit.runtime.solver import Solver, launcher_1d, not_applicable, register
 
+THREADS, MAX_TAPS = 256, 25  # conv_depthwise.c's CONV_DW_THREADS, CONV_DW_MAX_TAPS
+
 
 def program(problem: ConvProblem) -> ProgramRequest:
     return ProgramRequest("conv_depthwise.c", problem.dtype.options)
+
+
+def wrw_split(problem: ConvProblem, units: int) -> tuple[int, int, int]:
+    """(channels a block takes, slices, positions a slice) for backward weights: about four
+    blocks per multiprocessor, at least 1024 positions a slice."""
+    lanes = 32 if problem.layout == "NHWC" else 1
+    positions = problem.x_shape[0] * problem.out_hw[0] * problem.out_hw[1]
+    blocks = -(-problem.out_channels // lanes)
+    slices = max(1, min(-(-4 * units // blocks), -(-positions // 1024), 65535))
+    length = -(-positions // slices)
+    return lanes, -(-positions // length), length
 
 
 @register
@@ -27,12 +43,19 @@ class ConvDepthwise(Solver):
         if not (problem.groups == c == problem.out_channels):
             return not_applicable(f"it takes depthwise convolutions (groups = input = output channels), not "
                                   f"{problem.groups} groups of {c} to {problem.out_channels} channels")
-        if problem.direction == "W":
-            return not_applicable("it computes forward and backward data, not backward weights")
+        if problem.direction == "W" and problem.filter[0] * problem.filter[1] > MAX_TAPS:
+            return not_applicable(f"its backward weights keep at most {MAX_TAPS} taps in registers, not "
+                                  f"{problem.filter[0]} x {problem.filter[1]}")
         return fits_int_arguments(problem)
 
+    def workspace(self, problem: ConvProblem) -> int:
+        if problem.direction != "W":
+            return 0
+        return 4 * problem.out_channels * wrw_split(problem, 132)[1] * problem.filter[0] * problem.filter[1]
+
     def programs(self, problem: ConvProblem):
-        return [program(problem)]
+        finish = [ProgramRequest("conv_igemm.c", problem.dtype.options)] if problem.direction == "W" else []
+        return [program(problem), *finish]
 
     def invoker(self, handle, problem: ConvProblem):
         request = program(problem)
@@ -43,6 +66,23 @@ class ConvDepthwise(Solver):
             fast = launcher_1d(handle, prog.function("conv_dw_fwd"), n * k * ho * wo,
                                [None, None, None, *shape_args(problem), order], max_groups=1 << 16)
             return lambda x, w, y: fast(x, w, y)
-        fast = launcher_1d(handle, prog.function("conv_dw_bwd_data"), int(np.prod(problem.x_shape)),
-                           [None, None, None, *shape_args(problem), order], max_groups=1 << 16)
-        return lambda dy, w, dx: fast(dy, w, dx)
+        if problem.direction == "B":
+            fast = launcher_1d(handle, prog.function("conv_dw_bwd_data"), int(np.prod(problem.x_shape)),
+                               [None, None, None, *shape_args(problem), order], max_groups=1 << 16)
+            return lambda dy, w, dx: fast(dy, w, dx)
+        lanes, slices, length = wrw_split(problem, handle.device.target.cu or 132)
+        k, (fy, fx) = problem.out_channels, problem.filter
+        partial = handle.backend.alloc(4 * k * slices * fy * fx)
+        sums = handle.backend.launcher(prog.function("conv_dw_bwd_weights"), (-(-k // lanes), slices, 1),
+                                       (THREADS, 1, 1), [None, None, partial, *shape_args(problem), order,
+                                                         np.int32(length)])
+        finisher = handle.program("conv_igemm.c", problem.dtype.options).function("conv_igemm_wrw_finish")
+        finish = launcher_1d(handle, finisher, k * fy * fx, [partial, None, *(np.int32(v) for v in (
+            k, 1, fy, fx, k, slices, 0, *problem.descs()["w"].strides))], max_groups=1 << 16)
+
+        def backward_weights(dy, x, dw):
+            sums(dy, x)
+            finish(dw)
+
+        backward_weights.workspace = (partial,)
+        return backward_weights
