@@ -66,7 +66,7 @@ def test_every_direction_matches_the_reference(handle, solver, dtype, case):
                                           solver=None if forward_only else solver, **geometry)
     expected = ref.backward_data(read(dy), read(wt), x.shape, pad, stride, dilation, groups)
     np.testing.assert_allclose(read(dx), expected, **_tolerance(tol, expected))
-    wrw_solver = None if solver in ("ConvDepthwise", "ConvWinogradF2x3") else solver  # forward (and backward data)
+    wrw_solver = None if solver == "ConvWinogradF2x3" else solver  # forward only
     dw = kdbkit.convolution_backward_weights(handle, dy, x, wt.shape, dtype=dtype, solver=wrw_solver, **geometry)
     expected = ref.backward_weights(read(dy), read(x), wt.shape, pad, stride, dilation, groups)
     np.testing.assert_allclose(read(dw), expected, **_tolerance(tol, expected))
@@ -108,7 +108,7 @@ def test_channels_last_tensors_in_every_direction(handle, solver, groups, filt, 
     dx = kdbkit.convolution_backward_data(handle, _channels_last(be, dy), _channels_last(be, wt), x.shape, **backward)
     np.testing.assert_allclose(_from_channels_last(be, dx),
                                ref.backward_data(dy, wt, x.shape, pads, stride, (1, 1), groups), rtol=1e-5, atol=1e-5)
-    wrw = {**geometry, "solver": None if solver in ("ConvDepthwise", "ConvWinogradF2x3") else solver}
+    wrw = {**geometry, "solver": None if solver == "ConvWinogradF2x3" else solver}
     dw = kdbkit.convolution_backward_weights(handle, _channels_last(be, dy), _channels_last(be, x), wt.shape, **wrw)
     np.testing.assert_allclose(_from_channels_last(be, dw),
                                ref.backward_weights(dy, x, wt.shape, pads, stride, (1, 1), groups), rtol=1e-4,
@@ -217,6 +217,8 @@ def test_the_tensor_core_solver_says_what_it_takes():
     assert solver.workspace(ConvProblem("F", DataType.FP16, "NHWC", (32, 64, 56, 56), 64, (3, 3), (1, 1))) == 0
     assert solver.workspace(ConvProblem("B", DataType.FP16, "NHWC", (2, 64, 9, 9), 64, (3, 3), (1, 1))) == \
         2 * 64 * 64 * 9 + 4 * 2 * 2 * 64 * 81  # the flipped weights, two fp32 slabs of dx
+    assert solver.workspace(ConvProblem("F", DataType.FP16, "NHWC", (2, 3, 9, 9), 64, (3, 3), (1, 1))) == \
+        2 * (2 * 81 * 8 + 64 * 9 * 8)  # 3 channels of x and w widened to 8
 
 
 @pytest.mark.parametrize("dtype", list(TYPES))
@@ -232,6 +234,28 @@ def test_the_staging_transpose_moves_every_element(handle, dtype):
     be.launch(kernel, (-(-cols // 32), -(-rows // 32), matrices), (32, 8, 1),
               [be.to_device(src), dst, np.int32(rows), np.int32(cols)])
     np.testing.assert_array_equal(be.to_host(dst, np.empty((matrices, cols, rows), src.dtype)), src.transpose(0, 2, 1))
+
+
+@pytest.mark.parametrize("channels_last", [False, True], ids=["nchw", "nhwc"])
+def test_depthwise_backward_weights_over_slices_and_channel_blocks(handle, channels_last):
+    """40 channels (a block of 32 and a cut one, channels-last), 2178 positions in several
+    slices summed in order, a 5 x 5 filter: the same as the reference, and twice the same."""
+    be = handle.backend
+    rng = np.random.default_rng(5)
+    x = rng.standard_normal((2, 40, 33, 33)).astype(np.float32)
+    dy = rng.standard_normal((2, 40, 33, 33)).astype(np.float32)
+    geometry = {"pad": 2, "groups": 40, "solver": "ConvDepthwise"}
+    expected = ref.backward_weights(dy, x, (40, 1, 5, 5), (2, 2), (1, 1), (1, 1), 40)
+    results = []
+    for _ in range(2):
+        if channels_last:
+            dw = kdbkit.convolution_backward_weights(handle, _channels_last(be, dy), _channels_last(be, x),
+                                                     (40, 1, 5, 5), **geometry)
+            results.append(_from_channels_last(be, dw))
+        else:
+            results.append(kdbkit.convolution_backward_weights(handle, dy, x, (40, 1, 5, 5), **geometry))
+    np.testing.assert_allclose(results[0], expected, rtol=1e-4, atol=1e-3)
+    np.testing.assert_array_equal(results[0], results[1])
 
 
 def test_immediate_mode_passes_over_mostly_empty_implicit_gemm_tiles(handle):
