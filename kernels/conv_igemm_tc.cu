@@ -41,6 +41,7 @@
 #define IG_ROW (IG_BK + IG_PAD)
 #define IG_STAGE (IG_BM * IG_ROW + IG_BN * IG_ROW)
 #define IG_CHUNKS (IG_BM * IG_BK / 8 / IG_THREADS) /* 16-byte copies per thread and operand */
+#define IG_OUT_ROW (IG_BN + 8) /* halves per row of the output tile in shared memory: no bank conflicts */
 
 __device__ __forceinline__ unsigned int ig_smem(const void* p)
 {
@@ -218,6 +219,29 @@ __device__ __forceinline__ void conv_igemm_body(const unsigned short* __restrict
         }
     }
     asm volatile("cp.async.wait_group 0;");
+    if (gridDim.z == 1 && K % 8 == 0) {
+        /* The tile through shared memory (the stages are free once every warp is past them),
+         * then out in 16-byte stores: a warp writes two whole 256-byte rows of y. */
+        __syncthreads();
+        unsigned short* tile = ig_smem_tiles; /* 128 rows of IG_OUT_ROW halves */
+#pragma unroll
+        for (int i = 0; i < 4; ++i)
+#pragma unroll
+            for (int j = 0; j < 8; ++j)
+#pragma unroll
+                for (int half = 0; half < 2; ++half)
+                    *(unsigned int*)(tile + (wm + 16 * i + group + 8 * half) * IG_OUT_ROW + wn + 8 * j + 2 * tig) =
+                        (unsigned int)tc_from_float(acc[i][j][2 * half]) |
+                        ((unsigned int)tc_from_float(acc[i][j][2 * half + 1]) << 16);
+        __syncthreads();
+#pragma unroll
+        for (int q = 0; q < IG_BM * IG_BN / 8 / IG_THREADS; ++q) {
+            const int chunk = t + IG_THREADS * q, row = chunk / (IG_BN / 8), col = (chunk % (IG_BN / 8)) * 8;
+            if (row0 + row < M && col0 + col < K)
+                *(uint4*)(y + (long)(row0 + row) * K + col0 + col) = *(const uint4*)(tile + row * IG_OUT_ROW + col);
+        }
+        return;
+    }
     /* Each thread's two neighbouring output channels of a position as one 32-bit store (K even);
      * split, as one 8-byte store of fp32 sums into this slice's M x K slab of partial. */
     float* slab = partial + (long)blockIdx.z * M * K;
