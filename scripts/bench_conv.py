@@ -1,11 +1,12 @@
 #!/usr/bin/env python3
 """Every convolution layer of ResNet-50 (batch 32) and MobileNet-V2 (batch 32), each
 direction, next to PyTorch (cuDNN, benchmark mode: its best algorithm) in the same run, on a
-CUDA GPU: the solver immediate mode chose, each one's time and TFLOP/s, and per model,
-direction, type and layout the sum of the layers' times weighted by how often each occurs.
+CUDA GPU: the solver immediate mode chose (or, with --find, the one find ranked first), each
+one's time and TFLOP/s, and per model, direction, type and layout the sum of the layers'
+times weighted by how often each occurs.
 Both libraries run on the same PyTorch tensors (NCHW and channels-last), timed like
 bench_primitives (CUDA events around back-to-back calls, blocks alternating). Writes
-``<out>/bench_conv.json``, ``.md`` and ``.png``.
+``<out>/bench_conv.json``, ``.md`` and ``.png`` (``bench_conv_find.*`` with --find).
 
     python scripts/bench_conv.py --out docs            # on the GPU machine
 """
@@ -75,10 +76,14 @@ def main() -> int:
     parser.add_argument("--directions", default="FBW")
     parser.add_argument("--types", default="fp16,fp32")
     parser.add_argument("--models", default="resnet50,mobilenet_v2")
+    parser.add_argument("--find", action="store_true",
+                        help="run find for each layer first (as cuDNN's benchmark mode searches), writing "
+                             "bench_conv_find.*; default: immediate mode's choice, bench_conv.*")
     args = parser.parse_args()
     import torch
 
     import kdbkit
+    from kdbkit.runtime.find import find_solutions
     from kdbkit.runtime.immediate import choose
     from kdbkit.runtime.primitives.convolution import ConvProblem
     from kdbkit.runtime.tensor import DataType
@@ -115,6 +120,8 @@ def main() -> int:
                         for direction in args.directions:
                             problem = ConvProblem(direction, DataType.parse(label), layout, (BATCH, c, hh, ww), k,
                                                   (f, f), (pad, pad), (stride, stride), groups=groups)
+                            if args.find:
+                                find_solutions(h, problem)  # recorded: choose takes the find-db's best
                             solver = choose(h, problem).solver.name
                             ours, theirs = calls[direction]
                             t_ours, t_torch, ratios = timed_pair(ours, theirs, iters=args.iters, blocks=args.blocks)
@@ -138,17 +145,19 @@ def main() -> int:
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
     result = {"device": torch.cuda.get_device_name(), "batch": BATCH, "iters": args.iters, "blocks": args.blocks,
+              "mode": "find" if args.find else "immediate",
               "torch": torch.__version__, "cudnn": torch.backends.cudnn.version(), "kdbkit": kdbkit.__version__,
               "summary": summary, "rows": rows}
-    (out / "bench_conv.json").write_text(json.dumps(result, indent=1))
-    write_report(result, out)
+    stem = "bench_conv_find" if args.find else "bench_conv"
+    (out / f"{stem}.json").write_text(json.dumps(result, indent=1))
+    write_report(result, out, stem)
     return 0
 
 
-def write_report(result: dict, out: Path) -> None:
+def write_report(result: dict, out: Path, stem: str) -> None:
     lines = [f"# Convolution against PyTorch (cuDNN) on {result['device']}", "",
              (f"Written by `python scripts/bench_conv.py` (batch {result['batch']}; cuDNN {result['cudnn']} in "
-              "benchmark mode, TF32 off; median of "
+              f"benchmark mode, TF32 off; kdbkit's solver from {result['mode']} mode; median of "
               f"{result['blocks']} blocks of {result['iters']} calls, the libraries' blocks alternating). "
               "Sums weight each layer by how often the model runs it."), "",
              "| model, type, layout, direction | kdbkit ms | torch ms | torch / kdbkit |", "|---|---|---|---|"]
@@ -160,7 +169,7 @@ def write_report(result: dict, out: Path) -> None:
         lines.append(f"| {r['model']} | {r['type']} | {r['layout']} | {r['direction']} | {r['layer']} | {r['count']} | "
                      f"{r['solver']} | {r['kdbkit_ms']:.3f} | {r['torch_ms']:.3f} | {r['speedup_vs_torch']:.2f} | "
                      f"{r['kdbkit_tflops']:.1f} | {r['torch_tflops']:.1f} |")
-    (out / "bench_conv.md").write_text("\n".join(lines) + "\n")
+    (out / f"{stem}.md").write_text("\n".join(lines) + "\n")
     try:
         import matplotlib
 
@@ -176,10 +185,10 @@ def write_report(result: dict, out: Path) -> None:
     ax.axvline(0.5, color="black", lw=1, ls="--")
     ax.axvline(1.0, color="black", lw=1)
     ax.set_xlabel("cuDNN time / kdbkit time, summed over the model's layers (> 1: kdbkit faster)")
-    ax.set_title(f"kdbkit convolution vs cuDNN, batch {result['batch']}, {result['device']}")
+    ax.set_title(f"kdbkit convolution ({result['mode']} mode) vs cuDNN, batch {result['batch']}, {result['device']}")
     ax.invert_yaxis()
     fig.tight_layout()
-    fig.savefig(out / "bench_conv.png", dpi=110)
+    fig.savefig(out / f"{stem}.png", dpi=110)
 
 
 if __name__ == "__main__":
