@@ -4,9 +4,11 @@ directions, with MIOpenDriver conv's flags.
 ``-F`` takes MIOpen's bits: 1 forward, 2 backward data, 4 backward weights, 0 all three.
 ``-k`` output channels, ``-y -x`` the filter, ``-p -q`` padding, ``-u -v`` stride, ``-l -j``
 dilation, ``-g`` groups, ``-I -O -f`` the input, output and filter layouts (NCHW or NHWC, the
-same for all three). ``-m`` takes only ``conv`` (no transposed convolution) and ``-b`` only 0
-(a bias is its own operation). With ``-t 1`` a ``stats:`` line follows each time, as
-MIOpenDriver prints it: the layer, its sizes, FLOPs, bytes, GFLOP/s, GB/s and the time.
+same for all three). ``-m`` takes only ``conv`` (no transposed convolution). ``-b 1`` adds the
+bias as MIOpen's ConvolutionForwardBias and ConvolutionBackwardBias: y += bias per output
+channel after a forward, db = the sum of dy with the backward directions, each run, timed and
+verified as a problem of its own. With ``-t 1`` a ``stats:`` line follows each convolution's
+time, as MIOpenDriver prints it: the layer, its sizes, FLOPs, bytes, GFLOP/s, GB/s and the time.
 """
 
 from __future__ import annotations
@@ -15,6 +17,7 @@ import dataclasses
 
 from kdbkit.runtime.driver.spec import COMMON, SHAPE, DriverSpec, Flag
 from kdbkit.runtime.errors import ProblemError
+from kdbkit.runtime.primitives.convolution.bias import ConvBiasProblem
 from kdbkit.runtime.primitives.convolution.problem import LAYOUTS, ConvProblem
 from kdbkit.runtime.reference import convolution as ref
 from kdbkit.runtime.tensor import DataType
@@ -24,7 +27,9 @@ FORW = Flag("forw", ("-F", "--forw"), int, 0, "Directions, MIOpen's bits: 1 forw
             "weights (add them: 3, 5, 6); 0 all three (with --config, the config's own direction unless given).",
             choices=tuple(range(8)), problem=False)
 TITLES = {"F": ("Forward Convolution", "Forward Conv."), "B": ("Backward Convolution Data", "Backward Data Conv."),
-          "W": ("Backward Convolution Weights", "Backward Weights Conv.")}
+          "W": ("Backward Convolution Weights", "Backward Weights Conv."),
+          "fwd": ("Forward Convolution Bias", "Forward Bias Conv."), "bwd": ("Backward Convolution Bias",
+                                                                             "Backward Bias Conv.")}
 
 
 class Conv(DriverSpec):
@@ -49,7 +54,8 @@ class Conv(DriverSpec):
              choices=LAYOUTS),
         Flag("mode", ("-m", "--mode"), str, "conv", "Convolution mode: conv (transposed convolution is not "
              "supported).", choices=("conv",)),
-        Flag("bias", ("-b", "--bias"), int, 0, "Bias: 0 (a bias is its own operation).", choices=(0,)),
+        Flag("bias", ("-b", "--bias"), int, 0, "Bias: 1 adds one per output channel after the forward and computes "
+             "its gradient with the backward directions, each verified on its own.", choices=(0, 1)),
     )
 
     def all_flags(self):
@@ -65,7 +71,13 @@ class Conv(DriverSpec):
 
     def problems(self, o):
         dtype = DataType.parse(o.dtype)
-        return [self.problem(o, d, dtype) for d, bit in BITS.items() if (o.forw or 7) & bit]
+        convolutions = [self.problem(o, d, dtype) for d, bit in BITS.items() if (o.forw or 7) & bit]
+        if not o.bias:
+            return convolutions
+        y = dataclasses.replace(convolutions[0], direction="F").descs()["y"]  # the output, in its layout
+        wanted = ["fwd"] * any(p.direction == "F" for p in convolutions) + \
+            ["bwd"] * any(p.direction != "F" for p in convolutions)
+        return [*convolutions, *(ConvBiasProblem(d, dtype, y.shape, y.strides) for d in wanted)]
 
     def config_problems(self, problem, forw):
         if forw is None:
@@ -73,7 +85,7 @@ class Conv(DriverSpec):
         return [dataclasses.replace(problem, direction=d) for d, bit in BITS.items() if (forw or 7) & bit]
 
     def forw_of(self, problem):
-        return BITS[problem.direction]
+        return BITS.get(problem.direction, 1 if problem.direction == "fwd" else 6)
 
     def title(self, problem):
         return TITLES[problem.direction][0]
@@ -82,6 +94,8 @@ class Conv(DriverSpec):
         return TITLES[problem.direction][1]
 
     def stats(self, problem, ms):
+        if isinstance(problem, ConvBiasProblem):
+            return []
         n, c, h, w = problem.x_shape
         k, (ho, wo), (fy, fx) = problem.out_channels, problem.out_hw, problem.filter
         item = problem.dtype.itemsize
@@ -95,9 +109,13 @@ class Conv(DriverSpec):
                 f"{problem.flops / ms / 1e6:.2f}, {(read + written) / ms / 1e6:.2f}, {ms:.6f}"]
 
     def outputs(self, p):
-        return {"F": ("y",), "B": ("dx",), "W": ("dw",)}[p.direction]
+        return {"F": ("y",), "B": ("dx",), "W": ("dw",), "fwd": ("y",), "bwd": ("db",)}[p.direction]
 
     def reference(self, p, t):
+        if isinstance(p, ConvBiasProblem):
+            if p.direction == "fwd":
+                return {"y": t["y"] + t["bias"][None, :, None, None]}
+            return {"db": t["dy"].sum(axis=(0, 2, 3))}
         geometry = (p.pad, p.stride, p.dilation, p.groups)
         if p.direction == "F":
             return {"y": ref.forward(t["x"], t["w"], *geometry)}

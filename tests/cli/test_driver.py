@@ -101,6 +101,23 @@ def test_convolution_verifies_every_direction_as_miopens_driver_prints_it(kdb, c
     assert code == 0 and [parse_config(c) for c in _problems(out)] == [configs[1]], out + err
 
 
+@pytest.mark.parametrize("flags, biases", [("-F 0", ["fwd", "bwd"]), ("-F 1", ["fwd"]), ("-F 4", ["bwd"]),
+                                           ("-F 3 -I NHWC -O NHWC -f NHWC", ["fwd", "bwd"])])
+def test_convolution_bias_runs_after_the_convolutions_it_belongs_to(kdb, flags, biases):
+    """-b 1: y += bias after a forward, db from dy with the backward directions, each verified."""
+    code, out, err = kdb(f"driver convfp16 -n 2 -c 4 -H 9 -W 8 -k 6 -y 3 -x 3 -p 1 -q 1 {flags} -b 1 -V 1 -t 1")
+    assert code == 0, out + err
+    problems = [parse_config(c) for c in _problems(out)]
+    bias = [p for p in problems if p.primitive == "convbias"]
+    assert [p.direction for p in bias] == biases and len(problems) == len(bias) + bin(int(flags[3]) or 7).count("1")
+    layout = "NHWC" if "NHWC" in flags else "NCHW"
+    assert all(p.strides == (432, 1, 48, 6) if layout == "NHWC" else p.strides == (432, 72, 8, 1) for p in bias)
+    for d in biases:
+        phase = "Forward" if d == "fwd" else "Backward"
+        assert re.search(rf"^GPU Kernel Time {phase} Bias Conv. Elapsed: {FLOAT} ms \(average\)$", out, re.M), out
+        assert re.search(rf"^{phase} Convolution Bias Verifies OK on CPU reference \({SCI} < ", out, re.M), out
+
+
 def test_tensorop_verifies_with_broadcasting_and_is_timed(kdb):
     code, out, err = kdb("driver tensorop --op max -n 2 -c 8 -H 2 -W 3 --bshape 1x8x1x1 -A 0.5 -B -2 --beta 0.25 -t 1")
     assert code == 0, out + err
