@@ -167,7 +167,9 @@ class ConvProblem(Problem):
         ic, ih, iw, fy, fx, oc, oh, ow, n, ph, pw, sh, sw, dh, dw, bias = (int(x) for x in v[:16])
         layouts, type_name, direction, groups = v[16].split("-"), v[17], v[18], int(v[19] or 1)
         if bias:
-            raise ProblemError(f"convolution key {text!r} has a bias", "a bias is its own operation: write 0")
+            raise ProblemError(f"convolution key {text!r} has a bias",
+                               "write 0 there: the bias runs as a problem of its own (kdb driver conv -b 1, "
+                               "kdbkit.convolution_bias_forward)")
         if len(set(layouts)) != 1 or layouts[0] not in LAYOUTS or (len(layouts) == 3 and layouts[0] == "NCHW"):
             raise ProblemError(f"convolution key {text!r}: layouts {'-'.join(layouts)}",
                                "use NCHW, or NHWC-NHWC-NHWC")
