@@ -1,8 +1,8 @@
 /* conv_igemm.c: 2-D convolution in its three directions as an implicit GEMM on the general
- * cores (ConvImplicitGemm): fp32 FMAs whatever the element type, 128 x 128 tiles of the
- * product, 8 x 8 per thread, the reduction 8 at a time through double-buffered shared memory,
- * the operands gathered straight from the tensors through their strides (zeros in the
- * padding): no im2col, any layout, group count, stride, dilation and padding.
+ * cores (ConvImplicitGemm): igemm_core.h's multiply (fp32 FMAs whatever the element type,
+ * 128 x 128 tiles, 8 x 8 per thread, double-buffered shared memory), the operands gathered
+ * straight from the tensors through their strides (zeros in the padding): no im2col, any
+ * layout, group count, stride, dilation and padding.
  *
  * The products, per group g (grid z):
  *   forward           y[m = (n, i, j)][k]       = sum over r = (c, a, b) of x gathered * w
@@ -22,13 +22,8 @@
  */
 #include "kdb_data.h"
 #include "conv_shape.h"
+#include "igemm_core.h"
 
-#define IG_BM 128
-#define IG_BN 128
-#define IG_BK 8
-#define IG_THREADS 256
-#define IG_LD (IG_BM + 4) /* a shared row: 16-byte aligned, and r-fastest stores spread over the banks */
-#define IG_TILE (IG_BK * IG_LD)
 #define IG_FAR (-(1 << 29)) /* a row or column outside the product: every bounds check fails */
 #define IG_NONZERO(v) ((v) > 0 ? (v) : 1)
 
@@ -54,80 +49,9 @@
     const int s2 = IG_BK % (r2), s1 = IG_BK / (r2) % (r1); \
     const int s0 = IG_BK / ((r2) * (r1))
 
-/* Which element of a 128 x 8 tile a thread loads: one reduction index (kr) and four rows
- * (kr's partner + 32 q). Rows fastest: a warp reads 32 rows of one reduction index; else the
- * reduction fastest: 8 reduction indices of 4 rows. */
-#define IG_LOAD_SLOT(rows_fastest, t, kr, row) \
-    const int kr = (rows_fastest) ? (t) >> 5 : (t) & 7, row = (rows_fastest) ? (t) & 31 : (t) >> 3
-
-/* The loaded elements into shared buffer buf: As[buf][kr][row + 32 q], and B's the same way. */
-#define IG_STAGE(buf)                                                     \
-    do {                                                                  \
-        KDB_UNROLL for (int q = 0; q < 4; ++q) {                          \
-            As[(buf) * IG_TILE + ka * IG_LD + ma + 32 * q] = ga[q];        \
-            Bs[(buf) * IG_TILE + kb * IG_LD + nb + 32 * q] = gb[q];        \
-        }                                                                 \
-    } while (0)
-
-#define IG_READ4(tile, at, v, o)                                                 \
-    do {                                                                       \
-        const kdb_vec4u u_ = *(KDB_SHARED_PTR(kdb_vec4u))&tile[at];            \
-        v[o] = KDB_BITS_FLOAT(u_.x);                                           \
-        v[o + 1] = KDB_BITS_FLOAT(u_.y);                                       \
-        v[o + 2] = KDB_BITS_FLOAT(u_.z);                                       \
-        v[o + 3] = KDB_BITS_FLOAT(u_.w);                                       \
-    } while (0)
-
-/* acc += the shared buffer buf's A tile (rows ty*4.. and 64+ty*4..) x B tile (columns tx*4..
- * and 64+tx*4..): four 16-byte shared reads per 64 FMAs. */
-#define IG_MULTIPLY(buf)                                                            \
-    do {                                                                            \
-        KDB_UNROLL for (int kk = 0; kk < IG_BK; ++kk) {                             \
-            float a_[8], b_[8];                                                     \
-            IG_READ4(As, (buf) * IG_TILE + kk * IG_LD + ty * 4, a_, 0);             \
-            IG_READ4(As, (buf) * IG_TILE + kk * IG_LD + 64 + ty * 4, a_, 4);        \
-            IG_READ4(Bs, (buf) * IG_TILE + kk * IG_LD + tx * 4, b_, 0);             \
-            IG_READ4(Bs, (buf) * IG_TILE + kk * IG_LD + 64 + tx * 4, b_, 4);        \
-            KDB_UNROLL for (int i_ = 0; i_ < 8; ++i_)                               \
-                KDB_UNROLL for (int j_ = 0; j_ < 8; ++j_)                           \
-                    acc[i_ * 8 + j_] = KDB_FMAF(a_[i_], b_[j_], acc[i_ * 8 + j_]);   \
-        }                                                                           \
-    } while (0)
-
-/* The k loop: tile 0 staged, then each step loads the next tile's elements (LOAD, into ga and
- * gb) before multiplying the current one, and stages them into the other buffer: one barrier
- * a step. ADVANCE moves the reduction digits on by IG_BK. */
-#define IG_PIPELINE(steps, LOAD, ADVANCE)         \
-    do {                                          \
-        LOAD;                                     \
-        IG_STAGE(0);                              \
-        KDB_BARRIER;                              \
-        for (int step = 0; step < (steps); ++step) { \
-            const int cur = step & 1;             \
-            if (step + 1 < (steps)) {             \
-                ADVANCE;                          \
-                LOAD;                             \
-            }                                     \
-            IG_MULTIPLY(cur);                     \
-            if (step + 1 < (steps))               \
-                IG_STAGE(cur ^ 1);                \
-            KDB_BARRIER;                          \
-        }                                         \
-    } while (0)
-
-#define IG_PROLOGUE                                             \
-    KDB_SHARED(float, As, 2 * IG_TILE);                         \
-    KDB_SHARED(float, Bs, 2 * IG_TILE);                         \
-    const int t = KDB_LOCAL_ID_X, tx = t & 15, ty = t >> 4;    \
-    const int m0 = KDB_GROUP_ID_X * IG_BM, n0 = KDB_GROUP_ID_Y * IG_BN; \
-    const int cg = C / G, kg = K / G;                           \
-    float acc[64];                                              \
-    KDB_UNROLL for (int e = 0; e < 64; ++e) acc[e] = 0.0f;       \
-    float ga[4], gb[4]
-
-/* This thread's result rows and columns: ty*4 + (e & 3) + 64 (e >> 2), likewise tx. */
-#define IG_ROW(e) (m0 + ty * 4 + ((e) & 3) + ((e) >> 2) * 64)
-#define IG_COL(e) (n0 + tx * 4 + ((e) & 3) + ((e) >> 2) * 64)
+#define IG_PROLOGUE \
+    IG_SETUP;       \
+    const int cg = C / G, kg = K / G
 
 KDB_KERNEL void KDB_BOUNDS(IG_THREADS, 2)
     conv_fwd_igemm(const KDB_GLOBAL kdb_data_t* x, const KDB_GLOBAL kdb_data_t* w, KDB_GLOBAL kdb_data_t* y,

@@ -4,11 +4,13 @@
  * (trans_a = 1, at p * lda + i); op(B) is K x N likewise with ldb; C is M x N with ldc.
  * Batch b adds b * stride_a, b * stride_b and b * stride_c. beta == 0 never reads C.
  *
- * Options: the element type (kdb_data.h); -DTILE=<t> (default 16): launch blocks of t x t
- * threads, grid (ceil(N / t), ceil(M / t), batch); each block computes a t x t tile of C
- * through shared memory.
+ * Options: the element type (kdb_data.h); -DTILE=<t> (default 16): gemm_tiled's blocks of
+ * t x t threads, grid (ceil(N / t), ceil(M / t), batch); each block computes a t x t tile of C
+ * through shared memory. gemm_blocked: igemm_core.h's 128 x 128 tiles, 8 x 8 sums a thread,
+ * blocks of IG_THREADS, grid (ceil(M / 128), ceil(N / 128), batch).
  */
 #include "kdb_data.h"
+#include "igemm_core.h"
 
 #ifndef TILE
 #define TILE 16
@@ -44,5 +46,55 @@ KDB_KERNEL void gemm_tiled(const KDB_GLOBAL kdb_data_t* A, const KDB_GLOBAL kdb_
     if (row < M && col < N) {
         const long o = batch * stride_c + (long)row * ldc + col;
         KDB_STORE(C, o, beta == 0.0f ? alpha * acc : alpha * acc + beta * KDB_LOAD(C, o));
+    }
+}
+
+/* The same product through igemm_core.h. Each operand is read along its memory: op(A)'s rows
+ * fastest when A is transposed (a warp reads 32 neighbouring rows of one column), its
+ * reduction fastest when not; op(B)'s columns fastest when B is not transposed. */
+KDB_KERNEL void KDB_BOUNDS(IG_THREADS, 2)
+    gemm_blocked(const KDB_GLOBAL kdb_data_t* A, const KDB_GLOBAL kdb_data_t* B, KDB_GLOBAL kdb_data_t* C, int M,
+                 int N, int K, int lda, int ldb, int ldc, long stride_a, long stride_b, long stride_c, int trans_a,
+                 int trans_b, float alpha, float beta)
+{
+    IG_SETUP;
+    const long batch = KDB_GROUP_ID_Z;
+    const KDB_GLOBAL kdb_data_t* a = A + batch * stride_a;
+    const KDB_GLOBAL kdb_data_t* b = B + batch * stride_b;
+    IG_LOAD_SLOT(trans_a, t, ka, ma);
+    IG_LOAD_SLOT(!trans_b, t, kb, nb);
+    long am[4], bn[4]; /* each row's (column's) part of the offset; -1 outside the product */
+    KDB_UNROLL for (int q = 0; q < 4; ++q) {
+        const int m = m0 + ma + 32 * q, n = n0 + nb + 32 * q;
+        am[q] = m < M ? (trans_a ? (long)m : (long)m * lda) : -1;
+        bn[q] = n < N ? (trans_b ? (long)n * ldb : (long)n) : -1;
+    }
+    int ra = ka, rb = kb;
+#define GB_LOAD                                                                       \
+    do {                                                                              \
+        const long ak_ = trans_a ? (long)ra * lda : ra, bk_ = trans_b ? rb : (long)rb * ldb; \
+        KDB_UNROLL for (int q = 0; q < 4; ++q) {                                      \
+            ga[q] = ra < K && am[q] >= 0 ? KDB_LOAD(a, am[q] + ak_) : 0.0f;           \
+            gb[q] = rb < K && bn[q] >= 0 ? KDB_LOAD(b, bn[q] + bk_) : 0.0f;           \
+        }                                                                             \
+    } while (0)
+#define GB_ADVANCE \
+    do {           \
+        ra += IG_BK; \
+        rb += IG_BK; \
+    } while (0)
+    IG_PIPELINE((K + IG_BK - 1) / IG_BK, GB_LOAD, GB_ADVANCE);
+    KDB_UNROLL for (int e = 0; e < 8; ++e) {
+        const int m = IG_ROW(e);
+        if (m >= M)
+            continue;
+        KDB_UNROLL for (int f = 0; f < 8; ++f) {
+            const int n = IG_COL(f);
+            if (n < N) {
+                const long o = batch * stride_c + (long)m * ldc + n;
+                /* beta == 0 never reads C: it may hold NaNs */
+                KDB_STORE(C, o, beta == 0.0f ? alpha * acc[e * 8 + f] : alpha * acc[e * 8 + f] + beta * KDB_LOAD(C, o));
+            }
+        }
     }
 }

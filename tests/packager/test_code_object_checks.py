@@ -144,8 +144,8 @@ EXPECTED_LAYOUTS = {
     "conv_flip_weights": [(0, 8), (8, 8), *((16 + 4 * i, 4) for i in range(8))],  # two tensors, K C Y X, 4 strides
     "conv_pad_channels": [(0, 8), (8, 8), *((16 + 4 * i, 4) for i in range(9))],  # two tensors, N C H W Cp, 4 strides
     # gemm.c: A, B, C; M, N, K, lda, ldb, ldc; three long batch strides; trans_a, trans_b, alpha, beta
-    "gemm_tiled": [(0, 8), (8, 8), (16, 8), *((24 + 4 * i, 4) for i in range(6)), (48, 8), (56, 8), (64, 8),
-                   *((72 + 4 * i, 4) for i in range(4))],
+    **{name: [(0, 8), (8, 8), (16, 8), *((24 + 4 * i, 4) for i in range(6)), (48, 8), (56, 8), (64, 8),
+              *((72 + 4 * i, 4) for i in range(4))] for name in ("gemm_tiled", "gemm_blocked")},
 }
 EXPECTED_LDS = {  # static LDS bytes at the default options
     "relu_fwd": 0, "leaky_relu_fwd": 0,
@@ -162,6 +162,7 @@ EXPECTED_LDS = {  # static LDS bytes at the default options
     "conv_bias_bwd": 256 * 4,
     **{name: 2 * 2 * 8 * 132 * 4 for name in ("conv_fwd_igemm", "conv_bwd_data_igemm", "conv_wrw_igemm")},
     "conv_igemm_wrw_finish": 0,  # (two double-buffered 8 x 132 float tiles: A's and B's)
+    "gemm_blocked": 2 * 2 * 8 * 132 * 4,
     "conv_dw_bwd_weights": 256 * 4,  # a float per thread for the tree
     "reduce_sum": 256 * 4,  # BLOCK floats
     "sgemm_tiled": 2 * 16 * 16 * 4,  # two TILE x TILE float tiles

@@ -7,9 +7,10 @@ import pytest
 
 import kdbkit
 from kdbkit.runtime.errors import NoSolverError, ProblemError
-from kdbkit.runtime.immediate import choose
+from kdbkit.runtime.immediate import choose, invoker
 from kdbkit.runtime.primitives.gemm import GemmProblem
 from kdbkit.runtime.problem import parse_config
+from kdbkit.runtime.solver import REGISTRY
 from kdbkit.runtime.reference.gemm import gemm as ref
 from kdbkit.runtime.tensor import DataType
 
@@ -28,13 +29,37 @@ def test_gemm_matches_numpy(handle, dtype, trans_a, trans_b, batch):
     a, b = store(rng.standard_normal(prefix + a_shape)), store(rng.standard_normal(prefix + b_shape))
     c0 = store(rng.standard_normal(prefix + (m, n)))
     expected = ref(read(a), read(b), trans_a, trans_b, 0.5, -1.5, read(c0))
-    solvers = ["GemmTiled"] + (["GemmTensorCore"] if handle.device.backend == "cuda" and dtype != "fp32" else [])
+    solvers = ["GemmTiled", "GemmBlocked"] + (["GemmTensorCore"] if handle.device.backend == "cuda" and dtype != "fp32"
+                                              else [])
     for solver in solvers:
         c = c0.copy()
         kdbkit.gemm(handle, a, b, trans_a=trans_a, trans_b=trans_b, alpha=0.5, beta=-1.5, c=c, dtype=dtype,
                     solver=solver)
         # each output sums k products of unit-variance values: its error grows with sqrt(k)
         np.testing.assert_allclose(read(c), expected, rtol=tol * 4, atol=tol * 4 * np.sqrt(k), err_msg=solver)
+
+
+@pytest.mark.parametrize("trans_a, trans_b", [(False, False), (True, False), (False, True), (True, True)])
+def test_the_blocked_kernel_on_tiles_cut_at_every_edge(handle, trans_a, trans_b):
+    """GemmBlocked: 2 x 2 tiles of 128 cut at both edges, K over several steps and not a
+    multiple of 8, batched, leading dimensions wider than the matrices, beta reading C."""
+    rng = np.random.default_rng(trans_a * 2 + trans_b)
+    m, n, k, batch = 200, 150, 37, 2
+    a_shape, b_shape = ((k, m + 3) if trans_a else (m, k + 3)), ((n, k + 5) if trans_b else (k, n + 5))
+    a = rng.standard_normal((batch, *a_shape)).astype(np.float32)
+    b = rng.standard_normal((batch, *b_shape)).astype(np.float32)
+    c0 = rng.standard_normal((batch, m, n)).astype(np.float32)
+    problem = GemmProblem(DataType.FP32, m, n, k, trans_a, trans_b, batch, a_shape[1], b_shape[1], n,
+                          a[0].size, b[0].size, m * n, 0.5, -1.5)
+    be = handle.backend
+    buffers = [be.to_device(v) for v in (a, b, c0)]
+    invoker(handle, problem, REGISTRY.find("GemmBlocked"))(a=buffers[0], b=buffers[1], c=buffers[2])
+    op_a = (a[:, :, :m].transpose(0, 2, 1) if trans_a else a[:, :, :k]).astype(np.float64)
+    op_b = (b[:, :, :k].transpose(0, 2, 1) if trans_b else b[:, :, :n]).astype(np.float64)
+    expected = 0.5 * op_a @ op_b - 1.5 * c0
+    np.testing.assert_allclose(be.to_host(buffers[2], np.empty_like(c0)), expected, rtol=1e-5, atol=1e-4)
+    for buffer in buffers:
+        buffer.free()
 
 
 @pytest.mark.parametrize("dtype", ["fp16", "bf16"])
@@ -111,10 +136,13 @@ def test_solver_choice_config_and_bad_input(handle):
         assert choice.trace[0] == "GemmWgmma: rejected, A is transposed"
         fp32 = choose(handle, GemmProblem(DataType.FP32, 4, 4, 4, lda=4, ldb=4, ldc=4))
         assert fp32.solver.name == "GemmTiled" and fp32.trace[1] == "GemmTensorCore: rejected, fp32 is not fp16 or bf16"
+        assert fp32.trace[2] == "GemmBlocked: applies, passed over: its 128 x 128 tiles would be 100% empty (M 4, N 4)"
+        assert choose(handle, GemmProblem(DataType.FP32, 512, 256, 64, lda=64, ldb=256, ldc=256)).solver.name == \
+            "GemmBlocked"
         whole = choose(handle, GemmProblem(DataType.BF16, 256, 384, 128, lda=128, ldb=384, ldc=384))
         assert whole.solver.name == ("GemmWgmma" if handle.device.target.arch == "sm_90" else "GemmTensorCore")
     else:
-        assert choice.solver.name == "GemmTiled"
+        assert choice.solver.name == "GemmBlocked"  # 64 x 32 of its 128 x 128 tile: an eighth, enough
         assert choice.trace[0].startswith("GemmWgmma: rejected, wgmma needs an sm_90 GPU")
         assert choice.trace[1].startswith("GemmTensorCore: rejected, tensor cores through mma.sync are CUDA only")
         with pytest.raises(NoSolverError, match="GemmTensorCore does not apply"):

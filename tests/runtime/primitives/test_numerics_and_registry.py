@@ -23,7 +23,8 @@ SHIPPED = {1: "ActivPacked", 2: "ActivStrided", 3: "SoftmaxThread", 4: "SoftmaxB
            19: "BatchNormPersistent", 20: "ConvDirect", 21: "ConvIm2colGemm",
            22: "ConvImplicitGemmTensorCore", 23: "ConvWrwImplicitGemmTensorCore",
            24: "ConvDepthwise", 25: "ConvImplicitGemmMfma",
-           26: "ConvBias", 27: "ConvWinogradF2x3", 28: "ConvImplicitGemm"}
+           26: "ConvBias", 27: "ConvWinogradF2x3", 28: "ConvImplicitGemm",
+           29: "GemmBlocked"}
 
 
 def test_solver_ids_are_stable():
