@@ -13,8 +13,9 @@
  *
  * Options: -DKDB_TYPE_FP16 or -DKDB_TYPE_BF16 (required).
  * Arguments: x, w, y, partial (fp32, gridDim.z x M x K: read only when split), then
- *   conv_shape.h's CONV_SHAPE_ARGS (the strides are not read: every tensor is packed NHWC,
- *   16-byte aligned).
+ *   conv_shape.h's CONV_SHAPE_ARGS (the strides are not read: x and w are packed NHWC, 16-byte
+ *   aligned), then out_nchw: y packed NHWC (0), or packed NCHW (1: the tile transposed on its
+ *   way out, so that an NCHW convolution needs no staging of y).
  * Split reduction: with gridDim.z > 1 each z takes a run of the reduction's tiles and writes
  *   its fp32 sums to its slab of partial; conv_igemm_split_finish adds the slabs into y (for
  *   grids too small to fill the GPU: few output positions, a long reduction).
@@ -88,7 +89,8 @@ template <int PIECE>
 __device__ __forceinline__ void conv_igemm_body(const unsigned short* __restrict__ x,
                                                 const unsigned short* __restrict__ w, unsigned short* __restrict__ y,
                                                 float* __restrict__ partial, int N, int C, int H, int W, int K, int Ho,
-                                                int Wo, int Y, int X, int ph, int pw, int sh, int sw, int dlh, int dlw)
+                                                int Wo, int Y, int X, int ph, int pw, int sh, int sw, int dlh, int dlw,
+                                                int out_nchw)
 {
     constexpr bool ALIGNED = PIECE != 0;
     extern __shared__ __align__(16) unsigned short ig_smem_tiles[];
@@ -219,6 +221,43 @@ __device__ __forceinline__ void conv_igemm_body(const unsigned short* __restrict
         }
     }
     asm volatile("cp.async.wait_group 0;");
+    const int P = Ho * Wo; /* y's plane: y NCHW (out_nchw) holds position m = n P + p at (n K + k) P + p */
+    if (gridDim.z == 1 && out_nchw) {
+        /* The tile transposed through shared memory ([channel][position]), then each channel's
+         * positions along y's rows: 16-byte stores where P is a multiple of 8 (a run of 8 never
+         * crosses an image then), else element by element, still along the rows. */
+        __syncthreads();
+        unsigned short* tile = ig_smem_tiles; /* 128 channels of IG_OUT_ROW halves */
+#pragma unroll
+        for (int i = 0; i < 4; ++i)
+#pragma unroll
+            for (int j = 0; j < 8; ++j)
+#pragma unroll
+                for (int half = 0; half < 2; ++half) {
+                    const int r = wm + 16 * i + group + 8 * half, c = wn + 8 * j + 2 * tig;
+                    tile[c * IG_OUT_ROW + r] = tc_from_float(acc[i][j][2 * half]);
+                    tile[(c + 1) * IG_OUT_ROW + r] = tc_from_float(acc[i][j][2 * half + 1]);
+                }
+        __syncthreads();
+#pragma unroll 4
+        for (int q = 0; q < IG_BM * IG_BN / 8 / IG_THREADS; ++q) {
+            const int chunk = t + IG_THREADS * q, c = chunk / (IG_BM / 8), r = (chunk % (IG_BM / 8)) * 8;
+            const int k = col0 + c, m = row0 + r;
+            if (k >= K || m >= M)
+                continue;
+            const unsigned short* src = tile + c * IG_OUT_ROW + r;
+            if (P % 8 == 0 && m + 8 <= M) {
+                const int n = m / P;
+                *(uint4*)(y + ((long)n * K + k) * P + m - n * P) = *(const uint4*)src;
+            } else {
+                for (int e = 0; e < 8 && m + e < M; ++e) {
+                    const int n = (m + e) / P;
+                    y[((long)n * K + k) * P + m + e - n * P] = src[e];
+                }
+            }
+        }
+        return;
+    }
     if (gridDim.z == 1 && K % 8 == 0) {
         /* The tile through shared memory (the stages are free once every warp is past them),
          * then out in 16-byte stores: a warp writes two whole 256-byte rows of y. */
@@ -259,15 +298,28 @@ __device__ __forceinline__ void conv_igemm_body(const unsigned short* __restrict
                 else
                     *(unsigned int*)(y + (long)m * K + k) = (unsigned int)tc_from_float(acc[i][j][2 * half]) |
                                                             ((unsigned int)tc_from_float(acc[i][j][2 * half + 1]) << 16);
+                /* (out_nchw never reaches here unsplit: its tile path above takes every K) */
             }
 }
 
-/* y[e] = the slabs' sums for element e in slab order (deterministic), two channels at a time
- * (K even): the split forward's second kernel. */
+/* y = the slabs' sums (M x K each), added in slab order (deterministic): the split forward's
+ * second kernel. y NHWC: two channels at a time (K even); NCHW (out_nchw, P positions an
+ * image): in y's order, one element at a time. */
 extern "C" __global__ void conv_igemm_split_finish(const float* __restrict__ partial, unsigned short* __restrict__ y,
-                                                   int M, int K, int slices)
+                                                   int M, int K, int slices, int P, int out_nchw)
 {
     const long pairs = (long)M * K / 2, slab = (long)M * K;
+    if (out_nchw) {
+        for (long e = blockIdx.x * (long)blockDim.x + threadIdx.x; e < slab; e += (long)blockDim.x * gridDim.x) {
+            const int p = (int)(e % P), k = (int)(e / P % K), n = (int)(e / ((long)P * K));
+            const float* from = partial + ((long)n * P + p) * K + k;
+            float sum = 0.0f;
+            for (int s = 0; s < slices; ++s)
+                sum += from[s * slab];
+            y[e] = tc_from_float(sum);
+        }
+        return;
+    }
     for (long e = blockIdx.x * (long)blockDim.x + threadIdx.x; e < pairs; e += (long)blockDim.x * gridDim.x) {
         float2 sum = make_float2(0.0f, 0.0f);
         for (int s = 0; s < slices; ++s) {
@@ -282,9 +334,10 @@ extern "C" __global__ void conv_igemm_split_finish(const float* __restrict__ par
 #define IG_KERNEL(NAME, PIECE)                                                                             \
     extern "C" __global__ void __launch_bounds__(IG_THREADS)                                                  \
     NAME(const unsigned short* __restrict__ x, const unsigned short* __restrict__ w, unsigned short* __restrict__ y, \
-         float* __restrict__ partial, CONV_SHAPE_ARGS)                                                         \
+         float* __restrict__ partial, CONV_SHAPE_ARGS, int out_nchw)                                           \
     {                                                                                                         \
-        conv_igemm_body<PIECE>(x, w, y, partial, N, C, H, W, K, Ho, Wo, Y, X, ph, pw, sh, sw, dlh, dlw);     \
+        conv_igemm_body<PIECE>(x, w, y, partial, N, C, H, W, K, Ho, Wo, Y, X, ph, pw, sh, sw, dlh, dlw,       \
+                               out_nchw);                                                                     \
     }
 
 IG_KERNEL(conv_igemm_fwd_nhwc, 32)

@@ -1,12 +1,15 @@
 """ConvImplicitGemmTensorCore (id 22): forward convolution, and backward data at stride 1, of
-fp16/bf16 tensors as an implicit GEMM on NVIDIA tensor cores (conv_igemm_tc.cu, mma.sync, sm_80+): output positions
-by output channels, the reduction over the filter taps and 32 input channels at a time, x's
-pixels staged straight from memory (zeros in the padding): no im2col. Input channels not a
-multiple of 32 (a first layer's 3) take a kernel that gathers element by element. NHWC tensors go as they
-are; NCHW ones are staged channels-last in a workspace (x, w and y, by conv_gemm.c's tiled
-transposes). Backward data at stride 1 is the forward convolution of dy with the weights
-flipped and transposed (conv_gemm.c's conv_flip_weights), padded by dilation x (filter - 1) -
-pad."""
+fp16/bf16 tensors as an implicit GEMM on NVIDIA tensor cores (conv_igemm_tc.cu, mma.sync,
+sm_80+): output positions by output channels, the reduction over the filter taps and 32 input
+channels at a time, x's pixels staged straight from memory (zeros in the padding): no im2col.
+Input channels not a multiple of 32 take 16-byte pieces of 8 channels (a first layer's 3
+widened to 8 with zeros); backward data from channels not a multiple of 8, element by
+element. NHWC tensors go as they are; NCHW inputs (x, w) are staged channels-last in a
+workspace by conv_gemm.c's tiled transposes, and the kernel writes an NCHW output itself (its
+tile transposed on the way out). Too few output tiles to fill the GPU split the reduction
+(fp32 slabs, summed in order). Backward data at stride 1 is the forward convolution of dy with
+the weights flipped and transposed (conv_gemm.c's conv_flip_weights), padded by dilation x
+(filter - 1) - pad."""
 
 from __future__ import annotations
 
@@ -125,8 +128,7 @@ class ConvImplicitGemmTensorCore(Solver):
         d, cin = problem.descs(), widened_channels(problem)
         widen = cin != as_forward(problem).x_shape[1]
         source = d["x"] if problem.direction == "F" else d["y"]
-        staged = (source.numel // source.shape[1] * cin if problem.layout == "NCHW" or widen else 0) + (
-            (d["y"] if problem.direction == "F" else d["x"]).numel if problem.layout == "NCHW" else 0)
+        staged = source.numel // source.shape[1] * cin if problem.layout == "NCHW" or widen else 0
         (fy, fx), kout = problem.filter, as_forward(problem).out_channels  # the forward's KYXC weights
         weights = kout * fy * fx * cin if problem.layout == "NCHW" or widen or problem.direction == "B" else 0
         slices = split_slices(problem, 132)
@@ -153,13 +155,16 @@ class ConvImplicitGemmTensorCore(Solver):
         slices = split_slices(problem, handle.device.target.cu or 132)
         partial = backend.alloc(4 * slices * positions * computed.out_channels if slices > 1 else 16)
         grid = (-(-computed.out_channels // TILE), -(-positions // TILE), slices)
+        nchw = problem.layout == "NCHW"  # the kernel writes NCHW itself; only its input is staged
         fast = backend.launcher(prog.function(name), grid, (THREADS, 1, 1),
-                                [None, None, None, partial, *shape_args(computed)], shared_bytes=SHARED)
+                                [None, None, None, partial, *shape_args(computed), np.int32(nchw)],
+                                shared_bytes=SHARED)
         if slices > 1:
             multiply = fast
+            plane = computed.out_hw[0] * computed.out_hw[1]
             finish = launcher_1d(handle, prog.function("conv_igemm_split_finish"), positions * computed.out_channels // 2,
-                                 [partial, None, *(np.int32(v) for v in (positions, computed.out_channels, slices))],
-                                 max_groups=1 << 16)
+                                 [partial, None, *(np.int32(v) for v in (positions, computed.out_channels, slices,
+                                                                         plane, nchw))], max_groups=1 << 16)
 
             def fast(inp, w, out):
                 multiply(inp, w, out)
@@ -174,20 +179,16 @@ class ConvImplicitGemmTensorCore(Solver):
                                max_groups=1 << 16)
 
         transpose = transposer(handle, moves)
-        nchw = problem.layout == "NCHW"
-        # The input the kernel reads (x forward, dy backward) and the output it writes, NHWC.
-        source, target = ("x", "y") if problem.direction == "F" else ("y", "x")
+        # The input the kernel reads (x forward, dy backward), staged NHWC where it is not.
+        source = "x" if problem.direction == "F" else "y"
         staged = {}
         if nchw or widen:
             staged[source] = backend.alloc(d[source].numel // d[source].shape[1] * cin * item)
-        if nchw:
-            staged[target] = backend.alloc(d[target].numel * item)
         shapes = {"x": (n, c, h * w_), "y": (n, k, ho * wo)}  # matrices, channels, positions
         if widen:
             into = widener(n, c, h, w_, d["x"].strides)
         else:
             into = transpose(*shapes[source]) if nchw else None
-        back = transpose(shapes[target][0], shapes[target][2], shapes[target][1]) if nchw else None
         weights = backend.alloc(computed.out_channels * fy * fx * cin * item) if nchw or widen or \
             problem.direction == "B" else None
         if problem.direction == "B":
@@ -205,17 +206,15 @@ class ConvImplicitGemmTensorCore(Solver):
         def run(inp, w, out):
             """Stage what needs staging, then the kernel on 16-byte aligned tensors (a user's
             tensor that is not goes to ConvIm2colGemm)."""
-            src, weights_used, dst = staged.get(source, inp), weights or w, staged.get(target, out)
-            if not aligned16(*(b for b, ours in ((src, into), (weights_used, prepare), (dst, back)) if ours is None)):
+            src, weights_used = staged.get(source, inp), weights or w
+            if not aligned16(*(b for b, ours in ((src, into), (weights_used, prepare)) if ours is None), out):
                 unaligned(inp, w, out)
                 return
             if prepare is not None:
                 prepare(w, weights)
             if into is not None:
                 into(inp, src)
-            fast(src, weights_used, dst)
-            if back is not None:
-                back(dst, out)
+            fast(src, weights_used, out)
 
         if problem.direction == "F":
             def forward(x, w, y):
