@@ -130,7 +130,8 @@ class ConvImplicitGemmTensorCore(Solver):
         source = d["x"] if problem.direction == "F" else d["y"]
         staged = source.numel // source.shape[1] * cin if problem.layout == "NCHW" or widen else 0
         (fy, fx), kout = problem.filter, as_forward(problem).out_channels  # the forward's KYXC weights
-        weights = kout * fy * fx * cin if problem.layout == "NCHW" or widen or problem.direction == "B" else 0
+        moved = widen or problem.direction == "B" or (problem.layout == "NCHW" and fy * fx > 1)
+        weights = kout * fy * fx * cin if moved else 0
         slices = split_slices(problem, 132)
         written = d["y"].numel if problem.direction == "F" else d["x"].numel
         return (staged + weights) * problem.dtype.itemsize + (4 * slices * written if slices > 1 else 0)
@@ -189,18 +190,15 @@ class ConvImplicitGemmTensorCore(Solver):
             into = widener(n, c, h, w_, d["x"].strides)
         else:
             into = transpose(*shapes[source]) if nchw else None
-        weights = backend.alloc(computed.out_channels * fy * fx * cin * item) if nchw or widen or \
-            problem.direction == "B" else None
         if problem.direction == "B":
             prepare = launcher_1d(handle, moves.function("conv_flip_weights"), d["w"].numel,
                                   [None, None, *(np.int32(v) for v in (k, c // problem.groups, fy, fx,
                                                                        *d["w"].strides))], max_groups=1 << 16)
-        elif widen:
-            prepare = widener(k, c, fy, fx, d["w"].strides)  # KYX x widened C
-        elif nchw:
-            prepare = transpose(k, c, fy * fx)  # KCYX -> KYXC
+        elif widen or (nchw and fy * fx > 1):
+            prepare = widener(k, c, fy, fx, d["w"].strides)  # KCYX -> KYXC (C widened where it must be)
         else:
-            prepare = None
+            prepare = None  # KYXC already, or a 1 x 1 filter, whose KCYX is KYXC
+        weights = backend.alloc(computed.out_channels * fy * fx * cin * item) if prepare is not None else None
         unaligned = fallback_invoker(handle, problem, "ConvIm2colGemm")  # a tensor not 16-byte aligned
 
         def run(inp, w, out):
