@@ -74,6 +74,34 @@ __device__ __forceinline__ void ig_mma_step(float (&acc)[4][8][4], const unsigne
                 : "r"(fa[i][0]), "r"(fa[i][1]), "r"(fa[i][2]), "r"(fa[i][3]), "r"(fb[j][0]), "r"(fb[j][1]));
 }
 
+/* The block's output tile in shared memory (the stages are free once every warp is past them,
+ * hence the barrier first): this warp's 64 x 64 sums rounded to the type, [position][channel]
+ * with each pair of channels as one 32-bit store, or TRANSPOSED [channel][position] for an NCHW
+ * output. Rows of IG_OUT_ROW halves keep both free of bank conflicts. Ends on a barrier. */
+template <bool TRANSPOSED>
+__device__ __forceinline__ void ig_tile_out(unsigned short* tile, const float (&acc)[4][8][4], int wm, int wn,
+                                            int lane)
+{
+    const int group = lane >> 2, tig = lane & 3;
+    __syncthreads();
+#pragma unroll
+    for (int i = 0; i < 4; ++i)
+#pragma unroll
+        for (int j = 0; j < 8; ++j)
+#pragma unroll
+            for (int half = 0; half < 2; ++half) {
+                const int r = wm + 16 * i + group + 8 * half, c = wn + 8 * j + 2 * tig;
+                const unsigned short lo = tc_from_float(acc[i][j][2 * half]), hi = tc_from_float(acc[i][j][2 * half + 1]);
+                if (TRANSPOSED) {
+                    tile[c * IG_OUT_ROW + r] = lo;
+                    tile[(c + 1) * IG_OUT_ROW + r] = hi;
+                } else {
+                    *(unsigned int*)(tile + r * IG_OUT_ROW + c) = (unsigned int)lo | ((unsigned int)hi << 16);
+                }
+            }
+    __syncthreads();
+}
+
 /* 16 bytes from global to shared, or 16 zeros where !valid (nothing is read then). */
 __device__ __forceinline__ void ig_copy16(void* shared, const void* global, bool valid)
 {
@@ -226,19 +254,8 @@ __device__ __forceinline__ void conv_igemm_body(const unsigned short* __restrict
         /* The tile transposed through shared memory ([channel][position]), then each channel's
          * positions along y's rows: 16-byte stores where P is a multiple of 8 (a run of 8 never
          * crosses an image then), else element by element, still along the rows. */
-        __syncthreads();
         unsigned short* tile = ig_smem_tiles; /* 128 channels of IG_OUT_ROW halves */
-#pragma unroll
-        for (int i = 0; i < 4; ++i)
-#pragma unroll
-            for (int j = 0; j < 8; ++j)
-#pragma unroll
-                for (int half = 0; half < 2; ++half) {
-                    const int r = wm + 16 * i + group + 8 * half, c = wn + 8 * j + 2 * tig;
-                    tile[c * IG_OUT_ROW + r] = tc_from_float(acc[i][j][2 * half]);
-                    tile[(c + 1) * IG_OUT_ROW + r] = tc_from_float(acc[i][j][2 * half + 1]);
-                }
-        __syncthreads();
+        ig_tile_out<true>(tile, acc, wm, wn, lane);
 #pragma unroll 4
         for (int q = 0; q < IG_BM * IG_BN / 8 / IG_THREADS; ++q) {
             const int chunk = t + IG_THREADS * q, c = chunk / (IG_BM / 8), r = (chunk % (IG_BM / 8)) * 8;
@@ -259,20 +276,10 @@ __device__ __forceinline__ void conv_igemm_body(const unsigned short* __restrict
         return;
     }
     if (gridDim.z == 1 && K % 8 == 0) {
-        /* The tile through shared memory (the stages are free once every warp is past them),
-         * then out in 16-byte stores: a warp writes two whole 256-byte rows of y. */
-        __syncthreads();
+        /* The tile through shared memory, then out in 16-byte stores: a warp writes two whole
+         * 256-byte rows of y. */
         unsigned short* tile = ig_smem_tiles; /* 128 rows of IG_OUT_ROW halves */
-#pragma unroll
-        for (int i = 0; i < 4; ++i)
-#pragma unroll
-            for (int j = 0; j < 8; ++j)
-#pragma unroll
-                for (int half = 0; half < 2; ++half)
-                    *(unsigned int*)(tile + (wm + 16 * i + group + 8 * half) * IG_OUT_ROW + wn + 8 * j + 2 * tig) =
-                        (unsigned int)tc_from_float(acc[i][j][2 * half]) |
-                        ((unsigned int)tc_from_float(acc[i][j][2 * half + 1]) << 16);
-        __syncthreads();
+        ig_tile_out<false>(tile, acc, wm, wn, lane);
 #pragma unroll
         for (int q = 0; q < IG_BM * IG_BN / 8 / IG_THREADS; ++q) {
             const int chunk = t + IG_THREADS * q, row = chunk / (IG_BN / 8), col = (chunk % (IG_BN / 8)) * 8;
