@@ -115,6 +115,38 @@ KDB_KERNEL void conv_transpose(const KDB_GLOBAL kdb_data_t* src, KDB_GLOBAL kdb_
             KDB_STORE(dst, base + (long)(c0 + k) * rows + r0 + tx, tile[tx * (CONV_TILE + 1) + k]);
 }
 
+#if defined(KDB_TYPE_FP16) || defined(KDB_TYPE_BF16)
+/* conv_transpose for 16-bit elements, two at a time (rows and cols even, so that every pair
+ * is a 4-byte word in both matrices): a 64 x 64 tile, each thread reading words along the
+ * source's rows and writing words along the destination's, four times the work of a 32 x 32
+ * tile per block. Launch: blocks of 32 x 8, grid (ceil(cols / 64), ceil(rows / 64), matrices). */
+#define CONV_PAIR_TILE 64
+#define CONV_PAIR_ROW (CONV_PAIR_TILE + 2) /* halves: 33 words, the rows' words spread over the banks */
+KDB_KERNEL void conv_transpose_pairs(const KDB_GLOBAL unsigned int* src, KDB_GLOBAL unsigned int* dst, int rows,
+                                     int cols)
+{
+    KDB_SHARED(unsigned short, tile, CONV_PAIR_TILE * CONV_PAIR_ROW);
+    const long base = (long)KDB_GROUP_ID_Z * rows * (cols / 2); /* words */
+    const int c0 = KDB_GROUP_ID_X * CONV_PAIR_TILE, r0 = KDB_GROUP_ID_Y * CONV_PAIR_TILE;
+    const int tx = KDB_LOCAL_ID_X, ty = KDB_LOCAL_ID_Y;
+    for (int k = ty; k < CONV_PAIR_TILE; k += 8) {
+        const int r = r0 + k, c = c0 + 2 * tx;
+        if (r < rows && c < cols) {
+            const unsigned int word = src[base + (long)r * (cols / 2) + c / 2];
+            tile[k * CONV_PAIR_ROW + 2 * tx] = (unsigned short)(word & 0xffffu);
+            tile[k * CONV_PAIR_ROW + 2 * tx + 1] = (unsigned short)(word >> 16);
+        }
+    }
+    KDB_BARRIER;
+    for (int k = ty; k < CONV_PAIR_TILE; k += 8) {
+        const int c = c0 + k, r = r0 + 2 * tx; /* dst row c, its columns r and r + 1 */
+        if (c < cols && r < rows)
+            dst[base + (long)c * (rows / 2) + r / 2] = (unsigned int)tile[2 * tx * CONV_PAIR_ROW + k] |
+                                                       ((unsigned int)tile[(2 * tx + 1) * CONV_PAIR_ROW + k] << 16);
+    }
+}
+#endif
+
 /* dst[c][a][b][k] = src[k][c][Y-1-a][X-1-b] (src through its strides, KCYX or KYXC): the
  * weights of backward data at stride 1 read as a forward convolution of dy, whose "input
  * channels" are K and "output channels" C, in that convolution's KYXC order. */

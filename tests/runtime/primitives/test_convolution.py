@@ -222,17 +222,19 @@ def test_the_tensor_core_solver_says_what_it_takes():
 
 
 @pytest.mark.parametrize("dtype", list(TYPES))
-def test_the_staging_transpose_moves_every_element(handle, dtype):
-    """conv_gemm.c's conv_transpose (the tensor-core solver's NCHW staging, CUDA only there) on
-    the chain device: matrices of sizes that cut its 32 x 32 tiles."""
+@pytest.mark.parametrize("matrices, rows, cols", [(3, 45, 70), (2, 70, 130)], ids=["odd", "even"])
+def test_the_staging_transpose_moves_every_element(handle, dtype, matrices, rows, cols):
+    """The tensor-core solver's NCHW staging (CUDA only there) on the chain device: conv_gemm.c's
+    conv_transpose on sizes that cut its 32 x 32 tiles, and (16-bit types, even sizes) its
+    conv_transpose_pairs on sizes that cut 64 x 64 tiles."""
+    from kdbkit.runtime.primitives.convolution.solvers.igemm_tc import transposer
+
     store, read, _ = TYPES[dtype]
-    be = handle.backend
-    kernel = handle.program("conv_gemm.c", DataType.parse(dtype).options).function("conv_transpose")
-    matrices, rows, cols = 3, 45, 70
+    be, dt = handle.backend, DataType.parse(dtype)
+    transpose = transposer(handle, handle.program("conv_gemm.c", dt.options), dt)(matrices, rows, cols)
     src = store(np.random.default_rng(0).standard_normal((matrices, rows, cols)))
     dst = be.alloc(src.nbytes)
-    be.launch(kernel, (-(-cols // 32), -(-rows // 32), matrices), (32, 8, 1),
-              [be.to_device(src), dst, np.int32(rows), np.int32(cols)])
+    transpose(be.to_device(src), dst)
     np.testing.assert_array_equal(be.to_host(dst, np.empty((matrices, cols, rows), src.dtype)), src.transpose(0, 2, 1))
 
 

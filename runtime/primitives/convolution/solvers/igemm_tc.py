@@ -67,15 +67,18 @@ def split_slices(problem: ConvProblem, units: int) -> int:
     return max(1, min(2 * units // blocks, tiles // 8, 8))
 
 
-def transposer(handle, moves):
+def transposer(handle, moves, dtype: DataType):
     """``transpose(matrices, rows, cols)``: a launcher of conv_gemm.c's conv_transpose (from the
     loaded program ``moves``) for that batch of matrices, taking (source, destination): the
-    tensor-core solvers' staging of NCHW tensors channels-last and back."""
+    tensor-core solvers' staging of NCHW tensors channels-last. 16-bit elements with rows and
+    cols even go two at a time (conv_transpose_pairs, 64 x 64 tiles)."""
 
     def transpose(matrices: int, rows: int, cols: int):
-        grid = (-(-cols // 32), -(-rows // 32), matrices)
-        return handle.backend.launcher(moves.function("conv_transpose"), grid, (32, 8, 1),
-                                       [None, None, np.int32(rows), np.int32(cols)])
+        pairs = dtype.itemsize == 2 and rows % 2 == 0 and cols % 2 == 0
+        tile = 64 if pairs else 32
+        grid = (-(-cols // tile), -(-rows // tile), matrices)
+        return handle.backend.launcher(moves.function("conv_transpose_pairs" if pairs else "conv_transpose"), grid,
+                                       (32, 8, 1), [None, None, np.int32(rows), np.int32(cols)])
 
     return transpose
 
@@ -179,7 +182,7 @@ class ConvImplicitGemmTensorCore(Solver):
                                [None, None, *(np.int32(v) for v in (matrices, channels, rows, cols, cin, *strides))],
                                max_groups=1 << 16)
 
-        transpose = transposer(handle, moves)
+        transpose = transposer(handle, moves, problem.dtype)
         # The input the kernel reads (x forward, dy backward), staged NHWC where it is not.
         source = "x" if problem.direction == "F" else "y"
         staged = {}
@@ -300,7 +303,7 @@ class ConvWrwImplicitGemmTensorCore(Solver):
                              [partial, None, *(np.int32(v) for v in (k, cp, fy, fx, c, *d["w"].strides))],
                              max_groups=1 << 16)
         moves = handle.program("conv_gemm.c", problem.dtype.options)
-        transpose = transposer(handle, moves)
+        transpose = transposer(handle, moves, problem.dtype)
         nchw = problem.layout == "NCHW"
         x_in = x_nhwc = None
         if cp != c:  # widened with zero channels (through x's strides: either layout)
