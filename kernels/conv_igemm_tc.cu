@@ -19,9 +19,9 @@
  * Split reduction: with gridDim.z > 1 each z takes a run of the reduction's tiles and writes
  *   its fp32 sums to its slab of partial; conv_igemm_split_finish adds the slabs into y (for
  *   grids too small to fill the GPU: few output positions, a long reduction).
- * Kernels: conv_igemm_fwd_nhwc (C a multiple of 32), conv_igemm_fwd_nhwc_c8 (C a multiple of 8:
- *   a first layer's 3 channels widened to 8 by the solver), conv_igemm_fwd_nhwc_any (any C:
- *   element loads).
+ * Kernels: conv_igemm_fwd_nhwc (C a multiple of 32), conv_igemm_fwd_nhwc_c8 (C a multiple of 8,
+ *   as an NCHW first layer's 3 channels are once the solver stages them widened),
+ *   conv_igemm_fwd_nhwc_any (any C: element loads).
  * Launch: blocks of 128 threads, grid (ceil(K / 128), ceil(N Ho Wo / 128), slices), 81,920 bytes of
  *   dynamic shared memory.
  */

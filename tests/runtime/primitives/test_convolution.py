@@ -217,8 +217,9 @@ def test_the_tensor_core_solver_says_what_it_takes():
     assert solver.workspace(ConvProblem("F", DataType.FP16, "NHWC", (32, 64, 56, 56), 64, (3, 3), (1, 1))) == 0
     assert solver.workspace(ConvProblem("B", DataType.FP16, "NHWC", (2, 64, 9, 9), 64, (3, 3), (1, 1))) == \
         2 * 64 * 64 * 9 + 4 * 2 * 2 * 64 * 81  # the flipped weights, two fp32 slabs of dx
-    assert solver.workspace(ConvProblem("F", DataType.FP16, "NHWC", (2, 3, 9, 9), 64, (3, 3), (1, 1))) == \
-        2 * (2 * 81 * 8 + 64 * 9 * 8)  # 3 channels of x and w widened to 8
+    assert solver.workspace(ConvProblem("F", DataType.FP16, "NCHW", (2, 3, 9, 9), 64, (3, 3), (1, 1))) == \
+        2 * (2 * 81 * 8 + 64 * 9 * 8)  # 3 channels of x and w widened to 8 as they are staged
+    assert solver.workspace(ConvProblem("F", DataType.FP16, "NHWC", (2, 3, 9, 9), 64, (3, 3), (1, 1))) == 0
 
 
 @pytest.mark.parametrize("dtype", list(TYPES))

@@ -65,8 +65,9 @@ def test_model_layers_match_pytorch(cuda_handle, layer, dtype, channels_last):
 # channels not multiples of 128, K below a tile), padding, strides, dilation, uneven filters.
 TC_CASES = [(2, 64, 7, 7, 16, (3, 3), (1, 1), (1, 1), (1, 1)), (3, 32, 13, 11, 130, (5, 3), (2, 0), (2, 1), (1, 2)),
             (1, 96, 20, 20, 64, (1, 1), (0, 0), (2, 2), (1, 1)), (4, 128, 9, 9, 256, (3, 3), (2, 2), (1, 1), (2, 2)),
-            (2, 3, 30, 29, 64, (7, 7), (3, 3), (2, 2), (1, 1)),  # a first layer: 3 channels widened to 8
-            (1, 20, 9, 9, 12, (3, 2), (1, 1), (1, 2), (1, 1)),  # 20 channels widened to 24: 8-channel pieces
+            (2, 3, 30, 29, 64, (7, 7), (3, 3), (2, 2), (1, 1)),  # a first layer: NHWC elements, NCHW widened to 8
+            (1, 20, 9, 9, 12, (3, 2), (1, 1), (1, 2), (1, 1)),  # 20 channels: NHWC elements, NCHW widened to 24
+            (2, 16, 9, 9, 24, (3, 3), (1, 1), (1, 1), (1, 1)),  # 16 channels: 8-channel pieces across taps
             (2, 24, 9, 9, 10, (3, 3), (1, 1), (1, 1), (1, 1)),  # backward data from dy's 10 channels: elements
             (8, 32, 30, 30, 512, (3, 3), (1, 1), (1, 1), (1, 1))]  # 228 tiles, no split; planes of 900: not runs of 8
 
