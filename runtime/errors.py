@@ -32,6 +32,11 @@ class CompilerUnavailableError(KdbError):
     """A compiler is missing, cannot report its version, or cannot build for a target."""
 
 
+class TargetError(KdbError, ValueError):
+    """A build target or GPU name that no installed compiler builds or the table of known GPUs
+    does not hold; the message lists what there is."""
+
+
 class CompileError(KdbError):
     """The compiler rejected a kernel source.
 

@@ -23,6 +23,7 @@ from kdbkit.runtime.cli import driver_command
 from kdbkit.runtime.cli.doctor_command import doctor
 from kdbkit.runtime.cli.env_command import env
 from kdbkit.runtime.cli.runtime_commands import devices, resolve
+from kdbkit.runtime.cli.targets_command import targets
 from kdbkit.runtime.cli.output import err
 
 app = typer.Typer(
@@ -38,6 +39,7 @@ app.add_typer(driver_command.app, name="driver")
 app.command("env")(env)
 app.command("resolve")(resolve)
 app.command("devices")(devices)
+app.command("targets")(targets)
 app.command("doctor")(doctor)
 app.command("demo")(demo)
 

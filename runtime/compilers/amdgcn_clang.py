@@ -77,6 +77,20 @@ def clang_identity(clang: str | None = None) -> str:
     return f"clang {m.group(1)}"
 
 
+@lru_cache(maxsize=8)
+def clang_amdgcn_archs(clang: str | None = None) -> tuple[str, ...] | None:
+    """Every gfx processor clang lists for amdgcn (``--print-supported-cpus``; the generic
+    ``gfx9-generic``-style targets left out), or None without clang."""
+    try:
+        path = _require_clang(clang)
+        out = subprocess.run([path, "--target=amdgcn-amd-amdhsa", "-nogpulib", "--print-supported-cpus"],
+                             capture_output=True, text=True, timeout=60)
+    except (CompilerUnavailableError, OSError, subprocess.SubprocessError):
+        return None
+    archs = re.findall(r"^\s*(gfx[0-9a-f]{3,4})\s*$", out.stdout + out.stderr, re.M)
+    return tuple(sorted(set(archs), key=lambda a: (len(a), a))) or None
+
+
 def compile_amdgcn(
     source: str,
     arch: str,
@@ -140,6 +154,9 @@ class AmdgcnClangCompiler(Compiler):
 
     def identity(self) -> str:
         return clang_identity(self._clang)
+
+    def supported_archs(self) -> tuple[str, ...] | None:
+        return clang_amdgcn_archs(self._clang)
 
     def compile(self, request: ProgramRequest, target: Target, source: KernelSource) -> bytes:
         return compile_amdgcn(source.text(), target.full_arch, request.options, name=request.kernel_file,

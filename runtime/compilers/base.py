@@ -39,6 +39,11 @@ class Compiler(ABC):
     def identity(self) -> str:
         """Name, version and system header folders' identity; raises CompilerUnavailableError."""
 
+    def supported_archs(self) -> tuple[str, ...] | None:
+        """The arches the installed compiler says it builds, in its order; None when it cannot
+        say (or is not installed). What ``kdb targets`` lists and an unknown arch's error names."""
+        return None
+
     def unsupported(self, target: Target) -> str | None:
         """Why this compiler cannot build for ``target``, or None when it can."""
         if target.backend != self.backend:

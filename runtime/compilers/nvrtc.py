@@ -158,6 +158,19 @@ def _folder_fingerprint(folder: str) -> str:
     return h.hexdigest()[:12]
 
 
+@lru_cache(maxsize=1)
+def nvrtc_archs() -> tuple[str, ...] | None:
+    """``sm_NN`` of every arch the installed NVRTC builds (nvrtcGetSupportedArchs), or None
+    without NVRTC."""
+    try:
+        nvrtc = _nvrtc()
+        return tuple(f"sm_{a}" for a in _check(nvrtc.nvrtcGetSupportedArchs(), "nvrtcGetSupportedArchs", nvrtc))
+    except CompilerUnavailableError:
+        return None
+    except Exception:  # the shared library itself failed to load
+        return None
+
+
 def nvrtc_identity() -> str:
     """``"nvrtc <major>.<minor>"`` plus the CUDA headers' identity when NVRTC is handed them."""
     major, minor = wheel_nvrtc_version() or nvrtc_version()
@@ -232,6 +245,9 @@ class NvrtcCompiler(Compiler):
 
     def identity(self) -> str:
         return nvrtc_identity()
+
+    def supported_archs(self) -> tuple[str, ...] | None:
+        return nvrtc_archs()
 
     def compile(self, request: ProgramRequest, target: Target, source: KernelSource) -> bytes:
         return compile_cuda(source.text(), target.arch, request.options, name=request.kernel_file)

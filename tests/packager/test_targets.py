@@ -1,0 +1,53 @@
+"""Build targets: --target and --gpu, the table of known GPUs, and what the installed
+compilers build (NVRTC's supported archs, clang's amdgcn processors), on a machine with no GPU."""
+
+from __future__ import annotations
+
+import pytest
+
+from kdbkit.kdb.errors import BundleNameError
+from kdbkit.kdb.target import Target
+from kdbkit.packager.targets import KNOWN_GPUS, find_gpu, resolve_targets
+from kdbkit.runtime.compilers import AmdgcnClangCompiler, NvrtcCompiler
+from kdbkit.runtime.errors import TargetError
+
+from tests.prerequisites import require_amdgcn_clang
+
+
+@pytest.fixture
+def compilers():
+    """NVRTC (the CUDA extra) and clang-19 for amdgcn, which CI installs."""
+    require_amdgcn_clang()
+    if NvrtcCompiler().supported_archs() is None:
+        pytest.skip("no NVRTC: pip install 'kdbkit[cuda]'")
+
+
+def test_a_gpu_name_gives_its_arch_and_compute_units():
+    assert str(find_gpu("MI300X").target) == "gfx942_304"
+    assert str(find_gpu("mi250x").target) == "gfx90a_110"  # one of its two devices
+    assert str(find_gpu("h100 sxm").target) == str(find_gpu("H100").target) == "sm_90_132"
+    assert str(find_gpu("H100_PCIe").target) == "sm_90_114"
+    assert len({g.name for g in KNOWN_GPUS}) == len(KNOWN_GPUS)
+    with pytest.raises(TargetError, match="unknown GPU 'MI400X'") as exc:
+        find_gpu("MI400X")
+    assert "did you mean MI300X" in exc.value.remedy and "kdb targets" in exc.value.remedy
+
+
+def test_targets_and_gpus_resolve_once_each_in_order(compilers):
+    found = resolve_targets(["gfx90a_110", "gfx942_304", "sm_90_132", "sm_80_108", "gfx942"], ["H100-SXM", "MI210"])
+    assert [str(t) for t in found] == ["gfx90a_110", "gfx942_304", "sm_90_132", "sm_80_108", "gfx942", "gfx90a_104"]
+    assert found[4] == Target("hip", "gfx942")  # arch-wide: no compute-unit count
+
+
+@pytest.mark.parametrize("target, builds", [("sm_99_10", "sm_75, sm_80"), ("gfx999", "gfx90a"), ("sm_70", "sm_75")])
+def test_an_arch_no_compiler_builds_lists_what_they_do(compilers, target, builds):
+    with pytest.raises(TargetError, match=f"does not build {target.split('_1')[0]}") as exc:
+        resolve_targets([target])
+    assert builds in exc.value.remedy
+
+
+def test_malformed_or_missing_targets_are_clear_errors():
+    with pytest.raises(BundleNameError, match="malformed target 'sm90'"):
+        resolve_targets(["sm90"])
+    with pytest.raises(TargetError, match="no target to build for"):
+        resolve_targets()
