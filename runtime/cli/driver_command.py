@@ -133,6 +133,31 @@ def _run(ctx: Any, spec: DriverSpec, given: dict[str, Any]) -> None:
         raise typer.Exit(1)
 
 
+def problems_of_command(words: list[str]) -> list:
+    """The problems a driver command names, parsed as ``kdb driver`` parses it and not run: the
+    words after ``kdb driver`` or ``MIOpenDriver`` (``conv -n 32 ...``, ``convfp16 ...``). What
+    the offline builder reads from the lines ``KDB_ENABLE_LOGGING_CMD=1`` and MIOpen log.
+
+    Raises:
+        ProblemError: the command does not parse; the message says why, as ``kdb driver`` would.
+    """
+    from typer.exceptions import TyperException  # the base of what typer's parsers raise
+
+    if not words:
+        raise ProblemError("a driver command names no primitive", "start it with one: conv, convfp16, softmax, ...")
+    group = typer.main.get_command(app)
+    try:
+        ctx = group.make_context("driver", list(words))
+        name, command, args = group.resolve_command(ctx, [*getattr(ctx, "_protected_args", []), *ctx.args])
+        sub = command.make_context(name, args, parent=ctx)
+        spec = next(s for s in registry.specs() if s.command == name)
+        return _problems(sub, spec, sub.params, _resolve(sub, spec, sub.params))
+    except TyperException as exc:  # bad values, unknown options and commands
+        message = exc.format_message() if hasattr(exc, "format_message") else str(exc)
+        raise ProblemError(f"driver command {' '.join(words)!r}: {message}",
+                           "write it as `kdb driver --help` shows") from None
+
+
 def _help(spec: DriverSpec) -> str:
     shape = ("Shape: -n -c -H -W (N C H W), by default 4 8 16 16: small, for CPUs (MIOpenDriver's are "
              "larger). " if spec.shape_flags else "")

@@ -1,0 +1,107 @@
+"""What a build compiles: the programs the solvers ask for, for the problems of a catalogue.
+
+A catalogue is the built-in one (every compile-time specialisation of every primitive: the
+programs that serve every shape, finite because shapes are launch arguments) or a user's file
+with one problem per line, in any of these spellings:
+
+- a config string: ``softmax,dir=fwd,...`` or a MIOpen convolution key
+  ``64-56-56-3x3-64-56-56-32-1x1-1x1-1x1-0-NCHW-FP16-F``;
+- a driver command, as ``KDB_ENABLE_LOGGING_CMD=1`` prints it (``kdb driver conv -n 32 ...``)
+  or as MIOpen logs it (``MIOpenDriver convfp16 -n 32 ...``, with any path and prefix such as
+  ``MIOpen(HIP): Command [LogCmdConvolution] ./bin/MIOpenDriver ...``).
+
+Blank lines and ``#`` comments are skipped, and so are a log's other lines (kdbkit's and
+MIOpen's warnings and information), so that a whole captured log can be given. A line that does
+not parse is kept as a :class:`LineError` with its number and reason, and the rest of the file
+still builds.
+"""
+
+from __future__ import annotations
+
+import re
+import shlex
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Iterable
+
+from kdbkit.kdb.errors import KdbError
+from kdbkit.runtime.primitives import load_all
+from kdbkit.runtime.problem import Problem, parse_config
+from kdbkit.runtime.program_key import ProgramRequest
+from kdbkit.runtime.solver import REGISTRY
+
+_DRIVER_RE = re.compile(r"(?:^|[\s/])(?:kdb\s+driver|MIOpenDriver)\s+(?P<rest>.*)$")
+_LOG_LINE = re.compile(r"^(?:kdbkit(?: \w+)?:|kdbkit (?:warning|info|error|debug)\b|MIOpen\(\w+\):)")
+
+
+@dataclass(frozen=True)
+class LineError:
+    """A catalogue line that names no problem: where, what, and why."""
+
+    path: str
+    line: int
+    text: str
+    reason: str
+
+    def __str__(self) -> str:
+        return f"{self.path}:{self.line}: {self.reason} (in {self.text!r})"
+
+
+@dataclass
+class Catalogue:
+    """Problems to build for, each once in file order, and the lines that did not parse."""
+
+    problems: list[Problem]
+    errors: list[LineError]
+    log_lines: int = 0  # a log's lines that name no command, skipped
+
+
+def parse_line(text: str) -> list[Problem]:
+    """The problems one catalogue line names (a driver command may name several directions).
+
+    Raises:
+        KdbError: the line is neither a config string nor a driver command that parses.
+    """
+    from kdbkit.runtime.cli.driver_command import problems_of_command  # the CLI owns the driver's parsing
+
+    command = _DRIVER_RE.search(text)
+    if command:
+        return problems_of_command(shlex.split(command["rest"]))
+    return [parse_config(text)]
+
+
+def read_catalogue(path: str | Path) -> Catalogue:
+    """Every problem ``path`` names, and the lines that name none.
+
+    Raises:
+        OSError: the file cannot be read.
+    """
+    problems: dict[str, Problem] = {}
+    errors, log_lines = [], 0
+    for number, raw in enumerate(Path(path).read_text(encoding="utf-8").splitlines(), 1):
+        text = raw.split("#", 1)[0].strip()
+        if not text:
+            continue
+        if _LOG_LINE.match(text) and not _DRIVER_RE.search(text):
+            log_lines += 1
+            continue
+        try:
+            for problem in parse_line(text):
+                problems.setdefault(problem.config(), problem)
+        except (KdbError, ValueError) as exc:
+            reason = f"{exc.problem}; {exc.remedy}" if isinstance(exc, KdbError) and exc.remedy else str(
+                getattr(exc, "problem", exc))
+            errors.append(LineError(str(path), number, text, reason))
+    return Catalogue(list(problems.values()), errors, log_lines)
+
+
+def programs_for(problems: Iterable[Problem], backend: str) -> list[ProgramRequest]:
+    """Every program a solver of ``backend`` may ask for to serve ``problems``, each once, sorted:
+    what a bundle for that backend must hold so that these problems never need a compiler."""
+    load_all()  # every solver registered, whichever primitives the problems came from
+    requests = set()
+    for problem in problems:
+        for solver in REGISTRY.for_primitive(problem.primitive):
+            if solver.backends is None or backend in solver.backends:
+                requests.update(solver.programs(problem))
+    return sorted(requests, key=str)
