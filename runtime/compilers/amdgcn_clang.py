@@ -17,6 +17,7 @@ libraries for ``get_local_id``.
 
 from __future__ import annotations
 
+import hashlib
 import re
 import shutil
 import subprocess
@@ -123,9 +124,12 @@ def compile_amdgcn(
         src = Path(tmp) / Path(name).name
         src.write_text(source, encoding="utf-8")
         out = Path(tmp) / "out.co"
+        # clang names a compilation unit (__hip_cuid_...) from the file's path by default: the temporary
+        # folder's would make every build differ; a digest of what is compiled makes it reproducible.
+        cuid = hashlib.sha256("\0".join((source, arch, *options)).encode()).hexdigest()[:16]
         cmd = [
             path, "-x", "hip", f"--offload-arch={arch}", "--cuda-device-only", "--no-gpu-bundle-output",
-            "-nogpulib", "-nogpuinc", "-O3",
+            "-nogpulib", "-nogpuinc", "-O3", f"-cuid={cuid}",
             *options,
             "-o", str(out), str(src),
         ]  # fmt: skip
