@@ -24,6 +24,7 @@ from kdbkit.runtime.cli.doctor_command import doctor
 from kdbkit.runtime.cli.env_command import env
 from kdbkit.runtime.cli.runtime_commands import devices, resolve
 from kdbkit.runtime.cli.targets_command import targets
+from kdbkit.runtime.cli.build_command import build
 from kdbkit.runtime.cli.output import err
 
 app = typer.Typer(
@@ -40,6 +41,7 @@ app.command("env")(env)
 app.command("resolve")(resolve)
 app.command("devices")(devices)
 app.command("targets")(targets)
+app.command("build")(build)
 app.command("doctor")(doctor)
 app.command("demo")(demo)
 

@@ -1,0 +1,214 @@
+"""The offline build: the programs of a catalogue compiled for each target into bundles, in
+parallel processes, incrementally, optionally one deterministic shard of the work.
+
+The plan: each target's backend gives its programs (:func:`~kdbkit.packager.catalogue.programs_for`);
+a program that does not depend on the compute-unit count (today every one: the counts are
+launch arguments) goes once into the arch-wide ``<arch>.kdb``, which the runtime takes for any
+device of the arch; an ``<arch>_<cu>.kdb`` would hold only programs compiled for one count.
+Each program is keyed with :func:`program_key` exactly as the runtime looks it up.
+
+Incremental: programs whose key the existing output bundle already holds (same target, same
+compiler identity: the key carries the source digest) are not compiled again, and an
+unchanged rebuild writes nothing. A failed compile is reported with the compiler's log; the
+other programs are still written, and the result says so (the CLI exits 1).
+"""
+
+from __future__ import annotations
+
+import concurrent.futures
+import os
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Callable, Iterable, Sequence
+
+from kdbkit.kdb import Target, write_bundle
+from kdbkit.kdb.bundle import Bundle
+from kdbkit.kdb.errors import KdbError
+from kdbkit.packager.code_object_checks import check_code_object
+from kdbkit.packager.catalogue import programs_for
+from kdbkit.packager.targets import builder_of
+from kdbkit.runtime.compilers import Compiler
+from kdbkit.runtime.errors import CompileError
+from kdbkit.runtime.kernel_sources import KernelSearchPath, KernelSource
+from kdbkit.runtime.problem import Problem
+from kdbkit.runtime.program_key import ProgramRequest, program_key
+
+
+@dataclass(frozen=True)
+class Job:
+    """One program to compile for one bundle."""
+
+    bundle: Target  # the bundle it goes to (arch-wide unless the program depends on the count)
+    request: ProgramRequest
+    kernel_name: str
+    kernel_args: str
+
+
+@dataclass
+class Failure:
+    job: Job
+    message: str
+    log: str = ""
+
+
+@dataclass
+class BuildResult:
+    """Per bundle written or left as it was; counts; failures with their logs."""
+
+    bundles: dict[str, Path] = field(default_factory=dict)
+    compiled: int = 0
+    reused: int = 0
+    failures: list[Failure] = field(default_factory=list)
+
+
+def depends_on_count(request: ProgramRequest) -> bool:
+    """Whether a program is compiled for one compute-unit count (an option naming it)."""
+    return any(option.startswith("-DKDB_CU") for option in request.options)
+
+
+def plan(targets: Sequence[Target], problems: Sequence[Problem] | None = None, *,
+         requests: Sequence[ProgramRequest] | None = None,
+         search_path: KernelSearchPath | None = None) -> tuple[list[Job], dict[Target, Compiler]]:
+    """Every (bundle, program) the targets need, each once, in a fixed order; and each bundle's compiler.
+
+    Args:
+        targets: from :func:`~kdbkit.packager.targets.resolve_targets`.
+        problems: the catalogue's problems (their solvers' programs per backend), or
+        requests: the programs themselves (``--all``: every program for each backend).
+    """
+    from kdbkit.runtime.primitives.catalogue import all_programs
+
+    search_path = search_path or KernelSearchPath()
+    jobs: dict[tuple, Job] = {}
+    compilers: dict[Target, Compiler] = {}
+    for target in targets:
+        compiler = builder_of(target)
+        identity = compiler.identity()
+        wanted = requests if requests is not None else (
+            programs_for(problems, target.backend) if problems is not None else all_programs(target.backend))
+        for request in wanted:
+            if request.kernel_file.endswith(".cu") and target.backend != "cuda" or \
+                    request.kernel_file.endswith(".hip") and target.backend != "hip":
+                continue
+            bundle = target if depends_on_count(request) else target.arch_wide()
+            compilers.setdefault(bundle, compiler)
+            key = program_key(request, target=bundle, compiler=identity,
+                              source_digest=search_path.read(request.kernel_file).digest)
+            jobs.setdefault((str(bundle), key.kernel_name, key.kernel_args),
+                            Job(bundle, request, key.kernel_name, key.kernel_args))
+    return [jobs[k] for k in sorted(jobs)], compilers
+
+
+def shard(jobs: Sequence[Job], index: int, count: int) -> list[Job]:
+    """The ``index``-th of ``count`` slices (0-based): every count-th job of the fixed order,
+    so that the slices of any job runner together hold each job exactly once."""
+    if not 0 <= index < count:
+        raise ValueError(f"shard {index}/{count}: the index must be at least 0 and below the count")
+    return [job for i, job in enumerate(jobs) if i % count == index]
+
+
+def _compile(compiler: Compiler, job: Job, source: KernelSource) -> tuple[bytes | None, str, str]:
+    """(binary, error message, log) of one job; runs in a worker process."""
+    try:
+        binary = compiler.compile(job.request, job.bundle, source)
+        if compiler.binary_format == "hsaco":
+            problems = check_code_object(binary, job.bundle.full_arch, what=f"code object of {job.request}")
+            if problems:
+                return None, f"the code object would fail on the GPU: {'; '.join(problems)}", ""
+        return binary, "", ""
+    except CompileError as exc:
+        return None, exc.problem, getattr(exc, "log", "") or ""
+    except KdbError as exc:
+        return None, exc.problem, ""
+
+
+def build(jobs: Sequence[Job], compilers: dict[Target, Compiler], out: Path, *, parallel: int | None = None,
+          search_path: KernelSearchPath | None = None,
+          progress: Callable[[int, int, int], None] | None = None) -> BuildResult:
+    """Compile ``jobs`` into one bundle per target under ``out`` (created), reusing what each
+    existing bundle already holds.
+
+    Args:
+        parallel: worker processes (default: every core; 1 compiles in this process, as the
+            OpenCL compiler must, its device being this process's).
+        progress: called as (done, total, failed) after each compile.
+    """
+    out.mkdir(parents=True, exist_ok=True)
+    search_path = search_path or KernelSearchPath()
+    result = BuildResult()
+    by_bundle: dict[Target, list[Job]] = {}
+    for job in jobs:
+        by_bundle.setdefault(job.bundle, []).append(job)
+    entries: dict[Target, dict[tuple[str, str], bytes]] = {}
+    stale: set[Target] = set()  # bundles holding programs no job wants any more: rewritten
+    todo: list[Job] = []
+    for target, target_jobs in by_bundle.items():
+        kept = _reusable(out / target.bundle_name(), target, compilers[target].identity())
+        if set(kept) - {(job.kernel_name, job.kernel_args) for job in target_jobs}:
+            stale.add(target)
+        entries[target] = {}
+        for job in target_jobs:
+            binary = kept.get((job.kernel_name, job.kernel_args))
+            if binary is None:
+                todo.append(job)
+            else:
+                entries[target][job.kernel_name, job.kernel_args] = binary
+                result.reused += 1
+    workers = parallel or os.cpu_count() or 1
+    if any(compilers[job.bundle].backend == "opencl" for job in todo):
+        workers = 1
+    sources = {name: search_path.read(name) for name in {job.request.kernel_file for job in todo}}
+    done = 0
+    pool = concurrent.futures.ProcessPoolExecutor(workers) if workers > 1 and todo else None
+    try:
+        futures = {}
+        for job in todo:
+            args = (compilers[job.bundle], job, sources[job.request.kernel_file])
+            futures[pool.submit(_compile, *args) if pool else _Done(_compile(*args))] = job
+        for future in (concurrent.futures.as_completed(futures) if pool else list(futures)):
+            job = futures[future]
+            binary, message, log = future.result()
+            done += 1
+            if binary is None:
+                result.failures.append(Failure(job, message, log))
+            else:
+                entries[job.bundle][job.kernel_name, job.kernel_args] = binary
+                result.compiled += 1
+            if progress:
+                progress(done, len(todo), len(result.failures))
+    finally:
+        if pool:
+            pool.shutdown()
+    for target, held in entries.items():
+        path = out / target.bundle_name()
+        compiler = compilers[target]
+        if target in stale or any(job.bundle == target for job in todo) or not path.exists():
+            write_bundle(path, target, [(n, a, b) for (n, a), b in sorted(held.items())],
+                         compiler=compiler.identity(), binary_format=compiler.binary_format)
+        result.bundles[str(target)] = path
+    return result
+
+
+class _Done:
+    """A finished call, shaped like a future (the in-process path)."""
+
+    def __init__(self, value):
+        self.value = value
+
+    def result(self):
+        return self.value
+
+
+def _reusable(path: Path, target: Target, identity: str) -> dict[tuple[str, str], bytes]:
+    """What an existing bundle at ``path`` holds that a build for ``target`` with ``identity``
+    may keep: everything, when it was written for that target by that compiler; else nothing."""
+    if not path.exists():
+        return {}
+    try:
+        with Bundle.open(path) as bundle:
+            meta = bundle.metadata
+            if meta.target != target or meta.compiler != identity:
+                return {}
+            return {(name, args): binary for name, args, binary in bundle.items()}
+    except KdbError:
+        return {}  # damaged or foreign: rebuilt whole, then replaced atomically

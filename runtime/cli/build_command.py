@@ -1,0 +1,97 @@
+"""``kdb build``: compile a catalogue's programs for each target into bundles, offline, with
+no GPU (packager/build.py does the work; this is its command line and progress bar)."""
+
+from __future__ import annotations
+
+import os
+import re
+from pathlib import Path
+from typing import List, Optional
+
+import typer
+from rich.markup import escape
+from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn, TimeRemainingColumn
+
+from kdbkit.runtime import env as kdb_env
+from kdbkit.runtime.cli.output import err, out, print_json
+
+
+def build(
+    target: List[str] = typer.Option([], "--target", help="A target: <arch>_<compute units> (sm_90_132, "
+                                     "gfx942_304) or <arch> for the whole arch (gfx942). Repeat for more."),
+    gpu: List[str] = typer.Option([], "--gpu", help="A GPU by name (MI300X, H100-SXM: kdb targets lists them). "
+                                  "Repeat for more."),
+    catalogue: List[Path] = typer.Option([], "--catalogue", "-c", help="A file of problems: config strings, "
+                                         "MIOpen keys or driver commands (the lines KDB_ENABLE_LOGGING_CMD=1 "
+                                         "prints, or MIOpen's). Repeat for more."),
+    every: bool = typer.Option(False, "--all", help="Every program the solvers can ask for (serves every "
+                               "problem of every primitive)."),
+    jobs: Optional[int] = typer.Option(None, "-j", "--jobs", min=1, help="Compiler processes. Default: "
+                                       "KDB_COMPILE_PARALLEL_LEVEL if set, else every core."),
+    shard: Optional[str] = typer.Option(None, "--shard", help="Build only slice I of N (0-based, I/N), for a job "
+                                        "runner's array; `kdb db merge` joins the slices' bundles."),
+    output: Path = typer.Option(Path("."), "-o", "--out", help="Folder for the bundles (created)."),
+    as_json: bool = typer.Option(False, "--json", help="Print JSON for scripts."),
+) -> None:
+    """Compile the programs a catalogue needs for each target into bundles (<arch>.kdb), with no GPU.
+
+    Example: kdb build --target sm_90_132 --gpu MI300X --all -o bundles
+    """
+    from kdbkit.packager import build as builder
+    from kdbkit.packager.catalogue import read_catalogue
+    from kdbkit.packager.targets import resolve_targets
+
+    if bool(catalogue) == every:
+        raise typer.BadParameter("give --catalogue FILE (repeatable) or --all", param_hint="--catalogue / --all")
+    part = _shard(shard)
+    targets = resolve_targets(target, gpu)
+    problems, line_errors = None, []
+    if catalogue:
+        problems = []
+        for path in catalogue:
+            read = read_catalogue(path)
+            problems += read.problems
+            line_errors += read.errors
+        for e in line_errors:
+            err.print(f"[yellow]skipped[/] {escape(str(e))}")
+    planned, compilers = builder.plan(targets, problems)
+    if part is not None:
+        planned = builder.shard(planned, *part)
+    workers = jobs or (kdb_env.get_int("KDB_COMPILE_PARALLEL_LEVEL") if "KDB_COMPILE_PARALLEL_LEVEL" in os.environ
+                       else os.cpu_count() or 1)
+    columns = (TextColumn("compiling"), BarColumn(), MofNCompleteColumn(), TextColumn("{task.fields[failed]} failed"),
+               TextColumn("{task.fields[rate]}/s"), TimeElapsedColumn(), TextColumn("ETA"), TimeRemainingColumn())
+    with Progress(*columns, console=err, disable=as_json, transient=False) as bar:
+        task = bar.add_task("compile", total=None, failed=0, rate="-")
+
+        def step(done: int, total: int, failed: int) -> None:
+            elapsed = bar.tasks[0].elapsed or 0.0
+            bar.update(task, completed=done, total=total, failed=failed,
+                       rate=f"{done / elapsed:.1f}" if elapsed > 0 else "-")
+
+        result = builder.build(planned, compilers, output, parallel=workers, progress=step)
+    for failure in result.failures:
+        err.print(f"[red]failed[/] {escape(str(failure.job.request))} for {failure.job.bundle}: "
+                  f"{escape(failure.message)}")
+        if failure.log:
+            err.print(escape(failure.log.rstrip()), highlight=False)
+    if as_json:
+        print_json({"bundles": {t: str(p) for t, p in result.bundles.items()}, "compiled": result.compiled,
+                    "reused": result.reused, "failed": len(result.failures),
+                    "skipped_lines": [str(e) for e in line_errors]})
+    else:
+        for name, path in result.bundles.items():
+            out.print(f"{name}: {escape(str(path))}")
+        out.print(f"{result.compiled} compiled, {result.reused} already built, {len(result.failures)} failed, "
+                  f"{len(line_errors)} catalogue lines skipped")
+    if result.failures or line_errors:
+        raise typer.Exit(1)
+
+
+def _shard(text: str | None) -> tuple[int, int] | None:
+    if text is None:
+        return None
+    m = re.fullmatch(r"\s*(\d+)\s*/\s*(\d+)\s*", text)
+    if not m or int(m[2]) < 1 or int(m[1]) >= int(m[2]):
+        raise typer.BadParameter(f"{text!r} is not I/N with 0 <= I < N (e.g. 0/4)", param_hint="--shard")
+    return int(m[1]), int(m[2])
