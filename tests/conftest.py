@@ -31,3 +31,15 @@ def amdgcn_clang():
     from tests.prerequisites import require_amdgcn_clang
 
     require_amdgcn_clang()
+
+
+@pytest.fixture
+def logging_cmd(monkeypatch):
+    """KDB_ENABLE_LOGGING_CMD=1 for the test; logging is configured again after it."""
+    from kdbkit.runtime.logging_setup import configure_logging
+
+    monkeypatch.setenv("KDB_ENABLE_LOGGING_CMD", "1")
+    configure_logging(force=True)
+    yield
+    monkeypatch.delenv("KDB_ENABLE_LOGGING_CMD")
+    configure_logging(force=True)

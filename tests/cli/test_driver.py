@@ -43,16 +43,6 @@ def kdb(isolated, kernel_cache, chain_device, monkeypatch, capsys):  # noqa: F81
     return run
 
 
-@pytest.fixture
-def logging_cmd(monkeypatch):
-    """KDB_ENABLE_LOGGING_CMD=1 for the test; logging is configured again after it."""
-    monkeypatch.setenv("KDB_ENABLE_LOGGING_CMD", "1")
-    configure_logging(force=True)
-    yield
-    monkeypatch.delenv("KDB_ENABLE_LOGGING_CMD")
-    configure_logging(force=True)
-
-
 def _problems(out: str) -> list[str]:
     return re.findall(r"^Problem: (\S+)$", out, re.M)
 

@@ -7,11 +7,9 @@ from __future__ import annotations
 import re
 
 import numpy as np
-import pytest
 
 import kdbkit
 from kdbkit.packager.catalogue import programs_for, read_catalogue
-from kdbkit.runtime.logging_setup import configure_logging
 from kdbkit.runtime.primitives.catalogue import all_programs
 from kdbkit.runtime.problem import parse_config
 from tests.runtime.chain_fixtures import chain_backend, chain_device, isolated, make_handle  # noqa: F401
@@ -57,15 +55,6 @@ def test_the_programs_are_the_solvers_per_backend(tmp_path):
     assert all(p.kernel_file.endswith(".c") for p in opencl) and set(opencl) < set(cuda)
     assert set(cuda) <= set(all_programs("cuda"))  # a model's programs are a slice of --all's
     assert len(set(cuda)) == len(cuda)
-
-
-@pytest.fixture
-def logging_cmd(monkeypatch):
-    monkeypatch.setenv("KDB_ENABLE_LOGGING_CMD", "1")
-    configure_logging(force=True)
-    yield
-    monkeypatch.delenv("KDB_ENABLE_LOGGING_CMD")
-    configure_logging(force=True)
 
 
 def test_a_run_logged_with_kdb_enable_logging_cmd_is_its_own_catalogue(make_handle, logging_cmd, capsys,  # noqa: F811
