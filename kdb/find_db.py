@@ -66,6 +66,23 @@ def _records(conn: sqlite3.Connection, config: str) -> list[FindRecord] | None:
     return [FindRecord(int(a), str(b), int(c), float(d), int(e)) for a, b, c, d, e in rows] or None
 
 
+def configs_in(path: str | Path) -> list[str]:
+    """The config strings of every problem a find-db file (system or user) ranks, sorted: what a
+    build takes as its catalogue (``kdb build --catalogue sm_90_132.ufdb``).
+
+    Raises:
+        NotABundleError: the file is not a find-db (not SQLite, or no ``find_db`` table).
+    """
+    from kdbkit.kdb.errors import NotABundleError
+
+    try:
+        with closing(_connect(Path(path), writable=False)) as conn:
+            return [row[0] for row in conn.execute("SELECT DISTINCT config FROM find_db ORDER BY config")]
+    except sqlite3.Error as exc:
+        raise NotABundleError(f"{path} is not a find-db ({exc})",
+                              "give a .fdb or .ufdb file that find wrote, or a text catalogue") from None
+
+
 class FindDb:
     """A target's system find-db files and its user find-db file (thread-safe)."""
 

@@ -1,8 +1,8 @@
 """What a build compiles: the programs the solvers ask for, for the problems of a catalogue.
 
 A catalogue is the built-in one (every compile-time specialisation of every primitive: the
-programs that serve every shape, finite because shapes are launch arguments) or a user's file
-with one problem per line, in any of these spellings:
+programs that serve every shape, finite because shapes are launch arguments), a find-db's
+problems, or a user's file with one problem per line, in any of these spellings:
 
 - a config string: ``softmax,dir=fwd,...`` or a MIOpen convolution key
   ``64-56-56-3x3-64-56-56-32-1x1-1x1-1x1-0-NCHW-FP16-F``;
@@ -25,6 +25,7 @@ from pathlib import Path
 from typing import Iterable
 
 from kdbkit.kdb.errors import KdbError
+from kdbkit.kdb.find_db import SYSTEM_SUFFIX, USER_SUFFIX, configs_in
 from kdbkit.runtime.primitives import load_all
 from kdbkit.runtime.problem import Problem, parse_config
 from kdbkit.runtime.program_key import ProgramRequest
@@ -71,14 +72,20 @@ def parse_line(text: str) -> list[Problem]:
 
 
 def read_catalogue(path: str | Path) -> Catalogue:
-    """Every problem ``path`` names, and the lines that name none.
+    """Every problem ``path`` names, and the lines that name none. A find-db (``.fdb``,
+    ``.ufdb``: what find recorded) gives its problems, its rows counted as lines.
 
     Raises:
         OSError: the file cannot be read.
+        NotABundleError: a ``.fdb`` or ``.ufdb`` file that is not a find-db.
     """
     problems: dict[str, Problem] = {}
     errors, log_lines = [], 0
-    for number, raw in enumerate(Path(path).read_text(encoding="utf-8").splitlines(), 1):
+    if Path(path).suffix in (SYSTEM_SUFFIX, USER_SUFFIX):
+        lines = configs_in(path)
+    else:
+        lines = Path(path).read_text(encoding="utf-8").splitlines()
+    for number, raw in enumerate(lines, 1):
         text = raw.split("#", 1)[0].strip()
         if not text:
             continue

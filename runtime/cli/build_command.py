@@ -23,7 +23,7 @@ def build(
                                   "Repeat for more."),
     catalogue: List[Path] = typer.Option([], "--catalogue", "-c", help="A file of problems: config strings, "
                                          "MIOpen keys or driver commands (the lines KDB_ENABLE_LOGGING_CMD=1 "
-                                         "prints, or MIOpen's). Repeat for more."),
+                                         "prints, or MIOpen's), or a find-db (.fdb, .ufdb). Repeat for more."),
     every: bool = typer.Option(False, "--all", help="Every program the solvers can ask for (serves every "
                                "problem of every primitive)."),
     jobs: Optional[int] = typer.Option(None, "-j", "--jobs", min=1, help="Compiler processes. Default: "

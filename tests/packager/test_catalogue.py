@@ -7,6 +7,7 @@ from __future__ import annotations
 import re
 
 import numpy as np
+import pytest
 
 import kdbkit
 from kdbkit.packager.catalogue import programs_for, read_catalogue
@@ -72,3 +73,23 @@ def test_a_run_logged_with_kdb_enable_logging_cmd_is_its_own_catalogue(make_hand
     assert not catalogue.errors
     logged = re.findall(r"--config '?([^' ]+)'?", log)
     assert [p.config() for p in catalogue.problems] == [parse_config(c).config() for c in logged] and len(logged) == 2
+
+
+def test_a_find_db_is_a_catalogue_of_the_problems_find_ranked(make_handle, isolated):  # noqa: F811
+    from kdbkit.kdb.errors import NotABundleError
+    from kdbkit.runtime.find import find_solutions
+
+    h = make_handle()
+    problems = [parse_config(PROBLEM) for PROBLEM in (
+        "softmax,dir=fwd,algo=accurate,mode=channel,type=fp32,shape=2x4x9x9,xs=324x81x9x1,ys=324x81x9x1,a=1.0,b=0.0",
+        "4-9-9-3x3-6-9-9-2-1x1-1x1-1x1-0-NCHW-FP32-F")]
+    for problem in problems:
+        find_solutions(h, problem)
+    (ufdb,) = (isolated / "userdb").rglob("*.ufdb")
+    catalogue = read_catalogue(ufdb)
+    assert not catalogue.errors and sorted(p.config() for p in catalogue.problems) == sorted(
+        p.config() for p in problems)
+    bogus = isolated / "bogus.fdb"
+    bogus.write_text("not sqlite")
+    with pytest.raises(NotABundleError, match="is not a find-db"):
+        read_catalogue(bogus)
