@@ -69,6 +69,16 @@ def split_slices(problem: ConvProblem, units: int) -> int:
     return max(1, min(2 * units // blocks, tiles // 8, 8))
 
 
+def widener(handle, moves, shape: tuple[int, int, int, int], wide: int, strides):
+    """A launcher of conv_gemm.c's conv_pad_channels (from the loaded program ``moves``) taking
+    (source, destination): a tensor of ``shape`` (N C H W, or K C Y X) read through its
+    ``strides`` and written packed channels-last with its channels widened by zeros to ``wide``
+    (or not widened: ``wide`` = C, a plain move to NHWC / KYXC)."""
+    n, c, h, w = shape
+    return launcher_1d(handle, moves.function("conv_pad_channels"), n * h * w * wide,
+                       [None, None, *(np.int32(v) for v in (n, c, h, w, wide, *strides))], max_groups=1 << 16)
+
+
 def transposer(handle, moves, dtype: DataType):
     """``transpose(matrices, rows, cols)``: a launcher of conv_gemm.c's conv_transpose (from the
     loaded program ``moves``) for that batch of matrices, taking (source, destination): the
@@ -178,12 +188,6 @@ class ConvImplicitGemmTensorCore(Solver):
         moves = handle.program("conv_gemm.c", problem.dtype.options)
         (n, c, h, w_), (k, _, fy, fx), (ho, wo) = problem.x_shape, problem.w_shape, problem.out_hw
 
-        def widener(matrices: int, channels: int, rows: int, cols: int, strides):
-            """conv_gemm.c's conv_pad_channels: a tensor (through its strides) packed channels-last, widened."""
-            return launcher_1d(handle, moves.function("conv_pad_channels"), matrices * rows * cols * cin,
-                               [None, None, *(np.int32(v) for v in (matrices, channels, rows, cols, cin, *strides))],
-                               max_groups=1 << 16)
-
         transpose = transposer(handle, moves, problem.dtype)
         # The input the kernel reads (x forward, dy backward), staged NHWC where it is not.
         source = "x" if problem.direction == "F" else "y"
@@ -192,7 +196,7 @@ class ConvImplicitGemmTensorCore(Solver):
             staged[source] = backend.alloc(d[source].numel // d[source].shape[1] * cin * item)
         shapes = {"x": (n, c, h * w_), "y": (n, k, ho * wo)}  # matrices, channels, positions
         if widen:
-            into = widener(n, c, h, w_, d["x"].strides)
+            into = widener(handle, moves, (n, c, h, w_), cin, d["x"].strides)
         else:
             into = transpose(*shapes[source]) if nchw else None
         if problem.direction == "B":
@@ -200,7 +204,7 @@ class ConvImplicitGemmTensorCore(Solver):
                                   [None, None, *(np.int32(v) for v in (k, c // problem.groups, fy, fx,
                                                                        *d["w"].strides))], max_groups=1 << 16)
         elif widen or (nchw and fy * fx > 1):
-            prepare = widener(k, c, fy, fx, d["w"].strides)  # KCYX -> KYXC (C widened where it must be)
+            prepare = widener(handle, moves, (k, c, fy, fx), cin, d["w"].strides)  # KCYX -> KYXC, C widened if need be
         else:
             prepare = None  # KYXC already, or a 1 x 1 filter, whose KCYX is KYXC
         weights = backend.alloc(computed.out_channels * fy * fx * cin * item) if prepare is not None else None
@@ -309,9 +313,7 @@ class ConvWrwImplicitGemmTensorCore(Solver):
         nchw = problem.layout == "NCHW"
         x_in = x_nhwc = None
         if cp != c:  # widened with zero channels (through x's strides: either layout)
-            x_in = launcher_1d(handle, moves.function("conv_pad_channels"), n * h * w_ * cp,
-                               [None, None, *(np.int32(v) for v in (n, c, h, w_, cp, *d["x"].strides))],
-                               max_groups=1 << 16)
+            x_in = widener(handle, moves, (n, c, h, w_), cp, d["x"].strides)
         elif nchw:
             x_in = transpose(n, c, h * w_)
         if x_in is not None:
