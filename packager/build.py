@@ -19,13 +19,13 @@ import concurrent.futures
 import os
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Callable, Iterable, Sequence
+from typing import Callable, Sequence
 
 from kdbkit.kdb import Target, write_bundle
 from kdbkit.kdb.bundle import Bundle
 from kdbkit.kdb.errors import KdbError
-from kdbkit.packager.code_object_checks import check_code_object
 from kdbkit.packager.catalogue import programs_for
+from kdbkit.packager.device_build import refuse_failing_code_object
 from kdbkit.packager.targets import builder_of
 from kdbkit.runtime.compilers import Compiler
 from kdbkit.runtime.errors import CompileError
@@ -74,11 +74,13 @@ def plan(targets: Sequence[Target], problems: Sequence[Problem] | None = None, *
     Args:
         targets: from :func:`~kdbkit.packager.targets.resolve_targets`.
         problems: the catalogue's problems (their solvers' programs per backend), or
-        requests: the programs themselves (``--all``: every program for each backend).
+        requests: the programs themselves, for every target (neither: ``--all``, every program
+            each target's backend builds).
     """
     from kdbkit.runtime.primitives.catalogue import all_programs
 
     search_path = search_path or KernelSearchPath()
+    digests: dict[str, str] = {}  # each kernel file read once, whatever the targets
     jobs: dict[tuple, Job] = {}
     compilers: dict[Target, Compiler] = {}
     for target in targets:
@@ -87,13 +89,11 @@ def plan(targets: Sequence[Target], problems: Sequence[Problem] | None = None, *
         wanted = requests if requests is not None else (
             programs_for(problems, target.backend) if problems is not None else all_programs(target.backend))
         for request in wanted:
-            if request.kernel_file.endswith(".cu") and target.backend != "cuda" or \
-                    request.kernel_file.endswith(".hip") and target.backend != "hip":
-                continue
             bundle = target if depends_on_count(request) else target.arch_wide()
             compilers.setdefault(bundle, compiler)
-            key = program_key(request, target=bundle, compiler=identity,
-                              source_digest=search_path.read(request.kernel_file).digest)
+            if request.kernel_file not in digests:
+                digests[request.kernel_file] = search_path.read(request.kernel_file).digest
+            key = program_key(request, target=bundle, compiler=identity, source_digest=digests[request.kernel_file])
             jobs.setdefault((str(bundle), key.kernel_name, key.kernel_args),
                             Job(bundle, request, key.kernel_name, key.kernel_args))
     return [jobs[k] for k in sorted(jobs)], compilers
@@ -112,9 +112,7 @@ def _compile(compiler: Compiler, job: Job, source: KernelSource) -> tuple[bytes 
     try:
         binary = compiler.compile(job.request, job.bundle, source)
         if compiler.binary_format == "hsaco":
-            problems = check_code_object(binary, job.bundle.full_arch, what=f"code object of {job.request}")
-            if problems:
-                return None, f"the code object would fail on the GPU: {'; '.join(problems)}", ""
+            refuse_failing_code_object(binary, job.request, job.bundle)
         return binary, "", ""
     except CompileError as exc:
         return None, exc.problem, getattr(exc, "log", "") or ""
@@ -179,10 +177,11 @@ def build(jobs: Sequence[Job], compilers: dict[Target, Compiler], out: Path, *, 
     finally:
         if pool:
             pool.shutdown()
+    changed = stale | {job.bundle for job in todo}
     for target, held in entries.items():
         path = out / target.bundle_name()
         compiler = compilers[target]
-        if target in stale or any(job.bundle == target for job in todo) or not path.exists():
+        if target in changed or not path.exists():
             write_bundle(path, target, [(n, a, b) for (n, a), b in sorted(held.items())],
                          compiler=compiler.identity(), binary_format=compiler.binary_format)
         result.bundles[str(target)] = path

@@ -95,10 +95,8 @@ def read_catalogue(path: str | Path) -> Catalogue:
         try:
             for problem in parse_line(text):
                 problems.setdefault(problem.config(), problem)
-        except (KdbError, ValueError) as exc:
-            reason = f"{exc.problem}; {exc.remedy}" if isinstance(exc, KdbError) and exc.remedy else str(
-                getattr(exc, "problem", exc))
-            errors.append(LineError(str(path), number, text, reason))
+        except (KdbError, ValueError) as exc:  # a KdbError reads "problem; remedy"
+            errors.append(LineError(str(path), number, text, str(exc)))
     return Catalogue(list(problems.values()), errors, log_lines)
 
 

@@ -54,15 +54,16 @@ def build_bundle(target: Target, programs: Iterable[ProgramRequest | tuple[str, 
         key = program_key(request, target=target, compiler=identity, source_digest=source.digest)
         binary = compiler.compile(request, target, source)
         if compiler.binary_format == "hsaco":
-            _check_hsaco(binary, request, target)
+            refuse_failing_code_object(binary, request, target)
         entries.append((key.kernel_name, key.kernel_args, binary))
     recorded = bundle_target or target
     return write_bundle(Path(folder) / (file_name or recorded.bundle_name()), recorded, entries, compiler=identity,
                         binary_format=compiler.binary_format)
 
 
-def _check_hsaco(binary: bytes, request: ProgramRequest, target: Target) -> None:
-    """Refuse a code object that would fail on the device, naming the kernel file, the target and why."""
+def refuse_failing_code_object(binary: bytes, request: ProgramRequest, target: Target) -> None:
+    """Refuse a code object that would fail on the device (a CompileError naming the kernel file,
+    the target and why): no GPU is at hand in an offline build to show it."""
     problems = check_code_object(binary, target.full_arch, what=f"code object of {request} for {target.full_arch}")
     if problems:
         raise CompileError(f"{request} for {target.full_arch} builds a code object that would fail on the GPU: "
