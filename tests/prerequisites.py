@@ -36,3 +36,11 @@ def require_amdgcn_clang() -> None:
 
     if find_clang() is None:
         skip_or_fail("amdgcn-clang", NO_AMDGCN_CLANG)
+
+
+def require_nvrtc() -> None:
+    """Skip without NVRTC (the CUDA extra: pip install 'kdbkit[cuda]', which CI installs)."""
+    from kdbkit.runtime.compilers import NvrtcCompiler
+
+    if NvrtcCompiler().supported_archs() is None:
+        pytest.skip("no NVRTC: pip install 'kdbkit[cuda]'")

@@ -7,13 +7,12 @@ import json
 import pytest
 
 from kdbkit.kdb import open_bundle
-from kdbkit.runtime.compilers import NvrtcCompiler
+from tests.prerequisites import require_nvrtc
 
 
 @pytest.fixture
 def nvrtc():
-    if NvrtcCompiler().supported_archs() is None:
-        pytest.skip("no NVRTC: pip install 'kdbkit[cuda]'")
+    require_nvrtc()
 
 
 def test_a_catalogue_builds_and_a_bad_line_is_named_with_exit_1(kdb, nvrtc, tmp_path):

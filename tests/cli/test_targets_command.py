@@ -6,16 +6,15 @@ import json
 
 import pytest
 
-from kdbkit.runtime.compilers import AmdgcnClangCompiler, NvrtcCompiler
+from kdbkit.runtime.compilers import AmdgcnClangCompiler
 
-from tests.prerequisites import require_amdgcn_clang
+from tests.prerequisites import require_amdgcn_clang, require_nvrtc
 
 
 @pytest.fixture
 def compilers():
     require_amdgcn_clang()
-    if NvrtcCompiler().supported_archs() is None:
-        pytest.skip("no NVRTC: pip install 'kdbkit[cuda]'")
+    require_nvrtc()
 
 
 def test_kdb_targets_lists_the_table_and_the_compilers(compilers, kdb):

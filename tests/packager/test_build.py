@@ -17,7 +17,7 @@ from kdbkit.packager.targets import resolve_targets
 from kdbkit.runtime.kernel_sources import KernelSearchPath
 from kdbkit.runtime.problem import parse_config
 from kdbkit.runtime.program_key import ProgramRequest
-from tests.prerequisites import require_amdgcn_clang
+from tests.prerequisites import require_amdgcn_clang, require_nvrtc
 from tests.runtime.chain_fixtures import chain_backend, chain_device, isolated, make_handle  # noqa: F401
 
 PROBLEMS = ["softmax,dir=fwd,algo=accurate,mode=channel,type=fp32,shape=2x4x9x9,xs=324x81x9x1,ys=324x81x9x1,"
@@ -28,10 +28,7 @@ PROBLEMS = ["softmax,dir=fwd,algo=accurate,mode=channel,type=fp32,shape=2x4x9x9,
 def offline():
     """NVRTC and clang-19, which CI installs: sm_80 and gfx942 bundles built with no GPU."""
     require_amdgcn_clang()
-    from kdbkit.runtime.compilers import NvrtcCompiler
-
-    if NvrtcCompiler().supported_archs() is None:
-        pytest.skip("no NVRTC: pip install 'kdbkit[cuda]'")
+    require_nvrtc()
     return resolve_targets(["sm_80_108", "gfx942_304", "sm_90_132"])
 
 

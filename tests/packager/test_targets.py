@@ -8,18 +8,16 @@ import pytest
 from kdbkit.kdb.errors import BundleNameError
 from kdbkit.kdb.target import Target
 from kdbkit.packager.targets import KNOWN_GPUS, find_gpu, resolve_targets
-from kdbkit.runtime.compilers import AmdgcnClangCompiler, NvrtcCompiler
 from kdbkit.runtime.errors import TargetError
 
-from tests.prerequisites import require_amdgcn_clang
+from tests.prerequisites import require_amdgcn_clang, require_nvrtc
 
 
 @pytest.fixture
 def compilers():
     """NVRTC (the CUDA extra) and clang-19 for amdgcn, which CI installs."""
     require_amdgcn_clang()
-    if NvrtcCompiler().supported_archs() is None:
-        pytest.skip("no NVRTC: pip install 'kdbkit[cuda]'")
+    require_nvrtc()
 
 
 def test_a_gpu_name_gives_its_arch_and_compute_units():
