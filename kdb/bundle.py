@@ -11,6 +11,7 @@ never returned. All SQL uses bound parameters.
 from __future__ import annotations
 
 import datetime as _dt
+import json
 import os
 import sqlite3
 import threading
@@ -54,10 +55,18 @@ class BundleMetadata:
     producer: str = ""
     created: str = ""
     dictionary_size: int = 0
+    # (kernel file, source digest) of every file the bundle was built from, sorted; empty for
+    # bundles written before the manifest existed, user caches and MIOpen's files.
+    sources: tuple[tuple[str, str], ...] = ()
 
     @property
     def written_by_miopen(self) -> bool:
         return self.format_version == 0
+
+    @property
+    def source_digests(self) -> dict[str, str]:
+        """The kernel-source manifest: file name -> digest of the source the bundle was built from."""
+        return dict(self.sources)
 
 
 @dataclass(frozen=True)
@@ -156,6 +165,7 @@ class Bundle:
 
     @classmethod
     def create(cls, path: str | Path, target: Target, *, compiler: str, binary_format: str,
+               sources: dict[str, str] | None = None,
                codec: str = "zstd", dictionary: bytes | None = None, wal: bool = False,
                exist_ok: bool = False) -> "Bundle":
         """Create a new, empty bundle (or open ``path`` if ``exist_ok`` and it exists).
@@ -167,6 +177,7 @@ class Bundle:
             binary_format: ``cubin``, ``hsaco`` or ``ocl-binary``.
             codec: ``zstd`` (default) or ``bzip2`` (MIOpen-compatible files).
             dictionary: zstd dictionary used for every blob, or None.
+            sources: the kernel-source manifest (file name -> digest) of what it is built from.
             wal: WAL mode (user caches); bundles meant to ship stay in rollback mode.
         """
         path = Path(path)
@@ -193,6 +204,8 @@ class Bundle:
                         "hash": "md5" if codec == "bzip2" else _codec.DEFAULT_HASH, "producer": PRODUCER,
                         "created": _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds"),
                     }
+                    if sources:
+                        meta["sources"] = json.dumps(dict(sorted(sources.items())), separators=(",", ":"))
                     rows = list(meta.items()) + ([("zstd_dict", dictionary)] if dictionary else [])
                     conn.executemany("INSERT INTO kdb_meta(key, value) VALUES (?, ?)", rows)
             metadata, dictionary = _read_metadata(conn, path)
@@ -505,11 +518,18 @@ def _read_metadata(conn: sqlite3.Connection, path: Path) -> tuple[BundleMetadata
         except (KdbError, ValueError) as exc:
             raise CorruptBundleError(f"{path}: kdb_meta describes no valid target ({exc})",
                                      "rebuild or reinstall the bundle") from exc
+    try:
+        manifest = json.loads(meta["sources"]) if meta.get("sources") else {}
+        if not isinstance(manifest, dict) or not all(isinstance(v, str) for v in manifest.values()):
+            raise ValueError("not a mapping of file names to digests")
+    except ValueError as exc:
+        raise CorruptBundleError(f"{path}: kdb_meta.sources is not a kernel-source manifest ({exc})",
+                                 "rebuild or reinstall the bundle") from None
     md = BundleMetadata(
         format_version=version, target=target, compiler=str(meta.get("compiler", "")),
         binary_format=str(meta.get("binary_format", "")), codec=codec, hash=hash_alg,
         producer=str(meta.get("producer", "")), created=str(meta.get("created", "")),
-        dictionary_size=len(dictionary) if dictionary else 0)
+        dictionary_size=len(dictionary) if dictionary else 0, sources=tuple(sorted(manifest.items())))
     return md, dictionary
 
 

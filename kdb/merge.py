@@ -62,11 +62,25 @@ def merge_bundles(out: str | Path, inputs: list[str | Path], *, allow_mixed_cu: 
             chosen = training_sample(keys)
             dict_bytes = choose_dictionary([b.get(n, a) for b, n, a in chosen], total=len(keys))
         write_bundle(out, target, _unique(bundles, report), compiler=compiler, binary_format=binary_format,
-                     dictionary=dict_bytes or False)
+                     dictionary=dict_bytes or False, sources=_merged_sources(bundles))
         return report
     finally:
         for b in bundles:
             b.close()
+
+
+def _merged_sources(bundles: list[Bundle]) -> dict[str, str]:
+    """The inputs' kernel-source manifests joined; a file the inputs built from different
+    sources is left out (its programs stay keyed by their own digests; only the up-front
+    digest is lost). Empty when any input has none: the manifest must cover every entry."""
+    manifests = [b.metadata.source_digests for b in bundles]
+    if not all(manifests):
+        return {}
+    joined: dict[str, str] = {}
+    for manifest in manifests:
+        joined.update(manifest)
+    return {name: digest for name, digest in joined.items()
+            if all(m.get(name, digest) == digest for m in manifests)}
 
 
 def _all_items(bundles: list[Bundle]) -> Iterator[tuple[str, str, bytes]]:

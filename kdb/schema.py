@@ -12,7 +12,8 @@ Format version 1 (this file writes it)::
 an arch-wide bundle), ``compiler`` (identity and version, e.g. ``nvrtc 13.0``),
 ``binary_format`` (``cubin``, ``hsaco``, ``ocl-binary``), ``codec`` (``zstd``/``bzip2``),
 ``hash`` (``xxh3_128``/``sha256``/``md5``), ``zstd_dict`` (optional), ``producer`` (``kdbkit 0.1.0``),
-``created`` (UTC ISO-8601).
+``created`` (UTC ISO-8601), ``sources`` (optional: JSON object of kernel file name -> source
+digest, the manifest of what the bundle was built from; a handle digests just these up front).
 
 Version 0 is a file written by MIOpen: ``kern_db`` alone, bzip2 blobs, MD5 hashes; it is
 read as is and given a ``kdb_meta`` table if it is ever opened for writing.
@@ -42,7 +43,7 @@ META_DDL = "CREATE TABLE IF NOT EXISTS kdb_meta (key TEXT PRIMARY KEY, value);"
 
 META_KEYS = (
     "format_version", "backend", "arch", "features", "cu", "compiler", "binary_format",
-    "codec", "hash", "zstd_dict", "producer", "created",
+    "codec", "hash", "zstd_dict", "producer", "created", "sources",
 )
 
 

@@ -67,7 +67,7 @@ def choose_dictionary(blobs: Sequence[bytes], level: int = _codec.BUNDLE_LEVEL, 
 
 def write_bundle(path: str | Path, target: Target, entries: Iterable[tuple[str, str, bytes]], *, compiler: str,
                  binary_format: str, codec: str = "zstd", dictionary: bool | bytes = True,
-                 level: int = _codec.BUNDLE_LEVEL) -> Path:
+                 level: int = _codec.BUNDLE_LEVEL, sources: dict[str, str] | None = None) -> Path:
     """Write a complete bundle to ``path`` atomically.
 
     Args:
@@ -81,6 +81,7 @@ def write_bundle(path: str | Path, target: Target, entries: Iterable[tuple[str, 
         codec: ``zstd`` or ``bzip2`` (MIOpen-compatible output).
         dictionary: True to train one when it pays, False for none, or the bytes of one.
         level: zstd level.
+        sources: the kernel-source manifest (file name -> digest) the entries were built from.
 
     Returns:
         The path written.
@@ -97,7 +98,7 @@ def write_bundle(path: str | Path, target: Target, entries: Iterable[tuple[str, 
     os.unlink(tmp)  # SQLite creates the file itself; mkstemp only reserved a unique name
     try:
         with Bundle.create(tmp, target, compiler=compiler, binary_format=binary_format, codec=codec,
-                           dictionary=dict_bytes) as bundle:
+                           dictionary=dict_bytes, sources=sources) as bundle:
             bundle.write_level = level
             it = iter(entries)
             while batch := list(itertools.islice(it, BATCH)):

@@ -47,10 +47,11 @@ def build_bundle(target: Target, programs: Iterable[ProgramRequest | tuple[str, 
     compiler = compiler or compiler_for(target)
     search_path = search_path or KernelSearchPath()
     identity = compiler.identity()
-    entries = []
+    entries, sources = [], {}
     for item in programs:
         request = item if isinstance(item, ProgramRequest) else ProgramRequest(*item)
         source = search_path.read(request.kernel_file)
+        sources[request.kernel_file] = source.digest
         key = program_key(request, target=target, compiler=identity, source_digest=source.digest)
         binary = compiler.compile(request, target, source)
         if compiler.binary_format == "hsaco":
@@ -58,7 +59,7 @@ def build_bundle(target: Target, programs: Iterable[ProgramRequest | tuple[str, 
         entries.append((key.kernel_name, key.kernel_args, binary))
     recorded = bundle_target or target
     return write_bundle(Path(folder) / (file_name or recorded.bundle_name()), recorded, entries, compiler=identity,
-                        binary_format=compiler.binary_format)
+                        binary_format=compiler.binary_format, sources=sources)
 
 
 def refuse_failing_code_object(binary: bytes, request: ProgramRequest, target: Target) -> None:

@@ -1,10 +1,10 @@
 """``Handle``: the entry point for one device: its lookup chain and its kernel search path.
 
-Making a handle opens the device, digests the kernel sources on its search path and opens
-the best system bundle, so that a later hit reads no file but its bundle's pages (see
-:attr:`Handle.prepare_steps`). A handle therefore sees the kernel sources as they were when it
-was made; make a new one to pick up edits (a JIT compile always keys what it compiles by the
-source as it is then).
+Making a handle opens the device and the best system bundle, and digests the kernel sources
+that bundle was built from (its manifest), so that a later hit reads no file but its bundle's
+pages (see :attr:`Handle.prepare_steps`); other sources are digested on first use. A handle
+therefore sees each kernel source as it was when it first digested it; make a new one to pick
+up edits (a JIT compile always keys what it compiles by the source as it is then).
 
 The chain (``kdbkit.runtime.lookup``): memory, then system bundles (exact ``<arch>_<cu>.kdb``,
 then ``<arch>.kdb``), then the user cache (unless ``KDB_DISABLE_CACHE``), then the JIT (unless
@@ -96,13 +96,6 @@ class Handle:
         first program of a process costs about what a later one does.
         """
         steps = Steps()
-        with steps.time("digest kernel sources") as t:
-            try:
-                self._keys.digests.update(kernel_sources.source_digests(self.search_path))
-                t.outcome = f"{len(self._keys.digests)} sources"
-            except kernel_sources.KernelSourceError as exc:
-                t.outcome = "failed"  # program() raises it again, for the file it is asked for
-                _log.info2("kernel sources not digested: %s", exc)
         with steps.time("open system bundle") as t:
             first = self._system.search.get(0)
             t.outcome = first.path.name if first is not None else "none"
@@ -110,6 +103,9 @@ class Handle:
                 first.warm_up()
             else:
                 self._system.warn_missing()  # here, not on the first program, which it would slow
+        if first is not None and first.metadata.sources:
+            with steps.time("digest kernel sources") as t:
+                t.outcome = self._digest_manifest(first)
         if first is None and self._user is not None:  # without a system bundle, the user cache serves first
             with steps.time("open user cache") as t:
                 cache = self._user.cache
@@ -119,6 +115,29 @@ class Handle:
                 else:
                     t.outcome = "no compiler"
         return list(steps)
+
+    def _digest_manifest(self, bundle) -> str:
+        """Digest the kernel files ``bundle`` was built from (its manifest), and only those:
+        its hits then read no source, and a handle costs the same however many kernel files
+        the search path holds (the others are digested on first use). A file whose source
+        differs from the bundle's is reported once: its programs will not hit the bundle."""
+        manifest = bundle.metadata.source_digests
+        stale = []
+        for name, built_from in manifest.items():
+            try:
+                digest = self._keys.digests[name] = self.search_path.digest(name)
+            except kernel_sources.KernelSourceError as exc:
+                _log.info2("kernel source %s not digested: %s", name, exc)  # program() raises it for that file
+                continue
+            if digest != built_from:
+                stale.append(name)
+        if stale:
+            listed = ", ".join(stale[:3]) + (f" and {len(stale) - 3} more" if len(stale) > 3 else "")
+            warn_once(f"stale-sources:{bundle.path}",
+                      f"{bundle.path.name} was built from other versions of {len(stale)} kernel source(s) "
+                      f"({listed}): their programs will compile instead of loading from it. Install the "
+                      "bundle built for this kdbkit, or rebuild it (`kdb build`).", logger=_log)
+        return f"{len(manifest)} sources" + (f", {len(stale)} differ from the bundle's" if stale else "")
 
     @property
     def system_trace(self) -> list[Candidate]:

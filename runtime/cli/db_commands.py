@@ -52,6 +52,7 @@ def info(file: Path = FileArg, as_json: bool = typer.Option(False, "--json", hel
         "hash": md.hash, "dictionary_bytes": md.dictionary_size, "created": md.created or None,
         "entries": st.entries, "raw_bytes": st.raw_bytes, "stored_bytes": st.stored_bytes,
         "file_bytes": st.file_bytes, "ratio": round(st.ratio, 3),
+        "kernel_sources": len(md.sources),  # files in its manifest (what it was built from)
     }
     if as_json:
         print_json(data)

@@ -52,14 +52,48 @@ def test_a_handle_prepares_so_that_a_hit_reads_no_kernel_source(make_handle, iso
     _system_bundle(isolated / "system", chain_backend, chain_backend.device.target)
     handle = make_handle()
     assert [(s.name, s.outcome) for s in handle.prepare_steps] == [
-        ("digest kernel sources", f"{len(kernel_sources.list_sources())} sources"),
-        ("open system bundle", chain_backend.device.target.bundle_name())]
+        ("open system bundle", chain_backend.device.target.bundle_name()),
+        ("digest kernel sources", f"{len({s.kernel_file for s in SAMPLES})} sources")]  # the bundle's manifest
     assert [c.status for c in handle.system_trace] == ["accepted"]  # opened before any program
     touched = []
     monkeypatch.setattr(kernel_sources, "_file_info", lambda path: touched.append(path))
     results = run_samples(handle, seed=4)
     assert [r.source for r in results] == ["system"] * len(SAMPLES) and all(r.ok for r in results)
     assert touched == []
+
+
+@pytest.mark.parametrize("extra_files", [5, 500])
+def test_making_a_handle_reads_only_the_bundles_sources_however_many_there_are(
+        make_handle, isolated, chain_backend, monkeypatch, tmp_path, extra_files):
+    from kdbkit.runtime import kernel_sources
+    from kdbkit.runtime.handle import Handle
+
+    _system_bundle(isolated / "system", chain_backend, chain_backend.device.target)
+    library = tmp_path / "library_kernels"
+    library.mkdir()
+    for i in range(extra_files):
+        (library / f"extra_{i}.c").write_text(f"__kernel void extra_{i}(__global float *x) {{ x[0] = {i}; }}\n")
+    read = []
+    real = kernel_sources._file_info
+    monkeypatch.setattr(kernel_sources, "_file_info", lambda path: read.append(path) or real(path))
+    with Handle(backend=chain_backend, kernel_path=[library]) as handle:
+        assert handle.prepare_steps[-1].outcome == f"{len({s.kernel_file for s in SAMPLES})} sources"
+        assert not [p for p in read if "extra_" in p]  # the library's own files wait for their first use
+        assert handle.program(RELU.kernel_file, RELU.options).source == "system"
+
+
+def test_a_bundle_built_from_other_sources_is_named_once_and_its_programs_compile(
+        make_handle, isolated, chain_backend, private_kernels, capfd):
+    _system_bundle(isolated / "system", chain_backend, chain_backend.device.target)
+    source = private_kernels / RELU.kernel_file
+    source.write_text(source.read_text() + "\n/* edited after the bundle was built */\n")
+    handle = make_handle()
+    assert handle.prepare_steps[-1].outcome.endswith("1 differ from the bundle's")
+    err = capfd.readouterr().err
+    assert f"was built from other versions of 1 kernel source(s) ({RELU.kernel_file})" in err
+    assert handle.program(RELU.kernel_file, RELU.options).source == "jit"  # never the stale binary
+    make_handle()
+    assert "other versions" not in capfd.readouterr().err  # once per process
 
 
 def test_a_handle_opens_an_existing_user_cache_but_creates_none(make_handle, isolated):
