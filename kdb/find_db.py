@@ -83,6 +83,59 @@ def configs_in(path: str | Path) -> list[str]:
                               "give a .fdb or .ufdb file that find wrote, or a text catalogue") from None
 
 
+def read_rankings(path: str | Path) -> dict[str, list[FindRecord]]:
+    """Every ranking a find-db file holds, by config string.
+
+    Raises:
+        NotABundleError: the file is not a find-db.
+    """
+    from kdbkit.kdb.errors import NotABundleError
+
+    rankings: dict[str, list[FindRecord]] = {}
+    try:
+        with closing(_connect(Path(path), writable=False)) as conn:
+            for config, *row in conn.execute("SELECT config, solver_id, solver, rank, time_ms, workspace "
+                                             "FROM find_db ORDER BY config, rank"):
+                rankings.setdefault(config, []).append(FindRecord(int(row[0]), str(row[1]), int(row[2]),
+                                                                  float(row[3]), int(row[4])))
+    except sqlite3.Error as exc:
+        raise NotABundleError(f"{path} is not a find-db ({exc})", "give a .fdb or .ufdb file that find wrote") from None
+    return rankings
+
+
+def write_system_find_db(path: str | Path, target_name: str, rankings: dict[str, Sequence[FindRecord]], *,
+                         producer: str) -> Path:
+    """Write a system find-db (``<target>.fdb``: rollback journal, meant to ship read-only)
+    holding ``rankings``, atomically: a reader sees the old file or the new one.
+
+    Raises:
+        BundleWriteError: the folder cannot be written.
+    """
+    from kdbkit.kdb.errors import BundleWriteError
+
+    path = Path(path)
+    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
+    try:
+        with closing(_connect(tmp, writable=True)) as conn:
+            conn.execute("PRAGMA journal_mode = delete")
+            conn.execute("BEGIN")
+            for statement in _SCHEMA:
+                conn.execute(statement)
+            conn.executemany("INSERT INTO find_meta VALUES (?, ?)",
+                             [("schema", str(SCHEMA_VERSION)), ("target", target_name), ("producer", producer)])
+            conn.executemany("INSERT INTO find_db VALUES (?, ?, ?, ?, ?, ?)",
+                             [(config, r.solver_id, r.solver, r.rank, r.time_ms, r.workspace)
+                              for config, records in sorted(rankings.items()) for r in records])
+            conn.execute("COMMIT")
+        os.replace(tmp, path)
+    except (OSError, sqlite3.Error) as exc:
+        raise BundleWriteError(f"cannot write find-db {path}: {exc}", "check the folder exists and is writable") from None
+    finally:
+        if tmp.exists():
+            tmp.unlink()
+    return path
+
+
 class FindDb:
     """A target's system find-db files and its user find-db file (thread-safe)."""
 

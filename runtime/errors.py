@@ -37,6 +37,11 @@ class TargetError(KdbError, ValueError):
     does not hold; the message lists what there is."""
 
 
+class PackageError(KdbError):
+    """A kernel package or bundle that cannot be packaged, verified or installed: a SHA-256 that
+    does not match, an unsafe archive member, a wheel for another target, pip refusing it."""
+
+
 class CompileError(KdbError):
     """The compiler rejected a kernel source.
 

@@ -140,6 +140,12 @@ class Handle:
         return f"{len(manifest)} sources" + (f", {len(stale)} differ from the bundle's" if stale else "")
 
     @property
+    def resolved_by_source(self) -> dict[str, int]:
+        """How many programs each tier served this handle ("system", "user", "jit"); memory hits
+        are not counted."""
+        return dict(self.chain.resolved)
+
+    @property
     def system_trace(self) -> list[Candidate]:
         """Every system bundle considered so far, accepted or rejected with the reason."""
         return self._system.search.trace

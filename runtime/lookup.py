@@ -19,6 +19,7 @@ damaged file: it warns once and answers nothing.
 
 from __future__ import annotations
 
+import collections
 import threading
 import time
 from abc import ABC, abstractmethod
@@ -241,6 +242,9 @@ class LookupChain:
         self.sources = list(sources)
         self._load = load
         self._device_name = device_name
+        # Programs this chain resolved below memory, by the tier that served each ("system",
+        # "user", "jit"): what a run reports as its resolutions by source.
+        self.resolved: collections.Counter[str] = collections.Counter()
 
     def resolve(self, request: ProgramRequest) -> Program:
         """The program for ``request`` from the first tier that has it.
@@ -273,6 +277,7 @@ class LookupChain:
                 source.discard(request)
                 continue
             program = self.memory.keep(Program(request, module, source.name, steps))
+            self.resolved[source.name] += 1
             if _log.isEnabledFor(INFO2):
                 _log.info2("%s: %s", request, ", ".join(f"{s.name} {s.outcome} {s.ms:.3f} ms" for s in steps))
             return program

@@ -25,6 +25,8 @@ from kdbkit.runtime.cli.env_command import env
 from kdbkit.runtime.cli.runtime_commands import devices, resolve
 from kdbkit.runtime.cli.targets_command import targets
 from kdbkit.runtime.cli.build_command import build
+from kdbkit.runtime.cli.package_commands import install, package
+from kdbkit.runtime.cli.tune_command import tune
 from kdbkit.runtime.cli.output import err
 
 app = typer.Typer(
@@ -42,6 +44,9 @@ app.command("resolve")(resolve)
 app.command("devices")(devices)
 app.command("targets")(targets)
 app.command("build")(build)
+app.command("package")(package)
+app.command("install")(install)
+app.command("tune")(tune)
 app.command("doctor")(doctor)
 app.command("demo")(demo)
 

@@ -44,6 +44,9 @@ def workdir(tmp_path_factory):
             pytest.skip(f"the examples' bundles need NVRTC and clang-19: {exc.problem} "
                         "(pip install 'kdbkit[cuda]'; apt-get install clang-19 lld-19)")
     (folder / "system").mkdir()
+    (folder / "calls.log").write_text(  # a catalogue, as KDB_ENABLE_LOGGING_CMD=1 logs it
+        "kdbkit command: [LogCmdActivation] kdb driver activ --config 'activ,dir=fwd,mode=relu,type=fp32,"
+        "shape=4x32x6x6,xs=1152x36x6x1,ys=1152x36x6x1,a=0.0,b=0.0,g=0.0' -F 1\n")
     return folder
 
 

@@ -1,0 +1,170 @@
+"""Kernel packages: a target's bundle (and its tuned find-db) as a pip-installable wheel.
+
+A package ``kdbkit-kernels-<arch>[-<cu>]`` holds one import folder, ``kdbkit_kernels_<arch>[_<cu>]/``:
+
+- the bundle (``sm_90.kdb``, or ``sm_90_132.kdb`` for programs built for one CU count);
+- the system find-db tuned for the exact GPU (``sm_90_132.fdb``), when there is one: it is why a
+  package carries a CU count, since rankings depend on the device while binaries do not;
+- ``manifest.json``: the target, the kdbkit versions it works with, the compiler, the SHA-256 and
+  size of every file, and the bundle's kernel-source manifest (what it was built from);
+- ``__init__.py`` with ``bundle_dir()``, which the entry point in group ``kdbkit.bundles`` names,
+  so the runtime finds the folder without importing anything else (runtime/paths.py).
+
+The wheel is written with the ``wheel`` project's :class:`~wheel.wheelfile.WheelFile`, which
+adds each member's SHA-256 to ``RECORD`` and checks them again on every read.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import re
+import stat
+import tempfile
+import zipfile
+from dataclasses import dataclass
+from pathlib import Path
+
+from kdbkit.kdb import Target, open_bundle
+from kdbkit.kdb.errors import KdbError
+from kdbkit.kdb.find_db import SYSTEM_SUFFIX, USER_SUFFIX, configs_in
+from kdbkit.kdb.version import __version__
+from kdbkit.runtime.errors import PackageError
+
+PACKAGE_PREFIX = "kdbkit-kernels-"
+MANIFEST = "manifest.json"
+MANIFEST_FORMAT = 1
+_EPOCH = (1980, 1, 1, 0, 0, 0)  # fixed member times: the same inputs give the same members
+
+
+def compatible_versions(version: str = __version__) -> str:
+    """The kdbkit versions a package built by ``version`` works with: the same minor release
+    (kernel sources change between minors; within one, the manifest still catches an edit)."""
+    major, minor = (int(p) for p in version.split(".")[:2])
+    return f">={version},<{major}.{minor + 1}"
+
+
+def package_name(target: Target) -> str:
+    """``kdbkit-kernels-sm_90-132`` for ``sm_90_132``, ``kdbkit-kernels-gfx942`` arch-wide; a
+    target feature is spelled out, since a name cannot hold ``:``, ``+`` or a trailing ``-``
+    (``gfx90a:xnack-`` is ``gfx90a-xnack-off``)."""
+    features = "".join(f"-{f[:-1]}-{'on' if f.endswith('+') else 'off'}" for f in target.features)
+    return PACKAGE_PREFIX + target.arch + features + (f"-{target.cu}" if target.cu is not None else "")
+
+
+def module_name(target: Target) -> str:
+    """The package's import folder: its name with every other character an underscore."""
+    return re.sub(r"[^a-z0-9]+", "_", package_name(target).lower()).strip("_")
+
+
+@dataclass(frozen=True)
+class Manifest:
+    """What ``manifest.json`` says."""
+
+    package: str
+    version: str
+    target: Target
+    kdbkit: str  # the versions it works with, a PEP 440 specifier
+    compiler: str
+    files: dict[str, dict]  # name -> {"sha256": hex, "size": bytes}
+    sources: dict[str, str]  # kernel file -> digest of the source its bundle was built from
+
+    def to_json(self) -> str:
+        return json.dumps({"format": MANIFEST_FORMAT, "package": self.package, "version": self.version,
+                           "target": str(self.target), "kdbkit": self.kdbkit, "compiler": self.compiler,
+                           "files": self.files, "sources": self.sources}, indent=1, sort_keys=True) + "\n"
+
+    @classmethod
+    def from_json(cls, text: str, where: str) -> "Manifest":
+        """Raises: PackageError naming ``where`` when the text is not a manifest this kdbkit reads."""
+        try:
+            data = json.loads(text)
+            if data.get("format") != MANIFEST_FORMAT:
+                raise ValueError(f"format {data.get('format')!r}, this kdbkit reads {MANIFEST_FORMAT}")
+            return cls(str(data["package"]), str(data["version"]), Target.parse(data["target"]), str(data["kdbkit"]),
+                       str(data["compiler"]), dict(data["files"]), dict(data["sources"]))
+        except (ValueError, KeyError, TypeError, AttributeError, KdbError) as exc:
+            raise PackageError(f"{where}: {MANIFEST} is not a kernel-package manifest ({exc})",
+                           "rebuild the package with `kdb package`") from None
+
+
+def _sha256(data: bytes) -> str:
+    return hashlib.sha256(data).hexdigest()
+
+
+def package_target(bundle_target: Target, find_db: Path | None) -> Target:
+    """The target a package is for: the bundle's, or the find-db's exact GPU when the bundle is
+    arch-wide and the find-db was tuned on one.
+
+    Raises:
+        PackageError: the find-db is for another arch, or its name is not ``<target>.fdb``.
+    """
+    if find_db is None:
+        return bundle_target
+    try:
+        tuned = Target.parse(find_db.name.removesuffix(SYSTEM_SUFFIX).removesuffix(USER_SUFFIX))
+    except KdbError:
+        raise PackageError(f"{find_db}: a find-db is named for its GPU (<arch>_<cu>.fdb, as `kdb tune` writes it)",
+                       "rename it, or run `kdb tune` on the GPU") from None
+    if tuned.arch_wide() != bundle_target.arch_wide() or (bundle_target.cu is not None and tuned != bundle_target):
+        raise PackageError(f"{find_db} was tuned for {tuned}, but the bundle is for {bundle_target}",
+                       "package a find-db tuned on a GPU of the bundle's target")
+    return tuned
+
+
+def write_package(bundle: Path, out: Path, *, find_db: Path | None = None, version: str = __version__) -> Path:
+    """Write the wheel of ``bundle`` (and ``find_db``) into folder ``out``; return its path.
+
+    Raises:
+        PackageError: the bundle does not open or names no target, or the find-db does not fit it.
+    """
+    with open_bundle(bundle) as opened:
+        md = opened.metadata
+    if md.target is None or not md.compiler:
+        raise PackageError(f"{bundle}: names no target or compiler (not written by kdbkit)",
+                       "build it with `kdb build`, or merge it into one that does")
+    target = package_target(md.target, find_db)
+    files = {md.target.bundle_name(): bundle.read_bytes()}
+    if find_db is not None:
+        configs_in(find_db)  # refuses a file that is not a find-db, naming it
+        files[f"{Path(target.bundle_name()).stem}{SYSTEM_SUFFIX}"] = find_db.read_bytes()
+    name, module = package_name(target), module_name(target)
+    manifest = Manifest(name, version, target, compatible_versions(version), md.compiler,
+                        {f: {"sha256": _sha256(data), "size": len(data)} for f, data in sorted(files.items())},
+                        md.source_digests)
+    members = {f"{module}/{f}": data for f, data in files.items()}
+    members[f"{module}/{MANIFEST}"] = manifest.to_json().encode()
+    members[f"{module}/__init__.py"] = _init_py(target).encode()
+    dist_info = f"{module}-{version}.dist-info"
+    members[f"{dist_info}/METADATA"] = _metadata(name, version, target, md.compiler).encode()
+    members[f"{dist_info}/WHEEL"] = (f"Wheel-Version: 1.0\nGenerator: kdbkit {__version__}\n"
+                                     "Root-Is-Purelib: true\nTag: py3-none-any\n").encode()
+    members[f"{dist_info}/entry_points.txt"] = f"[kdbkit.bundles]\n{module} = {module}:bundle_dir\n".encode()
+    from wheel.wheelfile import WheelFile  # deferred: only packaging needs it
+
+    out.mkdir(parents=True, exist_ok=True)
+    path = out / f"{module}-{version}-py3-none-any.whl"
+    with tempfile.TemporaryDirectory(dir=out, prefix=".kdb-package-") as tmp:
+        written = Path(tmp) / path.name  # WheelFile names RECORD after the file: keep the name
+        with WheelFile(written, "w") as wheel:
+            for member, data in members.items():  # dist-info last, as the wheel spec wants
+                info = zipfile.ZipInfo(member, date_time=_EPOCH)
+                info.external_attr = (0o644 | stat.S_IFREG) << 16
+                info.compress_type = zipfile.ZIP_DEFLATED
+                wheel.writestr(info, data)
+        written.replace(path)
+    return path
+
+
+def _init_py(target: Target) -> str:
+    return (f'"""Precompiled kdbkit kernels for {target} (a kernel package: `kdb install` installs it)."""\n\n'
+            "import os\n\n\n"
+            "def bundle_dir() -> str:\n"
+            '    """The folder holding this package\'s bundle and find-db (entry point kdbkit.bundles)."""\n'
+            "    return os.path.dirname(os.path.abspath(__file__))\n")
+
+
+def _metadata(name: str, version: str, target: Target, compiler: str) -> str:
+    return (f"Metadata-Version: 2.1\nName: {name}\nVersion: {version}\n"
+            f"Summary: kdbkit kernel bundle for {target} ({compiler})\n"
+            f"Requires-Dist: kdbkit{compatible_versions(version)}\n")
