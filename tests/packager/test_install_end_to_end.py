@@ -19,7 +19,7 @@ from tests.prerequisites import require_amdgcn_clang, require_nvrtc
 from tests.runtime.chain_fixtures import KDB_VARS_TO_CLEAR
 
 RUN = Path(__file__).with_name("installed_run.py")
-KDB = [sys.executable, "-c", "import sys; from kdbkit.runtime.cli.app import main; sys.argv[0] = 'kdb'; main()"]
+KDB = [sys.executable, "-c", "import sys; from kdbkit.runtime.cli.app import main; sys.exit(main())"]
 
 
 def _env(tmp_path: Path, **extra: str) -> dict[str, str]:
