@@ -1,8 +1,10 @@
 """What a build compiles: the programs the solvers ask for, for the problems of a catalogue.
 
-A catalogue is the built-in one (every compile-time specialisation of every primitive: the
-programs that serve every shape, finite because shapes are launch arguments), a find-db's
-problems, or a user's file with one problem per line, in any of these spellings:
+A catalogue is every program (``--all``: every compile-time specialisation of every
+primitive, finite because shapes are launch arguments), a built-in network's problems (a name
+such as ``resnet50``: :data:`kdbkit.runtime.models.MODELS` at batch 1 and 32, fp16 and fp32,
+both layouts), a find-db's problems, or a user's file with one problem per line, in any of
+these spellings:
 
 - a config string: ``softmax,dir=fwd,...`` or a MIOpen convolution key
   ``64-56-56-3x3-64-56-56-32-1x1-1x1-1x1-0-NCHW-FP16-F``;
@@ -71,14 +73,28 @@ def parse_line(text: str) -> list[Problem]:
     return [parse_config(text)]
 
 
+def builtin_names() -> list[str]:
+    """The built-in catalogues: one per network of :mod:`kdbkit.runtime.models`."""
+    from kdbkit.runtime.models import MODELS
+
+    return list(MODELS)
+
+
 def read_catalogue(path: str | Path) -> Catalogue:
     """Every problem ``path`` names, and the lines that name none. A find-db (``.fdb``,
-    ``.ufdb``: what find recorded) gives its problems, its rows counted as lines.
+    ``.ufdb``: what find recorded) gives its problems, its rows counted as lines; a built-in
+    network's name (``resnet50``), where no such file exists, gives that network's problems.
 
     Raises:
-        OSError: the file cannot be read.
+        OSError: the file cannot be read (for a missing file, the message lists the built-in names).
         NotABundleError: a ``.fdb`` or ``.ufdb`` file that is not a find-db.
     """
+    if not Path(path).exists() and str(path) in builtin_names():
+        from kdbkit.runtime.models import builtin_catalogue
+
+        return Catalogue(builtin_catalogue(str(path)), [])
+    if not Path(path).exists():
+        raise FileNotFoundError(f"no catalogue file {path} (nor a built-in catalogue: {', '.join(builtin_names())})")
     problems: dict[str, Problem] = {}
     errors, log_lines = [], 0
     if Path(path).suffix in (SYSTEM_SUFFIX, USER_SUFFIX):

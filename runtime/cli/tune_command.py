@@ -15,7 +15,7 @@ from kdbkit.runtime.cli.output import err, out, print_json
 
 def tune(
     catalogue: List[Path] = typer.Option(..., "--catalogue", "-c", help="A catalogue, as `kdb build` takes it: a "
-                                         "file of problems or driver commands, or a find-db. Repeatable.",
+                                         "built-in network (resnet50, ...), a file of problems or driver commands, or a find-db. Repeatable.",
                                          show_default=False),
     output: Path = typer.Option(Path("."), "-o", "--out", help="Folder for <target>.fdb (created; an existing file "
                                 "keeps its other problems)."),

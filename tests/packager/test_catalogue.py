@@ -93,3 +93,16 @@ def test_a_find_db_is_a_catalogue_of_the_problems_find_ranked(make_handle, isola
     bogus.write_text("not sqlite")
     with pytest.raises(NotABundleError, match="is not a find-db"):
         read_catalogue(bogus)
+
+
+def test_a_built_in_network_is_a_catalogue_and_a_missing_file_names_them(tmp_path, monkeypatch):
+    from kdbkit.runtime.models import builtin_catalogue
+
+    monkeypatch.chdir(tmp_path)
+    read = read_catalogue("resnet50")
+    assert [p.config() for p in read.problems] == [p.config() for p in builtin_catalogue("resnet50")]
+    assert {p.primitive for p in read_catalogue("bert_base").problems} >= {"gemm", "softmax", "layernorm"}
+    (tmp_path / "resnet50").write_text("# a file of that name wins over the built-in one\n")
+    assert read_catalogue("resnet50").problems == []
+    with pytest.raises(FileNotFoundError, match="nor a built-in catalogue: resnet18, resnet50, vgg16"):
+        read_catalogue("resnet51")
