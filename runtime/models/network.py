@@ -157,11 +157,8 @@ class Network:
         """
         import kdbkit
 
-        if self._device is None or self._device.handle is not handle:
-            self.release()
-            self._device = _DeviceState(self, handle)
+        self.to_device(handle)
         state = self._device
-        backend = handle.backend
         want = self.descs[self.graph.input]
         uploaded = None
         if isinstance(x, DeviceTensor):
@@ -171,25 +168,42 @@ class Network:
                                    f"pass a {self.layout} {want.dtype.label} tensor of that shape, or a NumPy array")
             given = x
         else:
-            x = np.asarray(x)
-            if tuple(x.shape) != want.shape:
-                raise ProblemError(f"{self.name}'s input is {x.shape}; it takes {want.shape}",
-                                   "pass an input of the shape the network was built for")
-            memory = x.transpose(0, 2, 3, 1) if len(want.shape) == 4 and self.layout == "NHWC" else x
-            uploaded = backend.to_device(np.ascontiguousarray(to_storage(memory, self.dtype)))
-            given = DeviceTensor(uploaded, want)
+            given = self.input_tensor(handle, x)
+            uploaded = given.buffer
         try:
             values = dict(state.values)
             values[self.graph.input] = given
             for node, site in self._sites(values, state.params, state.scratch):
                 node.layer.run(kdbkit, handle, site)
             out = values[self.graph.output]
-            if isinstance(x, DeviceTensor):
+            if uploaded is None:
                 return out
-            return self._download(backend, out)
+            return self._download(handle.backend, out)
         finally:
             if uploaded is not None:
                 uploaded.free()
+
+    def to_device(self, handle) -> None:
+        """Upload the parameters and allocate every value and scratch tensor for ``handle`` now,
+        as a framework's ``model.to(device)`` does, so that the next forward only runs layers."""
+        if self._device is None or self._device.handle is not handle:
+            self.release()
+            self._device = _DeviceState(self, handle)
+
+    def input_tensor(self, handle, x: np.ndarray) -> DeviceTensor:
+        """``x`` (N x C x H x W images, or BERT's hidden states) on ``handle``'s device in the
+        network's type and layout: an input :meth:`forward` takes as it is. The caller frees its buffer."""
+        want = self.descs[self.graph.input]
+        x = np.asarray(x)
+        if tuple(x.shape) != want.shape:
+            raise ProblemError(f"{self.name}'s input is {x.shape}; it takes {want.shape}",
+                               "pass an input of the shape the network was built for")
+        memory = x.transpose(0, 2, 3, 1) if len(want.shape) == 4 and self.layout == "NHWC" else x
+        return DeviceTensor(handle.backend.to_device(np.ascontiguousarray(to_storage(memory, self.dtype))), want)
+
+    def download(self, handle, t: DeviceTensor) -> np.ndarray:
+        """A device output of :meth:`forward` as NumPy (N x C x H x W whatever the layout)."""
+        return self._download(handle.backend, t)
 
     def _download(self, backend, t: DeviceTensor) -> np.ndarray:
         shape = t.desc.shape
@@ -229,6 +243,17 @@ class Network:
         Raises:
             ImportError: PyTorch is not installed.
         """
+        forward, to_input = self.torch_callable(device)
+        return forward(to_input(x)).double().cpu().numpy()
+
+    def torch_callable(self, device: str = "cuda"):
+        """PyTorch eager's version of the network with its parameters already on ``device``:
+        ``(forward, to_input)``, where ``to_input(x)`` puts a NumPy input on the device in the
+        network's type and layout and ``forward(t)`` runs every layer (TF32 off, inference mode).
+
+        Raises:
+            ImportError: PyTorch is not installed.
+        """
         import torch
 
         types = {DataType.FP32: torch.float32, DataType.FP16: torch.float16, DataType.BF16: torch.bfloat16}
@@ -239,17 +264,21 @@ class Network:
             return t.contiguous(memory_format=torch.channels_last) if channels_last and t.dim() == 4 else t
 
         params = {full: tensor(value, self.param_type(full)) for full, value in self.held_params.items()}
-        flags = torch.backends.cudnn.allow_tf32, torch.backends.cuda.matmul.allow_tf32
-        torch.backends.cudnn.allow_tf32 = torch.backends.cuda.matmul.allow_tf32 = False
-        try:
-            with torch.inference_mode():
-                values = {self.graph.input: tensor(np.asarray(x, np.float64), self.dtype)}
-                for i, node in enumerate(self.graph.nodes):
-                    p = {own: params[full] for own, full in self._node_params[i].items()}
-                    values[node.output] = node.layer.torch(p, *(values[v] for v in node.inputs))
-                return values[self.graph.output].double().cpu().numpy()
-        finally:
-            torch.backends.cudnn.allow_tf32, torch.backends.cuda.matmul.allow_tf32 = flags
+
+        def forward(x):
+            flags = torch.backends.cudnn.allow_tf32, torch.backends.cuda.matmul.allow_tf32
+            torch.backends.cudnn.allow_tf32 = torch.backends.cuda.matmul.allow_tf32 = False
+            try:
+                with torch.inference_mode():
+                    values = {self.graph.input: x}
+                    for i, node in enumerate(self.graph.nodes):
+                        p = {own: params[full] for own, full in self._node_params[i].items()}
+                        values[node.output] = node.layer.torch(p, *(values[v] for v in node.inputs))
+                    return values[self.graph.output]
+            finally:
+                torch.backends.cudnn.allow_tf32, torch.backends.cuda.matmul.allow_tf32 = flags
+
+        return forward, lambda x: tensor(np.asarray(x, np.float64), self.dtype)
 
 
 class _DeviceState:
