@@ -7,6 +7,7 @@
 #   scripts/run_gpu_checks.sh            (RUNS=15 processes per benchmark mode by default)
 # PART=tests or PART=bench runs one half (each fits one 10-minute call); the default runs both.
 # PART=primitives runs only the primitives' CUDA tests and their benchmark (a tuning cycle).
+# PART=network: kdb tune + kdb package (.gpu-bundles/ carried from the CPU machine) + bench_network.py.
 # PART=install only installs (then: export PYTHONPATH=/tmp/site and run a script of scripts/).
 set -uo pipefail
 PART=${PART:-all}
@@ -31,6 +32,20 @@ export PYTHONUNBUFFERED=1 KDB_CUSTOM_CACHE_DIR=$(mktemp -d)
 } > "$OUT/gpu_env.txt" 2>&1
 [ "$PART" = install ] && exit 0
 
+if [ "$PART" = network ]; then
+    # The issue-10 story on the GPU: the bundle built on the CPU machine (.gpu-bundles/, carried),
+    # a find-db tuned here for the networks' problems, both packaged, installed, and timed.
+    KDB="python3 -m kdbkit.runtime.cli.app"
+    python3 scripts/bench_network.py --write-catalogue "$OUT/net_catalogue.txt"
+    echo "== kdb tune"
+    $KDB tune -c "$OUT/net_catalogue.txt" -o "$OUT/tuned" 2>&1 | tail -3
+    echo "== kdb package"
+    $KDB package .gpu-bundles/*.kdb --find-db "$OUT"/tuned/*.fdb -o "$OUT/wheels"
+    echo "== bench_network"
+    python3 scripts/bench_network.py --packages "$OUT/wheels" --runs "${RUNS:-5}" --jit-runs "${JIT_RUNS:-1}" \
+        --out "$OUT" 2>&1 | tee "$OUT/bench_network.txt" | tail -30
+    exit 0
+fi
 if [ "$PART" = primitives ]; then
     echo "== the primitives' tests on CUDA"
     KDB_TEST_BACKEND=cuda python3 -m pytest -q -rs -p no:cacheprovider tests/runtime/primitives 2>&1 |
