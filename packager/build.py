@@ -11,24 +11,34 @@ Incremental: programs whose key the existing output bundle already holds (same t
 compiler identity: the key carries the source digest) are not compiled again, and an
 unchanged rebuild writes nothing. A failed compile is reported with the compiler's log; the
 other programs are still written, and the result says so (the CLI exits 1).
+
+Where the compiles run is a :class:`concurrent.futures.Executor`: by default a local process
+pool (or this process, for one worker or an OpenCL target), or one the caller gives, such as
+a Dask cluster's (:mod:`kdbkit.packager.cluster`). Each call carries everything a worker
+needs (the compiler, the job, the kernel source read here once), so a worker needs only
+kdbkit and the compiler; the keys are made here, by :func:`plan`, and each call first checks
+that its worker's kdbkit and compiler are the ones the keys were made with.
 """
 
 from __future__ import annotations
 
 import concurrent.futures
 import os
+import socket
+import traceback
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Callable, Sequence
+from typing import Callable, Iterable, Sequence
 
 from kdbkit.kdb import Target, write_bundle
 from kdbkit.kdb.bundle import Bundle
 from kdbkit.kdb.errors import KdbError
+from kdbkit.kdb.version import __version__
 from kdbkit.packager.catalogue import programs_for
 from kdbkit.packager.device_build import refuse_failing_code_object
 from kdbkit.packager.targets import builder_of
 from kdbkit.runtime.compilers import Compiler
-from kdbkit.runtime.errors import CompileError
+from kdbkit.runtime.errors import CompileError, TargetError
 from kdbkit.runtime.kernel_sources import KernelSearchPath, KernelSource
 from kdbkit.runtime.problem import Problem
 from kdbkit.runtime.program_key import ProgramRequest, program_key
@@ -107,9 +117,22 @@ def shard(jobs: Sequence[Job], index: int, count: int) -> list[Job]:
     return [job for i, job in enumerate(jobs) if i % count == index]
 
 
-def _compile(compiler: Compiler, job: Job, source: KernelSource) -> tuple[bytes | None, str, str]:
-    """(binary, error message, log) of one job; runs in a worker process."""
+def builder_identity(compiler: Compiler) -> str:
+    """kdbkit's version and the compiler's identity: what a worker must have to compile for
+    this machine's keys (the key holds the compiler's identity; kdbkit gives the options)."""
+    return f"kdbkit {__version__}, {compiler.identity()}"
+
+
+def _compile(compiler: Compiler, job: Job, source: KernelSource,
+             expected: str | None = None) -> tuple[bytes | None, str, str]:
+    """(binary, error message, log) of one job; runs in a worker process, maybe on another machine.
+
+    ``expected`` is :func:`builder_identity` where the keys were made: a worker whose kdbkit or
+    compiler differs refuses the job rather than store a binary under another compiler's key.
+    """
     try:
+        if expected is not None and (here := builder_identity(compiler)) != expected:
+            return None, f"{socket.gethostname()} has {here}, not {expected} (the keys' compiler)", ""
         binary = compiler.compile(job.request, job.bundle, source)
         if compiler.binary_format == "hsaco":
             refuse_failing_code_object(binary, job.request, job.bundle)
@@ -120,17 +143,39 @@ def _compile(compiler: Compiler, job: Job, source: KernelSource) -> tuple[bytes 
         return None, exc.problem, ""
 
 
+def refuse_local_only(targets: Iterable[Target], where: str = "on a cluster") -> None:
+    """Refuse OpenCL targets for a build elsewhere than this process.
+
+    Raises:
+        TargetError: an OpenCL target: its compiler is a device of this process, and its
+            binaries are tied to this machine's OpenCL driver and CPU.
+    """
+    for target in targets:
+        if target.backend == "opencl":
+            raise TargetError(f"{target} is an OpenCL target and cannot be built {where}: OpenCL binaries only "
+                              "load on the machine and driver that built them",
+                              "build it on that machine, in the process that builds (without --cluster)")
+
+
 def build(jobs: Sequence[Job], compilers: dict[Target, Compiler], out: Path, *, parallel: int | None = None,
-          search_path: KernelSearchPath | None = None,
+          executor: concurrent.futures.Executor | None = None, search_path: KernelSearchPath | None = None,
           progress: Callable[[int, int, int], None] | None = None) -> BuildResult:
     """Compile ``jobs`` into one bundle per target under ``out`` (created), reusing what each
     existing bundle already holds.
 
     Args:
-        parallel: worker processes (default: every core; 1 compiles in this process, as the
-            OpenCL compiler must, its device being this process's).
+        parallel: worker processes when no ``executor`` is given (default: every core; 1
+            compiles in this process, as the OpenCL compiler must, its device being this process's).
+        executor: where to run the compiles instead (a Dask client's, say); it stays open.
+            Each call carries its compiler, job and kernel source, and checks its worker's
+            kdbkit and compiler against :func:`builder_identity` of this machine's.
         progress: called as (done, total, failed) after each compile.
+
+    Raises:
+        TargetError: an OpenCL job with an ``executor``.
     """
+    if executor is not None:
+        refuse_local_only({job.bundle for job in jobs}, "by another executor")
     out.mkdir(parents=True, exist_ok=True)
     search_path = search_path or KernelSearchPath()
     result = BuildResult()
@@ -152,20 +197,25 @@ def build(jobs: Sequence[Job], compilers: dict[Target, Compiler], out: Path, *, 
             else:
                 entries[target][job.kernel_name, job.kernel_args] = binary
                 result.reused += 1
-    workers = parallel or os.cpu_count() or 1
-    if any(compilers[job.bundle].backend == "opencl" for job in todo):
-        workers = 1
     sources = {name: search_path.read(name) for name in {job.request.kernel_file for job in todo}}
+    expected = {target: builder_identity(compiler) for target, compiler in compilers.items()}
+    own = executor is None and bool(todo)  # an executor made here is shut down here
+    if own:
+        workers = parallel or os.cpu_count() or 1
+        if any(compilers[job.bundle].backend == "opencl" for job in todo):
+            workers = 1
+        executor = concurrent.futures.ProcessPoolExecutor(workers) if workers > 1 else _InProcess()
     done = 0
-    pool = concurrent.futures.ProcessPoolExecutor(workers) if workers > 1 and todo else None
     try:
-        futures = {}
-        for job in todo:
-            args = (compilers[job.bundle], job, sources[job.request.kernel_file])
-            futures[pool.submit(_compile, *args) if pool else _Done(_compile(*args))] = job
-        for future in (concurrent.futures.as_completed(futures) if pool else list(futures)):
-            job = futures[future]
-            binary, message, log = future.result()
+        futures = {executor.submit(_compile, compilers[job.bundle], job, sources[job.request.kernel_file],
+                                   expected[job.bundle]): i for i, job in enumerate(todo)}
+        for future in concurrent.futures.as_completed(futures):
+            job = todo[futures[future]]
+            try:
+                binary, message, log = future.result()
+            except Exception as exc:  # the worker, not the compiler, failed (lost, killed): the rest goes on
+                binary, message, log = None, f"its worker failed ({type(exc).__name__}: {exc})", "".join(
+                    traceback.format_exception(exc))
             done += 1
             if binary is None:
                 result.failures.append(Failure(job, message, log))
@@ -175,8 +225,10 @@ def build(jobs: Sequence[Job], compilers: dict[Target, Compiler], out: Path, *, 
             if progress:
                 progress(done, len(todo), len(result.failures))
     finally:
-        if pool:
-            pool.shutdown()
+        if own:
+            executor.shutdown()
+    order = {id(job): i for i, job in enumerate(todo)}
+    result.failures.sort(key=lambda failure: order[id(failure.job)])  # in plan order, wherever they ran
     changed = stale | {job.bundle for job in todo}
     for target, held in entries.items():
         path = out / target.bundle_name()
@@ -188,14 +240,16 @@ def build(jobs: Sequence[Job], compilers: dict[Target, Compiler], out: Path, *, 
     return result
 
 
-class _Done:
-    """A finished call, shaped like a future (the in-process path)."""
+class _InProcess(concurrent.futures.Executor):
+    """Runs each call as it is submitted, in this process (one worker; the OpenCL compiler)."""
 
-    def __init__(self, value):
-        self.value = value
-
-    def result(self):
-        return self.value
+    def submit(self, fn, /, *args, **kwargs):
+        future = concurrent.futures.Future()
+        try:
+            future.set_result(fn(*args, **kwargs))
+        except Exception as exc:
+            future.set_exception(exc)
+        return future
 
 
 def _reusable(path: Path, target: Target, identity: str) -> dict[tuple[str, str], bytes]:
