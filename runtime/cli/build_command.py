@@ -3,6 +3,7 @@ no GPU (packager/build.py does the work; this is its command line and progress b
 
 from __future__ import annotations
 
+import contextlib
 import os
 import re
 from pathlib import Path
@@ -27,7 +28,12 @@ def build(
     every: bool = typer.Option(False, "--all", help="Every program the solvers can ask for (serves every "
                                "problem of every primitive)."),
     jobs: Optional[int] = typer.Option(None, "-j", "--jobs", min=1, help="Compiler processes. Default: "
-                                       "KDB_COMPILE_PARALLEL_LEVEL if set, else every core."),
+                                       "KDB_COMPILE_PARALLEL_LEVEL if set, else every core. Not with --cluster, "
+                                       "whose workers run one compile per thread."),
+    cluster: Optional[str] = typer.Option(None, "--cluster", metavar="ADDRESS", help="Compile on the workers of "
+                                          "a Dask scheduler: tcp://HOST:PORT, HOST:PORT or a scheduler file (pip "
+                                          "install 'kdbkit[cluster]'; each worker needs this kdbkit and the "
+                                          "compilers). Bundles are written here. Not for OpenCL targets."),
     shard: Optional[str] = typer.Option(None, "--shard", help="Build only slice I of N (0-based, I/N), for a job "
                                         "runner's array; `kdb db merge` joins the slices' bundles."),
     output: Path = typer.Option(Path("."), "-o", "--out", help="Folder for the bundles (created)."),
@@ -36,7 +42,9 @@ def build(
     """Compile the programs a catalogue needs for each target into bundles (<arch>.kdb), with no GPU.
 
     Example: kdb build --target sm_90_132 --gpu MI300X --all -o bundles
+    (add --cluster tcp://scheduler:8786 to compile on a Dask cluster's workers)
     """
+    from kdbkit.kdb import Target
     from kdbkit.packager import build as builder
     from kdbkit.packager.catalogue import read_catalogue
     from kdbkit.packager.targets import resolve_targets
@@ -44,6 +52,8 @@ def build(
     if bool(catalogue) == every:
         raise typer.BadParameter("give --catalogue FILE (repeatable) or --all", param_hint="--catalogue / --all")
     part = _shard(shard)
+    if cluster is not None:  # refused before resolving, which would look for the target's local device
+        builder.refuse_local_only(Target.parse(t) for t in target)
     targets = resolve_targets(target, gpu)
     problems, line_errors = None, []
     if catalogue:
@@ -61,15 +71,25 @@ def build(
                        else os.cpu_count() or 1)
     columns = (TextColumn("compiling"), BarColumn(), MofNCompleteColumn(), TextColumn("{task.fields[failed]} failed"),
                TextColumn("{task.fields[rate]}/s"), TimeElapsedColumn(), TextColumn("ETA"), TimeRemainingColumn())
-    with Progress(*columns, console=err, disable=as_json, transient=False) as bar:
-        task = bar.add_task("compile", total=None, failed=0, rate="-")
+    with contextlib.ExitStack() as stack:
+        executor = None
+        if cluster is not None:
+            from kdbkit.packager import cluster as dask_cluster
 
-        def step(done: int, total: int, failed: int) -> None:
-            elapsed = bar.tasks[0].elapsed or 0.0
-            bar.update(task, completed=done, total=total, failed=failed,
-                       rate=f"{done / elapsed:.1f}" if elapsed > 0 else "-")
+            client = stack.enter_context(dask_cluster.connect(cluster))
+            joined = dask_cluster.check_workers(client, compilers.values())
+            executor = dask_cluster.executor(client)
+            if not as_json:
+                err.print(f"compiling on {len(joined)} Dask workers at {escape(cluster)}")
+        with Progress(*columns, console=err, disable=as_json, transient=False) as bar:
+            task = bar.add_task("compile", total=None, failed=0, rate="-")
 
-        result = builder.build(planned, compilers, output, parallel=workers, progress=step)
+            def step(done: int, total: int, failed: int) -> None:
+                elapsed = bar.tasks[0].elapsed or 0.0
+                bar.update(task, completed=done, total=total, failed=failed,
+                           rate=f"{done / elapsed:.1f}" if elapsed > 0 else "-")
+
+            result = builder.build(planned, compilers, output, parallel=workers, executor=executor, progress=step)
     for failure in result.failures:
         err.print(f"[red]failed[/] {escape(str(failure.job.request))} for {failure.job.bundle}: "
                   f"{escape(failure.message)}")
