@@ -1,5 +1,6 @@
 #!/usr/bin/env python3
-"""Time to a launched kernel in a fresh process, from each source of the lookup chain.
+"""Time to a launched kernel in a fresh process, from each source of the lookup chain; and
+the time to make a handle with few or many kernel files on its search path.
 
 For each mode, N fresh Python processes each: open the device (not timed: CUDA init and
 the primary context cost the same whichever source follows), then time
@@ -15,10 +16,24 @@ the primary context cost the same whichever source follows), then time
 Each kdbkit process resolves the sample kernels in order; the first one pays for finding
 and opening the bundles, so the JSON keeps the first and the later ones apart. The bare
 mode loads the same three cubins in the same order. Medians over the processes are
-compared against the targets: a system hit at most 1.5x the bare load, and at least 100x
+compared against the targets: a system hit at most 1.5x ``bare+read`` (a bare load of the
+same cubin read from its own file; ``bare`` is reported as the floor), and at least 100x
 faster than the JIT.
 
+Handle creation: in fresh processes, with the device already open (not timed), time
+``Handle(backend=..., kernel_path=[folder])`` where the folder holds 5 or 500 extra small
+kernel files, with a system bundle for the device installed (``KDB_SYSTEM_DB_PATH``). A
+handle digests only the kernel files its system bundle's manifest lists, so the two should
+cost the same: the target is the 500-file median within 1.15x of the 5-file one, or within
+0.2 ms of it. ``--handle-only`` runs just this part, on the default device (PoCL on the CPU
+where there is no GPU), and merges its figures into the JSON already in ``--out``.
+
+Writes ``bench_startup.json``, ``bench_startup.png`` and, in ``bench_startup.md``, the
+generated sections between their ``<!-- bench_startup.py: ... -->`` markers (appended to a
+hand-written report that has none; the text around them is kept).
+
 Usage: python scripts/bench_startup.py [--runs 15] [--out docs]   (needs a CUDA GPU)
+       python scripts/bench_startup.py --handle-only [--out docs]  (any device)
        python scripts/bench_startup.py --replot [--out docs]     (redraw the plot from the JSON)
 """
 
@@ -98,6 +113,28 @@ def child(mode: str, cubin_dir: str | None) -> None:
               sys.stdout)
 
 
+def child_handle(kernel_dir: str) -> None:
+    """One fresh process: open the device (not timed), then time making a handle whose search
+    path starts with ``kernel_dir``; a second handle in the same process for comparison."""
+    from kdbkit.runtime.backends.registry import default_device, discover_devices, open_backend
+    from kdbkit.runtime.handle import Handle
+
+    device = next((d for d in discover_devices() if d.backend == "cuda"), None) or default_device()
+    backend = open_backend(device)
+    backend.synchronize()
+    t0 = time.perf_counter()
+    handle = Handle(backend=backend, kernel_path=[kernel_dir])
+    first_ms = (time.perf_counter() - t0) * 1e3
+    steps = {st.name: {"ms": st.ms, "outcome": st.outcome} for st in handle.prepare_steps}
+    handle.close()
+    t0 = time.perf_counter()
+    again = Handle(backend=backend, kernel_path=[kernel_dir])
+    second_ms = (time.perf_counter() - t0) * 1e3
+    again.close()
+    json.dump({"handle_ms": first_ms, "second_handle_ms": second_ms, "steps": steps, "device": device.name,
+               "target": str(device.target), "backend": device.backend}, sys.stdout)
+
+
 def _compiler_identity() -> str:
     from kdbkit.runtime.compilers import NvrtcCompiler
 
@@ -173,8 +210,9 @@ def _entry(sample_name: str) -> str:
 
 # -- parent side -------------------------------------------------------------------------------
 
-def run_child(mode: str, env: dict, cubin_dir: Path | None = None) -> dict:
-    cmd = [sys.executable, __file__, "--child", mode] + (["--cubins", str(cubin_dir)] if cubin_dir else [])
+def run_child(mode: str, env: dict, cubin_dir: Path | None = None, kernel_dir: Path | None = None) -> dict:
+    cmd = [sys.executable, __file__, "--child", mode] + (["--cubins", str(cubin_dir)] if cubin_dir else []) + (
+        ["--kernel-dir", str(kernel_dir)] if kernel_dir else [])
     t0 = time.perf_counter()
     proc = subprocess.run(cmd, env=env, capture_output=True, text=True, cwd=ROOT)
     wall = (time.perf_counter() - t0) * 1e3
@@ -205,6 +243,73 @@ def prepare(work: Path) -> tuple[Path, Path]:
     return system, cubins
 
 
+def prepare_handle(work: Path, device, system: Path | None = None) -> tuple[Path, dict[int, Path]]:
+    """A system bundle for ``device`` (the samples' programs; ``system`` if already built) and
+    the kernel folders: FILE_COUNTS small extra kernel files each, none of them in the manifest."""
+    from kdbkit.packager.device_build import build_bundle
+    from kdbkit.runtime.samples import SAMPLES
+
+    if system is None:
+        system = work / "system"
+        system.mkdir()
+        build_bundle(device.target, [(s.kernel_file, s.options) for s in SAMPLES], system)
+    folders = {}
+    for count in FILE_COUNTS:
+        folder = work / f"kernels-{count}"
+        folder.mkdir()
+        for i in range(count):
+            (folder / f"extra_{i:03d}.c").write_text(EXTRA_KERNEL.format(i=i))
+        folders[count] = folder
+    return system, folders
+
+
+FILE_COUNTS = (5, 500)
+HANDLE_RATIO, HANDLE_SLACK_MS = 1.15, 0.2  # "equal within noise"
+EXTRA_KERNEL = """/* extra_{i:03d}.c: y[i] = a * x[i] + {i}, a library's small kernel (bench_startup.py). */
+#include "kdb_compat.h"
+
+KDB_KERNEL void extra_{i:03d}(const KDB_GLOBAL float* x, KDB_GLOBAL float* y, int n, float a)
+{{
+    const int stride = KDB_LOCAL_SIZE_X * KDB_NUM_GROUPS_X;
+    for (int i = KDB_GLOBAL_ID_X; i < n; i += stride)
+        y[i] = a * x[i] + {i}.0f;
+}}
+"""
+
+
+def summarise_handles(raw: dict[int, list[dict]], command: str) -> dict:
+    """Medians (and quartiles) per file count, each step's median, and the verdict.
+
+    Raises:
+        SystemExit: a process found no system bundle, or digested other than its manifest's
+            files: the comparison would then not measure what it claims.
+    """
+    def quartiles(values):
+        q = statistics.quantiles(values, n=4) if len(values) > 1 else [values[0]] * 3
+        return {"median": statistics.median(values), "q1": q[0], "q3": q[2]}
+
+    per = {}
+    for count, runs in raw.items():
+        for run in runs:
+            opened = run["steps"].get("open system bundle", {}).get("outcome")
+            if opened in (None, "none") or "digest kernel sources" not in run["steps"]:
+                raise SystemExit(f"handle with {count} kernel files: no system bundle opened, or no manifest "
+                                 f"digested ({run['steps']}); the comparison needs both")
+        steps = {name: statistics.median(r["steps"][name]["ms"] for r in runs) for name in runs[0]["steps"]}
+        per[str(count)] = {"processes": len(runs), "handle_ms": quartiles([r["handle_ms"] for r in runs]),
+                           "second_handle_ms": quartiles([r["second_handle_ms"] for r in runs]),
+                           "steps_ms": steps, "digested": runs[0]["steps"]["digest kernel sources"]["outcome"],
+                           "bundle": runs[0]["steps"]["open system bundle"]["outcome"]}
+    few, many = (per[str(c)]["handle_ms"]["median"] for c in FILE_COUNTS)
+    info = next(iter(raw.values()))[0]
+    return {"file_counts": list(FILE_COUNTS), "per_count": per, "ratio": many / few, "difference_ms": many - few,
+            "pass_equal": many <= HANDLE_RATIO * few or many - few <= HANDLE_SLACK_MS,
+            "rule": f"the {FILE_COUNTS[1]}-file median within {HANDLE_RATIO}x of the {FILE_COUNTS[0]}-file one, "
+                    f"or within {HANDLE_SLACK_MS} ms of it",
+            "device": info["device"], "target": info["target"], "backend": info["backend"], "command": command,
+            "python": platform.python_version()}
+
+
 def summarise(runs: list[dict]) -> dict:
     def med(values):
         return statistics.median(values) if values else None
@@ -227,17 +332,35 @@ def summarise(runs: list[dict]) -> dict:
     }
 
 
+MODES = ("bare", "bare+read", "system", "user", "jit")
+
+
 def plot(results: dict, path: Path) -> None:
+    """The modes' bars (where the JSON has them) and the handle's 5 against 500 files (likewise)."""
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    modes = ["bare", "bare+read", "system", "user", "jit"]
+    panels = (["modes"] if "system" in results else []) + (["handles"] if "handle_files" in results else [])
+    if not panels:
+        raise SystemExit(f"nothing to plot in the JSON for {path}")
+    fig, axes = plt.subplots(1, len(panels), figsize=(9 + 4.5 * (len(panels) - 1), 4.8), squeeze=False,
+                             gridspec_kw={"width_ratios": [2, 1][:len(panels)]})
+    for ax, panel in zip(axes[0], panels):
+        if panel == "modes":
+            _plot_modes(ax, results)
+        else:
+            _plot_handles(ax, results["handle_files"])
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+
+
+def _plot_modes(ax, results: dict) -> None:
+    modes = list(MODES)
     bars = [("making the handle (once per process)", [results[m].get("handle_ms") for m in modes], -0.27),
             ("first kernel in the process", [results[m]["first_resolve_ms"] for m in modes], 0.0),
             ("later kernels", [results[m]["later_resolve_ms"] for m in modes], 0.27)]
-    fig, ax = plt.subplots(figsize=(9, 4.8))
     xs = range(len(modes))
     for label, values, dx in bars:
         shown = [(x + dx, v) for x, v in zip(xs, values) if v]
@@ -249,8 +372,130 @@ def plot(results: dict, path: Path) -> None:
     ax.set_ylabel("ms (median over fresh processes, log)")
     ax.set_title(f"Time to a launchable kernel on {results['device']}")
     ax.legend(fontsize=8)
-    fig.tight_layout()
-    fig.savefig(path, dpi=120)
+
+
+def _plot_handles(ax, hf: dict) -> None:
+    counts = [str(c) for c in hf["file_counts"]]
+    for dx, key, label in ((-0.2, "handle_ms", "first handle of the process"),
+                           (0.2, "second_handle_ms", "a second handle")):
+        values = [hf["per_count"][c][key]["median"] for c in counts]
+        low = [v - hf["per_count"][c][key]["q1"] for c, v in zip(counts, values)]
+        high = [hf["per_count"][c][key]["q3"] - v for c, v in zip(counts, values)]
+        ax.bar([i + dx for i in range(len(counts))], values, width=0.4, yerr=[low, high], capsize=3, label=label)
+        for i, (v, up) in enumerate(zip(values, high)):
+            ax.annotate(f"{v:.3g}", (i + dx, v + up), ha="center", va="bottom", fontsize=7)
+    ax.set_xticks(range(len(counts)), [f"{c} kernel files" for c in counts])
+    ax.set_ylabel("ms (median, quartiles)")
+    ax.set_title(f"Making a handle ({hf['backend']}, {hf['target']}):\n{counts[-1]} files / {counts[0]} files = "
+                 f"{hf['ratio']:.2f}x", fontsize=10)
+    ax.legend(fontsize=8)
+
+
+# -- the report's generated sections ---------------------------------------------------------------
+
+def _verdict(ok: bool) -> str:
+    return "PASS" if ok else "FAIL"
+
+
+def startup_section(results: dict) -> str:
+    t = results["targets"]
+    names = {"bare": "bare `cuModuleLoadData` + `cuModuleGetFunction` (cubin already in memory)",
+             "bare+read": "bare, timing the read of the cubin file too", "system": "**system bundle**",
+             "user": "user cache", "jit": "JIT (NVRTC, `CUDA_CACHE_DISABLE=1`, empty cache)"}
+    lines = ["## Time to a launchable kernel (generated by `scripts/bench_startup.py`)", "",
+             f"{results['device']} ({results['target']}), {results['compiler']}, Python {results['python']}; "
+             f"{results['runs']} fresh processes per mode, modes interleaved; `{results['command']}`. Medians.", "",
+             "| mode | handle ms | first ms | later ms | first launch ms | whole process ms |",
+             "|---|---:|---:|---:|---:|---:|"]
+    for mode in MODES:
+        r = results[mode]
+        handle = "-" if r["handle_ms"] is None else f"{r['handle_ms']:.2f}"
+        launch = "-" if r["first_launch_ms"] is None else f"{r['first_launch_ms']:.3f}"
+        lines.append(f"| {names[mode]} | {handle} | {r['first_resolve_ms']:.3f} | {r['later_resolve_ms']:.3f} | "
+                     f"{launch} | {r['process_wall_ms']:.0f} |")
+    lines += ["", "Targets:", "",
+              f"- {_verdict(t['pass_system_within_1_5x_bare_read'])}: a system hit costs at most 1.5x a bare load of "
+              f"the same cubin read from its own file (`bare+read`): {t['system_first_over_bare_read']:.2f}x for the "
+              f"first kernel, {t['system_later_over_bare_read']:.2f}x for later ones.",
+              f"- Floor, no target: against the bare load alone (cubin already in memory), "
+              f"{t['system_first_over_bare']:.2f}x first, {t['system_later_over_bare']:.2f}x later.",
+              f"- {_verdict(t['pass_system_100x_faster_than_jit'])}: a system hit at least 100x faster than the JIT: "
+              f"{t['jit_first_over_system_first']:.0f}x first, {t['jit_later_over_system_later']:.0f}x later."]
+    return "\n".join(lines)
+
+
+def handle_section(hf: dict) -> str:
+    few, many = (str(c) for c in hf["file_counts"])
+    lines = ["## Making a handle with 5 or 500 kernel files (generated by `scripts/bench_startup.py`)", "",
+             f"{hf['device']} ({hf['target']}, {hf['backend']}), Python {hf['python']}; `{hf['command']}`. "
+             "In each fresh process the device is opened first, untimed; then `Handle(backend=..., kernel_path=[folder])` is "
+             "timed, the folder holding that many small extra kernel files, with a system bundle for the device "
+             f"installed (`KDB_SYSTEM_DB_PATH`, `{hf['per_count'][few]['bundle']}`); then a second handle in the "
+             "same process. The counts alternate in order, round by round. Medians (quartiles) in ms.", "",
+             "| kernel files in the folder | processes | handle ms | second handle ms | open system bundle ms | "
+             "digest kernel sources ms |", "|---:|---:|---:|---:|---:|---:|"]
+    for count in (few, many):
+        c = hf["per_count"][count]
+        h, h2 = c["handle_ms"], c["second_handle_ms"]
+        lines.append(f"| {count} | {c['processes']} | {h['median']:.3f} ({h['q1']:.3f}-{h['q3']:.3f}) | "
+                     f"{h2['median']:.3f} ({h2['q1']:.3f}-{h2['q3']:.3f}) | "
+                     f"{c['steps_ms'].get('open system bundle', float('nan')):.3f} | "
+                     f"{c['steps_ms'].get('digest kernel sources', float('nan')):.3f} ({c['digested']}) |")
+    lines += ["", f"- {_verdict(hf['pass_equal'])}: making a handle costs the same with {few} or {many} kernel "
+              f"files: {hf['per_count'][many]['handle_ms']['median']:.3f} ms against "
+              f"{hf['per_count'][few]['handle_ms']['median']:.3f} ms ({hf['ratio']:.2f}x, "
+              f"{hf['difference_ms']:+.3f} ms; equal within noise: {hf['rule']})."]
+    return "\n".join(lines)
+
+
+def update_report(path: Path, sections: dict[str, str]) -> None:
+    """Replace each named section between its markers in ``path``; append the ones it lacks."""
+    text = path.read_text() if path.exists() else "# Startup: time to a launchable kernel, and to a handle\n"
+    for name, body in sections.items():
+        begin, end = f"<!-- bench_startup.py: {name} begin -->", f"<!-- bench_startup.py: {name} end -->"
+        block = f"{begin}\n{body}\n{end}"
+        if begin in text and end in text:
+            text = text[:text.index(begin)] + block + text[text.index(end) + len(end):]
+        else:
+            text = text.rstrip("\n") + "\n\n" + block + "\n"
+    path.write_text(text)
+
+
+def run_handles(env: dict, system: Path, folders: dict[int, Path], work: Path, runs: int,
+                raw: dict[int, list[dict]] | None = None, round_index: int | None = None) -> dict[int, list[dict]]:
+    """Handle children for each file count: ``runs`` rounds, or the one round ``round_index``;
+    the counts' order alternates from round to round."""
+    raw = raw if raw is not None else {count: [] for count in folders}
+    for i in ([round_index] if round_index is not None else range(runs)):
+        order = list(folders.items())
+        for count, folder in (order if i % 2 == 0 else order[::-1]):
+            child_env = dict(env, KDB_SYSTEM_DB_PATH=str(system), KDB_CUSTOM_CACHE_DIR=str(work / f"h{i}-{count}"))
+            raw[count].append(run_child("handle", child_env, kernel_dir=folder))
+    return raw
+
+
+def handle_only(args) -> None:
+    """The handle measurement alone, on the default device; merged into the JSON in ``--out``."""
+    from kdbkit.runtime.backends.registry import default_device, discover_devices
+
+    work = Path(tempfile.mkdtemp(prefix="kdbkit-bench-handle-"))
+    device = next((d for d in discover_devices() if d.backend == "cuda"), None) or default_device()
+    system, folders = prepare_handle(work, device)
+    env = {k: v for k, v in os.environ.items() if not k.startswith("KDB_")}
+    env["PYTHONUNBUFFERED"] = "1"
+    for folder in folders.values():  # untimed: the page cache warm for both counts alike
+        run_child("handle", dict(env, KDB_SYSTEM_DB_PATH=str(system), KDB_CUSTOM_CACHE_DIR=str(work / "warm")),
+                  kernel_dir=folder)
+    raw = run_handles(env, system, folders, work, args.runs)
+    hf = summarise_handles(raw, f"python scripts/bench_startup.py --handle-only --runs {args.runs}")
+    args.out.mkdir(parents=True, exist_ok=True)
+    path = args.out / "bench_startup.json"
+    results = json.loads(path.read_text()) if path.exists() else {}
+    results["handle_files"] = hf
+    path.write_text(json.dumps(results, indent=2))
+    plot(results, args.out / "bench_startup.png")
+    update_report(args.out / "bench_startup.md", {"handle": handle_section(hf)})
+    print(handle_section(hf))
 
 
 def main() -> None:
@@ -259,17 +504,27 @@ def main() -> None:
     ap.add_argument("--out", type=Path, default=ROOT / "docs", help="folder for the JSON, PNG and report")
     ap.add_argument("--child", help=argparse.SUPPRESS)
     ap.add_argument("--cubins", help=argparse.SUPPRESS)
+    ap.add_argument("--kernel-dir", help=argparse.SUPPRESS)
     ap.add_argument("--replot", action="store_true", help="redraw the PNG from the JSON in --out, no GPU needed")
+    ap.add_argument("--handle-only", action="store_true", help="only time making a handle with 5 and 500 kernel "
+                    "files, on the default device (no CUDA GPU needed); merged into the JSON in --out")
     args = ap.parse_args()
     if args.replot:
         plot(json.loads((args.out / "bench_startup.json").read_text()), args.out / "bench_startup.png")
         return
+    if args.child == "handle":
+        child_handle(args.kernel_dir)
+        return
     if args.child:
         child(args.child, args.cubins)
+        return
+    if args.handle_only:
+        handle_only(args)
         return
 
     work = Path(tempfile.mkdtemp(prefix="kdbkit-bench-startup-"))
     system, cubins = prepare(work)
+    _, kernel_folders = prepare_handle(work, None, system)
     base = {k: v for k, v in os.environ.items() if not k.startswith("KDB_")}
     base.update(KDB_BACKEND="cuda", CUDA_CACHE_DISABLE="1")  # kdbkit comes from its install
     empty_system = work / "no-system"
@@ -285,11 +540,14 @@ def main() -> None:
     }
     run_child("user", modes["user"](0)[0])  # fill the user cache once
     run_child("bare", dict(base), cubins)  # warm the page cache for every mode alike
+    run_handles(base, system, kernel_folders, work / "warm", 2)
     raw: dict = {m: [] for m in modes}
+    raw_handles = {count: [] for count in kernel_folders}
     for i in range(args.runs):  # interleave modes so drift hits them alike
         for mode, make in modes.items():
             env, cub = make(i)
             raw[mode].append(run_child(mode, env, cub))
+        run_handles(base, system, kernel_folders, work, args.runs, raw_handles, round_index=i)
     for mode in modes:
         results[mode] = summarise(raw[mode])
         expected = mode
@@ -318,11 +576,17 @@ def main() -> None:
                                               / (sysm["handle_ms"] + sysm["first_resolve_ms"])),
     }
     t = results["targets"]
-    t["pass_system_within_1_5x_bare"] = t["system_later_over_bare"] <= 1.5 and t["system_first_over_bare"] <= 1.5
+    # The target is against a bare load that reads its cubin file, as a program shipping loose
+    # cubins does; the bare load alone (above) stays reported as the floor.
+    t["pass_system_within_1_5x_bare_read"] = (t["system_later_over_bare_read"] <= 1.5
+                                              and t["system_first_over_bare_read"] <= 1.5)
     t["pass_system_100x_faster_than_jit"] = min(t["jit_first_over_system_first"], t["jit_later_over_system_later"]) >= 100
+    results["handle_files"] = summarise_handles(raw_handles, results["command"])
     args.out.mkdir(parents=True, exist_ok=True)
     (args.out / "bench_startup.json").write_text(json.dumps(results, indent=2))
     plot(results, args.out / "bench_startup.png")
+    update_report(args.out / "bench_startup.md", {"startup": startup_section(results),
+                                                  "handle": handle_section(results["handle_files"])})
     print(f"{'mode':9} {'handle ms':>10} {'first ms':>10} {'later ms':>10} {'launch ms':>10} {'device ms':>10} "
           f"{'process ms':>11}")
     for mode in ("bare", "bare+read", "system", "user", "jit"):
@@ -334,6 +598,7 @@ def main() -> None:
     print(json.dumps(results["targets"], indent=2))
     print(json.dumps(results["breakdown_ms"], indent=2))
     print(json.dumps(results["user_breakdown_ms"], indent=2))
+    print(handle_section(results["handle_files"]))
 
 
 if __name__ == "__main__":
