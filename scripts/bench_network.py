@@ -102,12 +102,15 @@ def child(mode: str, name: str) -> None:
         staged = net.input_tensor(handle, x)
         backend.synchronize()
         upload_ms = (time.perf_counter() - t0) * 1e3
-        times = []
+        times, issued = [], []
         for _ in range(2):
             t0 = time.perf_counter()
-            out = net.download(handle, net.forward(handle, staged))
+            result = net.forward(handle, staged)
+            issued.append((time.perf_counter() - t0) * 1e3)  # the host's part: every launch issued
+            out = net.download(handle, result)
             times.append((time.perf_counter() - t0) * 1e3)
         record.update(first_ms=record["handle_ms"] + times[0], forward_ms=times[0], second_ms=times[1],
+                      first_issue_ms=issued[0], second_issue_ms=issued[1],
                       upload_ms=upload_ms, resolved=handle.resolved_by_source, device=handle.device.name,
                       target=str(handle.target), find_db=_find_db_sources(handle, net),
                       bundle=[(str(c.path), c.origin) for c in handle.system_trace if c.status == "accepted"])
