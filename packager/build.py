@@ -52,6 +52,7 @@ class Job:
     request: ProgramRequest
     kernel_name: str
     kernel_args: str
+    source_digest: str = ""  # of its kernel file, as keyed: the bundle's source manifest lists it
 
 
 @dataclass
@@ -105,7 +106,7 @@ def plan(targets: Sequence[Target], problems: Sequence[Problem] | None = None, *
                 digests[request.kernel_file] = search_path.read(request.kernel_file).digest
             key = program_key(request, target=bundle, compiler=identity, source_digest=digests[request.kernel_file])
             jobs.setdefault((str(bundle), key.kernel_name, key.kernel_args),
-                            Job(bundle, request, key.kernel_name, key.kernel_args))
+                            Job(bundle, request, key.kernel_name, key.kernel_args, digests[request.kernel_file]))
     return [jobs[k] for k in sorted(jobs)], compilers
 
 
@@ -234,8 +235,10 @@ def build(jobs: Sequence[Job], compilers: dict[Target, Compiler], out: Path, *, 
         path = out / target.bundle_name()
         compiler = compilers[target]
         if target in changed or not path.exists():
+            manifest = {job.request.kernel_file: job.source_digest for job in by_bundle[target]
+                        if (job.kernel_name, job.kernel_args) in held and job.source_digest}
             write_bundle(path, target, [(n, a, b) for (n, a), b in sorted(held.items())],
-                         compiler=compiler.identity(), binary_format=compiler.binary_format)
+                         compiler=compiler.identity(), binary_format=compiler.binary_format, sources=manifest)
         result.bundles[str(target)] = path
     return result
 

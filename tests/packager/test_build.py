@@ -46,6 +46,8 @@ def test_a_build_writes_one_arch_wide_bundle_per_arch_and_rebuilds_nothing_uncha
         with open_bundle(path) as bundle:
             assert str(bundle.metadata.target) == name and bundle.count() == sum(str(j.bundle) == name for j in jobs)
             assert bundle.metadata.compiler == compilers[bundle.metadata.target].identity()
+            assert bundle.metadata.source_digests == {  # the manifest: each kernel file it was built from
+                j.request.kernel_file: KernelSearchPath().digest(j.request.kernel_file) for j in jobs if str(j.bundle) == name}
     before = {n: p.stat().st_mtime_ns for n, p in result.bundles.items()}
     again = build(jobs, compilers, tmp_path, parallel=4)
     assert (again.compiled, again.reused) == (0, len(jobs))
@@ -65,6 +67,8 @@ def test_a_changed_kernel_file_recompiles_only_its_programs(offline, tmp_path):
     softmax = sum(j.request.kernel_file == "softmax.c" for j in changed)
     assert softmax and result.compiled == softmax and result.reused == len(changed) - softmax
     assert len(_contents(tmp_path / "out" / "sm_80.kdb")) == len(changed)  # the stale keys are gone
+    with open_bundle(tmp_path / "out" / "sm_80.kdb") as bundle:
+        assert bundle.metadata.source_digests["softmax.c"] == path.digest("softmax.c")  # the manifest follows
 
 
 def test_shards_merge_into_the_one_machine_build(offline, tmp_path):
