@@ -22,7 +22,8 @@ def build(
                                      "gfx942_304) or <arch> for the whole arch (gfx942). Repeat for more."),
     gpu: List[str] = typer.Option([], "--gpu", help="A GPU by name (MI300X, H100-SXM: kdb targets lists them). "
                                   "Repeat for more."),
-    catalogue: List[Path] = typer.Option([], "--catalogue", "-c", help="A file of problems: config strings, "
+    catalogue: List[Path] = typer.Option([], "--catalogue", "-c", help="A built-in network (resnet18, resnet50, vgg16, "
+                                         "mobilenet_v2, bert_base) or a file of problems: config strings, "
                                          "MIOpen keys or driver commands (the lines KDB_ENABLE_LOGGING_CMD=1 "
                                          "prints, or MIOpen's), or a find-db (.fdb, .ufdb). Repeat for more."),
     every: bool = typer.Option(False, "--all", help="Every program the solvers can ask for (serves every "
@@ -69,8 +70,6 @@ def build(
         planned = builder.shard(planned, *part)
     workers = jobs or (kdb_env.get_int("KDB_COMPILE_PARALLEL_LEVEL") if "KDB_COMPILE_PARALLEL_LEVEL" in os.environ
                        else os.cpu_count() or 1)
-    columns = (TextColumn("compiling"), BarColumn(), MofNCompleteColumn(), TextColumn("{task.fields[failed]} failed"),
-               TextColumn("{task.fields[rate]}/s"), TimeElapsedColumn(), TextColumn("ETA"), TimeRemainingColumn())
     with contextlib.ExitStack() as stack:
         executor = None
         if cluster is not None:
@@ -81,15 +80,7 @@ def build(
             executor = dask_cluster.executor(client)
             if not as_json:
                 err.print(f"compiling on {len(joined)} Dask workers at {escape(cluster)}")
-        with Progress(*columns, console=err, disable=as_json, transient=False) as bar:
-            task = bar.add_task("compile", total=None, failed=0, rate="-")
-
-            def step(done: int, total: int, failed: int) -> None:
-                elapsed = bar.tasks[0].elapsed or 0.0
-                bar.update(task, completed=done, total=total, failed=failed,
-                           rate=f"{done / elapsed:.1f}" if elapsed > 0 else "-")
-
-            result = builder.build(planned, compilers, output, parallel=workers, executor=executor, progress=step)
+        result = build_with_progress(planned, compilers, output, workers, executor=executor, quiet=as_json)
     for failure in result.failures:
         err.print(f"[red]failed[/] {escape(str(failure.job.request))} for {failure.job.bundle}: "
                   f"{escape(failure.message)}")
@@ -106,6 +97,23 @@ def build(
                   f"{len(line_errors)} catalogue lines skipped")
     if result.failures or line_errors:
         raise typer.Exit(1)
+
+
+def build_with_progress(planned, compilers, output: Path, workers: int, *, executor=None, quiet: bool = False):
+    """packager.build.build with a rich progress bar on stderr (done/total, failures, rate, ETA)."""
+    from kdbkit.packager import build as builder
+
+    columns = (TextColumn("compiling"), BarColumn(), MofNCompleteColumn(), TextColumn("{task.fields[failed]} failed"),
+               TextColumn("{task.fields[rate]}/s"), TimeElapsedColumn(), TextColumn("ETA"), TimeRemainingColumn())
+    with Progress(*columns, console=err, disable=quiet, transient=False) as bar:
+        task = bar.add_task("compile", total=None, failed=0, rate="-")
+
+        def step(done: int, total: int, failed: int) -> None:
+            elapsed = bar.tasks[0].elapsed or 0.0
+            bar.update(task, completed=done, total=total, failed=failed,
+                       rate=f"{done / elapsed:.1f}" if elapsed > 0 else "-")
+
+        return builder.build(planned, compilers, output, parallel=workers, executor=executor, progress=step)
 
 
 def _shard(text: str | None) -> tuple[int, int] | None:

@@ -1,48 +1,86 @@
-"""``kdb demo``: the main job (see runtime/demo.py)."""
+"""``kdb demo``: the main job, the whole story on the local device (the embedded default is PoCL
+on the CPU): build a bundle for a small network's problems with the offline builder, install
+it, then run the network twice in fresh processes, with an empty cache (JIT) and with the
+installed bundle, and print each run's time to first result and where its programs came from."""
 
 from __future__ import annotations
 
+import contextlib
+import os
+import tempfile
+import time
 from pathlib import Path
 from typing import Optional
 
 import typer
+from rich.markup import escape
 from rich.table import Table
 
 from kdbkit.runtime.cli.output import fail, out
 
 
-def demo(cache_dir: Optional[Path] = typer.Option(None, "--cache-dir", help="User cache folder (default: "
-                                                   "KDB_CUSTOM_CACHE_DIR if set, else a new empty one, removed after)."),
-         device: Optional[int] = typer.Option(None, "--device", help="Device index from `kdb devices`."),
-         passes: int = typer.Option(2, "--passes", min=1, help="Fresh processes to run, one after the other.")) -> None:
-    """Resolve, run and check the sample kernels in fresh processes: first JIT, then the user cache.
+def demo(device: Optional[int] = typer.Option(None, "--device", help="Device index from `kdb devices`."),
+         workdir: Optional[Path] = typer.Option(None, "--workdir", help="Keep the bundle, the installed copy and "
+                                                "the runs' caches here (default: a new folder, removed after).")
+         ) -> None:
+    """Build a bundle for a small network, install it, and run the network from an empty cache (JIT), then from the bundle.
 
-    Example: kdb demo --passes 3
+    Example: kdb demo --workdir demo-files
     """
-    from kdbkit.runtime.demo import main_job
+    from kdbkit.packager import build as builder
+    from kdbkit.packager import install as installer
+    from kdbkit.packager.select import choose, scan
+    from kdbkit.packager.targets import resolve_targets
+    from kdbkit.runtime import demo as runs
+    from kdbkit.runtime.backends.registry import pick_device
+    from kdbkit.runtime.cli.build_command import build_with_progress
 
-    runs = main_job(cache_dir, device, passes)
-    first = runs[0]
-    out.print(f"device: [bold]{first['device']}[/] ({first['backend']}, target {first['target']})")
-    table = Table(title="sample kernels, one fresh process per pass")
-    table.add_column("kernel")
-    for i in range(len(runs)):
-        table.add_column(f"pass {i + 1}: source")
-        table.add_column("resolve ms", justify="right")
-    table.add_column("run ms", justify="right")
-    table.add_column("rel. error", justify="right")
+    # PoCL and the CUDA driver keep caches of their own: off, so that the build and the JIT run
+    # show what compiling costs on a machine that has never built these kernels.
+    os.environ.update(POCL_KERNEL_CACHE="0", CUDA_CACHE_DISABLE="1")
+    picked = pick_device(device)  # fails before anything when there is no device (only the base install, say)
+    net = runs.demo_network()
+    problems = net.problems()
+    out.print(f"device: [bold]{escape(picked.name)}[/] ({picked.backend}, target {picked.target})")
+    out.print(f"network: {runs.NETWORK}, input {'x'.join(map(str, net.input_shape))} {net.dtype.label} "
+              f"{net.layout}: {len(problems)} primitive problems")
+    with contextlib.ExitStack() as stack:
+        folder = workdir or Path(stack.enter_context(tempfile.TemporaryDirectory(prefix="kdbkit-demo-")))
+        folder.mkdir(parents=True, exist_ok=True)
+
+        out.print("[bold]1. build[/] the bundle of the programs its solvers ask for (kdb build)")
+        t0 = time.perf_counter()
+        planned, compilers = builder.plan(resolve_targets([str(picked.target)]), problems)
+        result = build_with_progress(planned, compilers, folder / "bundles", os.cpu_count() or 1)
+        if result.failures:
+            first = result.failures[0]
+            raise fail(f"{len(result.failures)} program(s) did not compile, the first {first.job.request}: "
+                       f"{first.message}")
+        (name, path), = result.bundles.items()
+        out.print(f"   {result.compiled} programs compiled in {time.perf_counter() - t0:.1f} s: {escape(str(path))}")
+
+        out.print("[bold]2. install[/] it for this device (kdb install: chosen, verified, copied)")
+        choice = choose(picked.target, scan(folder / "bundles"))
+        if choice.chosen is None:
+            raise fail(f"the bundle just built does not fit {picked.target}: {choice.rejected[0][1]}")
+        installer.verify(choice.chosen)
+        done = installer.install(choice.chosen, db_dir=folder / "db")
+        out.print(f"   {escape(', '.join(done.files))} -> {escape(done.where)}")
+
+        out.print("[bold]3. run[/] the network twice, each in a fresh process")
+        jit = runs.jit_run(device, folder)
+        bundle = runs.bundle_run(device, folder, folder / "db")
+    table = Table(title=f"{runs.NETWORK} forward, time to first result")
+    for col in ("run", "programs from", "time to first result", "rel. error vs NumPy"):
+        table.add_column(col, justify="right" if col.startswith(("time", "rel")) else "left")
     bad = 0
-    for k, r in enumerate(first["results"]):
-        cells = [r["name"]]
-        for run in runs:
-            rr = run["results"][k]
-            cells += [rr["source"], f"{rr['resolve_ms']:.2f}"]
-        worst = max(run["results"][k]["rel_error"] for run in runs)
-        ok = all(run["results"][k]["ok"] for run in runs)
-        bad += not ok
-        cells += [f"{runs[-1]['results'][k]['run_ms']:.2f}", f"{worst:.1e} {'[green]ok[/]' if ok else '[red]WRONG[/]'}"]
-        table.add_row(*cells)
+    for label, run in (("empty cache (JIT)", jit), ("installed bundle, JIT off", bundle)):
+        sources = ", ".join(f"{source} {count}" for source, count in sorted(run["resolved"].items())) or "-"
+        bad += not run["ok"]
+        table.add_row(label, sources, f"{run['first_ms']:.1f} ms",
+                      f"{run['rel_error']:.1e} {'[green]ok[/]' if run['ok'] else '[red]WRONG[/]'}")
     out.print(table)
     if bad:
-        raise fail(f"{bad} sample kernel(s) gave wrong results")
-    out.print("all results match NumPy")
+        raise fail(f"{bad} run(s) gave wrong results")
+    out.print(f"the installed bundle gave the first result {jit['first_ms'] / bundle['first_ms']:.0f}x sooner; "
+              "all results match NumPy")

@@ -71,11 +71,14 @@ def test_cache_commands(kdb, env):
 
 
 def test_demo_is_the_main_job(kdb, env, tmp_path):
-    code, out, err = kdb("demo", "--cache-dir", tmp_path / "demo-cache")
+    code, out, err = kdb("demo", "--workdir", tmp_path / "demo")
     assert code == 0, err
     assert "all results match NumPy" in out
-    lines = [line for line in out.splitlines() if line.startswith("│ ")]
-    assert len(lines) == 3 and all("│ jit" in line and "│ user" in line for line in lines)
+    rows = [line for line in out.splitlines() if line.startswith("│ ")]
+    assert len(rows) == 2 and "│ jit " in rows[0] and "│ system " in rows[1]  # JIT first, then only the bundle
+    (built,) = (tmp_path / "demo" / "bundles").glob("*.kdb")
+    assert (tmp_path / "demo" / "db" / built.name).read_bytes() == built.read_bytes()  # installed as built
+    assert list((tmp_path / "demo" / "cache-jit").glob("*.ukdb")) and not list((tmp_path / "demo").glob("cache-bundle/*"))
 
 
 # -- doctor ------------------------------------------------------------------------------------
@@ -136,26 +139,17 @@ def test_devices_says_what_kdb_backend_hides(kdb, env, monkeypatch, chain_device
 # -- demo --------------------------------------------------------------------------------------
 
 
-def test_demo_failure_is_one_line_without_the_childs_traceback(kdb, env, monkeypatch):
-    monkeypatch.setenv("KDB_DISABLE_JIT", "1")  # an empty cache and no JIT: the pass must fail
-    code, _, err = kdb("demo", "--passes", "1")
+def test_demo_failure_is_one_line_and_leaves_no_temporary_folder(kdb, env, monkeypatch, tmp_path):
+    import tempfile
+
+    monkeypatch.setattr(tempfile, "tempdir", str(tmp_path / "tmp"))
+    (tmp_path / "tmp").mkdir()
+    monkeypatch.setenv("KDB_DISABLE_JIT", "1")  # the JIT run cannot compile: it must fail, in one line
+    code, _, err = kdb("demo")
     errors = [line for line in err.splitlines() if line.startswith("error: ")]
     assert code == 1 and len(errors) == 1 and "unset KDB_DISABLE_JIT" in errors[0]
     assert "Traceback" not in err and "File \"" not in err
-
-
-def test_demo_removes_its_temporary_cache_and_honours_kdb_custom_cache_dir(kdb, env, monkeypatch, tmp_path):
-    import tempfile
-
-    monkeypatch.delenv("KDB_CUSTOM_CACHE_DIR")
-    monkeypatch.setattr(tempfile, "tempdir", str(tmp_path / "tmp"))
-    (tmp_path / "tmp").mkdir()
-    assert kdb("demo", "--passes", "1")[0] == 0
     assert list((tmp_path / "tmp").iterdir()) == []  # nothing left behind
-    mine = tmp_path / "my-cache"
-    monkeypatch.setenv("KDB_CUSTOM_CACHE_DIR", str(mine))
-    assert kdb("demo", "--passes", "1")[0] == 0
-    assert len(list(mine.glob("*.ukdb"))) == 1  # the user's own cache folder was used, and kept
 
 
 def test_demo_with_only_the_base_install_says_what_to_install(tmp_path):
