@@ -336,6 +336,46 @@ class Bundle:
                 "VALUES (?, ?, ?, ?, ?)", rows)
         return len(rows)
 
+    def put_stored(self, entries: Iterable[tuple[str, str, "_codec.StoredBlob"]]) -> int:
+        """Store a batch of entries already encoded by :func:`kdbkit.kdb.codec.encode_for_bundle`,
+        in one transaction; returns how many.
+
+        Raises:
+            BundleError: this bundle's codec, dictionary or hash is not what those entries assume.
+        """
+        if not self.writable:
+            raise ReadOnlyBundleError(f"{self.path}: opened read-only", "open it with writable=True to add entries")
+        md = self.metadata
+        if md.codec != "zstd" or self._reader.dictionary is not None or md.hash != _codec.DEFAULT_HASH:
+            raise BundleError(f"{self.path}: pre-encoded entries need a zstd bundle with no dictionary and "
+                              f"{_codec.DEFAULT_HASH} hashes", "write the binaries with put_many instead")
+        rows = [(name, args, e.blob, e.kernel_hash, e.uncompressed_size) for name, args, e in entries]
+        with self._lock, _transaction(self._conn, self.path):
+            self._conn.executemany(
+                "INSERT OR REPLACE INTO kern_db(kernel_name, kernel_args, kernel_blob, kernel_hash, uncompressed_size) "
+                "VALUES (?, ?, ?, ?, ?)", rows)
+        return len(rows)
+
+    def stored_items(self) -> Iterator[tuple[str, str, "_codec.StoredBlob"]]:
+        """Every entry as stored, each checked by decoding it first (a damaged one raises
+        CorruptEntryError), in the form :meth:`put_stored` takes: zstd bundles with no dictionary
+        and the default hash give their stored bytes, others their data encoded again."""
+        as_stored = (self.metadata.codec == "zstd" and self._reader.dictionary is None
+                     and self.metadata.hash == _codec.DEFAULT_HASH)
+        last = ("", "")
+        while True:
+            with self._lock:
+                rows = self._query_all(
+                    "SELECT kernel_name, kernel_args, kernel_blob, kernel_hash, uncompressed_size FROM kern_db "
+                    "WHERE (kernel_name, kernel_args) > (?, ?) ORDER BY kernel_name, kernel_args LIMIT 256", last)
+            if not rows:
+                return
+            for name, args, blob, h, size in rows:
+                data = self._decode(name, args, blob, h, size)
+                yield name, args, (_codec.StoredBlob(bytes(blob), size, str(h).lower()) if as_stored
+                                   else _codec.encode_for_bundle(data))
+            last = (rows[-1][0], rows[-1][1])
+
     def delete(self, kernel_name: str, kernel_args: str) -> bool:
         """Remove one entry (a corrupt one, say); True if it existed."""
         if not self.writable:

@@ -57,6 +57,23 @@ class Encoded:
     uncompressed_size: int
 
 
+@dataclass(frozen=True)
+class StoredBlob:
+    """An entry's stored columns, encoded away from the process that writes the bundle (an
+    offline build's workers compress in parallel): blob, ``uncompressed_size`` and hash, for a
+    zstd bundle with no dictionary and the default hash."""
+
+    blob: bytes
+    uncompressed_size: int
+    kernel_hash: str
+
+
+def encode_for_bundle(data: bytes, level: int = BUNDLE_LEVEL) -> StoredBlob:
+    """``data`` as a zstd bundle without dictionary stores it (see :meth:`Bundle.put_stored`)."""
+    enc = Codec("zstd", level=level).encode(data)
+    return StoredBlob(enc.blob, enc.uncompressed_size, digest(data))
+
+
 class Codec:
     """Compresses and decompresses the blobs of one bundle.
 

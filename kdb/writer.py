@@ -93,16 +93,40 @@ def write_bundle(path: str | Path, target: Target, entries: Iterable[tuple[str, 
         dict_bytes = None
     else:
         dict_bytes = dictionary
+
+    def fill(bundle: Bundle) -> None:
+        bundle.write_level = level
+        it = iter(entries)
+        while batch := list(itertools.islice(it, BATCH)):
+            bundle.put_many(batch)
+
+    return _write_atomically(path, target, fill, compiler=compiler, binary_format=binary_format, codec=codec,
+                             dictionary=dict_bytes, sources=sources)
+
+
+def write_stored_bundle(path: str | Path, target: Target, entries: Iterable[tuple[str, str, _codec.StoredBlob]], *,
+                        compiler: str, binary_format: str, sources: dict[str, str] | None = None) -> Path:
+    """Write a complete zstd bundle without dictionary, atomically, from entries already
+    encoded by :func:`kdbkit.kdb.codec.encode_for_bundle` (in an offline build's workers: the
+    writer then only inserts rows, so writing does not serialise a parallel build)."""
+    def fill(bundle: Bundle) -> None:
+        it = iter(entries)
+        while batch := list(itertools.islice(it, BATCH)):
+            bundle.put_stored(batch)
+
+    return _write_atomically(Path(path), target, fill, compiler=compiler, binary_format=binary_format, codec="zstd",
+                             dictionary=None, sources=sources)
+
+
+def _write_atomically(path: Path, target: Target, fill, **create) -> Path:
+    """Create a bundle beside ``path``, let ``fill`` write its entries, compact it, and put it in
+    place only once complete."""
     fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
     os.close(fd)
     os.unlink(tmp)  # SQLite creates the file itself; mkstemp only reserved a unique name
     try:
-        with Bundle.create(tmp, target, compiler=compiler, binary_format=binary_format, codec=codec,
-                           dictionary=dict_bytes, sources=sources) as bundle:
-            bundle.write_level = level
-            it = iter(entries)
-            while batch := list(itertools.islice(it, BATCH)):
-                bundle.put_many(batch)
+        with Bundle.create(tmp, target, **create) as bundle:
+            fill(bundle)
             bundle.compact(page_size=PAGE_SIZE)
         os.replace(tmp, path)
     finally:
