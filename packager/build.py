@@ -106,7 +106,8 @@ def plan(targets: Sequence[Target], problems: Sequence[Problem] | None = None, *
         compiler = builder_of(target)
         identity = compiler.identity()
         wanted = requests if requests is not None else (
-            programs_for(problems, target.backend) if problems is not None else all_programs(target.backend))
+            programs_for(problems, target.backend, target) if problems is not None
+            else all_programs(target.backend, target))
         for request in wanted:
             bundle = target if depends_on_count(request) else target.arch_wide()
             compilers.setdefault(bundle, compiler)
@@ -218,8 +219,12 @@ def build(jobs: Sequence[Job], compilers: dict[Target, Compiler], out: Path, *, 
         executor = concurrent.futures.ProcessPoolExecutor(workers) if workers > 1 else _InProcess()
     done = 0
     try:
-        futures = {executor.submit(_compile, compilers[job.bundle], job, sources[job.request.kernel_file],
-                                   expected[job.bundle]): i for i, job in enumerate(todo)}
+        # Larger sources first: they tend to compile longest, and a long compile started last
+        # would leave the other workers idle at the end.
+        size = {name: sum(len(f.data) for f in source.files) for name, source in sources.items()}
+        first = sorted(range(len(todo)), key=lambda i: -size[todo[i].request.kernel_file])
+        futures = {executor.submit(_compile, compilers[todo[i].bundle], todo[i], sources[todo[i].request.kernel_file],
+                                   expected[todo[i].bundle]): i for i in first}
         for future in concurrent.futures.as_completed(futures):
             job = todo[futures[future]]
             try:

@@ -116,13 +116,14 @@ def read_catalogue(path: str | Path) -> Catalogue:
     return Catalogue(list(problems.values()), errors, log_lines)
 
 
-def programs_for(problems: Iterable[Problem], backend: str) -> list[ProgramRequest]:
-    """Every program a solver of ``backend`` may ask for to serve ``problems``, each once, sorted:
-    what a bundle for that backend must hold so that these problems never need a compiler."""
+def programs_for(problems: Iterable[Problem], backend: str, target=None) -> list[ProgramRequest]:
+    """Every program a solver of ``backend`` (that builds for ``target``, when given) may ask
+    for to serve ``problems``, each once, sorted: what a bundle for that backend must hold so
+    that these problems never need a compiler."""
     load_all()  # every solver registered, whichever primitives the problems came from
     requests = set()
     for problem in problems:
         for solver in REGISTRY.for_primitive(problem.primitive):
-            if solver.backends is None or backend in solver.backends:
+            if (solver.backends is None or backend in solver.backends) and (target is None or solver.builds_for(target)):
                 requests.update(solver.programs(problem))
     return sorted(requests, key=str)

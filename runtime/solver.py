@@ -45,6 +45,12 @@ def not_applicable(reason: str) -> Applicability:
     return Applicability(False, reason)
 
 
+def sm_version(arch: str) -> int | None:
+    """``90`` for ``sm_90`` (``sm_90a`` too); None for an arch that is not CUDA's."""
+    digits = arch[3:].rstrip("afs") if arch.startswith("sm_") else ""
+    return int(digits) if digits.isdigit() else None
+
+
 class Solver(ABC):
     """One way to compute a primitive. Subclasses set ``id``, ``name`` and ``primitive``."""
 
@@ -62,6 +68,12 @@ class Solver(ABC):
         slow on some problems it computes says why, and the heuristic passes over it to the next
         (find still times it; with nothing else applying, immediate mode takes it anyway)."""
         return APPLIES
+
+    def builds_for(self, target) -> bool:
+        """Whether this solver's kernels compile for ``target`` (a :class:`kdbkit.kdb.Target`):
+        an offline build leaves out the programs of a solver that can never run there (the
+        tensor-core kernels below sm_80, say). Default: every target of its backends."""
+        return True
 
     def workspace(self, problem: "Problem") -> int:
         """Device bytes of scratch memory the invoker needs besides the problem's tensors."""

@@ -22,16 +22,18 @@ def catalogue_problems() -> list:
     return problems
 
 
-def all_programs(backend: str | None = None) -> list[ProgramRequest]:
+def all_programs(backend: str | None = None, target=None) -> list[ProgramRequest]:
     """Every program any solver needs for any problem, each once, sorted.
 
     Args:
         backend: only the programs that build for this backend (vendor-only solvers, such as
             the CUDA tensor-core GEMM, name theirs); ``None``: all.
+        target: only the programs of solvers that build for this target (``Solver.builds_for``).
     """
     requests = set()
     for problem in catalogue_problems():
         for solver in REGISTRY.for_primitive(problem.primitive):
-            if backend is None or solver.backends is None or backend in solver.backends:
+            if ((backend is None or solver.backends is None or backend in solver.backends)
+                    and (target is None or solver.builds_for(target))):
                 requests.update(solver.programs(problem))
     return sorted(requests, key=str)

@@ -129,3 +129,11 @@ def test_a_bundle_built_from_a_logged_run_serves_that_run_with_no_jit(make_handl
     monkeypatch.setenv("KDB_DISABLE_CACHE", "1")
     h = make_handle()
     np.testing.assert_allclose(run(h), expected, rtol=1e-6)
+
+
+def test_all_leaves_out_the_programs_of_solvers_that_cannot_run_on_the_arch():
+    require_nvrtc()
+    files = {t: {j.request.kernel_file for j in plan(resolve_targets([t]))[0]} for t in ("sm_75", "sm_80", "sm_90")}
+    assert not files["sm_75"] & {"conv_igemm_tc.cu", "gemm_tc.cu", "gemm_wgmma.cu"}  # no mma.sync below sm_80
+    assert {"conv_igemm_tc.cu", "gemm_tc.cu"} <= files["sm_80"] and "gemm_wgmma.cu" not in files["sm_80"]
+    assert "gemm_wgmma.cu" in files["sm_90"]

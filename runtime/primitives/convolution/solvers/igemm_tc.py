@@ -20,7 +20,8 @@ import numpy as np
 from kdbkit.runtime.primitives.convolution.problem import ConvProblem
 from kdbkit.runtime.primitives.convolution.solvers.common import INT_MAX, shape_args
 from kdbkit.runtime.program_key import ProgramRequest
-from kdbkit.runtime.solver import APPLIES, Solver, aligned16, fallback_invoker, launcher_1d, not_applicable, register
+from kdbkit.runtime.solver import (APPLIES, Solver, aligned16, fallback_invoker, launcher_1d, not_applicable, register,
+                                   sm_version)
 from kdbkit.runtime.tensor import DataType
 
 TILE, THREADS, STAGES, STEP, PAD = 128, 128, 4, 32, 8  # conv_igemm_tc.cu's IG_BM = IG_BN, IG_THREADS, ...
@@ -112,6 +113,9 @@ class ConvImplicitGemmTensorCore(Solver):
     name = "ConvImplicitGemmTensorCore"
     primitive = "conv"
     backends = ("cuda",)
+
+    def builds_for(self, target) -> bool:
+        return (sm_version(target.arch) or 0) >= 80  # mma.sync for fp16/bf16
 
     def is_applicable(self, problem: ConvProblem, device):
         refusal = tensor_core_refusal(problem, device)
@@ -262,6 +266,9 @@ class ConvWrwImplicitGemmTensorCore(Solver):
     name = "ConvWrwImplicitGemmTensorCore"
     primitive = "conv"
     backends = ("cuda",)
+
+    def builds_for(self, target) -> bool:
+        return (sm_version(target.arch) or 0) >= 80  # mma.sync for fp16/bf16
 
     def is_applicable(self, problem: ConvProblem, device):
         refusal = tensor_core_refusal(problem, device)

@@ -5,7 +5,7 @@ from __future__ import annotations
 from kdbkit.runtime.primitives.gemm.problem import GemmProblem
 from kdbkit.runtime.primitives.gemm.solvers.common import fits, gemm_arguments
 from kdbkit.runtime.program_key import ProgramRequest
-from kdbkit.runtime.solver import Solver, aligned16, not_applicable, register
+from kdbkit.runtime.solver import Solver, aligned16, not_applicable, register, sm_version
 from kdbkit.runtime.tensor import DataType
 
 BLOCK_TILE, THREADS = 128, 256
@@ -29,6 +29,9 @@ class GemmTensorCore(Solver):
     name = "GemmTensorCore"
     primitive = "gemm"
     backends = ("cuda",)
+
+    def builds_for(self, target) -> bool:
+        return (sm_version(target.arch) or 0) >= 80  # mma.sync for fp16/bf16
 
     def is_applicable(self, problem: GemmProblem, device):
         if device.backend != "cuda":

@@ -25,6 +25,9 @@ class GemmWgmma(Solver):
     primitive = "gemm"
     backends = ("cuda",)
 
+    def builds_for(self, target) -> bool:
+        return target.arch == "sm_90"  # wgmma is sm_90a's alone
+
     def is_applicable(self, problem: GemmProblem, device):
         if device.backend != "cuda" or device.target.arch != "sm_90":
             return not_applicable(f"wgmma needs an sm_90 GPU (this is {device.target.arch})")
