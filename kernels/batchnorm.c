@@ -15,7 +15,8 @@
  * Options: the element type (kdb_data.h); -DBLOCK=<n> (default 256): the training and backward
  * kernels run BLOCK threads per group, one group per channel (grid-stride over channels);
  * bn_fwd_infer is 1-D, any launch; bn_fwd_infer_planes (spatial, each H x W plane contiguous) takes
- * any block size, a group per plane (grid-stride over planes); bn_fwd_infer_vec is 1-D, any launch.
+ * any block size, a group per plane (grid-stride over planes); bn_fwd_infer_vec is 1-D, any launch;
+ * bn_fwd_infer_rows[_vec] (spatial, channels-last packed) are 1-D over exactly C[v] * R threads.
  */
 #include "kdb_data.h"
 #include "kdb_reduce.h"
@@ -82,6 +83,48 @@ KDB_KERNEL void bn_fwd_infer_vec(const KDB_GLOBAL kdb_vec4u* x, KDB_GLOBAL kdb_v
             v[e] = a * v[e] + b;
         y[(long)n * ys0 + (long)c * ys1 + j] = kdb_pack(v);
     }
+}
+
+/* Spatial inference over channels-last rows (N*H*W rows of C contiguous channels, y packed the
+ * same way): a thread keeps one 16-byte vector of channels, whose scale and shift it computes
+ * once, and steps over the rows. Threads Cv * R (Cv vectors per row), row step R. */
+KDB_KERNEL void bn_fwd_infer_rows_vec(const KDB_GLOBAL kdb_vec4u* x, KDB_GLOBAL kdb_vec4u* y,
+                                      const KDB_GLOBAL float* scale, const KDB_GLOBAL float* bias,
+                                      const KDB_GLOBAL float* mean, const KDB_GLOBAL float* var, int rows, int Cv,
+                                      int R, float eps)
+{
+    const int t = KDB_GLOBAL_ID_X;
+    if (t >= Cv * R)
+        return;
+    const int j = t % Cv;
+    float a[KDB_VEC], b[KDB_VEC];
+    for (int e = 0; e < KDB_VEC; ++e) {
+        const int c = j * KDB_VEC + e;
+        a[e] = scale[c] / KDB_SQRTF(var[c] + eps);
+        b[e] = bias[c] - a[e] * mean[c];
+    }
+    for (long r = t / Cv; r < rows; r += R) {
+        float v[KDB_VEC];
+        kdb_unpack(x[r * Cv + j], v);
+        for (int e = 0; e < KDB_VEC; ++e)
+            v[e] = a[e] * v[e] + b[e];
+        y[r * Cv + j] = kdb_pack(v);
+    }
+}
+
+/* The same, an element at a time: any channel count, any alignment. Threads C * R. */
+KDB_KERNEL void bn_fwd_infer_rows(const KDB_GLOBAL kdb_data_t* x, KDB_GLOBAL kdb_data_t* y,
+                                  const KDB_GLOBAL float* scale, const KDB_GLOBAL float* bias,
+                                  const KDB_GLOBAL float* mean, const KDB_GLOBAL float* var, int rows, int C, int R,
+                                  float eps)
+{
+    const int t = KDB_GLOBAL_ID_X;
+    if (t >= C * R)
+        return;
+    const int c = t % C;
+    const float a = scale[c] / KDB_SQRTF(var[c] + eps), b = bias[c] - a * mean[c];
+    for (long r = t / C; r < rows; r += R)
+        KDB_STORE(y, r * C + c, a * KDB_LOAD(x, r * C + c) + b);
 }
 
 KDB_KERNEL void bn_fwd_infer_planes(const KDB_GLOBAL kdb_data_t* x, KDB_GLOBAL kdb_data_t* y,

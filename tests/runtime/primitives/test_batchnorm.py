@@ -159,3 +159,24 @@ def test_the_persistent_training_solver_builds_each_type_as_its_table_says():
         assert (f"-DBN_MIN_GROUPS={groups}" in options) == (groups is not None)
         assert persistent.max_chunk(dtype) == persistent.BLOCK * regs
     assert persistent.build(DataType.BF16) == persistent.build(DataType.FP32) == (4, 6)  # the H100's (compare_bn_teams.py)
+
+
+@pytest.mark.parametrize("channels", [16, 6], ids=["vectors", "elements"])  # whole 16-byte vectors, or not
+@pytest.mark.parametrize("dtype", list(TYPES))
+def test_channels_last_inference_matches_the_reference(handle, dtype, channels):
+    from kdbkit.runtime.tensor import DeviceTensor, TensorDesc
+
+    store, read, tol = TYPES[dtype]
+    rng = np.random.default_rng(channels)
+    n, h, w = 3, 5, 7
+    memory = store(rng.standard_normal((n, h, w, channels)))  # N x H x W x C in memory
+    desc = TensorDesc(DataType.parse(dtype), (n, channels, h, w), (h * w * channels, 1, w * channels, channels))
+    be = handle.backend
+    x = DeviceTensor(be.to_device(memory), desc)
+    y = DeviceTensor(be.alloc(memory.nbytes), desc)
+    scale, bias = _params(rng, channels)
+    mean, var = rng.standard_normal(channels).astype(np.float32), rng.random(channels).astype(np.float32) + 0.5
+    kdbkit.batchnorm_inference(handle, x, scale, bias, mean, var, y=y)
+    got = read(be.to_host(y.buffer, np.empty_like(memory))).transpose(0, 3, 1, 2)
+    want = ref.inference(read(memory).transpose(0, 3, 1, 2), scale, bias, mean, var, "spatial")
+    np.testing.assert_allclose(got, want, rtol=tol * 4, atol=tol * 4)

@@ -18,6 +18,32 @@ from kdbkit.runtime.solver import (
 )
 
 
+ROW_THREADS = 1 << 18  # enough threads in flight for any GPU; each keeps one channel slot
+
+
+def _infer_rows(handle, prog, problem: BatchNormProblem, eps):
+    """Channels-last inference: rows of C contiguous channels, each thread one channel slot
+    (its scale and shift computed once), 16 bytes at a time where C and the buffers allow."""
+    n, c, h, w = problem.shape
+    rows, per, launch = n * h * w, vector_elements(problem.dtype), handle.backend.launch
+
+    def run(kernel, width):
+        step = max(1, min(rows, ROW_THREADS // width))
+        threads = width * step
+        grid, tail = ((threads + 255) // 256, 1, 1), [np.int32(rows), np.int32(width), np.int32(step), eps]
+        return lambda x, y, scale, bias, mean, var: launch(kernel, grid, (256, 1, 1), [x, y, scale, bias, mean, var, *tail])
+
+    scalar = run(prog.function("bn_fwd_infer_rows"), c)
+    if c % per:
+        return scalar
+    vec = run(prog.function("bn_fwd_infer_rows_vec"), c // per)
+
+    def infer(x, y, scale, bias, mean, var):
+        (vec if aligned16(x, y) else scalar)(x, y, scale, bias, mean, var)
+
+    return infer
+
+
 @register
 class BatchNormBlock(Solver):
     id = 9
@@ -41,6 +67,9 @@ class BatchNormBlock(Solver):
         groups = (min(problem.channels, MAX_GROUPS), 1, 1)
         if problem.direction == "infer":
             n, c, h, w = problem.shape
+            channels_last = (h * w * c, 1, w * c, c)
+            if problem.mode == "spatial" and problem.x_strides == problem.y_strides == channels_last:
+                return _infer_rows(handle, prog, problem, eps)
             if problem.mode == "spatial" and all(s[2:] == (w, 1) or h * w == 1 for s in (problem.x_strides,
                                                                                         problem.y_strides)):
                 planes = prog.function("bn_fwd_infer_planes")
