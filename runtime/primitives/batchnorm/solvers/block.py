@@ -34,12 +34,10 @@ def _infer_rows(handle, prog, problem: BatchNormProblem, eps):
                                        [*(None,) * 6, np.int32(rows), np.int32(width), np.int32(step), eps])
 
     scalar = run(prog.function("bn_fwd_infer_rows"), c)
-    if c % per:
-        return scalar
-    vec = run(prog.function("bn_fwd_infer_rows_vec"), c // per)
+    vec = run(prog.function("bn_fwd_infer_rows_vec"), c // per) if c % per == 0 else None
 
     def infer(x, y, scale, bias, mean, var):
-        (vec if aligned16(x, y) else scalar)(x, y, scale, bias, mean, var)
+        (vec if vec is not None and aligned16(x, y) else scalar)(x, y, scale, bias, mean, var)
 
     return infer
 
