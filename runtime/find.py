@@ -14,7 +14,7 @@ excludes it. Both narrow what find records, which a warning says.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Iterator
 
 import numpy as np
 
@@ -80,11 +80,16 @@ def find_solutions(handle: "Handle", problem: Problem, *, sort_by: str = "time",
 
 def recorded_solutions(handle: "Handle", problem: Problem) -> list[Solution]:
     """The find-db's ranking for ``problem``, without the solvers that no longer exist or apply."""
+    return list(iter_recorded_solutions(handle, problem))
+
+
+def iter_recorded_solutions(handle: "Handle", problem: Problem) -> Iterator[Solution]:
+    """:func:`recorded_solutions` one at a time, best first: immediate mode stops at the first,
+    and asks no other ranked solver whether it applies (a first call's cost)."""
     found = handle.find_db.load(problem.config())
     if found is None:
-        return []
+        return
     records, where = found
-    solutions = []
     for record in records:
         solver = REGISTRY.find(record.solver_id)
         reason = None
@@ -96,9 +101,8 @@ def recorded_solutions(handle: "Handle", problem: Problem) -> list[Solution]:
             _log.info("find-db %s: skipping solver %s (%d) for %s: %s", where, record.solver, record.solver_id,
                       problem.config(), reason)
             continue
-        solutions.append(Solution(problem, solver.id, solver.name, record.time_ms, record.workspace,
-                                  "user" if where == "user" else where))
-    return solutions
+        yield Solution(problem, solver.id, solver.name, record.time_ms, record.workspace,
+                       "user" if where == "user" else where)
 
 
 def run_solution(handle: "Handle", solution: Solution, **tensors: Any) -> None:

@@ -60,10 +60,10 @@ def choose(handle: "Handle", problem: Problem, solver: int | str | None = None) 
 
 def _choose(handle: "Handle", problem: Problem, candidates: list[Solver]) -> Choice:
     """The find-db's best, else the heuristic (uncached)."""
-    from kdbkit.runtime.find import recorded_solutions  # find builds on this module
+    from kdbkit.runtime.find import iter_recorded_solutions  # find builds on this module
 
     device = handle.device
-    for recorded in recorded_solutions(handle, problem):
+    for recorded in iter_recorded_solutions(handle, problem):
         best = REGISTRY.find(recorded.solver_id)
         if best is not None and enabled(best):
             return Choice(best, "find-db", (f"{best.name}: ranked first by the find-db ({recorded.source})",))

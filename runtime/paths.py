@@ -66,7 +66,27 @@ def system_db_dirs() -> list[SearchDir]:
     return list(iter_system_db_dirs())
 
 
+_entry_points_seen: tuple[tuple, list[SearchDir]] | None = None  # (sys.path and its folders' stamps, the folders)
+
+
 def _entry_point_dirs() -> Iterator[SearchDir]:
+    """:func:`_scan_entry_points`, remembered while ``sys.path`` and its folders are unchanged
+    (an install changes a folder's mtime): a handle's bundle search and its find-db both ask,
+    and a large site-packages takes milliseconds to list."""
+    global _entry_points_seen
+    stamps = []
+    for entry in sys.path:
+        try:
+            stamps.append((entry, os.stat(entry or ".").st_mtime_ns))
+        except OSError:
+            stamps.append((entry, None))
+    key = tuple(stamps)
+    if _entry_points_seen is None or _entry_points_seen[0] != key:
+        _entry_points_seen = (key, list(_scan_entry_points()))
+    return iter(_entry_points_seen[1])
+
+
+def _scan_entry_points() -> Iterator[SearchDir]:
     """Folders named by installed kernel packages (entry-point group ``kdbkit.bundles``).
 
     Reads each distribution's ``entry_points.txt`` directly instead of through

@@ -1,0 +1,111 @@
+#!/usr/bin/env python3
+"""Where a network's first and later forwards spend their time, in one process (a tuning aid
+for bench_network.py): cProfile of the handle and the first forward, the host's issue time
+against the whole time of later forwards, and each layer's time with a synchronise after it.
+
+Usage: KDB_SYSTEM_DB_PATH=<bundle folder> python scripts/profile_network.py resnet50 [--out FILE.json]
+"""
+
+from __future__ import annotations
+
+import argparse
+import cProfile
+import io
+import json
+import pstats
+import sys
+import time
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("network")
+    ap.add_argument("--out", type=Path)
+    args = ap.parse_args()
+    import numpy as np
+
+    import bench_network
+    import kdbkit
+    from kdbkit.runtime.backends.registry import default_device, open_backend
+    from kdbkit.runtime.handle import Handle
+
+    net = bench_network._network(args.network)
+    x = np.random.default_rng(1).standard_normal(net.input_shape).astype(np.float32)
+    backend = open_backend(default_device())
+    report: dict = {"network": args.network}
+    profile = cProfile.Profile()
+    t0 = time.perf_counter()
+    profile.enable()
+    handle = Handle(backend=backend)
+    profile.disable()
+    report["handle_ms"] = (time.perf_counter() - t0) * 1e3
+    net.to_device(handle)
+    staged = net.input_tensor(handle, x)
+    backend.synchronize()
+    t0 = time.perf_counter()
+    profile.enable()
+    result = net.forward(handle, staged)
+    issued = time.perf_counter()
+    net.download(handle, result)
+    profile.disable()
+    report["first"] = {"issue_ms": (issued - t0) * 1e3, "total_ms": (time.perf_counter() - t0) * 1e3,
+                       "resolved": handle.resolved_by_source}
+    for order in ("tottime", "cumtime"):
+        text = io.StringIO()
+        pstats.Stats(profile, stream=text).sort_stats(order).print_stats(45)
+        report[f"first_profile_{order}"] = text.getvalue()
+    later = []
+    for _ in range(5):
+        t0 = time.perf_counter()
+        result = net.forward(handle, staged)
+        issued = time.perf_counter()
+        backend.synchronize()
+        later.append({"issue_ms": (issued - t0) * 1e3, "total_ms": (time.perf_counter() - t0) * 1e3})
+    report["later"] = later
+    steady = cProfile.Profile()
+    steady.enable()
+    for _ in range(5):
+        net.forward(handle, staged)
+    steady.disable()
+    backend.synchronize()
+    text = io.StringIO()
+    pstats.Stats(steady, stream=text).sort_stats("tottime").print_stats(40)
+    report["later_profile_tottime"] = text.getvalue()
+    text = io.StringIO()
+    pstats.Stats(steady, stream=text).sort_stats("cumtime").print_stats(40)
+    report["later_profile_cumtime"] = text.getvalue()
+    # each layer with a synchronise after it: its issue plus its kernels
+    state = net._device
+    values = dict(state.values)
+    values[net.graph.input] = staged
+    layers = []
+    for _ in range(2):
+        layers = []
+        for node, site in net._sites(values, state.params, state.scratch):
+            t0 = time.perf_counter()
+            node.layer.run(kdbkit, handle, site)
+            t1 = time.perf_counter()
+            backend.synchronize()
+            layers.append({"layer": f"{type(node.layer).__name__} {node.output}", "issue_ms": (t1 - t0) * 1e3,
+                           "total_ms": (time.perf_counter() - t0) * 1e3})
+    by_kind: dict = {}
+    for row in layers:
+        kind = row["layer"].split()[0]
+        agg = by_kind.setdefault(kind, {"count": 0, "issue_ms": 0.0, "total_ms": 0.0})
+        agg["count"] += 1
+        agg["issue_ms"] += row["issue_ms"]
+        agg["total_ms"] += row["total_ms"]
+    report["layers_by_kind"] = by_kind
+    report["layers"] = layers
+    text = json.dumps(report, indent=1)
+    if args.out:
+        args.out.write_text(text)
+    print(report["first"], report["later"][-1], json.dumps(by_kind, indent=1))
+    print(report["first_profile_tottime"][:6000])
+
+
+if __name__ == "__main__":
+    main()
