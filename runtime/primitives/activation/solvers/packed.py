@@ -10,7 +10,6 @@ from kdbkit.runtime.solver import (
     APPLIES,
     Solver,
     aligned16,
-    launch_1d,
     launcher_1d,
     not_applicable,
     register,
@@ -75,6 +74,7 @@ class ActivPacked(Solver):
         block, unroll, per_unit = (LIGHT_BLOCK, LIGHT_UNROLL, LIGHT_GROUPS_PER_UNIT) if light else (BLOCK, UNROLL, None)
         fast = launcher_1d(handle, vector, max(-(-vectors // unroll), 1), [*(None for _ in order), n, *tail],
                            block=block, max_groups=1 << 20, groups_per_unit=per_unit)
+        slow = launcher_1d(handle, scalar, problem.numel, [*(None for _ in order), n, *tail])
 
         def run(**named):
             # 16 bytes per access where every tensor starts 16-byte aligned; the scalar kernel otherwise.
@@ -82,6 +82,6 @@ class ActivPacked(Solver):
             if aligned16(*tensors):
                 fast(*tensors)
             else:
-                launch_1d(handle, scalar, problem.numel, [*tensors, n, *tail])
+                slow(*tensors)
 
         return run

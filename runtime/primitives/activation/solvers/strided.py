@@ -6,7 +6,7 @@ import numpy as np
 
 from kdbkit.runtime.primitives.activation.problem import ActivationProblem
 from kdbkit.runtime.primitives.activation.solvers.common import INT_MAX, mode_args, program
-from kdbkit.runtime.solver import APPLIES, Solver, launch_1d, not_applicable, padded_ints, register
+from kdbkit.runtime.solver import APPLIES, Solver, launcher_1d, not_applicable, padded_ints, register
 
 MAX_DIMS = 5
 
@@ -35,7 +35,8 @@ class ActivStrided(Solver):
         n, tail = np.int32(problem.numel), mode_args(problem)
         if problem.direction == "fwd":
             kernel = prog.function("activ_fwd_strided")
-            return lambda x, y: launch_1d(handle, kernel, problem.numel, [x, y, n, *dims, *xs, *ys, *tail])
+            run = launcher_1d(handle, kernel, problem.numel, [None, None, n, *dims, *xs, *ys, *tail])
+            return lambda x, y: run(x, y)
         kernel = prog.function("activ_bwd_strided")
-        return lambda x, y, dy, dx: launch_1d(handle, kernel, problem.numel,
-                                              [x, y, dy, dx, n, *dims, *xs, *ys, *tail])
+        run = launcher_1d(handle, kernel, problem.numel, [None, None, None, None, n, *dims, *xs, *ys, *tail])
+        return lambda x, y, dy, dx: run(x, y, dy, dx)

@@ -53,9 +53,10 @@ class GemmTensorCore(Solver):
         prog = handle.program(request.kernel_file, request.options)
         kernel = prog.function("gemm_tc")
         grid = (-(-problem.n // BLOCK_TILE), -(-problem.m // BLOCK_TILE), problem.batch)
-        tail, launch = gemm_arguments(problem), handle.backend.launch
+        tail = gemm_arguments(problem)
+        general = handle.backend.launcher(kernel, grid, (THREADS, 1, 1), [None, None, None, *tail])
         if not _fast_path(problem):
-            return lambda a, b, c: launch(kernel, grid, (THREADS, 1, 1), [a, b, c, *tail])
+            return lambda a, b, c: general(a, b, c)
         name = fast_kernel(problem, device_units(handle))
         tile_n, threads, shared, _ = FAST[name]
         fast_grid = (problem.n // tile_n, problem.m // BLOCK_TILE, problem.batch)
@@ -67,7 +68,7 @@ class GemmTensorCore(Solver):
             if aligned16(a, b, c):
                 fast(a, b, c)
             else:
-                launch(kernel, grid, (THREADS, 1, 1), [a, b, c, *tail])
+                general(a, b, c)
 
         return run
 

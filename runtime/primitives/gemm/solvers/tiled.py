@@ -26,5 +26,5 @@ class GemmTiled(Solver):
         request = self.programs(problem)[0]
         kernel = handle.program(request.kernel_file, request.options).function("gemm_tiled")
         grid = (-(-problem.n // TILE), -(-problem.m // TILE), problem.batch)
-        tail, launch = gemm_arguments(problem), handle.backend.launch
-        return lambda a, b, c: launch(kernel, grid, (TILE, TILE, 1), [a, b, c, *tail])
+        run = handle.backend.launcher(kernel, grid, (TILE, TILE, 1), [None, None, None, *gemm_arguments(problem)])
+        return lambda a, b, c: run(a, b, c)

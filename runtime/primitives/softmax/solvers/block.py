@@ -34,5 +34,5 @@ class SoftmaxBlock(Solver):
         kernel, order = kernel_and_buffers(problem, handle.program(request.kernel_file, request.options),
                                            "block_even" if even else "block")
         tail, groups = arguments(problem), min(problem.rows, MAX_GROUPS)
-        launch = handle.backend.launch
-        return lambda **t: launch(kernel, (groups, 1, 1), (BLOCK, 1, 1), [*(t[name] for name in order), *tail])
+        run = handle.backend.launcher(kernel, (groups, 1, 1), (BLOCK, 1, 1), [*(None for _ in order), *tail])
+        return lambda **t: run(*(t[name] for name in order))

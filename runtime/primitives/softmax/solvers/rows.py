@@ -38,5 +38,5 @@ class SoftmaxRows(Solver):
         kernel, order = kernel_and_buffers(problem, handle.program(request.kernel_file, request.options), "rows")
         tail = arguments(problem)
         groups = min(-(-problem.rows // ROWS_PER_GROUP), MAX_GROUPS)
-        launch = handle.backend.launch
-        return lambda **t: launch(kernel, (groups, 1, 1), (BLOCK, 1, 1), [*(t[name] for name in order), *tail])
+        run = handle.backend.launcher(kernel, (groups, 1, 1), (BLOCK, 1, 1), [*(None for _ in order), *tail])
+        return lambda **t: run(*(t[name] for name in order))

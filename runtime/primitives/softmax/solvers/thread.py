@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from kdbkit.runtime.primitives.softmax.problem import SoftmaxProblem
 from kdbkit.runtime.primitives.softmax.solvers.common import arguments, fits_int_arguments, kernel_and_buffers, program
-from kdbkit.runtime.solver import Solver, launch_1d, not_applicable, register
+from kdbkit.runtime.solver import Solver, launcher_1d, not_applicable, register
 
 MAX_ROW = 64  # a longer row is read one strided element per thread per step: SoftmaxBlock's case
 
@@ -27,4 +27,5 @@ class SoftmaxThread(Solver):
         request = program(problem)
         kernel, order = kernel_and_buffers(problem, handle.program(request.kernel_file, request.options), "thread")
         tail = arguments(problem)
-        return lambda **t: launch_1d(handle, kernel, problem.rows, [*(t[name] for name in order), *tail], block=64)
+        run = launcher_1d(handle, kernel, problem.rows, [*(None for _ in order), *tail], block=64)
+        return lambda **t: run(*(t[name] for name in order))

@@ -10,7 +10,6 @@ from kdbkit.runtime.solver import (
     APPLIES,
     Solver,
     aligned16,
-    launch_1d,
     launcher_1d,
     not_applicable,
     register,
@@ -65,11 +64,12 @@ class OpTensorPacked(Solver):
         # A group per 256 x UNROLL vectors: each thread one step, no tail wave.
         fast = launcher_1d(handle, vector, max(-(-vectors // UNROLL), 1), [None, None, None, *tail],
                            max_groups=1 << 20, groups_per_unit=GROUPS_PER_UNIT)
+        slow = launcher_1d(handle, scalar, n, [None, None, None, *tail])
 
         def run(a, b, c):
             if aligned16(a, b, c):  # 16 bytes per access; the scalar kernel for other offsets
                 fast(a, b, c)
             else:
-                launch_1d(handle, scalar, n, [a, b, c, *tail])
+                slow(a, b, c)
 
         return run

@@ -6,7 +6,7 @@ import numpy as np
 
 from kdbkit.runtime.primitives.tensorop.problem import TensorOpProblem
 from kdbkit.runtime.primitives.tensorop.solvers.packed import INT_MAX, program, scalars
-from kdbkit.runtime.solver import APPLIES, Solver, launch_1d, not_applicable, padded_ints, register
+from kdbkit.runtime.solver import APPLIES, Solver, launcher_1d, not_applicable, padded_ints, register
 
 MAX_DIMS = 5
 
@@ -34,4 +34,5 @@ class OpTensorStrided(Solver):
         geometry = [np.int32(n), *padded_ints(problem.shape, 1, MAX_DIMS)[1:], *padded_ints(problem.a_strides, 0, MAX_DIMS),
                     *padded_ints(problem.b_over_a, 0, MAX_DIMS), *padded_ints(problem.c_strides, 0, MAX_DIMS)]
         tail = scalars(problem)
-        return lambda a, b, c: launch_1d(handle, kernel, n, [a, b, c, *geometry, *tail])
+        run = launcher_1d(handle, kernel, n, [None, None, None, *geometry, *tail])
+        return lambda a, b, c: run(a, b, c)
