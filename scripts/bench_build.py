@@ -15,8 +15,8 @@
    same build is timed again into the same folder, in this process (``plan()`` and
    ``build()`` apart) and as a fresh ``kdb build`` process. Target: < 2 s; it must compile nothing.
 3. Sizes, per bundle of that build: the binaries raw, the bundle as written (zstd 19, a
-   trained dictionary where it pays, one arch-wide ``<arch>.kdb``), the same with no
-   dictionary, with bzip2 (MIOpen's codec), and without deduplication (one bundle per
+   no dictionary, compressed in the workers, one arch-wide ``<arch>.kdb``), the same with a
+   trained dictionary (``write_bundle``'s, where it pays), with bzip2 (MIOpen's codec), and without deduplication (one bundle per
    compute-unit count of the arch's known GPUs, as MIOpen's ``<arch>_<cu>`` packages).
 
 Writes ``bench_build.json`` (every figure, machine, compilers), ``bench_build.md`` (tables,
@@ -377,7 +377,7 @@ def rebuild(targets: list[str], workers: int, work: Path, repeats: int) -> dict:
 # -- 3. sizes --------------------------------------------------------------------------------------
 
 def _sizes_of(bundle_path: str, scratch: str) -> dict:
-    """Raw, written, no-dictionary and bzip2 sizes of one bundle (runs in a worker process)."""
+    """Raw, written, with-dictionary and bzip2 sizes of one bundle (runs in a worker process)."""
     from kdbkit.kdb import write_bundle
     from kdbkit.kdb.bundle import Bundle
 
@@ -387,11 +387,13 @@ def _sizes_of(bundle_path: str, scratch: str) -> dict:
     scratch_dir = Path(scratch)
     name = Path(bundle_path).name
     common = dict(compiler=meta.compiler, binary_format=meta.binary_format, sources=meta.source_digests or None)
-    no_dict = write_bundle(scratch_dir / f"nodict-{name}", meta.target, entries, dictionary=False, **common)
+    with_dict = write_bundle(scratch_dir / f"dict-{name}", meta.target, entries, dictionary=True, **common)
+    with Bundle.open(with_dict) as trained:
+        dictionary_bytes = trained.metadata.dictionary_size
     bzip2 = write_bundle(scratch_dir / f"bzip2-{name}", meta.target, entries, codec="bzip2", **common)
     return {"programs": len(entries), "raw_bytes": sum(len(b) for _, _, b in entries),
-            "written_bytes": os.path.getsize(bundle_path), "dictionary_bytes": meta.dictionary_size,
-            "no_dict_bytes": no_dict.stat().st_size, "bzip2_bytes": bzip2.stat().st_size,
+            "written_bytes": os.path.getsize(bundle_path), "dictionary_bytes": dictionary_bytes,
+            "dict_file_bytes": with_dict.stat().st_size, "bzip2_bytes": bzip2.stat().st_size,
             "compiler": meta.compiler}
 
 
@@ -411,7 +413,7 @@ def sizes(bundle_paths: dict[str, str], workers: int, work: Path) -> dict:
         # What MIOpen's layout would ship: one <arch>_<cu> bundle per count, each holding the
         # same code objects (the programs do not depend on the count).
         row["per_cu_bytes"] = len(row["cu_counts"]) * row["written_bytes"] if gpus else None
-    total = {k: sum(r[k] for r in rows.values()) for k in ("programs", "raw_bytes", "written_bytes", "no_dict_bytes",
+    total = {k: sum(r[k] for r in rows.values()) for k in ("programs", "raw_bytes", "written_bytes", "dict_file_bytes",
                                                            "bzip2_bytes")}
     known = [r for r in rows.values() if r["per_cu_bytes"]]
     total["per_cu_bytes_known_archs"] = sum(r["per_cu_bytes"] for r in known)
@@ -475,8 +477,8 @@ def report(res: dict) -> str:
     lines += ["", f"Speed-up {t['speedup']:.2f}x; {t['speedup'] / n:.2f} of ideal. CPUs busy on average: "
               f"{t['j1_average_busy_cpus']:.2f} at -j 1, {t['jN_average_busy_cpus']:.2f} of {n} at -j {n}. "
               "\"Compile phase\": from the call to the last compile's completion (pool start included); "
-              "\"write phase\": from then to the return (the bundles, zstd 19 with dictionary training, written one "
-              "after another by the calling process). "
+              "\"write phase\": from then to the return (the bundles' rows, compressed by the workers, inserted "
+              "one bundle after another by the calling process). "
               "CPU s: this process and its reaped children (pool workers, clang)."]
     if "distribution" in t:
         b = t["bounds"]
@@ -522,25 +524,26 @@ def report(res: dict) -> str:
             f"{f['program']} for {f['bundle']}" for f in r["first_build"]["failures"][:10])]
     lines += ["", "## 3. Bundle sizes (MB), per target of the rebuild set", "",
               "Raw: the binaries as compiled. Written: the arch-wide `<arch>.kdb` as `kdb build` writes it "
-              "(zstd 19, a trained 32 kB dictionary where it pays, counted in). No dictionary: the same entries "
-              "through `write_bundle(..., dictionary=False)`. bzip2: `write_bundle(..., codec=\"bzip2\")`, MIOpen's "
+              "(zstd 19 compressed by the build's workers, no dictionary). With dict: the same entries through "
+              "`write_bundle(..., dictionary=True)`, a trained 32 kB dictionary where it pays (its size counted in; "
+              "dict kB 0 where it does not pay). bzip2: `write_bundle(..., codec=\"bzip2\")`, MIOpen's "
               "codec. Per CU count: what one bundle per compute-unit count of the arch's known GPUs "
               "(`packager/targets.py` KNOWN_GPUS) would hold, the same programs in each: count x written.", "",
-              "| target | programs | raw | written | dict kB | no dict | bzip2 | raw/written | known GPUs (CU counts) "
+              "| target | programs | raw | written | dict kB | with dict | bzip2 | raw/written | known GPUs (CU counts) "
               "| per CU count |", "|---|---:|---:|---:|---:|---:|---:|---:|---|---:|"]
     for target, row in s["per_target"].items():
         gpus = f"{len(row['known_gpus'])} ({', '.join(map(str, row['cu_counts']))})" if row["known_gpus"] else "none"
         lines.append(f"| {target} | {row['programs']} | {_mb(row['raw_bytes'])} | {_mb(row['written_bytes'])} | "
-                     f"{row['dictionary_bytes'] / 1024:.0f} | {_mb(row['no_dict_bytes'])} | "
+                     f"{row['dictionary_bytes'] / 1024:.0f} | {_mb(row['dict_file_bytes'])} | "
                      f"{_mb(row['bzip2_bytes'])} | "
                      f"{row['raw_bytes'] / row['written_bytes']:.2f} | {gpus} | {_mb(row['per_cu_bytes'])} |")
     tot = s["total"]
     lines += [f"| **all** | {tot['programs']} | {_mb(tot['raw_bytes'])} | {_mb(tot['written_bytes'])} | | "
-              f"{_mb(tot['no_dict_bytes'])} | {_mb(tot['bzip2_bytes'])} | "
+              f"{_mb(tot['dict_file_bytes'])} | {_mb(tot['bzip2_bytes'])} | "
               f"{tot['raw_bytes'] / tot['written_bytes']:.2f} "
               f"| | |", "",
               f"Over all targets: written is {tot['written_bytes'] / tot['raw_bytes']:.3f} of raw, "
-              f"{tot['written_bytes'] / tot['no_dict_bytes']:.3f} of the no-dictionary file and "
+              f"{tot['written_bytes'] / tot['dict_file_bytes']:.3f} of the file with a dictionary and "
               f"{tot['written_bytes'] / tot['bzip2_bytes']:.3f} of bzip2's."]
     if tot["per_cu_bytes_known_archs"]:
         lines.append(f"For the arches with known GPUs, one bundle per CU count would take "
@@ -620,7 +623,7 @@ def plot(res: dict, path: Path) -> None:
     ax = axes[1][1]
     targets = list(s["per_target"])
     kinds = [("raw_bytes", "raw"), ("per_cu_bytes", "one per CU count"), ("bzip2_bytes", "bzip2"),
-             ("no_dict_bytes", "zstd 19, no dict"), ("written_bytes", "as written")]
+             ("dict_file_bytes", "zstd 19 + dictionary"), ("written_bytes", "as written")]
     width = 0.8 / len(kinds)
     for i, (key, label) in enumerate(kinds):
         xs = [j + (i - len(kinds) / 2 + 0.5) * width for j in range(len(targets))]
