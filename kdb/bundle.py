@@ -281,6 +281,11 @@ class Bundle:
 
     def items(self) -> Iterator[tuple[str, str, bytes]]:
         """Every (name, args, decoded bytes), verifying each hash; batches of rows, not all at once."""
+        for name, args, blob, h, size in self._rows():
+            yield name, args, self._decode(name, args, blob, h, size)
+
+    def _rows(self) -> Iterator[tuple]:
+        """Every row as stored, in key order, read 256 at a time."""
         last = ("", "")
         while True:
             with self._lock:
@@ -289,8 +294,7 @@ class Bundle:
                     "WHERE (kernel_name, kernel_args) > (?, ?) ORDER BY kernel_name, kernel_args LIMIT 256", last)
             if not rows:
                 return
-            for name, args, blob, h, size in rows:
-                yield name, args, self._decode(name, args, blob, h, size)
+            yield from rows
             last = (rows[-1][0], rows[-1][1])
 
     def count(self) -> int:
@@ -362,19 +366,10 @@ class Bundle:
         and the default hash give their stored bytes, others their data encoded again."""
         as_stored = (self.metadata.codec == "zstd" and self._reader.dictionary is None
                      and self.metadata.hash == _codec.DEFAULT_HASH)
-        last = ("", "")
-        while True:
-            with self._lock:
-                rows = self._query_all(
-                    "SELECT kernel_name, kernel_args, kernel_blob, kernel_hash, uncompressed_size FROM kern_db "
-                    "WHERE (kernel_name, kernel_args) > (?, ?) ORDER BY kernel_name, kernel_args LIMIT 256", last)
-            if not rows:
-                return
-            for name, args, blob, h, size in rows:
-                data = self._decode(name, args, blob, h, size)
-                yield name, args, (_codec.StoredBlob(bytes(blob), size, str(h).lower()) if as_stored
-                                   else _codec.encode_for_bundle(data))
-            last = (rows[-1][0], rows[-1][1])
+        for name, args, blob, h, size in self._rows():
+            data = self._decode(name, args, blob, h, size)
+            yield name, args, (_codec.StoredBlob(bytes(blob), size, str(h).lower()) if as_stored
+                               else _codec.encode_for_bundle(data))
 
     def delete(self, kernel_name: str, kernel_args: str) -> bool:
         """Remove one entry (a corrupt one, say); True if it existed."""

@@ -116,6 +116,19 @@ def read_catalogue(path: str | Path) -> Catalogue:
     return Catalogue(list(problems.values()), errors, log_lines)
 
 
+def read_catalogues(paths: Iterable[str | Path]) -> Catalogue:
+    """:func:`read_catalogue` of each path, joined: their problems (each once) and bad lines."""
+    problems: dict[str, Problem] = {}
+    errors, log_lines = [], 0
+    for path in paths:
+        read = read_catalogue(path)
+        for problem in read.problems:
+            problems.setdefault(problem.config(), problem)
+        errors += read.errors
+        log_lines += read.log_lines
+    return Catalogue(list(problems.values()), errors, log_lines)
+
+
 def programs_for(problems: Iterable[Problem], backend: str, target=None) -> list[ProgramRequest]:
     """Every program a solver of ``backend`` (that builds for ``target``, when given) may ask
     for to serve ``problems``, each once, sorted: what a bundle for that backend must hold so

@@ -47,7 +47,7 @@ def build(
     """
     from kdbkit.kdb import Target
     from kdbkit.packager import build as builder
-    from kdbkit.packager.catalogue import read_catalogue
+    from kdbkit.packager.catalogue import read_catalogues
     from kdbkit.packager.targets import resolve_targets
 
     if bool(catalogue) == every:
@@ -58,11 +58,8 @@ def build(
     targets = resolve_targets(target, gpu)
     problems, line_errors = None, []
     if catalogue:
-        problems = []
-        for path in catalogue:
-            read = read_catalogue(path)
-            problems += read.problems
-            line_errors += read.errors
+        read = read_catalogues(catalogue)
+        problems, line_errors = read.problems, read.errors
         for e in line_errors:
             err.print(f"[yellow]skipped[/] {escape(str(e))}")
     planned, compilers = builder.plan(targets, problems)

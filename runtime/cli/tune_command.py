@@ -26,15 +26,12 @@ def tune(
 
     Example: kdb tune -c calls.log -o tuned
     """
-    from kdbkit.packager.catalogue import read_catalogue
+    from kdbkit.packager.catalogue import read_catalogues
     from kdbkit.packager.tune import tune as run_tune
     from kdbkit.runtime.handle import Handle
 
-    problems, skipped = [], []
-    for path in catalogue:
-        read = read_catalogue(path)
-        problems += read.problems
-        skipped += read.errors
+    read = read_catalogues(catalogue)
+    problems, skipped = read.problems, read.errors
     for e in skipped:
         err.print(f"[yellow]skipped[/] {escape(str(e))}")
     columns = (TextColumn("tuning"), BarColumn(), MofNCompleteColumn(), TextColumn("{task.fields[failed]} failed"),

@@ -15,19 +15,12 @@ from typing import Any
 
 import numpy as np
 
+from kdbkit.runtime.driver.tensors import to_storage
 from kdbkit.runtime.errors import ProblemError
 from kdbkit.runtime.models.dry_run import DryRun
 from kdbkit.runtime.models.graph import Graph, Node, Site, value_desc
 from kdbkit.runtime.problem import Problem
 from kdbkit.runtime.tensor import DataType, DeviceTensor, TensorDesc
-
-
-def to_storage(values: np.ndarray, dtype: DataType) -> np.ndarray:
-    """Float values in a type's NumPy storage (bf16: its bits, rounded to nearest even)."""
-    if dtype is DataType.BF16:
-        u = np.ascontiguousarray(values, np.float32).view(np.uint32).astype(np.uint64)
-        return ((u + 0x7FFF + ((u >> 16) & 1)) >> 16).astype(np.uint16)
-    return np.asarray(values).astype(dtype.storage)
 
 
 def from_storage(stored: np.ndarray, dtype: DataType) -> np.ndarray:
