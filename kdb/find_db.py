@@ -60,10 +60,20 @@ def _connect(path: Path, writable: bool) -> sqlite3.Connection:
     return conn
 
 
+def _record(solver_id, solver, rank, time_ms, workspace) -> FindRecord:
+    return FindRecord(int(solver_id), str(solver), int(rank), float(time_ms), int(workspace))
+
+
 def _records(conn: sqlite3.Connection, config: str) -> list[FindRecord] | None:
     rows = conn.execute("SELECT solver_id, solver, rank, time_ms, workspace FROM find_db WHERE config = ? "
                         "ORDER BY rank", (config,)).fetchall()
-    return [FindRecord(int(a), str(b), int(c), float(d), int(e)) for a, b, c, d, e in rows] or None
+    return [_record(*row) for row in rows] or None
+
+
+def system_file_name(target) -> str:
+    """``sm_90_132.fdb``: the system find-db of a :class:`~kdbkit.kdb.target.Target`, named for
+    the exact device as its bundle is (rankings depend on the device)."""
+    return Path(target.bundle_name()).stem + SYSTEM_SUFFIX
 
 
 def configs_in(path: str | Path) -> list[str]:
@@ -96,8 +106,7 @@ def read_rankings(path: str | Path) -> dict[str, list[FindRecord]]:
         with closing(_connect(Path(path), writable=False)) as conn:
             for config, *row in conn.execute("SELECT config, solver_id, solver, rank, time_ms, workspace "
                                              "FROM find_db ORDER BY config, rank"):
-                rankings.setdefault(config, []).append(FindRecord(int(row[0]), str(row[1]), int(row[2]),
-                                                                  float(row[3]), int(row[4])))
+                rankings.setdefault(config, []).append(_record(*row))
     except sqlite3.Error as exc:
         raise NotABundleError(f"{path} is not a find-db ({exc})", "give a .fdb or .ufdb file that find wrote") from None
     return rankings

@@ -13,7 +13,7 @@ from pathlib import Path
 from typing import Callable, Sequence
 
 from kdbkit.kdb.errors import KdbError
-from kdbkit.kdb.find_db import SYSTEM_SUFFIX, FindRecord, read_rankings, write_system_find_db
+from kdbkit.kdb.find_db import FindRecord, read_rankings, system_file_name, write_system_find_db
 from kdbkit.kdb.version import __version__
 from kdbkit.runtime.problem import Problem
 
@@ -28,7 +28,7 @@ class TuneResult:
 
 def find_db_name(handle) -> str:
     """``<target>.fdb`` for the handle's device (with its CU count: rankings are per device)."""
-    return Path(handle.target.bundle_name()).stem + SYSTEM_SUFFIX
+    return system_file_name(handle.target)
 
 
 def tune(handle, problems: Sequence[Problem], out: Path, *, repeat: int = 3,

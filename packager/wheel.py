@@ -27,7 +27,7 @@ from pathlib import Path
 
 from kdbkit.kdb import Target, open_bundle
 from kdbkit.kdb.errors import KdbError
-from kdbkit.kdb.find_db import SYSTEM_SUFFIX, USER_SUFFIX, configs_in
+from kdbkit.kdb.find_db import SYSTEM_SUFFIX, USER_SUFFIX, configs_in, system_file_name
 from kdbkit.kdb.version import __version__
 from kdbkit.runtime.errors import PackageError
 
@@ -127,7 +127,7 @@ def write_package(bundle: Path, out: Path, *, find_db: Path | None = None, versi
     files = {md.target.bundle_name(): bundle.read_bytes()}
     if find_db is not None:
         configs_in(find_db)  # refuses a file that is not a find-db, naming it
-        files[f"{Path(target.bundle_name()).stem}{SYSTEM_SUFFIX}"] = find_db.read_bytes()
+        files[system_file_name(target)] = find_db.read_bytes()
     name, module = package_name(target), module_name(target)
     manifest = Manifest(name, version, target, compatible_versions(version), md.compiler,
                         {f: {"sha256": _sha256(data), "size": len(data)} for f, data in sorted(files.items())},

@@ -345,20 +345,3 @@ def list_sources() -> list[str]:
 def source_digest(name: str) -> str:
     """:meth:`KernelSearchPath.digest` on the default path."""
     return default_path().digest(name)
-
-
-def source_digests(path: KernelSearchPath | None = None, names: Sequence[str] | None = None) -> dict[str, str]:
-    """The digest of every source in ``names`` (default: every ``*.c`` on the path), by name.
-
-    A handle takes this snapshot when it is made, so that resolving a program later costs no
-    file access for its source. A source that cannot be digested (an include is missing) is
-    left out: asking for it later raises, naming the missing file.
-    """
-    path = path or default_path()
-    digests = {}
-    for name in path.names() if names is None else names:
-        try:
-            digests[name] = path.digest(name)
-        except KernelSourceError:
-            continue
-    return digests
