@@ -3,7 +3,11 @@
 for bench_network.py): cProfile of the handle and the first forward, the host's issue time
 against the whole time of later forwards, and each layer's time with a synchronise after it.
 
-Usage: KDB_SYSTEM_DB_PATH=<bundle folder> python scripts/profile_network.py resnet50 [--out FILE.json]
+With ``--first-layers`` it profiles nothing and instead runs the *first* forward layer by layer,
+with a synchronise after each, and reports the handle's prepare steps and every program's
+resolution steps: where a fresh process's first result spends its time, uninflated by cProfile.
+
+Usage: KDB_SYSTEM_DB_PATH=<bundle folder> python scripts/profile_network.py resnet50 [--first-layers] [--out FILE.json]
 """
 
 from __future__ import annotations
@@ -24,7 +28,11 @@ def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("network")
     ap.add_argument("--out", type=Path)
+    ap.add_argument("--first-layers", action="store_true")
     args = ap.parse_args()
+    if args.first_layers:
+        first_layers(args)
+        return
     import numpy as np
 
     import bench_network
@@ -91,20 +99,86 @@ def main() -> None:
             backend.synchronize()
             layers.append({"layer": f"{type(node.layer).__name__} {node.output}", "issue_ms": (t1 - t0) * 1e3,
                            "total_ms": (time.perf_counter() - t0) * 1e3})
-    by_kind: dict = {}
-    for row in layers:
-        kind = row["layer"].split()[0]
-        agg = by_kind.setdefault(kind, {"count": 0, "issue_ms": 0.0, "total_ms": 0.0})
-        agg["count"] += 1
-        agg["issue_ms"] += row["issue_ms"]
-        agg["total_ms"] += row["total_ms"]
-    report["layers_by_kind"] = by_kind
+    by_kind = report["layers_by_kind"] = _by_kind(layers)
     report["layers"] = layers
     text = json.dumps(report, indent=1)
     if args.out:
         args.out.write_text(text)
     print(report["first"], report["later"][-1], json.dumps(by_kind, indent=1))
     print(report["first_profile_tottime"][:6000])
+
+
+def _by_kind(layers: list[dict]) -> dict:
+    by_kind: dict = {}
+    for row in layers:
+        agg = by_kind.setdefault(row["layer"].split()[0], {"count": 0, "issue_ms": 0.0, "total_ms": 0.0})
+        agg["count"] += 1
+        agg["issue_ms"] += row["issue_ms"]
+        agg["total_ms"] += row["total_ms"]
+    return by_kind
+
+
+def first_layers(args) -> None:
+    import numpy as np
+
+    import bench_network
+    import kdbkit
+    from kdbkit.runtime.backends.registry import default_device, open_backend
+    from kdbkit.runtime.handle import Handle
+
+    net = bench_network._network(args.network)
+    x = np.random.default_rng(1).standard_normal(net.input_shape).astype(np.float32)
+    backend = open_backend(default_device())
+    backend.synchronize()
+    t0 = time.perf_counter()
+    handle = Handle(backend=backend)
+    report: dict = {"network": args.network, "handle_ms": (time.perf_counter() - t0) * 1e3,
+                    "prepare_steps": [(s.name, round(s.ms, 3), s.outcome) for s in handle.prepare_steps]}
+    net.to_device(handle)
+    staged = net.input_tensor(handle, x)
+    backend.synchronize()
+    state = net._device
+    values = dict(state.values)
+    values[net.graph.input] = staged
+    layers = []
+    t_all = time.perf_counter()
+    before = set(sys.modules)
+    profile = cProfile.Profile()  # the first layer alone, which pays every one-time cost
+    for node, site in net._sites(values, state.params, state.scratch):
+        t0 = time.perf_counter()
+        if not layers:
+            profile.enable()
+        node.layer.run(kdbkit, handle, site)
+        t1 = time.perf_counter()
+        if not layers:
+            profile.disable()
+            report["imported_by_first_layer"] = sorted(set(sys.modules) - before)
+        backend.synchronize()
+        layers.append({"layer": f"{type(node.layer).__name__} {node.output}", "issue_ms": (t1 - t0) * 1e3,
+                       "total_ms": (time.perf_counter() - t0) * 1e3})
+    report["first_forward_ms"] = (time.perf_counter() - t_all) * 1e3
+    report["layers_by_kind"] = _by_kind(layers)
+    report["layers"] = layers
+    programs = list(handle.chain.memory._programs.values())
+    report["programs"] = [{"request": str(p.request), "source": p.source,
+                           "steps": [(s.name, round(s.ms, 3), s.outcome) for s in p.steps]} for p in programs]
+    steps: dict = {}
+    for p in programs:
+        for s in p.steps:
+            steps[s.name.split()[0]] = steps.get(s.name.split()[0], 0.0) + s.ms
+    report["program_steps_ms"] = steps
+    text = io.StringIO()
+    pstats.Stats(profile, stream=text).sort_stats("cumtime").print_stats(60)
+    report["first_layer_profile_cumtime"] = text.getvalue()
+    text = json.dumps(report, indent=1)
+    if args.out:
+        args.out.write_text(text)
+    slow = sorted(layers, key=lambda r: -r["total_ms"])[:15]
+    print(json.dumps({k: report[k] for k in ("handle_ms", "prepare_steps", "first_forward_ms", "program_steps_ms",
+                                             "layers_by_kind")}, indent=1))
+    print("slowest layers:", json.dumps(slow, indent=0))
+    print("imported by the first layer:", report["imported_by_first_layer"])
+    print(report["first_layer_profile_cumtime"][:12000])
 
 
 if __name__ == "__main__":

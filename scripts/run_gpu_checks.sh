@@ -8,6 +8,9 @@
 # PART=tests or PART=bench runs one half (each fits one 10-minute call); the default runs both.
 # PART=primitives runs only the primitives' CUDA tests and their benchmark (a tuning cycle).
 # PART=network: kdb tune + kdb package (.gpu-bundles/ carried from the CPU machine) + bench_network.py.
+# PART=profile: where the networks' first forward spends its time (.gpu-bundles/ with its tuned
+# find-db, carried): scripts/profile_network.py --first-layers, twice per network (the second,
+# with Python's bytecode cached, is the one to read), then the cProfile run.
 # PART=install only installs (then: export PYTHONPATH=/tmp/site and run a script of scripts/).
 set -uo pipefail
 PART=${PART:-all}
@@ -16,13 +19,13 @@ mkdir -p "$OUT"
 cd "$(dirname "$0")/.."
 SITE=/tmp/site
 if [ -d .whl ]; then
-    python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target "$SITE" .whl/*.whl
+    python3 -m pip install -q --no-index --no-deps --no-cache-dir --upgrade --target "$SITE" .whl/*.whl
 fi
 export PYTHONPATH=$SITE
 # kdbkit itself: a regular wheel of this very tree, so the run tests what is committed, installed.
 rm -rf /tmp/kdbkit-wheel
 python3 -m pip wheel -q --no-deps --no-build-isolation --no-index -w /tmp/kdbkit-wheel . &&
-    python3 -m pip install -q --no-index --no-deps --no-compile --upgrade --target "$SITE" /tmp/kdbkit-wheel/kdbkit-*.whl ||
+    python3 -m pip install -q --no-index --no-deps --upgrade --target "$SITE" /tmp/kdbkit-wheel/kdbkit-*.whl ||
     { echo "building kdbkit's wheel failed" >&2; exit 1; }
 export PYTHONUNBUFFERED=1 KDB_CUSTOM_CACHE_DIR=$(mktemp -d)
 {
@@ -36,14 +39,30 @@ if [ "$PART" = network ]; then
     # The issue-10 story on the GPU: the bundle built on the CPU machine (.gpu-bundles/, carried),
     # a find-db tuned here for the networks' problems, both packaged, installed, and timed.
     KDB="python3 -m kdbkit.runtime.cli.app"
-    python3 scripts/bench_network.py --write-catalogue "$OUT/net_catalogue.txt"
-    echo "== kdb tune"
-    $KDB tune -c "$OUT/net_catalogue.txt" -o "$OUT/tuned" 2>&1 | tail -3
+    # FDB=<file>: package that find-db (tuned by an earlier run) instead of tuning again
+    if [ -z "${FDB:-}" ]; then
+        python3 scripts/bench_network.py --write-catalogue "$OUT/net_catalogue.txt"
+        echo "== kdb tune"
+        $KDB tune -c "$OUT/net_catalogue.txt" -o "$OUT/tuned" 2>&1 | tail -3
+        FDB=$(ls "$OUT"/tuned/*.fdb)
+    fi
     echo "== kdb package"
-    $KDB package .gpu-bundles/*.kdb --find-db "$OUT"/tuned/*.fdb -o "$OUT/wheels"
+    $KDB package .gpu-bundles/*.kdb --find-db "$FDB" -o "$OUT/wheels"
     echo "== bench_network"
     python3 scripts/bench_network.py --packages "$OUT/wheels" --runs "${RUNS:-5}" --jit-runs "${JIT_RUNS:-1}" \
         --out "$OUT" 2>&1 | tee "$OUT/bench_network.txt" | tail -30
+    exit 0
+fi
+if [ "$PART" = profile ]; then
+    for net in resnet50 bert_base; do
+        for i in 1 2; do
+            KDB_SYSTEM_DB_PATH=$PWD/.gpu-bundles KDB_DISABLE_JIT=1 python3 scripts/profile_network.py "$net" \
+                --first-layers --out "$OUT/first_layers_${net}_$i.json" > "$OUT/first_layers_${net}_$i.txt" 2>&1
+        done
+        head -60 "$OUT/first_layers_${net}_2.txt"
+        KDB_SYSTEM_DB_PATH=$PWD/.gpu-bundles KDB_DISABLE_JIT=1 python3 scripts/profile_network.py "$net" \
+            --out "$OUT/profile_${net}.json" > "$OUT/profile_${net}.txt" 2>&1
+    done
     exit 0
 fi
 if [ "$PART" = primitives ]; then
