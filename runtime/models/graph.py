@@ -98,6 +98,10 @@ class Layer(ABC):
         """Float32 work tensors the layer's calls write besides the output."""
         return {}
 
+    def work(self, *shapes: Shape) -> dict[str, Shape]:
+        """Work tensors in the network's own type (packed), by name, beside :meth:`scratch`'s."""
+        return {}
+
     def param_desc(self, name: str, param: Param, dtype: DataType, layout: str, shapes: tuple[Shape, ...]) -> TensorDesc:
         """How a parameter lies on the device: packed, in the network's type (or float32)."""
         return TensorDesc.packed(DataType.FP32 if param.float32 else dtype, param.shape)

@@ -110,9 +110,13 @@ class Network:
                 for i, node in enumerate(self.graph.nodes)]
 
     def _scratch_descs(self) -> list[dict[str, TensorDesc]]:
-        return [{name: TensorDesc.packed(DataType.FP32, shape or (1,))
-                 for name, shape in node.layer.scratch(*self.graph.in_shapes(node)).items()}
-                for node in self.graph.nodes]
+        descs = []
+        for node in self.graph.nodes:
+            shapes = self.graph.in_shapes(node)
+            made = {name: TensorDesc.packed(DataType.FP32, shape or (1,)) for name, shape in node.layer.scratch(*shapes).items()}
+            made.update((name, TensorDesc.packed(self.dtype, shape)) for name, shape in node.layer.work(*shapes).items())
+            descs.append(made)
+        return descs
 
     # -- the problems -------------------------------------------------------------------------
 
