@@ -27,7 +27,7 @@ from typing import Any, Iterable, Sequence
 
 from kdbkit.kdb.find_db import FindDb
 from kdbkit.kdb.version import __version__
-from kdbkit.runtime import env, kernel_sources, paths
+from kdbkit.runtime import env, kernel_sources, paths, startup_memo
 from kdbkit.runtime.backends.base import Backend, DeviceInfo
 from kdbkit.runtime.compilers import Compiler, LazyCompiler
 from kdbkit.runtime.errors import JitDisabledError  # noqa: F401 - re-exported for callers of program()
@@ -114,6 +114,7 @@ class Handle:
                     t.outcome = "opened" if cache.is_open else "none yet"
                 else:
                     t.outcome = "no compiler"
+        startup_memo.memo().save()  # what this handle learnt about files, for the next process
         return list(steps)
 
     def _digest_manifest(self, bundle) -> str:
@@ -224,6 +225,7 @@ class Handle:
         if "find_db" in self.__dict__:
             self.find_db.close()
         self.chain.close()
+        startup_memo.memo().save()  # files digested since the handle was made
         if self._owns_backend:
             self.backend.close()
 

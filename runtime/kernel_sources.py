@@ -29,7 +29,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Iterable, Sequence
 
-from kdbkit.runtime import env
+from kdbkit.runtime import env, startup_memo
 from kdbkit.runtime.errors import KernelSourceError
 
 # A marker file that only kdbkit's kernels folder has; it tells ours from other "kernels" dirs.
@@ -78,10 +78,11 @@ def _name_parts(name: str) -> tuple[str, ...]:
 
 # -- one file: its bytes' hash and its quoted includes, remembered by stamp ----------------
 
-# Per-process cache, one entry per path: its (mtime_ns, size) stamp, the SHA-256 of its bytes
-# and the files it includes. A later digest then costs one stat per file instead of a read
-# and a scan; a file whose stamp changed is read again, so an edit always gives a new digest.
-_files: dict[str, tuple[tuple[int, int], bytes, tuple[str, ...]]] = {}
+# Per-process cache, one entry per path: its stamp (startup_memo.stamp), the SHA-256 of its
+# bytes and the files it includes. A later digest then costs one stat per file instead of a
+# read and a scan; a file whose stamp changed is read again, so an edit always gives a new
+# digest. The startup memo keeps the same entries for the next process.
+_files: dict[str, tuple[list[int], bytes, tuple[str, ...]]] = {}
 
 
 def quoted_includes(text: str) -> list[str]:
@@ -95,15 +96,26 @@ def _file_info(path: str) -> tuple[bytes, tuple[str, ...]] | None:
         st = os.stat(path)
     except (FileNotFoundError, NotADirectoryError):
         return None
-    stamp = (st.st_mtime_ns, st.st_size)
+    stamp = startup_memo.stamp(st)
     cached = _files.get(path)
     if cached is not None and cached[0] == stamp:
         return cached[1], cached[2]
+    memo = startup_memo.memo()
+    remembered = memo.section("sources").get(path)
+    if isinstance(remembered, list) and len(remembered) == 3 and remembered[0] == stamp:
+        try:
+            info = (bytes.fromhex(remembered[1]), tuple(str(name) for name in remembered[2]))
+        except (TypeError, ValueError):
+            info = None  # a damaged entry: read the file
+        if info is not None and len(info[0]) == 32:
+            _files[path] = (stamp, *info)
+            return info
     data = _read_bytes(path)
     if data is None:
         return None
     info = (hashlib.sha256(data).digest(), tuple(quoted_includes(data.decode("utf-8", "replace"))))
     _files[path] = (stamp, *info)
+    memo.put("sources", path, [stamp, info[0].hex(), list(info[1])])
     return info
 
 

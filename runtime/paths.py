@@ -16,6 +16,7 @@ Nothing is created here; callers create folders when they first write.
 from __future__ import annotations
 
 import importlib
+import json
 import os
 import sys
 from dataclasses import dataclass
@@ -71,18 +72,32 @@ _entry_points_seen: tuple[tuple, list[SearchDir]] | None = None  # (sys.path and
 
 def _entry_point_dirs() -> Iterator[SearchDir]:
     """:func:`_scan_entry_points`, remembered while ``sys.path`` and its folders are unchanged
-    (an install changes a folder's mtime): a handle's bundle search and its find-db both ask,
-    and a large site-packages takes milliseconds to list."""
+    (an install changes a folder's mtime): in this process, since a handle's bundle search and
+    its find-db both ask, and in the startup memo for the next one, since a large
+    site-packages takes milliseconds to scan (a memo whose folders are gone is not used)."""
     global _entry_points_seen
     stamps = []
     for entry in sys.path:
         try:
-            stamps.append((entry, os.stat(entry or ".").st_mtime_ns))
+            st = os.stat(entry or ".")
+            stamps.append((entry, st.st_mtime_ns, st.st_ctime_ns))
         except OSError:
-            stamps.append((entry, None))
+            stamps.append((entry, None, None))
     key = tuple(stamps)
     if _entry_points_seen is None or _entry_points_seen[0] != key:
-        _entry_points_seen = (key, list(_scan_entry_points()))
+        from kdbkit.runtime import startup_memo
+
+        memo, memo_key = startup_memo.memo(), json.dumps(stamps)
+        remembered = memo.section("entry_points").get(memo_key)
+        found = None
+        if isinstance(remembered, list) and all(isinstance(d, list) and len(d) == 2 for d in remembered):
+            found = [SearchDir(Path(path), origin) for path, origin in remembered]
+            if not all(d.path.is_dir() for d in found):
+                found = None
+        if found is None:
+            found = list(_scan_entry_points())
+            memo.put("entry_points", memo_key, [[str(d.path), d.origin] for d in found])
+        _entry_points_seen = (key, found)
     return iter(_entry_points_seen[1])
 
 
