@@ -10,6 +10,7 @@ names solvers by id, and a later release must either know the id or skip the rec
 
 from __future__ import annotations
 
+import functools
 import re
 from abc import ABC, abstractmethod
 from dataclasses import dataclass
@@ -87,7 +88,7 @@ class Solver(ABC):
     def invoker(self, handle: "Handle", problem: "Problem") -> Invoker:
         """A callable that runs ``problem`` given its tensors (device buffers) as keywords."""
 
-    @property
+    @functools.cached_property  # asked on every first call of a problem: made once per solver
     def switch(self) -> EnvVar:
         """``KDB_DEBUG_<NAME>`` (``ActivPacked`` -> ``KDB_DEBUG_ACTIV_PACKED``): 0 excludes this solver."""
         snake = re.sub(r"(?<=[a-z0-9])(?=[A-Z])", "_", self.name).upper()
@@ -132,7 +133,7 @@ REGISTRY = SolverRegistry()
 
 def enabled(solver: Solver) -> bool:
     """False when the solver's ``KDB_DEBUG_<NAME>`` switch is 0."""
-    return env.get_bool(solver.switch)
+    return not env.any_set(solver.switch) or env.get_bool(solver.switch)  # unset, the usual case: no parse
 
 
 def switches() -> list[EnvVar]:

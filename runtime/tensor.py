@@ -104,14 +104,15 @@ class TensorDesc:
     strides: tuple[int, ...]
 
     def __post_init__(self) -> None:
+        # min(), not any() over a generator: descriptors are made on every call's full path
         if not self.shape:
             raise ProblemError("a tensor needs at least one dimension", "give its shape")
-        if any(int(s) < 1 for s in self.shape):
+        if min(self.shape) < 1:
             raise ProblemError(f"shape {format_dims(self.shape)} has a size below 1", "every size must be >= 1")
         if len(self.strides) != len(self.shape):
             raise ProblemError(f"strides {format_dims(self.strides)} do not match shape {format_dims(self.shape)}",
                                "give one stride per dimension")
-        if any(int(s) < 0 for s in self.strides):
+        if min(self.strides) < 0:
             raise ProblemError(f"strides {format_dims(self.strides)} include a negative one",
                                "reverse the tensor on the host (np.ascontiguousarray) first")
 
