@@ -169,9 +169,27 @@ def refuse_local_only(targets: Iterable[Target], where: str = "on a cluster") ->
                               "build it on that machine, in the process that builds (without --cluster)")
 
 
+def _as_completed(futures, stall_timeout: float | None):
+    """(future, None) as each finishes; once none has for ``stall_timeout`` seconds, (future,
+    why) for each still out, cancelled."""
+    pending = set(futures)
+    while pending:
+        finished, pending = concurrent.futures.wait(pending, timeout=stall_timeout,
+                                                    return_when=concurrent.futures.FIRST_COMPLETED)
+        if not finished:
+            why = (f"given up: no compile finished for {stall_timeout:g} s (are the cluster's workers still "
+                   "there? see the scheduler's dashboard), so the compiles still out were cancelled")
+            for future in pending:
+                future.cancel()
+                yield future, why
+            return
+        for future in finished:
+            yield future, None
+
+
 def build(jobs: Sequence[Job], compilers: dict[Target, Compiler], out: Path, *, parallel: int | None = None,
           executor: concurrent.futures.Executor | None = None, search_path: KernelSearchPath | None = None,
-          progress: Callable[[int, int, int], None] | None = None) -> BuildResult:
+          progress: Callable[[int, int, int], None] | None = None, stall_timeout: float | None = None) -> BuildResult:
     """Compile ``jobs`` into one bundle per target under ``out`` (created), reusing what each
     existing bundle already holds.
 
@@ -182,6 +200,9 @@ def build(jobs: Sequence[Job], compilers: dict[Target, Compiler], out: Path, *, 
             Each call carries its compiler, job and kernel source, and checks its worker's
             kdbkit and compiler against :func:`builder_identity` of this machine's.
         progress: called as (done, total, failed) after each compile.
+        stall_timeout: seconds without any compile finishing after which the compiles still
+            out are given up, each reported as a failure (what did compile is written): a
+            cluster whose workers are gone would otherwise be waited on forever. None: no limit.
 
     Raises:
         TargetError: an OpenCL job with an ``executor``.
@@ -225,13 +246,16 @@ def build(jobs: Sequence[Job], compilers: dict[Target, Compiler], out: Path, *, 
         first = sorted(range(len(todo)), key=lambda i: -size[todo[i].request.kernel_file])
         futures = {executor.submit(_compile, compilers[todo[i].bundle], todo[i], sources[todo[i].request.kernel_file],
                                    expected[todo[i].bundle]): i for i in first}
-        for future in concurrent.futures.as_completed(futures):
+        for future, outcome in _as_completed(futures, stall_timeout):
             job = todo[futures[future]]
-            try:
-                binary, message, log = future.result()
-            except Exception as exc:  # the worker, not the compiler, failed (lost, killed): the rest goes on
-                binary, message, log = None, f"its worker failed ({type(exc).__name__}: {exc})", "".join(
-                    traceback.format_exception(exc))
+            if outcome is not None:  # given up: nothing finished for stall_timeout seconds
+                binary, message, log = None, outcome, ""
+            else:
+                try:
+                    binary, message, log = future.result()
+                except Exception as exc:  # the worker, not the compiler, failed (lost, killed): the rest goes on
+                    binary, message, log = None, f"its worker failed ({type(exc).__name__}: {exc})", "".join(
+                        traceback.format_exception(exc))
             done += 1
             if binary is None:
                 result.failures.append(Failure(job, message, log))

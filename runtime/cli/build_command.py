@@ -35,6 +35,9 @@ def build(
                                           "a Dask scheduler: tcp://HOST:PORT, HOST:PORT or a scheduler file (pip "
                                           "install 'kdbkit[cluster]'; each worker needs this kdbkit and the "
                                           "compilers). Bundles are written here. Not for OpenCL targets."),
+    stall_timeout: float = typer.Option(600.0, "--stall-timeout", min=1.0, metavar="SECONDS", help="With --cluster: "
+                                        "give up the compiles still out when none has finished for this long "
+                                        "(workers gone), reporting each as failed."),
     shard: Optional[str] = typer.Option(None, "--shard", help="Build only slice I of N (0-based, I/N), for a job "
                                         "runner's array; `kdb db merge` joins the slices' bundles."),
     output: Path = typer.Option(Path("."), "-o", "--out", help="Folder for the bundles (created)."),
@@ -77,7 +80,8 @@ def build(
             executor = dask_cluster.executor(client)
             if not as_json:
                 err.print(f"compiling on {len(joined)} Dask workers at {escape(cluster)}")
-        result = build_with_progress(planned, compilers, output, workers, executor=executor, quiet=as_json)
+        result = build_with_progress(planned, compilers, output, workers, executor=executor, quiet=as_json,
+                                     stall_timeout=stall_timeout if executor is not None else None)
     for failure in result.failures:
         err.print(f"[red]failed[/] {escape(str(failure.job.request))} for {failure.job.bundle}: "
                   f"{escape(failure.message)}")
@@ -96,7 +100,8 @@ def build(
         raise typer.Exit(1)
 
 
-def build_with_progress(planned, compilers, output: Path, workers: int, *, executor=None, quiet: bool = False):
+def build_with_progress(planned, compilers, output: Path, workers: int, *, executor=None, quiet: bool = False,
+                        stall_timeout: float | None = None):
     """packager.build.build with a rich progress bar on stderr (done/total, failures, rate, ETA)."""
     from kdbkit.packager import build as builder
 
@@ -110,7 +115,8 @@ def build_with_progress(planned, compilers, output: Path, workers: int, *, execu
             bar.update(task, completed=done, total=total, failed=failed,
                        rate=f"{done / elapsed:.1f}" if elapsed > 0 else "-")
 
-        return builder.build(planned, compilers, output, parallel=workers, executor=executor, progress=step)
+        return builder.build(planned, compilers, output, parallel=workers, executor=executor, progress=step,
+                             stall_timeout=stall_timeout)
 
 
 def _shard(text: str | None) -> tuple[int, int] | None:

@@ -4,6 +4,7 @@ chain device from a logged run serving that run again with no JIT."""
 
 from __future__ import annotations
 
+import concurrent.futures
 import shutil
 
 import numpy as np
@@ -98,6 +99,29 @@ def test_a_failed_compile_is_reported_with_its_log_and_the_rest_is_written(offli
     assert result.compiled == 1 and len(result.failures) == 1
     failure = result.failures[0]
     assert failure.job.request == broken and "KDB_TYPE" in failure.log
+    assert len(_contents(result.bundles["sm_80"])) == 1
+
+
+class _LosesAllButOne(concurrent.futures.Executor):
+    """A cluster whose workers vanish after one compile: later futures never finish."""
+
+    def __init__(self):
+        self.submitted = 0
+
+    def submit(self, fn, *args, **kwargs):
+        future = concurrent.futures.Future()
+        self.submitted += 1
+        if self.submitted == 1:
+            future.set_result(fn(*args, **kwargs))
+        return future
+
+
+def test_a_stalled_executor_gives_up_the_compiles_still_out_and_writes_the_rest(offline, tmp_path):
+    requests = [ProgramRequest("gemm.c", ["-DKDB_TYPE_FP16"]), ProgramRequest("gemm.c", [])]
+    jobs, compilers = plan(offline[:1], requests=requests)
+    result = build(jobs, compilers, tmp_path, executor=_LosesAllButOne(), stall_timeout=0.5)
+    assert result.compiled == 1 and len(result.failures) == 1
+    assert "no compile finished for 0.5 s" in result.failures[0].message
     assert len(_contents(result.bundles["sm_80"])) == 1
 
 
