@@ -109,6 +109,11 @@ class Codec:
             zd = self._local.decompressor = zstd.ZstdDecompressor(dict_data=self._zdict)
         return zd
 
+    def warm_up(self) -> None:
+        """Make this thread's decompressor now (loading the dictionary, if any)."""
+        if self.name == "zstd":
+            self._zd()
+
     def compress_raw(self, data: bytes) -> bytes:
         """Compress without the raw fallback (used to measure and train)."""
         if self.name == "zstd":
