@@ -33,6 +33,10 @@ class DataType(enum.Enum):
         self.storage = np.dtype(storage)
         self.options = options
 
+    # Members are singletons: identity's hash, in C, instead of Enum's hash of the name in
+    # Python; a type is hashed in every descriptor of every repeat call's plan key.
+    __hash__ = object.__hash__
+
     @property
     def itemsize(self) -> int:
         return self.storage.itemsize

@@ -52,10 +52,32 @@ def value_desc(dtype: DataType, shape: Shape, layout: str) -> TensorDesc:
 
 
 def view(t: DeviceTensor, shape: Shape, strides: Shape | None = None) -> DeviceTensor:
-    """The same buffer seen with another shape (packed unless ``strides`` are given)."""
+    """The same buffer seen with another shape (packed unless ``strides`` are given).
+
+    A forward asks for the same views of the same buffers every time: each buffer remembers
+    its views (a few dozen at most), so a repeat forward makes no descriptor (making and
+    checking them was a good part of a forward's host time)."""
+    buffer, key = t.buffer, (t.desc.dtype, shape, strides)
+    views = getattr(buffer, "_kdb_views", None)
+    if views is not None:
+        try:
+            made = views.get(key)
+        except TypeError:  # a list for a shape: not remembered
+            made = None
+        if made is not None:
+            return made
     desc = TensorDesc(t.desc.dtype, tuple(shape), tuple(strides)) if strides is not None else \
         TensorDesc.packed(t.desc.dtype, shape)
-    return DeviceTensor(t.buffer, desc)
+    made = DeviceTensor(buffer, desc)
+    if buffer is not None and isinstance(shape, tuple) and (strides is None or isinstance(strides, tuple)):
+        if views is None:
+            views = buffer._kdb_views = {}
+        if len(views) < _MAX_VIEWS:
+            views[key] = made
+    return made
+
+
+_MAX_VIEWS = 64  # per buffer
 
 
 def in_memory_order(t: DeviceTensor) -> DeviceTensor:
