@@ -30,6 +30,7 @@ SCHEMA_VERSION = 1
 BUSY_TIMEOUT_S = 30.0
 SYSTEM_SUFFIX = ".fdb"
 USER_SUFFIX = ".ufdb"
+USER_RECHECK_S = 0.5  # how long a missing user file is believed missing before looking again
 
 _SCHEMA = (
     "CREATE TABLE IF NOT EXISTS find_meta (key TEXT PRIMARY KEY, value TEXT NOT NULL)",
@@ -160,6 +161,8 @@ class FindDb:
         """
         self.system_paths = [Path(d) / f"{target_name}{SYSTEM_SUFFIX}" for d in system_dirs]
         self.user_path = Path(user_dir) / f"{target_name}{USER_SUFFIX}" if user_dir is not None else None
+        self._user_path_str = str(self.user_path)
+        self._user_absent_until = 0.0  # time.monotonic() until which the user file is taken to be absent
         self._target, self._producer, self._warn = target_name, producer, warn
         self._lock = threading.Lock()
         self._user: sqlite3.Connection | None = None
@@ -249,8 +252,16 @@ class FindDb:
         """The user file's connection; ``None`` when it cannot be used, or (reading) does not exist yet."""
         if self._user is not None or self._user_failed or self.user_path is None:
             return self._user
-        if not create and not self.user_path.exists():
-            return None  # reading creates nothing: only find writes a user find-db
+        if not create:
+            # Reading creates nothing: only find writes a user find-db. Its absence is believed
+            # for a moment (a first forward asks once per problem, dozens of stats), so a file
+            # another process makes is seen at most USER_RECHECK_S later.
+            now = time.monotonic()
+            if now < self._user_absent_until:
+                return None
+            if not os.path.exists(self._user_path_str):
+                self._user_absent_until = now + USER_RECHECK_S
+                return None
         for attempt in range(2):  # a damaged file is moved aside once, then a new one made
             try:
                 self.user_path.parent.mkdir(parents=True, exist_ok=True)

@@ -33,7 +33,9 @@ from kdbkit.runtime.logging_setup import get_logger
 _log = get_logger(__name__)
 FILE_NAME = "startup-memo.json"
 SCHEMA = 1
-MAX_ENTRIES = 4096  # per section
+# Entries per section before it starts over (kdbkit's kernels are 30 files; sys.path stamps
+# change with the working folder): the memo stays small enough to read in a fraction of a ms.
+MAX_ENTRIES = {"sources": 1024, "entry_points": 16}
 
 
 class StartupMemo:
@@ -64,7 +66,7 @@ class StartupMemo:
         with self._lock:
             entries = self.section(section)
             if entries.get(key) != value:
-                if key not in entries and len(entries) >= MAX_ENTRIES:
+                if key not in entries and len(entries) >= MAX_ENTRIES.get(section, 1024):
                     entries.clear()  # stale paths pile up (deleted checkouts, old venvs): start over
                 entries[key] = value
                 self.changed = True
