@@ -80,9 +80,10 @@ def _entry_point_dirs() -> Iterator[SearchDir]:
     for entry in sys.path:
         try:
             st = os.stat(entry or ".")
-            stamps.append((entry, st.st_mtime_ns, st.st_ctime_ns))
+            # "" is the working folder: named by its path, so that another folder's stamps never match
+            stamps.append((entry or os.path.abspath("."), st.st_mtime_ns, st.st_ctime_ns))
         except OSError:
-            stamps.append((entry, None, None))
+            stamps.append((entry or os.path.abspath("."), None, None))
     key = tuple(stamps)
     if _entry_points_seen is None or _entry_points_seen[0] != key:
         from kdbkit.runtime import startup_memo
