@@ -49,6 +49,24 @@ t0 = time.perf_counter()
 handle = Handle(backend=backend)
 handle_ms = (time.perf_counter() - t0) * 1e3
 memory = handle.chain.memory._programs
+cold = os.environ.get("HIT_OVERHEAD_COLD") == "1"
+if cold:  # as a fresh process meets its first programs: three, once each, the read timed apart
+    from kdbkit.kdb import open_bundle
+    with open_bundle(next(os.path.join(work, n) for n in os.listdir(work) if n.endswith(".kdb"))) as bundle:
+        loose = os.path.join(work, "loose.bin")
+        with open(loose, "wb") as f:
+            f.write(next(bundle.items())[2])  # a program's binary as a loose file, as a bare load reads it
+    t = time.perf_counter()
+    with open(loose, "rb") as f:
+        f.read()
+    read_us = (time.perf_counter() - t) * 1e6
+    out = {"handle_ms": handle_ms, "read_us": read_us, "k": []}
+    for kernel_file, options in programs[:3]:
+        t = time.perf_counter()
+        program = handle.program(kernel_file, options)
+        out["k"].append({"us": (time.perf_counter() - t) * 1e6, "steps": {s.name.split()[0]: s.ms * 1e3 for s in program.steps}})
+    print(json.dumps(out))
+    sys.exit(0)
 hits, parts = [], {}
 for _ in range(30):
     memory.clear()
@@ -64,8 +82,9 @@ print(json.dumps({"handle_ms": handle_ms, "hit_us": statistics.median(hits),
 '''
 
 
-def run(python: str) -> dict:
+def run(python: str, cold: bool = False) -> dict:
     env = {k: v for k, v in os.environ.items() if not k.startswith("KDB_")}
+    env["HIT_OVERHEAD_COLD"] = "1" if cold else "0"
     proc = subprocess.run([python, "-c", CHILD], env=env, capture_output=True, text=True, cwd=tempfile.gettempdir())
     if proc.returncode:
         raise SystemExit(f"{python}: {proc.stderr.strip().splitlines()[-1]}")
@@ -76,7 +95,16 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--processes", type=int, default=3, help="fresh processes per environment, alternating")
     ap.add_argument("--python", help="another environment's interpreter, measured the same way")
+    ap.add_argument("--cold", action="store_true", help="each process resolves three programs once, as a fresh "
+                    "process does (the first pays for opening the bundle): per program, medians")
     args = ap.parse_args()
+    if args.cold:
+        runs = [run(sys.executable, cold=True) for _ in range(args.processes)]
+        for i in range(3):
+            steps = {k: round(statistics.median(r["k"][i]["steps"][k] for r in runs), 1) for k in runs[0]["k"][i]["steps"]}
+            print(f"program {i}: {statistics.median(r['k'][i]['us'] for r in runs):.1f} us (steps, us: {steps})")
+        print(f"a file read of the bundle's size class: {statistics.median(r['read_us'] for r in runs):.1f} us")
+        return
     pythons = {"this": sys.executable, **({"other": args.python} if args.python else {})}
     results: dict = {name: [] for name in pythons}
     for _ in range(args.processes):
