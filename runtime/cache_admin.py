@@ -97,8 +97,30 @@ def clear_cache(folder: Path | None = None) -> ClearReport:
         except (NotABundleError, CorruptBundleError):
             _remove_with_journals(path, report)
     _remove_moved_aside(folder, report)
+    _remove_startup_memo(folder, report)
     report.busy_locks = _remove_unheld_locks(folder / LOCKS, report, older_than=None)
     return report
+
+
+def _remove_startup_memo(folder: Path, report: ClearReport | PruneReport, *, temps_older_than: float | None = None) -> None:
+    """The startup memo (runtime/startup_memo.py; the next handle writes it again) and the
+    temporary files of its writes that a killed process left; with ``temps_older_than``, only
+    those temporaries, and only if older (a process may be writing one now)."""
+    from kdbkit.runtime import startup_memo
+
+    candidates = sorted(folder.glob(f"{startup_memo.TEMP_PREFIX}*"))
+    if temps_older_than is None:
+        candidates.append(folder / startup_memo.FILE_NAME)
+    for path in candidates:
+        try:
+            if temps_older_than is not None and path.stat().st_mtime >= temps_older_than:
+                continue
+            size = path.stat().st_size
+            path.unlink()
+        except OSError:
+            continue
+        report.freed_bytes += size
+        report.removed_files.append(path)
 
 
 def _remove_with_journals(path: Path, report: ClearReport | PruneReport) -> None:
@@ -154,6 +176,7 @@ def prune_cache(folder: Path | None = None, *, lock_age_s: float = 7 * 86400) ->
                 shutil.rmtree(other, ignore_errors=True)
                 report.removed_files.append(other)
     _remove_moved_aside(folder, report)
+    _remove_startup_memo(folder, report, temps_older_than=time.time() - 3600)
     _remove_unheld_locks(folder / LOCKS, report, older_than=time.time() - lock_age_s)
     for path in folder.glob("*.ukdb"):
         report.removed_entries += _drop_corrupt_entries(path, report)

@@ -32,6 +32,7 @@ from kdbkit.runtime.logging_setup import get_logger
 
 _log = get_logger(__name__)
 FILE_NAME = "startup-memo.json"
+TEMP_PREFIX = ".startup-memo."  # a write in progress (or left by a killed process: `kdb cache prune` removes it)
 SCHEMA = 1
 # Entries per section before it starts over (kdbkit's kernels are 30 files; sys.path stamps
 # change with the working folder): the memo stays small enough to read in a fraction of a ms.
@@ -79,7 +80,7 @@ class StartupMemo:
             text = json.dumps({"schema": SCHEMA, "sections": self.sections}, separators=(",", ":"))
             try:
                 self.path.parent.mkdir(parents=True, exist_ok=True)
-                fd, tmp = tempfile.mkstemp(prefix=".startup-memo.", dir=self.path.parent)
+                fd, tmp = tempfile.mkstemp(prefix=TEMP_PREFIX, dir=self.path.parent)
                 try:
                     with os.fdopen(fd, "w", encoding="utf-8") as f:
                         f.write(text)

@@ -149,3 +149,19 @@ def test_a_remembered_folder_that_is_gone_makes_the_scan_run_again(tmp_path, cac
     _new_process(monkeypatch)
     monkeypatch.setattr(paths, "_entry_points_seen", None)
     assert [d.path for d in paths._entry_point_dirs()] == [folder]
+
+
+def test_clearing_the_cache_removes_the_memo_and_pruning_only_stale_writes(tmp_path, cache_dir, monkeypatch):
+    from kdbkit.runtime.cache_admin import clear_cache, prune_cache
+
+    KernelSearchPath([_kernels(tmp_path)]).digest("k.c")
+    startup_memo.memo().save()
+    stale, fresh = (cache_dir / f"{startup_memo.TEMP_PREFIX}{name}" for name in ("old", "new"))
+    stale.write_text("{")
+    fresh.write_text("{")
+    os.utime(stale, (0, 0))
+    prune_cache(cache_dir)
+    assert not stale.exists() and fresh.exists() and (cache_dir / startup_memo.FILE_NAME).exists()
+    report = clear_cache(cache_dir)
+    assert not (cache_dir / startup_memo.FILE_NAME).exists() and not fresh.exists()
+    assert cache_dir / startup_memo.FILE_NAME in report.removed_files
