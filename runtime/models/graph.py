@@ -121,7 +121,8 @@ class Layer(ABC):
         return {}
 
     def work(self, *shapes: Shape) -> dict[str, Shape]:
-        """Work tensors in the network's own type (packed), by name, beside :meth:`scratch`'s."""
+        """Work tensors in the network's own type (packed), by name, beside :meth:`scratch`'s.
+        They hold nothing between runs of the layer, so layers share their memory."""
         return {}
 
     def param_desc(self, name: str, param: Param, dtype: DataType, layout: str, shapes: tuple[Shape, ...]) -> TensorDesc:

@@ -302,11 +302,19 @@ class _DeviceState:
                 self._owned.append(buffers[slot])
             self.values = {v: DeviceTensor(buffers[slots[v]], net.descs[v]) for v in slots}
             self.scratch = []
-            for descs in net._scratch_descs():
+            shared: dict[int, object] = {}  # work tensors live only while their layer runs: one buffer per size
+            for node, descs in zip(net.graph.nodes, net._scratch_descs()):
+                work = node.layer.work(*net.graph.in_shapes(node))
                 made = {}
                 for name, desc in descs.items():
-                    made[name] = DeviceTensor(backend.alloc(desc.nbytes), desc)
-                    self._owned.append(made[name].buffer)
+                    if name in work and desc.nbytes in shared:
+                        buffer = shared[desc.nbytes]
+                    else:
+                        buffer = backend.alloc(desc.nbytes)
+                        self._owned.append(buffer)
+                        if name in work:
+                            shared[desc.nbytes] = buffer
+                    made[name] = DeviceTensor(buffer, desc)
                 self.scratch.append(made)
         except BaseException:
             self.free()

@@ -9,6 +9,7 @@ import pytest
 
 from kdbkit.runtime import models
 from kdbkit.runtime.errors import ProblemError
+from kdbkit.runtime.models.graph import view as graph_view
 from kdbkit.runtime.models.network import from_storage, to_storage
 from kdbkit.runtime.primitives import invoke as invoke_module
 from kdbkit.runtime.problem import parse_config
@@ -122,6 +123,18 @@ def test_a_second_forward_reuses_the_device_tensors(handle, monkeypatch):
     monkeypatch.setattr(backend, "alloc", alloc)
     np.testing.assert_array_equal(net.forward(handle, x), first)
     assert calls == ["to_device"]  # the NumPy input only (the backend's upload may allocate for it)
+
+
+def test_work_tensors_share_one_buffer_and_views_are_made_once(handle):
+    net = _small("bert_base")
+    net.forward(handle, _input(net))
+    state = net._device
+    work = [site["projected"] for site in state.scratch if "projected" in site]
+    assert len(work) == 3 * SMALL["bert_base"][0]["layers"] and len({id(t.buffer) for t in work}) == 1
+    merged = state.values[next(n.output for n in net.graph.nodes if type(n.layer).__name__ == "MergeHeads")]
+    viewed = graph_view(merged, (2, 3))
+    assert graph_view(merged, (2, 3)) is viewed  # remembered by its buffer
+    assert graph_view(merged, (3, 2)) is not viewed and graph_view(merged, [2, 3]) is not viewed
 
 
 def test_a_device_tensor_input_gives_the_device_output(handle):
