@@ -217,6 +217,8 @@ def _read(name: str | EnvVar, *kinds: str) -> Any:
     if var.kind not in kinds:
         accessor = "get_int" if var.kind == "flags" else f"get_{var.kind}"
         raise TypeError(f"{var.name} has kind {var.kind}: read it with {accessor}()")
+    if not any_set(var):  # unset or blank, the usual case on hot paths: the default, the name not encoded
+        return list(var.default) if var.kind == "pathlist" else var.default
     return _parse(var, os.environ.get(var.name))
 
 

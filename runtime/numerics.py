@@ -25,8 +25,6 @@ _log = get_logger(__name__)
 
 
 def flags() -> CheckNumerics:
-    if not env.any_set("KDB_CHECK_NUMERICS"):  # the usual case, on every call's full path: no parse
-        return CheckNumerics(0)
     return CheckNumerics(env.get_int("KDB_CHECK_NUMERICS") or 0)
 
 

@@ -133,7 +133,7 @@ REGISTRY = SolverRegistry()
 
 def enabled(solver: Solver) -> bool:
     """False when the solver's ``KDB_DEBUG_<NAME>`` switch is 0."""
-    return not env.any_set(solver.switch) or env.get_bool(solver.switch)  # unset, the usual case: no parse
+    return env.get_bool(solver.switch)
 
 
 def switches() -> list[EnvVar]:

@@ -30,7 +30,7 @@ def invoke(handle: "Handle", problem: Problem, solver: int | str | None, inputs:
     Raises:
         NoSolverError: as :func:`choose`. NumericsError: as KDB_CHECK_NUMERICS asks.
     """
-    if env.any_set("KDB_ENABLE_LOGGING_CMD") and env.get_bool("KDB_ENABLE_LOGGING_CMD"):
+    if env.get_bool("KDB_ENABLE_LOGGING_CMD"):
         from kdbkit.runtime.driver.registry import command_line  # the driver imports this module
 
         log_command(command_line(problem, solver))
