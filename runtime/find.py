@@ -21,7 +21,7 @@ import numpy as np
 from kdbkit.kdb.find_db import FindRecord
 from kdbkit.runtime import env
 from kdbkit.runtime.errors import NoSolverError, ProblemError
-from kdbkit.runtime.immediate import invoker
+from kdbkit.runtime.immediate import invoker, ranked_solvers
 from kdbkit.runtime.logging_setup import get_logger, warn_once
 from kdbkit.runtime.problem import Problem
 from kdbkit.runtime.solver import REGISTRY, Solver, enabled
@@ -84,25 +84,9 @@ def recorded_solutions(handle: "Handle", problem: Problem) -> list[Solution]:
 
 
 def iter_recorded_solutions(handle: "Handle", problem: Problem) -> Iterator[Solution]:
-    """:func:`recorded_solutions` one at a time, best first: immediate mode stops at the first,
-    and asks no other ranked solver whether it applies (a first call's cost)."""
-    found = handle.find_db.load(problem.config())
-    if found is None:
-        return
-    records, where = found
-    for record in records:
-        solver = REGISTRY.find(record.solver_id)
-        reason = None
-        if solver is None or solver.primitive != problem.primitive:
-            reason = "no such solver in this kdbkit"
-        elif not (verdict := solver.is_applicable(problem, handle.device)):
-            reason = f"it no longer applies: {verdict.reason}"
-        if reason:
-            _log.info("find-db %s: skipping solver %s (%d) for %s: %s", where, record.solver, record.solver_id,
-                      problem.config(), reason)
-            continue
-        yield Solution(problem, solver.id, solver.name, record.time_ms, record.workspace,
-                       "user" if where == "user" else where)
+    """:func:`recorded_solutions` one at a time, best first (immediate mode's :func:`ranked_solvers`)."""
+    for record, solver, where in ranked_solvers(handle, problem):
+        yield Solution(problem, solver.id, solver.name, record.time_ms, record.workspace, where)
 
 
 def run_solution(handle: "Handle", solution: Solution, **tensors: Any) -> None:

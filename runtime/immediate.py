@@ -12,14 +12,18 @@ that trace.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Iterator
 
 from kdbkit.runtime.errors import NoSolverError
+from kdbkit.runtime.logging_setup import get_logger
 from kdbkit.runtime.problem import Problem
 from kdbkit.runtime.solver import REGISTRY, Invoker, Solver, enabled
 
 if TYPE_CHECKING:
+    from kdbkit.kdb.find_db import FindRecord
     from kdbkit.runtime.handle import Handle
+
+_log = get_logger(__name__)
 
 
 @dataclass(frozen=True)
@@ -60,13 +64,10 @@ def choose(handle: "Handle", problem: Problem, solver: int | str | None = None) 
 
 def _choose(handle: "Handle", problem: Problem, candidates: list[Solver]) -> Choice:
     """The find-db's best, else the heuristic (uncached)."""
-    from kdbkit.runtime.find import iter_recorded_solutions  # find builds on this module
-
     device = handle.device
-    for recorded in iter_recorded_solutions(handle, problem):
-        best = REGISTRY.find(recorded.solver_id)
-        if best is not None and enabled(best):
-            return Choice(best, "find-db", (f"{best.name}: ranked first by the find-db ({recorded.source})",))
+    for _, best, where in ranked_solvers(handle, problem):
+        if enabled(best):
+            return Choice(best, "find-db", (f"{best.name}: ranked first by the find-db ({where})",))
     trace, passed_over = [], None
     for candidate in candidates:
         if not enabled(candidate):
@@ -87,6 +88,29 @@ def _choose(handle: "Handle", problem: Problem, candidates: list[Solver]) -> Cho
     raise NoSolverError(f"no solver applies to {problem}: " + "; ".join(trace),
                         "change the layout or type to one a solver supports (packed tensors always work), or "
                         "re-enable the solvers switched off")
+
+
+def ranked_solvers(handle: "Handle", problem: Problem) -> Iterator[tuple["FindRecord", Solver, str]]:
+    """The find-db's ranking for ``problem``, best first, as (record, solver, where): ``where`` is
+    ``user`` or a system find-db's path. A solver this kdbkit lacks or that no longer applies is
+    skipped with a log line; the rest are asked nothing until reached (immediate mode stops at
+    the first). Here rather than in ``find``, so that a first call never imports the tuner."""
+    found = handle.find_db.load(problem.config())
+    if found is None:
+        return
+    records, where = found
+    for record in records:
+        solver = REGISTRY.find(record.solver_id)
+        reason = None
+        if solver is None or solver.primitive != problem.primitive:
+            reason = "no such solver in this kdbkit"
+        elif not (verdict := solver.is_applicable(problem, handle.device)):
+            reason = f"it no longer applies: {verdict.reason}"
+        if reason:
+            _log.info("find-db %s: skipping solver %s (%d) for %s: %s", where, record.solver, record.solver_id,
+                      problem.config(), reason)
+            continue
+        yield record, solver, where
 
 
 def invoker(handle: "Handle", problem: Problem, chosen: Solver) -> Invoker:

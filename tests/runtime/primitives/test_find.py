@@ -135,6 +135,25 @@ def test_a_system_find_db_serves_and_the_user_record_wins(make_handle, isolated)
     assert [(s.solver, s.source) for s in recorded_solutions(handle, PACKED)] == [("ActivPacked", "user")]
 
 
+def test_a_call_chosen_from_the_find_db_does_not_import_the_tuner(handle):
+    """Immediate mode reads the find-db itself: the find module (timing, scratch tensors) stays
+    unimported in a process that only runs primitives, a first call's saving."""
+    find_solutions(handle, PACKED)  # the ranking the child's choice comes from
+    child = """
+import json, sys, numpy as np, kdbkit
+from kdbkit.runtime.immediate import choose
+from kdbkit.runtime.primitives.activation import ActivationMode
+from kdbkit.runtime.problem import parse_config
+with kdbkit.Handle() as h:
+    how = choose(h, parse_config(CONFIG)).how
+    kdbkit.activation_forward(h, np.ones((64, 33), np.float32), ActivationMode.GELU_ERF)
+    print(json.dumps({"how": how, "find": "kdbkit.runtime.find" in sys.modules}))
+""".replace("CONFIG", repr(PACKED.config()))
+    env = {**os.environ, "KDB_BACKEND": handle.device.backend}
+    out = subprocess.run([sys.executable, "-c", child], capture_output=True, text=True, env=env, check=True)
+    assert json.loads(out.stdout.strip().splitlines()[-1]) == {"how": "find-db", "find": False}
+
+
 def test_run_solution_and_sorting(handle):
     by_workspace = find_solutions(handle, PACKED, sort_by="workspace")
     assert by_workspace == sorted(by_workspace, key=lambda s: (s.workspace, s.time_ms))
