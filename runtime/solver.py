@@ -11,7 +11,6 @@ names solvers by id, and a later release must either know the id or skip the rec
 from __future__ import annotations
 
 import functools
-import re
 from abc import ABC, abstractmethod
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Callable, Iterator
@@ -91,12 +90,18 @@ class Solver(ABC):
     @functools.cached_property  # asked on every first call of a problem: made once per solver
     def switch(self) -> EnvVar:
         """``KDB_DEBUG_<NAME>`` (``ActivPacked`` -> ``KDB_DEBUG_ACTIV_PACKED``): 0 excludes this solver."""
-        snake = re.sub(r"(?<=[a-z0-9])(?=[A-Z])", "_", self.name).upper()
-        return EnvVar(f"KDB_DEBUG_{snake}", "bool", True,
+        return EnvVar(f"KDB_DEBUG_{_snake_upper(self.name)}", "bool", True,
                       f"Set to 0 to exclude the {self.primitive} solver {self.name} ({self.id}). Default: enabled.")
 
     def __repr__(self) -> str:
         return f"<solver {self.id} {self.name}>"
+
+
+def _snake_upper(name: str) -> str:
+    """``ActivPacked2D`` -> ``ACTIV_PACKED2_D``: an underscore before each capital that follows a
+    lower-case letter or a digit (by hand: a regex would be compiled on a first call)."""
+    return "".join("_" + c if i and c.isupper() and (name[i - 1].islower() or name[i - 1].isdigit()) else c
+                   for i, c in enumerate(name)).upper()
 
 
 class SolverRegistry:
