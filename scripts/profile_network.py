@@ -29,6 +29,8 @@ def main() -> None:
     ap.add_argument("network")
     ap.add_argument("--out", type=Path)
     ap.add_argument("--first-layers", action="store_true")
+    ap.add_argument("--no-profile", action="store_true", help="with --first-layers: time the first layer "
+                    "without cProfile (which inflates it)")
     args = ap.parse_args()
     if args.first_layers:
         first_layers(args)
@@ -101,21 +103,64 @@ def main() -> None:
                            "total_ms": (time.perf_counter() - t0) * 1e3})
     by_kind = report["layers_by_kind"] = _by_kind(layers)
     report["layers"] = layers
+    if backend.name == "cuda":
+        report["gpu_layers"] = _gpu_layers(net, handle, values, state)
+        report["gpu_layers_by_kind"] = _by_kind(report["gpu_layers"]["layers"], "gpu_ms")
     text = json.dumps(report, indent=1)
     if args.out:
         args.out.write_text(text)
     print(report["first"], report["later"][-1], json.dumps(by_kind, indent=1))
+    if "gpu_layers" in report:
+        print("GPU time by layer kind:", report["gpu_layers"]["total_ms"], "ms",
+              json.dumps(report["gpu_layers_by_kind"], indent=1))
     print(report["first_profile_tottime"][:6000])
 
 
-def _by_kind(layers: list[dict]) -> dict:
+def _by_kind(layers: list[dict], *fields: str) -> dict:
+    fields = fields or ("issue_ms", "total_ms")
     by_kind: dict = {}
     for row in layers:
-        agg = by_kind.setdefault(row["layer"].split()[0], {"count": 0, "issue_ms": 0.0, "total_ms": 0.0})
+        agg = by_kind.setdefault(row["layer"].split()[0], {"count": 0, **{f: 0.0 for f in fields}})
         agg["count"] += 1
-        agg["issue_ms"] += row["issue_ms"]
-        agg["total_ms"] += row["total_ms"]
+        for f in fields:
+            agg[f] += row[f]
     return by_kind
+
+
+def _gpu_layers(net, handle, values, state) -> dict:
+    """Each layer's GPU time in a later forward: a CUDA event recorded after every layer, with
+    no synchronise between, behind a backlog of one whole forward so that the GPU, not the
+    host's issue, sets the pace (what the events measure is then the kernels' own time)."""
+    import kdbkit
+
+    backend = handle.backend
+    drv = backend._drv
+    events = [drv.cuEventCreate(0)[1] for _ in range(len(list(net.graph.nodes)) + 1)]
+    net.forward(handle, values[net.graph.input])  # the backlog
+    drv.cuEventRecord(events[0], backend.stream)
+    names = []
+    for i, (node, site) in enumerate(net._sites(values, state.params, state.scratch)):
+        node.layer.run(kdbkit, handle, site)
+        drv.cuEventRecord(events[i + 1], backend.stream)
+        names.append(f"{type(node.layer).__name__} {node.output}")
+    backend.synchronize()
+    times = [drv.cuEventElapsedTime(a, b)[1] for a, b in zip(events, events[1:len(names) + 1])]
+    for e in events:
+        drv.cuEventDestroy(e)
+    return {"total_ms": sum(times), "layers": [{"layer": n, "gpu_ms": t} for n, t in zip(names, times)]}
+
+
+def _table_us(profile, order: str, limit: int) -> str:
+    """A cProfile table in microseconds (pstats prints milliseconds to 3 places, which rounds
+    a first layer's calls to nothing)."""
+    stats = pstats.Stats(profile).stats
+    key = 2 if order == "tottime" else 3
+    rows = sorted(stats.items(), key=lambda kv: -kv[1][key])[:limit]
+    lines = [f"{'calls':>9} {'tottime us':>11} {'cumtime us':>11}  function"]
+    for (file, line, fn), (cc, nc, tt, ct, _) in rows:
+        calls = f"{nc}/{cc}" if nc != cc else str(nc)
+        lines.append(f"{calls:>9} {tt * 1e6:11.0f} {ct * 1e6:11.0f}  {Path(file).name}:{line}({fn})")
+    return "\n".join(lines)
 
 
 def first_layers(args) -> None:
@@ -146,7 +191,7 @@ def first_layers(args) -> None:
     profile = cProfile.Profile()  # the first layer alone, which pays every one-time cost
     for node, site in net._sites(values, state.params, state.scratch):
         t0 = time.perf_counter()
-        if not layers:
+        if not layers and not args.no_profile:
             profile.enable()
         node.layer.run(kdbkit, handle, site)
         t1 = time.perf_counter()
@@ -167,9 +212,9 @@ def first_layers(args) -> None:
         for s in p.steps:
             steps[s.name.split()[0]] = steps.get(s.name.split()[0], 0.0) + s.ms
     report["program_steps_ms"] = steps
-    text = io.StringIO()
-    pstats.Stats(profile, stream=text).sort_stats("cumtime").print_stats(60)
-    report["first_layer_profile_cumtime"] = text.getvalue()
+    if not args.no_profile:
+        report["first_layer_profile_cumtime"] = _table_us(profile, "cumtime", 70)
+        report["first_layer_profile_tottime"] = _table_us(profile, "tottime", 50)
     text = json.dumps(report, indent=1)
     if args.out:
         args.out.write_text(text)
@@ -178,7 +223,9 @@ def first_layers(args) -> None:
                                              "layers_by_kind")}, indent=1))
     print("slowest layers:", json.dumps(slow, indent=0))
     print("imported by the first layer:", report["imported_by_first_layer"])
-    print(report["first_layer_profile_cumtime"][:12000])
+    if not args.no_profile:
+        print(report["first_layer_profile_tottime"])
+        print(report["first_layer_profile_cumtime"])
 
 
 if __name__ == "__main__":

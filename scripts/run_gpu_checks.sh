@@ -9,8 +9,8 @@
 # PART=primitives runs only the primitives' CUDA tests and their benchmark (a tuning cycle).
 # PART=network: kdb tune + kdb package (.gpu-bundles/ carried from the CPU machine) + bench_network.py.
 # PART=profile: where the networks' first forward spends its time (.gpu-bundles/ with its tuned
-# find-db, carried): scripts/profile_network.py --first-layers, twice per network (the second,
-# with Python's bytecode cached, is the one to read), then the cProfile run.
+# find-db, carried): scripts/profile_network.py --first-layers, twice per network (with cProfile on
+# the first layer, then without), then the cProfile run with each layer's GPU time.
 # PART=install only installs (then: export PYTHONPATH=/tmp/site and run a script of scripts/).
 set -uo pipefail
 PART=${PART:-all}
@@ -55,9 +55,10 @@ if [ "$PART" = network ]; then
 fi
 if [ "$PART" = profile ]; then
     for net in resnet50 bert_base; do
-        for i in 1 2; do
+        for i in 1 2; do  # the second without cProfile: its first layer's time is the one to read
             KDB_SYSTEM_DB_PATH=$PWD/.gpu-bundles KDB_DISABLE_JIT=1 python3 scripts/profile_network.py "$net" \
-                --first-layers --out "$OUT/first_layers_${net}_$i.json" > "$OUT/first_layers_${net}_$i.txt" 2>&1
+                --first-layers $([ $i = 2 ] && echo --no-profile) --out "$OUT/first_layers_${net}_$i.json" \
+                > "$OUT/first_layers_${net}_$i.txt" 2>&1
         done
         head -60 "$OUT/first_layers_${net}_2.txt"
         KDB_SYSTEM_DB_PATH=$PWD/.gpu-bundles KDB_DISABLE_JIT=1 python3 scripts/profile_network.py "$net" \
