@@ -2,7 +2,9 @@
 
 Making a handle opens the device and the best system bundle, and digests the kernel sources
 that bundle was built from (its manifest), so that a later hit reads no file but its bundle's
-pages (see :attr:`Handle.prepare_steps`); other sources are digested on first use. A handle
+pages (see :attr:`Handle.prepare_steps`); other sources are digested on first use. On its
+first program lookup, a worker thread starts loading the programs that bundle served the last
+handle closed with the same user cache folder (``kdbkit.runtime.prefetch``). A handle
 therefore sees each kernel source as it was when it first digested it; make a new one to pick
 up edits (a JIT compile always keys what it compiles by the source as it is then).
 
@@ -27,7 +29,7 @@ from typing import Any, Iterable, Sequence
 
 from kdbkit.kdb.find_db import FindDb
 from kdbkit.kdb.version import __version__
-from kdbkit.runtime import env, kernel_sources, paths, startup_memo
+from kdbkit.runtime import env, kernel_sources, paths, prefetch, startup_memo
 from kdbkit.runtime.backends.base import Backend, DeviceInfo
 from kdbkit.runtime.compilers import Compiler, LazyCompiler
 from kdbkit.runtime.errors import JitDisabledError  # noqa: F401 - re-exported for callers of program()
@@ -84,6 +86,10 @@ class Handle:
         self.invokers: dict[tuple[str, int], object] = {}
         self.choices: dict[str, object] = {}  # immediate mode's choice per config string
         self.plans: dict[tuple, object] = {}  # repeat calls' plans: runtime/primitives/repeat.py
+        self._asked: dict[ProgramRequest, None] = {}  # every request, in first-asked order
+        self._prefetch_key: str | None = None  # the system bundle whose programs the memo lists
+        self._prefetch_todo: list[ProgramRequest] | None = None  # for the worker the first lookup starts
+        self._prefetch: prefetch.Prefetch | None = None
         self.prepare_steps: list[Step] = self._prepare()
         if _log.isEnabledFor(logging.INFO):
             _log.info("handle for %s (%s): %s", self.device.name, self.target,
@@ -106,6 +112,11 @@ class Handle:
         if first is not None and first.metadata.sources:
             with steps.time("digest kernel sources") as t:
                 t.outcome = self._digest_manifest(first)
+        if first is not None and self.use_cache:
+            self._prefetch_key = str(first.path)
+            if not env.get_bool("KDB_DISABLE_PREFETCH"):
+                self._prefetch_todo = prefetch.remembered(
+                    startup_memo.memo().section(prefetch.SECTION).get(self._prefetch_key)) or None
         if first is None and self._user is not None:  # without a system bundle, the user cache serves first
             with steps.time("open user cache") as t:
                 cache = self._user.cache
@@ -180,11 +191,31 @@ class Handle:
             CompileError: the compiler rejected the source.
         """
         request = ProgramRequest(kernel_file, options)
+        if request not in self._asked:
+            self._asked[request] = None
+            if self._prefetch_todo is not None:
+                self._start_prefetch(request)
+            elif self._prefetch is not None:
+                self._prefetch.wait(request)
         program = self.chain.resolve(request)
         if api_logging_enabled():
             log_api_call(f"resolve {request} on {self.target}: {program.source} in {program.total_ms:.3f} ms",
                          logger=_log)
         return program
+
+    def _start_prefetch(self, asked: ProgramRequest) -> None:
+        todo, self._prefetch_todo = self._prefetch_todo, None
+        todo = [r for r in todo or () if r != asked]  # the caller resolves the one it asks for now
+        if todo:
+            self._prefetch = prefetch.Prefetch(lambda r: self.chain.preload(r, self._system), todo)
+
+    def _remember_programs(self) -> None:
+        """Note, for the next handle's prefetch, the programs this one's system bundle served."""
+        if self._prefetch_key is None:
+            return
+        served = [r for r in self._asked if (p := self.chain.memory.get(r)) is not None and p.source == "system"]
+        if served:
+            startup_memo.memo().put(prefetch.SECTION, self._prefetch_key, prefetch.to_memo(served))
 
     def programs(self, requests: Iterable[tuple[str, str | Sequence[str]]]) -> list[Program]:
         """Resolve many programs, compiling up to ``KDB_COMPILE_PARALLEL_LEVEL`` at once."""
@@ -222,10 +253,13 @@ class Handle:
 
     def close(self) -> None:
         """Close the bundles, the user cache and the find-db, and the backend if this handle opened it."""
+        if self._prefetch is not None:
+            self._prefetch.close()  # before the bundle and the device it loads from are closed
         if "find_db" in self.__dict__:
             self.find_db.close()
+        self._remember_programs()
         self.chain.close()
-        startup_memo.memo().save()  # files digested since the handle was made
+        startup_memo.memo().save()  # files digested since the handle was made, programs it used
         if self._owns_backend:
             self.backend.close()
 

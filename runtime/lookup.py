@@ -262,29 +262,43 @@ class LookupChain:
             return known.seen_again(steps)
         failure: BinaryLoadError | None = None
         for source in self.sources:
-            binary = source.get(request, steps)
-            if binary is None:
-                continue
-            with steps.time("load") as t:
-                try:
-                    module = self._load(binary)
-                    t.outcome = "loaded"
-                except BinaryLoadError as exc:
-                    t.outcome, module, failure = "unloadable", None, exc
-            if module is None:
-                warn_once(f"unloadable:{source.name}:{request}", f"{source.name}: {request} does not load on "
-                          f"{self._device_name}: {failure.problem}; skipping it", logger=_log)
-                source.discard(request)
-                continue
-            program = self.memory.keep(Program(request, module, source.name, steps))
-            self.resolved[source.name] += 1
-            if _log.isEnabledFor(INFO2):
-                _log.info2("%s: %s", request, ", ".join(f"{s.name} {s.outcome} {s.ms:.3f} ms" for s in steps))
-            return program
+            program, unloadable = self._from(source, request, steps)
+            if program is not None:
+                return program
+            failure = unloadable or failure
         if failure is not None:
             raise failure
         raise KdbError(f"no source has {request}: {', '.join(s.searched() for s in self.sources if s.searched())}",
                        "this chain has no tier that compiles (a JitSource): add one, or install a bundle that holds it")
+
+    def preload(self, request: ProgramRequest, source: Source) -> Program | None:
+        """Load ``request`` from ``source`` alone into memory (a background prefetch: it never
+        compiles); None when memory already has it or the source has no loadable binary."""
+        if self.memory.get(request) is not None:
+            return None
+        return self._from(source, request, Steps())[0]
+
+    def _from(self, source: Source, request: ProgramRequest, steps: Steps) -> tuple[Program | None, BinaryLoadError | None]:
+        """``source``'s binary for ``request``, loaded and kept in memory; else why it did not load."""
+        binary = source.get(request, steps)
+        if binary is None:
+            return None, None
+        with steps.time("load") as t:
+            try:
+                module = self._load(binary)
+                t.outcome = "loaded"
+            except BinaryLoadError as exc:
+                t.outcome = "unloadable"
+                warn_once(f"unloadable:{source.name}:{request}", f"{source.name}: {request} does not load on "
+                          f"{self._device_name}: {exc.problem}; skipping it", logger=_log)
+                source.discard(request)
+                return None, exc
+        program = self.memory.keep(Program(request, module, source.name, steps))
+        if program.module is module:  # another thread may have kept the same program first
+            self.resolved[source.name] += 1
+        if _log.isEnabledFor(INFO2):
+            _log.info2("%s: %s", request, ", ".join(f"{s.name} {s.outcome} {s.ms:.3f} ms" for s in steps))
+        return program, None
 
     def close(self) -> None:
         for source in self.sources:

@@ -14,7 +14,7 @@ from kdbkit.kdb import Target
 from kdbkit.runtime import env
 from kdbkit.runtime.env import CheckNumerics, EnvVar
 
-# DESIGN.md, "Environment variables", plus the device overrides; kept here rather than parsed
+# DESIGN.md, "Environment variables", plus the device overrides and KDB_DISABLE_PREFETCH; kept here rather than parsed
 # from ../shared/DESIGN.md because CI checks out the repository alone.
 EXPECTED = [
     "KDB_ENABLE_LOGGING", "KDB_ENABLE_LOGGING_CMD", "KDB_LOG_LEVEL", "KDB_ENABLE_LOGGING_MPMT",
@@ -23,7 +23,7 @@ EXPECTED = [
     "KDB_DEBUG_CONV_GEMM", "KDB_DEBUG_CONV_WINOGRAD", "KDB_DEBUG_CONV_IMPLICIT_GEMM",
     "KDB_DEBUG_CONV_FFT", "KDB_DEBUG_FIND_ONLY_SOLVER", "KDB_CHECK_NUMERICS",
     "KDB_COMPILE_PARALLEL_LEVEL", "KDB_DEVICE_ARCH", "KDB_DEVICE_CU", "KDB_BACKEND", "KDB_KERNEL_PATH",
-    "KDB_CLI_TRACEBACK",
+    "KDB_CLI_TRACEBACK", "KDB_DISABLE_PREFETCH",
 ]
 TRUE = ["1", "on", "yes", "true", "enable", "enabled"]
 FALSE = ["0", "off", "no", "false", "disable", "disabled"]
