@@ -101,6 +101,7 @@ def child(mode: str, name: str) -> None:
         handle = Handle(backend=backend)  # opens the installed bundle: kdbkit's own start-up, timed
         record["handle_ms"] = (time.perf_counter() - t0) * 1e3
         record["handle_steps"] = [(s.name, round(s.ms, 3), s.outcome) for s in handle.prepare_steps]
+        record["prefetch_listed"] = len(handle._prefetch_todo or ())  # programs the last process's handle noted
         t0 = time.perf_counter()  # the parameters on the device, as model.to("cuda") would: not timed
         net.to_device(handle)
         staged = net.input_tensor(handle, x)
@@ -190,6 +191,8 @@ def main(argv=None) -> None:
     ap.add_argument("--jit-runs", type=int, default=2, help="fresh processes for the JIT mode")
     ap.add_argument("--networks", default=",".join(NETWORKS))
     ap.add_argument("--out", type=Path, default=Path(__file__).resolve().parents[1] / "docs")
+    ap.add_argument("--compare-prefetch", action="store_true", help="also run the bundle processes with "
+                    "KDB_DISABLE_PREFETCH=1, interleaved (the same user cache folder)")
     ap.add_argument("--write-catalogue", type=Path, help="write the networks' problems to FILE and stop")
     ap.add_argument("--replot", action="store_true")
     ap.add_argument("--small", action="store_true", help="tiny sizes in fp32 on the default device, no PyTorch: "
@@ -225,6 +228,9 @@ def main(argv=None) -> None:
         for _ in range(args.runs):  # interleaved, so drift touches every mode alike
             runs["bundle"].append(_run_child(python, "bundle", name,
                                              _clean_env(tmp, user_cache, KDB_DISABLE_JIT="1")))
+            if args.compare_prefetch:
+                runs.setdefault("bundle_no_prefetch", []).append(_run_child(
+                    python, "bundle", name, _clean_env(tmp, user_cache, KDB_DISABLE_JIT="1", KDB_DISABLE_PREFETCH="1")))
             if not args.small:
                 runs["torch"].append(_run_child(sys.executable, "torch", name, _clean_env(tmp)))
         for _ in range(args.jit_runs):
@@ -267,8 +273,13 @@ def report(data: dict, out: Path) -> None:
             f"- {name}: zero JIT with the bundle: {'PASS' if set(resolved) <= {'system'} else 'FAIL'} ({resolved}); "
             f"choices from {runs['bundle'][0]['find_db']}; against PyTorch: {checks}",
         ]
-    cold = []
+    cold, prefetch = [], []
     for name, runs in data["networks"].items():
+        if runs.get("bundle_no_prefetch"):
+            warm = [r["first_ms"] for r in runs["bundle"] if r.get("memo_written_before")]
+            off = [r["first_ms"] for r in runs["bundle_no_prefetch"]]
+            prefetch.append(f"{name} {statistics.median(warm):.1f} ms with, {statistics.median(off):.1f} ms without "
+                            f"(medians of {len(warm)} and {len(off)} processes after the first)")
         first = [r for r in runs["bundle"] if r.get("memo_written_before") is False]
         if first:
             cold.append(f"{name} {first[0]['first_ms']:.1f} ms (handle {first[0]['handle_ms']:.1f} ms)")
@@ -278,6 +289,10 @@ def report(data: dict, out: Path) -> None:
               "The bundle processes share one user cache folder, as one user's processes do; its kernel cache stays "
               "empty (the resolutions above), and the first process writes the startup memo that the later ones read"
               + (f" (that first process: {'; '.join(cold)})." if cold else "."), ""]
+    if prefetch:
+        lines[-1:-1] = ["The programs the last process used, loaded by a background thread from the first lookup on "
+                        "(runtime/prefetch.py), against KDB_DISABLE_PREFETCH=1 in processes interleaved with them: "
+                        + "; ".join(prefetch) + "."]
     (out / "bench_network.md").write_text("\n".join(lines))
     print("\n".join(lines))
     try:

@@ -7,7 +7,8 @@
 #   scripts/run_gpu_checks.sh            (RUNS=15 processes per benchmark mode by default)
 # PART=tests or PART=bench runs one half (each fits one 10-minute call); the default runs both.
 # PART=primitives runs only the primitives' CUDA tests and their benchmark (a tuning cycle).
-# PART=network: kdb tune + kdb package (.gpu-bundles/ carried from the CPU machine) + bench_network.py.
+# PART=network: kdb tune + kdb package (.gpu-bundles/ carried from the CPU machine) + bench_network.py
+# (BENCH_ARGS: more of its options, e.g. --compare-prefetch).
 # PART=profile: where the networks' first forward spends its time (.gpu-bundles/ with its tuned
 # find-db, carried): scripts/profile_network.py --first-layers, twice per network (with cProfile on
 # the first layer, then without), then the cProfile run with each layer's GPU time.
@@ -49,7 +50,7 @@ if [ "$PART" = network ]; then
     echo "== kdb package"
     $KDB package .gpu-bundles/*.kdb --find-db "$FDB" -o "$OUT/wheels"
     echo "== bench_network"
-    python3 scripts/bench_network.py --packages "$OUT/wheels" --runs "${RUNS:-5}" --jit-runs "${JIT_RUNS:-1}" \
+    python3 scripts/bench_network.py --packages "$OUT/wheels" --runs "${RUNS:-5}" --jit-runs "${JIT_RUNS:-1}" ${BENCH_ARGS:-} \
         --out "$OUT" 2>&1 | tee "$OUT/bench_network.txt" | tail -30
     exit 0
 fi
