@@ -215,6 +215,19 @@ def aligned16(*buffers) -> bool:
     return all(int(getattr(b, "ptr", 0)) % 16 == 0 for b in buffers)
 
 
+def fast_when_aligned(fast: Callable, general: Callable) -> Callable:
+    """An invoker of three buffers (a, b, c): ``fast``, whose kernel accesses 16 bytes at a
+    time, when all three are 16-byte aligned; else ``general`` (a view at an odd offset)."""
+
+    def run(a, b, c):
+        if aligned16(a, b, c):
+            fast(a, b, c)
+        else:
+            general(a, b, c)
+
+    return run
+
+
 def vector_elements(dtype) -> int:
     """Elements of ``dtype`` per 16-byte vector (kernels' KDB_VEC)."""
     return 16 // dtype.itemsize

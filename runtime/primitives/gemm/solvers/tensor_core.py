@@ -5,7 +5,7 @@ from __future__ import annotations
 from kdbkit.runtime.primitives.gemm.problem import GemmProblem
 from kdbkit.runtime.primitives.gemm.solvers.common import fits, gemm_arguments
 from kdbkit.runtime.program_key import ProgramRequest
-from kdbkit.runtime.solver import Solver, aligned16, not_applicable, register, sm_version
+from kdbkit.runtime.solver import Solver, fast_when_aligned, not_applicable, register, sm_version
 from kdbkit.runtime.tensor import DataType
 
 BLOCK_TILE, THREADS = 128, 256
@@ -62,15 +62,7 @@ class GemmTensorCore(Solver):
         fast_grid = (problem.n // tile_n, problem.m // BLOCK_TILE, problem.batch)
         fast = handle.backend.launcher(prog.function(name), fast_grid, (threads, 1, 1),
                                        [None, None, None, *tail[:9], *tail[11:]], shared)  # no transpose flags
-
-        def run(a, b, c):
-            # 16-byte copies need 16-byte aligned matrices; a view at an odd offset takes the general kernel.
-            if aligned16(a, b, c):
-                fast(a, b, c)
-            else:
-                general(a, b, c)
-
-        return run
+        return fast_when_aligned(fast, general)
 
 
 def device_units(handle) -> int:

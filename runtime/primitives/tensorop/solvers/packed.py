@@ -9,7 +9,7 @@ from kdbkit.runtime.program_key import ProgramRequest
 from kdbkit.runtime.solver import (
     APPLIES,
     Solver,
-    aligned16,
+    fast_when_aligned,
     launcher_1d,
     not_applicable,
     register,
@@ -65,11 +65,4 @@ class OpTensorPacked(Solver):
         fast = launcher_1d(handle, vector, max(-(-vectors // UNROLL), 1), [None, None, None, *tail],
                            max_groups=1 << 20, groups_per_unit=GROUPS_PER_UNIT)
         slow = launcher_1d(handle, scalar, n, [None, None, None, *tail])
-
-        def run(a, b, c):
-            if aligned16(a, b, c):  # 16 bytes per access; the scalar kernel for other offsets
-                fast(a, b, c)
-            else:
-                slow(a, b, c)
-
-        return run
+        return fast_when_aligned(fast, slow)

@@ -16,7 +16,7 @@ from kdbkit.runtime.primitives.tensorop.solvers.packed import GROUPS_PER_UNIT, I
 from kdbkit.runtime.solver import (
     APPLIES,
     Solver,
-    aligned16,
+    fast_when_aligned,
     launcher_1d,
     not_applicable,
     padded_ints,
@@ -76,11 +76,4 @@ class OpTensorStrided(Solver):
         # one vector a thread, no tail wave (as OpTensorPacked's vector kernel)
         fast = launcher_1d(handle, prog.function("op_tensor_rows"), int(rows[0]), [None, None, None, *rows, *tail],
                            max_groups=1 << 20, groups_per_unit=GROUPS_PER_UNIT)
-
-        def run(a, b, c):
-            if aligned16(a, b, c):
-                fast(a, b, c)
-            else:
-                slow(a, b, c)
-
-        return run
+        return fast_when_aligned(fast, slow)
