@@ -27,6 +27,31 @@ def demo(device: Optional[int] = typer.Option(None, "--device", help="Device ind
 
     Example: kdb demo --workdir demo-files
     """
+    with _driver_caches_off():
+        _run_demo(device, workdir)
+
+
+@contextlib.contextmanager
+def _driver_caches_off():
+    """PoCL and the CUDA driver keep caches of their own: off while the demo runs, so that the build
+    and the JIT run show what compiling costs on a machine that has never built these kernels; put
+    back after, because `kdb` may run inside a caller's process (PoCL without its cache unpacks every
+    loaded binary into one folder named by the binary, which concurrent processes then remove under
+    each other)."""
+    names = ("POCL_KERNEL_CACHE", "CUDA_CACHE_DISABLE")
+    saved = {name: os.environ.get(name) for name in names}
+    os.environ.update(POCL_KERNEL_CACHE="0", CUDA_CACHE_DISABLE="1")
+    try:
+        yield
+    finally:
+        for name, value in saved.items():
+            if value is None:
+                os.environ.pop(name, None)
+            else:
+                os.environ[name] = value
+
+
+def _run_demo(device: Optional[int], workdir: Optional[Path]) -> None:
     from kdbkit.packager import build as builder
     from kdbkit.packager import install as installer
     from kdbkit.packager.select import choose, scan
@@ -35,9 +60,6 @@ def demo(device: Optional[int] = typer.Option(None, "--device", help="Device ind
     from kdbkit.runtime.backends.registry import pick_device
     from kdbkit.runtime.cli.build_command import build_with_progress
 
-    # PoCL and the CUDA driver keep caches of their own: off, so that the build and the JIT run
-    # show what compiling costs on a machine that has never built these kernels.
-    os.environ.update(POCL_KERNEL_CACHE="0", CUDA_CACHE_DISABLE="1")
     picked = pick_device(device)  # fails before anything when there is no device (only the base install, say)
     net = runs.demo_network()
     problems = net.problems()

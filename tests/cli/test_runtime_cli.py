@@ -1,6 +1,7 @@
 """The runtime commands on the embedded default device (PoCL): resolve, devices, doctor, cache, demo."""
 
 import json
+import os
 
 import pytest
 
@@ -71,8 +72,12 @@ def test_cache_commands(kdb, env):
 
 
 def test_demo_is_the_main_job(kdb, env, tmp_path):
+    before = dict(os.environ)
     code, out, err = kdb("demo", "--workdir", tmp_path / "demo")
     assert code == 0, err
+    # kdb may run inside a caller's process: the driver caches it turned off are back as they were
+    # (POCL_KERNEL_CACHE=0 left behind made later racing processes crash inside PoCL)
+    assert dict(os.environ) == before
     assert "all results match NumPy" in out
     rows = [line for line in out.splitlines() if line.startswith("│ ")]
     assert len(rows) == 2 and "│ jit " in rows[0] and "│ system " in rows[1]  # JIT first, then only the bundle
