@@ -247,6 +247,21 @@ def any_set(*names: str | EnvVar) -> bool:
     return False
 
 
+def raw_values(*names: str | EnvVar) -> tuple:
+    """These variables' values as the environment holds them, unparsed (None where unset): a
+    cheap test of whether they changed since last looked at, on a path that runs per file."""
+    raw = _RAW_ENVIRON
+    if raw is None:
+        return tuple(os.environ.get(lookup(name).name) for name in names)
+    values = []
+    for name in names:
+        key = _raw_keys.get(name)
+        if key is None:
+            key = _raw_keys[name] = os.environ.encodekey(lookup(name).name)
+        values.append(raw.get(key))
+    return tuple(values)
+
+
 # os.environ's own table (encoded keys to encoded values; putenv and monkeypatching update it):
 # looking a name up there costs a tenth of os.environ.get, which encodes the name each time
 # (4-5 µs per repeat call of a primitive on the lent H100 machine's CPU, for two names).

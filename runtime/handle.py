@@ -135,13 +135,12 @@ class Handle:
         differs from the bundle's is reported once: its programs will not hit the bundle."""
         manifest = bundle.metadata.source_digests
         stale = []
-        for name, built_from in manifest.items():
-            try:
-                digest = self._keys.digests[name] = self.search_path.digest(name)
-            except kernel_sources.KernelSourceError as exc:
-                _log.info2("kernel source %s not digested: %s", name, exc)  # program() raises it for that file
+        for name, digest in self.search_path.digest_each(manifest).items():
+            if isinstance(digest, kernel_sources.KernelSourceError):
+                _log.info2("kernel source %s not digested: %s", name, digest)  # program() raises it for that file
                 continue
-            if digest != built_from:
+            self._keys.digests[name] = digest
+            if digest != manifest[name]:
                 stale.append(name)
         if stale:
             listed = ", ".join(stale[:3]) + (f" and {len(stale) - 3} more" if len(stale) > 3 else "")

@@ -102,7 +102,8 @@ def memo() -> StartupMemo:
     """This process's memo, read on first use and again when the cache folder's variables
     change (a memo without a file when caching is disabled)."""
     global _memo
-    placed = (env.get_path("KDB_CUSTOM_CACHE_DIR"), env.get_bool("KDB_DISABLE_CACHE"))
+    # the raw values, not parsed ones: this runs per kernel file a handle digests
+    placed = env.raw_values("KDB_CUSTOM_CACHE_DIR", "KDB_DISABLE_CACHE")
     current = _memo
     if current is None or current[0] != placed:
         with _memo_lock:

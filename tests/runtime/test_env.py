@@ -279,3 +279,14 @@ def test_import_reads_nothing_and_warns_nothing():
         [sys.executable, "-W", "error", "-c", "import kdbkit.runtime.env, kdbkit.runtime.handle"], cwd=REPO,
         env={**os.environ, "KDB_DISABLE_JIT": "maybe"}, capture_output=True, text=True, check=False)
     assert out.returncode == 0 and out.stderr == "", out.stderr
+
+
+def test_raw_values_are_the_unparsed_text_or_none(monkeypatch):
+    monkeypatch.setenv("KDB_CUSTOM_CACHE_DIR", " ~/x ")
+    monkeypatch.delenv("KDB_DISABLE_CACHE", raising=False)
+    assert env.raw_values("KDB_CUSTOM_CACHE_DIR", "KDB_DISABLE_CACHE") == (b" ~/x ", None) or \
+        env.raw_values("KDB_CUSTOM_CACHE_DIR", "KDB_DISABLE_CACHE") == (" ~/x ", None)
+    monkeypatch.setenv("KDB_DISABLE_CACHE", "1")
+    assert env.raw_values("KDB_DISABLE_CACHE") in ((b"1",), ("1",))
+    with pytest.raises(KeyError, match="did you mean KDB_DISABLE_CACHE"):
+        env.raw_values("KDB_DISABLE_CACH")

@@ -101,3 +101,29 @@ def test_bad_source_names_are_refused(name):
         read_source(name)
     with pytest.raises(KernelSourceError):
         source_digest(name)
+
+
+def test_digest_each_equals_one_digest_per_name_and_stats_each_file_once(private_kernels, monkeypatch):
+    from kdbkit.runtime.kernel_sources import KernelSearchPath
+
+    names = ["activation.c", "reduce_sum.c", "matmul_tiled.c", "missing.c"]
+    (private_kernels / "broken.c").write_text('#include "kdb_compat.h"\n#include "nowhere.h"\n')
+    names.append("broken.c")
+    search = KernelSearchPath()
+    stats = []
+    real_stat = kernel_sources.os.stat
+    monkeypatch.setattr(kernel_sources.os, "stat", lambda path, *a, **k: (stats.append(path), real_stat(path, *a, **k))[1])
+    each = search.digest_each(names)
+    in_pass = list(stats)  # this pass's, not the checks' below
+    assert list(each) == names
+    for name in ("activation.c", "reduce_sum.c", "matmul_tiled.c"):
+        assert each[name] == source_digest(name)
+    assert isinstance(each["missing.c"], KernelSourceError) and "no kernel source 'missing.c'" in str(each["missing.c"])
+    assert isinstance(each["broken.c"], KernelSourceError) and "nowhere.h" in str(each["broken.c"])
+    header = str(private_kernels / "kdb_compat.h")
+    assert in_pass.count(header) == 1  # four sources include it; one stat
+    assert len(in_pass) == len(set(in_pass))
+
+    header_path = private_kernels / "kdb_compat.h"  # an edit between two passes is seen by the next
+    header_path.write_text(header_path.read_text() + "\n/* edited */\n")
+    assert search.digest_each(["activation.c"])["activation.c"] != each["activation.c"]
