@@ -26,7 +26,7 @@ from dataclasses import dataclass, replace
 from typing import Callable
 
 from kdbkit.kdb.target import Target
-from kdbkit.runtime import env
+from kdbkit.runtime import env, paths
 from kdbkit.runtime.backends.base import Backend, BackendUnavailableError, DeviceInfo
 from kdbkit.runtime.logging_setup import get_logger, warn_once
 
@@ -207,7 +207,9 @@ def open_backend(device: DeviceInfo) -> Backend:
     Raises:
         BackendUnavailableError: the vendor library is missing or the device cannot be opened.
     """
-    return _backend_class(device.backend, device.name)(device)
+    backend_class = _backend_class(device.backend, device.name)
+    paths.import_platformdirs_in_background()  # while the device opens (see there)
+    return backend_class(device)
 
 
 def binary_format_of(backend: str) -> str:

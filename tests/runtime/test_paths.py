@@ -24,13 +24,15 @@ def test_kernel_packages_are_found_through_entry_points(tmp_path, monkeypatch):
     _fake_kernel_package(site, "kdbkit_kernels_test", "kdbkit_kernels_test:bundle_dir")
     _fake_kernel_package(site, "broken_pkg", "no_such_module_here:nothing")
     monkeypatch.syspath_prepend(str(site))
+    # another test's package of the same name, imported from its own folder, must not answer
+    monkeypatch.delitem(sys.modules, "kdbkit_kernels_test", raising=False)
     monkeypatch.setenv("KDB_SYSTEM_DB_PATH", str(tmp_path / "empty"))
     dirs = paths.system_db_dirs()
     origins = [d.origin for d in dirs]
     assert origins[0] == "KDB_SYSTEM_DB_PATH" and origins[1] == "sys.prefix"
     assert "package kdbkit_kernels_test" in origins and "package broken_pkg" not in origins
     found, trace = find_system_bundles(Target.parse("sm_90_132"), "cubin", dirs)
-    assert [b.path for b in found] == [pkg / "db" / "sm_90_132.kdb"]
+    assert [b.path for b in found] == [pkg / "db" / "sm_90_132.kdb"], trace
     for b in found:
         b.close()
     sys.modules.pop("kdbkit_kernels_test", None)
@@ -42,3 +44,31 @@ def test_the_search_is_lazy(tmp_path, monkeypatch):
     monkeypatch.setattr(paths, "_entry_point_dirs", lambda: scanned.append(1) or iter(()))
     first = next(paths.iter_system_db_dirs())
     assert first.path == tmp_path and scanned == []  # installed packages not asked yet
+
+
+_BACKGROUND_IMPORT = """
+import sys, threading
+from kdbkit.runtime import paths
+paths.import_platformdirs_in_background()
+workers = [t for t in threading.enumerate() if t.name == "kdbkit-import-platformdirs"]
+for t in workers:
+    t.join()
+print(len(workers), "platformdirs" in sys.modules)
+"""
+
+
+def test_platformdirs_is_imported_in_the_background_only_when_a_folder_needs_it(tmp_path):
+    import os
+    import subprocess
+
+    base = {k: v for k, v in os.environ.items() if not k.startswith("KDB_")}
+
+    def run(**variables):
+        proc = subprocess.run([sys.executable, "-c", _BACKGROUND_IMPORT], env={**base, **variables},
+                              capture_output=True, text=True, check=True)
+        return proc.stdout.split()
+
+    assert run() == ["1", "True"]  # a user who sets nothing: imported beside the device open
+    assert run(KDB_CUSTOM_CACHE_DIR=str(tmp_path)) == ["1", "True"]  # the find-db folder still needs it
+    both = dict(KDB_CUSTOM_CACHE_DIR=str(tmp_path), KDB_USER_DB_PATH=str(tmp_path))
+    assert run(**both) == ["0", "False"]  # neither folder comes from platformdirs: nothing to do
