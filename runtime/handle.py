@@ -2,9 +2,9 @@
 
 Making a handle opens the device and the best system bundle, and digests the kernel sources
 that bundle was built from (its manifest), so that a later hit reads no file but its bundle's
-pages (see :attr:`Handle.prepare_steps`); other sources are digested on first use. On its
-first program lookup, a worker thread starts loading the programs that bundle served the last
-handle closed with the same user cache folder (``kdbkit.runtime.prefetch``). A handle
+pages (see :attr:`Handle.prepare_steps`); other sources are digested on first use. It then
+starts a worker thread that loads the programs that bundle served the last handle closed with
+the same user cache folder (``kdbkit.runtime.prefetch``). A handle
 therefore sees each kernel source as it was when it first digested it; make a new one to pick
 up edits (a JIT compile always keys what it compiles by the source as it is then).
 
@@ -88,7 +88,6 @@ class Handle:
         self.plans: dict[tuple, object] = {}  # repeat calls' plans: runtime/primitives/repeat.py
         self._asked: dict[ProgramRequest, None] = {}  # every request, in first-asked order
         self._prefetch_key: str | None = None  # the system bundle whose programs the memo lists
-        self._prefetch_todo: list[ProgramRequest] | None = None  # for the worker the first lookup starts
         self._prefetch: prefetch.Prefetch | None = None
         self.prepare_steps: list[Step] = self._prepare()
         if _log.isEnabledFor(logging.INFO):
@@ -115,8 +114,11 @@ class Handle:
         if first is not None and self.use_cache:
             self._prefetch_key = str(first.path)
             if not env.get_bool("KDB_DISABLE_PREFETCH"):
-                self._prefetch_todo = prefetch.remembered(
-                    startup_memo.memo().section(prefetch.SECTION).get(self._prefetch_key)) or None
+                todo = prefetch.remembered(startup_memo.memo().section(prefetch.SECTION).get(self._prefetch_key))
+                if todo:  # runtime/prefetch.py: loaded while the caller sets up and makes its first calls
+                    with steps.time("start prefetch") as t:
+                        self._prefetch = prefetch.Prefetch(lambda r: self.chain.preload(r, self._system), todo)
+                        t.outcome = f"{len(todo)} programs"
         if first is None and self._user is not None:  # without a system bundle, the user cache serves first
             with steps.time("open user cache") as t:
                 cache = self._user.cache
@@ -192,21 +194,13 @@ class Handle:
         request = ProgramRequest(kernel_file, options)
         if request not in self._asked:
             self._asked[request] = None
-            if self._prefetch_todo is not None:
-                self._start_prefetch(request)
-            elif self._prefetch is not None:
+            if self._prefetch is not None:
                 self._prefetch.wait(request)
         program = self.chain.resolve(request)
         if api_logging_enabled():
             log_api_call(f"resolve {request} on {self.target}: {program.source} in {program.total_ms:.3f} ms",
                          logger=_log)
         return program
-
-    def _start_prefetch(self, asked: ProgramRequest) -> None:
-        todo, self._prefetch_todo = self._prefetch_todo, None
-        todo = [r for r in todo or () if r != asked]  # the caller resolves the one it asks for now
-        if todo:
-            self._prefetch = prefetch.Prefetch(lambda r: self.chain.preload(r, self._system), todo)
 
     def _remember_programs(self) -> None:
         """Note, for the next handle's prefetch, the programs this one's system bundle served."""

@@ -6,10 +6,13 @@ cost 3.6 ms). SQLite's reads, zstd's decompression and the driver's module load 
 GIL, so a worker thread can do that while the caller's thread sets up its problems, which is
 Python. Which programs: those the system bundle served the last handle closed with this user
 cache folder, in the order the caller first asked for them (the startup memo's ``programs``
-section, per bundle file). The worker starts on the handle's first program lookup, not when
-the handle is made, so it overlaps only the caller's own calls; it only ever reads that
-bundle (a program it no longer holds is left to the lookup chain, never compiled here), and a
-program the caller asks for while the worker holds it is waited for, not loaded twice.
+section, per bundle file). The worker starts when the handle is made, so it overlaps whatever
+the caller does before its first calls (uploading weights, building its graph) as well as the
+calls themselves. It only ever reads that bundle (a program it no longer holds is left to the
+lookup chain, never compiled here). A program the caller asks for while the worker is loading
+it is waited for, not loaded twice; one the worker has not reached yet is taken back, loaded
+by the caller at once and skipped by the worker, so a caller that asks in another order than
+last time never waits behind the rest of the list.
 """
 
 from __future__ import annotations
@@ -58,26 +61,46 @@ class Prefetch:
 
     def __init__(self, preload: Callable[[ProgramRequest], object], requests: list[ProgramRequest]):
         self._pending = {r: threading.Event() for r in requests}
+        self._lock = threading.Lock()
+        self._current: ProgramRequest | None = None  # the request the worker is loading now
+        self._taken: set[ProgramRequest] = set()  # asked for by the caller before the worker reached them
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._run, args=(preload, list(self._pending)), name="kdb-prefetch",
                                         daemon=True)
         self._thread.start()
 
+    @property
+    def listed(self) -> int:
+        """How many programs the worker was given."""
+        return len(self._pending)
+
     def _run(self, preload: Callable[[ProgramRequest], object], requests: list[ProgramRequest]) -> None:
         for request in requests:
+            with self._lock:
+                skip = self._stop.is_set() or request in self._taken
+                if not skip:
+                    self._current = request
             try:
-                if not self._stop.is_set():
+                if not skip:
                     preload(request)
             except Exception as exc:  # the caller's own lookup reports whatever this hides
                 _log.debug("prefetch of %s failed: %s", request, exc)
             finally:
+                with self._lock:
+                    self._current = None
                 self._pending[request].set()
 
     def wait(self, request: ProgramRequest) -> None:
-        """Return once the worker is done with ``request`` (at once for one it does not hold)."""
+        """Return once the caller may look ``request`` up itself: at once for one the worker
+        does not hold or has not reached (it then skips it), else when its load is done."""
         event = self._pending.get(request)
-        if event is not None and not event.is_set():
-            event.wait(WAIT_S)
+        if event is None or event.is_set():
+            return
+        with self._lock:
+            if request != self._current:
+                self._taken.add(request)
+                return
+        event.wait(WAIT_S)
 
     def close(self) -> None:
         """Skip what is left and wait for the program in hand (before the device is closed)."""

@@ -29,19 +29,40 @@ def test_a_closed_handle_notes_its_programs_and_the_next_one_loads_them_in_the_b
     assert _memo_entry(first) == [[s.kernel_file, list(ProgramRequest(s.kernel_file, s.options).options)]
                                   for s in reversed(SAMPLES)]  # in the order first asked
 
-    preloaded, real = [], Handle._start_prefetch
-    monkeypatch.setattr(Handle, "_start_prefetch", lambda self, asked: preloaded.append(asked) or real(self, asked))
-    with Handle(backend=chain_backend) as second:
-        first_asked, *rest = list(reversed(SAMPLES))
-        assert second.program(first_asked.kernel_file, first_asked.options).source == "system"  # its own lookup
-        assert len(preloaded) == 1 and second._prefetch is not None
-        for s in rest:
-            second._prefetch.wait(ProgramRequest(s.kernel_file, s.options))
-        assert [p.source for p in _asked_in_order(second, rest)] == ["memory"] * len(rest)  # the worker loaded them
-        assert second.resolved_by_source == {"system": len(SAMPLES)}
+    with Handle(backend=chain_backend) as second:  # the worker starts with the handle, before any call
+        assert second._prefetch is not None and second._prefetch.listed == len(SAMPLES)
+        assert [s.outcome for s in second.prepare_steps if s.name == "start prefetch"] == [f"{len(SAMPLES)} programs"]
+        second._prefetch._thread.join(10)
+        assert [p.source for p in _asked_in_order(second, reversed(SAMPLES))] == ["memory"] * len(SAMPLES)
+        assert second.resolved_by_source == {"system": len(SAMPLES)}  # each loaded once, by the worker
         from kdbkit.runtime.samples import run_samples
 
         assert all(r.ok for r in run_samples(second, seed=5))  # the prefetched programs compute
+
+
+def test_a_program_the_worker_has_not_reached_is_loaded_at_once_by_the_caller(isolated, chain_backend, monkeypatch):
+    from kdbkit.runtime.lookup import LookupChain
+
+    _system_bundle(isolated / "system", chain_backend, chain_backend.device.target)
+    with Handle(backend=chain_backend) as first:
+        _asked_in_order(first, SAMPLES)
+    gate, given, real = threading.Event(), [], LookupChain.preload
+
+    def gated(chain, request, source):
+        given.append(request)
+        gate.wait(10)
+        return real(chain, request, source)
+
+    monkeypatch.setattr(LookupChain, "preload", gated)
+    with Handle(backend=chain_backend) as second:
+        held, *_, last = [ProgramRequest(s.kernel_file, s.options) for s in SAMPLES]
+        assert second.program(last.kernel_file, last.options).source == "system"  # not behind the held one
+        assert not gate.is_set() and given == [held]
+        gate.set()
+        assert second.program(held.kernel_file, held.options).source == "memory"  # waited for, not loaded twice
+        second._prefetch._thread.join(10)
+        assert last not in given  # the worker skipped the one the caller took
+        assert second.resolved_by_source == {"system": len(SAMPLES)}
 
 
 def test_the_worker_never_compiles_and_a_damaged_list_prefetches_nothing(isolated, chain_backend):
@@ -68,11 +89,11 @@ def test_prefetch_can_be_switched_off_and_close_stops_the_worker(isolated, chain
         _asked_in_order(off, SAMPLES)  # (the memo then lists what this handle used: the same)
         assert off._prefetch is None
     monkeypatch.delenv("KDB_DISABLE_PREFETCH")
-    gate, real = threading.Event(), None
+    from kdbkit.runtime.lookup import LookupChain
+
+    gate, real = threading.Event(), LookupChain.preload
+    monkeypatch.setattr(LookupChain, "preload", lambda chain, request, source: gate.wait(5) and real(chain, request, source))
     handle = Handle(backend=chain_backend)
-    real = handle.chain.preload
-    handle.chain.preload = lambda request, source: gate.wait(5) and real(request, source)
-    _asked_in_order(handle, SAMPLES[:1])
     assert handle._prefetch._thread.is_alive()
     gate.set()
     handle.close()  # waits for the program in hand, skips the rest
