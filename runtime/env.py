@@ -79,8 +79,8 @@ VARIABLES: tuple[EnvVar, ...] = (
            "milliseconds since the previous line. Default: off."),
     EnvVar("KDB_DISABLE_CACHE", "bool", False, "Neither read nor write the user kernel cache "
            "(.ukdb): programs not in a bundle are compiled every time. Default: off."),
-    EnvVar("KDB_DISABLE_PREFETCH", "bool", False, "Do not load, in a background thread on a handle's first "
-           "program lookup, the programs its system bundle served the last closed handle. Default: off."),
+    EnvVar("KDB_DISABLE_PREFETCH", "bool", False, "Do not load in the background the programs and set up the "
+           "problems the last closed handle used. Default: off."),
     EnvVar("KDB_CUSTOM_CACHE_DIR", "path", None, "Folder of the user kernel cache (.ukdb). "
            "Default: unset (the per-user cache folder)."),
     EnvVar("KDB_USER_DB_PATH", "path", None, "Folder of the user find-db (solver rankings "

@@ -4,7 +4,7 @@ Making a handle opens the device and the best system bundle, and digests the ker
 that bundle was built from (its manifest), so that a later hit reads no file but its bundle's
 pages (see :attr:`Handle.prepare_steps`); other sources are digested on first use. It then
 starts a worker thread that loads the programs that bundle served the last handle closed with
-the same user cache folder (``kdbkit.runtime.prefetch``). A handle
+the same user cache folder, and sets up the problems that handle ran (``kdbkit.runtime.prefetch``). A handle
 therefore sees each kernel source as it was when it first digested it; make a new one to pick
 up edits (a JIT compile always keys what it compiles by the source as it is then).
 
@@ -22,8 +22,8 @@ Example::
 from __future__ import annotations
 
 import logging
+import threading
 from concurrent.futures import ThreadPoolExecutor
-from functools import cached_property
 from pathlib import Path
 from typing import Any, Iterable, Sequence
 
@@ -43,6 +43,10 @@ from kdbkit.runtime.program_key import ProgramRequest
 from kdbkit.runtime.system_bundles import Candidate, SystemBundleSearch
 
 _log = get_logger(__name__)
+
+
+class _NotInBundle(Exception):
+    """The prefetch worker met a program its bundle does not hold: it leaves that problem to the caller."""
 
 
 class Handle:
@@ -87,8 +91,12 @@ class Handle:
         self.choices: dict[str, object] = {}  # immediate mode's choice per config string
         self.plans: dict[tuple, object] = {}  # repeat calls' plans: runtime/primitives/repeat.py
         self._asked: dict[ProgramRequest, None] = {}  # every request, in first-asked order
+        self._problems: dict[str, None] = {}  # config strings run in immediate mode, in first-asked order
         self._prefetch_key: str | None = None  # the system bundle whose programs the memo lists
         self._prefetch: prefetch.Prefetch | None = None
+        self._from_bundle_only = threading.local()  # set on the prefetch worker while it sets a problem up
+        self._find_db: FindDb | None = None
+        self._find_db_lock = threading.Lock()
         self.prepare_steps: list[Step] = self._prepare()
         if _log.isEnabledFor(logging.INFO):
             _log.info("handle for %s (%s): %s", self.device.name, self.target,
@@ -114,11 +122,13 @@ class Handle:
         if first is not None and self.use_cache:
             self._prefetch_key = str(first.path)
             if not env.get_bool("KDB_DISABLE_PREFETCH"):
-                todo = prefetch.remembered(startup_memo.memo().section(prefetch.SECTION).get(self._prefetch_key))
-                if todo:  # runtime/prefetch.py: loaded while the caller sets up and makes its first calls
+                memo = startup_memo.memo()
+                programs = prefetch.remembered(memo.section(prefetch.SECTION).get(self._prefetch_key))
+                problems = prefetch.remembered_problems(memo.section(prefetch.PROBLEMS_SECTION).get(self._prefetch_key))
+                if programs or problems:  # runtime/prefetch.py: done while the caller sets up and calls
                     with steps.time("start prefetch") as t:
-                        self._prefetch = prefetch.Prefetch(lambda r: self.chain.preload(r, self._system), todo)
-                        t.outcome = f"{len(todo)} programs"
+                        self._prefetch = prefetch.Prefetch(self._prefetch_one, [*programs, *problems])
+                        t.outcome = f"{len(programs)} programs, {len(problems)} problems"
         if first is None and self._user is not None:  # without a system bundle, the user cache serves first
             with steps.time("open user cache") as t:
                 cache = self._user.cache
@@ -192,6 +202,11 @@ class Handle:
             CompileError: the compiler rejected the source.
         """
         request = ProgramRequest(kernel_file, options)
+        if getattr(self._from_bundle_only, "on", False):  # the prefetch worker, for a problem's invoker
+            program = self.chain.memory.get(request) or self.chain.preload(request, self._system)
+            if program is None:
+                raise _NotInBundle(f"{request} is not in {self._prefetch_key}: the caller's lookup will find it")
+            return program
         if request not in self._asked:
             self._asked[request] = None
             if self._prefetch is not None:
@@ -202,13 +217,48 @@ class Handle:
                          logger=_log)
         return program
 
+    def _prefetch_one(self, item: ProgramRequest | str) -> None:
+        """The prefetch worker's work: load a program from the system bundle, or set up a
+        problem (its config string) as its first call would: the solver chosen and its invoker
+        built, with programs from memory or that bundle only (never compiled here)."""
+        if isinstance(item, ProgramRequest):
+            self.chain.preload(item, self._system)
+            return
+        from kdbkit.runtime import immediate
+        from kdbkit.runtime.problem import parse_config
+
+        problem = parse_config(item)
+        self._from_bundle_only.on = True
+        try:
+            immediate.invoker(self, problem, immediate.choose(self, problem).solver)
+        finally:
+            self._from_bundle_only.on = False
+
+    def problem_asked(self, config: str) -> None:
+        """Immediate mode runs ``config``: note it for the next handle (the caller's problems
+        only, not the worker's), and the first time, wait for the prefetch worker if it is
+        setting that problem up now."""
+        if config in self._problems:
+            return
+        if self._prefetch is not None:
+            if self._prefetch.on_worker:
+                return
+            self._problems[config] = None
+            self._prefetch.wait(config)
+        else:
+            self._problems[config] = None
+
     def _remember_programs(self) -> None:
-        """Note, for the next handle's prefetch, the programs this one's system bundle served."""
+        """Note, for the next handle's prefetch, the programs this one's system bundle served
+        and the problems it ran in immediate mode."""
         if self._prefetch_key is None:
             return
         served = [r for r in self._asked if (p := self.chain.memory.get(r)) is not None and p.source == "system"]
+        memo = startup_memo.memo()
         if served:
-            startup_memo.memo().put(prefetch.SECTION, self._prefetch_key, prefetch.to_memo(served))
+            memo.put(prefetch.SECTION, self._prefetch_key, prefetch.to_memo(served))
+        if self._problems:
+            memo.put(prefetch.PROBLEMS_SECTION, self._prefetch_key, list(self._problems)[:prefetch.MAX_PROBLEMS])
 
     def programs(self, requests: Iterable[tuple[str, str | Sequence[str]]]) -> list[Program]:
         """Resolve many programs, compiling up to ``KDB_COMPILE_PARALLEL_LEVEL`` at once."""
@@ -237,19 +287,27 @@ class Handle:
         except (TypeError, ValueError):
             raise ProblemError(f"{stream!r} is not a CUDA stream", "pass a stream handle, torch's or CuPy's") from None
 
-    @cached_property
+    @property
     def find_db(self) -> FindDb:
-        """This device's find-db: system files beside the bundles, the user file under KDB_USER_DB_PATH."""
-        return FindDb(Path(self.target.bundle_name()).stem, [d.path for d in paths.iter_system_db_dirs() if not d.is_file],
-                      paths.user_db_dir(), producer=f"kdbkit {__version__}",
-                      warn=lambda key, message: warn_once(key, message, logger=_log))
+        """This device's find-db: system files beside the bundles, the user file under KDB_USER_DB_PATH
+        (made on first use, once: the prefetch worker and the caller may both ask first)."""
+        db = self._find_db
+        if db is None:
+            with self._find_db_lock:
+                if self._find_db is None:
+                    self._find_db = FindDb(
+                        Path(self.target.bundle_name()).stem,
+                        [d.path for d in paths.iter_system_db_dirs() if not d.is_file], paths.user_db_dir(),
+                        producer=f"kdbkit {__version__}", warn=lambda key, message: warn_once(key, message, logger=_log))
+                db = self._find_db
+        return db
 
     def close(self) -> None:
         """Close the bundles, the user cache and the find-db, and the backend if this handle opened it."""
         if self._prefetch is not None:
             self._prefetch.close()  # before the bundle and the device it loads from are closed
-        if "find_db" in self.__dict__:
-            self.find_db.close()
+        if self._find_db is not None:
+            self._find_db.close()
         self._remember_programs()
         self.chain.close()
         startup_memo.memo().save()  # files digested since the handle was made, programs it used

@@ -54,11 +54,13 @@ def choose(handle: "Handle", problem: Problem, solver: int | str | None = None) 
             raise NoSolverError(f"solver {chosen.name} does not apply to {problem}: {verdict.reason}",
                                 "choose another solver, or none to let kdbkit pick")
         return Choice(chosen, "asked", (f"{chosen.name}: asked for, applies",))
-    cached = handle.choices.get(problem.config())
+    config = problem.config()
+    handle.problem_asked(config)  # noted for the next handle; the prefetch worker may be choosing it now
+    cached = handle.choices.get(config)
     if cached is not None:
         return cached
     choice = _choose(handle, problem, candidates)
-    handle.choices[problem.config()] = choice
+    handle.choices[config] = choice
     return choice
 
 

@@ -1,24 +1,30 @@
-"""The programs a process's system bundle served last time, loaded again in the background.
+"""What a process's system bundle served last time, made ready again in the background.
 
 A fresh process's first result waits on every program it needs: each is read from the bundle,
 decompressed and loaded, 0.1-1 ms apiece on the lent H100 machine's CPU (BERT-base's six
-cost 3.6 ms). SQLite's reads, zstd's decompression and the driver's module load release the
-GIL, so a worker thread can do that while the caller's thread sets up its problems, which is
-Python. Which programs: those the system bundle served the last handle closed with this user
-cache folder, in the order the caller first asked for them (the startup memo's ``programs``
-section, per bundle file). The worker starts when the handle is made, so it overlaps whatever
-the caller does before its first calls (uploading weights, building its graph) as well as the
-calls themselves. It only ever reads that bundle (a program it no longer holds is left to the
-lookup chain, never compiled here). A program the caller asks for while the worker is loading
-it is waited for, not loaded twice; one the worker has not reached yet is taken back, loaded
-by the caller at once and skipped by the worker, so a caller that asks in another order than
-last time never waits behind the rest of the list.
+cost 3.6 ms). Then each new problem is set up once: its find-db ranking read, its solver
+chosen, its invoker built (launch geometry, kernel arguments), 0.1-0.3 ms of Python apiece,
+for dozens of problems. The last handle closed with the same user cache folder noted both in
+the startup memo, per bundle file: the programs its system bundle served (section
+``programs``), then the problems it ran in immediate mode (section ``problems``, their config
+strings), each in the order the caller first asked for them.
+
+The next handle starts one worker thread, when it is made, that loads those programs and then
+sets those problems up, while the caller uploads its weights and builds its graph (SQLite's
+reads, zstd's decompression and the driver's module load release the GIL; a caller waiting
+on its own uploads does too). The worker only ever reads that bundle: a program it does not
+hold, for itself or for a problem's invoker, is left to the caller's lookup chain, never
+compiled here. An item the caller asks for while the worker is on it is waited for, not done
+twice; one the worker has not reached yet is taken back, done by the caller at once and
+skipped by the worker, so a caller that asks in another order than last time never waits
+behind the rest of the list.
 """
 
 from __future__ import annotations
 
+import gc
 import threading
-from typing import Callable, Iterable
+from typing import Callable, Hashable, Iterable
 
 from kdbkit.runtime.errors import OptionsError
 from kdbkit.runtime.logging_setup import get_logger
@@ -26,8 +32,10 @@ from kdbkit.runtime.program_key import ProgramRequest
 
 _log = get_logger(__name__)
 SECTION = "programs"  # the startup memo's section: bundle path -> [[kernel file, [options]], ...]
+PROBLEMS_SECTION = "problems"  # bundle path -> [config string, ...]
 MAX_PROGRAMS = 256  # per bundle: a process that uses more still prefetches its first ones
-WAIT_S = 10.0  # the longest the caller waits on the worker for one program before loading it itself
+MAX_PROBLEMS = 512
+WAIT_S = 10.0  # the longest the caller waits on the worker for one item before doing it itself
 
 
 def remembered(entries: object) -> list[ProgramRequest]:
@@ -50,55 +58,74 @@ def to_memo(requests: Iterable[ProgramRequest]) -> list[list]:
     return [[r.kernel_file, list(r.options)] for r in list(requests)[:MAX_PROGRAMS]]
 
 
+def remembered_problems(entries: object) -> list[str]:
+    """The config strings a memo entry names (parsed by the worker; one that does not parse is
+    skipped there); nothing from an entry that is not a list."""
+    if not isinstance(entries, list):
+        return []
+    return list(dict.fromkeys(e for e in entries[:MAX_PROBLEMS] if isinstance(e, str) and e))
+
+
 class Prefetch:
-    """One worker thread that calls ``preload`` on each request, in order.
+    """One worker thread that calls ``work`` on each item, in order.
 
     Args:
-        preload: loads one request into the chain's memory (``LookupChain.preload`` bound to
-            the system source); an exception is logged and the next request taken.
-        requests: in the order the caller is expected to ask for them.
+        work: makes one item ready (a program request loaded into the chain's memory, a
+            problem's choice and invoker kept by the handle); an exception is logged and the
+            next item taken.
+        items: distinct, in the order the caller is expected to ask for them.
     """
 
-    def __init__(self, preload: Callable[[ProgramRequest], object], requests: list[ProgramRequest]):
-        self._pending = {r: threading.Event() for r in requests}
+    def __init__(self, work: Callable[[Hashable], object], items: list[Hashable]):
+        self._pending = {item: threading.Event() for item in items}
         self._lock = threading.Lock()
-        self._current: ProgramRequest | None = None  # the request the worker is loading now
-        self._taken: set[ProgramRequest] = set()  # asked for by the caller before the worker reached them
+        self._current: Hashable | None = None  # the item the worker is on now
+        self._taken: set[Hashable] = set()  # asked for by the caller before the worker reached them
         self._stop = threading.Event()
-        self._thread = threading.Thread(target=self._run, args=(preload, list(self._pending)), name="kdb-prefetch",
+        self._thread = threading.Thread(target=self._run, args=(work, list(self._pending)), name="kdb-prefetch",
                                         daemon=True)
         self._thread.start()
 
     @property
     def listed(self) -> int:
-        """How many programs the worker was given."""
+        """How many items (programs and problems) the worker was given."""
         return len(self._pending)
 
-    def _run(self, preload: Callable[[ProgramRequest], object], requests: list[ProgramRequest]) -> None:
-        for request in requests:
+    @property
+    def on_worker(self) -> bool:
+        """Whether the calling thread is the worker itself."""
+        return threading.current_thread() is self._thread
+
+    def _run(self, work: Callable[[Hashable], object], items: list[Hashable]) -> None:
+        for item in items:
             with self._lock:
-                skip = self._stop.is_set() or request in self._taken
+                skip = self._stop.is_set() or item in self._taken
                 if not skip:
-                    self._current = request
+                    self._current = item
             try:
                 if not skip:
-                    preload(request)
-            except Exception as exc:  # the caller's own lookup reports whatever this hides
-                _log.debug("prefetch of %s failed: %s", request, exc)
+                    work(item)
+            except Exception as exc:  # the caller's own lookup or call reports whatever this hides
+                _log.debug("prefetch of %s failed: %s", item, exc)
             finally:
                 with self._lock:
                     self._current = None
-                self._pending[request].set()
+                self._pending[item].set()
+        if not self._stop.is_set():
+            # The objects the work made (hundreds per problem) bring Python's next full
+            # collection near: 18 ms for a small ResNet's process here, which then fell into
+            # its first forward. Run it now, while the caller most likely waits on its uploads.
+            gc.collect()
 
-    def wait(self, request: ProgramRequest) -> None:
-        """Return once the caller may look ``request`` up itself: at once for one the worker
-        does not hold or has not reached (it then skips it), else when its load is done."""
-        event = self._pending.get(request)
-        if event is None or event.is_set():
+    def wait(self, item: Hashable) -> None:
+        """Return once the caller may do ``item`` itself: at once for one the worker does not
+        hold or has not reached (it then skips it), else when the worker is done with it."""
+        event = self._pending.get(item)
+        if event is None or event.is_set() or self.on_worker:
             return
         with self._lock:
-            if request != self._current:
-                self._taken.add(request)
+            if item != self._current:
+                self._taken.add(item)
                 return
         event.wait(WAIT_S)
 

@@ -1,7 +1,8 @@
 """What making a handle learns about files, kept for the next process: each kernel file's
 SHA-256 and quoted includes by the file's stamp, the folders that installed kernel
 packages name, by the stamps of ``sys.path``'s folders, and the programs each system bundle
-served (``kdbkit.runtime.prefetch`` loads them again in the background).
+served and the problems run with it (``kdbkit.runtime.prefetch`` makes them ready again in
+the background).
 
 A handle digests the kernel files its bundle was built from and scans every installed
 distribution for kernel packages: dozens to hundreds of file reads, a few milliseconds of a
@@ -37,7 +38,7 @@ TEMP_PREFIX = ".startup-memo."  # a write in progress (or left by a killed proce
 SCHEMA = 1
 # Entries per section before it starts over (kdbkit's kernels are 30 files; sys.path stamps
 # change with the working folder): the memo stays small enough to read in a fraction of a ms.
-MAX_ENTRIES = {"sources": 1024, "entry_points": 16, "programs": 16}
+MAX_ENTRIES = {"sources": 1024, "entry_points": 16, "programs": 16, "problems": 16}
 
 
 class StartupMemo:

@@ -31,7 +31,8 @@ def test_a_closed_handle_notes_its_programs_and_the_next_one_loads_them_in_the_b
 
     with Handle(backend=chain_backend) as second:  # the worker starts with the handle, before any call
         assert second._prefetch is not None and second._prefetch.listed == len(SAMPLES)
-        assert [s.outcome for s in second.prepare_steps if s.name == "start prefetch"] == [f"{len(SAMPLES)} programs"]
+        assert [s.outcome for s in second.prepare_steps
+                if s.name == "start prefetch"] == [f"{len(SAMPLES)} programs, 0 problems"]
         second._prefetch._thread.join(10)
         assert [p.source for p in _asked_in_order(second, reversed(SAMPLES))] == ["memory"] * len(SAMPLES)
         assert second.resolved_by_source == {"system": len(SAMPLES)}  # each loaded once, by the worker
@@ -98,3 +99,73 @@ def test_prefetch_can_be_switched_off_and_close_stops_the_worker(isolated, chain
     gate.set()
     handle.close()  # waits for the program in hand, skips the rest
     assert not handle._prefetch._thread.is_alive()
+
+
+def test_the_problems_a_closed_handle_ran_are_set_up_again_by_the_next_one_s_worker(isolated, chain_backend):
+    import numpy as np
+
+    import kdbkit
+    from kdbkit.packager.device_build import build_bundle
+
+    x = np.random.default_rng(3).standard_normal((4, 33)).astype(np.float32)
+
+    def run(handle):
+        return (kdbkit.softmax_forward(handle, x), kdbkit.activation_forward(handle, x, "relu"))
+
+    with Handle(backend=chain_backend) as jit:  # which programs the two calls use
+        expected = run(jit)
+        used = list(jit._asked)
+    build_bundle(chain_backend.device.target, [(r.kernel_file, r.options) for r in used], isolated / "system")
+    with Handle(backend=chain_backend) as first:
+        run(first)
+        configs = list(first.choices)
+    assert len(configs) == 2 and _memo_entry(first) and \
+        startup_memo.memo().section(prefetch.PROBLEMS_SECTION)[first._prefetch_key] == configs
+
+    with Handle(backend=chain_backend) as second:  # the worker chooses and builds both before any call
+        assert second._prefetch.listed == len(used) + 2
+        second._prefetch._thread.join(10)
+        assert list(second.choices) == configs and [config for config, _ in second.invokers] == configs
+        choices, invokers = dict(second.choices), dict(second.invokers)
+        results = run(second)  # the caller's calls take them: nothing chosen or built again
+        assert second.choices == choices and all(second.invokers[k] is v for k, v in invokers.items())
+        assert len(second.invokers) == len(invokers)
+        for got, want in zip(results, expected):
+            np.testing.assert_allclose(got, want, rtol=1e-6)
+        assert second.resolved_by_source == {"system": len(used)} and list(second._problems) == configs
+
+
+def test_a_problem_whose_program_the_bundle_lacks_is_left_to_the_caller_and_never_compiled(isolated, chain_backend):
+    import numpy as np
+
+    import kdbkit
+
+    x = np.random.default_rng(4).standard_normal((3, 17)).astype(np.float32)
+    with Handle(backend=chain_backend) as first:  # no bundle yet: its programs come from the JIT
+        want = kdbkit.activation_forward(first, x, "relu")
+    _system_bundle(isolated / "system", chain_backend, chain_backend.device.target, samples=SAMPLES[:1])
+    with Handle(backend=chain_backend) as second:  # a bundle without the relu program: nothing listed yet
+        kdbkit.activation_forward(second, x, "relu")
+    memo = startup_memo.memo()
+    (relu,) = memo.section(prefetch.PROBLEMS_SECTION).get(second._prefetch_key)  # the problem is listed
+    memo.put(prefetch.PROBLEMS_SECTION, second._prefetch_key, [relu, "nonsense,x=1", 7])  # damaged ones skipped
+    with Handle(backend=chain_backend) as third:
+        third._prefetch._thread.join(10)
+        assert list(third.choices) == [relu] and third.invokers == {}  # chosen; its invoker left to the caller
+        assert third.resolved_by_source == {}  # the worker compiled nothing and loaded nothing from elsewhere
+        np.testing.assert_allclose(kdbkit.activation_forward(third, x, "relu"), want)
+        assert third.resolved_by_source == {"user": 1}
+
+
+def test_the_worker_collects_garbage_once_after_its_list_unless_stopped(monkeypatch):
+    collected, done = [], []
+    monkeypatch.setattr(prefetch.gc, "collect", lambda *a: collected.append(list(done)))
+    worker = prefetch.Prefetch(done.append, ["a", "b"])
+    worker._thread.join(10)
+    assert collected == [["a", "b"]]  # after the work, so that its allocations' full collection happens then
+    gate = threading.Event()
+    stopped = prefetch.Prefetch(lambda item: gate.wait(10), ["c", "d"])
+    stopped._stop.set()
+    gate.set()
+    stopped.close()
+    assert collected == [["a", "b"]]  # a handle being closed does not wait for a collection
