@@ -23,6 +23,7 @@ behind the rest of the list.
 from __future__ import annotations
 
 import gc
+import sys
 import threading
 from typing import Callable, Hashable, Iterable
 
@@ -36,6 +37,9 @@ PROBLEMS_SECTION = "problems"  # bundle path -> [config string, ...]
 MAX_PROGRAMS = 256  # per bundle: a process that uses more still prefetches its first ones
 MAX_PROBLEMS = 512
 WAIT_S = 10.0  # the longest the caller waits on the worker for one item before doing it itself
+# Below this many memory blocks (sys.getallocatedblocks: numpy, pyopencl and kdbkit with a small
+# network come to about 200,000) a full collection is cheap (5-10 ms on the CI machine's CPU).
+SMALL_PROCESS_BLOCKS = 500_000
 
 
 def remembered(entries: object) -> list[ProgramRequest]:
@@ -111,10 +115,12 @@ class Prefetch:
                 with self._lock:
                     self._current = None
                 self._pending[item].set()
-        if not self._stop.is_set():
-            # The objects the work made (hundreds per problem) bring Python's next full
-            # collection near: 18 ms for a small ResNet's process here, which then fell into
-            # its first forward. Run it now, while the caller most likely waits on its uploads.
+        if not self._stop.is_set() and sys.getallocatedblocks() < SMALL_PROCESS_BLOCKS:
+            # The objects the work kept (hundreds per problem) make Python's next full
+            # collection due in a small process, where the objects it already had were few:
+            # one fell into a small ResNet's first forward here (18 ms). Run it now, while the
+            # caller most likely waits on its uploads. In a large process (PyTorch's, say) the
+            # work's objects are too few to make one due, and one would cost far more: none.
             gc.collect()
 
     def wait(self, item: Hashable) -> None:

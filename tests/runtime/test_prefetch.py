@@ -169,3 +169,6 @@ def test_the_worker_collects_garbage_once_after_its_list_unless_stopped(monkeypa
     gate.set()
     stopped.close()
     assert collected == [["a", "b"]]  # a handle being closed does not wait for a collection
+    monkeypatch.setattr(prefetch, "SMALL_PROCESS_BLOCKS", 0)  # a large process: a full collection costs too much
+    prefetch.Prefetch(done.append, ["e"])._thread.join(10)
+    assert collected == [["a", "b"]] and done[-1] == "e"
