@@ -123,7 +123,8 @@ def main() -> None:
     work = Path(tempfile.mkdtemp())
     device = next(d for d in discover_devices() if d.backend == "cuda")
     build_bundle(device.target, [(s.kernel_file, s.options) for s in SAMPLES], work)
-    env = dict(os.environ, KDB_SYSTEM_DB_PATH=str(work))
+    # no prefetch: from the second process on, its worker would load the kernels timed here
+    env = dict(os.environ, KDB_SYSTEM_DB_PATH=str(work), KDB_DISABLE_PREFETCH="1")
     runs = []
     for _ in range(a.runs):
         p = subprocess.run([sys.executable, __file__, "--child", str(work)], env=env, capture_output=True, text=True)
