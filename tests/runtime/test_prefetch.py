@@ -160,6 +160,7 @@ def test_a_problem_whose_program_the_bundle_lacks_is_left_to_the_caller_and_neve
 def test_the_worker_collects_garbage_once_after_its_list_unless_stopped(monkeypatch):
     collected, done = [], []
     monkeypatch.setattr(prefetch.gc, "collect", lambda *a: collected.append(list(done)))
+    monkeypatch.setattr(prefetch, "SMALL_PROCESS_BLOCKS", 1 << 62)  # a small process (pytest's is not)
     worker = prefetch.Prefetch(done.append, ["a", "b"])
     worker._thread.join(10)
     assert collected == [["a", "b"]]  # after the work, so that its allocations' full collection happens then
