@@ -85,6 +85,7 @@ class Prefetch:
         self._lock = threading.Lock()
         self._current: Hashable | None = None  # the item the worker is on now
         self._taken: set[Hashable] = set()  # asked for by the caller before the worker reached them
+        self._caller_started = False  # the caller has asked for something on the list: it is making its calls
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._run, args=(work, list(self._pending)), name="kdb-prefetch",
                                         daemon=True)
@@ -115,19 +116,23 @@ class Prefetch:
                 with self._lock:
                     self._current = None
                 self._pending[item].set()
-        if not self._stop.is_set() and sys.getallocatedblocks() < SMALL_PROCESS_BLOCKS:
+        if not (self._stop.is_set() or self._caller_started) and sys.getallocatedblocks() < SMALL_PROCESS_BLOCKS:
             # The objects the work kept (hundreds per problem) make Python's next full
             # collection due in a small process, where the objects it already had were few:
             # one fell into a small ResNet's first forward here (18 ms). Run it now, while the
-            # caller most likely waits on its uploads. In a large process (PyTorch's, say) the
-            # work's objects are too few to make one due, and one would cost far more: none.
+            # caller is still setting up (uploading its weights); not once it makes its calls,
+            # which the collection would stall, nor in a large process (PyTorch's, say), where
+            # the work's objects are too few to make one due and one would cost far more.
             gc.collect()
 
     def wait(self, item: Hashable) -> None:
         """Return once the caller may do ``item`` itself: at once for one the worker does not
         hold or has not reached (it then skips it), else when the worker is done with it."""
         event = self._pending.get(item)
-        if event is None or event.is_set() or self.on_worker:
+        if event is None or self.on_worker:
+            return
+        self._caller_started = True
+        if event.is_set():
             return
         with self._lock:
             if item != self._current:

@@ -170,6 +170,12 @@ def test_the_worker_collects_garbage_once_after_its_list_unless_stopped(monkeypa
     gate.set()
     stopped.close()
     assert collected == [["a", "b"]]  # a handle being closed does not wait for a collection
+    gate = threading.Event()
+    calling = prefetch.Prefetch(lambda item: gate.wait(10), ["x", "y"])
+    calling.wait("y")  # the caller makes its calls: a collection now would stall them
+    gate.set()
+    calling._thread.join(10)
+    assert collected == [["a", "b"]]
     monkeypatch.setattr(prefetch, "SMALL_PROCESS_BLOCKS", 0)  # a large process: a full collection costs too much
     prefetch.Prefetch(done.append, ["e"])._thread.join(10)
     assert collected == [["a", "b"]] and done[-1] == "e"
