@@ -203,7 +203,9 @@ class Handle:
         """
         request = ProgramRequest(kernel_file, options)
         if getattr(self._from_bundle_only, "on", False):  # the prefetch worker, for a problem's invoker
-            program = self.chain.memory.get(request) or self.chain.preload(request, self._system)
+            # (memory again last: preload answers None when another thread kept it meanwhile)
+            program = (self.chain.memory.get(request) or self.chain.preload(request, self._system)
+                       or self.chain.memory.get(request))
             if program is None:
                 raise _NotInBundle(f"{request} is not in {self._prefetch_key}: the caller's lookup will find it")
             return program
@@ -238,15 +240,11 @@ class Handle:
         """Immediate mode runs ``config``: note it for the next handle (the caller's problems
         only, not the worker's), and the first time, wait for the prefetch worker if it is
         setting that problem up now."""
-        if config in self._problems:
+        if config in self._problems or (self._prefetch is not None and self._prefetch.on_worker):
             return
+        self._problems[config] = None
         if self._prefetch is not None:
-            if self._prefetch.on_worker:
-                return
-            self._problems[config] = None
             self._prefetch.wait(config)
-        else:
-            self._problems[config] = None
 
     def _remember_programs(self) -> None:
         """Note, for the next handle's prefetch, the programs this one's system bundle served
