@@ -22,9 +22,11 @@ behind the rest of the list.
 
 from __future__ import annotations
 
+import atexit
 import gc
 import sys
 import threading
+import weakref
 from typing import Callable, Hashable, Iterable
 
 from kdbkit.runtime.errors import OptionsError
@@ -89,6 +91,7 @@ class Prefetch:
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._run, args=(work, list(self._pending)), name="kdb-prefetch",
                                         daemon=True)
+        _running.add(self)
         self._thread.start()
 
     @property
@@ -141,6 +144,18 @@ class Prefetch:
         event.wait(WAIT_S)
 
     def close(self) -> None:
-        """Skip what is left and wait for the program in hand (before the device is closed)."""
+        """Skip what is left and wait for the item in hand (before the device is closed)."""
         self._stop.set()
         self._thread.join()
+        _running.discard(self)
+
+
+# Workers of handles never closed: stopped when the interpreter exits, before the device's
+# driver is torn down under a load or an allocation still in hand.
+_running: "weakref.WeakSet[Prefetch]" = weakref.WeakSet()
+
+
+@atexit.register
+def _stop_running() -> None:
+    for worker in list(_running):
+        worker.close()

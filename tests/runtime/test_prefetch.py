@@ -179,3 +179,22 @@ def test_the_worker_collects_garbage_once_after_its_list_unless_stopped(monkeypa
     monkeypatch.setattr(prefetch, "SMALL_PROCESS_BLOCKS", 0)  # a large process: a full collection costs too much
     prefetch.Prefetch(done.append, ["e"])._thread.join(10)
     assert collected == [["a", "b"]] and done[-1] == "e"
+
+
+def test_a_worker_of_a_handle_never_closed_is_stopped_at_exit(tmp_path):
+    import subprocess
+    import sys
+
+    marks = tmp_path / "marks"
+    code = f"""
+import time
+from kdbkit.runtime import prefetch
+marks = open({str(marks)!r}, "a", buffering=1)
+def work(item):
+    marks.write(f"start {{item}}\\n"); time.sleep(0.2); marks.write(f"end {{item}}\\n")
+prefetch.Prefetch(work, ["a", "b", "c"])
+time.sleep(0.05)
+"""  # exits while "a" is in hand, without closing anything
+    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
+    assert proc.returncode == 0, proc.stderr
+    assert marks.read_text().split("\n")[:-1] == ["start a", "end a"]  # finished in hand, the rest skipped
