@@ -203,9 +203,7 @@ class Handle:
         """
         request = ProgramRequest(kernel_file, options)
         if getattr(self._from_bundle_only, "on", False):  # the prefetch worker, for a problem's invoker
-            # (memory again last: preload answers None when another thread kept it meanwhile)
-            program = (self.chain.memory.get(request) or self.chain.preload(request, self._system)
-                       or self.chain.memory.get(request))
+            program = self.chain.preload(request, self._system)
             if program is None:
                 raise _NotInBundle(f"{request} is not in {self._prefetch_key}: the caller's lookup will find it")
             return program

@@ -272,10 +272,11 @@ class LookupChain:
                        "this chain has no tier that compiles (a JitSource): add one, or install a bundle that holds it")
 
     def preload(self, request: ProgramRequest, source: Source) -> Program | None:
-        """Load ``request`` from ``source`` alone into memory (a background prefetch: it never
-        compiles); None when memory already has it or the source has no loadable binary."""
-        if self.memory.get(request) is not None:
-            return None
+        """The program for ``request`` from memory, else from ``source`` alone, kept in memory (a
+        background prefetch: it never compiles); None when the source has no loadable binary."""
+        known = self.memory.get(request)
+        if known is not None:
+            return known
         return self._from(source, request, Steps())[0]
 
     def _from(self, source: Source, request: ProgramRequest, steps: Steps) -> tuple[Program | None, BinaryLoadError | None]:
