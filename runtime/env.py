@@ -238,10 +238,7 @@ def any_set(*names: str | EnvVar) -> bool:
         if raw is None:  # no raw table on this platform: the mapping, which encodes each name
             value = os.environ.get(lookup(name).name)
         else:
-            key = _raw_keys.get(name)
-            if key is None:
-                key = _raw_keys[name] = os.environ.encodekey(lookup(name).name)
-            value = raw.get(key)
+            value = raw.get(_raw_keys.get(name) or _raw_key(name))
         if value and not value.isspace():
             return True
     return False
@@ -253,13 +250,13 @@ def raw_values(*names: str | EnvVar) -> tuple:
     raw = _RAW_ENVIRON
     if raw is None:
         return tuple(os.environ.get(lookup(name).name) for name in names)
-    values = []
-    for name in names:
-        key = _raw_keys.get(name)
-        if key is None:
-            key = _raw_keys[name] = os.environ.encodekey(lookup(name).name)
-        values.append(raw.get(key))
-    return tuple(values)
+    return tuple(raw.get(_raw_keys.get(name) or _raw_key(name)) for name in names)
+
+
+def _raw_key(name: str | EnvVar) -> bytes:
+    """``name`` encoded as os.environ's own table keys it, remembered (the hit is inlined by callers)."""
+    key = _raw_keys[name] = os.environ.encodekey(lookup(name).name)
+    return key
 
 
 # os.environ's own table (encoded keys to encoded values; putenv and monkeypatching update it):

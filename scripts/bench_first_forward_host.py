@@ -37,8 +37,9 @@ import sys
 import tempfile
 from pathlib import Path
 
+from bench_network import KDB_CALL  # the kdb command line, run with this interpreter
+
 ROOT = Path(__file__).resolve().parents[1]
-KDB_CALL = "import sys; from kdbkit.runtime.cli.app import main; sys.exit(main())"
 
 CHILD = r'''
 import json, os, sys, time
