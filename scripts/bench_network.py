@@ -253,6 +253,7 @@ def main(argv=None) -> None:
 def report(data: dict, out: Path) -> None:
     lines = ["# A whole network's time to first result", "",
              "`python scripts/bench_network.py --packages WHEELS` (see its docstring; fresh processes, medians).",
+             *([f"Made by {data['made']}."] if data.get("made") else []),
              f"Device: {data['machine']['device']}.", "",
              "| network | kdbkit, installed bundle | kdbkit, empty cache (JIT) | PyTorch eager, first call | "
              "JIT / bundle | PyTorch / bundle | second forward (kdbkit / PyTorch) | resolutions (bundle) |",
@@ -281,8 +282,10 @@ def report(data: dict, out: Path) -> None:
         if runs.get("bundle_no_prefetch"):
             warm = [r["first_ms"] for r in runs["bundle"] if r.get("memo_written_before")]
             off = [r["first_ms"] for r in runs["bundle_no_prefetch"]]
+            torch_ms = statistics.median(r["first_ms"] for r in runs["torch"]) if runs.get("torch") else None
+            against = f"; PyTorch / bundle without prefetch {torch_ms / statistics.median(off):.1f}x" if torch_ms else ""
             prefetch.append(f"{name} {statistics.median(warm):.1f} ms with, {statistics.median(off):.1f} ms without "
-                            f"(medians of {len(warm)} and {len(off)} processes after the first)")
+                            f"(medians of {len(warm)} and {len(off)} processes after the first{against})")
         first = [r for r in runs["bundle"] if r.get("memo_written_before") is False]
         if first:
             cold.append(f"{name} {first[0]['first_ms']:.1f} ms (handle {first[0]['handle_ms']:.1f} ms)")
@@ -293,8 +296,8 @@ def report(data: dict, out: Path) -> None:
               "empty (the resolutions above), and the first process writes the startup memo that the later ones read"
               + (f" (that first process: {'; '.join(cold)})." if cold else "."), ""]
     if prefetch:
-        lines[-1:-1] = ["The programs the last process used, loaded by a background thread from the first lookup on "
-                        "(runtime/prefetch.py), against KDB_DISABLE_PREFETCH=1 in processes interleaved with them: "
+        lines[-1:-1] = ["The programs the last process used loaded, and the problems it ran set up, by a background "
+                        "thread from the handle's creation on (runtime/prefetch.py), against KDB_DISABLE_PREFETCH=1 in processes interleaved with them: "
                         + "; ".join(prefetch) + "."]
     (out / "bench_network.md").write_text("\n".join(lines))
     print("\n".join(lines))

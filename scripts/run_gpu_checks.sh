@@ -12,6 +12,7 @@
 # PART=profile: where the networks' first forward spends its time (.gpu-bundles/ with its tuned
 # find-db, carried): scripts/profile_network.py --first-layers, twice per network (with cProfile on
 # the first layer, then without), then the cProfile run with each layer's GPU time.
+# PART=startup: only the startup benchmark and the system hit's profile (the later-hit ratio).
 # PART=install only installs (then: export PYTHONPATH=/tmp/site and run a script of scripts/).
 set -uo pipefail
 PART=${PART:-all}
@@ -73,6 +74,11 @@ if [ "$PART" = primitives ]; then
         tee "$OUT/pytest_primitives_cuda.txt" | tail -8
     echo "== the primitives against PyTorch"
     python3 scripts/bench_primitives.py --out "$OUT" 2>&1 | tee "$OUT/bench_primitives.txt" | tail -40
+    exit 0
+fi
+if [ "$PART" = startup ]; then
+    python3 scripts/bench_startup.py --runs "${RUNS:-15}" --out "$OUT" 2>&1 | tee "$OUT/bench_startup.txt"
+    python3 scripts/profile_system_hit.py --runs 12 --out "$OUT/profile_system_hit.json" > "$OUT/profile_system_hit.txt" 2>&1
     exit 0
 fi
 if [ "$PART" != bench ]; then
