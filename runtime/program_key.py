@@ -31,6 +31,7 @@ KEY_SCHEMA = 2
 
 _DEFINE = re.compile(r"^-D([A-Za-z_][A-Za-z0-9_]*)(?:=(.*))?$")
 _REMEDY = "write each define as -DNAME or -DNAME=VALUE, once"
+_SHLEX_SPECIAL = re.compile(r"""["'\\\x0b\x0c\x1c-\x1f]""")  # what shlex treats apart, or str.split() splits on too
 
 
 def normalise_options(options: str | Sequence[str]) -> tuple[str, ...]:
@@ -49,7 +50,12 @@ def normalise_options(options: str | Sequence[str]) -> tuple[str, ...]:
 @functools.lru_cache(maxsize=4096)
 def _normalise(options: str | tuple[str, ...]) -> tuple[str, ...]:
     try:
-        tokens = shlex.split(options) if isinstance(options, str) else list(options)
+        if isinstance(options, str):
+            # shlex's split costs more than the rest of a lookup; where it would split exactly
+            # as str.split() (no quotes, escapes or other separators), skip it
+            tokens = options.split() if options.isascii() and not _SHLEX_SPECIAL.search(options) else shlex.split(options)
+        else:
+            tokens = list(options)
     except ValueError as exc:  # an unbalanced quote
         raise OptionsError(f"options {options!r} do not parse: {exc}", "balance the quotes") from exc
     merged: list[str] = []
@@ -135,14 +141,26 @@ def program_key(request: ProgramRequest, *, target: Target, compiler: str, sourc
         ValueError: an input is empty (an unobservable input is refused, not guessed).
     """
     arch = target.full_arch
-    fields = {"schema": str(KEY_SCHEMA), "file": request.kernel_file, "options": "\0".join(request.options),
-              "arch": arch, "source": source_digest, "compiler": compiler}
-    for label in ("file", "source", "compiler"):
-        if not fields[label]:
-            raise ValueError(f"program key for {request.kernel_file or '?'}: {label} is empty; it must be observed")
+    head, tail = _fixed_fields(request.kernel_file, arch, source_digest, compiler)
+    options = "\0".join(request.options).encode()
     # One hash call over the joined fields (the same bytes as feeding them one by one, at a
     # fraction of the Python overhead: this runs on every lookup).
-    parts = [part for label, value in fields.items() for part in (label.encode(), value.encode())]
-    digest = hashlib.sha256(b"".join(len(p).to_bytes(8, "little") + p for p in parts)).hexdigest()
+    digest = hashlib.sha256(b"".join((head, len(options).to_bytes(8, "little"), options, tail))).hexdigest()
     readable = " ".join((*request.options, f"-mcpu={arch}"))
     return ProgramKey(f"{request.kernel_file}.o", f"{readable} --kdb-key={digest[:32]}", digest)
+
+
+def _field(label: str, value: str) -> bytes:
+    label_bytes, value_bytes = label.encode(), value.encode()
+    return b"".join((len(label_bytes).to_bytes(8, "little"), label_bytes, len(value_bytes).to_bytes(8, "little"), value_bytes))
+
+
+@functools.lru_cache(maxsize=1024)
+def _fixed_fields(kernel_file: str, arch: str, source_digest: str, compiler: str) -> tuple[bytes, bytes]:
+    """The hashed bytes of every field but the options, before and after them: the same for all
+    of one kernel file's programs, so a lookup encodes only its options."""
+    for label, value in (("file", kernel_file), ("source", source_digest), ("compiler", compiler)):
+        if not value:
+            raise ValueError(f"program key for {kernel_file or '?'}: {label} is empty; it must be observed")
+    head = _field("schema", str(KEY_SCHEMA)) + _field("file", kernel_file) + len(b"options").to_bytes(8, "little") + b"options"
+    return head, _field("arch", arch) + _field("source", source_digest) + _field("compiler", compiler)

@@ -1,6 +1,10 @@
 """ProgramRequest and the one key function: normalised options, every input keyed, layout pinned."""
 
+import shlex
+
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from kdbkit.kdb import KdbError, Target
 from kdbkit.runtime.errors import OptionsError
@@ -81,3 +85,20 @@ def test_normalising_is_remembered_but_lists_and_errors_still_work():
     for _ in range(2):  # a refused input is refused every time, not remembered as a result
         with pytest.raises(OptionsError):
             normalise_options(opts)
+
+
+@given(st.text(alphabet=st.sampled_from(list("AB=1-D_ \t\n\r\x0b\x0c\x1c\x1f'\"\\#é\u2003")), max_size=16))
+@settings(max_examples=400, deadline=None)
+def test_a_string_of_options_splits_as_shlex_splits_it(text):
+    # The fast split (str.split where it agrees with shlex) must never change a key.
+    def outcome(options):
+        try:
+            return normalise_options(options)
+        except (OptionsError, ValueError) as exc:
+            return type(exc)
+    try:
+        tokens = shlex.split(text)
+    except ValueError:
+        assert outcome(text) is OptionsError  # an unbalanced quote or a lone escape
+        return
+    assert outcome(text) == outcome(tokens)
