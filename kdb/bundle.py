@@ -260,18 +260,21 @@ class Bundle:
             pass  # a damaged page is reported by the lookup that reads it
 
     def _decode(self, name: str, args: str, blob: bytes, expected_hash: str, size: int) -> bytes:
-        where = f"{self.path}: entry {name} [{args}]"
-        remedy = f"check the file with `kdb db verify {self.path}`"
         try:
             data = self._reader.decode(blob, size)
         except CodecError as exc:
-            raise CorruptEntryError(f"{where} is corrupt: {exc.problem}", remedy, path=str(self.path),
-                                    kernel_name=name, kernel_args=args) from exc
-        if _codec.digest(data, self.metadata.hash) != str(expected_hash).lower():
-            raise CorruptEntryError(
-                f"{where} is corrupt: {self.metadata.hash} of the data does not match kernel_hash "
-                "(possible database corruption)", remedy, path=str(self.path), kernel_name=name, kernel_args=args)
+            raise self._corrupt(name, args, exc.problem) from exc
+        actual = _codec.digest(data, self.metadata.hash)
+        if actual != expected_hash and actual != str(expected_hash).lower():  # the common case skips str().lower()
+            raise self._corrupt(name, args, f"{self.metadata.hash} of the data does not match kernel_hash "
+                                            "(possible database corruption)")
         return data
+
+    def _corrupt(self, name: str, args: str, problem: str) -> CorruptEntryError:
+        # Made only on failure: the messages cost more than a whole hit's hash check.
+        return CorruptEntryError(f"{self.path}: entry {name} [{args}] is corrupt: {problem}",
+                                 f"check the file with `kdb db verify {self.path}`", path=str(self.path),
+                                 kernel_name=name, kernel_args=args)
 
     def entries(self) -> Iterator[EntryInfo]:
         """Every entry's key and sizes, in key order, without reading blobs into Python."""
