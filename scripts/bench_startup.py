@@ -12,10 +12,15 @@ the primary context cost the same whichever source follows), then time
   ``cuModuleGetFunction`` and nothing else: the floor that kdbkit adds its lookup to
   (the file read is not timed);
 - ``bare+read``: the same, timing the read of the cubin file too: what a program that
-  ships loose cubin files pays.
-Each kdbkit process resolves the sample kernels in order; the first one pays for finding
-and opening the bundles, so the JSON keeps the first and the later ones apart. The bare
-mode loads the same three cubins in the same order. Medians over the processes are
+  ships loose cubin files pays;
+- ``floor``: the least a checked read of the system bundle can cost, without kdbkit: the
+  entry's row by its key (worked out beforehand) through ``sqlite3``, zstd decode, xxh3 check,
+  then the bare load; ``floor-raw`` the same on a copy of the bundle whose entries are stored
+  uncompressed; ``system-raw``: kdbkit's system hit on that copy.
+Each kdbkit process resolves the programs of ``PROGRAMS`` in order (the three samples, then
+variants of them); the first one pays for the process's first lookup, so the JSON keeps the
+first and the later ones apart (and the second and third alone). The bare modes load the
+same cubins in the same order. Medians over the processes are
 compared against the targets: a system hit at most 1.5x ``bare+read`` (a bare load of the
 same cubin read from its own file; ``bare`` is reported as the floor), and at least 100x
 faster than the JIT.
@@ -59,7 +64,6 @@ def child(mode: str, cubin_dir: str | None) -> None:
     import numpy as np
 
     from kdbkit.runtime.backends.registry import default_device, discover_devices, open_backend
-    from kdbkit.runtime.samples import SAMPLES
 
     t_start = time.perf_counter()
     device = next((d for d in discover_devices() if d.backend == "cuda"), None) or default_device()
@@ -73,31 +77,33 @@ def child(mode: str, cubin_dir: str | None) -> None:
     if mode in ("bare", "bare+read"):
         from cuda.bindings import driver
 
-        for s in SAMPLES:
+        for name, _kernel_file, _options, entry in PROGRAMS:
             t_read = time.perf_counter()
-            cubin = (Path(cubin_dir) / f"{s.name}.cubin").read_bytes()
+            cubin = (Path(cubin_dir) / f"{name}.cubin").read_bytes()
             t0 = time.perf_counter() if mode == "bare" else t_read
             err, module = driver.cuModuleLoadData(cubin)
             assert err == driver.CUresult.CUDA_SUCCESS, err
-            err, fn = driver.cuModuleGetFunction(module, _entry(s.name).encode())
+            err, fn = driver.cuModuleGetFunction(module, entry.encode())
             assert err == driver.CUresult.CUDA_SUCCESS, err
             t1 = time.perf_counter()
-            rows.append({"kernel": s.name, "resolve_ms": (t1 - t0) * 1e3, "source": mode})
+            rows.append({"kernel": name, "resolve_ms": (t1 - t0) * 1e3, "source": mode})
         launch_ms = None
+    elif mode in ("floor", "floor-raw"):
+        rows, launch_ms = _floor_rows(mode), None
     else:
         from kdbkit.runtime.handle import Handle
 
         t_h = time.perf_counter()
         handle = Handle(backend=backend)
         handle_ms = (time.perf_counter() - t_h) * 1e3
-        for s in SAMPLES:
+        for name, kernel_file, options, entry in PROGRAMS:
             t0 = time.perf_counter()
-            program = handle.program(s.kernel_file, s.options)
-            program.function(_entry(s.name))
+            program = handle.program(kernel_file, options)
+            program.function(entry)
             t1 = time.perf_counter()
-            rows.append({"kernel": s.name, "resolve_ms": (t1 - t0) * 1e3, "source": program.source,
+            rows.append({"kernel": name, "resolve_ms": (t1 - t0) * 1e3, "source": program.source,
                          "steps": [(st.name, round(st.ms, 4), st.outcome) for st in program.steps]})
-        relu = handle.program(SAMPLES[0].kernel_file, SAMPLES[0].options).function("relu_fwd")
+        relu = handle.program(*PROGRAMS[0][1:3]).function("relu_fwd")
         t0 = time.perf_counter()
         backend.launch(relu, (64, 1, 1), (256, 1, 1), [x, y, np.int32(n)])
         backend.synchronize()
@@ -107,10 +113,76 @@ def child(mode: str, cubin_dir: str | None) -> None:
     if mode == "user":
         rows[0]["breakdown"] = user_breakdown(backend)
     json.dump({"mode": mode, "rows": rows, "first_launch_ms": launch_ms, "device_open_ms": (t_ready - t_start) * 1e3,
-               "handle_ms": None if mode.startswith("bare") else handle_ms,
-               "prepare_ms": None if mode.startswith("bare") else {st.name: st.ms for st in handle.prepare_steps},
+               "handle_ms": None if mode in BARE_MODES else handle_ms,
+               "prepare_ms": None if mode in BARE_MODES else {st.name: st.ms for st in handle.prepare_steps},
                "device": device.name, "target": str(device.target), "compiler": _compiler_identity()},
               sys.stdout)
+
+
+def _floor_rows(mode: str) -> list[dict]:
+    """Each sample's cubin through the least work a checked bundle read needs (see ``floor``
+    in the docstring): no kdbkit in the timed part. Like a handle, the connection, the lookup
+    statement and the decompressor are made before the timing starts."""
+    import sqlite3
+
+    import xxhash
+    import zstandard
+    from cuda.bindings import driver
+
+    from kdbkit.kdb import open_bundle
+
+    path = next(Path(os.environ["KDB_SYSTEM_DB_PATH"]).glob("*.kdb"))
+    with open_bundle(path) as bundle:
+        keys = {program[0]: _row_of(bundle, *program[1:3])[:2] for program in PROGRAMS}
+    conn = sqlite3.connect(f"file:{path}?mode=ro&immutable=1", uri=True, check_same_thread=False)
+    meta = dict(conn.execute("SELECT key, value FROM kdb_meta"))
+    zd = zstandard.ZstdDecompressor(dict_data=zstandard.ZstdCompressionDict(meta["zstd_dict"])
+                                    if meta.get("zstd_dict") else None)
+    conn.execute(GET_ENTRY, ("", "")).fetchone()
+    rows = []
+    for name, _kernel_file, _options, entry in PROGRAMS:
+        t0 = time.perf_counter()
+        blob, kernel_hash, size = conn.execute(GET_ENTRY, keys[name]).fetchone()
+        data = zd.decompress(blob, max_output_size=size) if size else blob
+        if xxhash.xxh3_128_hexdigest(data) != kernel_hash:
+            raise SystemExit(f"{name}: hash mismatch")
+        err, module = driver.cuModuleLoadData(data)
+        assert err == driver.CUresult.CUDA_SUCCESS, err
+        err, fn = driver.cuModuleGetFunction(module, entry.encode())
+        assert err == driver.CUresult.CUDA_SUCCESS, err
+        rows.append({"kernel": name, "resolve_ms": (time.perf_counter() - t0) * 1e3, "source": mode})
+    return rows
+
+
+GET_ENTRY = "SELECT kernel_blob, kernel_hash, uncompressed_size FROM kern_db WHERE kernel_name = ? AND kernel_args = ?"
+BARE_MODES = ("bare", "bare+read", "floor", "floor-raw")
+
+
+def raw_copy(system: Path, work: Path) -> Path:
+    """A copy of the system bundle folder whose entries are stored uncompressed (an
+    ``uncompressed_size`` of 0 means raw to every reader); the hashes, of the binaries, stay."""
+    import shutil
+    import sqlite3
+
+    import zstandard
+
+    raw = work / "system-raw"
+    raw.mkdir()
+    for src in system.glob("*.kdb"):
+        dst = raw / src.name
+        shutil.copy(src, dst)
+        conn = sqlite3.connect(dst)
+        meta = dict(conn.execute("SELECT key, value FROM kdb_meta"))
+        zd = zstandard.ZstdDecompressor(dict_data=zstandard.ZstdCompressionDict(meta["zstd_dict"])
+                                        if meta.get("zstd_dict") else None)
+        for rowid, blob, size in conn.execute("SELECT id, kernel_blob, uncompressed_size FROM kern_db").fetchall():
+            if size:
+                conn.execute("UPDATE kern_db SET kernel_blob = ?, uncompressed_size = 0 WHERE id = ?",
+                             (zd.decompress(blob, max_output_size=size), rowid))
+        conn.commit()
+        conn.execute("VACUUM")
+        conn.close()
+    return raw
 
 
 def child_handle(kernel_dir: str) -> None:
@@ -204,8 +276,33 @@ def user_breakdown(backend) -> dict:
     return parts
 
 
-def _entry(sample_name: str) -> str:
-    return {"relu": "relu_fwd", "reduce_sum": "reduce_sum", "sgemm": "sgemm_tiled"}[sample_name]
+# The programs each process resolves, in order (name, kernel file, options, kernel): the three
+# samples, then variants of them (other block and tile sizes, another type), so that "later"
+# is a run of first lookups as a network's first forward makes them, not only the process's
+# second and third lookups (reported apart as well).
+PROGRAMS = (
+    ("relu", "activation.c", ("-DKDB_DTYPE=float",), "relu_fwd"),
+    ("reduce_sum", "reduce_sum.c", ("-DBLOCK=256",), "reduce_sum"),
+    ("sgemm", "matmul_tiled.c", ("-DTILE=16",), "sgemm_tiled"),
+    ("reduce_sum_b128", "reduce_sum.c", ("-DBLOCK=128",), "reduce_sum"),
+    ("sgemm_t8", "matmul_tiled.c", ("-DTILE=8",), "sgemm_tiled"),
+    ("relu_double", "activation.c", ("-DKDB_DTYPE=double",), "relu_fwd"),
+    ("reduce_sum_b512", "reduce_sum.c", ("-DBLOCK=512",), "reduce_sum"),
+    ("sgemm_t32", "matmul_tiled.c", ("-DTILE=32",), "sgemm_tiled"),
+    ("reduce_sum_double", "reduce_sum.c", ("-DKDB_DTYPE=double",), "reduce_sum"),
+)
+
+
+def _row_of(bundle, kernel_file: str, options) -> tuple[str, str, bytes]:
+    """The bundle's (name, args, binary) for a program: its args start with the normalised
+    options, then ``-mcpu=`` (program_key's readable part)."""
+    from kdbkit.runtime.program_key import normalise_options
+
+    readable = " ".join((*normalise_options(options), "-mcpu="))
+    rows = [row for row in bundle.items() if row[0] == f"{kernel_file}.o" and row[1].startswith(readable)]
+    if len(rows) != 1:
+        raise SystemExit(f"{kernel_file} {options}: {len(rows)} entries in {bundle.path}")
+    return rows[0]
 
 
 # -- parent side -------------------------------------------------------------------------------
@@ -228,18 +325,16 @@ def prepare(work: Path) -> tuple[Path, Path]:
     from kdbkit.kdb import open_bundle
     from kdbkit.packager.device_build import build_bundle
     from kdbkit.runtime.backends.registry import discover_devices
-    from kdbkit.runtime.samples import SAMPLES
 
     device = next(d for d in discover_devices() if d.backend == "cuda")
     system = work / "system"
     system.mkdir()
-    path = build_bundle(device.target, [(s.kernel_file, s.options) for s in SAMPLES], system)
+    path = build_bundle(device.target, [(kernel_file, options) for _, kernel_file, options, _ in PROGRAMS], system)
     cubins = work / "cubins"
     cubins.mkdir()
     with open_bundle(path) as b:
-        by_file = {name: data for name, _args, data in b.items()}
-    for s in SAMPLES:
-        (cubins / f"{s.name}.cubin").write_bytes(by_file[f"{s.kernel_file}.o"])
+        for name, kernel_file, options, _ in PROGRAMS:
+            (cubins / f"{name}.cubin").write_bytes(_row_of(b, kernel_file, options)[2])
     return system, cubins
 
 
@@ -321,6 +416,7 @@ def summarise(runs: list[dict]) -> dict:
         "processes": len(runs), "sources_seen": sources,
         "first_resolve_ms": per_kernel[kernels[0]],
         "later_resolve_ms": med([run["rows"][i]["resolve_ms"] for run in runs for i in range(1, len(kernels))]),
+        "second_third_resolve_ms": med([run["rows"][i]["resolve_ms"] for run in runs for i in (1, 2)]),
         "per_kernel_resolve_ms": per_kernel,
         "first_launch_ms": med([r["first_launch_ms"] for r in runs if r["first_launch_ms"] is not None]),
         "device_open_ms": med([r["device_open_ms"] for r in runs]),
@@ -332,7 +428,10 @@ def summarise(runs: list[dict]) -> dict:
     }
 
 
-MODES = ("bare", "bare+read", "system", "user", "jit")
+MODES = ("bare", "bare+read", "floor", "floor-raw", "system", "system-raw", "user", "jit")
+LABELS = {"bare": "bare load", "bare+read": "bare load\n+ file read", "floor": "checked\nread floor",
+          "floor-raw": "floor,\nraw entries", "system": "system\nbundle", "system-raw": "system,\nraw entries",
+          "user": "user\ncache", "jit": "JIT\n(NVRTC)"}
 
 
 def plot(results: dict, path: Path) -> None:
@@ -357,7 +456,7 @@ def plot(results: dict, path: Path) -> None:
 
 
 def _plot_modes(ax, results: dict) -> None:
-    modes = list(MODES)
+    modes = [m for m in MODES if m in results]  # older JSON lacks the floor modes
     bars = [("making the handle (once per process)", [results[m].get("handle_ms") for m in modes], -0.27),
             ("first kernel in the process", [results[m]["first_resolve_ms"] for m in modes], 0.0),
             ("later kernels", [results[m]["later_resolve_ms"] for m in modes], 0.27)]
@@ -368,7 +467,7 @@ def _plot_modes(ax, results: dict) -> None:
         for x, v in shown:
             ax.annotate(f"{v:.3g}", (x, v), ha="center", va="bottom", fontsize=7)
     ax.set_yscale("log")
-    ax.set_xticks(list(xs), ["bare load", "bare load\n+ file read", "system\nbundle", "user\ncache", "JIT\n(NVRTC)"])
+    ax.set_xticks(list(xs), [LABELS[m] for m in modes], fontsize=8)
     ax.set_ylabel("ms (median over fresh processes, log)")
     ax.set_title(f"Time to a launchable kernel on {results['device']}")
     ax.legend(fontsize=8)
@@ -400,14 +499,17 @@ def _verdict(ok: bool) -> str:
 def startup_section(results: dict) -> str:
     t = results["targets"]
     names = {"bare": "bare `cuModuleLoadData` + `cuModuleGetFunction` (cubin already in memory)",
-             "bare+read": "bare, timing the read of the cubin file too", "system": "**system bundle**",
+             "bare+read": "bare, timing the read of the cubin file too",
+             "floor": "floor of a checked bundle read: `sqlite3` row, zstd decode, xxh3 check, bare load (no kdbkit)",
+             "floor-raw": "the same floor, entries stored uncompressed", "system": "**system bundle**",
+             "system-raw": "system bundle, entries stored uncompressed",
              "user": "user cache", "jit": "JIT (NVRTC, `CUDA_CACHE_DISABLE=1`, empty cache)"}
     lines = ["## Time to a launchable kernel (generated by `scripts/bench_startup.py`)", "",
              f"{results['device']} ({results['target']}), {results['compiler']}, Python {results['python']}; "
              f"{results['runs']} fresh processes per mode, modes interleaved; `{results['command']}`. Medians.", "",
              "| mode | handle ms | first ms | later ms | first launch ms | whole process ms |",
              "|---|---:|---:|---:|---:|---:|"]
-    for mode in MODES:
+    for mode in (m for m in MODES if m in results):
         r = results[mode]
         handle = "-" if r["handle_ms"] is None else f"{r['handle_ms']:.2f}"
         launch = "-" if r["first_launch_ms"] is None else f"{r['first_launch_ms']:.3f}"
@@ -419,8 +521,26 @@ def startup_section(results: dict) -> str:
               f"first kernel, {t['system_later_over_bare_read']:.2f}x for later ones.",
               f"- Floor, no target: against the bare load alone (cubin already in memory), "
               f"{t['system_first_over_bare']:.2f}x first, {t['system_later_over_bare']:.2f}x later.",
+              *([f"- The checked read's own floor (no kdbkit): {t['floor_first_over_bare_read']:.2f}x `bare+read` "
+                 f"first, {t['floor_later_over_bare_read']:.2f}x later ({t['floor_raw_later_over_bare_read']:.2f}x "
+                 f"with uncompressed entries). kdbkit's system hit adds {t['system_over_floor_later_us']:.0f} us to it "
+                 f"for a later kernel ({t['system_raw_later_over_bare_read']:.2f}x `bare+read` with uncompressed "
+                 "entries)."] if "floor_later_over_bare_read" in t else []),
               f"- {_verdict(t['pass_system_100x_faster_than_jit'])}: a system hit at least 100x faster than the JIT: "
               f"{t['jit_first_over_system_first']:.0f}x first, {t['jit_later_over_system_later']:.0f}x later."]
+    per = [m for m in ("bare+read", "floor", "system", "system-raw") if m in results]
+    kernels = list(results["system"]["per_kernel_resolve_ms"])
+    if len(kernels) > 3:
+        lines += ["", f"\"Later\" is every lookup after the first, of {len(kernels)} programs in the process; the second "
+                  "and third alone (the process's code still cold) cost "
+                  f"{t['system_second_third_over_bare_read']:.2f}x `bare+read`. Per program, in the order resolved "
+                  "(medians, us):", "",
+                  "| # | program | " + " | ".join(per) + " | system / bare+read |",
+                  "|---:|---|" + "---:|" * (len(per) + 1)]
+        for i, k in enumerate(kernels, 1):
+            v = {m: results[m]["per_kernel_resolve_ms"][k] * 1e3 for m in per}
+            lines.append(f"| {i} | {k} | " + " | ".join(f"{v[m]:.0f}" for m in per)
+                         + f" | {v['system'] / v['bare+read']:.2f}x |")
     return "\n".join(lines)
 
 
@@ -524,6 +644,7 @@ def main() -> None:
 
     work = Path(tempfile.mkdtemp(prefix="kdbkit-bench-startup-"))
     system, cubins = prepare(work)
+    system_raw = raw_copy(system, work)
     _, kernel_folders = prepare_handle(work, None, system)
     base = {k: v for k, v in os.environ.items() if not k.startswith("KDB_")}
     base.update(KDB_BACKEND="cuda", CUDA_CACHE_DISABLE="1")  # kdbkit comes from its install
@@ -534,7 +655,11 @@ def main() -> None:
     modes = {
         "bare": lambda i: (dict(base), cubins),
         "bare+read": lambda i: (dict(base), cubins),
+        "floor": lambda i: (dict(base, KDB_SYSTEM_DB_PATH=str(system)), None),
+        "floor-raw": lambda i: (dict(base, KDB_SYSTEM_DB_PATH=str(system_raw)), None),
         "system": lambda i: (dict(base, KDB_SYSTEM_DB_PATH=str(system), KDB_CUSTOM_CACHE_DIR=str(work / f"s{i}")), None),
+        "system-raw": lambda i: (dict(base, KDB_SYSTEM_DB_PATH=str(system_raw),
+                                      KDB_CUSTOM_CACHE_DIR=str(work / f"r{i}")), None),
         "user": lambda i: (dict(base, KDB_SYSTEM_DB_PATH=str(empty_system), KDB_CUSTOM_CACHE_DIR=str(user_cache)), None),
         "jit": lambda i: (dict(base, KDB_SYSTEM_DB_PATH=str(empty_system), KDB_CUSTOM_CACHE_DIR=str(work / f"j{i}")), None),
     }
@@ -550,7 +675,7 @@ def main() -> None:
         run_handles(base, system, kernel_folders, work, args.runs, raw_handles, round_index=i)
     for mode in modes:
         results[mode] = summarise(raw[mode])
-        expected = mode
+        expected = "system" if mode == "system-raw" else mode
         if results[mode]["sources_seen"] != [expected]:
             raise SystemExit(f"{mode}: programs came from {results[mode]['sources_seen']}, expected {expected}")
     info = raw["system"][0]
@@ -571,6 +696,15 @@ def main() -> None:
         "jit_later_over_system_later": jit["later_resolve_ms"] / sysm["later_resolve_ms"],
         # The handle does once, when made, what the first lookup used to do (open the bundle,
         # digest the sources): counted in, the first kernel compares like this.
+        "floor_first_over_bare_read": results["floor"]["first_resolve_ms"] / results["bare+read"]["first_resolve_ms"],
+        "floor_later_over_bare_read": results["floor"]["later_resolve_ms"] / results["bare+read"]["later_resolve_ms"],
+        "floor_raw_later_over_bare_read": (results["floor-raw"]["later_resolve_ms"]
+                                           / results["bare+read"]["later_resolve_ms"]),
+        "system_over_floor_later_us": (sysm["later_resolve_ms"] - results["floor"]["later_resolve_ms"]) * 1e3,
+        "system_raw_later_over_bare_read": (results["system-raw"]["later_resolve_ms"]
+                                            / results["bare+read"]["later_resolve_ms"]),
+        "system_second_third_over_bare_read": (sysm["second_third_resolve_ms"]
+                                               / results["bare+read"]["second_third_resolve_ms"]),
         "system_handle_plus_first_over_bare": (sysm["handle_ms"] + sysm["first_resolve_ms"]) / bare["first_resolve_ms"],
         "jit_over_system_handle_plus_first": ((jit["handle_ms"] + jit["first_resolve_ms"])
                                               / (sysm["handle_ms"] + sysm["first_resolve_ms"])),
@@ -589,7 +723,7 @@ def main() -> None:
                                                   "handle": handle_section(results["handle_files"])})
     print(f"{'mode':9} {'handle ms':>10} {'first ms':>10} {'later ms':>10} {'launch ms':>10} {'device ms':>10} "
           f"{'process ms':>11}")
-    for mode in ("bare", "bare+read", "system", "user", "jit"):
+    for mode in MODES:
         r = results[mode]
         launch = "-" if r["first_launch_ms"] is None else f"{r['first_launch_ms']:.3f}"
         handle = "-" if r["handle_ms"] is None else f"{r['handle_ms']:.3f}"
