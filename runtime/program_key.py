@@ -145,14 +145,17 @@ def program_key(request: ProgramRequest, *, target: Target, compiler: str, sourc
     options = "\0".join(request.options).encode()
     # One hash call over the joined fields (the same bytes as feeding them one by one, at a
     # fraction of the Python overhead: this runs on every lookup).
-    digest = hashlib.sha256(b"".join((head, len(options).to_bytes(8, "little"), options, tail))).hexdigest()
+    digest = hashlib.sha256(b"".join((head, _prefixed(options), tail))).hexdigest()
     readable = " ".join((*request.options, f"-mcpu={arch}"))
     return ProgramKey(f"{request.kernel_file}.o", f"{readable} --kdb-key={digest[:32]}", digest)
 
 
+def _prefixed(data: bytes) -> bytes:
+    return len(data).to_bytes(8, "little") + data
+
+
 def _field(label: str, value: str) -> bytes:
-    label_bytes, value_bytes = label.encode(), value.encode()
-    return b"".join((len(label_bytes).to_bytes(8, "little"), label_bytes, len(value_bytes).to_bytes(8, "little"), value_bytes))
+    return _prefixed(label.encode()) + _prefixed(value.encode())
 
 
 @functools.lru_cache(maxsize=1024)
@@ -162,5 +165,5 @@ def _fixed_fields(kernel_file: str, arch: str, source_digest: str, compiler: str
     for label, value in (("file", kernel_file), ("source", source_digest), ("compiler", compiler)):
         if not value:
             raise ValueError(f"program key for {kernel_file or '?'}: {label} is empty; it must be observed")
-    head = _field("schema", str(KEY_SCHEMA)) + _field("file", kernel_file) + len(b"options").to_bytes(8, "little") + b"options"
+    head = _field("schema", str(KEY_SCHEMA)) + _field("file", kernel_file) + _prefixed(b"options")  # its value follows
     return head, _field("arch", arch) + _field("source", source_digest) + _field("compiler", compiler)
