@@ -120,13 +120,12 @@ def child(mode: str, cubin_dir: str | None) -> None:
 
 
 def _floor_rows(mode: str) -> list[dict]:
-    """Each sample's cubin through the least work a checked bundle read needs (see ``floor``
+    """Each program's cubin through the least work a checked bundle read needs (see ``floor``
     in the docstring): no kdbkit in the timed part. Like a handle, the connection, the lookup
     statement and the decompressor are made before the timing starts."""
     import sqlite3
 
     import xxhash
-    import zstandard
     from cuda.bindings import driver
 
     from kdbkit.kdb import open_bundle
@@ -135,9 +134,7 @@ def _floor_rows(mode: str) -> list[dict]:
     with open_bundle(path) as bundle:
         keys = {program[0]: _row_of(bundle, *program[1:3])[:2] for program in PROGRAMS}
     conn = sqlite3.connect(f"file:{path}?mode=ro&immutable=1", uri=True, check_same_thread=False)
-    meta = dict(conn.execute("SELECT key, value FROM kdb_meta"))
-    zd = zstandard.ZstdDecompressor(dict_data=zstandard.ZstdCompressionDict(meta["zstd_dict"])
-                                    if meta.get("zstd_dict") else None)
+    zd = _decompressor(conn)
     conn.execute(GET_ENTRY, ("", "")).fetchone()
     rows = []
     for name, _kernel_file, _options, entry in PROGRAMS:
@@ -154,6 +151,15 @@ def _floor_rows(mode: str) -> list[dict]:
     return rows
 
 
+def _decompressor(conn):
+    """A zstd decompressor with the bundle's dictionary, if it has one (``kdb_meta``)."""
+    import zstandard
+
+    meta = dict(conn.execute("SELECT key, value FROM kdb_meta"))
+    return zstandard.ZstdDecompressor(dict_data=zstandard.ZstdCompressionDict(meta["zstd_dict"])
+                                      if meta.get("zstd_dict") else None)
+
+
 GET_ENTRY = "SELECT kernel_blob, kernel_hash, uncompressed_size FROM kern_db WHERE kernel_name = ? AND kernel_args = ?"
 BARE_MODES = ("bare", "bare+read", "floor", "floor-raw")
 
@@ -164,17 +170,13 @@ def raw_copy(system: Path, work: Path) -> Path:
     import shutil
     import sqlite3
 
-    import zstandard
-
     raw = work / "system-raw"
     raw.mkdir()
     for src in system.glob("*.kdb"):
         dst = raw / src.name
         shutil.copy(src, dst)
         conn = sqlite3.connect(dst)
-        meta = dict(conn.execute("SELECT key, value FROM kdb_meta"))
-        zd = zstandard.ZstdDecompressor(dict_data=zstandard.ZstdCompressionDict(meta["zstd_dict"])
-                                        if meta.get("zstd_dict") else None)
+        zd = _decompressor(conn)
         for rowid, blob, size in conn.execute("SELECT id, kernel_blob, uncompressed_size FROM kern_db").fetchall():
             if size:
                 conn.execute("UPDATE kern_db SET kernel_blob = ?, uncompressed_size = 0 WHERE id = ?",
