@@ -21,8 +21,7 @@ import functools
 import hashlib
 import re
 import shlex
-from dataclasses import dataclass
-from typing import Sequence
+from typing import NamedTuple, Sequence
 
 from kdbkit.kdb.target import Target
 from kdbkit.runtime.errors import OptionsError
@@ -58,37 +57,40 @@ def _normalise(options: str | tuple[str, ...]) -> tuple[str, ...]:
             tokens = list(options)
     except ValueError as exc:  # an unbalanced quote
         raise OptionsError(f"options {options!r} do not parse: {exc}", "balance the quotes") from exc
-    merged: list[str] = []
-    i = 0
-    while i < len(tokens):
-        tok = tokens[i]
-        if not isinstance(tok, str):
-            raise OptionsError(f"option {tok!r} is a {type(tok).__name__}, not a string", _REMEDY)
-        if tok == "-D":
-            if i + 1 >= len(tokens):
-                raise OptionsError("-D at the end of the options names no macro", _REMEDY)
-            tok, i = "-D" + tokens[i + 1], i + 1
-        merged.append(tok)
-        i += 1
     defines: dict[str, str] = {}
     others: set[str] = set()
-    for tok in merged:
+    it = iter(tokens)
+    for tok in it:  # one pass (each lookup of a new program runs it; list comprehensions, not generators, below)
+        if tok == "-D":
+            tok = next(it, None)
+            if tok is None:
+                raise OptionsError("-D at the end of the options names no macro", _REMEDY)
+            tok = "-D" + tok if isinstance(tok, str) else tok
+        if not isinstance(tok, str):
+            raise OptionsError(f"option {tok!r} is a {type(tok).__name__}, not a string", _REMEDY)
         m = _DEFINE.match(tok)
-        if tok.startswith("-D") and not m:
-            raise OptionsError(f"malformed define {tok!r}: no valid macro name", _REMEDY)
         if m:
             name, value = m.group(1), "1" if m.group(2) is None else m.group(2)
             if defines.get(name, value) != value:
                 raise OptionsError(f"macro {name} is defined twice ({defines[name]!r} and {value!r})", "keep one")
             defines[name] = value
+        elif tok.startswith("-D"):
+            raise OptionsError(f"malformed define {tok!r}: no valid macro name", _REMEDY)
         elif tok.strip():
             others.add(tok)
-    return tuple(sorted(f"-D{k}={v}" for k, v in defines.items())) + tuple(sorted(others))
+    return tuple(sorted([f"-D{k}={v}" for k, v in defines.items()])) + tuple(sorted(others))
 
 
-@dataclass(frozen=True)
-class ProgramRequest:
+class _RequestFields(NamedTuple):
+    kernel_file: str
+    options: tuple[str, ...] = ()
+
+
+class ProgramRequest(_RequestFields):
     """A kernel source file and the options to compile it with, normalised on creation.
+
+    A named tuple, so that hashing and comparing it (several dict lookups per program
+    lookup) run in C rather than in a dataclass's generated Python.
 
     Attributes:
         kernel_file: a name on the kernel search path, e.g. ``activation.c``.
@@ -98,18 +100,17 @@ class ProgramRequest:
         OptionsError: as :func:`normalise_options`.
     """
 
-    kernel_file: str
-    options: tuple[str, ...] = ()
+    __slots__ = ()
 
-    def __post_init__(self) -> None:
-        object.__setattr__(self, "options", normalise_options(self.options))
+    def __new__(cls, kernel_file: str, options: str | Sequence[str] = ()) -> "ProgramRequest":
+        # _normalise directly, as normalise_options calls it: one call fewer on every lookup
+        return tuple.__new__(cls, (kernel_file, _normalise(options if isinstance(options, (str, tuple)) else tuple(options))))
 
     def __str__(self) -> str:
         return f"{self.kernel_file} [{' '.join(self.options)}]"
 
 
-@dataclass(frozen=True)
-class ProgramKey:
+class ProgramKey(NamedTuple):
     """Where a program lives in a bundle, plus the digest that names it."""
 
     kernel_name: str
@@ -145,17 +146,14 @@ def program_key(request: ProgramRequest, *, target: Target, compiler: str, sourc
     options = "\0".join(request.options).encode()
     # One hash call over the joined fields (the same bytes as feeding them one by one, at a
     # fraction of the Python overhead: this runs on every lookup).
-    digest = hashlib.sha256(b"".join((head, _prefixed(options), tail))).hexdigest()
+    digest = hashlib.sha256(b"".join((head, len(options).to_bytes(8, "little"), options, tail))).hexdigest()
     readable = " ".join((*request.options, f"-mcpu={arch}"))
     return ProgramKey(f"{request.kernel_file}.o", f"{readable} --kdb-key={digest[:32]}", digest)
 
 
-def _prefixed(data: bytes) -> bytes:
-    return len(data).to_bytes(8, "little") + data
-
-
-def _field(label: str, value: str) -> bytes:
-    return _prefixed(label.encode()) + _prefixed(value.encode())
+def _length_prefixed(*texts: str) -> bytes:
+    """Each text's UTF-8 bytes after their length (8 bytes, little-endian), one after another."""
+    return b"".join([len(data).to_bytes(8, "little") + data for data in map(str.encode, texts)])
 
 
 @functools.lru_cache(maxsize=1024)
@@ -165,5 +163,6 @@ def _fixed_fields(kernel_file: str, arch: str, source_digest: str, compiler: str
     for label, value in (("file", kernel_file), ("source", source_digest), ("compiler", compiler)):
         if not value:
             raise ValueError(f"program key for {kernel_file or '?'}: {label} is empty; it must be observed")
-    head = _field("schema", str(KEY_SCHEMA)) + _field("file", kernel_file) + _prefixed(b"options")  # its value follows
-    return head, _field("arch", arch) + _field("source", source_digest) + _field("compiler", compiler)
+    # label, value, label, value...; the options' value goes between the two halves
+    return (_length_prefixed("schema", str(KEY_SCHEMA), "file", kernel_file, "options"),
+            _length_prefixed("arch", arch, "source", source_digest, "compiler", compiler))
