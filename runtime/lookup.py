@@ -62,7 +62,8 @@ class Keys:
         return digest
 
     def key(self, request: ProgramRequest, compiler: str) -> ProgramKey:
-        return program_key(request, target=self.target, compiler=compiler, source_digest=self.digest(request.kernel_file))
+        digest = self.digests.get(request.kernel_file) or self.digest(request.kernel_file)  # the call when unknown
+        return program_key(request, target=self.target, compiler=compiler, source_digest=digest)
 
 
 class Source(ABC):
@@ -119,13 +120,16 @@ class SystemBundleSource(Source):
         self._step_names: dict[Bundle, str] = {}  # "system <file>", made once per bundle
 
     def get(self, request: ProgramRequest, steps: Steps) -> bytes | None:
-        for bundle in self.search:
+        i = 0  # an index, not `for bundle in self.search`: a generator costs more than the rest of a miss
+        while (bundle := self.search.get(i)) is not None:
             key = self.keys.key(request, bundle.metadata.compiler)
             name = self._step_names.get(bundle) or self._step_names.setdefault(bundle, f"system {bundle.path.name}")
-            with steps.time(name) as t:
-                binary = _fetch(bundle, key, t)
+            t0 = time.perf_counter()  # timed by hand, as resolve() does: this runs on every lookup
+            binary, outcome = _fetch(bundle, key)
+            steps.append(Step(name, (time.perf_counter() - t0) * 1e3, outcome))
             if binary is not None:
                 return binary
+            i += 1
         if self.search.found_none:
             self.warn_missing()
         return None
@@ -147,23 +151,20 @@ class SystemBundleSource(Source):
         self.search.close()
 
 
-def _fetch(bundle: Bundle, key: ProgramKey, timer) -> bytes | None:
-    """``bundle.get(key)``; a damaged entry or file is a miss with one warning, never a crash."""
+def _fetch(bundle: Bundle, key: ProgramKey) -> tuple[bytes | None, str]:
+    """``bundle.get(key)`` and the step's outcome; a damaged entry or file is a miss with one
+    warning, never a crash."""
     try:
         binary = bundle.get(key.kernel_name, key.kernel_args)
     except CorruptEntryError as exc:
         warn_once(f"corrupt:{bundle.path}:{key}", f"{exc.problem}; skipping it ({exc.remedy})", logger=_log)
-        timer.outcome = "corrupt"
-        return None
+        return None, "corrupt"
     except KdbError as exc:  # the file itself is damaged where this lookup reads it
         warn_once(f"damaged:{bundle.path}", f"{exc.problem}; looking elsewhere ({exc.remedy})", logger=_log)
-        timer.outcome = "damaged"
-        return None
+        return None, "damaged"
     if _log.isEnabledFor(TRACE):
         _log.trace("%s %s: %s", bundle.path.name, key, "hit" if binary is not None else "miss")
-    if binary is not None:
-        timer.outcome = "hit"
-    return binary
+    return binary, "miss" if binary is None else "hit"
 
 
 class UserCacheSource(Source):
@@ -284,16 +285,16 @@ class LookupChain:
         binary = source.get(request, steps)
         if binary is None:
             return None, None
-        with steps.time("load") as t:
-            try:
-                module = self._load(binary)
-                t.outcome = "loaded"
-            except BinaryLoadError as exc:
-                t.outcome = "unloadable"
-                warn_once(f"unloadable:{source.name}:{request}", f"{source.name}: {request} does not load on "
-                          f"{self._device_name}: {exc.problem}; skipping it", logger=_log)
-                source.discard(request)
-                return None, exc
+        t0 = time.perf_counter()  # timed by hand: this runs on every lookup below memory
+        try:
+            module = self._load(binary)
+        except BinaryLoadError as exc:
+            steps.append(Step("load", (time.perf_counter() - t0) * 1e3, "unloadable"))
+            warn_once(f"unloadable:{source.name}:{request}", f"{source.name}: {request} does not load on "
+                      f"{self._device_name}: {exc.problem}; skipping it", logger=_log)
+            source.discard(request)
+            return None, exc
+        steps.append(Step("load", (time.perf_counter() - t0) * 1e3, "loaded"))
         program = self.memory.keep(Program(request, module, source.name, steps))
         if program.module is module:  # another thread may have kept the same program first
             self.resolved[source.name] += 1
