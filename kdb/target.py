@@ -95,7 +95,7 @@ class Target:
         cu = int(m["cu"]) if m["cu"] else None
         return cls(backend_of_arch(m["arch"]), m["arch"], features, cu)
 
-    @property
+    @functools.cached_property  # every program lookup keys with it: an attribute read once made
     def full_arch(self) -> str:
         """Arch with its features, as compilers spell it: ``gfx90a:xnack-``."""
         return ":".join((self.arch, *self.features))

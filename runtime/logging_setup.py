@@ -191,7 +191,8 @@ class KdbLogger(logging.LoggerAdapter):
 
     def isEnabledFor(self, level: int) -> bool:
         if _settings is None:
-            if level < _early_settings()[0]:
+            # _early read directly when set: every program lookup asks, a call costs more than the check
+            if level < (_early or _early_settings())[0]:
                 return False
             configure_logging()
         return self.logger.isEnabledFor(level)
@@ -253,7 +254,7 @@ def _emit(logger: logging.Logger | KdbLogger | None, label: str, message: str) -
 def api_logging_enabled() -> bool:
     """Whether :func:`log_api_call` would emit (lets hot paths skip building the message)."""
     if _settings is None:
-        if not _early_settings()[1]:
+        if not (_early or _early_settings())[1]:
             return False
         configure_logging()
     return bool(_settings and _settings.api_calls)
