@@ -399,7 +399,12 @@ def summarise_handles(raw: dict[int, list[dict]], command: str) -> dict:
                            "bundle": runs[0]["steps"]["open system bundle"]["outcome"]}
     few, many = (per[str(c)]["handle_ms"]["median"] for c in FILE_COUNTS)
     info = next(iter(raw.values()))[0]
+    # Round by round (the two counts run back to back), so that drift between rounds cancels:
+    # reported beside the verdict, which stays on the medians.
+    paired = [b["handle_ms"] - a["handle_ms"] for a, b in zip(*(raw[c] for c in FILE_COUNTS))]
     return {"file_counts": list(FILE_COUNTS), "per_count": per, "ratio": many / few, "difference_ms": many - few,
+            "paired_difference_ms": quartiles(paired),
+            "raw_handle_ms": {str(c): [r["handle_ms"] for r in raw[c]] for c in FILE_COUNTS},
             "pass_equal": many <= HANDLE_RATIO * few or many - few <= HANDLE_SLACK_MS,
             "rule": f"the {FILE_COUNTS[1]}-file median within {HANDLE_RATIO}x of the {FILE_COUNTS[0]}-file one, "
                     f"or within {HANDLE_SLACK_MS} ms of it",
@@ -567,6 +572,10 @@ def handle_section(hf: dict) -> str:
               f"files: {hf['per_count'][many]['handle_ms']['median']:.3f} ms against "
               f"{hf['per_count'][few]['handle_ms']['median']:.3f} ms ({hf['ratio']:.2f}x, "
               f"{hf['difference_ms']:+.3f} ms; equal within noise: {hf['rule']})."]
+    if "paired_difference_ms" in hf:
+        d = hf["paired_difference_ms"]
+        lines.append(f"- Round by round, {many} files minus {few}: median {d['median']:+.3f} ms "
+                     f"(quartiles {d['q1']:+.3f} to {d['q3']:+.3f} ms).")
     return "\n".join(lines)
 
 
