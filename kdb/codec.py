@@ -148,8 +148,7 @@ class Codec:
                 # says: check the claim first (-1 = not recorded; then max_output_size bounds it).
                 claimed = zstd.frame_content_size(blob)
                 if claimed in (-1, size):
-                    zd = getattr(self._local, "decompressor", None) or self._zd()  # the call only the first time
-                    out = zd.decompress(blob, max_output_size=size)
+                    out = self._zd().decompress(blob, max_output_size=size)
             else:
                 decoder = bz2.BZ2Decompressor()
                 out = decoder.decompress(blob, max_length=size + 1)

@@ -62,8 +62,7 @@ class Keys:
         return digest
 
     def key(self, request: ProgramRequest, compiler: str) -> ProgramKey:
-        digest = self.digests.get(request.kernel_file) or self.digest(request.kernel_file)  # the call when unknown
-        return program_key(request, target=self.target, compiler=compiler, source_digest=digest)
+        return program_key(request, target=self.target, compiler=compiler, source_digest=self.digest(request.kernel_file))
 
 
 class Source(ABC):

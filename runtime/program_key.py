@@ -103,8 +103,7 @@ class ProgramRequest(_RequestFields):
     __slots__ = ()
 
     def __new__(cls, kernel_file: str, options: str | Sequence[str] = ()) -> "ProgramRequest":
-        # _normalise directly, as normalise_options calls it: one call fewer on every lookup
-        return tuple.__new__(cls, (kernel_file, _normalise(options if isinstance(options, (str, tuple)) else tuple(options))))
+        return tuple.__new__(cls, (kernel_file, normalise_options(options)))
 
     def __str__(self) -> str:
         return f"{self.kernel_file} [{' '.join(self.options)}]"
