@@ -132,7 +132,7 @@ def _floor_rows(mode: str) -> list[dict]:
 
     path = next(Path(os.environ["KDB_SYSTEM_DB_PATH"]).glob("*.kdb"))
     with open_bundle(path) as bundle:
-        keys = {program[0]: _row_of(bundle, *program[1:3])[:2] for program in PROGRAMS}
+        keys = {name: row[:2] for name, row in _program_rows(bundle).items()}
     conn = sqlite3.connect(f"file:{path}?mode=ro&immutable=1", uri=True, check_same_thread=False)
     zd = _decompressor(conn)
     conn.execute(GET_ENTRY, ("", "")).fetchone()
@@ -295,16 +295,21 @@ PROGRAMS = (
 )
 
 
-def _row_of(bundle, kernel_file: str, options) -> tuple[str, str, bytes]:
-    """The bundle's (name, args, binary) for a program: its args start with the normalised
-    options, then ``-mcpu=`` (program_key's readable part)."""
+def _program_rows(bundle) -> dict[str, tuple[str, str, bytes]]:
+    """Each program of ``PROGRAMS`` (by name) with its bundle row (name, args, binary), in one
+    read of the bundle: its args start with the normalised options, then ``-mcpu=``
+    (program_key's readable part)."""
     from kdbkit.runtime.program_key import normalise_options
 
-    readable = " ".join((*normalise_options(options), "-mcpu="))
-    rows = [row for row in bundle.items() if row[0] == f"{kernel_file}.o" and row[1].startswith(readable)]
-    if len(rows) != 1:
-        raise SystemExit(f"{kernel_file} {options}: {len(rows)} entries in {bundle.path}")
-    return rows[0]
+    rows = list(bundle.items())
+    found = {}
+    for name, kernel_file, options, _ in PROGRAMS:
+        readable = " ".join((*normalise_options(options), "-mcpu="))
+        matches = [row for row in rows if row[0] == f"{kernel_file}.o" and row[1].startswith(readable)]
+        if len(matches) != 1:
+            raise SystemExit(f"{kernel_file} {options}: {len(matches)} entries in {bundle.path}")
+        found[name] = matches[0]
+    return found
 
 
 # -- parent side -------------------------------------------------------------------------------
@@ -335,8 +340,8 @@ def prepare(work: Path) -> tuple[Path, Path]:
     cubins = work / "cubins"
     cubins.mkdir()
     with open_bundle(path) as b:
-        for name, kernel_file, options, _ in PROGRAMS:
-            (cubins / f"{name}.cubin").write_bytes(_row_of(b, kernel_file, options)[2])
+        for name, row in _program_rows(b).items():
+            (cubins / f"{name}.cubin").write_bytes(row[2])
     return system, cubins
 
 
