@@ -29,6 +29,7 @@ from kdbkit.runtime.errors import OptionsError
 KEY_SCHEMA = 2
 
 _DEFINE = re.compile(r"^-D([A-Za-z_][A-Za-z0-9_]*)(?:=(.*))?$")
+_NORMAL_DEFINE = re.compile(r"-D([A-Za-z_][A-Za-z0-9_]*)=.*")  # a define as normalising writes it (fullmatch)
 _REMEDY = "write each define as -DNAME or -DNAME=VALUE, once"
 _SHLEX_SPECIAL = re.compile(r"""["'\\\x0b\x0c\x1c-\x1f]""")  # what shlex treats apart, or str.split() splits on too
 
@@ -48,6 +49,8 @@ def normalise_options(options: str | Sequence[str]) -> tuple[str, ...]:
 
 @functools.lru_cache(maxsize=4096)
 def _normalise(options: str | tuple[str, ...]) -> tuple[str, ...]:
+    if type(options) is tuple and _already_normal(options):
+        return options
     try:
         if isinstance(options, str):
             # shlex's split costs more than the rest of a lookup; where it would split exactly
@@ -79,6 +82,17 @@ def _normalise(options: str | tuple[str, ...]) -> tuple[str, ...]:
         elif tok.strip():
             others.add(tok)
     return tuple(sorted([f"-D{k}={v}" for k, v in defines.items()])) + tuple(sorted(others))
+
+
+def _already_normal(options: tuple) -> bool:
+    """Whether ``options`` is its own normal form: sorted ``-DNAME=VALUE`` defines with distinct
+    names, as kdbkit's solvers write them. Checking costs half of normalising, and every
+    lookup of a new program normalises its options once."""
+    try:
+        names = [m[1] for m in map(_NORMAL_DEFINE.fullmatch, options) if m is not None]
+    except TypeError:  # not all strings: normalising says which
+        return False
+    return len(names) == len(options) == len(set(names)) and list(options) == sorted(options)
 
 
 class _RequestFields(NamedTuple):
@@ -140,28 +154,51 @@ def program_key(request: ProgramRequest, *, target: Target, compiler: str, sourc
     Raises:
         ValueError: an input is empty (an unobservable input is refused, not guessed).
     """
-    arch = target.full_arch
-    head, tail = _fixed_fields(request.kernel_file, arch, source_digest, compiler)
-    options = "\0".join(request.options).encode()
-    # One hash call over the joined fields (the same bytes as feeding them one by one, at a
-    # fraction of the Python overhead: this runs on every lookup).
-    digest = hashlib.sha256(b"".join((head, len(options).to_bytes(8, "little"), options, tail))).hexdigest()
-    readable = " ".join((*request.options, f"-mcpu={arch}"))
-    return ProgramKey(f"{request.kernel_file}.o", f"{readable} --kdb-key={digest[:32]}", digest)
+    return key_hasher(request.kernel_file, target.full_arch, source_digest, compiler).key(request.options)
 
 
-def _length_prefixed(*texts: str) -> bytes:
-    """Each text's UTF-8 bytes after their length (8 bytes, little-endian), one after another."""
-    return b"".join([len(data).to_bytes(8, "little") + data for data in map(str.encode, texts)])
+class KeyHasher:
+    """:func:`program_key` for every program of one kernel file, one target arch, one source
+    digest and one compiler: the fields they share are encoded once, so keying a program
+    hashes only its options (a lookup keys each new program; see :func:`key_hasher`)."""
+
+    __slots__ = ("kernel_name", "_head", "_tail", "_mcpu")
+
+    def __init__(self, kernel_file: str, arch: str, source_digest: str, compiler: str):
+        if not (kernel_file and source_digest and compiler):
+            label = "file" if not kernel_file else "source" if not source_digest else "compiler"
+            raise ValueError(f"program key for {kernel_file or '?'}: {label} is empty; it must be observed")
+        self.kernel_name = f"{kernel_file}.o"
+        # label, value, label, value...; the options' value goes between the two halves
+        self._head = b"".join((_SCHEMA_FILE, _prefixed(kernel_file), _OPTIONS))
+        self._tail = b"".join((_ARCH, _prefixed(arch), _SOURCE, _prefixed(source_digest), _COMPILER, _prefixed(compiler)))
+        self._mcpu = f"-mcpu={arch}"
+
+    def key(self, options: tuple[str, ...]) -> ProgramKey:
+        """The key of this file's program compiled with ``options`` (normalised)."""
+        data = "\0".join(options).encode()
+        # One hash call over the joined fields (the same bytes as feeding them one by one, at a
+        # fraction of the Python overhead: this runs on every lookup).
+        digest = hashlib.sha256(b"".join((self._head, len(data).to_bytes(8, "little"), data, self._tail))).hexdigest()
+        return ProgramKey(self.kernel_name, f"{' '.join((*options, self._mcpu))} --kdb-key={digest[:32]}", digest)
 
 
 @functools.lru_cache(maxsize=1024)
-def _fixed_fields(kernel_file: str, arch: str, source_digest: str, compiler: str) -> tuple[bytes, bytes]:
-    """The hashed bytes of every field but the options, before and after them: the same for all
-    of one kernel file's programs, so a lookup encodes only its options."""
-    for label, value in (("file", kernel_file), ("source", source_digest), ("compiler", compiler)):
-        if not value:
-            raise ValueError(f"program key for {kernel_file or '?'}: {label} is empty; it must be observed")
-    # label, value, label, value...; the options' value goes between the two halves
-    return (_length_prefixed("schema", str(KEY_SCHEMA), "file", kernel_file, "options"),
-            _length_prefixed("arch", arch, "source", source_digest, "compiler", compiler))
+def key_hasher(kernel_file: str, arch: str, source_digest: str, compiler: str) -> KeyHasher:
+    """The :class:`KeyHasher` of one file, arch (with features), source digest and compiler.
+
+    Raises:
+        ValueError: ``kernel_file``, ``source_digest`` or ``compiler`` is empty.
+    """
+    return KeyHasher(kernel_file, arch, source_digest, compiler)
+
+
+def _prefixed(text: str) -> bytes:
+    """The text's UTF-8 bytes after their length (8 bytes, little-endian)."""
+    data = text.encode()
+    return len(data).to_bytes(8, "little") + data
+
+
+# The labels (and the schema's value) of the hashed fields, encoded once.
+_SCHEMA_FILE = b"".join(map(_prefixed, ("schema", str(KEY_SCHEMA), "file")))
+_OPTIONS, _ARCH, _SOURCE, _COMPILER = map(_prefixed, ("options", "arch", "source", "compiler"))

@@ -87,18 +87,33 @@ def test_normalising_is_remembered_but_lists_and_errors_still_work():
             normalise_options(opts)
 
 
+def _outcome(options):
+    try:
+        return normalise_options(options)
+    except (OptionsError, ValueError) as exc:
+        return type(exc)
+
+
+_DEFINES = st.builds("-D{}={}".format, st.text(alphabet="AB_1", max_size=3), st.text(alphabet="1= \n\0\t\\é", max_size=3))
+
+
+@given(st.lists(st.one_of(_DEFINES, st.sampled_from(["-DA", "-D", "-O3", "", " "])), max_size=4), st.booleans())
+@settings(max_examples=600, deadline=None)
+def test_options_already_in_normal_form_are_kept_as_normalising_writes_them(tokens, in_order):
+    # The fast path (sorted defines with distinct names kept as they are) must never change a key:
+    # a string of the same options always takes the full path.
+    if in_order:
+        tokens = sorted(tokens)
+    assert _outcome(tuple(tokens)) == _outcome(shlex.join(tokens))
+
+
 @given(st.text(alphabet=st.sampled_from(list("AB=1-D_ \t\n\r\x0b\x0c\x1c\x1f'\"\\#é\u2003")), max_size=16))
 @settings(max_examples=400, deadline=None)
 def test_a_string_of_options_splits_as_shlex_splits_it(text):
     # The fast split (str.split where it agrees with shlex) must never change a key.
-    def outcome(options):
-        try:
-            return normalise_options(options)
-        except (OptionsError, ValueError) as exc:
-            return type(exc)
     try:
         tokens = shlex.split(text)
     except ValueError:
-        assert outcome(text) is OptionsError  # an unbalanced quote or a lone escape
+        assert _outcome(text) is OptionsError  # an unbalanced quote or a lone escape
         return
-    assert outcome(text) == outcome(tokens)
+    assert _outcome(text) == _outcome(tokens)
