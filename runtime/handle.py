@@ -151,7 +151,7 @@ class Handle:
             if isinstance(digest, kernel_sources.KernelSourceError):
                 _log.info2("kernel source %s not digested: %s", name, digest)  # program() raises it for that file
                 continue
-            self._keys.digests[name] = digest
+            self._keys.set_digest(name, digest)
             if digest != manifest[name]:
                 stale.append(name)
         if stale:

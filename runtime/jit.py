@@ -155,7 +155,7 @@ class JitSource(Source):
         if reason:
             raise CompilerUnavailableError(f"cannot compile {request}: {reason}", "use a device this compiler targets")
         source = self.search_path.read(request.kernel_file)  # one read: the key and the text agree
-        self.keys.digests[request.kernel_file] = source.digest
+        self.keys.set_digest(request.kernel_file, source.digest)
         key = program_key(request, target=self.target, compiler=identity, source_digest=source.digest)
         cache = self.store.cache if self.store is not None else None
         lock_dir = cache.lock_dir if cache is not None and cache.usable else None

@@ -33,7 +33,7 @@ from kdbkit.runtime.compilers import LazyCompiler
 from kdbkit.runtime.kernel_sources import KernelSearchPath
 from kdbkit.runtime.logging_setup import INFO2, TRACE, get_logger, warn_once
 from kdbkit.runtime.program import Program, Step, Steps
-from kdbkit.runtime.program_key import ProgramKey, ProgramRequest, program_key
+from kdbkit.runtime.program_key import KeyHasher, ProgramKey, ProgramRequest, key_hasher
 from kdbkit.runtime.system_bundles import SystemBundleSearch
 from kdbkit.runtime.user_cache import UserCache
 
@@ -54,6 +54,8 @@ class Keys:
         self.target = target
         self.search_path = search_path
         self.digests = dict(digests or {})
+        self._arch = target.full_arch
+        self._hashers: dict[tuple[str, str], KeyHasher] = {}  # by (kernel file, compiler)
 
     def digest(self, kernel_file: str) -> str:
         digest = self.digests.get(kernel_file)
@@ -61,8 +63,22 @@ class Keys:
             digest = self.digests[kernel_file] = self.search_path.digest(kernel_file)
         return digest
 
+    def set_digest(self, kernel_file: str, digest: str) -> None:
+        """Key ``kernel_file``'s programs with ``digest`` from now on (the JIT read it again)."""
+        if self.digests.get(kernel_file) != digest:
+            self.digests[kernel_file] = digest
+            for k in list(self._hashers):  # a snapshot: other threads may key meanwhile
+                if k[0] == kernel_file:
+                    self._hashers.pop(k, None)
+
     def key(self, request: ProgramRequest, compiler: str) -> ProgramKey:
-        return program_key(request, target=self.target, compiler=compiler, source_digest=self.digest(request.kernel_file))
+        """:func:`~kdbkit.runtime.program_key.program_key` of ``request`` for ``compiler``,
+        with the kernel file's fields encoded once per handle, not once per program."""
+        hasher = self._hashers.get((request.kernel_file, compiler))
+        if hasher is None:
+            hasher = self._hashers[request.kernel_file, compiler] = key_hasher(
+                request.kernel_file, self._arch, self.digest(request.kernel_file), compiler)
+        return hasher.key(request.options)
 
 
 class Source(ABC):
@@ -90,22 +106,22 @@ class Source(ABC):
         """Release files this source holds open."""
 
 
-class MemorySource:
-    """Programs this chain already loaded, by request (thread-safe)."""
+class MemorySource(dict):
+    """Programs this chain already loaded, by request (thread-safe).
+
+    A dict of them, so that ``get`` runs in C: every lookup asks it first.
+    """
 
     name = "memory"
 
     def __init__(self) -> None:
-        self._programs: dict[ProgramRequest, Program] = {}
+        super().__init__()
         self._lock = threading.Lock()
-
-    def get(self, request: ProgramRequest) -> Program | None:
-        return self._programs.get(request)
 
     def keep(self, program: Program) -> Program:
         """Remember ``program``; when another thread got there first, its program wins."""
         with self._lock:
-            return self._programs.setdefault(program.request, program)
+            return self.setdefault(program.request, program)
 
 
 class SystemBundleSource(Source):
@@ -116,22 +132,38 @@ class SystemBundleSource(Source):
     def __init__(self, search: SystemBundleSearch, keys: Keys):
         self.search = search
         self.keys = keys
-        self._step_names: dict[Bundle, str] = {}  # "system <file>", made once per bundle
+        self._about: dict[Bundle, tuple[str, str]] = {}  # compiler and step name, made once per bundle
 
     def get(self, request: ProgramRequest, steps: Steps) -> bytes | None:
+        # One function from request to bytes (with the bundle's own get): a process's first
+        # lookups run every frame of this path for the first time, and each costs microseconds.
         i = 0  # an index, not `for bundle in self.search`: a generator costs more than the rest of a miss
         while (bundle := self.search.get(i)) is not None:
-            key = self.keys.key(request, bundle.metadata.compiler)
-            name = self._step_names.get(bundle) or self._step_names.setdefault(bundle, f"system {bundle.path.name}")
+            compiler, step_name = self._about.get(bundle) or self._first_seen(bundle)
+            key = self.keys.key(request, compiler)
             t0 = time.perf_counter()  # timed by hand, as resolve() does: this runs on every lookup
-            binary, outcome = _fetch(bundle, key)
-            steps.append(Step(name, (time.perf_counter() - t0) * 1e3, outcome))
+            try:
+                binary = bundle.get(key.kernel_name, key.kernel_args)
+                outcome = "miss" if binary is None else "hit"
+            except CorruptEntryError as exc:  # a damaged entry or file is a miss with one warning, never a crash
+                warn_once(f"corrupt:{bundle.path}:{key}", f"{exc.problem}; skipping it ({exc.remedy})", logger=_log)
+                binary, outcome = None, "corrupt"
+            except KdbError as exc:  # the file itself is damaged where this lookup reads it
+                warn_once(f"damaged:{bundle.path}", f"{exc.problem}; looking elsewhere ({exc.remedy})", logger=_log)
+                binary, outcome = None, "damaged"
+            steps.append(Step(step_name, (time.perf_counter() - t0) * 1e3, outcome))
+            if _log.isEnabledFor(TRACE):
+                _log.trace("%s %s: %s", bundle.path.name, key, outcome)
             if binary is not None:
                 return binary
             i += 1
         if self.search.found_none:
             self.warn_missing()
         return None
+
+    def _first_seen(self, bundle: Bundle) -> tuple[str, str]:
+        """What every lookup in ``bundle`` needs of it: its compiler (keys) and its step's name."""
+        return self._about.setdefault(bundle, (bundle.metadata.compiler, f"system {bundle.path.name}"))
 
     def warn_missing(self) -> None:
         """Say once per process that no system bundle fits the device, and why each candidate was not used."""
@@ -148,22 +180,6 @@ class SystemBundleSource(Source):
 
     def close(self) -> None:
         self.search.close()
-
-
-def _fetch(bundle: Bundle, key: ProgramKey) -> tuple[bytes | None, str]:
-    """``bundle.get(key)`` and the step's outcome; a damaged entry or file is a miss with one
-    warning, never a crash."""
-    try:
-        binary = bundle.get(key.kernel_name, key.kernel_args)
-    except CorruptEntryError as exc:
-        warn_once(f"corrupt:{bundle.path}:{key}", f"{exc.problem}; skipping it ({exc.remedy})", logger=_log)
-        return None, "corrupt"
-    except KdbError as exc:  # the file itself is damaged where this lookup reads it
-        warn_once(f"damaged:{bundle.path}", f"{exc.problem}; looking elsewhere ({exc.remedy})", logger=_log)
-        return None, "damaged"
-    if _log.isEnabledFor(TRACE):
-        _log.trace("%s %s: %s", bundle.path.name, key, "hit" if binary is not None else "miss")
-    return binary, "miss" if binary is None else "hit"
 
 
 class UserCacheSource(Source):

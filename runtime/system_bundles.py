@@ -103,6 +103,10 @@ class SystemBundleSearch:
 
     def get(self, i: int) -> Bundle | None:
         """The i-th accepted bundle (best first), or None when there are no more."""
+        try:
+            return self._accepted[i]  # found already (every lookup asks): no lock, a list read is atomic
+        except IndexError:
+            pass
         with self._lock:
             while len(self._accepted) <= i and not self._exhausted:
                 nxt = next(self._pending, None)

@@ -48,7 +48,7 @@ backend.load = lambda binary: Module()  # the stand-in: loading costs nothing
 t0 = time.perf_counter()
 handle = Handle(backend=backend)
 handle_ms = (time.perf_counter() - t0) * 1e3
-memory = handle.chain.memory._programs
+memory = handle.chain.memory
 cold = os.environ.get("HIT_OVERHEAD_COLD") == "1"
 if cold:  # as a fresh process meets its first programs: three, once each, the read timed apart
     from kdbkit.kdb import open_bundle
