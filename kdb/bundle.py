@@ -128,6 +128,7 @@ class Bundle:
         self.metadata = metadata
         self._lock = threading.RLock()
         self._reader = _codec.Codec(metadata.codec, dictionary=dictionary)
+        self._hash = _codec.hasher(metadata.hash)
         self._writer: _codec.Codec | None = None
         self.write_level = _codec.CACHE_LEVEL
 
@@ -264,7 +265,7 @@ class Bundle:
             data = self._reader.decode(blob, size)
         except CodecError as exc:
             raise self._corrupt(name, args, exc.problem) from exc
-        actual = _codec.digest(data, self.metadata.hash)
+        actual = self._hash(data)
         if actual != expected_hash and actual != str(expected_hash).lower():  # the common case skips str().lower()
             raise self._corrupt(name, args, f"{self.metadata.hash} of the data does not match kernel_hash "
                                             "(possible database corruption)")
@@ -339,7 +340,7 @@ class Bundle:
         rows = []
         for name, args, binary in entries:
             enc = codec.encode(binary)
-            rows.append((name, args, enc.blob, _codec.digest(binary, self.metadata.hash), enc.uncompressed_size))
+            rows.append((name, args, enc.blob, self._hash(binary), enc.uncompressed_size))
         with self._lock, _transaction(self._conn, self.path):
             self._conn.executemany(
                 "INSERT OR REPLACE INTO kern_db(kernel_name, kernel_args, kernel_blob, kernel_hash, uncompressed_size) "

@@ -21,6 +21,7 @@ import bz2
 import hashlib
 import threading
 from dataclasses import dataclass
+from typing import Callable
 
 import xxhash
 import zstandard as zstd
@@ -42,11 +43,17 @@ MAX_BINARY_BYTES = 256 << 20
 
 def digest(data: bytes, algorithm: str = DEFAULT_HASH) -> str:
     """Hex digest of ``data`` with ``xxh3_128``, ``sha256`` or ``md5``."""
+    return hasher(algorithm)(data)
+
+
+def hasher(algorithm: str = DEFAULT_HASH) -> Callable[[bytes], str]:
+    """The function giving :func:`digest` with ``algorithm``: for ``xxh3_128``, xxhash's own C
+    function, which a bundle calls on every read without a Python frame around it."""
     if algorithm == "xxh3_128":
-        return xxhash.xxh3_128_hexdigest(data)
+        return xxhash.xxh3_128_hexdigest
     if algorithm not in HASHES:
         raise CodecError(f"unknown hash algorithm {algorithm!r}", f"use one of {', '.join(HASHES)}")
-    return hashlib.new(algorithm, data).hexdigest()
+    return lambda data: hashlib.new(algorithm, data).hexdigest()
 
 
 @dataclass(frozen=True)
@@ -141,27 +148,34 @@ class Codec:
             return bytes(blob)
         if not isinstance(size, int) or size < 0 or size > MAX_BINARY_BYTES:
             raise CodecError(f"uncompressed_size {size!r} is not a size from 1 to {MAX_BINARY_BYTES} bytes")
-        ended = True
+        if self.name != "zstd":
+            return _bzip2_decode(blob, size)
         try:
-            if self.name == "zstd":
-                # decompress() allocates what the frame header claims, whatever max_output_size
-                # says: check the claim first (-1 = not recorded; then max_output_size bounds it).
-                claimed = zstd.frame_content_size(blob)
-                if claimed in (-1, size):
-                    out = self._zd().decompress(blob, max_output_size=size)
-            else:
-                decoder = bz2.BZ2Decompressor()
-                out = decoder.decompress(blob, max_length=size + 1)
-                ended = decoder.eof
+            # decompress() allocates what the frame header claims, whatever max_output_size
+            # says: check the claim first (-1 = not recorded; then max_output_size bounds it).
+            claimed = zstd.frame_content_size(blob)
+            out = self._zd().decompress(blob, max_output_size=size) if claimed == size or claimed == -1 else None
         except (zstd.ZstdError, OSError, ValueError, EOFError) as exc:
-            raise CodecError(f"{self.name} frame does not decode: {exc}") from exc
-        if self.name == "zstd" and claimed not in (-1, size):
+            raise CodecError(f"zstd frame does not decode: {exc}") from exc
+        if out is None:
             raise CodecError(f"zstd frame claims {claimed} bytes, row says {size}")
-        if len(out) == size and not ended:
-            raise CodecError(f"bzip2 stream does not end at the row's {size} bytes")
         if len(out) != size:
             raise CodecError(f"decoded {len(out)} bytes, row says {size}")
         return out
+
+
+def _bzip2_decode(blob: bytes, size: int) -> bytes:
+    """A bzip2 entry (MIOpen's files) of ``size`` bytes, checked as :meth:`Codec.decode` checks."""
+    decoder = bz2.BZ2Decompressor()
+    try:
+        out = decoder.decompress(blob, max_length=size + 1)
+    except (OSError, ValueError, EOFError) as exc:
+        raise CodecError(f"bzip2 frame does not decode: {exc}") from exc
+    if len(out) == size and not decoder.eof:
+        raise CodecError(f"bzip2 stream does not end at the row's {size} bytes")
+    if len(out) != size:
+        raise CodecError(f"decoded {len(out)} bytes, row says {size}")
+    return out
 
 
 def train_dictionary(samples: list[bytes], dict_size: int = 32 * 1024, level: int = BUNDLE_LEVEL) -> bytes | None:
