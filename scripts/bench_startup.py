@@ -132,7 +132,7 @@ def _floor_rows(mode: str) -> list[dict]:
 
     path = next(Path(os.environ["KDB_SYSTEM_DB_PATH"]).glob("*.kdb"))
     with open_bundle(path) as bundle:
-        keys = {name: row[:2] for name, row in _program_rows(bundle).items()}
+        keys = _program_keys(bundle)
     conn = sqlite3.connect(f"file:{path}?mode=ro&immutable=1", uri=True, check_same_thread=False)
     zd = _decompressor(conn)
     conn.execute(GET_ENTRY, ("", "")).fetchone()
@@ -295,17 +295,17 @@ PROGRAMS = (
 )
 
 
-def _program_rows(bundle) -> dict[str, tuple[str, str, bytes]]:
-    """Each program of ``PROGRAMS`` (by name) with its bundle row (name, args, binary), in one
-    read of the bundle: its args start with the normalised options, then ``-mcpu=``
-    (program_key's readable part)."""
+def _program_keys(bundle) -> dict[str, tuple[str, str]]:
+    """Each program of ``PROGRAMS`` (by name) with its bundle row's key (name, args), found from
+    the keys alone (no entry is read or decoded: the floor's first read must stay its first):
+    its args start with the normalised options, then ``-mcpu=`` (program_key's readable part)."""
     from kdbkit.runtime.program_key import normalise_options
 
-    rows = list(bundle.items())
+    keys = [(e.kernel_name, e.kernel_args) for e in bundle.entries()]
     found = {}
     for name, kernel_file, options, _ in PROGRAMS:
         readable = " ".join((*normalise_options(options), "-mcpu="))
-        matches = [row for row in rows if row[0] == f"{kernel_file}.o" and row[1].startswith(readable)]
+        matches = [k for k in keys if k[0] == f"{kernel_file}.o" and k[1].startswith(readable)]
         if len(matches) != 1:
             raise SystemExit(f"{kernel_file} {options}: {len(matches)} entries in {bundle.path}")
         found[name] = matches[0]
@@ -340,8 +340,8 @@ def prepare(work: Path) -> tuple[Path, Path]:
     cubins = work / "cubins"
     cubins.mkdir()
     with open_bundle(path) as b:
-        for name, row in _program_rows(b).items():
-            (cubins / f"{name}.cubin").write_bytes(row[2])
+        for name, key in _program_keys(b).items():
+            (cubins / f"{name}.cubin").write_bytes(b.get(*key))
     return system, cubins
 
 
