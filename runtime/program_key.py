@@ -89,10 +89,12 @@ def _already_normal(options: tuple) -> bool:
     names, as kdbkit's solvers write them. Checking costs half of normalising, and every
     lookup of a new program normalises its options once."""
     try:
-        names = [m[1] for m in map(_NORMAL_DEFINE.fullmatch, options) if m is not None]
+        defines = [*map(_NORMAL_DEFINE.fullmatch, options)]
     except TypeError:  # not all strings: normalising says which
         return False
-    return len(names) == len(options) == len(set(names)) and list(options) == sorted(options)
+    if None in defines:
+        return False
+    return len(defines) < 2 or (len({m[1] for m in defines}) == len(defines) and list(options) == sorted(options))
 
 
 class _RequestFields(NamedTuple):
@@ -162,7 +164,7 @@ class KeyHasher:
     digest and one compiler: the fields they share are encoded once, so keying a program
     hashes only its options (a lookup keys each new program; see :func:`key_hasher`)."""
 
-    __slots__ = ("kernel_name", "_head", "_tail", "_mcpu")
+    __slots__ = ("kernel_name", "_head", "_tail", "_suffix")
 
     def __init__(self, kernel_file: str, arch: str, source_digest: str, compiler: str):
         if not (kernel_file and source_digest and compiler):
@@ -172,7 +174,7 @@ class KeyHasher:
         # label, value, label, value...; the options' value goes between the two halves
         self._head = b"".join((_SCHEMA_FILE, _prefixed(kernel_file), _OPTIONS))
         self._tail = b"".join((_ARCH, _prefixed(arch), _SOURCE, _prefixed(source_digest), _COMPILER, _prefixed(compiler)))
-        self._mcpu = f"-mcpu={arch}"
+        self._suffix = f"-mcpu={arch} --kdb-key="  # the readable part ends with it, before the digest
 
     def key(self, options: tuple[str, ...]) -> ProgramKey:
         """The key of this file's program compiled with ``options`` (normalised)."""
@@ -180,7 +182,8 @@ class KeyHasher:
         # One hash call over the joined fields (the same bytes as feeding them one by one, at a
         # fraction of the Python overhead: this runs on every lookup).
         digest = hashlib.sha256(b"".join((self._head, len(data).to_bytes(8, "little"), data, self._tail))).hexdigest()
-        return ProgramKey(self.kernel_name, f"{' '.join((*options, self._mcpu))} --kdb-key={digest[:32]}", digest)
+        readable = f"{' '.join(options)} {self._suffix}" if options else self._suffix
+        return ProgramKey(self.kernel_name, readable + digest[:32], digest)
 
 
 @functools.lru_cache(maxsize=1024)
