@@ -96,6 +96,8 @@ def child(mode: str, cubin_dir: str | None) -> None:
         t_h = time.perf_counter()
         handle = Handle(backend=backend)
         handle_ms = (time.perf_counter() - t_h) * 1e3
+        if mode in DIAGNOSTIC_MODES:
+            _untimed_setup(mode, handle)
         for name, kernel_file, options, entry in PROGRAMS:
             t0 = time.perf_counter()
             program = handle.program(kernel_file, options)
@@ -117,6 +119,26 @@ def child(mode: str, cubin_dir: str | None) -> None:
                "prepare_ms": None if mode in BARE_MODES else {st.name: st.ms for st in handle.prepare_steps},
                "device": device.name, "target": str(device.target), "compiler": _compiler_identity()},
               sys.stdout)
+
+
+def _untimed_setup(mode: str, handle) -> None:
+    """What a diagnostic mode does after the handle is made and before the timing starts:
+    ``system-prepared`` makes the per-file and per-bundle state a lookup makes on its first
+    use (each manifest file's key hasher; the decoder's first use, on a frame of 64 bytes);
+    ``system-warmed`` resolves one program that is not timed (``WARM_PROGRAM``), so that the
+    timed lookups run code that has run once."""
+    if mode == "system-warmed":
+        handle.program(*WARM_PROGRAM)
+        return
+    import zstandard
+
+    from kdbkit.runtime.program_key import key_hasher
+
+    bundle = handle._system.search.get(0)
+    keys, compiler = handle._keys, bundle.metadata.compiler
+    for name, _digest in bundle.metadata.sources:
+        keys._hashers[name, compiler] = key_hasher(name, keys._arch, keys.digest(name), compiler)
+    bundle._reader._zd().decompress(zstandard.ZstdCompressor(level=1).compress(bytes(64)))
 
 
 def _floor_rows(mode: str) -> list[dict]:
@@ -160,6 +182,9 @@ def _decompressor(conn):
                                       if meta.get("zstd_dict") else None)
 
 
+DIAGNOSTIC_MODES = ("system-prepared", "system-warmed")
+# The program system-warmed resolves untimed: in the bundle, not among PROGRAMS (the define is unused).
+WARM_PROGRAM = ("activation.c", ("-DKDB_DTYPE=float", "-DKDB_BENCH_WARM=1"))
 GET_ENTRY = "SELECT kernel_blob, kernel_hash, uncompressed_size FROM kern_db WHERE kernel_name = ? AND kernel_args = ?"
 BARE_MODES = ("bare", "bare+read", "floor", "floor-raw")
 
@@ -336,7 +361,8 @@ def prepare(work: Path) -> tuple[Path, Path]:
     device = next(d for d in discover_devices() if d.backend == "cuda")
     system = work / "system"
     system.mkdir()
-    path = build_bundle(device.target, [(kernel_file, options) for _, kernel_file, options, _ in PROGRAMS], system)
+    path = build_bundle(device.target, [(kernel_file, options) for _, kernel_file, options, _ in PROGRAMS]
+                        + [WARM_PROGRAM], system)
     cubins = work / "cubins"
     cubins.mkdir()
     with open_bundle(path) as b:
@@ -553,7 +579,24 @@ def startup_section(results: dict) -> str:
             v = {m: results[m]["per_kernel_resolve_ms"][k] * 1e3 for m in per}
             lines.append(f"| {i} | {k} | " + " | ".join(f"{v[m]:.0f}" for m in per)
                          + f" | {v['system'] / v['bare+read']:.2f}x |")
+    if all(m in results for m in DIAGNOSTIC_MODES):
+        lines += _diagnosis(results)
     return "\n".join(lines)
+
+
+def _diagnosis(results: dict) -> list[str]:
+    """The ``--diagnose`` table: the same system hits after untimed set-up (see ``_untimed_setup``)."""
+    read = results["bare+read"]
+    rows = {"system": "as timed above", "system-prepared": "each manifest file's key hasher and the decoder's first "
+            "use made beforehand", "system-warmed": "one other program resolved beforehand"}
+    lines = ["", "Where a process's first lookups spend their time (`--diagnose`, no target): the system hits "
+             "again, in processes that did some set-up, untimed, after making the handle. Medians, ms:", "",
+             "| system hits | first | second and third | later | first / bare+read |", "|---|---:|---:|---:|---:|"]
+    for mode, what in rows.items():
+        r = results[mode]
+        lines.append(f"| {what} | {r['first_resolve_ms']:.3f} | {r['second_third_resolve_ms']:.3f} | "
+                     f"{r['later_resolve_ms']:.3f} | {r['first_resolve_ms'] / read['first_resolve_ms']:.2f}x |")
+    return lines
 
 
 def handle_section(hf: dict) -> str:
@@ -641,6 +684,8 @@ def main() -> None:
     ap.add_argument("--child", help=argparse.SUPPRESS)
     ap.add_argument("--cubins", help=argparse.SUPPRESS)
     ap.add_argument("--kernel-dir", help=argparse.SUPPRESS)
+    ap.add_argument("--diagnose", action="store_true", help="also run system-prepared and system-warmed (where "
+                    "a process's first lookups spend their time), reported apart")
     ap.add_argument("--replot", action="store_true", help="redraw the PNG from the JSON in --out, no GPU needed")
     ap.add_argument("--handle-only", action="store_true", help="only time making a handle with 5 and 500 kernel "
                     "files, on the default device (no CUDA GPU needed); merged into the JSON in --out")
@@ -679,6 +724,10 @@ def main() -> None:
         "user": lambda i: (dict(base, KDB_SYSTEM_DB_PATH=str(empty_system), KDB_CUSTOM_CACHE_DIR=str(user_cache)), None),
         "jit": lambda i: (dict(base, KDB_SYSTEM_DB_PATH=str(empty_system), KDB_CUSTOM_CACHE_DIR=str(work / f"j{i}")), None),
     }
+    if args.diagnose:
+        for mode in DIAGNOSTIC_MODES:
+            modes[mode] = lambda i, mode=mode: (dict(base, KDB_SYSTEM_DB_PATH=str(system),
+                                                     KDB_CUSTOM_CACHE_DIR=str(work / f"{mode}{i}")), None)
     run_child("user", modes["user"](0)[0])  # fill the user cache once
     run_child("bare", dict(base), cubins)  # warm the page cache for every mode alike
     run_handles(base, system, kernel_folders, work / "warm", 2)
@@ -691,13 +740,13 @@ def main() -> None:
         run_handles(base, system, kernel_folders, work, args.runs, raw_handles, round_index=i)
     for mode in modes:
         results[mode] = summarise(raw[mode])
-        expected = "system" if mode == "system-raw" else mode
+        expected = "system" if mode == "system-raw" or mode in DIAGNOSTIC_MODES else mode
         if results[mode]["sources_seen"] != [expected]:
             raise SystemExit(f"{mode}: programs came from {results[mode]['sources_seen']}, expected {expected}")
     info = raw["system"][0]
     results.update(device=info["device"], target=info["target"], compiler=info["compiler"],
                    python=platform.python_version(), runs=args.runs,
-                   command="python scripts/bench_startup.py --runs %d" % args.runs)
+                   command="python scripts/bench_startup.py --runs %d%s" % (args.runs, " --diagnose" * args.diagnose))
     sysm, bare, jit = results["system"], results["bare"], results["jit"]
     results["breakdown_ms"] = {k: statistics.median(r["rows"][0]["breakdown"][k] for r in raw["system"])
                                for k in raw["system"][0]["rows"][0]["breakdown"]}

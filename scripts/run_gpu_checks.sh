@@ -77,7 +77,7 @@ if [ "$PART" = primitives ]; then
     exit 0
 fi
 if [ "$PART" = startup ]; then
-    python3 scripts/bench_startup.py --runs "${RUNS:-15}" --out "$OUT" 2>&1 | tee "$OUT/bench_startup.txt"
+    python3 scripts/bench_startup.py --runs "${RUNS:-15}" --out "$OUT" ${BENCH_ARGS:-} 2>&1 | tee "$OUT/bench_startup.txt"
     python3 scripts/profile_system_hit.py --runs 12 --out "$OUT/profile_system_hit.json" > "$OUT/profile_system_hit.txt" 2>&1
     exit 0
 fi
