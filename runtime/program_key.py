@@ -1,9 +1,10 @@
-"""A program request and its cache key, built in exactly one function.
+"""A program request and its cache key, built in exactly one place.
 
 A program is one kernel source file compiled with one set of options. A
 :class:`ProgramRequest` names it (file and normalised options) and is what every part of
 kdbkit passes around: the runtime's lookup chain, the JIT, and the offline builder, which
-all call :func:`program_key` to turn it into a row of a bundle. That row is
+all call :func:`program_key` to turn it into a row of a bundle (the lookup chain through the
+:class:`KeyHasher` that program_key uses, kept per kernel file). That row is
 ``kernel_name = "<file>.o"`` (MIOpen's convention) and ``kernel_args = "<normalised options>
 -mcpu=<arch> --kdb-key=<digest>"``: the readable part lets ``kdb db ls`` show what an entry is;
 the digest makes the key change whenever the binary could.
