@@ -97,13 +97,31 @@
 #define KDB_ERFF(x) erf((float)(x))
 #define KDB_POWF(a, b) pow((float)(a), (float)(b))
 
-/* vload_half/vstore_half need no fp16 extension; half is used only as a pointer type. */
-static inline float kdb_half_to_float(ushort bits) { return vload_half(0, (const __private half*)&bits); }
+/* fp16 <-> float in integer and float arithmetic on values: no fp16 extension, and no private
+ * variable whose address goes to vload_half/vstore_half_rte. PoCL 3.0 (PyPI's, LLVM 14) gets
+ * such an address wrong in a kernel with a barrier inside a loop: the library call, not
+ * inlined before its work-group passes, received the address of the last work-item's copy
+ * (&bits[255] for groups of 256) while each work-item read its own, never written (pooling's
+ * band kernel, layer norm, softmax, direct convolution, batch norm training: fp16 garbage). */
+static inline float kdb_half_to_float(ushort h)
+{
+    const uint sign = (uint)(h & 0x8000u) << 16, em = h & 0x7fffu;
+    if (em < 0x0400u) /* zero or subnormal: em * 2^-24, exact (a normal float) */
+        return as_float(sign | as_uint((float)em * 5.9604644775390625e-8f));
+    /* Rebias the exponent by 127 - 15; Inf and NaN (exponent 31) to exponent 255, payload kept. */
+    return as_float(sign | ((em << 13) + (em >= 0x7c00u ? 0x70000000u : 0x38000000u)));
+}
 static inline ushort kdb_float_to_half(float f)
 {
-    ushort bits;
-    vstore_half_rte(f, 0, (__private half*)&bits);
-    return bits;
+    const uint u = as_uint(f), sign = (u >> 16) & 0x8000u, a = u & 0x7fffffffu;
+    if (a >= 0x7f800000u) /* Inf, NaN (a quiet NaN) */
+        return (ushort)(sign | (a > 0x7f800000u ? 0x7e00u : 0x7c00u));
+    if (a >= 0x47800000u) /* 65536 and up: Inf (65520 up to it round there below) */
+        return (ushort)(sign | 0x7c00u);
+    if (a < 0x38800000u) /* below 2^-14: a subnormal or zero; adding 0.5 (ulp 2^-24) rounds to nearest even */
+        return (ushort)(sign | (as_uint(as_float(a) + 0.5f) - 0x3f000000u));
+    /* Rebias by 15 - 127 and round the 13 dropped bits to nearest even (a carry may reach Inf). */
+    return (ushort)(sign | ((a + 0xc8000fffu + ((a >> 13) & 1u)) >> 13));
 }
 #define KDB_HALF_TO_FLOAT(b) kdb_half_to_float((ushort)(b))
 #define KDB_FLOAT_TO_HALF(f) kdb_float_to_half((float)(f))
