@@ -204,7 +204,7 @@ def first_layers(args) -> None:
     report["first_forward_ms"] = (time.perf_counter() - t_all) * 1e3
     report["layers_by_kind"] = _by_kind(layers)
     report["layers"] = layers
-    programs = list(handle.chain.memory._programs.values())
+    programs = list(handle.chain.memory.values())
     report["programs"] = [{"request": str(p.request), "source": p.source,
                            "steps": [(s.name, round(s.ms, 3), s.outcome) for s in p.steps]} for p in programs]
     steps: dict = {}
