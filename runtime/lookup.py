@@ -74,11 +74,14 @@ class Keys:
     def key(self, request: ProgramRequest, compiler: str) -> ProgramKey:
         """:func:`~kdbkit.runtime.program_key.program_key` of ``request`` for ``compiler``,
         with the kernel file's fields encoded once per handle, not once per program."""
-        hasher = self._hashers.get((request.kernel_file, compiler))
-        if hasher is None:
-            hasher = self._hashers[request.kernel_file, compiler] = key_hasher(
-                request.kernel_file, self._arch, self.digest(request.kernel_file), compiler)
+        hasher = self._hashers.get((request.kernel_file, compiler)) or self.hasher(request.kernel_file, compiler)
         return hasher.key(request.options)
+
+    def hasher(self, kernel_file: str, compiler: str) -> KeyHasher:
+        """Make and keep the key hasher of ``kernel_file``'s programs for ``compiler`` (key() calls it on a miss)."""
+        hasher = self._hashers[kernel_file, compiler] = key_hasher(kernel_file, self._arch, self.digest(kernel_file),
+                                                                   compiler)
+        return hasher
 
 
 class Source(ABC):

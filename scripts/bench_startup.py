@@ -132,12 +132,9 @@ def _untimed_setup(mode: str, handle) -> None:
         return
     import zstandard
 
-    from kdbkit.runtime.program_key import key_hasher
-
     bundle = handle._system.search.get(0)
-    keys, compiler = handle._keys, bundle.metadata.compiler
     for name, _digest in bundle.metadata.sources:
-        keys._hashers[name, compiler] = key_hasher(name, keys._arch, keys.digest(name), compiler)
+        handle._keys.hasher(name, bundle.metadata.compiler)
     bundle._reader._zd().decompress(zstandard.ZstdCompressor(level=1).compress(bytes(64)))
 
 
