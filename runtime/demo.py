@@ -89,15 +89,19 @@ def child(device_index: int | None) -> int:
         return 1
 
 
+# PoCL and the CUDA driver keep caches of their own: off, so that the build and the JIT run show
+# what compiling costs on a machine that has never built these kernels, unless the caller set
+# them (the caller's setting stays).
+DRIVER_CACHES_OFF = {"POCL_KERNEL_CACHE": "0", "CUDA_CACHE_DISABLE": "1"}
+
+
 def run_child(device_index: int | None, **variables: str) -> dict:
     """One run in a fresh Python process with ``variables`` set; returns its parsed results.
 
     Raises:
         DemoError: the run failed; the message is its one-line error.
     """
-    # PoCL and the CUDA driver keep caches of their own; turn them off so that the JIT run shows
-    # what a compile really costs on a machine that has never run these kernels.
-    child_env = dict(os.environ, POCL_KERNEL_CACHE="0", CUDA_CACHE_DISABLE="1", **variables)
+    child_env = {**DRIVER_CACHES_OFF, **os.environ, **variables}
     cmd = [sys.executable, "-m", "kdbkit.runtime.demo", "--child"]
     if device_index is not None:
         cmd += ["--device", str(device_index)]

@@ -25,6 +25,9 @@ def demo(device: Optional[int] = typer.Option(None, "--device", help="Device ind
          ) -> None:
     """Build a bundle for a small network, install it, and run the network from an empty cache (JIT), then from the bundle.
 
+    PoCL's and the CUDA driver's own caches are off while it runs (set POCL_KERNEL_CACHE or
+    CUDA_CACHE_DISABLE yourself to keep yours).
+
     Example: kdb demo --workdir demo-files
     """
     with _driver_caches_off():
@@ -33,22 +36,19 @@ def demo(device: Optional[int] = typer.Option(None, "--device", help="Device ind
 
 @contextlib.contextmanager
 def _driver_caches_off():
-    """PoCL and the CUDA driver keep caches of their own: off while the demo runs, so that the build
-    and the JIT run show what compiling costs on a machine that has never built these kernels; put
-    back after, because `kdb` may run inside a caller's process (PoCL without its cache unpacks every
-    loaded binary into one folder named by the binary, which concurrent processes then remove under
-    each other)."""
-    names = ("POCL_KERNEL_CACHE", "CUDA_CACHE_DISABLE")
-    saved = {name: os.environ.get(name) for name in names}
-    os.environ.update(POCL_KERNEL_CACHE="0", CUDA_CACHE_DISABLE="1")
+    """The driver caches off while the demo builds (``DRIVER_CACHES_OFF``; a caller's own setting
+    stays), and put back after, because `kdb` may run inside a caller's process (PoCL without its
+    cache unpacks every loaded binary into one folder named by the binary, which concurrent
+    processes then remove under each other)."""
+    from kdbkit.runtime.demo import DRIVER_CACHES_OFF
+
+    unset = [name for name in DRIVER_CACHES_OFF if name not in os.environ]
+    os.environ.update({name: DRIVER_CACHES_OFF[name] for name in unset})
     try:
         yield
     finally:
-        for name, value in saved.items():
-            if value is None:
-                os.environ.pop(name, None)
-            else:
-                os.environ[name] = value
+        for name in unset:
+            os.environ.pop(name, None)
 
 
 def _run_demo(device: Optional[int], workdir: Optional[Path]) -> None:
