@@ -2,7 +2,53 @@
 
 from __future__ import annotations
 
+import faulthandler
+import os
+from pathlib import Path
+
 import pytest
+
+_crash_report = None  # KDB_TEST_CRASH_REPORT's file, while the session runs
+
+
+def pytest_configure(config):
+    """One PoCL kernel cache for the whole session, whatever HOME a test or its child processes
+    run with, and on even in `kdb demo` (which turns it off unless told): the tests compile the
+    same kernels in many fresh kdbkit caches, and on a slow CPU PoCL's compiles were most of
+    the suite's time. Set before anything loads PoCL, which reads these once."""
+    xdg = os.environ.get("XDG_CACHE_HOME") or str(Path.home() / ".cache")
+    os.environ.setdefault("POCL_CACHE_DIR", str(Path(xdg) / "pocl" / "kcache"))
+    os.environ.setdefault("POCL_KERNEL_CACHE", "1")
+    Path(os.environ["POCL_CACHE_DIR"]).mkdir(parents=True, exist_ok=True)  # PoCL takes only a folder that exists
+
+
+@pytest.hookimpl(trylast=True)  # after pytest's own faulthandler plugin, which reports to stderr
+def pytest_sessionstart(session):
+    """With KDB_TEST_CRASH_REPORT set (CI sets it), a crash inside a native library reports to that
+    file: the test it happened in, then every thread's Python stack. `.ci/run` prints it last,
+    where a log cut in the middle still shows it (stderr's report starts with other threads)."""
+    global _crash_report
+    path = os.environ.get("KDB_TEST_CRASH_REPORT")
+    if path:
+        _crash_report = open(path, "w")
+        faulthandler.enable(_crash_report, all_threads=True)
+
+
+def pytest_runtest_logstart(nodeid, location):
+    if _crash_report is not None:
+        _crash_report.seek(0)
+        _crash_report.truncate()
+        _crash_report.write(f"crashed in {nodeid}\n")
+        _crash_report.flush()
+
+
+def pytest_sessionfinish(session, exitstatus):
+    global _crash_report
+    if _crash_report is not None:
+        faulthandler.disable()  # pytest's plugin puts its own back after
+        _crash_report.close()
+        os.unlink(_crash_report.name)  # no crash: nothing to report
+        _crash_report = None
 
 
 @pytest.fixture
