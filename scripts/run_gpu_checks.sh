@@ -12,7 +12,8 @@
 # PART=profile: where the networks' first forward spends its time (.gpu-bundles/ with its tuned
 # find-db, carried): scripts/profile_network.py --first-layers, twice per network (with cProfile on
 # the first layer, then without), then the cProfile run with each layer's GPU time.
-# PART=startup: only the startup benchmark and the system hit's profile (the later-hit ratio).
+# PART=startup: only the startup benchmark and the system hit's profile (the later-hit ratio),
+# then where a process's first hit spends what its later ones do not (PART=first-hit: only that).
 # PART=install only installs (then: export PYTHONPATH=/tmp/site and run a script of scripts/).
 set -uo pipefail
 PART=${PART:-all}
@@ -79,6 +80,9 @@ fi
 if [ "$PART" = startup ]; then
     python3 scripts/bench_startup.py --runs "${RUNS:-15}" --out "$OUT" ${BENCH_ARGS:-} 2>&1 | tee "$OUT/bench_startup.txt"
     python3 scripts/profile_system_hit.py --runs 12 --out "$OUT/profile_system_hit.json" > "$OUT/profile_system_hit.txt" 2>&1
+fi
+if [ "$PART" = startup ] || [ "$PART" = first-hit ]; then
+    python3 scripts/profile_first_hit.py --runs "${FIRST_HIT_RUNS:-9}" --out "$OUT/profile_first_hit" 2>&1 | tail -32
     exit 0
 fi
 if [ "$PART" != bench ]; then
