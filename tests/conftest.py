@@ -22,8 +22,7 @@ def pytest_configure(config):
     Path(os.environ["POCL_CACHE_DIR"]).mkdir(parents=True, exist_ok=True)  # PoCL takes only a folder that exists
 
 
-@pytest.hookimpl(trylast=True)  # after pytest's own faulthandler plugin, which reports to stderr
-def pytest_sessionstart(session):
+def pytest_sessionstart(session):  # after pytest_configure, where pytest's faulthandler plugin reports to stderr
     """With KDB_TEST_CRASH_REPORT set (CI sets it), a crash inside a native library reports to that
     file: the test it happened in, then every thread's Python stack. `.ci/run` prints it last,
     where a log cut in the middle still shows it (stderr's report starts with other threads)."""

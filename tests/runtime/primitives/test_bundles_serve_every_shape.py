@@ -37,7 +37,7 @@ def test_a_bundle_of_the_catalogue_serves_random_new_shapes_with_no_jit(isolated
     from kdbkit.runtime.handle import Handle
 
     # The catalogue's programs of the primitives called below: the whole catalogue is 48 PoCL
-    # compiles, over three minutes on the 2-core CI machine, for 33 programs this test never asks for.
+    # compiles, over three minutes on the 2-core CI machine, 30 of them for primitives this test never calls.
     used = {"activ.c", "softmax.c", "conv_direct.c", "conv_gemm.c", "gemm.c"}
     programs = [p for p in all_programs(chain_backend.device.backend) if p.kernel_file in used]
     build_bundle(chain_backend.device.target, programs, isolated / "system")
