@@ -6,13 +6,11 @@ never as an exception: the doctor must work best exactly when something is broke
 
 from __future__ import annotations
 
-import os
 import platform
 import sqlite3
 import sys
 from dataclasses import dataclass
 from importlib import metadata
-from pathlib import Path
 
 from kdbkit.kdb.errors import KdbError
 from kdbkit.kdb.version import __version__
@@ -112,41 +110,35 @@ def devices_and_bundles() -> list[Row]:
     return rows
 
 
-def cache_health() -> list[Row]:
-    from kdbkit.runtime import cache_admin, env
+def cache_sources() -> list[Row]:
+    """The lookup chain a handle on the first device would have: each tier as it describes
+    itself, then each tier's own health facts under its heading."""
+    from kdbkit.runtime import cache_sources as chain
+    from kdbkit.runtime.backends.registry import binary_format_of, discover_devices
 
-    folder = paths.user_cache_dir()
-    rows = [Row("user cache", "folder", str(folder)),
-            Row("user cache", "enabled", "no (KDB_DISABLE_CACHE)" if env.get_bool("KDB_DISABLE_CACHE") else "yes")]
-    writable, why = folder_writable(folder)
-    rows.append(Row("user cache", "writable", f"{'yes' if writable else 'NO'} ({why})", writable))
-    for f in cache_admin.list_cache(folder) if folder.is_dir() else []:
-        rows.append(Row("user cache", f.path.name, f.problem or f"{f.entries} entries, {f.file_bytes} bytes",
-                        f.problem is None))
-    rows.append(Row("user cache", "find-db folder", str(paths.user_db_dir())))
+    rows = [Row("find-db", "user folder", str(paths.user_db_dir()))]
+    try:
+        devices = discover_devices()
+    except Exception as exc:  # reported by the devices section too
+        return rows + [Row("cache sources", "discovery", f"failed: {exc}", False)]
+    if not devices:
+        return rows + [Row("cache sources", "none", "no device to assemble a lookup chain for", False)]
+    device = devices[0]
+    tiers = chain.survey(device.target, binary_format_of(device.backend))
+    rows.append(Row("cache sources", "chain", " -> ".join(["memory", *(info.name if info else title
+                                                                    for title, info, _ in tiers)])
+                    + f" (for {device.target})"))
+    for title, info, checks in tiers:
+        if info is not None:
+            rows.append(Row("cache sources", info.name, f"{info.where} ({'writable' if info.writable else 'not writable'})"))
+        rows += [Row(title, c.item, c.value, c.ok) for c in checks]
     return rows
-
-
-def folder_writable(folder: Path) -> tuple[bool, str]:
-    """Whether files can be created in ``folder`` (made first if missing), and what decided it.
-
-    The nearest existing ancestor must be a folder this process may write and enter: a
-    regular file on the way means the folder can never be made.
-    """
-    probe = folder
-    while not probe.exists() and probe != probe.parent:
-        probe = probe.parent
-    if not probe.is_dir():
-        return False, f"{probe} is a file, so {folder} cannot be created"
-    if not os.access(probe, os.W_OK | os.X_OK):
-        return False, f"{probe} is not writable"
-    return True, str(probe)
 
 
 def report() -> list[Row]:
     """Every row of the doctor's report, in display order."""
     rows: list[Row] = []
-    for part in (versions, compilers, search_paths, devices_and_bundles, cache_health):
+    for part in (versions, compilers, search_paths, devices_and_bundles, cache_sources):
         try:
             rows += part()
         except Exception as exc:  # one failing section must not hide the others

@@ -8,9 +8,11 @@ the same user cache folder, and sets up the problems that handle ran (``kdbkit.r
 therefore sees each kernel source as it was when it first digested it; make a new one to pick
 up edits (a JIT compile always keys what it compiles by the source as it is then).
 
-The chain (``kdbkit.runtime.lookup``): memory, then system bundles (exact ``<arch>_<cu>.kdb``,
-then ``<arch>.kdb``), then the user cache (unless ``KDB_DISABLE_CACHE``), then the JIT (unless
-``KDB_DISABLE_JIT``). The environment is read when a handle is made.
+The chain (``kdbkit.runtime.lookup``): memory, then the tiers ``sources`` names, else
+``KDB_CACHE_SOURCES``, else the default: system bundles (exact ``<arch>_<cu>.kdb``, then
+``<arch>.kdb``), the user cache (unless ``KDB_DISABLE_CACHE``), the JIT (unless
+``KDB_DISABLE_JIT``), which writes what it compiles into every writable tier
+(``kdbkit.runtime.cache_sources``). The environment is read when a handle is made.
 
 Example::
 
@@ -29,18 +31,18 @@ from typing import Any, Iterable, Sequence
 
 from kdbkit.kdb.find_db import FindDb
 from kdbkit.kdb.version import __version__
-from kdbkit.runtime import env, kernel_sources, paths, prefetch, startup_memo
+from kdbkit.runtime import cache_sources, env, kernel_sources, paths, prefetch, startup_memo
 from kdbkit.runtime.backends.base import Backend, DeviceInfo
 from kdbkit.runtime.compilers import Compiler, LazyCompiler
 from kdbkit.runtime.errors import JitDisabledError  # noqa: F401 - re-exported for callers of program()
 from kdbkit.runtime.errors import ProblemError
-from kdbkit.runtime.jit import JitSource
 from kdbkit.runtime.kernel_sources import KernelSearchPath
 from kdbkit.runtime.logging_setup import api_logging_enabled, get_logger, log_api_call, warn_once
 from kdbkit.runtime.lookup import Keys, LookupChain, SystemBundleSource, UserCacheSource
+from kdbkit.runtime.tier import Source, SourceInfo, TierContext
 from kdbkit.runtime.program import Program, Step, Steps
 from kdbkit.runtime.program_key import ProgramRequest
-from kdbkit.runtime.system_bundles import Candidate, SystemBundleSearch
+from kdbkit.runtime.system_bundles import Candidate
 
 _log = get_logger(__name__)
 
@@ -60,13 +62,25 @@ class Handle:
             kdbkit's own (a library's kernels).
         compiler: the compiler for the user cache and the JIT; by default the one
             :func:`kdbkit.runtime.compilers.compiler_for` picks for the device.
+        sources: the lookup chain's tiers below memory, in order; each a built-in name
+            (``"system"``, ``"user"``, ``"jit"``), ``"module:Class"`` (a
+            :class:`~kdbkit.runtime.tier.Source` subclass made with no arguments) or a Source
+            instance (e.g. a :class:`~kdbkit.runtime.keyed_tier.KeyedTier`), the one that compiles
+            (``"jit"``) last. None: ``KDB_CACHE_SOURCES`` (the same entries, comma-separated; a
+            bad value warns once and the default applies), else ``("system", "user", "jit")``.
+            ``KDB_DISABLE_CACHE`` leaves ``"user"`` out and ``KDB_DISABLE_JIT`` forbids compiling
+            either way. What the JIT compiles is put into every writable tier; a tier's
+            :meth:`~kdbkit.runtime.tier.Source.lease` is held around each compile.
 
     Raises:
         BackendUnavailableError: no device, or its vendor library is missing.
+        CacheSourcesError: ``sources`` cannot be made into a chain (an unknown name, a tier
+            after the JIT, a name twice).
     """
 
     def __init__(self, device: DeviceInfo | None = None, *, backend: Backend | None = None,
-                 kernel_path: Iterable[str | Path] = (), compiler: Compiler | None = None):
+                 kernel_path: Iterable[str | Path] = (), compiler: Compiler | None = None,
+                 sources: Sequence[str | Source] | None = None):
         from kdbkit.runtime.backends.registry import default_device, open_backend
 
         self._owns_backend = backend is None
@@ -79,13 +93,19 @@ class Handle:
         self.compiler = LazyCompiler(self.target, compiler)
         self.use_cache = not env.get_bool("KDB_DISABLE_CACHE")
         self._keys = Keys(self.target, self.search_path)
-        self._system = SystemBundleSource(
-            SystemBundleSearch(self.target, backend.binary_format, paths.iter_system_db_dirs()), self._keys)
-        self._user = UserCacheSource(self._keys, self.compiler, backend.binary_format) if self.use_cache else None
-        jit = JitSource(self.target, self._keys, self.compiler, self._user, not env.get_bool("KDB_DISABLE_JIT"),
-                        self._searched)
-        self.chain = LookupChain([s for s in (self._system, self._user, jit) if s is not None], backend.load,
-                                 self.device.name)
+        context = TierContext(self.target, backend.binary_format, self._keys, self.compiler)
+        try:
+            tiers = cache_sources.assemble(sources, context, use_cache=self.use_cache,
+                                           jit_allowed=not env.get_bool("KDB_DISABLE_JIT"))
+        except BaseException:
+            if self._owns_backend:
+                backend.close()
+            raise
+        # The tiers the handle itself works with: the system bundle it opens and prefetches from,
+        # and the user cache it reports and opens first when there is no bundle; None if absent.
+        self._system = next((t for t in tiers if isinstance(t, SystemBundleSource)), None)
+        self._user = next((t for t in tiers if isinstance(t, UserCacheSource)), None)
+        self.chain = LookupChain(tiers, backend.load, self.device.name)
         # Invokers of the primitives' solvers, by (config string, solver id): runtime/immediate.py.
         self.invokers: dict[tuple[str, int], object] = {}
         self.choices: dict[str, object] = {}  # immediate mode's choice per config string
@@ -109,13 +129,15 @@ class Handle:
         first program of a process costs about what a later one does.
         """
         steps = Steps()
-        with steps.time("open system bundle") as t:
-            first = self._system.search.get(0)
-            t.outcome = first.path.name if first is not None else "none"
-            if first is not None:
-                first.warm_up()
-            else:
-                self._system.warn_missing()  # here, not on the first program, which it would slow
+        first = None
+        if self._system is not None:
+            with steps.time("open system bundle") as t:
+                first = self._system.search.get(0)
+                t.outcome = first.path.name if first is not None else "none"
+                if first is not None:
+                    first.warm_up()
+                else:
+                    self._system.warn_missing()  # here, not on the first program, which it would slow
         if first is not None and first.metadata.sources:
             with steps.time("digest kernel sources") as t:
                 t.outcome = self._digest_manifest(first)
@@ -169,19 +191,24 @@ class Handle:
         return dict(self.chain.resolved)
 
     @property
+    def sources(self) -> tuple[Source, ...]:
+        """The chain's tiers below memory, in the order they are asked."""
+        return tuple(self.chain.sources)
+
+    def describe_sources(self) -> list[SourceInfo]:
+        """Each tier below memory as it describes itself: name, where it looks, writable or not."""
+        return self.chain.describe()
+
+    @property
     def system_trace(self) -> list[Candidate]:
         """Every system bundle considered so far, accepted or rejected with the reason."""
-        return self._system.search.trace
+        return self._system.search.trace if self._system is not None else []
 
     @property
     def user_cache_path(self) -> Path | None:
         """The user cache file this handle reads and writes, or None (disabled, or no compiler)."""
         cache = self._user.cache if self._user is not None else None
         return cache.path if cache is not None else None
-
-    def _searched(self) -> str:
-        where = [self._system.searched()] + ([self._user.searched()] if self._user is not None else [])
-        return " or ".join(w for w in where if w)
 
     def program(self, kernel_file: str, options: str | Sequence[str] = ()) -> Program:
         """Resolve and load ``kernel_file`` compiled with ``options`` for this device.

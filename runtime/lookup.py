@@ -1,15 +1,17 @@
 """The lookup chain: the in-process tier, then a list of sources, each tried in order.
 
-Every tier below memory is a :class:`Source` answering ``get(request)`` with a binary or
-nothing; the chain loads the first binary it gets, and a binary that fails to load is
-discarded from its source and the next source is tried, so a wrong binary is never used.
-The default chain (``Handle``) is::
+Every tier below memory is a :class:`~kdbkit.runtime.tier.Source` answering
+``get(request)`` with a binary or nothing; the chain loads the first binary it gets, and a
+binary that fails to load is discarded from its source and the next source is tried, so a
+wrong binary is never used. The default chain (``Handle``, assembled by
+``kdbkit.runtime.cache_sources``) is::
 
-    memory -> system bundles -> user cache -> JIT (lock, re-check, compile, store)
+    memory -> system bundles -> user cache -> JIT (lease, re-check, compile, put to every writable tier)
 
-Adding a tier (a remote cache shared by a cluster) is adding one :class:`Source` to the list.
-The memory tier is the one tier that keeps *loaded* programs rather than bytes, since
-loading a binary again is the cost it exists to save; it remembers whatever a later tier found.
+Adding a tier (a remote cache shared by a cluster) is adding one source to the list
+(``Handle(sources=...)`` or ``KDB_CACHE_SOURCES``). The memory tier is the one tier that keeps
+*loaded* programs rather than bytes, since loading a binary again is the cost it exists to
+save; it remembers whatever a later tier found.
 
 Each source computes its own key with :func:`kdbkit.runtime.program_key.program_key`: a
 system bundle with the compiler it records, the user cache with the local compiler, the JIT
@@ -22,22 +24,25 @@ from __future__ import annotations
 import collections
 import threading
 import time
-from abc import ABC, abstractmethod
 from pathlib import Path
-from typing import Callable, ClassVar, Sequence
+from typing import Callable, Sequence
 
 from kdbkit.kdb import Bundle, CorruptEntryError, KdbError, Target
 from kdbkit.runtime import paths
 from kdbkit.runtime.backends.base import BinaryLoadError, Module
 from kdbkit.runtime.compilers import LazyCompiler
 from kdbkit.runtime.kernel_sources import KernelSearchPath
+from kdbkit.runtime.lease import CompileLease, FileLease
 from kdbkit.runtime.logging_setup import INFO2, TRACE, get_logger, warn_once
 from kdbkit.runtime.program import Program, Step, Steps
 from kdbkit.runtime.program_key import KeyHasher, ProgramKey, ProgramRequest, key_hasher
 from kdbkit.runtime.system_bundles import SystemBundleSearch
-from kdbkit.runtime.user_cache import UserCache
+from kdbkit.runtime.tier import Source, SourceCheck, SourceInfo, TierContext, WritableSource, read
+from kdbkit.runtime.user_cache import UserCache, folder_writable
 
 _log = get_logger(__name__)
+__all__ = ["Keys", "LookupChain", "MemorySource", "Source", "SystemBundleSource", "TierContext", "UserCacheSource",
+           "WritableSource"]
 
 
 class Keys:
@@ -84,31 +89,6 @@ class Keys:
         return hasher
 
 
-class Source(ABC):
-    """One tier of the lookup chain below memory."""
-
-    name: ClassVar[str]  # what Program.source says when this tier answers
-
-    @abstractmethod
-    def get(self, request: ProgramRequest, steps: Steps) -> bytes | None:
-        """The binary for ``request``, or None; each step taken is timed into ``steps``.
-
-        Never raises for a damaged entry or file (it warns once and answers None). May raise
-        only when the request itself cannot be served (the JIT: compiling is forbidden or
-        impossible, or the source does not compile).
-        """
-
-    def discard(self, request: ProgramRequest) -> None:
-        """The binary this source gave for ``request`` does not load: forget it (default: nothing)."""
-
-    def searched(self) -> str:
-        """Where this source looked, for a "not found" message; empty when it says nothing."""
-        return ""
-
-    def close(self) -> None:
-        """Release files this source holds open."""
-
-
 class MemorySource(dict):
     """Programs this chain already loaded, by request (thread-safe).
 
@@ -131,6 +111,8 @@ class SystemBundleSource(Source):
     """Installed bundles that fit the device, best first, opened only as far as needed."""
 
     name = "system"
+    title = "system bundles"
+    immutable = True  # opened read-only and immutable: a re-check could find nothing new
 
     def __init__(self, search: SystemBundleSearch, keys: Keys):
         self.search = search
@@ -181,11 +163,15 @@ class SystemBundleSource(Source):
         accepted = [str(c.path) for c in self.search.trace if c.status == "accepted"]
         return ", ".join(accepted) if accepted else f"no system bundle ({self.search.target.bundle_name()} missing)"
 
+    def describe(self) -> SourceInfo:
+        self.search.get(0)  # the best bundle, as the handle's first lookup opens it
+        return SourceInfo(self.name, self.searched(), self.writable)
+
     def close(self) -> None:
         self.search.close()
 
 
-class UserCacheSource(Source):
+class UserCacheSource(WritableSource):
     """The per-user ``.ukdb``, keyed with the local compiler's identity.
 
     The cache is made on first use, since it needs that identity (the compiler is looked up
@@ -199,6 +185,7 @@ class UserCacheSource(Source):
     """
 
     name = "user"
+    title = "user cache"
 
     def __init__(self, keys: Keys, compiler: LazyCompiler, binary_format: str,
                  folder: Callable[[], Path] = paths.user_cache_dir):
@@ -208,6 +195,7 @@ class UserCacheSource(Source):
         self._folder = folder
         self._cache: UserCache | None = None
         self._lock = threading.Lock()
+        self._lease: FileLease | None = None
 
     @property
     def cache(self) -> UserCache | None:
@@ -235,12 +223,42 @@ class UserCacheSource(Source):
             _log.trace("%s %s: %s", cache.path.name, key, t.outcome)
         return binary
 
+    def put(self, request: ProgramRequest, binary: bytes, key: ProgramKey) -> None:
+        cache = self.cache
+        if cache is not None:
+            cache.put(key, binary)  # a cache that cannot be written warns once and keeps nothing
+
     def discard(self, request: ProgramRequest) -> None:
         if self.cache is not None:
             self.cache.discard(self.keys.key(request, self.compiler.identity()))
 
+    def lease(self) -> CompileLease | None:
+        """A lock file per key in the cache folder's ``locks/``; none once the cache is unusable."""
+        cache = self.cache
+        if cache is None or not cache.usable:
+            return None
+        if self._lease is None:
+            self._lease = FileLease(cache.lock_dir)
+        return self._lease
+
     def searched(self) -> str:
         return f"the user cache {self._cache.path}" if self._cache is not None else ""
+
+    def describe(self) -> SourceInfo:
+        cache = self.cache
+        return SourceInfo(self.name, str(cache.path if cache is not None else self._folder()), self.writable)
+
+    def checks(self) -> list[SourceCheck]:
+        from kdbkit.runtime import cache_admin
+
+        folder = self._folder()
+        writable, why = folder_writable(folder)
+        rows = [SourceCheck("folder", str(folder)),
+                SourceCheck("writable", f"{'yes' if writable else 'NO'} ({why})", writable)]
+        for f in cache_admin.list_cache(folder) if folder.is_dir() else []:
+            rows.append(SourceCheck(f.path.name, f.problem or f"{f.entries} entries, {f.file_bytes} bytes",
+                                    f.problem is None))
+        return rows
 
     def close(self) -> None:
         if self._cache is not None:
@@ -288,7 +306,7 @@ class LookupChain:
         if failure is not None:
             raise failure
         raise KdbError(f"no source has {request}: {', '.join(s.searched() for s in self.sources if s.searched())}",
-                       "this chain has no tier that compiles (a JitSource): add one, or install a bundle that holds it")
+                       "this chain has no tier that compiles (jit): add one, or install a bundle that holds it")
 
     def preload(self, request: ProgramRequest, source: Source) -> Program | None:
         """The program for ``request`` from memory, else from ``source`` alone, kept in memory (a
@@ -300,7 +318,7 @@ class LookupChain:
 
     def _from(self, source: Source, request: ProgramRequest, steps: Steps) -> tuple[Program | None, BinaryLoadError | None]:
         """``source``'s binary for ``request``, loaded and kept in memory; else why it did not load."""
-        binary = source.get(request, steps)
+        binary = read(source, request, steps)
         if binary is None:
             return None, None
         t0 = time.perf_counter()  # timed by hand: this runs on every lookup below memory
@@ -319,6 +337,10 @@ class LookupChain:
         if _log.isEnabledFor(INFO2):
             _log.info2("%s: %s", request, ", ".join(f"{s.name} {s.outcome} {s.ms:.3f} ms" for s in steps))
         return program, None
+
+    def describe(self) -> list[SourceInfo]:
+        """Each source below memory, in order, as it describes itself."""
+        return [source.describe() for source in self.sources]
 
     def close(self) -> None:
         for source in self.sources:

@@ -63,6 +63,22 @@ DISABLE_HINT = "set KDB_CUSTOM_CACHE_DIR to a writable folder, or KDB_DISABLE_CA
 CODEC = "zstd"  # what kdbkit writes into user caches
 
 
+def folder_writable(folder: Path) -> tuple[bool, str]:
+    """Whether files can be created in ``folder`` (made first if missing), and what decided it.
+
+    The nearest existing ancestor must be a folder this process may write and enter: a
+    regular file on the way means the folder can never be made.
+    """
+    probe = folder
+    while not probe.exists() and probe != probe.parent:
+        probe = probe.parent
+    if not probe.is_dir():
+        return False, f"{probe} is a file, so {folder} cannot be created"
+    if not os.access(probe, os.W_OK | os.X_OK):
+        return False, f"{probe} is not writable"
+    return True, str(probe)
+
+
 class ForeignCacheError(CorruptBundleError):
     """A user cache file whose metadata describes another target, binary format or codec."""
 

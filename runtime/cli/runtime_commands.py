@@ -24,7 +24,8 @@ def resolve(kernel_file: str = typer.Argument(..., help="A kernel source on the 
 
     The first rows are what making the handle did once (digest the kernel sources, open the
     best system bundle or the user cache); the rest are this program's lookup. The kernel
-    line says which folder of the search path the source came from.
+    line says which folder of the search path the source came from; the sources lines list
+    the chain's tiers in order, where each looks and whether the JIT writes into it.
 
     Example: kdb resolve activation.c -D KDB_DTYPE=float --device 0
     """
@@ -36,11 +37,13 @@ def resolve(kernel_file: str = typer.Argument(..., help="A kernel source on the 
     with Handle(pick_device(device), kernel_path=kernel_path) as handle:
         program = handle.program(request.kernel_file, request.options)
         folder = handle.kernel_folder(kernel_file)
+        tiers = handle.describe_sources()
     data = {"kernel_file": kernel_file, "kernel_folder": str(folder), "options": list(program.options),
             "device": handle.device.name, "target": str(handle.target), "source": program.source,
             "total_ms": round(program.total_ms, 3),
             "steps": [{"step": s.name, "ms": round(s.ms, 3), "outcome": s.outcome} for s in program.steps],
-            "handle_steps": [{"step": s.name, "ms": round(s.ms, 3), "outcome": s.outcome} for s in handle.prepare_steps]}
+            "handle_steps": [{"step": s.name, "ms": round(s.ms, 3), "outcome": s.outcome} for s in handle.prepare_steps],
+            "sources": [{"name": t.name, "where": t.where, "writable": t.writable} for t in tiers]}
     if as_json:
         print_json(data)
         return
@@ -53,6 +56,9 @@ def resolve(kernel_file: str = typer.Argument(..., help="A kernel source on the 
     for s in program.steps:
         table.add_row(escape(s.name), s.outcome, f"{s.ms:.3f}")
     out.print(table)
+    out.print("sources, in order after memory:")
+    for t in tiers:
+        out.print(f"  {escape(t.name)}: {escape(t.where)}{' (writable)' if t.writable else ''}")
     out.print(f"source: [bold]{program.source}[/] in {program.total_ms:.3f} ms")
 
 

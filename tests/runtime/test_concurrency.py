@@ -58,7 +58,7 @@ def test_processes_on_different_keys_all_land(isolated, chain_device):
 
 
 def test_threads_racing_on_one_key_compile_it_once(make_handle, chain_backend, monkeypatch):
-    from kdbkit.runtime import jit
+    from kdbkit.runtime import lease
     from kdbkit.runtime.compilers import compiler_for
 
     compiles = []
@@ -88,4 +88,4 @@ def test_threads_racing_on_one_key_compile_it_once(make_handle, chain_backend, m
     # The JIT tier serves every thread that got there while the compile ran (one of them by
     # compiling); a thread started late on a loaded machine finds the user cache filled instead.
     assert len(sources) == N and set(sources) <= {"jit", "user"} and "jit" in sources
-    assert len(jit._thread_locks) == 0  # per-key thread locks are gone once nobody waits for them
+    assert len(lease._thread_locks) == 0  # per-key thread locks are gone once nobody waits for them
