@@ -130,7 +130,8 @@ def cache_sources() -> list[Row]:
                     + f" (for {device.target})"))
     for title, info, checks in tiers:
         if info is not None:
-            rows.append(Row("cache sources", info.name, f"{info.where} ({'writable' if info.writable else 'not writable'})"))
+            written = "writable" if info.writable else "not writable"
+            rows.append(Row("cache sources", info.name, f"{info.where} ({written})"))
         rows += [Row(title, c.item, c.value, c.ok) for c in checks]
     return rows
 

@@ -42,7 +42,8 @@ def resolve(kernel_file: str = typer.Argument(..., help="A kernel source on the 
             "device": handle.device.name, "target": str(handle.target), "source": program.source,
             "total_ms": round(program.total_ms, 3),
             "steps": [{"step": s.name, "ms": round(s.ms, 3), "outcome": s.outcome} for s in program.steps],
-            "handle_steps": [{"step": s.name, "ms": round(s.ms, 3), "outcome": s.outcome} for s in handle.prepare_steps],
+            "handle_steps": [{"step": s.name, "ms": round(s.ms, 3), "outcome": s.outcome}
+                             for s in handle.prepare_steps],
             "sources": [{"name": t.name, "where": t.where, "writable": t.writable} for t in tiers]}
     if as_json:
         print_json(data)

@@ -61,8 +61,8 @@ def make_handle(isolated, chain_backend):
 
     handles = []
 
-    def make():
-        h = Handle(backend=chain_backend)
+    def make(**kwargs):
+        h = Handle(backend=chain_backend, **kwargs)
         handles.append(h)
         return h
 

@@ -5,10 +5,10 @@ from __future__ import annotations
 import re
 
 from kdbkit.kdb import open_bundle
-from kdbkit.runtime.lookup import Source
 from kdbkit.runtime.program import Steps
 from kdbkit.runtime.program_key import ProgramRequest
 from kdbkit.runtime.samples import SAMPLES
+from kdbkit.runtime.tier import Source
 
 RELU = SAMPLES[0]
 
@@ -35,9 +35,9 @@ def test_a_new_tier_is_one_source_added_to_the_list(make_handle):
     program = first.program(RELU.kernel_file, RELU.options)
     binary = open_bundle(first.user_cache_path).get(*next((e.kernel_name, e.kernel_args)
                                                            for e in open_bundle(first.user_cache_path).entries()))
-    handle = make_handle()
     remote = SharedCache({program.request: binary})
-    handle.chain.sources.insert(0, remote)  # before the system bundles, say
+    handle = make_handle(sources=[remote, "system", "user", "jit"])  # before the system bundles, say
+    assert handle.sources[0] is remote and [s.name for s in handle.sources] == ["remote", "system", "user", "jit"]
     found = handle.program(RELU.kernel_file, RELU.options)
     assert found.source == "remote" and [s.name for s in found.steps] == ["memory", "remote", "load"]
     assert handle.program(RELU.kernel_file, RELU.options).source == "memory" and remote.asked == 1
@@ -45,9 +45,8 @@ def test_a_new_tier_is_one_source_added_to_the_list(make_handle):
 
 def test_a_binary_that_does_not_load_is_discarded_and_the_next_tier_serves(make_handle):
     make_handle().program(RELU.kernel_file, RELU.options)  # the user cache now has it
-    handle = make_handle()
     remote = SharedCache({ProgramRequest(RELU.kernel_file, RELU.options): b"\x7fELF not a binary for this device"})
-    handle.chain.sources.insert(0, remote)
+    handle = make_handle(sources=[remote, "system", "user", "jit"])
     found = handle.program(RELU.kernel_file, RELU.options)
     steps = [(s.name, s.outcome) for s in found.steps]
     assert found.source == "user"
