@@ -79,10 +79,8 @@ VARIABLES: tuple[EnvVar, ...] = (
            "milliseconds since the previous line. Default: off."),
     EnvVar("KDB_DISABLE_CACHE", "bool", False, "Neither read nor write the user kernel cache "
            "(.ukdb): programs not in a bundle are compiled every time. Default: off."),
-    EnvVar("KDB_CACHE_SOURCES", "str", None, "The lookup chain's tiers below memory, in order, comma-separated: "
-           "system, user, jit, or module:Class for a tier class importable from Python (made with no "
-           "arguments), jit last; e.g. system,user,mypkg.tiers:SharedTier,jit. A bad value warns and the "
-           "default applies. Default: unset (system,user,jit)."),
+    EnvVar("KDB_CACHE_SOURCES", "str", None, "Lookup tiers in order, comma-separated: system, user, jit or "
+           "module:Class (a Source subclass), jit last. Default: unset (system,user,jit)."),
     EnvVar("KDB_DISABLE_PREFETCH", "bool", False, "Do not load in the background the programs and set up the "
            "problems the last closed handle used. Default: off."),
     EnvVar("KDB_CUSTOM_CACHE_DIR", "path", None, "Folder of the user kernel cache (.ukdb). "
