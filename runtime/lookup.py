@@ -37,7 +37,7 @@ from kdbkit.runtime.logging_setup import INFO2, TRACE, get_logger, warn_once
 from kdbkit.runtime.program import Program, Step, Steps
 from kdbkit.runtime.program_key import KeyHasher, ProgramKey, ProgramRequest, key_hasher
 from kdbkit.runtime.system_bundles import SystemBundleSearch
-from kdbkit.runtime.tier import Source, SourceCheck, SourceInfo, TierContext, WritableSource, read
+from kdbkit.runtime.tier import Source, SourceCheck, SourceInfo, TierContext, WritableSource, failed
 from kdbkit.runtime.user_cache import UserCache, folder_writable
 
 _log = get_logger(__name__)
@@ -318,7 +318,12 @@ class LookupChain:
 
     def _from(self, source: Source, request: ProgramRequest, steps: Steps) -> tuple[Program | None, BinaryLoadError | None]:
         """``source``'s binary for ``request``, loaded and kept in memory; else why it did not load."""
-        binary = read(source, request, steps)
+        try:  # not tier.read(): no clock read for a fault on this path, which every lookup below memory takes
+            binary = source.get(request, steps)
+        except Exception as exc:
+            if source.compiles:  # its errors say why the request cannot be served
+                raise
+            binary = failed(source, exc, steps, 0.0)  # a miss with one warning
         if binary is None:
             return None, None
         t0 = time.perf_counter()  # timed by hand: this runs on every lookup below memory

@@ -148,10 +148,15 @@ def read(source: Source, request: ProgramRequest, steps: Steps) -> bytes | None:
     except Exception as exc:
         if source.compiles:  # its errors say why the request cannot be served
             raise
-        steps.append(Step(source.name, (time.perf_counter() - t0) * 1e3, "failed"))
-        warn_once(f"tier-failed:{source.name}", f"cache tier {source.name} failed ({type(exc).__name__}: {exc}); "
-                  "taking its answers as misses while it fails", logger=_log)
-        return None
+        return failed(source, exc, steps, (time.perf_counter() - t0) * 1e3)
+
+
+def failed(source: Source, exc: Exception, steps: Steps, ms: float) -> None:
+    """Note that ``source`` raised ``exc`` (a step, one warning per tier): its answer is a miss."""
+    steps.append(Step(source.name, ms, "failed"))
+    warn_once(f"tier-failed:{source.name}", f"cache tier {source.name} failed ({type(exc).__name__}: {exc}); "
+              "taking its answers as misses while it fails", logger=_log)
+    return None
 
 
 def write(source: Source, request: ProgramRequest, binary: bytes, key: ProgramKey) -> None:

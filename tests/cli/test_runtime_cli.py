@@ -22,6 +22,8 @@ def test_resolve_reports_each_source(kdb, env):
     assert [s["step"] for s in first["steps"]] == ["memory", "user", "jit", "load"]
     assert [(s["step"], s["outcome"]) for s in first["handle_steps"]] == [  # no bundle: no sources digested up front
         ("open system bundle", "none"), ("open user cache", "none yet")]
+    assert [(t["name"], t["writable"]) for t in first["sources"]] == [("system", False), ("user", True), ("jit", False)]
+    assert first["sources"][1]["where"].endswith(".ukdb")
     code, out, _ = kdb("resolve", "activation.c", "-D", "KDB_DTYPE=float", "--json")
     second = json.loads(out)
     assert second["source"] == "user" and [(s["step"], s["outcome"]) for s in second["steps"]][1:] == [
@@ -52,6 +54,8 @@ def test_doctor_reports_every_section(kdb, env):
     code, out, _ = kdb("doctor", "--json")
     sections = {r["section"] for r in json.loads(out)}
     assert code == 0 and {"versions", "compilers", "system bundles", "devices", "user cache"} <= sections
+    chain = [r["item"] for r in json.loads(out) if r["section"] == "cache sources"]
+    assert chain == ["chain", "system", "user", "jit"]  # each tier as it describes itself
 
 
 def test_cache_commands(kdb, env):

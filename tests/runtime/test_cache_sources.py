@@ -248,3 +248,20 @@ def test_a_bad_sources_argument_is_an_error_with_a_remedy(make_handle, toy):
         with pytest.raises(CacheSourcesError) as caught:
             make_handle(sources=bad)
         assert caught.value.remedy
+
+
+def test_kdb_resolve_and_kdb_doctor_list_a_tier_they_never_heard_of(toy, isolated, chain_device, monkeypatch, capsys):
+    from kdbkit.runtime.cli.app import main
+
+    monkeypatch.setenv("KDB_BACKEND", chain_device.backend)
+    monkeypatch.setenv("KDB_CACHE_SOURCES", "system,user,toy_tier:FolderTier,jit")
+    capsys.readouterr()
+    assert main(["resolve", "activation.c", "-D", "KDB_DTYPE=float", "--json"]) == 0
+    listed = json.loads(capsys.readouterr().out)["sources"]
+    assert [(t["name"], t["writable"]) for t in listed] == [("system", False), ("user", True), ("toy", True),
+                                                            ("jit", False)]
+    assert listed[2]["where"] == f"the toy tier {isolated / 'toy'}"
+    main(["doctor", "--json"])
+    rows = {r["item"]: r["value"] for r in json.loads(capsys.readouterr().out) if r["section"] == "cache sources"}
+    assert rows["chain"].startswith("memory -> system -> user -> toy -> jit")
+    assert rows["toy"] == f"the toy tier {isolated / 'toy'} (writable)"
