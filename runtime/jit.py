@@ -23,7 +23,7 @@ from kdbkit.kdb.target import Target
 from kdbkit.runtime.compilers import LazyCompiler
 from kdbkit.runtime.errors import CompilerUnavailableError, JitDisabledError
 from kdbkit.runtime.kernel_sources import KernelSearchPath
-from kdbkit.runtime.lease import THREAD_LEASE, CompileLease
+from kdbkit.runtime.lease import THREAD_LEASE, CompileLease, held
 from kdbkit.runtime.logging_setup import get_logger
 from kdbkit.runtime.lookup import Keys
 from kdbkit.runtime.program import Steps
@@ -48,9 +48,9 @@ def build_once(key: ProgramKey, leases: Sequence[CompileLease], recheck: Callabl
         (binary, True if this call compiled it; False if another process or thread stored it
         while this one waited for the lease).
     """
-    with ExitStack() as held:
+    with ExitStack() as holding:
         for lease in leases:
-            held.enter_context(lease.hold(key))
+            holding.enter_context(held(lease, key))
         cached = recheck()  # the lease holder before us may have built it
         if cached is not None:
             return cached, False

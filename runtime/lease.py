@@ -40,6 +40,32 @@ class CompileLease(ABC):
         that cannot be taken (warn once and let the block run: it compiles twice at worst)."""
 
 
+@contextmanager
+def held(lease: CompileLease, key: ProgramKey) -> Iterator[None]:
+    """Hold ``lease`` for ``key``; a lease that raises (its server is down) is one warning and
+    not held: a lease only saves work, so its failure must not stop a compile."""
+    name = type(lease).__name__
+    try:
+        hold = lease.hold(key)
+        hold.__enter__()
+    except Exception as exc:
+        warn_once(f"lease-failed:{name}", f"compile lease {name} cannot be taken ({type(exc).__name__}: {exc}); "
+                  "compiling without it (another holder may compile the same program)", logger=_log)
+        yield
+        return
+    try:
+        yield
+    except BaseException as exc:
+        if not hold.__exit__(type(exc), exc, exc.__traceback__):
+            raise
+    else:
+        try:
+            hold.__exit__(None, None, None)
+        except Exception as exc:
+            warn_once(f"lease-release:{name}", f"compile lease {name} was not released cleanly "
+                      f"({type(exc).__name__}: {exc})", logger=_log)
+
+
 class _KeyLocks:
     """One thread lock per key, alive only while a thread holds or waits for it."""
 

@@ -89,6 +89,11 @@ class PlantedTier(FolderTier):
         return path.read_bytes() if path.is_file() else None
 
 
+class DownLease(CompileLease):
+    def hold(self, key):
+        raise ConnectionError("the toy lease server does not answer")
+
+
 class DownTier(FolderTier):
     """A store whose server is down."""
 
@@ -99,6 +104,9 @@ class DownTier(FolderTier):
 
     def save(self, name, data):
         raise ConnectionError("the toy server does not answer")
+
+    def lease(self):
+        return DownLease()
 '''
 
 
@@ -217,6 +225,7 @@ def test_a_tier_that_raises_is_a_miss_with_one_warning(make_handle, toy, capfd, 
     err = capfd.readouterr().err
     assert err.count("cache tier down failed (ConnectionError") == 1
     assert err.count("cache tier down cannot store") == 1 and "Traceback" not in err
+    assert err.count("compile lease DownLease cannot be taken") == 1
     assert make_handle().program(RELU.kernel_file, [*RELU.options, "-DSALT=down1"]).source == "user"
 
 
