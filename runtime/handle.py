@@ -39,10 +39,10 @@ from kdbkit.runtime.errors import ProblemError
 from kdbkit.runtime.kernel_sources import KernelSearchPath
 from kdbkit.runtime.logging_setup import api_logging_enabled, get_logger, log_api_call, warn_once
 from kdbkit.runtime.lookup import Keys, LookupChain, SystemBundleSource, UserCacheSource
-from kdbkit.runtime.tier import Source, SourceInfo, TierContext
 from kdbkit.runtime.program import Program, Step, Steps
 from kdbkit.runtime.program_key import ProgramRequest
 from kdbkit.runtime.system_bundles import Candidate
+from kdbkit.runtime.tier import Source, SourceInfo, TierContext
 
 _log = get_logger(__name__)
 
