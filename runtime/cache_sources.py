@@ -22,14 +22,13 @@ from __future__ import annotations
 import importlib
 from typing import Sequence, Union
 
-from kdbkit.kdb import KdbError
+from kdbkit.kdb import KdbError, Target
 from kdbkit.runtime import env, paths
 from kdbkit.runtime.logging_setup import get_logger, warn_once
 from kdbkit.runtime.tier import Source, SourceCheck, SourceInfo, TierContext, WritableSource
 
 _log = get_logger(__name__)
 DEFAULT = ("system", "user", "jit")
-BUILTIN = DEFAULT  # the names kdbkit makes itself
 SourceEntry = Union[str, Source]
 _REMEDY = ("list tiers in order, comma-separated: system, user, jit or module:Class (a Source subclass), "
            "with jit last, e.g. system,user,mypkg.tiers:SharedTier,jit")
@@ -150,7 +149,7 @@ def _check(tier: Source, before: list[Source]) -> None:
                                 "derive it from kdbkit.runtime.tier.WritableSource and implement put")
 
 
-def survey(target, binary_format: str) -> list[tuple[str, SourceInfo | None, list[SourceCheck]]]:
+def survey(target: Target, binary_format: str) -> list[tuple[str, SourceInfo | None, list[SourceCheck]]]:
     """The chain a handle on a device of ``target`` would have, for reports made with no device
     open (``kdb doctor``): per tier, its heading, its description and its health facts, the tiers
     closed again. A tier that fails to describe itself gets None and one fact saying why.
