@@ -9,6 +9,7 @@ bench_primitives (CUDA events around back-to-back calls, blocks alternating). Wr
 ``<out>/bench_conv.json``, ``.md`` and ``.png`` (``bench_conv_find.*`` with --find).
 
     python scripts/bench_conv.py --out docs            # on the GPU machine
+    python scripts/bench_conv.py --out /tmp/bc --layers 2 --types fp32 --directions F --iters 1 --blocks 1  # a check
 """
 
 from __future__ import annotations
@@ -76,6 +77,8 @@ def main() -> int:
     parser.add_argument("--directions", default="FBW")
     parser.add_argument("--types", default="fp16,fp32")
     parser.add_argument("--models", default="resnet50,mobilenet_v2")
+    parser.add_argument("--layers", type=int, default=None,
+                        help="only each model's first N layers (a check of the script; the report says so)")
     parser.add_argument("--find", action="store_true",
                         help="run find for each layer first (as cuDNN's benchmark mode searches), writing "
                              "bench_conv_find.*; default: immediate mode's choice, bench_conv.*")
@@ -101,7 +104,7 @@ def main() -> int:
                 dt = types[label]
                 for layout in ("NCHW", "NHWC"):
                     fmt = torch.channels_last if layout == "NHWC" else torch.contiguous_format
-                    for name, c, hh, ww, k, f, pad, stride, groups, count in models[model]():
+                    for name, c, hh, ww, k, f, pad, stride, groups, count in models[model]()[:args.layers]:
                         x = torch.randn(BATCH, c, hh, ww, device="cuda", dtype=dt).to(memory_format=fmt)
                         w = (torch.randn(k, c // groups, f, f, device="cuda", dtype=dt) / (c // groups * f * f) ** 0.5
                              ).to(memory_format=fmt)
@@ -145,7 +148,7 @@ def main() -> int:
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
     result = {"device": torch.cuda.get_device_name(), "batch": BATCH, "iters": args.iters, "blocks": args.blocks,
-              "mode": "find" if args.find else "immediate",
+              "mode": "find" if args.find else "immediate", "layers": args.layers,
               "torch": torch.__version__, "cudnn": torch.backends.cudnn.version(), "kdbkit": kdbkit.__version__,
               "summary": summary, "rows": rows}
     stem = "bench_conv_find" if args.find else "bench_conv"
@@ -159,7 +162,8 @@ def write_report(result: dict, out: Path, stem: str) -> None:
              (f"Written by `python scripts/bench_conv.py` (batch {result['batch']}; cuDNN {result['cudnn']} in "
               f"benchmark mode, TF32 off; kdbkit's solver from {result['mode']} mode; median of "
               f"{result['blocks']} blocks of {result['iters']} calls, the libraries' blocks alternating). "
-              "Sums weight each layer by how often the model runs it."), "",
+              "Sums weight each layer by how often the model runs it."
+              + (f" **Only each model's first {result['layers']} layers.**" if result.get("layers") else "")), "",
              "| model, type, layout, direction | kdbkit ms | torch ms | torch / kdbkit |", "|---|---|---|---|"]
     for key, s in result["summary"].items():
         lines.append(f"| {key} | {s['kdbkit_ms']:.2f} | {s['torch_ms']:.2f} | {s['speedup_vs_torch']:.3f} |")

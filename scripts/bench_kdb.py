@@ -17,6 +17,8 @@ Writes ``docs/bench_kdb.json``, ``docs/bench_kdb.png`` and ``docs/bench_kdb.md``
 
     python scripts/bench_kdb.py            # full run, about 6-7 minutes on 2 cores (corpus compile included)
     python scripts/bench_kdb.py --quick    # 1k and 10k entries, fewer runs; writes under the work dir
+    python scripts/bench_kdb.py --quick --corpus-scale 0.03 --sizes 300 --open-runs 3 --lookups 100 \
+        --work-dir /tmp/bk --corpus-dir /tmp/bk/corpus   # a check of the script, a minute on 2 cores
 """
 
 from __future__ import annotations
@@ -99,9 +101,18 @@ def entries_for(n: int, corpus) -> list[tuple[str, str, bytes]]:
 # ----------------------------------------------------------------------------------------
 
 
+# --corpus-scale reaches the pool's spawned workers through their environment, so that they load
+# the same (smaller) corpus the parent compiled.
+CORPUS_SCALE_ENV = "BENCH_KDB_CORPUS_SCALE"
+
+
+def _corpus_scale() -> float:
+    return float(os.environ.get(CORPUS_SCALE_ENV, "1"))
+
+
 def _load_corpus(corpus_dir: Path):
     import cubin_corpus
-    return cubin_corpus.build_corpus(corpus_dir, log=lambda m: None)
+    return cubin_corpus.build_corpus(corpus_dir, scale=_corpus_scale(), log=lambda m: None)
 
 
 def _nvrtc_compiler() -> str:
@@ -947,6 +958,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--lookup-runs", type=int, default=None, help="fresh processes doing the lookups (default 3)")
     ap.add_argument("--jobs", type=int, default=None, help="processes for compiling and building (default: CPUs)")
     ap.add_argument("--level", type=int, default=None, help="zstd level for the bundles (default: kdb's)")
+    ap.add_argument("--corpus-scale", type=float, default=None, help="fraction of the corpus's few hundred "
+                    "cubins to compile (e.g. 0.03: 14 cubins, for a check of the script; default 1)")
     ap.add_argument("--reuse", action="store_true", help="reuse bundles built by an earlier run with the same inputs")
     ap.add_argument("--child-open", nargs=4, metavar=("BUNDLE", "KEYS", "PICK", "MODE"), help=argparse.SUPPRESS)
     ap.add_argument("--child-lookup", nargs=4, metavar=("BUNDLE", "KEYS", "WARMUP", "MODE"), help=argparse.SUPPRESS)
@@ -960,6 +973,8 @@ def main(argv: list[str] | None = None) -> int:
         return 0
 
     import cubin_corpus
+    if args.corpus_scale is not None:
+        os.environ[CORPUS_SCALE_ENV] = str(args.corpus_scale)
     t_start = time.perf_counter()
     sizes = [int(s) for s in args.sizes.split(",")] if args.sizes else ([1000, 10000] if args.quick
                                                                         else [1000, 10000, 100000])
@@ -980,7 +995,7 @@ def main(argv: list[str] | None = None) -> int:
     load_start, steal_start = _load_and_steal()
     immutable_ok = supports_immutable()
     kdb_digest_start = kdb_sources_digest()
-    corpus = cubin_corpus.build_corpus(corpus_dir, jobs=jobs, log=log)
+    corpus = cubin_corpus.build_corpus(corpus_dir, jobs=jobs, scale=_corpus_scale(), log=log)
     log(f"corpus: {len(corpus.entries)} distinct cubins, {corpus.info['size_bytes']['total'] / 1e6:.1f} MB "
         f"(median {corpus.info['size_bytes']['median']} B)")
 

@@ -25,6 +25,7 @@ Usage (on the GPU machine, after ``kdb tune`` and ``kdb package``, see scripts/r
   python scripts/bench_network.py --packages WHEELS [--runs 5] [--jit-runs 2] [--out docs]
   python scripts/bench_network.py --write-catalogue FILE   # the problems to build and tune for
   python scripts/bench_network.py --replot [--out docs]
+  python scripts/bench_network.py --smoke     # a check of the script on the CPU, in a temporary folder
 """
 
 from __future__ import annotations
@@ -102,7 +103,7 @@ def child(mode: str, name: str) -> None:
         handle = Handle(backend=backend)  # opens the installed bundle: kdbkit's own start-up, timed
         record["handle_ms"] = (time.perf_counter() - t0) * 1e3
         record["handle_steps"] = [(s.name, round(s.ms, 3), s.outcome) for s in handle.prepare_steps]
-        record["prefetch_listed"] = handle._prefetch.listed if handle._prefetch else 0  # the last process's handle noted them
+        record["prefetch_listed"] = _prefetch_listed(handle)  # the last process's handle noted them
         t0 = time.perf_counter()  # the parameters on the device, as model.to("cuda") would: not timed
         net.to_device(handle)
         staged = net.input_tensor(handle, x)
@@ -126,6 +127,15 @@ def child(mode: str, name: str) -> None:
     record["process_ms"] = (time.perf_counter() - t_start) * 1e3
     record["finite"] = bool(np.isfinite(out).all())
     json.dump(record, sys.stdout)
+
+
+def _prefetch_listed(handle) -> int:
+    """How many programs and problems the handle's prefetch worker was given, read from its
+    "start prefetch" step ("N programs, M problems"); 0 where no worker started."""
+    import re
+
+    step = next((s for s in handle.prepare_steps if s.name == "start prefetch"), None)
+    return sum(int(n) for n in re.findall(r"\d+", step.outcome)) if step is not None else 0
 
 
 def _find_db_sources(handle, net) -> dict[str, int]:
@@ -186,6 +196,27 @@ def install_into_venv(packages: Path, venv: Path) -> tuple[str, dict]:
     return python, json.loads(done.stdout)
 
 
+def build_packages(names: list[str], tmp: Path) -> Path:
+    """The kernel package of the networks' problems for the default device, as a user makes it:
+    ``kdb build`` from the problems' catalogue, then ``kdb package``. Returns the wheels' folder."""
+    from kdbkit.runtime.backends.registry import default_device
+
+    catalogue = tmp / "catalogue.txt"
+    lines = [p.config() for name in names for p in _network(name).problems()]
+    catalogue.write_text("".join(f"{line}\n" for line in dict.fromkeys(lines)))
+    env = {k: v for k, v in os.environ.items() if not k.startswith("KDB_")}
+    env["KDB_BACKEND"] = os.environ["BENCH_NETWORK_BACKEND"]
+    target = str(default_device().target)
+    steps = (lambda: ["build", "--target", target, "-c", str(catalogue), "-o", str(tmp / "bundles")],
+             lambda: ["package", *map(str, sorted((tmp / "bundles").glob("*.kdb"))), "-o", str(tmp / "wheels")])
+    for step in steps:
+        args = step()
+        done = subprocess.run([sys.executable, "-c", KDB_CALL, *args], capture_output=True, text=True, env=env)
+        if done.returncode != 0:
+            raise SystemExit(f"kdb {args[0]} failed:\n{done.stdout[-2000:]}\n{done.stderr[-2000:]}")
+    return tmp / "wheels"
+
+
 def main(argv=None) -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--child", nargs=2, metavar=("MODE", "NETWORK"), help=argparse.SUPPRESS)
@@ -200,11 +231,16 @@ def main(argv=None) -> None:
     ap.add_argument("--replot", action="store_true")
     ap.add_argument("--small", action="store_true", help="tiny sizes in fp32 on the default device, no PyTorch: "
                     "a check of the script on a machine without a GPU")
+    ap.add_argument("--smoke", action="store_true", help="--small end to end in a temporary folder, one process per "
+                    "mode: the networks' bundle built for the default device (kdb build), packaged (kdb package), "
+                    "installed and timed; prints the figures, writes nothing under docs/")
     args = ap.parse_args(argv)
     if args.child:
         child(*args.child)
         return
     names = [n for n in args.networks.split(",") if n]
+    if args.smoke:
+        args.small, args.runs, args.jit_runs = True, 1, 1
     if args.small:
         os.environ.update(BENCH_NETWORK_SMALL="1", BENCH_NETWORK_BACKEND=os.environ.get("KDB_BACKEND", "opencl"))
     if args.write_catalogue:
@@ -216,9 +252,11 @@ def main(argv=None) -> None:
         data = json.loads((args.out / "bench_network.json").read_text())
         report(data, args.out)
         return
+    tmp = Path(tempfile.mkdtemp(prefix="bench-network-"))
+    if args.smoke and not args.packages:
+        args.packages = build_packages(names, tmp)
     if not args.packages:
         ap.error("--packages is required")
-    tmp = Path(tempfile.mkdtemp(prefix="bench-network-"))
     python, installed = install_into_venv(args.packages, tmp / "venv")
     results: dict = {"installed": installed, "networks": {}}
     for name in names:
@@ -242,6 +280,11 @@ def main(argv=None) -> None:
         print(name, {m: [round(r["first_ms"], 1) for r in rs] for m, rs in runs.items()}, flush=True)
     if args.small:
         print(json.dumps(results, indent=1)[:3000])
+        wrong = [f"{name}: {r['resolved']}, finite {r['finite']}" for name, runs in results["networks"].items()
+                 for r in runs["bundle"] if not set(r["resolved"]) <= {"system"} or not r["finite"]]
+        if wrong:
+            raise SystemExit("the installed bundle did not serve every program, or a result is not finite: "
+                             + "; ".join(wrong))
         return
     results["machine"] = {"platform": platform.platform(), "python": sys.version.split()[0],
                           "device": results["networks"][names[0]]["bundle"][0]["device"]}

@@ -7,7 +7,7 @@ copy measured in the same run; for GEMM, TFLOP/s next to torch.matmul. Both libr
 the same tensors (kdbkit uses PyTorch's memory in place) on the legacy default stream, timed
 with CUDA events around back-to-back launches; each figure is the median of several such
 blocks. Where the buffers lie moves a streaming kernel's time by a few per cent (relu fp16 with
-its output at four addresses: 0.991x to 1.001x PyTorch's speed, docs/probe_launch_overlap.json),
+its output at four addresses: 0.991x to 1.001x PyTorch's speed, docs/performance.md),
 so every case runs on several placements (fresh tensors, the earlier ones kept allocated so that
 the new ones land elsewhere) and each figure is the median over placements.
 Writes ``<out>/bench_primitives.json``, ``.md`` and ``.png``.

@@ -122,20 +122,11 @@ def child(mode: str, cubin_dir: str | None) -> None:
 
 
 def _untimed_setup(mode: str, handle) -> None:
-    """What a diagnostic mode does after the handle is made and before the timing starts:
-    ``system-prepared`` makes the per-file and per-bundle state a lookup makes on its first
-    use (each manifest file's key hasher; the decoder's first use, on a frame of 64 bytes);
+    """What the diagnostic mode does after the handle is made and before the timing starts:
     ``system-warmed`` resolves one program that is not timed (``WARM_PROGRAM``), so that the
     timed lookups run code that has run once."""
     if mode == "system-warmed":
         handle.program(*WARM_PROGRAM)
-        return
-    import zstandard
-
-    bundle = handle._system.search.get(0)
-    for name, _digest in bundle.metadata.sources:
-        handle._keys.hasher(name, bundle.metadata.compiler)
-    bundle._reader._zd().decompress(zstandard.ZstdCompressor(level=1).compress(bytes(64)))
 
 
 def _floor_rows(mode: str) -> list[dict]:
@@ -179,7 +170,7 @@ def _decompressor(conn):
                                       if meta.get("zstd_dict") else None)
 
 
-DIAGNOSTIC_MODES = ("system-prepared", "system-warmed")
+DIAGNOSTIC_MODES = ("system-warmed",)
 # The program system-warmed resolves untimed: in the bundle, not among PROGRAMS (the define is unused).
 WARM_PROGRAM = ("activation.c", ("-DKDB_DTYPE=float", "-DKDB_BENCH_WARM=1"))
 GET_ENTRY = "SELECT kernel_blob, kernel_hash, uncompressed_size FROM kern_db WHERE kernel_name = ? AND kernel_args = ?"
@@ -248,16 +239,21 @@ def _stopwatch(parts: dict):
 
 
 def breakdown(backend, handle) -> dict:
-    """Time each part of a system hit for one more program, in this (already warm) process."""
+    """Time each part of a system hit for one more program, in this (already warm) process,
+    through the public API: the handle's accepted system bundle opened again by its path and
+    warmed as the handle warms its own, and the source digest from that bundle's manifest."""
+    from kdbkit.kdb import open_bundle
     from kdbkit.runtime.program_key import ProgramRequest, program_key
 
     parts: dict = {}
     timed = _stopwatch(parts)
 
-    bundle = handle._system.search.get(0)
+    path = next(c.path for c in handle.system_trace if c.status == "accepted")
+    bundle = open_bundle(path)
+    bundle.warm_up()
     request = timed("ProgramRequest (options not seen before)", lambda: ProgramRequest("activation.c",
                                                                                        ("-D", "KDB_DTYPE=float")))
-    digest = handle._keys.digests["activation.c"]
+    digest = bundle.metadata.source_digests["activation.c"]
     key = timed("program_key", lambda: program_key(request, target=handle.target, source_digest=digest,
                                                    compiler=bundle.metadata.compiler))
     timed("bundle.get (miss)", lambda: bundle.get(key.kernel_name, key.kernel_args + "x"))
@@ -265,6 +261,7 @@ def breakdown(backend, handle) -> dict:
     module = timed("backend.load", lambda: backend.load(blob))
     timed("module.function", lambda: module.function("relu_fwd"))
     parts["blob_bytes"] = len(blob)
+    bundle.close()
     return parts
 
 
@@ -275,14 +272,10 @@ def user_breakdown(backend) -> dict:
 
     from kdbkit.kdb import Bundle
     from kdbkit.runtime import paths
-    from kdbkit.runtime.compilers import nvrtc
 
     parts: dict = {}
     timed = _stopwatch(parts)
 
-    for probe in (nvrtc._nvidia_entries, nvrtc.wheel_nvrtc_version, nvrtc.cuda_headers):
-        probe.cache_clear()
-    timed("compiler identity (wheel probe)", _compiler_identity)
     src = next(paths.user_cache_dir().glob("*.ukdb"))
     copy = Path(tempfile.mkdtemp()) / src.name
     shutil.copy(src, copy)
@@ -584,8 +577,7 @@ def startup_section(results: dict) -> str:
 def _diagnosis(results: dict) -> list[str]:
     """The ``--diagnose`` table: the same system hits after untimed set-up (see ``_untimed_setup``)."""
     read = results["bare+read"]
-    rows = {"system": "as timed above", "system-prepared": "each manifest file's key hasher and the decoder's first "
-            "use made beforehand", "system-warmed": "one other program resolved beforehand"}
+    rows = {"system": "as timed above", "system-warmed": "one other program resolved beforehand"}
     lines = ["", "Where a process's first lookups spend their time (`--diagnose`, no target): the system hits "
              "again, in processes that did some set-up, untimed, after making the handle. Medians, ms:", "",
              "| system hits | first | second and third | later | first / bare+read |", "|---|---:|---:|---:|---:|"]
@@ -681,8 +673,8 @@ def main() -> None:
     ap.add_argument("--child", help=argparse.SUPPRESS)
     ap.add_argument("--cubins", help=argparse.SUPPRESS)
     ap.add_argument("--kernel-dir", help=argparse.SUPPRESS)
-    ap.add_argument("--diagnose", action="store_true", help="also run system-prepared and system-warmed (where "
-                    "a process's first lookups spend their time), reported apart")
+    ap.add_argument("--diagnose", action="store_true", help="also run system-warmed (one other program "
+                    "resolved first, untimed: what a process's first lookup pays for running code cold), reported apart")
     ap.add_argument("--replot", action="store_true", help="redraw the PNG from the JSON in --out, no GPU needed")
     ap.add_argument("--handle-only", action="store_true", help="only time making a handle with 5 and 500 kernel "
                     "files, on the default device (no CUDA GPU needed); merged into the JSON in --out")

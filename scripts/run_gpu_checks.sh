@@ -9,11 +9,7 @@
 # PART=primitives runs only the primitives' CUDA tests and their benchmark (a tuning cycle).
 # PART=network: kdb tune + kdb package (.gpu-bundles/ carried from the CPU machine) + bench_network.py
 # (BENCH_ARGS: more of its options, e.g. --compare-prefetch).
-# PART=profile: where the networks' first forward spends its time (.gpu-bundles/ with its tuned
-# find-db, carried): scripts/profile_network.py --first-layers, twice per network (with cProfile on
-# the first layer, then without), then the cProfile run with each layer's GPU time.
-# PART=startup: only the startup benchmark and the system hit's profile (the later-hit ratio),
-# then where a process's first hit spends what its later ones do not (PART=first-hit: only that).
+# PART=startup: only the startup benchmark.
 # PART=install only installs (then: export PYTHONPATH=/tmp/site and run a script of scripts/).
 set -uo pipefail
 PART=${PART:-all}
@@ -56,19 +52,6 @@ if [ "$PART" = network ]; then
         --out "$OUT" 2>&1 | tee "$OUT/bench_network.txt" | tail -30
     exit 0
 fi
-if [ "$PART" = profile ]; then
-    for net in resnet50 bert_base; do
-        for i in 1 2; do  # the second without cProfile: its first layer's time is the one to read
-            KDB_SYSTEM_DB_PATH=$PWD/.gpu-bundles KDB_DISABLE_JIT=1 python3 scripts/profile_network.py "$net" \
-                --first-layers $([ $i = 2 ] && echo --no-profile) --out "$OUT/first_layers_${net}_$i.json" \
-                > "$OUT/first_layers_${net}_$i.txt" 2>&1
-        done
-        head -60 "$OUT/first_layers_${net}_2.txt"
-        KDB_SYSTEM_DB_PATH=$PWD/.gpu-bundles KDB_DISABLE_JIT=1 python3 scripts/profile_network.py "$net" \
-            --out "$OUT/profile_${net}.json" > "$OUT/profile_${net}.txt" 2>&1
-    done
-    exit 0
-fi
 if [ "$PART" = primitives ]; then
     echo "== the primitives' tests on CUDA"
     KDB_TEST_BACKEND=cuda python3 -m pytest -q -rs -p no:cacheprovider tests/runtime/primitives 2>&1 |
@@ -79,10 +62,6 @@ if [ "$PART" = primitives ]; then
 fi
 if [ "$PART" = startup ]; then
     python3 scripts/bench_startup.py --runs "${RUNS:-15}" --out "$OUT" ${BENCH_ARGS:-} 2>&1 | tee "$OUT/bench_startup.txt"
-    python3 scripts/profile_system_hit.py --runs 12 --out "$OUT/profile_system_hit.json" > "$OUT/profile_system_hit.txt" 2>&1
-fi
-if [ "$PART" = startup ] || [ "$PART" = first-hit ]; then
-    python3 scripts/profile_first_hit.py --runs "${FIRST_HIT_RUNS:-9}" --out "$OUT/profile_first_hit" 2>&1 | tail -32
     exit 0
 fi
 if [ "$PART" != bench ]; then
@@ -102,5 +81,3 @@ echo "== startup benchmark"
 python3 scripts/bench_startup.py --runs "${RUNS:-15}" --out "$OUT" 2>&1 | tee "$OUT/bench_startup.txt"
 echo "== the primitives against PyTorch"
 python3 scripts/bench_primitives.py --out "$OUT" 2>&1 | tee "$OUT/bench_primitives.txt"
-echo "== a system hit, part by part"
-python3 scripts/profile_system_hit.py --runs 12 --out "$OUT/profile_system_hit.json" 2>&1 | tee "$OUT/profile_system_hit.txt"

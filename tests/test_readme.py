@@ -32,7 +32,7 @@ def test_the_python_example_runs_as_written(tmp_path):
     import subprocess
     import sys
 
-    section = (ROOT / "README.md").read_text().split("## The runtime", 1)[1].split("\n## ", 1)[0]
+    section = (ROOT / "README.md").read_text().split("\n### Run\n", 1)[1].split("\n#", 1)[0]
     (example,) = re.findall(r"```python\n(.*?)\n```", section, re.S)
     assert "launch(" in example and "assert" in example  # it runs a kernel and checks the result
     env = {k: v for k, v in os.environ.items() if not k.startswith("KDB_")}
