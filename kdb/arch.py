@@ -122,7 +122,8 @@ _MMA, _WGMMA, _TCGEN05 = frozenset({"mma.sync"}), frozenset({"mma.sync", "wgmma"
 _AF = ("a", "f")
 
 
-def _cuda(sm: int, lds_kib: int | None, matrix: frozenset[str], family: str, suffixes: tuple[str, ...] = ()) -> ArchFacts:
+def _cuda(sm: int, lds_kib: int | None, matrix: frozenset[str], family: str,
+          suffixes: tuple[str, ...] = ()) -> ArchFacts:
     return ArchFacts(f"sm_{sm}", 32, None if lds_kib is None else lds_kib * KIB, matrix, suffixes, family)
 
 

@@ -10,7 +10,8 @@ the command line and in file names::
     ocl-3f9a1c2b7d10_2 OpenCL device id (hash of platform, device, driver), 2 CUs
 
 The backend follows from the arch's spelling, and the arch's facts (wave size, matrix
-instructions, ...) from its row: both in :mod:`kdbkit.kdb.arch` (``Target.arch_facts``). File names carry arch and CU count only (``gfx90a_110.kdb``, ``gfx90a.kdb``,
+instructions, ...) from its row: both in :mod:`kdbkit.kdb.arch` (``Target.arch_facts``).
+File names carry arch and CU count only (``gfx90a_110.kdb``, ``gfx90a.kdb``,
 ``gfx90a_110.ukdb``), as MIOpen's do; target features live in the bundle's metadata and
 are checked when a bundle is matched to a device.
 """

@@ -106,7 +106,8 @@ def builder_of(target: Target) -> Compiler:
         raise TargetError(f"{compiler.name} ({compiler.identity()}) does not build {target.arch}",
                           f"it builds {', '.join(known)}")
     if arch.suffix and not arch.known:
-        raise TargetError(f"{target.arch} is no arch {compiler.name} builds: {arch.name} has no {arch.suffix!r} variant",
+        raise TargetError(f"{target.arch} is no arch {compiler.name} builds: "
+                          f"{arch.name} has no {arch.suffix!r} variant",
                           f"build {arch.name}" + "".join(f" or {arch.name}{s}" for s in _suffixes(arch.name)))
     return compiler
 

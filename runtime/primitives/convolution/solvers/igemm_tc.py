@@ -99,7 +99,8 @@ def tensor_core_refusal(problem: ConvProblem, device):
     """Why the tensor-core solvers cannot run ``problem`` on ``device`` (the GPU or the type),
     or None."""
     if not device.target.arch_facts.has("mma.sync"):
-        return not_applicable(f"it needs CUDA tensor cores with mma.sync (sm_80 or later; this is {device.target.arch})")
+        arch = device.target.arch
+        return not_applicable(f"it needs CUDA tensor cores with mma.sync (sm_80 or later; this is {arch})")
     if problem.dtype not in (DataType.FP16, DataType.BF16):
         return not_applicable(f"{problem.dtype.label} is not fp16 or bf16")
     return None
