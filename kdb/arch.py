@@ -45,6 +45,8 @@ _FEATURE = r"[a-z][a-z0-9]*[+-]"
 _FEATURES = rf"(?::{_FEATURE})*"
 
 
+# Spelling, ArchFacts and Arch are NamedTuples (typed, immutable) rather than frozen dataclasses:
+# this module loads with every `import kdbkit.kdb`, and a dataclass costs several times more to define.
 class Spelling(NamedTuple):
     """How one backend names its archs.
 
@@ -133,7 +135,7 @@ def _amd(ids: str, wave: int, lds_kib: int, matrix: frozenset[str], family: str)
 
 # Shared memory per group from CUDA's compute-capability table (the opt-in maximum); AMD's from
 # LLVM's AMDGPUUsage processor table (64 KiB a workgroup, 160 KiB on gfx950). gfx9 runs wave64;
-# gfx10 and later can run both, and clang builds HIP wave32 there. ``None``: not published.
+# gfx10 and later can run both, and clang builds HIP wave32 there. ``None``: unknown here.
 ARCHS: tuple[ArchFacts, ...] = (
     _cuda(70, 96, frozenset(), "Volta"),
     _cuda(72, 96, frozenset(), "Volta"),
@@ -141,13 +143,13 @@ ARCHS: tuple[ArchFacts, ...] = (
     _cuda(80, 163, _MMA, "Ampere"),
     _cuda(86, 99, _MMA, "Ampere"),
     _cuda(87, 163, _MMA, "Ampere"),
-    _cuda(88, None, _MMA, "Ampere"),
+    _cuda(88, None, _MMA, "sm_8x"),  # NVRTC 13 builds it; its shared-memory limit is not published here
     _cuda(89, 99, _MMA, "Ada"),
     _cuda(90, 227, _WGMMA, "Hopper", ("a",)),
     _cuda(100, 227, _TCGEN05, "Blackwell", _AF),
     _cuda(101, 227, _TCGEN05, "Blackwell", _AF),  # CUDA 13 calls it sm_110
     _cuda(103, 227, _TCGEN05, "Blackwell", _AF),
-    _cuda(107, None, _MMA, "Blackwell", _AF),
+    _cuda(107, None, _MMA, "sm_10x", _AF),  # likewise
     _cuda(110, 227, _TCGEN05, "Blackwell", _AF),
     _cuda(120, 99, _MMA, "Blackwell", _AF),
     _cuda(121, 99, _MMA, "Blackwell", _AF),
@@ -167,6 +169,9 @@ _table_lock = threading.Lock()
 
 def register_arch(row: ArchFacts) -> ArchFacts:
     """Add an arch to the table (a new GPU, from a plug-in or a test), without editing this file.
+
+    Archs parsed from now on carry its facts; a :class:`~kdbkit.kdb.target.Target` that has
+    already read its ``arch_facts`` keeps what it read.
 
     Raises:
         BundleNameError: the name is not one a backend spells, the table has it already, or
