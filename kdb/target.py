@@ -9,8 +9,9 @@ the command line and in file names::
     gfx942             HIP, arch-wide
     ocl-3f9a1c2b7d10_2 OpenCL device id (hash of platform, device, driver), 2 CUs
 
-The backend follows from the arch's spelling (``sm_`` CUDA, ``gfx`` HIP, ``ocl-``
-OpenCL). File names carry arch and CU count only (``gfx90a_110.kdb``, ``gfx90a.kdb``,
+The backend follows from the arch's spelling, and the arch's facts (wave size, matrix
+instructions, ...) from its row: both in :mod:`kdbkit.kdb.arch` (``Target.arch_facts``).
+File names carry arch and CU count only (``gfx90a_110.kdb``, ``gfx90a.kdb``,
 ``gfx90a_110.ukdb``), as MIOpen's do; target features live in the bundle's metadata and
 are checked when a bundle is matched to a device.
 """
@@ -22,35 +23,17 @@ import re
 from dataclasses import dataclass, replace
 from pathlib import Path
 
+from kdbkit.kdb.arch import ARCH_PATTERN, BACKENDS, FEATURES_PATTERN, Arch, backend_of_arch, parse_arch
 from kdbkit.kdb.errors import BundleNameError
 
-BACKENDS = ("cuda", "hip", "opencl")
+__all__ = ["BACKENDS", "BUNDLE_SUFFIX", "USER_SUFFIX", "BundleName", "Target", "backend_of_arch", "bundle_file_name",
+           "parse_bundle_file_name"]
 
-_ARCH = r"(?:sm_\d+[a-z]?|gfx[0-9a-f]+|ocl-[0-9a-f]{6,64})"
-_FEATURE = r"[a-z][a-z0-9]*[+-]"
-_TARGET_RE = re.compile(rf"^(?P<arch>{_ARCH})(?P<features>(?::{_FEATURE})*)(?:_(?P<cu>\d+))?$")
-_FILE_RE = re.compile(rf"^(?P<arch>{_ARCH})(?:_(?P<cu>\d+))?\.(?P<ext>kdb|ukdb)$")
-
-_ARCH_BY_BACKEND = (
-    ("cuda", re.compile(r"sm_\d+[a-z]?")),
-    ("hip", re.compile(r"gfx[0-9a-f]+")),
-    ("opencl", re.compile(r"ocl-[0-9a-f]{6,64}")),
-)
+_TARGET_RE = re.compile(rf"^(?P<arch>{ARCH_PATTERN})(?P<features>{FEATURES_PATTERN})(?:_(?P<cu>\d+))?$")
+_FILE_RE = re.compile(rf"^(?P<arch>{ARCH_PATTERN})(?:_(?P<cu>\d+))?\.(?P<ext>kdb|ukdb)$")
 
 BUNDLE_SUFFIX = ".kdb"
 USER_SUFFIX = ".ukdb"
-
-
-def backend_of_arch(arch: str) -> str:
-    """Return the backend an arch name belongs to.
-
-    Raises:
-        BundleNameError: the arch follows none of the known spellings.
-    """
-    for backend, pattern in _ARCH_BY_BACKEND:
-        if pattern.fullmatch(arch):
-            return backend
-    raise BundleNameError(f"unknown arch {arch!r}", "name one as sm_<NN> (CUDA), gfx<id> (AMD) or ocl-<hex> (OpenCL)")
 
 
 @functools.total_ordering
@@ -94,6 +77,11 @@ class Target:
         features = tuple(f for f in m["features"].split(":") if f)
         cu = int(m["cu"]) if m["cu"] else None
         return cls(backend_of_arch(m["arch"]), m["arch"], features, cu)
+
+    @functools.cached_property  # solver gates ask it on every first call of a problem: parsed once
+    def arch_facts(self) -> Arch:
+        """The arch with its features, parsed, with its facts: ``arch_facts.has("wgmma")``."""
+        return parse_arch(self.full_arch)
 
     @functools.cached_property  # every program lookup keys with it: an attribute read once made
     def full_arch(self) -> str:

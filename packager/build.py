@@ -45,6 +45,7 @@ from kdbkit.kdb.version import __version__
 from kdbkit.packager.catalogue import programs_for
 from kdbkit.packager.device_build import refuse_failing_code_object
 from kdbkit.packager.targets import builder_of
+from kdbkit.runtime.backends.spec import spec_for
 from kdbkit.runtime.compilers import Compiler
 from kdbkit.runtime.errors import CompileError, TargetError
 from kdbkit.runtime.kernel_sources import KernelSearchPath, KernelSource
@@ -163,7 +164,7 @@ def refuse_local_only(targets: Iterable[Target], where: str = "on a cluster") ->
             binaries are tied to this machine's OpenCL driver and CPU.
     """
     for target in targets:
-        if target.backend == "opencl":
+        if spec_for(target.backend).machine_local:
             raise TargetError(f"{target} is an OpenCL target and cannot be built {where}: OpenCL binaries only "
                               "load on the machine and driver that built them",
                               "build it on that machine, in the process that builds (without --cluster)")
@@ -235,7 +236,7 @@ def build(jobs: Sequence[Job], compilers: dict[Target, Compiler], out: Path, *, 
     own = executor is None and bool(todo)  # an executor made here is shut down here
     if own:
         workers = parallel or os.cpu_count() or 1
-        if any(compilers[job.bundle].backend == "opencl" for job in todo):
+        if any(spec_for(compilers[job.bundle].backend).machine_local for job in todo):
             workers = 1
         executor = concurrent.futures.ProcessPoolExecutor(workers) if workers > 1 else _InProcess()
     done = 0

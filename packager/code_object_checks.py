@@ -17,34 +17,12 @@ no AMD GPU is at hand when bundles are built. Each check below reads the code ob
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-
+from kdbkit.kdb.arch import Arch, known_archs, parse_arch
 from kdbkit.runtime.backends.amdgpu_code_object import CodeObject, KernelMetadata, packed_offsets, read_code_object
 from kdbkit.runtime.backends.elf_notes import TargetStringError, parse_amdgcn_target
 from kdbkit.runtime.errors import CompilerUnavailableError
 
 CODE_OBJECT_VERSION = 5
-
-
-@dataclass(frozen=True)
-class ProcessorLimits:
-    """What a processor runs: its wavefront size as clang builds HIP by default, and LDS per workgroup."""
-
-    wavefront_size: int
-    lds_bytes: int
-
-
-# gfx9 (GCN/CDNA) runs wave64; gfx10+ (RDNA) can run both, and clang builds HIP wave32 there
-# (measured with clang-19 for every processor below). LDS per workgroup is 64 KiB on all of
-# them (LLVM's AMDGPUUsage processor table, and the limit clang-19 itself enforces: "local
-# memory (80000) exceeds limit (65536)"); gfx950's 160 KiB waits for a clang that knows it
-# (clang-19 refuses gfx950). A processor not here is refused, not guessed.
-_WAVE64 = ("gfx900", "gfx906", "gfx908", "gfx90a", "gfx940", "gfx941", "gfx942")
-_WAVE32 = ("gfx1010", "gfx1030", "gfx1100", "gfx1101", "gfx1102", "gfx1150", "gfx1151", "gfx1200", "gfx1201")
-PROCESSOR_LIMITS = {
-    **{arch: ProcessorLimits(64, 64 * 1024) for arch in _WAVE64},
-    **{arch: ProcessorLimits(32, 64 * 1024) for arch in _WAVE32},
-}
 
 
 def check_code_object(data: bytes, target_arch: str, *, what: str = "code object") -> list[str]:
@@ -60,19 +38,20 @@ def check_code_object(data: bytes, target_arch: str, *, what: str = "code object
 
     Raises:
         BinaryLoadError: ``data`` is not a readable AMD code object.
-        CompilerUnavailableError: ``target_arch`` is malformed, or a processor whose limits
-            :data:`PROCESSOR_LIMITS` does not hold.
+        CompilerUnavailableError: ``target_arch`` is malformed, or a processor whose wavefront
+            size and LDS limit the arch table (:mod:`kdbkit.kdb.arch`) does not hold: not guessed.
     """
     try:
         arch, features = parse_amdgcn_target(target_arch)
     except TargetStringError as e:
         raise CompilerUnavailableError(e.problem, e.remedy) from e
-    limits = PROCESSOR_LIMITS.get(arch)
-    if limits is None:
+    limits = parse_arch(arch)
+    if not limits.known or limits.wave_size is None or limits.lds_bytes is None:
+        known = sorted(r.name for r in known_archs("hip") if r.wave_size is not None and r.lds_bytes is not None)
         raise CompilerUnavailableError(
             f"no code-object checks for {arch}: its wavefront size and LDS limit are not known "
-            f"(known: {', '.join(sorted(PROCESSOR_LIMITS))})",
-            "add them to PROCESSOR_LIMITS in kdbkit/packager/code_object_checks.py from LLVM's AMDGPUUsage")
+            f"(known: {', '.join(known)})",
+            "add its row to ARCHS in kdbkit/kdb/arch.py (or register_arch it) from LLVM's AMDGPUUsage")
     co = read_code_object(data, what=what)
     problems = _target_problems(co, arch, features)
     if co.code_object_version != CODE_OBJECT_VERSION:
@@ -96,7 +75,7 @@ def _target_problems(co: CodeObject, arch: str, features: tuple[str, ...]) -> li
     return []
 
 
-def _kernel_problems(kernel: KernelMetadata, co: CodeObject, arch: str, limits: ProcessorLimits) -> list[str]:
+def _kernel_problems(kernel: KernelMetadata, co: CodeObject, arch: str, limits: Arch) -> list[str]:
     problems = []
     descriptor = f"{kernel.name}.kd"
     if kernel.symbol != descriptor:
@@ -106,9 +85,9 @@ def _kernel_problems(kernel: KernelMetadata, co: CodeObject, arch: str, limits: 
             problems.append(f"symbol {symbol!r} is not defined")
     if kernel.wavefront_size is None:
         problems.append("no .wavefront_size in its metadata")
-    elif kernel.wavefront_size != limits.wavefront_size:
+    elif kernel.wavefront_size != limits.wave_size:
         problems.append(f"wavefront size {kernel.wavefront_size}, but {arch} runs HIP kernels in wavefronts of "
-                        f"{limits.wavefront_size}")
+                        f"{limits.wave_size}")
     lds = kernel.group_segment_fixed_size
     if lds is None:
         problems.append("no .group_segment_fixed_size (static LDS) in its metadata")

@@ -14,7 +14,9 @@ import re
 from dataclasses import dataclass
 from typing import Iterable, Sequence
 
+from kdbkit.kdb.arch import arch_row
 from kdbkit.kdb.target import Target, backend_of_arch
+from kdbkit.runtime.backends.spec import BACKENDS
 from kdbkit.runtime.compilers import Compiler, compiler_for, compilers_for
 from kdbkit.runtime.errors import CompilerUnavailableError, TargetError
 
@@ -99,10 +101,20 @@ def builder_of(target: Target) -> Compiler:
     """
     compiler = compiler_for(target)
     known = compiler.supported_archs()
-    if known is not None and target.arch not in known:
+    arch = target.arch_facts  # sm_90a builds where sm_90 does: compilers list the archs without suffix
+    if known is not None and arch.name not in known:
         raise TargetError(f"{compiler.name} ({compiler.identity()}) does not build {target.arch}",
                           f"it builds {', '.join(known)}")
+    if arch.suffix and not arch.known:
+        raise TargetError(f"{target.arch} is no arch {compiler.name} builds: "
+                          f"{arch.name} has no {arch.suffix!r} variant",
+                          f"build {arch.name}" + "".join(f" or {arch.name}{s}" for s in _suffixes(arch.name)))
     return compiler
+
+
+def _suffixes(name: str) -> tuple[str, ...]:
+    row = arch_row(name)
+    return row.suffixes if row is not None else ()
 
 
 def resolve_targets(targets: Sequence[str] = (), gpus: Sequence[str] = ()) -> list[Target]:
@@ -134,8 +146,11 @@ class CompilerReport:
     missing: str | None
 
 
-def compiler_reports(backends: Iterable[str] = ("cuda", "hip")) -> list[CompilerReport]:
-    """Every offline compiler of ``backends``, installed or not (OpenCL builds only for local devices)."""
+def compiler_reports(backends: Iterable[str] | None = None) -> list[CompilerReport]:
+    """Every offline compiler of ``backends`` (by default every backend whose binaries load
+    elsewhere than where they were built: not OpenCL, which builds for local devices), installed or not."""
+    if backends is None:
+        backends = [spec.name for spec in BACKENDS if not spec.machine_local]
     reports = []
     for backend in backends:
         for compiler in compilers_for(backend):

@@ -62,7 +62,11 @@ def compilers() -> list[Row]:
     # A missing compiler is a fact to show, not a problem: bundles and caches work without one.
     what = {"nvrtc": "NVRTC (CUDA JIT and offline)", "hiprtc": "hiprtc (HIP JIT)",
             "clang": "clang for amdgcn (HIP offline)"}
-    return [Row("compilers", what[c.name], _probe(c.identity)[0]) for b in ("cuda", "hip") for c in compilers_for(b)]
+    from kdbkit.runtime.backends.spec import BACKENDS
+
+    # Machine-local backends (OpenCL) compile per device: their compilers show with the devices.
+    return [Row("compilers", what[c.name], _probe(c.identity)[0])
+            for spec in BACKENDS if not spec.machine_local for c in compilers_for(spec.name)]
 
 
 def search_paths() -> list[Row]:

@@ -25,7 +25,6 @@ PREFIX = "KDB_"
 KINDS = ("bool", "int", "str", "path", "pathlist", "flags", "choices", "target")
 TRUE_SPELLINGS = ("1", "on", "yes", "true", "enable", "enabled")
 FALSE_SPELLINGS = ("0", "off", "no", "false", "disable", "disabled")
-BACKEND_CHOICES = ("cuda", "hip", "opencl")  # as kdbkit.kdb.target.BACKENDS, in discovery order
 
 
 class CheckNumerics(enum.IntFlag):
@@ -117,7 +116,18 @@ _BY_NAME = {var.name: var for var in VARIABLES}
 _INT_RANGES: dict[str, tuple[int, int | None]] = {
     "KDB_LOG_LEVEL": (0, 7), "KDB_COMPILE_PARALLEL_LEVEL": (1, None), "KDB_DEVICE_CU": (1, None),
     "KDB_CHECK_NUMERICS": (0, 0x1F)}  # 0x1F: every CheckNumerics bit
-_CHOICES: dict[str, tuple[str, ...]] = {"KDB_BACKEND": BACKEND_CHOICES}
+_CHOICES: dict[str, tuple[str, ...]] = {}  # KDB_BACKEND's: kdbkit.kdb.arch.BACKENDS (see _choices)
+
+
+def _choices(name: str) -> tuple[str, ...]:
+    """The words a ``choices`` variable takes, in their order. The backend names come from
+    kdbkit.kdb.arch, imported when first parsed: this module loads nothing of kdbkit at import."""
+    if name == "KDB_BACKEND":
+        from kdbkit.kdb.arch import BACKENDS
+
+        return BACKENDS
+    return _CHOICES[name]
+
 
 _warned: set[tuple[str, str]] = set()  # (name, raw value): a loop over a bad value warns once
 _warned_lock = threading.Lock()
@@ -173,7 +183,7 @@ def _parse(var: EnvVar, raw: str | None) -> Any:
     if var.kind == "pathlist":
         return [Path(part.strip()).expanduser() for part in text.split(os.pathsep) if part.strip()]
     if var.kind == "choices":
-        choices = _CHOICES[var.name]
+        choices = _choices(var.name)
         words = [w.strip().lower() for w in text.split(",") if w.strip()]
         if not words or any(w not in choices for w in words):
             return _fallback(var, text, f"{', '.join(choices)}, comma-separated")

@@ -301,7 +301,7 @@ class Handle:
         Raises:
             ProblemError: the backend has no streams (OpenCL, HIP here), or ``stream`` is not one.
         """
-        if not hasattr(self.backend, "stream"):
+        if "streams" not in self.backend.capabilities:
             raise ProblemError(f"the {self.backend.name} backend takes no stream",
                                "streams are for CUDA devices; leave it unset")
         raw = getattr(stream, "cuda_stream", getattr(stream, "ptr", stream))  # torch, cupy, or a handle

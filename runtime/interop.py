@@ -50,7 +50,7 @@ def wrap(value: Any, backend, what: str) -> tuple[Any, TensorDesc]:
         ProblemError: the backend is not CUDA, the tensor is on another device, or its type is
             not fp32/fp16/bf16.
     """
-    if backend.name != "cuda":
+    if "wrap" not in backend.capabilities:
         raise ProblemError(f"{what} is a CUDA tensor but this handle's device is {backend.device.name} "
                            f"({backend.name})", "copy it to the host (.cpu()) or use a handle on that GPU")
     if is_torch(value):

@@ -45,12 +45,6 @@ def not_applicable(reason: str) -> Applicability:
     return Applicability(False, reason)
 
 
-def sm_version(arch: str) -> int | None:
-    """``90`` for ``sm_90`` (``sm_90a`` too); None for an arch that is not CUDA's."""
-    digits = arch[3:].rstrip("afs") if arch.startswith("sm_") else ""
-    return int(digits) if digits.isdigit() else None
-
-
 class Solver(ABC):
     """One way to compute a primitive. Subclasses set ``id``, ``name`` and ``primitive``."""
 
@@ -179,8 +173,10 @@ def residency_cap(handle: "Handle", kernel: Any, block: int, groups: int) -> int
     of ``block`` threads share a multiprocessor: some streaming kernels run faster a little
     below full occupancy. 0 where the kernel already fits no more, or where the backend has no
     occupancy calculator to ask (only CUDA's is)."""
-    resident = getattr(handle.backend, "resident_groups", None)
-    if resident is None or resident(kernel, block, 0) <= groups:
+    if "occupancy" not in handle.backend.capabilities:
+        return 0
+    resident = handle.backend.resident_groups
+    if resident(kernel, block, 0) <= groups:
         return 0
     low, high = 0, 48 * 1024  # at most 48 KiB: no opt-in needed, and few groups fit past it
     if resident(kernel, block, high) > groups:

@@ -80,6 +80,9 @@ class Backend(ABC):
 
     name: str  # "cuda" | "hip" | "opencl"
     binary_format: str  # "cubin", "hsaco", "ocl-binary": recorded in bundles, checked on load
+    # Optional abilities, declared (names from kdbkit.runtime.backends.spec.CAPABILITIES, as the
+    # backend's spec lists them), never found by hasattr: "streams", "occupancy", "wrap".
+    capabilities: frozenset[str] = frozenset()
     device: DeviceInfo
 
     @abstractmethod

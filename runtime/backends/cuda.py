@@ -34,12 +34,14 @@ from kdbkit.runtime.backends.base import (
     Module,
 )
 from kdbkit.runtime.backends.elf_notes import cubin_arch
+from kdbkit.runtime.backends.spec import spec_for
 from kdbkit.runtime.errors import DeviceCallError, LaunchArgumentError, LaunchError
 from kdbkit.runtime.logging_setup import get_logger
 
 log = get_logger(__name__)
 
-_REMEDY = "install the CUDA extra (pip install 'kdbkit[cuda]') and an NVIDIA driver"
+_SPEC = spec_for("cuda")
+_REMEDY = _SPEC.install_remedy
 # What to do about a failed driver call depends on the error; these are the ones users meet.
 _CALL_REMEDIES = {
     "CUDA_ERROR_OUT_OF_MEMORY": "free device memory, or use smaller tensors",
@@ -263,8 +265,9 @@ class CudaModule(Module):
 class CudaBackend(Backend):
     """One CUDA device, through its primary context."""
 
-    name = "cuda"
-    binary_format = "cubin"
+    name = _SPEC.name
+    binary_format = _SPEC.binary_format
+    capabilities = _SPEC.capabilities  # streams (self.stream), occupancy (resident_groups), wrap
 
     def __init__(self, device: DeviceInfo):
         """Open ``device`` (as returned by :func:`discover`): retain its primary context.

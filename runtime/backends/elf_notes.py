@@ -36,11 +36,9 @@ from __future__ import annotations
 import struct
 from dataclasses import dataclass
 
+from kdbkit.kdb.arch import EM_AMDGPU, EM_CUDA, spelling_of
 from kdbkit.kdb.errors import BundleNameError
 from kdbkit.runtime.backends.base import BinaryLoadError
-
-EM_CUDA = 190
-EM_AMDGPU = 224
 
 _ELF_MAGIC = b"\x7fELF"
 _SHT_NOTE = 7
@@ -171,7 +169,7 @@ def parse_amdgcn_target(text: str) -> tuple[str, tuple[str, ...]]:
     """
     parts = text.strip().split(":")
     arch = parts[0]
-    if not (arch.startswith("gfx") and len(arch) > 3 and all(c in "0123456789abcdef" for c in arch[3:])):
+    if not spelling_of("hip").regex.fullmatch(arch):
         raise TargetStringError(f"{text!r} is not an AMD GPU target",
                                 "write it gfx<id>[:<feature>±...], e.g. gfx90a:xnack-")
     features = []

@@ -36,10 +36,12 @@ from kdbkit.runtime.backends.base import (
 )
 from kdbkit.runtime.backends.elf_notes import amdgpu_target, parse_amdgcn_target
 from kdbkit.runtime.backends.hip_binding import device_properties, hip_call, load_hip
+from kdbkit.runtime.backends.spec import spec_for
 from kdbkit.runtime.errors import DeviceCallError, LaunchArgumentError, LaunchError, TransferError
 from kdbkit.runtime.logging_setup import get_logger
 
 log = get_logger(__name__)
+_SPEC = spec_for("hip")
 
 
 def parse_gcn_arch_name(text: str | bytes) -> tuple[str, tuple[str, ...]]:
@@ -256,8 +258,9 @@ class HipModule(Module):
 class HipBackend(Backend):
     """One HIP device."""
 
-    name = "hip"
-    binary_format = "hsaco"
+    name = _SPEC.name
+    binary_format = _SPEC.binary_format
+    capabilities = _SPEC.capabilities
 
     def __init__(self, device: DeviceInfo):
         """Open ``device`` (as returned by :func:`discover`).

@@ -18,11 +18,12 @@ import inspect
 from functools import lru_cache
 
 from kdbkit.kdb.errors import KdbError
+from kdbkit.runtime.backends.spec import spec_for
 from kdbkit.runtime.errors import BackendUnavailableError, CompilerUnavailableError, DeviceCallError
 
 # Keep in step with pyproject's hip extra and README's HIP paragraph.
 SUPPORTED_RANGE = ">=6.2,<11"
-INSTALL_REMEDY = "install ROCm and the HIP extra: pip install 'kdbkit[hip]'"
+INSTALL_REMEDY = spec_for("hip").install_remedy
 _NO_ROCM_REMEDY = ("install ROCm, or point ROCM_PATH (hip-python 10) or LD_LIBRARY_PATH (6.x, 7.x) at its lib "
                    "folder")
 _WRONG_LINE_REMEDY = f"install a hip-python release kdbkit supports ({SUPPORTED_RANGE}) that matches your ROCm"

@@ -38,12 +38,14 @@ from kdbkit.runtime.backends.base import (
     Kernel,
     Module,
 )
+from kdbkit.runtime.backends.spec import spec_for
 from kdbkit.runtime.errors import LaunchArgumentError, LaunchError
 from kdbkit.runtime.logging_setup import get_logger
 
 log = get_logger(__name__)
 
-_REMEDY = "install the OpenCL extra: pip install 'kdbkit[opencl]'"
+_SPEC = spec_for("opencl")
+_REMEDY = _SPEC.install_remedy
 
 # Envelope of an OpenCL binary, version 1, 64 bytes then the payload (little-endian):
 #   0  8   magic b"KDBOCL\0\1" (the last byte is the envelope version)
@@ -218,8 +220,9 @@ class OpenCLModule(Module):
 class OpenCLBackend(Backend):
     """One OpenCL device: a context and one in-order command queue with profiling enabled."""
 
-    name = "opencl"
-    binary_format = "ocl-binary"
+    name = _SPEC.name
+    binary_format = _SPEC.binary_format
+    capabilities = _SPEC.capabilities
 
     def __init__(self, device: DeviceInfo):
         """Open ``device`` (as returned by :func:`discover`).

@@ -21,42 +21,20 @@ backends still check loaded binaries against what the hardware really is.
 
 from __future__ import annotations
 
-import importlib
 from dataclasses import dataclass, replace
 from typing import Callable
 
 from kdbkit.kdb.target import Target
 from kdbkit.runtime import env, paths
 from kdbkit.runtime.backends.base import Backend, BackendUnavailableError, DeviceInfo
+from kdbkit.runtime.backends.spec import discoverers, spec_for
 from kdbkit.runtime.logging_setup import get_logger, warn_once
 
 _log = get_logger(__name__)
 
 
-def _discover_cuda() -> list[DeviceInfo]:
-    from kdbkit.runtime.backends import cuda
-
-    return cuda.discover()
-
-
-def _discover_hip() -> list[DeviceInfo]:
-    from kdbkit.runtime.backends import hip
-
-    return hip.discover()
-
-
-def _discover_opencl() -> list[DeviceInfo]:
-    from kdbkit.runtime.backends import opencl
-
-    return opencl.discover()
-
-
-# The discovery order is the order of this mapping: GPUs of the native APIs before OpenCL.
-DISCOVERERS: dict[str, Callable[[], list[DeviceInfo]]] = {
-    "cuda": _discover_cuda,
-    "hip": _discover_hip,
-    "opencl": _discover_opencl,
-}
+# The discovery order is the order of the specs: GPUs of the native APIs before OpenCL.
+DISCOVERERS: dict[str, Callable[[], list[DeviceInfo]]] = discoverers()
 
 
 def selected_backends() -> tuple[str, ...]:
@@ -176,29 +154,15 @@ def default_device(devices: list[DeviceInfo] | None = None) -> DeviceInfo:
         BackendUnavailableError: there is no device at all; the message says how to get one.
     """
     found = discover_devices() if devices is None else devices
-    for dev in found:
-        if dev.backend in ("cuda", "hip"):
-            return dev
-    for dev in found:
-        if dev.backend == "opencl":
-            return dev
+    for machine_local in (False, True):  # a GPU's own API first; devices whose binaries stay local last
+        for dev in found:
+            if spec_for(dev.backend).machine_local is machine_local:
+                return dev
     raise no_device_error()
 
 
-# Where each backend class lives; imported on first use (the modules load no vendor library).
-_BACKEND_CLASSES = {
-    "cuda": ("kdbkit.runtime.backends.cuda", "CudaBackend"),
-    "hip": ("kdbkit.runtime.backends.hip", "HipBackend"),
-    "opencl": ("kdbkit.runtime.backends.opencl", "OpenCLBackend"),
-}
-
-
 def _backend_class(backend: str, what: str) -> type[Backend]:
-    if backend not in _BACKEND_CLASSES:
-        raise BackendUnavailableError(f"unknown backend {backend!r} for {what}",
-                                      f"use one of {', '.join(_BACKEND_CLASSES)}")
-    module, name = _BACKEND_CLASSES[backend]
-    return getattr(importlib.import_module(module), name)
+    return spec_for(backend, what).load_backend_class()
 
 
 def open_backend(device: DeviceInfo) -> Backend:
@@ -213,5 +177,9 @@ def open_backend(device: DeviceInfo) -> Backend:
 
 
 def binary_format_of(backend: str) -> str:
-    """The binary format a backend loads, as recorded in bundles (``cubin``, ``hsaco``, ``ocl-binary``)."""
-    return _backend_class(backend, "a binary format").binary_format
+    """The binary format a backend loads, as recorded in bundles (``cubin``, ``hsaco``, ``ocl-binary``).
+
+    Raises:
+        BackendUnavailableError: no such backend.
+    """
+    return spec_for(backend, "a binary format").binary_format

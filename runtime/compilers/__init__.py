@@ -17,6 +17,7 @@ library.
 from __future__ import annotations
 
 from kdbkit.kdb.target import Target
+from kdbkit.runtime.backends.spec import spec_for
 from kdbkit.runtime.compilers.amdgcn_clang import AmdgcnClangCompiler
 from kdbkit.runtime.compilers.base import Compiler
 from kdbkit.runtime.compilers.hiprtc import HiprtcCompiler
@@ -29,15 +30,11 @@ __all__ = ["Compiler", "NvrtcCompiler", "AmdgcnClangCompiler", "HiprtcCompiler",
 
 
 def compilers_for(backend: str) -> list[Compiler]:
-    """The compilers of ``backend``, preferred first, whether or not they are installed.
-
-    HIP prefers hiprtc (ROCm's, matching the runtime) and falls back to a stock clang.
-    """
-    if backend == "cuda":
-        return [NvrtcCompiler()]
-    if backend == "hip":
-        return [HiprtcCompiler(), AmdgcnClangCompiler()]
-    return []  # OpenCL compilers are per device: see compiler_for
+    """The compilers of ``backend``, preferred first, whether or not they are installed (its
+    spec's list: HIP prefers hiprtc, ROCm's, matching the runtime, and falls back to a stock clang).
+    Empty for a backend whose compilers are per device (OpenCL): see :func:`compiler_for`."""
+    spec = spec_for(backend)
+    return [] if spec.machine_local else [cls() for cls in spec.compiler_classes()]
 
 
 def compiler_for(target: Target) -> Compiler:
@@ -46,8 +43,9 @@ def compiler_for(target: Target) -> Compiler:
     Raises:
         CompilerUnavailableError: none is installed; the message names each one tried and why.
     """
-    if target.backend == "opencl":
-        return OpenCLCompiler(target.arch)
+    spec = spec_for(target.backend)
+    if spec.machine_local:  # compiled by the local device the target names
+        return spec.compiler_classes()[0](target.arch)
     reasons = []
     for compiler in compilers_for(target.backend):
         why = compiler.unsupported(target)
@@ -58,10 +56,8 @@ def compiler_for(target: Target) -> Compiler:
             except CompilerUnavailableError as exc:
                 why = exc.problem
         reasons.append(f"{compiler.name}: {why}")
-    remedy = {"cuda": "pip install 'kdbkit[cuda]'",
-              "hip": "install ROCm and pip install 'kdbkit[hip]', or `apt-get install clang-19 lld-19`"}
     raise CompilerUnavailableError(f"no compiler for {target} ({'; '.join(reasons) or 'none known'})",
-                                   remedy.get(target.backend, "install one"))
+                                   spec.compiler_remedy)
 
 
 class LazyCompiler:

@@ -26,6 +26,7 @@ from functools import lru_cache
 from pathlib import Path
 from typing import Sequence
 
+from kdbkit.kdb.arch import spelling_of
 from kdbkit.kdb.target import Target
 from kdbkit.runtime.compilers.base import Compiler
 from kdbkit.runtime.errors import CompileError, CompilerUnavailableError, first_error_line
@@ -36,7 +37,7 @@ from kdbkit.runtime.program_key import ProgramRequest
 # Newest first: a newer clang knows more gfx targets. Plain "clang" last, since distributions
 # often ship an old default whose amdgcn backend lacks recent targets.
 CLANG_CANDIDATES = ("clang-19", "clang-20", "clang-21", "clang-18", "clang")
-_TARGET_RE = re.compile(r"gfx[0-9a-f]+(?::[a-z][a-z0-9]*[+-])*")
+_TARGET_RE = spelling_of("hip").full_regex  # gfx90a, gfx90a:xnack-
 _TIMEOUT_S = 600
 _log = get_logger(__name__)
 
@@ -88,7 +89,8 @@ def clang_amdgcn_archs(clang: str | None = None) -> tuple[str, ...] | None:
                              capture_output=True, text=True, timeout=60)
     except (CompilerUnavailableError, OSError, subprocess.SubprocessError):
         return None
-    archs = re.findall(r"^\s*(gfx[0-9a-f]{3,4})\s*$", out.stdout + out.stderr, re.M)
+    lines = (line.strip() for line in (out.stdout + out.stderr).splitlines())
+    archs = [word for word in lines if spelling_of("hip").regex.fullmatch(word)]
     return tuple(sorted(set(archs), key=lambda a: (len(a), a))) or None
 
 

@@ -8,9 +8,9 @@ includes arrive inlined, so no header folder is handed to it.
 
 from __future__ import annotations
 
-import re
 from functools import lru_cache
 
+from kdbkit.kdb.arch import spelling_of
 from kdbkit.kdb.target import Target
 from kdbkit.runtime.backends.hip_binding import destroy_program, hip_call, load_hiprtc
 from kdbkit.runtime.compilers.base import Compiler
@@ -39,7 +39,7 @@ class HiprtcCompiler(Compiler):
     name = "hiprtc"
     backend = "hip"
     binary_format = "hsaco"
-    arch_pattern = re.compile(r"gfx[0-9a-f]+(?::[a-z][a-z0-9]*[+-])*")
+    arch_pattern = spelling_of("hip").full_regex
 
     def identity(self) -> str:
         return hiprtc_identity()

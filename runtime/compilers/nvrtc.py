@@ -24,6 +24,7 @@ from functools import lru_cache
 from pathlib import Path
 from typing import Sequence
 
+from kdbkit.kdb.arch import spelling_of
 from kdbkit.kdb.target import Target
 from kdbkit.runtime.compilers.base import Compiler
 from kdbkit.runtime.errors import CompileError, CompilerUnavailableError, first_error_line
@@ -32,7 +33,7 @@ from kdbkit.runtime.logging_setup import get_logger
 from kdbkit.runtime.program_key import ProgramRequest
 
 _log = get_logger(__name__)
-_ARCH_RE = re.compile(r"sm_\d+[af]?")
+_ARCH_RE = spelling_of("cuda").regex  # sm_90, sm_90a, sm_120f
 _REMEDY = "install the CUDA extra: pip install 'kdbkit[cuda]'"
 
 

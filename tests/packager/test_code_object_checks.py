@@ -14,7 +14,8 @@ import struct
 import pytest
 
 from kdbkit.kdb import Target
-from kdbkit.packager.code_object_checks import PROCESSOR_LIMITS, check_code_object
+from kdbkit.kdb.arch import parse_arch
+from kdbkit.packager.code_object_checks import check_code_object
 from kdbkit.packager.device_build import build_bundle
 from kdbkit.runtime.backends.amdgpu_code_object import packed_offsets, read_code_object
 from kdbkit.runtime.compilers import AmdgcnClangCompiler
@@ -63,7 +64,7 @@ def test_every_kernel_passes_on_every_target(builds, source, arch):
     assert co.kernels
     for name, kernel in co.kernels.items():
         assert {name, f"{name}.kd"} <= set(co.defined_symbols) and kernel.symbol == f"{name}.kd"
-        assert kernel.wavefront_size == WAVE[arch] == PROCESSOR_LIMITS[arch].wavefront_size
+        assert kernel.wavefront_size == WAVE[arch] == parse_arch(arch).wave_size
         explicit = kernel.explicit_args
         assert [a.offset for a in explicit] == packed_offsets([a.size for a in explicit])
 

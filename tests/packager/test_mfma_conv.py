@@ -53,7 +53,7 @@ def test_the_solver_applies_on_mfma_gpus_only():
     solver = REGISTRY.find("ConvImplicitGemmMfma")
 
     def verdict(arch="gfx942", backend="hip", direction="F", dtype=DataType.FP16, layout="NHWC", groups=1):
-        device = SimpleNamespace(backend=backend, target=SimpleNamespace(arch=arch))
+        device = SimpleNamespace(backend=backend, target=Target.parse(arch))
         return solver.is_applicable(ConvProblem(direction, dtype, layout, (2, 8, 9, 9), 8, (3, 3), (1, 1),
                                                 groups=groups), device)
 

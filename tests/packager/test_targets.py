@@ -44,6 +44,16 @@ def test_an_arch_no_compiler_builds_lists_what_they_do(compilers, target, builds
     assert builds in exc.value.remedy
 
 
+def test_arch_specific_and_family_targets_build_where_their_arch_does(compilers):
+    """sm_90a (wgmma's) and sm_120f are targets NVRTC builds; the builder compared them with
+    NVRTC's plain list (sm_90, ...) and refused them. A suffix the arch has no variant for is refused."""
+    found = resolve_targets(["sm_90a_132", "sm_100a", "sm_120f_170", "gfx942:xnack-_304"])
+    assert [str(t) for t in found] == ["sm_90a_132", "sm_100a", "sm_120f_170", "gfx942:xnack-_304"]
+    with pytest.raises(TargetError, match="sm_89 has no 'a' variant") as exc:
+        resolve_targets(["sm_89a"])
+    assert exc.value.remedy == "build sm_89"
+
+
 def test_malformed_or_missing_targets_are_clear_errors():
     with pytest.raises(BundleNameError, match="malformed target 'sm90'"):
         resolve_targets(["sm90"])

@@ -192,18 +192,19 @@ def test_the_tensor_core_solver_says_what_it_takes():
     """ConvImplicitGemmTensorCore's applicability, on descriptions of devices (it runs on CUDA only)."""
     from types import SimpleNamespace
 
+    from kdbkit.kdb import Target
     from kdbkit.runtime.solver import REGISTRY
 
     solver = REGISTRY.find("ConvImplicitGemmTensorCore")
-    h100 = SimpleNamespace(backend="cuda", target=SimpleNamespace(arch="sm_90"))
+    h100 = SimpleNamespace(backend="cuda", target=Target.parse("sm_90"))
 
     def verdict(device=h100, direction="F", dtype=DataType.FP16, layout="NHWC", c=64, k=64, groups=1):
         return solver.is_applicable(ConvProblem(direction, dtype, layout, (2, c, 9, 9), k, (3, 3), (1, 1),
                                                 groups=groups), device)
 
     assert verdict() and verdict(layout="NCHW") and verdict(c=3) and verdict(dtype=DataType.BF16)
-    assert "sm_80 or later" in verdict(SimpleNamespace(backend="cuda", target=SimpleNamespace(arch="sm_75"))).reason
-    assert "sm_80 or later" in verdict(SimpleNamespace(backend="opencl", target=SimpleNamespace(arch="ocl-x"))).reason
+    assert "sm_80 or later" in verdict(SimpleNamespace(backend="cuda", target=Target.parse("sm_75"))).reason
+    assert "sm_80 or later" in verdict(SimpleNamespace(backend="opencl", target=Target.parse("ocl-3f9a1c2b"))).reason
     assert "fp32 is not fp16 or bf16" in verdict(dtype=DataType.FP32).reason
     assert verdict(direction="B") and verdict(direction="B", layout="NCHW")
     assert "not backward weights" in verdict(direction="W").reason

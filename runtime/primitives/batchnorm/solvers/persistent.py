@@ -116,7 +116,7 @@ class BatchNormPersistent(Solver):
 
     def is_applicable(self, problem: BatchNormProblem, device):
         target = device.target
-        if device.backend != "cuda" or int(target.arch[3:]) < 70:
+        if not target.arch_facts.at_least("sm_70"):
             return not_applicable(f"it needs CUDA sm_70 or later (this is {target.arch})")
         if problem.direction != "train" or problem.mode != "spatial":
             return not_applicable("it computes spatial training only")

@@ -20,8 +20,7 @@ import numpy as np
 from kdbkit.runtime.primitives.convolution.problem import ConvProblem
 from kdbkit.runtime.primitives.convolution.solvers.common import INT_MAX, shape_args
 from kdbkit.runtime.program_key import ProgramRequest
-from kdbkit.runtime.solver import (APPLIES, Solver, aligned16, fallback_invoker, launcher_1d, not_applicable, register,
-                                   sm_version)
+from kdbkit.runtime.solver import APPLIES, Solver, aligned16, fallback_invoker, launcher_1d, not_applicable, register
 from kdbkit.runtime.tensor import DataType
 
 TILE, THREADS, STAGES, STEP, PAD = 128, 128, 4, 32, 8  # conv_igemm_tc.cu's IG_BM = IG_BN, IG_THREADS, ...
@@ -99,8 +98,8 @@ def transposer(handle, moves, dtype: DataType):
 def tensor_core_refusal(problem: ConvProblem, device):
     """Why the tensor-core solvers cannot run ``problem`` on ``device`` (the GPU or the type),
     or None."""
-    arch = device.target.arch
-    if device.backend != "cuda" or not arch[3:].rstrip("afs").isdigit() or int(arch[3:].rstrip("afs")) < 80:
+    if not device.target.arch_facts.has("mma.sync"):
+        arch = device.target.arch
         return not_applicable(f"it needs CUDA tensor cores with mma.sync (sm_80 or later; this is {arch})")
     if problem.dtype not in (DataType.FP16, DataType.BF16):
         return not_applicable(f"{problem.dtype.label} is not fp16 or bf16")
@@ -115,7 +114,7 @@ class ConvImplicitGemmTensorCore(Solver):
     backends = ("cuda",)
 
     def builds_for(self, target) -> bool:
-        return (sm_version(target.arch) or 0) >= 80  # mma.sync for fp16/bf16
+        return target.arch_facts.has("mma.sync")  # for fp16/bf16
 
     def is_applicable(self, problem: ConvProblem, device):
         refusal = tensor_core_refusal(problem, device)
@@ -268,7 +267,7 @@ class ConvWrwImplicitGemmTensorCore(Solver):
     backends = ("cuda",)
 
     def builds_for(self, target) -> bool:
-        return (sm_version(target.arch) or 0) >= 80  # mma.sync for fp16/bf16
+        return target.arch_facts.has("mma.sync")  # for fp16/bf16
 
     def is_applicable(self, problem: ConvProblem, device):
         refusal = tensor_core_refusal(problem, device)

@@ -5,7 +5,7 @@ from __future__ import annotations
 from kdbkit.runtime.primitives.gemm.problem import GemmProblem
 from kdbkit.runtime.primitives.gemm.solvers.common import fits, gemm_arguments
 from kdbkit.runtime.program_key import ProgramRequest
-from kdbkit.runtime.solver import Solver, fast_when_aligned, not_applicable, register, sm_version
+from kdbkit.runtime.solver import Solver, fast_when_aligned, not_applicable, register
 from kdbkit.runtime.tensor import DataType
 
 BLOCK_TILE, THREADS = 128, 256
@@ -31,14 +31,13 @@ class GemmTensorCore(Solver):
     backends = ("cuda",)
 
     def builds_for(self, target) -> bool:
-        return (sm_version(target.arch) or 0) >= 80  # mma.sync for fp16/bf16
+        return target.arch_facts.has("mma.sync")  # for fp16/bf16
 
     def is_applicable(self, problem: GemmProblem, device):
         if device.backend != "cuda":
             return not_applicable(f"tensor cores through mma.sync are CUDA only (this is {device.backend})")
-        arch = device.target.arch
-        if not (arch.startswith("sm_") and arch[3:].rstrip("afs").isdigit() and int(arch[3:].rstrip("afs")) >= 80):
-            return not_applicable(f"{arch} has no mma.sync for fp16/bf16 (needs sm_80 or later)")
+        if not device.target.arch_facts.has("mma.sync"):
+            return not_applicable(f"{device.target.arch} has no mma.sync for fp16/bf16 (needs sm_80 or later)")
         if problem.dtype not in (DataType.FP16, DataType.BF16):
             return not_applicable(f"{problem.dtype.label} is not fp16 or bf16")
         return fits(problem)

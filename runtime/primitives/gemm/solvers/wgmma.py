@@ -26,10 +26,10 @@ class GemmWgmma(Solver):
     backends = ("cuda",)
 
     def builds_for(self, target) -> bool:
-        return target.arch == "sm_90"  # wgmma is sm_90a's alone
+        return target.arch_facts.has("wgmma")  # Hopper's alone (sm_90, built as sm_90a)
 
     def is_applicable(self, problem: GemmProblem, device):
-        if device.backend != "cuda" or device.target.arch != "sm_90":
+        if not device.target.arch_facts.has("wgmma"):
             return not_applicable(f"wgmma needs an sm_90 GPU (this is {device.target.arch})")
         if problem.dtype not in (DataType.FP16, DataType.BF16):
             return not_applicable(f"{problem.dtype.label} is not fp16 or bf16")
