@@ -73,7 +73,9 @@ def clear(yes: bool = typer.Option(False, "--yes", "-y", help="Do not ask for co
 
 
 @app.command("prune")
-def prune(lock_days: Optional[float] = typer.Option(7.0, "--lock-days", help="Remove lock files idle this long.")) -> None:
+def prune(lock_days: Optional[float] = typer.Option(7.0, "--lock-days", min=0,
+                                                   help="Remove lock files idle this many days (0: every idle one).")
+          ) -> None:
     """Remove what this version cannot use: other versions' caches, damaged files and entries, old locks.
 
     Example: kdb cache prune --lock-days 1
