@@ -57,6 +57,16 @@ def test_a_compile_failure_is_one_line_then_the_compilers_log(kdb, pocl, tmp_pat
     assert "not_declared" in err.split(line, 1)[1]  # the log, below the one line
 
 
+@pytest.mark.parametrize("define, refused", [("X=1 -fbogus", "-fbogus"), ("A=1 2", "2")])
+def test_options_the_opencl_compiler_refuses_are_said_once_with_the_fix(kdb, isolated, monkeypatch, define, refused):
+    monkeypatch.setenv("KDB_BACKEND", "opencl")  # PoCL's refusal, whichever backend the suite runs
+    code, _, err = kdb("resolve", "activation.c", "-D", define)
+    line = _one_error_line(err)
+    assert code == 1 and f"refused the options '-D{define}' (Invalid build option: {refused})" in line
+    assert "fix the option" in line and "fix the source" not in line
+    assert err.count("INVALID_BUILD_OPTIONS") == 1, err  # pyopencl's log says it three times
+
+
 @pytest.fixture
 def bundle(tmp_path):
     return write_bundle(tmp_path / "sm_90_132.kdb", Target.parse("sm_90_132"),
