@@ -113,12 +113,17 @@ def merge(out_file: Path = typer.Argument(..., metavar="OUT", help="Bundle to wr
                                               show_default=False),
           allow_mixed_cu: bool = typer.Option(False, "--allow-mixed-cu",
                                               help="Merge one arch across CU counts into an arch-wide bundle."),
-          no_dictionary: bool = typer.Option(False, "--no-dictionary", help="Do not train a zstd dictionary.")) -> None:
+          no_dictionary: bool = typer.Option(False, "--no-dictionary", help="Do not train a zstd dictionary."),
+          as_json: bool = typer.Option(False, "--json", help="Print JSON for scripts.")) -> None:
     """Merge bundles for one target into OUT (written atomically), dropping duplicate entries.
 
     Example: kdb db merge gfx90a.kdb gfx90a_104.kdb gfx90a_110.kdb --allow-mixed-cu
     """
     report = merge_bundles(out_file, list(inputs), allow_mixed_cu=allow_mixed_cu, dictionary=not no_dictionary)
+    if as_json:
+        print_json({"file": str(out_file), "entries": report.entries, "duplicates": report.duplicates,
+                    "conflicts": [{"kernel_name": n, "kernel_args": a} for n, a in report.conflicts]})
+        return
     out.print(f"wrote {out_file}: {report.entries} entries ({report.duplicates} duplicates dropped)")
     if report.conflicts:
         err.print(f"[yellow]warning:[/] {len(report.conflicts)} key(s) had different binaries; kept the first input's:")

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import json
+
 import pytest
 
 from kdbkit.runtime import paths
@@ -30,6 +32,14 @@ def test_prune_refuses_a_negative_lock_age_and_keeps_the_locks(kdb, idle_lock, d
 def test_prune_with_lock_days_0_removes_every_idle_lock(kdb, idle_lock):
     code, out, _ = kdb("cache", "prune", "--lock-days", "0")
     assert code == 0 and "removed 1 file(s)" in out and not idle_lock.exists()
+
+
+def test_prune_and_clear_report_in_json(kdb, idle_lock):
+    code, out, _ = kdb("cache", "prune", "--json")  # a fresh lock is kept
+    assert code == 0 and json.loads(out) == {"removed_files": [], "removed_entries": 0, "freed_bytes": 0}
+    code, out, _ = kdb("cache", "clear", "--yes", "--json")
+    report = json.loads(out)
+    assert code == 0 and report["removed_files"] == [str(idle_lock)] and report["entries"] == 0
 
 
 @pytest.mark.parametrize("age", [-1.0, float("nan")])

@@ -95,6 +95,15 @@ def test_merge_into_a_folder_names_the_folder(kdb, bundle, tmp_path):
     assert code == 1 and str(tmp_path / "missing" / "m.kdb") in err and ".tmp" not in err
 
 
+def test_merge_reports_in_json(kdb, bundle, tmp_path):
+    changed = write_bundle(tmp_path / "c.kdb", Target.parse("sm_90_132"), [(*ENTRIES[0][:2], b"z" * 300)],
+                           compiler="nvrtc 13.0", binary_format="cubin")
+    code, out, err = kdb("db", "merge", tmp_path / "m.kdb", bundle, bundle, changed, "--json")
+    assert code == 0 and not err and json.loads(out) == {
+        "file": str(tmp_path / "m.kdb"), "entries": len(ENTRIES), "duplicates": len(ENTRIES),
+        "conflicts": [{"kernel_name": ENTRIES[0][0], "kernel_args": ENTRIES[0][1]}]}
+
+
 def test_merge_and_extract(kdb, bundle, tmp_path):
     other = write_bundle(tmp_path / "b.kdb", Target.parse("sm_90_132"), [("extra.cl.o", "-mcpu=sm_90", b"x" * 300)],
                          compiler="nvrtc 13.0", binary_format="cubin")

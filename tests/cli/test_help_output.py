@@ -26,3 +26,16 @@ def test_flags_show_no_value_placeholder(kdb, path):
     code, out, _ = kdb(*path, "--help")
     assert code == 0 and "--help" in out
     assert "<bool>" not in out, f"`kdb {' '.join(path)} --help` shows a flag as taking a value:\n{out}"
+
+
+# Commands whose output is no report for a script: a binary written to a file, a walk-through
+# for people, and MIOpenDriver's lines (a format of their own that its users already parse).
+WITHOUT_JSON = {("db", "extract"), ("demo",)}
+
+
+def test_every_command_a_script_would_parse_has_json():
+    """README: `--json` where a script would parse the output."""
+    lacking = [" ".join(path) for path, cmd in _commands(app)
+               if path[0] != "driver" and path not in WITHOUT_JSON
+               and "--json" not in {o for p in cmd.params for o in p.opts}]
+    assert lacking == []
