@@ -16,10 +16,6 @@ from numpy.lib.stride_tricks import as_strided
 from kdbkit.runtime.errors import ProblemError
 from kdbkit.runtime.tensor import DataType, TensorDesc
 
-# Host bytes per element beyond the device's copy: the random float64 values the storage is
-# made from, the storage itself and its initial copy (the reference's float64 arrays come later).
-_HOST_BYTES_PER_ELEMENT = 8
-
 
 def to_storage(values: np.ndarray, dtype: DataType) -> np.ndarray:
     """float values -> the type's storage (bf16: uint16 bits, rounded to nearest even)."""
@@ -58,7 +54,9 @@ def check_fits(descs: dict[str, TensorDesc], device_name: str, device_bytes: int
     if device_need > device_bytes:
         raise ProblemError(f"the problem's tensors need {_size(device_need)} ({each}) and {device_name} has "
                            f"{_size(device_bytes)} of global memory", "give smaller sizes")
-    host_need = sum(d.span * (_HOST_BYTES_PER_ELEMENT + 2 * d.dtype.itemsize) for d in descs.values())
+    # Per element on the host: the float64 random values the storage is made from, the storage
+    # and its initial copy (the reference's float64 arrays come later, output by output).
+    host_need = sum(d.span * (8 + 2 * d.dtype.itemsize) for d in descs.values())
     host_bytes = _physical_memory()
     if host_bytes is not None and host_need > host_bytes:
         raise ProblemError(f"the driver needs about {_size(host_need)} of host memory for the problem's tensors "
@@ -72,12 +70,16 @@ def _physical_memory() -> int | None:
         return None
 
 
-def _size(n: int) -> str:
-    for unit in ("B", "KiB", "MiB", "GiB", "TiB", "PiB"):
-        if n < 1024 or unit == "PiB":
-            return f"{n} B" if unit == "B" else f"{n:.1f} {unit}" if n < 1e6 else f"{n:.3g} {unit}"
+def _size(n: float) -> str:
+    """``2.9 TiB``; sizes past PiB in PiB with an exponent (a mistyped -n can ask for 10^20 elements)."""
+    if n < 1024:
+        return f"{n} B"
+    for unit in ("KiB", "MiB", "GiB", "TiB"):
         n /= 1024
-    return str(n)
+        if n < 1024:
+            return f"{n:.1f} {unit}"
+    n /= 1024
+    return f"{n:.1f} PiB" if n < 1e5 else f"{n:.3g} PiB"
 
 
 class HostTensors:
