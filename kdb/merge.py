@@ -17,7 +17,7 @@ from pathlib import Path
 from typing import Iterator
 
 from kdbkit.kdb.bundle import Bundle, open_bundle
-from kdbkit.kdb.errors import KdbError, TargetMismatchError
+from kdbkit.kdb.errors import BundleWriteError, KdbError, TargetMismatchError
 from kdbkit.kdb.writer import choose_dictionary, training_sample, write_bundle
 
 
@@ -43,6 +43,7 @@ def merge_bundles(out: str | Path, inputs: list[str | Path], *, allow_mixed_cu: 
         A report: entries written, exact duplicates dropped, conflicting keys.
 
     Raises:
+        BundleWriteError: ``out`` is a folder.
         TargetMismatchError: inputs differ in backend, arch, features or compiler (or CU
             count without ``allow_mixed_cu``); the message names both files.
         KdbError subclasses for unreadable inputs, and CorruptEntryError for bad entries
@@ -53,6 +54,9 @@ def merge_bundles(out: str | Path, inputs: list[str | Path], *, allow_mixed_cu: 
     bundles: list[Bundle] = [open_bundle(p) for p in inputs]
     try:
         target, compiler, binary_format = _common_target(bundles, allow_mixed_cu)
+        if Path(out).is_dir():  # refused before the dictionary's training, not at the final rename
+            raise BundleWriteError(f"{out} is a folder", f"name the bundle file to write, e.g. "
+                                   f"{Path(out) / target.bundle_name()}")
         report = MergeReport(Path(out))
         dict_bytes = None
         if dictionary:

@@ -96,6 +96,15 @@ class Target:
         """File name of this target's bundle: ``<arch>_<cu>.kdb`` or ``<arch>.kdb``."""
         return bundle_file_name(self.arch, self.cu, suffix)
 
+    def built_bundle_name(self) -> str:
+        """The bundle ``kdb build`` writes for this target: what a message about a missing one names.
+
+        The arch-wide ``<arch>.kdb``: the builder writes ``<arch>_<cu>.kdb`` only for programs
+        compiled for one compute-unit count (a ``-DKDB_CU...`` option), and no program in kdbkit's
+        catalogue is. The runtime looks for both names (``bundle_name`` first).
+        """
+        return self.arch_wide().bundle_name()
+
     def accepts(self, built_for: "Target") -> str | None:
         """Say why a binary built for ``built_for`` cannot run on this target.
 

@@ -53,8 +53,13 @@ def name_problems(bundle: Bundle) -> list[str]:
     if target is None:
         return []
     if (name.arch, name.cu) != (target.arch, target.cu):
-        return [f"file name says {name.arch} with {name.cu} CUs but the metadata says {target}"]
+        return [f"file name says {_described(name.arch, name.cu)} but the metadata says "
+                f"{_described(target.full_arch, target.cu)}"]
     return []
+
+
+def _described(arch: str, cu: int | None) -> str:
+    return f"{arch} with {cu} CUs" if cu is not None else f"{arch} (arch-wide)"
 
 
 def verify_bundle(path: str | Path, *, check_entries: bool = True) -> VerifyReport:

@@ -121,19 +121,31 @@ def write_stored_bundle(path: str | Path, target: Target, entries: Iterable[tupl
 def _write_atomically(path: Path, target: Target, fill, **create) -> Path:
     """Create a bundle beside ``path``, let ``fill`` write its entries, compact it, and put it in
     place only once complete."""
-    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
+    try:
+        fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
+    except OSError as exc:
+        raise _naming(exc, path) from exc
     os.close(fd)
     os.unlink(tmp)  # SQLite creates the file itself; mkstemp only reserved a unique name
     try:
         with Bundle.create(tmp, target, **create) as bundle:
             fill(bundle)
             bundle.compact(page_size=PAGE_SIZE)
-        os.replace(tmp, path)
+        try:
+            os.replace(tmp, path)
+        except OSError as exc:
+            raise _naming(exc, path) from exc
     finally:
         for leftover in (tmp, tmp + "-journal"):
             if os.path.exists(leftover):
                 os.unlink(leftover)
     return path
+
+
+def _naming(exc: OSError, path: Path) -> OSError:
+    """The same OS error naming the file the caller asked for: the hidden temporary name it
+    carries is gone by the time the user reads it."""
+    return OSError(exc.errno, exc.strerror, str(path))
 
 
 def _train_on(entries: Iterable[tuple[str, str, bytes]], level: int):

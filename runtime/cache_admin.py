@@ -165,7 +165,12 @@ def prune_cache(folder: Path | None = None, *, lock_age_s: float = 7 * 86400) ->
     Removes: cache folders of other kdbkit versions (only under the default location, never
     under ``KDB_CUSTOM_CACHE_DIR``'s parent); damaged files moved aside earlier; lock files
     untouched for ``lock_age_s``; entries that fail their hash check. Then VACUUMs each file.
+
+    Raises:
+        ValueError: ``lock_age_s`` is negative or NaN (every idle lock would count as old).
     """
+    if not lock_age_s >= 0:
+        raise ValueError(f"lock_age_s is {lock_age_s}: give an age of 0 seconds or more")
     custom = env.get_path("KDB_CUSTOM_CACHE_DIR") is not None
     folder = folder or paths.user_cache_dir()
     report = PruneReport()

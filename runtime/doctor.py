@@ -105,7 +105,7 @@ def devices_and_bundles() -> list[Row]:
     for d in devices:
         used, trace = bundle_for_device(d.target, binary_format_of(d.backend), dirs)
         text = f"{d.backend} {d.name}: {d.target}; "
-        text += f"uses {used.path}" if used else f"missing {d.target.bundle_name()} (JIT and user cache only)"
+        text += f"uses {used.path}" if used else f"missing {d.target.built_bundle_name()} (JIT and user cache only)"
         rows.append(Row("devices", f"#{d.index}", text, True))
         rows += [Row("devices", f"#{d.index} not used", f"{c.path}: {c.reason}", False)
                  for c in trace if c.status == "rejected"]

@@ -60,11 +60,6 @@ class EnvVar:
                              f"{PREFIX} and the kind be one of {', '.join(KINDS)}")
 
 
-def _conv(family: str, label: str) -> EnvVar:  # MIOPEN_DEBUG_CONV_*: unset means enabled
-    return EnvVar(f"KDB_DEBUG_CONV_{family}", "bool", True,
-                  f"Set to 0 to exclude every {label} convolution solver. Default: enabled.")
-
-
 VARIABLES: tuple[EnvVar, ...] = (
     EnvVar("KDB_ENABLE_LOGGING", "bool", False, "Log API calls and program resolutions "
            "(log level 5 unless KDB_LOG_LEVEL is set). Default: off."),
@@ -92,8 +87,10 @@ VARIABLES: tuple[EnvVar, ...] = (
            f"'{os.pathsep}'-separated (a library's kernels). Default: unset."),
     EnvVar("KDB_DISABLE_JIT", "bool", False, "Never compile at run time: a program in no bundle "
            "or cache is an error naming it. Default: off (JIT allowed)."),
-    _conv("DIRECT", "direct"), _conv("GEMM", "GEMM"), _conv("WINOGRAD", "Winograd"),
-    _conv("IMPLICIT_GEMM", "implicit-GEMM"), _conv("FFT", "FFT"),
+    # Solvers are switched off one by one, each with its own KDB_DEBUG_<NAME> (runtime/solver.py;
+    # `kdb env` lists them after these). No family switches as MIOpen's MIOPEN_DEBUG_CONV_DIRECT:
+    # those once listed here were read nowhere, and two had the names of ConvDirect's and
+    # ConvImplicitGemm's own switches.
     EnvVar("KDB_DEBUG_FIND_ONLY_SOLVER", "str", None, "Let find try only this solver (numeric "
            "id or name). Default: unset (every applicable solver)."),
     EnvVar("KDB_CHECK_NUMERICS", "flags", CheckNumerics.NONE, "Check buffers for inf/NaN/zero: "

@@ -93,7 +93,7 @@ class JitSource(Source):
         if not self.allowed:
             raise JitDisabledError(
                 f"no program {request} for {self.target.full_arch} in {self._searched()}",
-                f"unset KDB_DISABLE_JIT to compile it, or install the bundle {self.target.bundle_name()} "
+                f"unset KDB_DISABLE_JIT to compile it, or install the bundle {self.target.built_bundle_name()} "
                 "(`kdb devices` shows the bundle each device would use)")
         compiler = self.compiler.get()
         identity = self.compiler.identity()  # the one the tiers' lookups keyed with

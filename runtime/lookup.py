@@ -152,7 +152,7 @@ class SystemBundleSource(Source):
 
     def warn_missing(self) -> None:
         """Say once per process that no system bundle fits the device, and why each candidate was not used."""
-        name = self.search.target.bundle_name()
+        name = self.search.target.built_bundle_name()
         if warn_once(f"missing-system-db:{name}", f"Missing system database file: {name} Performance may degrade",
                      logger=_log):
             for c in self.search.trace:
@@ -161,7 +161,7 @@ class SystemBundleSource(Source):
 
     def searched(self) -> str:
         accepted = [str(c.path) for c in self.search.trace if c.status == "accepted"]
-        return ", ".join(accepted) if accepted else f"no system bundle ({self.search.target.bundle_name()} missing)"
+        return ", ".join(accepted) if accepted else f"no system bundle ({self.search.target.built_bundle_name()} missing)"
 
     def describe(self) -> SourceInfo:
         self.search.get(0)  # the best bundle, as the handle's first lookup opens it

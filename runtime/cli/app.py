@@ -71,12 +71,13 @@ def main(argv: list[str] | None = None) -> int:
     """Run the CLI; the console script ``kdb`` calls this. Returns the exit status.
 
     Every failure is one line: kdbkit's errors (1, with a compile error's log below), OS
-    errors (1), usage errors such as an unknown option (2), anything else as an internal
-    error (1) that says how to get the traceback.
+    errors (1), usage errors such as an unknown option (2), a group named without a command
+    (its help, once, and 2 as typer gives), anything else as an internal error (1) that says
+    how to get the traceback.
     """
     try:
         # Not standalone: click would print usage errors as a boxed panel; they are one line here.
-        code = app(args=argv, prog_name="kdb", standalone_mode=False)
+        code = command().main(args=argv, prog_name="kdb", standalone_mode=False)
         return code if isinstance(code, int) else 0
     except SystemExit as exc:
         return exc.code if isinstance(exc.code, int) else (0 if exc.code is None else 1)
@@ -90,9 +91,12 @@ def main(argv: list[str] | None = None) -> int:
         return _one_line(exc, f"{exc.strerror or exc}: {exc.filename or ''}".rstrip(": "))
     except Exception as exc:
         kind = _click_kind(exc)
-        if kind == "help":  # `kdb db` alone: the group's help
-            typer.echo(exc.ctx.get_help())
-            return 0
+        if kind == "help":  # `kdb db` alone: the group's help, once, and exit 2 as typer's standalone mode does
+            # Making the exception rendered the help: rich printed it already and left the message
+            # empty; plain click returned it as the message.
+            if exc.format_message().strip():
+                typer.echo(exc.format_message())
+            return 2
         if kind == "usage":
             where = exc.ctx.command_path if exc.ctx else "kdb"
             err.print(f"[bold red]error:[/] {escape(exc.format_message())} (see `{where} --help`)", soft_wrap=True)
@@ -103,6 +107,25 @@ def main(argv: list[str] | None = None) -> int:
         # a bug in kdbkit: still one line, and how to see more
         return _one_line(exc, f"internal error ({type(exc).__name__}: {exc}); rerun with KDB_CLI_TRACEBACK=1 "
                               "and report the traceback")
+
+
+def command():
+    """The click command tree of ``kdb``, with flags shown as flags in ``--help``.
+
+    typer's rich help prints every option's type, flags included (``--json <bool>``), as if
+    they took a value; an empty metavar leaves a flag's type column blank. The help option is
+    made on first use, so it is made here to be blanked too.
+    """
+    root = typer.main.get_command(app)
+    stack = [root]
+    while stack:
+        cmd = stack.pop()
+        stack.extend(getattr(cmd, "commands", {}).values())
+        help_option = cmd.get_help_option(cmd.context_class(cmd, info_name=cmd.name))
+        for param in [*cmd.params, *([help_option] if help_option else [])]:
+            if getattr(param, "is_flag", False) and param.metavar is None:
+                param.metavar = ""
+    return root
 
 
 def _click_kind(exc: Exception) -> str | None:

@@ -57,7 +57,8 @@ def stats(as_json: bool = typer.Option(False, "--json", help="Print JSON for scr
 
 
 @app.command("clear")
-def clear(yes: bool = typer.Option(False, "--yes", "-y", help="Do not ask for confirmation.")) -> None:
+def clear(yes: bool = typer.Option(False, "--yes", "-y", help="Do not ask for confirmation."),
+          as_json: bool = typer.Option(False, "--json", help="Print JSON for scripts.")) -> None:
     """Empty the cache of this kdbkit version (programs will be compiled again).
 
     Safe while other processes use the cache: they keep running and compile what they need.
@@ -68,16 +69,26 @@ def clear(yes: bool = typer.Option(False, "--yes", "-y", help="Do not ask for co
     if not yes and not typer.confirm(f"Delete the kernel cache in {folder}?"):
         raise typer.Exit(1)
     report = cache_admin.clear_cache(folder)
+    if as_json:
+        print_json({"folder": str(folder), "entries": report.entries, "removed_files": report.removed_files,
+                    "busy_locks": report.busy_locks, "freed_bytes": report.freed_bytes})
+        return
     out.print(f"removed {report.entries} entr(ies) and {len(report.removed_files)} file(s) from {folder}"
               + (f"; {report.busy_locks} lock(s) in use were kept" if report.busy_locks else ""))
 
 
 @app.command("prune")
-def prune(lock_days: Optional[float] = typer.Option(7.0, "--lock-days", help="Remove lock files idle this long.")) -> None:
+def prune(lock_days: Optional[float] = typer.Option(7.0, "--lock-days", min=0,
+                                                   help="Remove lock files idle this many days (0: every idle one)."),
+          as_json: bool = typer.Option(False, "--json", help="Print JSON for scripts.")) -> None:
     """Remove what this version cannot use: other versions' caches, damaged files and entries, old locks.
 
     Example: kdb cache prune --lock-days 1
     """
     report = cache_admin.prune_cache(lock_age_s=(lock_days or 0) * 86400)
+    if as_json:
+        print_json({"removed_files": report.removed_files, "removed_entries": report.removed_entries,
+                    "freed_bytes": report.freed_bytes})
+        return
     out.print(f"removed {len(report.removed_files)} file(s) and {report.removed_entries} damaged entr(ies), "
               f"freed {size(report.freed_bytes)}")

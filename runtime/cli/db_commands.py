@@ -9,6 +9,8 @@ import typer
 from rich.table import Table
 
 from kdbkit.kdb import merge_bundles, open_bundle, verify_bundle
+from kdbkit.kdb.target import BUNDLE_SUFFIX, USER_SUFFIX
+from kdbkit.kdb.verify import VerifyReport
 from rich.markup import escape
 
 from kdbkit.runtime.cli.output import err, fail, out, print_json, size
@@ -24,7 +26,7 @@ def ls(file: Path = FileArg, as_json: bool = typer.Option(False, "--json", help=
 
     Example: kdb db ls sm_90_132.kdb
     """
-    with open_bundle(file) as b:
+    with open_bundle(_one_file(file, "ls")) as b:
         rows = list(b.entries())
     if as_json:
         print_json([e.__dict__ for e in rows])
@@ -43,7 +45,7 @@ def info(file: Path = FileArg, as_json: bool = typer.Option(False, "--json", hel
 
     Example: kdb db info gfx942_304.kdb --json
     """
-    with open_bundle(file) as b:
+    with open_bundle(_one_file(file, "info")) as b:
         md, st = b.metadata, b.stats()
     data = {
         "file": str(file), "format_version": md.format_version, "written_by": md.producer or "unknown",
@@ -68,24 +70,39 @@ def info(file: Path = FileArg, as_json: bool = typer.Option(False, "--json", hel
 
 
 @app.command("verify")
-def verify(files: List[Path] = typer.Argument(..., help="Bundle files to check.", show_default=False),
-           quick: bool = typer.Option(False, "--quick", help="Skip decoding every entry.")) -> None:
+def verify(files: List[Path] = typer.Argument(..., help="Bundle files to check; a folder stands for every bundle in it.",
+                                             show_default=False),
+           quick: bool = typer.Option(False, "--quick", help="Skip decoding every entry."),
+           as_json: bool = typer.Option(False, "--json", help="Print JSON for scripts.")) -> None:
     """Check SQLite integrity, schema, metadata and every entry's hash; exit 1 on any problem.
+
+    A folder (an install folder, a build's output) is checked bundle by bundle (.kdb, .ukdb).
 
     Example: kdb db verify sm_90_132.kdb gfx942_304.kdb
     """
-    bad = 0
+    reports = []
     for f in files:
-        report = verify_bundle(f, check_entries=not quick)
-        if report.ok:
-            out.print(f"[green]ok[/]   {f} ({report.entries_checked} entries checked)")
-        else:
-            bad += 1
-            out.print(f"[red]FAIL[/] {f}")
-            for p in report.problems:
-                out.print(f"     {escape(p)}", soft_wrap=True)
+        if not f.is_dir():
+            reports.append(verify_bundle(f, check_entries=not quick))
+            continue
+        found = _bundles_in(f)
+        reports += [verify_bundle(b, check_entries=not quick) for b in found]
+        if not found:  # a problem, not a silent "nothing to check"
+            reports.append(VerifyReport(f, [f"{f}: a folder with no bundle files ({BUNDLE_SUFFIX}, {USER_SUFFIX})"]))
+    bad = sum(not r.ok for r in reports)
+    if as_json:
+        print_json([{"file": str(r.path), "ok": r.ok, "entries_checked": r.entries_checked,
+                     "format_version": r.format_version, "problems": r.problems} for r in reports])
+    else:
+        for report in reports:
+            if report.ok:
+                out.print(f"[green]ok[/]   {report.path} ({report.entries_checked} entries checked)")
+            else:
+                out.print(f"[red]FAIL[/] {report.path}")
+                for p in report.problems:
+                    out.print(f"     {escape(p)}", soft_wrap=True)
     if bad:
-        err.print(f"{bad} of {len(files)} bundle(s) have problems; rebuild them, or reinstall the package that "
+        err.print(f"{bad} of {len(reports)} bundle(s) have problems; rebuild them, or reinstall the package that "
                   "installed them")
         raise typer.Exit(1)
 
@@ -96,12 +113,17 @@ def merge(out_file: Path = typer.Argument(..., metavar="OUT", help="Bundle to wr
                                               show_default=False),
           allow_mixed_cu: bool = typer.Option(False, "--allow-mixed-cu",
                                               help="Merge one arch across CU counts into an arch-wide bundle."),
-          no_dictionary: bool = typer.Option(False, "--no-dictionary", help="Do not train a zstd dictionary.")) -> None:
+          no_dictionary: bool = typer.Option(False, "--no-dictionary", help="Do not train a zstd dictionary."),
+          as_json: bool = typer.Option(False, "--json", help="Print JSON for scripts.")) -> None:
     """Merge bundles for one target into OUT (written atomically), dropping duplicate entries.
 
     Example: kdb db merge gfx90a.kdb gfx90a_104.kdb gfx90a_110.kdb --allow-mixed-cu
     """
     report = merge_bundles(out_file, list(inputs), allow_mixed_cu=allow_mixed_cu, dictionary=not no_dictionary)
+    if as_json:
+        print_json({"file": str(out_file), "entries": report.entries, "duplicates": report.duplicates,
+                    "conflicts": [{"kernel_name": n, "kernel_args": a} for n, a in report.conflicts]})
+        return
     out.print(f"wrote {out_file}: {report.entries} entries ({report.duplicates} duplicates dropped)")
     if report.conflicts:
         err.print(f"[yellow]warning:[/] {len(report.conflicts)} key(s) had different binaries; kept the first input's:")
@@ -133,6 +155,22 @@ def extract(file: Path = FileArg,
     dest = output or Path(Path(name).name)
     dest.write_bytes(data)
     out.print(f"wrote {dest} ({size(len(data))})")
+
+
+def _bundles_in(folder: Path) -> list[Path]:
+    return sorted(p for p in folder.iterdir() if p.suffix in (BUNDLE_SUFFIX, USER_SUFFIX) and p.is_file())
+
+
+def _one_file(path: Path, command: str) -> Path:
+    """``path``, or a one-line error when it is a folder: which bundles it holds and what to run."""
+    if not path.is_dir():
+        return path
+    found = _bundles_in(path)
+    if not found:
+        raise fail(f"{path} is a folder with no bundle files ({BUNDLE_SUFFIX}, {USER_SUFFIX}) in it; name a bundle file")
+    names = ", ".join(p.name for p in found[:5]) + (f" and {len(found) - 5} more" if len(found) > 5 else "")
+    raise fail(f"{path} is a folder, not a bundle file; name one of its {len(found)} bundle(s) ({names}), "
+               f"e.g. `kdb db {command} {found[0]}`, or check them all with `kdb db verify {path}`")
 
 
 def _same_options(stored: str, given: str) -> bool:

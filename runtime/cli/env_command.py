@@ -2,12 +2,15 @@
 
 from __future__ import annotations
 
+import difflib
+
 import typer
 from rich.markup import escape
 from rich.table import Table
 
 from kdbkit.runtime import env as kdb_env
 from kdbkit.runtime.cli.output import err, out, print_json
+from kdbkit.runtime.solver import REGISTRY
 from kdbkit.runtime.solver import switches as solver_switches
 
 
@@ -18,7 +21,7 @@ def env(as_json: bool = typer.Option(False, "--json", help="Print JSON for scrip
     Example: KDB_DISABLE_JIT=1 kdb env --set
     """
     switches = solver_switches()
-    rows = kdb_env.snapshot(extra=switches)
+    rows = [_find_only_checked(row) for row in kdb_env.snapshot(extra=switches)]
     rows = [r for r in rows if r[1] is not None] if only_set else rows
     unknown = kdb_env.unknown_kdb_variables(known=[s.name for s in switches])
     problems = [problem for *_, problem in rows if problem]
@@ -40,3 +43,16 @@ def env(as_json: bool = typer.Option(False, "--json", help="Print JSON for scrip
         err.print(f"[yellow]warning:[/] {escape(problem)}", soft_wrap=True)
     for name in unknown:
         err.print(f"[yellow]warning:[/] {escape(name)} is set but kdbkit does not read it", soft_wrap=True)
+
+
+def _find_only_checked(row: tuple) -> tuple:
+    """KDB_DEBUG_FIND_ONLY_SOLVER's row with a problem when no solver has its id or name (find
+    would refuse every problem; immediate mode does not read it, so nothing else would say so)."""
+    var, raw, parsed, problem = row
+    if var.name != "KDB_DEBUG_FIND_ONLY_SOLVER" or not parsed or REGISTRY.find(parsed.strip()) is not None:
+        return row
+    ids = sorted(s.id for s in REGISTRY)
+    close = difflib.get_close_matches(parsed.strip(), [s.name for s in REGISTRY], n=1, cutoff=0.6)
+    hint = f"did you mean {close[0]}? " if close else ""
+    return var, raw, parsed, (f"{var.name}={raw!r}: no solver has that id or name, so find refuses every problem; "
+                              f"{hint}give a solver id ({ids[0]}-{ids[-1]}) or name, or unset it")

@@ -77,7 +77,7 @@ def devices(as_json: bool = typer.Option(False, "--json", help="Print JSON for s
         used, trace = bundle_for_device(d.target, binary_format_of(d.backend), dirs)
         rows.append({"index": index, "backend": d.backend, "name": d.name, "target": str(d.target),
                      "cu": d.target.cu, "memory_bytes": d.memory_bytes, "driver": d.driver,
-                     "bundle": str(used.path) if used else None, "wanted": d.target.bundle_name(),
+                     "bundle": str(used.path) if used else None, "wanted": d.target.built_bundle_name(),
                      "rejected": [{"path": str(c.path), "reason": c.reason} for c in trace if c.status == "rejected"]})
     if as_json:
         print_json(rows)

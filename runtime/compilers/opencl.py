@@ -86,7 +86,13 @@ class OpenCLCompiler(Compiler):
                 program = cl.Program(self._context, source.text()).build(
                     options=list(request.options), devices=[self._device], cache_dir=False)
         except cl.Error as e:
-            log = str(e)
+            log = _one_mention(str(e))
+            if getattr(e, "code", None) == cl.status_code.INVALID_BUILD_OPTIONS:  # the options, not the source
+                raise CompileError(
+                    f"{name}: the OpenCL compiler on {self._device.name.strip()} refused the options "
+                    f"{' '.join(request.options)!r} ({_refused_option(log)})",
+                    "fix the option: a define is -D NAME or -D NAME=VALUE (one word), other flags must be "
+                    "ones this OpenCL compiler takes; the compiler's log follows", log=log) from e
             raise CompileError(f"{name} failed to compile on {self._device.name.strip()}: {first_error_line(log)}",
                                log=log + ocl.build_hint(log)) from e
         binary = program.get_info(cl.program_info.BINARIES)[0]
@@ -94,3 +100,19 @@ class OpenCLCompiler(Compiler):
             raise CompileError(f"{self._device.name.strip()} built {name} but returned an empty program binary",
                                "report this OpenCL driver's fault; another device may work")
         return ocl.wrap_binary(self.arch, bytes(binary))
+
+
+def _one_mention(log: str) -> str:
+    """pyopencl's build error with its first line said once: it reads
+    ``clBuildProgram failed: CODE - clBuildProgram failed: CODE - ...`` (one per layer it passes)."""
+    head, newline, rest = log.partition("\n")
+    parts = head.split(" - ")
+    return (parts[0] if len(set(parts)) == 1 else head) + newline + rest
+
+
+def _refused_option(log: str) -> str:
+    """The log's line naming the option refused (PoCL: ``Invalid build option: -fbogus``), or the status."""
+    for line in log.splitlines():
+        if "option" in line.lower() and not line.startswith(("clBuildProgram", "(options:")):
+            return line.strip()
+    return "INVALID_BUILD_OPTIONS"

@@ -17,7 +17,7 @@ import numpy as np
 
 from kdbkit.runtime.driver import lines
 from kdbkit.runtime.driver.spec import DriverSpec
-from kdbkit.runtime.driver.tensors import HostTensors
+from kdbkit.runtime.driver.tensors import HostTensors, check_fits
 from kdbkit.runtime.driver.verify import max_error
 from kdbkit.runtime.find import find_solutions
 from kdbkit.runtime.immediate import invoker
@@ -45,6 +45,7 @@ def run_problem(handle: "Handle", spec: DriverSpec, problem: Problem, o: SimpleN
                 emit: Callable[[str], None]) -> Outcome:
     """Run, time and verify ``problem`` as the resolved options ``o`` ask; print with ``emit``."""
     emit(lines.problem(problem))
+    check_fits(problem.tensors(), handle.device.name, handle.device.memory_bytes)
     host = HostTensors(problem.tensors(), np.random.default_rng(o.seed))
     spec.prepare(problem, host)
     outputs, unused = spec.outputs(problem), spec.unused(problem)

@@ -8,9 +8,12 @@ that array. Values are given and returned as float64 and stored rounded to the t
 
 from __future__ import annotations
 
+import os
+
 import numpy as np
 from numpy.lib.stride_tricks import as_strided
 
+from kdbkit.runtime.errors import ProblemError
 from kdbkit.runtime.tensor import DataType, TensorDesc
 
 
@@ -32,6 +35,51 @@ def to_float(stored: np.ndarray, dtype: DataType) -> np.ndarray:
 def strided(flat: np.ndarray, desc: TensorDesc, writeable: bool = False) -> np.ndarray:
     """The tensor's elements as a view of its flat buffer."""
     return as_strided(flat, desc.shape, tuple(s * flat.itemsize for s in desc.strides), writeable=writeable)
+
+
+def check_fits(descs: dict[str, TensorDesc], device_name: str, device_bytes: int) -> None:
+    """Refuse, before anything is allocated, tensors the device or this machine cannot hold.
+
+    Args:
+        descs: the problem's tensors (name -> descriptor), each held once on the device and,
+            as random values, storage and initial copy, on the host.
+        device_name, device_bytes: the device and its global memory.
+
+    Raises:
+        ProblemError: the tensors need more than the device's global memory, or more than this
+            machine's physical memory (where the system says how much it has).
+    """
+    device_need = sum(d.nbytes for d in descs.values())
+    each = ", ".join(f"{name} {_size(d.nbytes)}" for name, d in descs.items())
+    if device_need > device_bytes:
+        raise ProblemError(f"the problem's tensors need {_size(device_need)} ({each}) and {device_name} has "
+                           f"{_size(device_bytes)} of global memory", "give smaller sizes")
+    # Per element on the host: the float64 random values the storage is made from, the storage
+    # and its initial copy (the reference's float64 arrays come later, output by output).
+    host_need = sum(d.span * (8 + 2 * d.dtype.itemsize) for d in descs.values())
+    host_bytes = _physical_memory()
+    if host_bytes is not None and host_need > host_bytes:
+        raise ProblemError(f"the driver needs about {_size(host_need)} of host memory for the problem's tensors "
+                           f"({each}) and this machine has {_size(host_bytes)}", "give smaller sizes")
+
+
+def _physical_memory() -> int | None:
+    try:
+        return os.sysconf("SC_PHYS_PAGES") * os.sysconf("SC_PAGE_SIZE")
+    except (AttributeError, ValueError, OSError):  # no sysconf (Windows) or no such name
+        return None
+
+
+def _size(n: float) -> str:
+    """``2.9 TiB``; sizes past PiB in PiB with an exponent (a mistyped -n can ask for 10^20 elements)."""
+    if n < 1024:
+        return f"{n} B"
+    for unit in ("KiB", "MiB", "GiB", "TiB"):
+        n /= 1024
+        if n < 1024:
+            return f"{n:.1f} {unit}"
+    n /= 1024
+    return f"{n:.1f} PiB" if n < 1e5 else f"{n:.3g} PiB"
 
 
 class HostTensors:

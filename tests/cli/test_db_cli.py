@@ -61,6 +61,49 @@ def test_errors_are_one_line_not_a_traceback(kdb, tmp_path, args, needle):
     assert len(err.strip().splitlines()) == 1
 
 
+@pytest.mark.parametrize("command", ["ls", "info"])
+def test_ls_and_info_on_a_folder_say_it_is_one_and_what_to_run(kdb, bundle, tmp_path, command):
+    code, out, err = kdb("db", command, tmp_path)
+    assert code == 1 and not out and len(err.strip().splitlines()) == 1
+    assert f"{tmp_path} is a folder, not a bundle file" in err and "sm_90_132.kdb" in err
+    assert f"`kdb db verify {tmp_path}`" in err and "no such bundle file" not in err
+    empty = tmp_path / "empty"
+    empty.mkdir()
+    code, _, err = kdb("db", command, empty)
+    assert code == 1 and f"{empty} is a folder with no bundle files (.kdb, .ukdb)" in err
+
+
+def test_verify_checks_every_bundle_of_a_folder(kdb, bundle, miopen, tmp_path):
+    code, out, err = kdb("db", "verify", tmp_path)
+    assert code == 0 and f"ok   {bundle} ({len(ENTRIES)} entries" in out and f"ok   {miopen} (" in out and not err
+    (tmp_path / "junk.kdb").write_bytes(b"\x00" * 5000)
+    code, out, err = kdb("db", "verify", tmp_path, "--json")
+    assert code == 1 and "2 of 3 bundle(s)" not in err and "1 of 3 bundle(s) have problems" in err
+    by_file = {r["file"]: r for r in json.loads(out)}
+    assert by_file[str(bundle)]["ok"] and not by_file[str(tmp_path / "junk.kdb")]["ok"]
+    empty = tmp_path / "empty"
+    empty.mkdir()
+    code, out, _ = kdb("db", "verify", empty)
+    assert code == 1 and "FAIL" in out and "a folder with no bundle files" in out
+
+
+def test_merge_into_a_folder_names_the_folder(kdb, bundle, tmp_path):
+    (tmp_path / "out").mkdir()
+    code, _, err = kdb("db", "merge", tmp_path / "out", bundle)
+    assert code == 1 and f"error: {tmp_path / 'out'} is a folder; name the bundle file to write" in err
+    code, _, err = kdb("db", "merge", tmp_path / "missing" / "m.kdb", bundle)
+    assert code == 1 and str(tmp_path / "missing" / "m.kdb") in err and ".tmp" not in err
+
+
+def test_merge_reports_in_json(kdb, bundle, tmp_path):
+    changed = write_bundle(tmp_path / "c.kdb", Target.parse("sm_90_132"), [(*ENTRIES[0][:2], b"z" * 300)],
+                           compiler="nvrtc 13.0", binary_format="cubin")
+    code, out, err = kdb("db", "merge", tmp_path / "m.kdb", bundle, bundle, changed, "--json")
+    assert code == 0 and not err and json.loads(out) == {
+        "file": str(tmp_path / "m.kdb"), "entries": len(ENTRIES), "duplicates": len(ENTRIES),
+        "conflicts": [{"kernel_name": ENTRIES[0][0], "kernel_args": ENTRIES[0][1]}]}
+
+
 def test_merge_and_extract(kdb, bundle, tmp_path):
     other = write_bundle(tmp_path / "b.kdb", Target.parse("sm_90_132"), [("extra.cl.o", "-mcpu=sm_90", b"x" * 300)],
                          compiler="nvrtc 13.0", binary_format="cubin")

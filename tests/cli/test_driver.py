@@ -348,6 +348,30 @@ def test_a_missing_device_is_one_line(kdb):
     assert code == 1 and "no device 99" in err and len(err.strip().splitlines()) == 1
 
 
+@pytest.mark.parametrize("args", [
+    "driver conv -n 99999999999999999999",  # was numpy's ValueError: Maximum allowed dimension exceeded
+    "driver conv -n 100000 -c 1000 -H 1000 -W 1000 -F 1",  # was a MemoryError for 728 TiB
+    "driver gemm -m 4000000 -n 4000000 -k 4000000",
+])
+def test_sizes_the_device_cannot_hold_are_refused_in_one_line_before_allocating(kdb, chain_device, args):
+    code, out, err = kdb(args)
+    errors = [line for line in err.splitlines() if not line.startswith("kdbkit warning: ")]
+    assert code == 1 and len(errors) == 1 and "Traceback" not in err, err
+    assert errors[0].startswith("error: the problem's tensors need ") and "give smaller sizes" in errors[0]
+    assert f"and {chain_device.name} has " in errors[0] and "of global memory" in errors[0]
+    assert "Solver:" not in out  # refused before a solver was chosen or a buffer made
+
+
+def test_sizes_this_machine_cannot_hold_are_refused_before_allocating():
+    from kdbkit.runtime.driver.tensors import check_fits
+    from kdbkit.runtime.errors import ProblemError
+
+    huge = {"x": TensorDesc(kdbkit.DataType.FP32, (2**50,), (1,))}  # 4 PiB: a device this big, no host
+    with pytest.raises(ProblemError, match=r"needs about 16\.0 PiB of host memory .*\(x 4\.0 PiB\) and this machine"):
+        check_fits(huge, "a large device", 2**62)
+    check_fits({"x": TensorDesc(kdbkit.DataType.FP32, (1024,), (1,))}, "a device", 4096)  # fits exactly
+
+
 def test_writes_between_strides_are_caught():
     desc = TensorDesc(kdbkit.DataType.FP32, (2, 3), (4, 1))  # one gap after each row of 3
     t = HostTensors({"y": desc}, np.random.default_rng(0))

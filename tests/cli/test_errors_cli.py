@@ -57,6 +57,16 @@ def test_a_compile_failure_is_one_line_then_the_compilers_log(kdb, pocl, tmp_pat
     assert "not_declared" in err.split(line, 1)[1]  # the log, below the one line
 
 
+@pytest.mark.parametrize("define, refused", [("X=1 -fbogus", "-fbogus"), ("A=1 2", "2")])
+def test_options_the_opencl_compiler_refuses_are_said_once_with_the_fix(kdb, isolated, monkeypatch, define, refused):
+    monkeypatch.setenv("KDB_BACKEND", "opencl")  # PoCL's refusal, whichever backend the suite runs
+    code, _, err = kdb("resolve", "activation.c", "-D", define)
+    line = _one_error_line(err)
+    assert code == 1 and f"refused the options '-D{define}' (Invalid build option: {refused})" in line
+    assert "fix the option" in line and "fix the source" not in line
+    assert err.count("INVALID_BUILD_OPTIONS") == 1, err  # pyopencl's log says it three times
+
+
 @pytest.fixture
 def bundle(tmp_path):
     return write_bundle(tmp_path / "sm_90_132.kdb", Target.parse("sm_90_132"),
@@ -213,3 +223,22 @@ def test_every_command_a_message_names_exists():
         for word in words:
             if word.startswith("-") and "=" not in word and not word.startswith("-D"):
                 assert word in options, f"{path}: `{text}`: {command} has no option {word}"
+
+
+# -- config strings: each bad field named as what it is -------------------------------------------
+
+GEMM = "gemm,type=fp32,m={m},n=4,k=4,ta=0,tb=0,batch=1,lda=4,ldb=4,ldc=4,sa=0,sb=0,sc=0,a=1.0,b=0.0"
+
+
+@pytest.mark.parametrize("config, problem", [
+    (GEMM.format(m=-2), "must be positive"),
+    ("gemm,type=fp32,m=-2,n=4,k=4", "m=-2; m is a size: it must be positive"),  # said "a size is not an integer"
+    ("gemm,type=fp32,m=2,n=4,k=4", "has no batch=; add batch=<value>"),  # said "a size is not an integer"
+    (GEMM.format(m="2.5"), "m='2.5' is not an integer; write m as a whole number"),
+    ("layernorm,dir=fwd,type=fp32,shape=2x8", "has no dim=; add dim=<value>"),  # said "dim is not an integer"
+])
+def test_a_bad_config_field_is_named_for_what_it_is(kdb, config, problem):
+    command = "lnorm" if config.startswith("layernorm") else "gemm"
+    code, _, err = kdb("driver", command, "--config", config)
+    line = _one_error_line(err)
+    assert code == 2 and problem in line and "not an integer" not in line.replace("'2.5' is not an integer", "")

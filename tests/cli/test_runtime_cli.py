@@ -50,6 +50,27 @@ def test_devices_names_the_bundle_each_would_use(kdb, env):
     assert code == 0 and rows and rows[0]["bundle"] is None and rows[0]["wanted"].endswith(".kdb")
 
 
+def test_the_missing_bundle_messages_name_the_file_kdb_build_writes(kdb, env, chain_device, monkeypatch, tmp_path):
+    """Not ``<arch>_<cu>.kdb``: every program is CU-independent, so kdb build writes ``<arch>.kdb``."""
+    from kdbkit.runtime import logging_setup
+
+    calls = tmp_path / "calls.log"
+    calls.write_text("activ,dir=fwd,mode=relu,type=fp32,shape=4x32x6x6,xs=1152x36x6x1,ys=1152x36x6x1,a=0.0,b=0.0,g=0.0\n")
+    code, _, err = kdb("build", "--target", chain_device.target, "-c", calls, "-o", tmp_path / "built")
+    assert code == 0, err
+    (written,) = [p.name for p in (tmp_path / "built").iterdir() if p.suffix == ".kdb"]
+    monkeypatch.setattr(logging_setup, "_once_keys", set())  # the warning is once per process
+    logging_setup.configure_logging(force=True)
+    monkeypatch.setenv("KDB_DISABLE_JIT", "1")
+    code, _, err = kdb("resolve", "activation.c", "-D", "KDB_DTYPE=float")
+    assert code == 1 and f"Missing system database file: {written} Performance" in err
+    assert f"({written} missing)" in err and f"install the bundle {written} " in err
+    if chain_device.target.cu is not None:
+        assert chain_device.target.bundle_name() not in err
+    code, out, _ = kdb("devices", "--json")
+    assert json.loads(out)[0]["wanted"] == written == chain_device.target.built_bundle_name()
+
+
 def test_doctor_reports_every_section(kdb, env):
     code, out, _ = kdb("doctor", "--json")
     sections = {r["section"] for r in json.loads(out)}

@@ -1,6 +1,6 @@
 import pytest
 
-from kdbkit.kdb import Target, TargetMismatchError, merge_bundles, open_bundle, verify_bundle, write_bundle
+from kdbkit.kdb import BundleWriteError, Target, TargetMismatchError, merge_bundles, open_bundle, verify_bundle, write_bundle
 
 from .conftest import fake_binary
 
@@ -50,6 +50,32 @@ def test_verify_catches_a_name_that_contradicts_the_metadata(tmp_path, entries):
     p = _write(tmp_path / "sm_80_108.kdb", "sm_90_132", entries)
     report = verify_bundle(p)
     assert not report.ok and "file name says sm_80" in report.problems[0]
+
+
+@pytest.mark.parametrize("name, target, says", [
+    ("sm_90.kdb", "sm_90_132", "file name says sm_90 (arch-wide) but the metadata says sm_90 with 132 CUs"),
+    ("sm_90_77.kdb", "sm_90", "file name says sm_90 with 77 CUs but the metadata says sm_90 (arch-wide)"),
+])
+def test_verify_says_arch_wide_not_none_cus(tmp_path, entries, name, target, says):
+    report = verify_bundle(_write(tmp_path / name, target, entries))
+    assert not report.ok and report.problems == [f"{tmp_path / name}: {says}"]
+
+
+def test_merge_into_a_folder_is_refused_naming_the_folder_not_a_temporary_file(tmp_path):
+    a = _write(tmp_path / "a.kdb", "sm_90_132", [("k.o", "-a", b"1" * 50)])
+    (tmp_path / "out").mkdir()
+    with pytest.raises(BundleWriteError) as info:
+        merge_bundles(tmp_path / "out", [a])
+    assert info.value.problem == f"{tmp_path / 'out'} is a folder" and str(tmp_path / "out" / "sm_90_132.kdb") in \
+        info.value.remedy
+
+
+@pytest.mark.parametrize("where", ["missing/o.kdb", "a.kdb/o.kdb"])  # no such folder; a file where a folder should be
+def test_a_write_that_fails_names_the_output_not_its_temporary_file(tmp_path, where):
+    a = _write(tmp_path / "a.kdb", "sm_90_132", [("k.o", "-a", b"1" * 50)])
+    with pytest.raises(OSError) as info:
+        merge_bundles(tmp_path / where, [a])
+    assert info.value.filename == str(tmp_path / where) and ".tmp" not in str(info.value)
 
 
 def test_verify_catches_a_missing_unique_index(bundle_path):

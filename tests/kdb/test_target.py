@@ -50,6 +50,7 @@ def test_target_bundle_names_and_arch_wide():
     t = Target.parse("gfx90a:xnack-_110")
     assert t.bundle_name() == "gfx90a_110.kdb"
     assert t.arch_wide().bundle_name() == "gfx90a.kdb"
+    assert t.built_bundle_name() == t.arch_wide().built_bundle_name() == "gfx90a.kdb"
     assert t.full_arch == "gfx90a:xnack-"
 
 

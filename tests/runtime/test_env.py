@@ -19,9 +19,7 @@ from kdbkit.runtime.env import CheckNumerics, EnvVar
 EXPECTED = [
     "KDB_ENABLE_LOGGING", "KDB_ENABLE_LOGGING_CMD", "KDB_LOG_LEVEL", "KDB_ENABLE_LOGGING_MPMT",
     "KDB_ENABLE_LOGGING_ELAPSED_TIME", "KDB_DISABLE_CACHE", "KDB_CUSTOM_CACHE_DIR",
-    "KDB_USER_DB_PATH", "KDB_SYSTEM_DB_PATH", "KDB_DISABLE_JIT", "KDB_DEBUG_CONV_DIRECT",
-    "KDB_DEBUG_CONV_GEMM", "KDB_DEBUG_CONV_WINOGRAD", "KDB_DEBUG_CONV_IMPLICIT_GEMM",
-    "KDB_DEBUG_CONV_FFT", "KDB_DEBUG_FIND_ONLY_SOLVER", "KDB_CHECK_NUMERICS",
+    "KDB_USER_DB_PATH", "KDB_SYSTEM_DB_PATH", "KDB_DISABLE_JIT", "KDB_DEBUG_FIND_ONLY_SOLVER", "KDB_CHECK_NUMERICS",
     "KDB_COMPILE_PARALLEL_LEVEL", "KDB_DEVICE_ARCH", "KDB_DEVICE_CU", "KDB_BACKEND", "KDB_KERNEL_PATH",
     "KDB_CLI_TRACEBACK", "KDB_DISABLE_PREFETCH",
     "KDB_CACHE_SOURCES",  # the lookup chain's tiers (issue 26)
@@ -29,6 +27,8 @@ EXPECTED = [
 TRUE = ["1", "on", "yes", "true", "enable", "enabled"]
 FALSE = ["0", "off", "no", "false", "disable", "disabled"]
 REPO = Path(__file__).resolve().parents[2]
+# A per-solver switch (on unless switched off), as runtime/solver.py declares them.
+SWITCH = EnvVar("KDB_DEBUG_TEST_SOLVER", "bool", True, "Set to 0 to exclude the test solver. Default: enabled.")
 
 
 @pytest.fixture(autouse=True)
@@ -83,8 +83,18 @@ def test_kinds_and_defaults_of_note():
     assert kinds["KDB_CHECK_NUMERICS"][0] == "flags"
     assert kinds["KDB_COMPILE_PARALLEL_LEVEL"] == ("int", 20)
     assert kinds["KDB_LOG_LEVEL"] == ("int", 0)
-    # As MIOPEN_DEBUG_CONV_*: families are on unless switched off.
-    assert all(kinds[n] == ("bool", True) for n in EXPECTED if n.startswith("KDB_DEBUG_CONV_"))
+
+
+def test_every_name_is_declared_once_with_one_meaning():
+    """The registry and the solvers' switches together, as `kdb env` lists them: KDB_DEBUG_CONV_DIRECT
+    and KDB_DEBUG_CONV_IMPLICIT_GEMM were both a family switch (read nowhere) and a solver's own."""
+    from kdbkit.runtime.solver import switches
+
+    names = [var.name for var in (*env.VARIABLES, *switches())]
+    assert sorted(n for n in set(names) if names.count(n) > 1) == []
+    assert "KDB_DEBUG_CONV_FFT" not in names  # kdbkit has no FFT convolution
+    # As MIOPEN_DEBUG_*: a solver is on unless its switch is 0.
+    assert all((v.kind, v.default) == ("bool", True) for v in switches())
 
 
 def test_envvar_is_frozen_and_validated():
@@ -114,26 +124,26 @@ def test_true_spellings(monkeypatch, spelling, variant, _no_warning):
 @pytest.mark.parametrize("spelling", FALSE)
 @pytest.mark.parametrize("variant", [str.lower, str.upper, str.title, lambda s: f" {s} "])
 def test_false_spellings(monkeypatch, spelling, variant, _no_warning):
-    monkeypatch.setenv("KDB_DEBUG_CONV_GEMM", variant(spelling))
-    assert _no_warning(env.get_bool, "KDB_DEBUG_CONV_GEMM") is False
+    monkeypatch.setenv(SWITCH.name, variant(spelling))
+    assert _no_warning(env.get_bool, SWITCH) is False
 
 
 def test_empty_bool_is_unset(monkeypatch, _no_warning):
-    monkeypatch.setenv("KDB_DEBUG_CONV_FFT", "  ")
-    assert _no_warning(env.get_bool, "KDB_DEBUG_CONV_FFT") is True
+    monkeypatch.setenv(SWITCH.name, "  ")
+    assert _no_warning(env.get_bool, SWITCH) is True
 
 
-@pytest.mark.parametrize("name, default", [("KDB_DISABLE_JIT", False),
-                                           ("KDB_DEBUG_CONV_WINOGRAD", True)])
-def test_bad_bool_warns_once_in_one_line_and_uses_default(monkeypatch, name, default, warnings_seen, _no_warning):
+@pytest.mark.parametrize("var, default", [("KDB_DISABLE_JIT", False), (SWITCH, True)], ids=["registered", "switch"])
+def test_bad_bool_warns_once_in_one_line_and_uses_default(monkeypatch, var, default, warnings_seen, _no_warning):
+    name = env.lookup(var).name
     monkeypatch.setenv(name, "maybe")
-    assert env.get_bool(name) is default
+    assert env.get_bool(var) is default
     (text,) = warnings_seen()  # one clean line: no file name, no source line, no "UserWarning"
     assert text.startswith(f"kdbkit warning: {name}='maybe' is not understood (accepted: ")
     assert all(spelling in text for spelling in TRUE + FALSE) and "Warning" not in text
-    assert _no_warning(env.get_bool, name) is default  # second read: silent
+    assert _no_warning(env.get_bool, var) is default  # second read: silent
     monkeypatch.setenv(name, "perhaps")  # another bad value is news: warn again
-    env.get_bool(name)
+    env.get_bool(var)
     assert "perhaps" in warnings_seen()[0]
 
 

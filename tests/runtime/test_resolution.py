@@ -132,7 +132,7 @@ def test_missing_system_bundle_warns_once(make_handle, isolated, capfd, monkeypa
     h.program(RELU.kernel_file, RELU.options)
     make_handle().program(RELU.kernel_file, RELU.options)
     err = capfd.readouterr().err
-    line = f"Missing system database file: {h.target.bundle_name()} Performance may degrade"
+    line = f"Missing system database file: {h.target.built_bundle_name()} Performance may degrade"
     assert err.count(line) == 1
 
 
@@ -166,7 +166,7 @@ def test_disable_jit_names_the_program_and_the_bundle(make_handle, monkeypatch):
     with pytest.raises(JitDisabledError) as info:
         handle.program(RELU.kernel_file, RELU.options)
     msg = str(info.value)
-    assert "activation.c" in msg and handle.target.bundle_name() in msg and "the user cache" in msg
+    assert "activation.c" in msg and handle.target.built_bundle_name() in msg and "the user cache" in msg
     assert "unset KDB_DISABLE_JIT" in info.value.remedy and "`kdb devices`" in info.value.remedy
 
 

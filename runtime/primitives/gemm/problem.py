@@ -82,14 +82,26 @@ class GemmProblem(Problem):
     @classmethod
     def from_fields(cls, f: dict[str, str]) -> "GemmProblem":
         text = ",".join(f"{k}={v}" for k, v in f.items())
-        try:
-            ints = {k: int(require(f, k, text)) for k in ("m", "n", "k", "batch", "lda", "ldb", "ldc", "sa", "sb", "sc")}
-        except ValueError:
-            raise ProblemError(f"gemm config {text!r}: a size is not an integer", "write sizes as integers") from None
+        ints = {k: _parse_int(f, k, text) for k in ("m", "n", "k", "batch", "lda", "ldb", "ldc", "sa", "sb", "sc")}
         return cls(DataType.parse(require(f, "type", text)), ints["m"], ints["n"], ints["k"],
                    require(f, "ta", text) == "1", require(f, "tb", text) == "1", ints["batch"], ints["lda"],
                    ints["ldb"], ints["ldc"], ints["sa"], ints["sb"], ints["sc"], parse_float(f.get("a", "1"), "a"),
                    parse_float(f.get("b", "0"), "b"))
+
+
+def _parse_int(f: dict[str, str], key: str, text: str) -> int:
+    """A config's integer field, checked as it is read: a missing key, a value that is no
+    integer and a size below 1 are each named (ProblemError being a ValueError, the missing key
+    is read outside the ``try``)."""
+    value = require(f, key, text)
+    try:
+        number = int(value)
+    except ValueError:
+        raise ProblemError(f"gemm config {text!r}: {key}={value!r} is not an integer",
+                           f"write {key} as a whole number") from None
+    if key in ("m", "n", "k", "batch") and number < 1:
+        raise ProblemError(f"gemm config {text!r}: {key}={number}", f"{key} is a size: it must be positive (1 or more)")
+    return number
 
 
 def catalogue() -> list[GemmProblem]:

@@ -64,8 +64,10 @@ class LayerNormProblem(Problem):
     @classmethod
     def from_fields(cls, f: dict[str, str]) -> "LayerNormProblem":
         text = ",".join(f"{k}={v}" for k, v in f.items())
+        # Read before the ``try``: require's ProblemError is a ValueError, and would read "not an integer".
+        dim_text, affine = require(f, "dim", text), require(f, "affine", text) in ("1", "true")
         try:
-            dim, affine = int(require(f, "dim", text)), require(f, "affine", text) in ("1", "true")
+            dim = int(dim_text)
         except ValueError:
             raise ProblemError(f"layernorm config {text!r}: dim is not an integer", "write dim=<n>") from None
         return cls(require(f, "dir", text), DataType.parse(require(f, "type", text)),
