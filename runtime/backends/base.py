@@ -81,6 +81,7 @@ class Backend(ABC):
     name: str  # "cuda" | "hip" | "opencl"
     binary_format: str  # "cubin", "hsaco", "ocl-binary": recorded in bundles, checked on load
     device: DeviceInfo
+    closed: bool = False  # set by close(): callers check it to refuse work (HandleClosedError)
 
     @abstractmethod
     def load(self, binary: bytes) -> Module:

@@ -330,6 +330,7 @@ class OpenCLBackend(Backend):
 
     def close(self) -> None:
         """Finish queued work and drop the queue and context (pyopencl releases them)."""
+        self.closed = True
         if self._queue is not None:
             self._queue.finish()
             self._queue = None
