@@ -50,7 +50,7 @@ def find_solutions(handle: "Handle", problem: Problem | str, *, sort_by: str = "
     """Every applicable solver of ``problem``, best first.
 
     Args:
-        problem: a problem, or its config string (as ``kdb find --config`` and the find-db
+        problem: a problem, or its config string (as the find-db and the log lines
             name it).
         sort_by: ``time`` (fastest first) or ``workspace`` (smallest first, then fastest).
         repeat: launches per timing (after one warm-up launch).
