@@ -92,7 +92,7 @@ def _as_problem(problem: Any) -> Problem:
     if isinstance(problem, str):
         return parse_config(problem)
     raise ProblemError(f"find_solutions takes a problem or its config string, not {type(problem).__name__} "
-                       f"{problem!r}", "pass e.g. kdbkit.parse_config('gemm,type=fp32,...') or the config string itself")
+                       f"{problem!r}", "pass a problem (kdbkit.parse_config(...) makes one) or its config string")
 
 
 def recorded_solutions(handle: "Handle", problem: Problem) -> list[Solution]:

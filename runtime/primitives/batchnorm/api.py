@@ -126,7 +126,8 @@ def batchnorm_backward(handle, x: Any, dy: Any, scale: Any, saved_mean: Any = No
         dxb, dxd, result = ops.output(device_default(handle, dx, x, xd), xd, "dx")
         gb, gd, dscale = _new_stats(ops, handle, x, count, "dscale")
         bb, bd, dbias = _new_stats(ops, handle, x, count, "dbias")
-        problem = BatchNormProblem("bwd", mode, xd.dtype, xd.shape, xd.strides, dxd.strides, scalar(eps, "eps"), saved=saved)
+        problem = BatchNormProblem("bwd", mode, xd.dtype, xd.shape, xd.strides, dxd.strides, scalar(eps, "eps"),
+                                   saved=saved)
         inputs = {"x": (xb, xd), "dy": (dyb, dyd), "scale": scale_t, **(stats if saved else {})}
         invoke(handle, problem, solver, inputs, {"dx": (dxb, dxd), "dscale": (gb, gd), "dbias": (bb, bd)},
                unused=None if saved else stats)

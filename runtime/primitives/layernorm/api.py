@@ -69,7 +69,8 @@ def layernorm_forward(handle, x: Any, weight: Any = None, bias: Any = None, *, d
     with Operands(handle.backend) as ops:
         xb, xd = ops.input(x, dtype, "x")
         _packed(xd, "x")
-        problem = LayerNormProblem("fwd", xd.dtype, xd.shape, _dim(dim, len(xd.shape)), weight is not None, scalar(eps, "eps"))
+        problem = LayerNormProblem("fwd", xd.dtype, xd.shape, _dim(dim, len(xd.shape)), weight is not None,
+                                   scalar(eps, "eps"))
         row = xd.shape[problem.dim:]
         w, b = _row_input(ops, weight, xd, row, "weight"), _row_input(ops, bias, xd, row, "bias")
         yb, yd, y = ops.output(device_default(handle, y, x, xd), xd, "y")
