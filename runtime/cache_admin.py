@@ -1,8 +1,9 @@
 """Inspect and maintain the user kernel cache folder (``kdb cache ...``).
 
 The folder holds one ``<arch>.ukdb`` per arch (plus SQLite's ``-wal``/``-shm`` files while
-in use), ``locks/`` with one lock file per program ever compiled, and, after a repair,
-damaged files moved aside as ``*.ukdb.corrupt-<time>``. Its parent holds the folders of
+in use), ``locks/`` with one lock file per program ever compiled, ``pocl/`` with PoCL's own
+kernel cache (runtime/pocl_cache.py), and, after a repair, damaged files moved aside as
+``*.ukdb.corrupt-<time>``. Its parent holds the folders of
 other kdbkit versions, which this version never reads.
 
 Everything here is safe while other processes use the cache: entries are removed through
@@ -80,7 +81,7 @@ def clear_cache(folder: Path | None = None) -> ClearReport:
     have them open go on, compiling again what they need); damaged files and moved-aside
     copies are deleted with their ``-wal``/``-shm`` (no process can use those); a file with no
     tables yet is being created by another process and is left to it; lock files are deleted
-    unless a compile holds them now.
+    unless a compile holds them now; PoCL's kernel cache in ``pocl/`` is emptied.
     """
     folder = folder or paths.user_cache_dir()
     report = ClearReport()
@@ -98,8 +99,31 @@ def clear_cache(folder: Path | None = None) -> ClearReport:
             _remove_with_journals(path, report)
     _remove_moved_aside(folder, report)
     _remove_startup_memo(folder, report)
+    _empty_pocl_cache(folder, report)
     report.busy_locks = _remove_unheld_locks(folder / LOCKS, report, older_than=None)
     return report
+
+
+def _empty_pocl_cache(folder: Path, report: ClearReport) -> None:
+    """Delete what PoCL's kernel cache holds in ``<folder>/pocl`` (runtime/pocl_cache.py), the
+    folder itself kept (PoCL takes only a folder that exists). PoCL writes each entry to a
+    temporary file and renames it, and a process reading one keeps it open: both go on."""
+    from kdbkit.runtime import pocl_cache
+
+    top = pocl_cache.folder(folder)
+    if not top.is_dir():
+        return
+    for entry in sorted(top.iterdir()):
+        size = _size(entry)
+        try:
+            if entry.is_dir() and not entry.is_symlink():
+                shutil.rmtree(entry)
+            else:
+                entry.unlink()
+        except OSError:
+            continue  # gone meanwhile, or being written: left to the next clear
+        report.freed_bytes += size
+        report.removed_files.append(entry)
 
 
 def _remove_startup_memo(folder: Path, report: ClearReport | PruneReport, *, temps_older_than: float | None = None) -> None:

@@ -24,6 +24,13 @@ class BackendUnavailableError(KdbError):
     """The vendor library for this backend is not installed, or it finds no device."""
 
 
+class HandleClosedError(KdbError):
+    """A handle (or the backend it drives) was used after ``close()``."""
+
+    def __init__(self, problem: str = "the handle is closed", remedy: str = "make a new one (kdbkit.Handle())"):
+        super().__init__(problem, remedy)
+
+
 class DeviceCallError(KdbError):
     """A CUDA or HIP call returned an error; the message names the call and the error code."""
 

@@ -20,10 +20,10 @@ import numpy as np
 
 from kdbkit.kdb.find_db import FindRecord
 from kdbkit.runtime import env
-from kdbkit.runtime.errors import NoSolverError, ProblemError
+from kdbkit.runtime.errors import HandleClosedError, NoSolverError, ProblemError
 from kdbkit.runtime.immediate import invoker, ranked_solvers
 from kdbkit.runtime.logging_setup import get_logger, warn_once
-from kdbkit.runtime.problem import Problem
+from kdbkit.runtime.problem import Problem, parse_config
 from kdbkit.runtime.solver import REGISTRY, Solver, enabled
 
 if TYPE_CHECKING:
@@ -45,11 +45,13 @@ class Solution:
     source: str  # "timed", "user" (the user find-db) or a system find-db's path
 
 
-def find_solutions(handle: "Handle", problem: Problem, *, sort_by: str = "time", repeat: int = 3,
+def find_solutions(handle: "Handle", problem: Problem | str, *, sort_by: str = "time", repeat: int = 3,
                    fresh: bool = False) -> list[Solution]:
     """Every applicable solver of ``problem``, best first.
 
     Args:
+        problem: a problem, or its config string (as the find-db and the log lines
+            name it).
         sort_by: ``time`` (fastest first) or ``workspace`` (smallest first, then fastest).
         repeat: launches per timing (after one warm-up launch).
         fresh: time again even when the find-db has a ranking.
@@ -57,7 +59,12 @@ def find_solutions(handle: "Handle", problem: Problem, *, sort_by: str = "time",
     Raises:
         NoSolverError: no solver applies, or ``KDB_DEBUG_FIND_ONLY_SOLVER`` names an unknown
             solver or one that does not apply.
+        ProblemError: ``problem`` is neither a problem nor a config string that parses.
+        HandleClosedError: the handle is closed.
     """
+    problem = _as_problem(problem)
+    if handle.closed:
+        raise HandleClosedError()
     if sort_by not in SORT_KEYS:
         raise ProblemError(f"sort_by={sort_by!r} is not a way to rank solutions", f"use one of {', '.join(SORT_KEYS)}")
     if not fresh:
@@ -76,6 +83,16 @@ def find_solutions(handle: "Handle", problem: Problem, *, sort_by: str = "time",
     handle.find_db.store(problem.config(), records)
     handle.choices.pop(problem.config(), None)  # immediate mode reads the new ranking next time
     return _sorted(timed, sort_by)
+
+
+def _as_problem(problem: Any) -> Problem:
+    """A problem, or the one its config string names."""
+    if isinstance(problem, Problem):
+        return problem
+    if isinstance(problem, str):
+        return parse_config(problem)
+    raise ProblemError(f"find_solutions takes a problem or its config string, not {type(problem).__name__} "
+                       f"{problem!r}", "pass a problem (kdbkit.parse_config(...) makes one) or its config string")
 
 
 def recorded_solutions(handle: "Handle", problem: Problem) -> list[Solution]:

@@ -35,7 +35,7 @@ from kdbkit.runtime import cache_sources, env, kernel_sources, paths, prefetch, 
 from kdbkit.runtime.backends.base import Backend, DeviceInfo
 from kdbkit.runtime.compilers import Compiler, LazyCompiler
 from kdbkit.runtime.errors import JitDisabledError  # noqa: F401 - re-exported for callers of program()
-from kdbkit.runtime.errors import ProblemError
+from kdbkit.runtime.errors import HandleClosedError, ProblemError
 from kdbkit.runtime.kernel_sources import KernelSearchPath
 from kdbkit.runtime.logging_setup import api_logging_enabled, get_logger, log_api_call, warn_once
 from kdbkit.runtime.lookup import Keys, LookupChain, SystemBundleSource, UserCacheSource
@@ -55,7 +55,8 @@ class Handle:
     """Resolves and loads programs for one device. A context manager.
 
     Args:
-        device: the device to use; the default device (first GPU, else PoCL) if None.
+        device: the device to use: its index in ``kdb devices``' list, a :class:`DeviceInfo`,
+            or None for the default device (first GPU, else PoCL).
         backend: an already opened backend (to share one); the caller keeps closing it.
             Opened from ``device`` if None, and then closed with the handle.
         kernel_path: folders of kernel sources searched before ``KDB_KERNEL_PATH`` and
@@ -73,19 +74,21 @@ class Handle:
             :meth:`~kdbkit.runtime.tier.Source.lease` is held around each compile.
 
     Raises:
-        BackendUnavailableError: no device, or its vendor library is missing.
+        BackendUnavailableError: no device, none at that index, or its vendor library is missing.
         CacheSourcesError: ``sources`` cannot be made into a chain (an unknown name, a tier
             after the JIT, a name twice).
     """
 
-    def __init__(self, device: DeviceInfo | None = None, *, backend: Backend | None = None,
+    closed: bool = False  # set by close(); a closed handle refuses work (HandleClosedError)
+
+    def __init__(self, device: int | DeviceInfo | None = None, *, backend: Backend | None = None,
                  kernel_path: Iterable[str | Path] = (), compiler: Compiler | None = None,
                  sources: Sequence[str | Source] | None = None):
-        from kdbkit.runtime.backends.registry import default_device, open_backend
+        from kdbkit.runtime.backends.registry import open_backend, pick_device
 
         self._owns_backend = backend is None
         if backend is None:
-            backend = open_backend(device or default_device())
+            backend = open_backend(pick_device(device))
         self.backend = backend
         self.device = backend.device
         self.target = self.device.target
@@ -227,7 +230,10 @@ class Handle:
             JitDisabledError: no tier has it and ``KDB_DISABLE_JIT`` is set.
             CompilerUnavailableError: no tier has it and there is no compiler.
             CompileError: the compiler rejected the source.
+            HandleClosedError: the handle is closed.
         """
+        if self.closed:
+            raise HandleClosedError()
         request = ProgramRequest(kernel_file, options)
         if getattr(self._from_bundle_only, "on", False):  # the prefetch worker, for a problem's invoker
             program = self.chain.preload(request, self._system)
@@ -336,6 +342,8 @@ class Handle:
         startup_memo.memo().save()  # files digested since the handle was made, programs it used
         if self._owns_backend:
             self.backend.close()
+        self.closed = True
+        self.plans.clear()  # a repeat call then takes the full path, which refuses a closed handle
 
     def __enter__(self) -> "Handle":
         return self

@@ -169,6 +169,39 @@ def host_array(value: Any, dtype: DataType | str | None, what: str) -> tuple[np.
     return value, TensorDesc(kind, tuple(value.shape) or (1,), strides or (1,))
 
 
+def _size(nbytes: int) -> str:
+    for unit, scale in (("TiB", 1 << 40), ("GiB", 1 << 30), ("MiB", 1 << 20), ("KiB", 1 << 10)):
+        if nbytes >= scale:
+            return f"{nbytes / scale:.1f} {unit}"
+    return f"{nbytes} bytes"
+
+
+def packed_copy(host: np.ndarray, backend: Backend, what: str) -> np.ndarray:
+    """``host`` made C-contiguous for the device, refused first if that copy cannot fit.
+
+    A broadcast (stride-0) array is small on the host but is copied packed, element by
+    element: ``np.broadcast_to`` of one number to 10^12 elements would ask for terabytes.
+
+    Raises:
+        ProblemError: the packed copy is larger than the device's memory (or than the host
+            can allocate), naming ``what`` and the bytes.
+    """
+    if host.flags.c_contiguous:
+        return host
+    nbytes = host.size * host.itemsize
+    memory = backend.device.memory_bytes
+    remedy = (f"pass a smaller {what}; a broadcast (stride-0) array is copied in full, so pass the array before "
+              "broadcasting where the primitive broadcasts (op_tensor's b), or a device tensor")
+    if memory and nbytes > memory:
+        raise ProblemError(f"{what} ({format_dims(host.shape)}) is {nbytes} bytes ({_size(nbytes)}) packed, more "
+                           f"than {backend.device.name} holds ({_size(memory)})", remedy)
+    try:
+        return np.ascontiguousarray(host)
+    except MemoryError:
+        raise ProblemError(f"{what} ({format_dims(host.shape)}) is {nbytes} bytes ({_size(nbytes)}) packed, more "
+                           "than this host can allocate", remedy) from None
+
+
 @dataclass
 class DeviceTensor:
     """A tensor in device memory: a backend buffer and its descriptor."""
@@ -180,7 +213,7 @@ class DeviceTensor:
     def from_host(cls, backend: Backend, array: np.ndarray, dtype: DataType | str | None = None) -> "DeviceTensor":
         """Copy a NumPy array to the device (packed)."""
         host, desc = host_array(array, dtype, "the array")
-        host = np.ascontiguousarray(host)
+        host = packed_copy(host, backend, "the array")
         return cls(backend.to_device(host), TensorDesc.packed(desc.dtype, host.shape or (1,)))
 
     @classmethod

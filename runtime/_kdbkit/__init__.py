@@ -74,6 +74,7 @@ _EXPORTS = {
     "BinaryLoadError": "kdbkit.runtime.errors", "LaunchError": "kdbkit.runtime.errors",
     "LaunchArgumentError": "kdbkit.runtime.errors", "TransferError": "kdbkit.runtime.errors",
     "JitDisabledError": "kdbkit.runtime.errors", "ProblemError": "kdbkit.runtime.errors",
+    "HandleClosedError": "kdbkit.runtime.errors",
     "NoSolverError": "kdbkit.runtime.errors", "NumericsError": "kdbkit.runtime.errors",
 }
 

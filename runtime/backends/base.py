@@ -84,6 +84,7 @@ class Backend(ABC):
     # backend's spec lists them), never found by hasattr: "streams", "occupancy", "wrap".
     capabilities: frozenset[str] = frozenset()
     device: DeviceInfo
+    closed: bool = False  # set by close(): callers check it to refuse work (HandleClosedError)
 
     @abstractmethod
     def load(self, binary: bytes) -> Module:

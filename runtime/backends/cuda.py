@@ -307,6 +307,7 @@ class CudaBackend(Backend):
 
     def close(self) -> None:
         """Release the primary context (buffers and modules of this backend become invalid)."""
+        self.closed = True
         if self._ctx is not None:
             self._ctx, ctx = None, self._ctx
             self._ctx_id = None

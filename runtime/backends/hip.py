@@ -406,6 +406,7 @@ class HipBackend(Backend):
         and freeing here leaves the device as closing a CUDA backend (which releases its
         context) does.
         """
+        self.closed = True
         if self._hip is None:
             return
         self._activate()

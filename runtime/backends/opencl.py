@@ -27,6 +27,7 @@ from typing import Any, Sequence
 import numpy as np
 
 from kdbkit.kdb.target import Target
+from kdbkit.runtime import pocl_cache
 from kdbkit.runtime.backends.args import check_host_out, check_launch_args
 from kdbkit.runtime.backends.base import (
     Backend,
@@ -58,7 +59,9 @@ _ENVELOPE = struct.Struct("<8s16sQ32s")
 
 
 def cl_module():
-    """Import pyopencl lazily; importing kdbkit must not load an OpenCL ICD."""
+    """Import pyopencl lazily; importing kdbkit must not load an OpenCL ICD. PoCL's kernel cache
+    is pointed at kdbkit's cache folder first, since PoCL reads its settings once, as it loads."""
+    pocl_cache.configure()
     try:
         import pyopencl
     except Exception as e:
@@ -333,6 +336,7 @@ class OpenCLBackend(Backend):
 
     def close(self) -> None:
         """Finish queued work and drop the queue and context (pyopencl releases them)."""
+        self.closed = True
         if self._queue is not None:
             self._queue.finish()
             self._queue = None

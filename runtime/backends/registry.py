@@ -21,6 +21,7 @@ backends still check loaded binaries against what the hardware really is.
 
 from __future__ import annotations
 
+import numbers
 from dataclasses import dataclass, replace
 from typing import Callable
 
@@ -28,6 +29,7 @@ from kdbkit.kdb.target import Target
 from kdbkit.runtime import env, paths
 from kdbkit.runtime.backends.base import Backend, BackendUnavailableError, DeviceInfo
 from kdbkit.runtime.backends.spec import discoverers, spec_for
+from kdbkit.runtime.errors import ProblemError
 from kdbkit.runtime.logging_setup import get_logger, warn_once
 
 _log = get_logger(__name__)
@@ -129,14 +131,22 @@ def no_device_error() -> BackendUnavailableError:
         "in a checkout), or the GPU extras `kdbkit[cuda]` / `kdbkit[hip]` with their drivers")
 
 
-def pick_device(index: int | None = None) -> DeviceInfo:
+def pick_device(index: int | DeviceInfo | None = None) -> DeviceInfo:
     """The device at ``index`` in :func:`discover_devices`' list (what ``--device`` takes), or the default one.
+
+    A :class:`DeviceInfo` is taken as it is.
 
     Raises:
         BackendUnavailableError: there is no device at all, or none at that index.
+        ProblemError: ``index`` is neither an integer (a bool is none) nor a DeviceInfo.
     """
     if index is None:
         return default_device()
+    if isinstance(index, DeviceInfo):
+        return index
+    if isinstance(index, bool) or not isinstance(index, numbers.Integral):
+        raise ProblemError(f"device={index!r} is neither a device index nor a DeviceInfo",
+                           "pass an index `kdb devices` lists, a DeviceInfo, or None for the default device")
     devices = discover_devices()
     if not 0 <= index < len(devices):
         raise BackendUnavailableError(f"no device {index}: {len(devices)} device(s) found",

@@ -26,7 +26,8 @@ def demo(device: Optional[int] = typer.Option(None, "--device", help="Device ind
     """Build a bundle for a small network, install it, and run the network from an empty cache (JIT), then from the bundle.
 
     PoCL's and the CUDA driver's own caches are off while it runs (set POCL_KERNEL_CACHE or
-    CUDA_CACHE_DISABLE yourself to keep yours).
+    CUDA_CACHE_DISABLE yourself to keep yours), but for the bundle run on PoCL: it is timed with
+    PoCL's kernel cache cold, then warm.
 
     Example: kdb demo --workdir demo-files
     """
@@ -106,3 +107,5 @@ def _run_demo(device: Optional[int], workdir: Optional[Path]) -> None:
         raise fail(f"{bad} run(s) gave wrong results")
     out.print(f"the installed bundle gave the first result {jit['first_ms'] / bundle['first_ms']:.0f}x sooner; "
               "all results match NumPy")
+    for note in runs.pocl_notes(bundle):
+        out.print(note)

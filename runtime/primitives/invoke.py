@@ -6,6 +6,7 @@ from typing import TYPE_CHECKING
 
 from kdbkit.runtime import env, numerics
 from kdbkit.runtime.backends.base import Buffer
+from kdbkit.runtime.errors import HandleClosedError
 from kdbkit.runtime.immediate import Choice, choose, invoker
 from kdbkit.runtime.logging_setup import log_command
 from kdbkit.runtime.primitives import repeat
@@ -29,7 +30,10 @@ def invoke(handle: "Handle", problem: Problem, solver: int | str | None, inputs:
 
     Raises:
         NoSolverError: as :func:`choose`. NumericsError: as KDB_CHECK_NUMERICS asks.
+        HandleClosedError: the handle is closed.
     """
+    if handle.closed:  # its backend may be open (shared), but its chain and caches are not
+        raise HandleClosedError()
     if env.get_bool("KDB_ENABLE_LOGGING_CMD"):
         from kdbkit.runtime.driver.registry import command_line  # the driver imports this module
 

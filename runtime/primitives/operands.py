@@ -14,14 +14,16 @@ import numpy as np
 from kdbkit.runtime import interop
 from kdbkit.runtime.backends.base import Backend, Buffer
 from kdbkit.runtime.primitives import repeat
-from kdbkit.runtime.errors import ProblemError
-from kdbkit.runtime.tensor import DataType, DeviceTensor, TensorDesc, host_array
+from kdbkit.runtime.errors import HandleClosedError, ProblemError
+from kdbkit.runtime.tensor import DataType, DeviceTensor, TensorDesc, host_array, packed_copy
 
 
 class Operands:
     """Device buffers for one call; use as a context manager."""
 
     def __init__(self, backend: Backend):
+        if backend.closed:  # every primitive call starts here: one check instead of a raw vendor error later
+            raise HandleClosedError()
         self.backend = backend
         self._temporaries: list[Buffer] = []
         self._copy_back: list[tuple[Buffer, np.ndarray]] = []
@@ -53,7 +55,7 @@ class Operands:
             repeat.note_buffer(buffer, what, value)
             return buffer, desc
         host, desc = host_array(interop.host_view(value), dtype, what)
-        host = np.ascontiguousarray(host)
+        host = packed_copy(host, self.backend, what)
         buffer = self.backend.to_device(host)
         self._temporaries.append(buffer)
         return buffer, TensorDesc.packed(desc.dtype, desc.shape)
@@ -69,6 +71,7 @@ class Operands:
             ProblemError: a shape or type other than ``like``'s.
         """
         if value is None:
+            _check_fits(like, self.backend, what)
             value = np.empty(like.shape, like.dtype.storage)
         if isinstance(value, DeviceTensor):
             _same(value.desc, like, what)
@@ -92,6 +95,14 @@ class Operands:
         return buffer, packed, value
 
 
+def _check_fits(desc: TensorDesc, backend: Backend, what: str) -> None:
+    """Refuse a new output larger than the device's memory before the host array is made."""
+    memory = backend.device.memory_bytes
+    if memory and desc.nbytes > memory:
+        raise ProblemError(f"{what} ({'x'.join(map(str, desc.shape))}) would be {desc.nbytes} bytes, more than "
+                           f"{backend.device.name} holds ({memory} bytes)", "make the problem smaller")
+
+
 def _same(desc: TensorDesc, like: TensorDesc, what: str) -> None:
     if desc.shape != like.shape or desc.dtype is not like.dtype:
         raise ProblemError(f"{what} is {desc.dtype.label} {'x'.join(map(str, desc.shape))} but must be "
@@ -101,6 +112,8 @@ def _same(desc: TensorDesc, like: TensorDesc, what: str) -> None:
 def device_default(handle, out: Any, like_input: Any, desc: TensorDesc, *, keep_strides: bool = False) -> Any:
     """A missing output of a device-tensor call is a new device tensor (a NumPy call gets a NumPy
     array), packed, or laid out as ``desc`` with ``keep_strides`` (a channels-last convolution's)."""
+    if out is None and type(like_input) is np.ndarray and like_input.ndim == 0 and desc.shape == (1,):
+        return np.empty((), desc.dtype.storage)  # a 0-d input gets a 0-d output, not shape (1,)
     made = desc if keep_strides else TensorDesc.packed(desc.dtype, desc.shape)
     if out is None and isinstance(like_input, DeviceTensor):
         return DeviceTensor.empty(handle.backend, made)

@@ -8,6 +8,7 @@ import sys
 import textwrap
 from pathlib import Path
 
+import pytest
 from filelock import FileLock
 
 from kdbkit.kdb import open_bundle, verify_bundle
@@ -94,3 +95,45 @@ def test_clear_leaves_a_cache_that_another_process_is_creating(tmp_path):
     finally:
         creator.rollback()
         creator.close()
+
+
+POCL_CHILD = textwrap.dedent("""
+    import os, sys
+    from kdbkit.runtime.handle import Handle
+    with Handle() as h:
+        h.program("activation.c", ["-DKDB_DTYPE=float", "-DSALT=" + sys.argv[1]])
+    print(os.environ.get("POCL_CACHE_DIR"), os.environ.get("POCL_KERNEL_CACHE"))
+""")
+
+
+def _pocl_child(isolated, salt: str, **extra: str) -> list[str]:
+    """A fresh process that compiles one program on PoCL; its POCL_CACHE_DIR and POCL_KERNEL_CACHE."""
+    env = {k: v for k, v in child_env(isolated, **extra).items() if k not in ("POCL_CACHE_DIR", "POCL_KERNEL_CACHE")}
+    env.update({k: v for k, v in extra.items() if k.startswith("POCL_")})
+    proc = subprocess.run([sys.executable, "-c", POCL_CHILD, salt], env=env, cwd=ROOT, capture_output=True,
+                          text=True, timeout=300)
+    assert proc.returncode == 0, proc.stderr
+    return proc.stdout.split()
+
+
+def test_pocl_keeps_its_kernel_cache_in_kdbkits_cache_folder(isolated, chain_device, tmp_path):
+    """PoCL's own final compile was most of a first call's time with a bundle: its cache now
+    lives in kdbkit's (versioned) cache folder, private, emptied by `kdb cache clear`."""
+    if chain_device.backend != "opencl" or "Portable Computing Language" not in chain_device.driver:
+        pytest.skip(f"PoCL's cache: the chain device is {chain_device.name}, not PoCL")
+    pocl = isolated / "cache" / "pocl"
+    salt = str(tmp_path.name)  # a program no PoCL cache holds yet
+    assert _pocl_child(isolated, salt) == [str(pocl), "1"]
+    assert (pocl.stat().st_mode & 0o777) == 0o700 and any(pocl.rglob("*")), "PoCL cached nothing there"
+    proc = subprocess.run([sys.executable, "-c", "from kdbkit.runtime.cli.app import main; main()", "cache",
+                           "clear", "--yes"], env=child_env(isolated), cwd=ROOT, capture_output=True, text=True)
+    assert proc.returncode == 0, proc.stderr
+    assert pocl.is_dir() and not any(pocl.iterdir())
+    # The user's own settings are kept; KDB_DISABLE_CACHE leaves PoCL as it is.
+    mine = tmp_path / "my-pocl"
+    mine.mkdir()
+    assert _pocl_child(isolated, salt, POCL_CACHE_DIR=str(mine)) == [str(mine), "1"]
+    assert any(mine.rglob("*")) and not any(pocl.iterdir())
+    assert _pocl_child(isolated, salt, POCL_KERNEL_CACHE="0") == ["None", "0"]
+    assert _pocl_child(isolated, salt, KDB_DISABLE_CACHE="1", XDG_CACHE_HOME=str(tmp_path / "xdg")) == ["None", "None"]
+    assert not any(pocl.iterdir())

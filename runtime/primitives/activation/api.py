@@ -5,6 +5,7 @@ from __future__ import annotations
 from typing import Any
 
 from kdbkit.runtime.errors import ProblemError
+from kdbkit.runtime.primitives.arguments import scalar
 from kdbkit.runtime.primitives.invoke import invoke
 from kdbkit.runtime.primitives.activation.problem import ActivationMode, ActivationProblem
 from kdbkit.runtime.primitives.repeat import repeatable
@@ -35,7 +36,7 @@ def activation_forward(handle, x: Any, mode: ActivationMode | str | int = "relu"
         xb, xd = ops.input(x, dtype, "x")
         yb, yd, result = ops.output(device_default(handle, y, x, xd), xd, "y")
         problem = ActivationProblem("fwd", ActivationMode.parse(mode), xd.dtype, xd.shape, xd.strides, yd.strides,
-                                    float(alpha), float(beta), float(gamma))
+                                    scalar(alpha, "alpha"), scalar(beta, "beta"), scalar(gamma, "gamma"))
         invoke(handle, problem, solver, {"x": (xb, xd)}, {"y": (yb, yd)})
     return result
 
@@ -64,7 +65,7 @@ def activation_backward(handle, x: Any, y: Any, dy: Any, mode: ActivationMode | 
             tensors[name] = (buf, desc)
         dxb, dxd, result = ops.output(device_default(handle, dx, x, xd), xd, "dx")
         problem = ActivationProblem("bwd", ActivationMode.parse(mode), xd.dtype, xd.shape, xd.strides, dxd.strides,
-                                    float(alpha), float(beta), float(gamma))
+                                    scalar(alpha, "alpha"), scalar(beta, "beta"), scalar(gamma, "gamma"))
         invoke(handle, problem, solver, tensors, {"dx": (dxb, dxd)})
     return result
 

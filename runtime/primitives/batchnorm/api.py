@@ -8,6 +8,7 @@ import numpy as np
 
 from kdbkit.runtime.errors import ProblemError
 from kdbkit.runtime.primitives.batchnorm.problem import MODES, BatchNormProblem
+from kdbkit.runtime.primitives.arguments import scalar
 from kdbkit.runtime.primitives.invoke import invoke
 from kdbkit.runtime.primitives.repeat import repeatable
 from kdbkit.runtime.primitives.operands import Operands, device_default
@@ -61,7 +62,7 @@ def batchnorm_inference(handle, x: Any, scale: Any, bias: Any, mean: Any, var: A
         params = {name: _param(ops, value, count, name)
                   for name, value in (("scale", scale), ("bias", bias), ("mean", mean), ("var", var))}
         yb, yd, result = ops.output(device_default(handle, y, x, xd), xd, "y")
-        problem = BatchNormProblem("infer", mode, xd.dtype, xd.shape, xd.strides, yd.strides, float(eps))
+        problem = BatchNormProblem("infer", mode, xd.dtype, xd.shape, xd.strides, yd.strides, scalar(eps, "eps"))
         invoke(handle, problem, solver, {"x": (xb, xd), **params}, {"y": (yb, yd)})
     return result
 
@@ -93,8 +94,8 @@ def batchnorm_training(handle, x: Any, scale: Any, bias: Any, *, mode: str = "sp
         sb, sd, saved_invstd = _new_stats(ops, handle, x, count, "saved_invstd", saved_invstd)
         if not running:  # the kernel leaves them alone: any buffer will do
             stats = {"running_mean": (mb, md), "running_var": (mb, md)}
-        problem = BatchNormProblem("train", mode, xd.dtype, xd.shape, xd.strides, yd.strides, float(eps),
-                                   float(momentum), running)
+        problem = BatchNormProblem("train", mode, xd.dtype, xd.shape, xd.strides, yd.strides, scalar(eps, "eps"),
+                                   scalar(momentum, "momentum"), running)
         outputs = {"y": (yb, yd), "saved_mean": (mb, md), "saved_invstd": (sb, sd)}
         invoke(handle, problem, solver, {"x": (xb, xd), **params}, {**outputs, **(stats if running else {})},
                unused=None if running else stats)
@@ -125,7 +126,8 @@ def batchnorm_backward(handle, x: Any, dy: Any, scale: Any, saved_mean: Any = No
         dxb, dxd, result = ops.output(device_default(handle, dx, x, xd), xd, "dx")
         gb, gd, dscale = _new_stats(ops, handle, x, count, "dscale")
         bb, bd, dbias = _new_stats(ops, handle, x, count, "dbias")
-        problem = BatchNormProblem("bwd", mode, xd.dtype, xd.shape, xd.strides, dxd.strides, float(eps), saved=saved)
+        problem = BatchNormProblem("bwd", mode, xd.dtype, xd.shape, xd.strides, dxd.strides, scalar(eps, "eps"),
+                                   saved=saved)
         inputs = {"x": (xb, xd), "dy": (dyb, dyd), "scale": scale_t, **(stats if saved else {})}
         invoke(handle, problem, solver, inputs, {"dx": (dxb, dxd), "dscale": (gb, gd), "dbias": (bb, bd)},
                unused=None if saved else stats)

@@ -20,6 +20,7 @@ import re
 from dataclasses import dataclass
 
 from kdbkit.runtime.errors import ProblemError
+from kdbkit.runtime.primitives.arguments import int_pair
 from kdbkit.runtime.problem import Problem
 from kdbkit.runtime.tensor import DataType, TensorDesc
 
@@ -32,10 +33,7 @@ _KEY = re.compile(r"^(\d+)-(\d+)-(\d+)-(\d+)x(\d+)-(\d+)-(\d+)-(\d+)-(\d+)-(\d+)
 
 
 def _pair(values, what: str) -> tuple[int, int]:
-    values = tuple(int(v) for v in (values if isinstance(values, (tuple, list)) else (values, values)))
-    if len(values) != 2:
-        raise ProblemError(f"convolution {what} {values} is not two sizes (height, width)", f"give {what} as (h, w)")
-    return values
+    return int_pair(values, what, "convolution")
 
 
 def layout_strides(layout: str, shape: tuple[int, int, int, int]) -> tuple[int, int, int, int]:

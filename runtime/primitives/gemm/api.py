@@ -6,6 +6,7 @@ from typing import Any
 
 from kdbkit.runtime.errors import ProblemError
 from kdbkit.runtime.primitives.gemm.problem import GemmProblem
+from kdbkit.runtime.primitives.arguments import scalar
 from kdbkit.runtime.primitives.invoke import invoke
 from kdbkit.runtime.primitives.repeat import repeatable
 from kdbkit.runtime.primitives.operands import Operands, device_default
@@ -34,6 +35,7 @@ def gemm(handle, a: Any, b: Any, *, trans_a: bool = False, trans_b: bool = False
     Raises:
         ProblemError: shapes that do not multiply, or a bad operand (named), before any launch.
     """
+    alpha, beta = scalar(alpha, "alpha"), scalar(beta, "beta")
     with Operands(handle.backend) as ops:
         ab, ad = ops.input(a, dtype, "a")
         bb, bd = ops.input(b, dtype, "b")
@@ -54,6 +56,6 @@ def gemm(handle, a: Any, b: Any, *, trans_a: bool = False, trans_b: bool = False
                                      TensorDesc.packed(ad.dtype, shape), "c", read=beta != 0)
         _, _, _, ldc, sc = _matrix(cd, "c")
         problem = GemmProblem(ad.dtype, m, n, k, bool(trans_a), bool(trans_b), batch, lda, ldb, ldc,
-                              sa if batch_a > 1 else 0, sb if batch_b > 1 else 0, sc, float(alpha), float(beta))
+                              sa if batch_a > 1 else 0, sb if batch_b > 1 else 0, sc, alpha, beta)
         invoke(handle, problem, solver, {"a": (ab, ad), "b": (bb, bd)}, {"c": (cb_, cd)})
     return result

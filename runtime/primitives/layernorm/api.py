@@ -7,6 +7,7 @@ from typing import Any
 import numpy as np
 
 from kdbkit.runtime.errors import ProblemError
+from kdbkit.runtime.primitives.arguments import integer, scalar
 from kdbkit.runtime.primitives.invoke import invoke
 from kdbkit.runtime.primitives.layernorm.problem import LayerNormProblem
 from kdbkit.runtime.primitives.repeat import repeatable
@@ -15,6 +16,7 @@ from kdbkit.runtime.tensor import DataType, TensorDesc
 
 
 def _dim(dim: int, ndim: int) -> int:
+    dim = integer(dim, "dim")
     return dim + ndim if dim < 0 else dim
 
 
@@ -67,7 +69,8 @@ def layernorm_forward(handle, x: Any, weight: Any = None, bias: Any = None, *, d
     with Operands(handle.backend) as ops:
         xb, xd = ops.input(x, dtype, "x")
         _packed(xd, "x")
-        problem = LayerNormProblem("fwd", xd.dtype, xd.shape, _dim(dim, len(xd.shape)), weight is not None, float(eps))
+        problem = LayerNormProblem("fwd", xd.dtype, xd.shape, _dim(dim, len(xd.shape)), weight is not None,
+                                   scalar(eps, "eps"))
         row = xd.shape[problem.dim:]
         w, b = _row_input(ops, weight, xd, row, "weight"), _row_input(ops, bias, xd, row, "bias")
         yb, yd, y = ops.output(device_default(handle, y, x, xd), xd, "y")

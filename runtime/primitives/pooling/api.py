@@ -7,6 +7,7 @@ from typing import Any
 import numpy as np
 
 from kdbkit.runtime.errors import ProblemError
+from kdbkit.runtime.primitives.arguments import integer
 from kdbkit.runtime.primitives.invoke import invoke
 from kdbkit.runtime.primitives.repeat import repeatable
 from kdbkit.runtime.primitives.operands import Operands, device_default
@@ -83,7 +84,7 @@ def pooling_backward(handle, dy: Any, x_shape: tuple[int, ...], *, mode: str = "
                            "call pooling_forward(..., save_indices=True) and pass its indices")
     with Operands(handle.backend) as ops:
         dyb, dyd = ops.input(dy, dtype, "dy")
-        x_shape = tuple(int(s) for s in x_shape)
+        x_shape = tuple(integer(s, "x_shape") for s in x_shape)
         probe = PoolProblem("bwd", mode, dyd.dtype, x_shape, window, stride, pad, packed_strides(x_shape), dyd.strides)
         if dyd.shape != probe.out_shape:
             raise ProblemError(f"dy is {dyd.shape}, but pooling {x_shape} gives {probe.out_shape}",

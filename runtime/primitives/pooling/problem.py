@@ -15,6 +15,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from kdbkit.runtime.errors import ProblemError
+from kdbkit.runtime.primitives.arguments import int_pair
 from kdbkit.runtime.problem import Problem, require
 from kdbkit.runtime.tensor import DataType, TensorDesc, format_dims, packed_strides, parse_dims
 
@@ -22,10 +23,7 @@ MODES = ("max", "avg", "avg_in")
 
 
 def _pair(values, what: str) -> tuple[int, int]:
-    values = tuple(int(v) for v in (values if isinstance(values, (tuple, list)) else (values, values)))
-    if len(values) != 2:
-        raise ProblemError(f"pooling {what} {values} is not two sizes (height, width)", f"give {what} as (h, w)")
-    return values
+    return int_pair(values, what, "pooling")
 
 
 @dataclass(frozen=True)

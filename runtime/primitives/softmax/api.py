@@ -5,6 +5,7 @@ from __future__ import annotations
 from typing import Any
 
 from kdbkit.runtime.errors import ProblemError
+from kdbkit.runtime.primitives.arguments import scalar
 from kdbkit.runtime.primitives.invoke import invoke
 from kdbkit.runtime.primitives.repeat import repeatable
 from kdbkit.runtime.primitives.operands import Operands, device_default
@@ -26,12 +27,13 @@ def softmax_forward(handle, x: Any, *, algorithm: str = "accurate", mode: str = 
     Raises:
         ProblemError: bad arguments (named), before any launch. NoSolverError: no solver applies.
     """
+    alpha, beta = scalar(alpha, "alpha"), scalar(beta, "beta")
     with Operands(handle.backend) as ops:
         xb, xd = ops.input(x, dtype, "x")
         yb, yd, result = ops.output(device_default(handle, y, x, xd), xd, "y", read=beta != 0)
         shape, xs = as_nchw(xd.shape, xd.strides)
         problem = SoftmaxProblem("fwd", algorithm, mode, xd.dtype, shape, xs, as_nchw(yd.shape, yd.strides)[1],
-                                 float(alpha), float(beta))
+                                 alpha, beta)
         invoke(handle, problem, solver, {"x": (xb, xd)}, {"y": (yb, yd)})
     return result
 
@@ -45,6 +47,7 @@ def softmax_backward(handle, y: Any, dy: Any, *, algorithm: str = "accurate", mo
     Raises:
         ProblemError: bad arguments (named), before any launch. NoSolverError: no solver applies.
     """
+    alpha, beta = scalar(alpha, "alpha"), scalar(beta, "beta")
     with Operands(handle.backend) as ops:
         yb, yd = ops.input(y, dtype, "y")
         dyb, dyd = ops.input(dy, dtype, "dy")
@@ -54,6 +57,6 @@ def softmax_backward(handle, y: Any, dy: Any, *, algorithm: str = "accurate", mo
         dxb, dxd, result = ops.output(device_default(handle, dx, y, yd), yd, "dx", read=beta != 0)
         shape, ys = as_nchw(yd.shape, yd.strides)
         problem = SoftmaxProblem("bwd", algorithm, mode, yd.dtype, shape, ys, as_nchw(dxd.shape, dxd.strides)[1],
-                                 float(alpha), float(beta))
+                                 alpha, beta)
         invoke(handle, problem, solver, {"y": (yb, yd), "dy": (dyb, dyd)}, {"dx": (dxb, dxd)})
     return result

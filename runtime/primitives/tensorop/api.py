@@ -5,6 +5,7 @@ from __future__ import annotations
 from typing import Any
 
 from kdbkit.runtime.errors import ProblemError
+from kdbkit.runtime.primitives.arguments import scalar
 from kdbkit.runtime.primitives.invoke import invoke
 from kdbkit.runtime.primitives.repeat import repeatable
 from kdbkit.runtime.primitives.operands import Operands, device_default
@@ -24,6 +25,7 @@ def op_tensor(handle, op: str, a: Any, b: Any, *, alpha1: float = 1.0, alpha2: f
     Raises:
         ProblemError: bad arguments (named), before any launch. NoSolverError: no solver applies.
     """
+    alpha1, alpha2, beta = scalar(alpha1, "alpha1"), scalar(alpha2, "alpha2"), scalar(beta, "beta")
     with Operands(handle.backend) as ops:
         ab, ad = ops.input(a, dtype, "a")
         bb, bd = ops.input(b, dtype, "b")
@@ -31,6 +33,6 @@ def op_tensor(handle, op: str, a: Any, b: Any, *, alpha1: float = 1.0, alpha2: f
             raise ProblemError(f"b holds {bd.dtype.label} elements, a {ad.dtype.label}", "give a and b one type")
         cb, cd, result = ops.output(device_default(handle, c, a, ad), ad, "c", read=beta != 0)
         problem = TensorOpProblem(op, ad.dtype, ad.shape, ad.strides, bd.shape, bd.strides, cd.strides,
-                                  float(alpha1), float(alpha2), float(beta))
+                                  alpha1, alpha2, beta)
         invoke(handle, problem, solver, {"a": (ab, ad), "b": (bb, bd)}, {"c": (cb, cd)})
     return result

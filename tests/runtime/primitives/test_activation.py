@@ -153,3 +153,12 @@ def test_bad_arguments_are_refused_before_any_launch(handle):
     with pytest.raises(NoSolverError, match="no activ solver 'Nope'"):
         kdbkit.activation_forward(handle, x, solver="Nope")
 
+
+
+def test_a_0d_array_comes_back_0d(handle):
+    """A 0-d input was returned with shape (1,)."""
+    y = kdbkit.activation_forward(handle, np.array(-2.0, np.float32), "relu")
+    assert y.shape == () and y == 0.0
+    dx = kdbkit.activation_backward(handle, np.array(3.0, np.float32), np.array(3.0, np.float32),
+                                    np.array(5.0, np.float32), "relu")
+    assert dx.shape == () and dx == 5.0

@@ -341,3 +341,21 @@ def test_the_bias_forward_and_backward(handle, dtype):
     with pytest.raises(ProblemError, match="2-D; a convolution's bias takes"):
         kdbkit.convolution_bias_backward(handle, np.ones((2, 3), np.float32))
     nhwc.buffer.free()
+
+
+@pytest.mark.parametrize("filt", [3, 1])
+def test_one_channel_inputs_take_a_channels_last_outputs_layout(handle, filt):
+    """x with one channel (and w with one, 3 x 3 or 1 x 1) is packed both ways: the
+    channels-last y the caller gives decides the layout, instead of being refused as not NCHW."""
+    be = handle.backend
+    rng = np.random.default_rng(3)
+    x = rng.standard_normal((2, 1, 7, 6)).astype(np.float32)
+    wt = rng.standard_normal((5, 1, filt, filt)).astype(np.float32)
+    pad = filt // 2
+    expected = ref.forward(x, wt, (pad, pad), (1, 1), (1, 1), 1)
+    n, k, ho, wo = expected.shape
+    y = DeviceTensor.empty(be, TensorDesc(DataType.FP32, expected.shape, (ho * wo * k, 1, wo * k, k)))
+    got = kdbkit.convolution_forward(handle, _channels_last(be, x), _channels_last(be, wt), pad=pad, y=y)
+    assert got is y
+    np.testing.assert_allclose(_from_channels_last(be, y), expected, rtol=1e-5, atol=1e-5)
+    y.buffer.free()

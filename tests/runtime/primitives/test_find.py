@@ -167,3 +167,14 @@ def test_run_solution_and_sorting(handle):
     from kdbkit.runtime.reference.activation import forward
 
     np.testing.assert_allclose(yt.to_host(be), forward(x, 10), rtol=1e-5, atol=1e-6)
+
+
+def test_find_takes_a_config_string_and_refuses_what_is_neither(handle):
+    """find_solutions(h, "<config string>") and find_solutions(h, None) raised AttributeError."""
+    by_string = find_solutions(handle, PACKED.config())
+    assert by_string and all(s.problem == PACKED for s in by_string)
+    for wrong in (None, 42, [PACKED]):
+        with pytest.raises(ProblemError, match=r"^find_solutions takes a problem or its config string, not "):
+            find_solutions(handle, wrong)
+    with pytest.raises(ProblemError, match="names no known primitive"):
+        find_solutions(handle, "nosuch,type=fp32")

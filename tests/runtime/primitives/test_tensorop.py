@@ -109,3 +109,9 @@ def test_bad_input(handle):
         kdbkit.op_tensor(handle, "sub", a, a)
     with pytest.raises(ProblemError, match="b holds fp16 elements, a fp32"):
         kdbkit.op_tensor(handle, "add", a, a.astype(np.float16))
+
+
+def test_a_0d_array_comes_back_0d(handle):
+    """A 0-d input was returned with shape (1,)."""
+    c = kdbkit.op_tensor(handle, "mul", np.array(2.0, np.float32), np.array(3.5, np.float32))
+    assert c.shape == () and c == 7.0
