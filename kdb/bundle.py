@@ -248,10 +248,10 @@ class Bundle:
         """Do the one-time work of a first lookup now: SQLite prepares the lookup statement
         (a lookup of a key no entry has) and this thread's decoder loads the bundle's
         dictionary. No entry is decoded: the first row may be a 450 KB cubin, whose decode
-        and hash cost a millisecond that the first program it is not would not repay.
+        and hash would be wasted whenever the first program looked up is another one.
 
-        The runtime calls it when a handle is made, which takes about 0.1 ms off the first
-        program's lookup (measured on the H100 machine).
+        The runtime calls it when a handle is made, so that the first program's lookup, which
+        a network's first result waits on, does not also pay for this set-up.
         """
         try:
             with self._lock:

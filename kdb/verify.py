@@ -30,7 +30,7 @@ class VerifyReport:
 
 def schema_problems(bundle: Bundle) -> list[str]:
     """Differences between the file's ``kern_db`` and MIOpen's layout (empty when equal)."""
-    import sqlite_utils  # 0.1 s to import: only verification needs it, never the lookup path
+    import sqlite_utils  # slow to import: only verification needs it, never the lookup path
 
     db = sqlite_utils.Database(bundle._conn)
     table = db.table("kern_db")

@@ -269,8 +269,8 @@ def _raw_key(name: str | EnvVar) -> bytes:
 
 
 # os.environ's own table (encoded keys to encoded values; putenv and monkeypatching update it):
-# looking a name up there costs a tenth of os.environ.get, which encodes the name each time
-# (4-5 µs per repeat call of a primitive on the lent H100 machine's CPU, for two names).
+# looking a name up there skips os.environ.get's encoding of the name each time, a cost that
+# every repeat call of a primitive would pay for each variable it reads.
 _RAW_ENVIRON = getattr(os.environ, "_data", None) if hasattr(os.environ, "encodekey") else None
 _raw_keys: dict = {}
 

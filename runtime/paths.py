@@ -107,9 +107,8 @@ def _scan_entry_points() -> Iterator[SearchDir]:
     """Folders named by installed kernel packages (entry-point group ``kdbkit.bundles``).
 
     Reads each distribution's ``entry_points.txt`` directly instead of through
-    ``importlib.metadata``, whose import alone costs 30 ms: this runs in every process that
-    finds no bundle earlier in the search (measured: 0.6 ms instead of 32 ms here, and the
-    first user-cache hit on the GPU machine went from about 30 ms to about 1 ms).
+    ``importlib.metadata``, whose import alone costs far more than the scan: this runs in
+    every process that finds no bundle earlier in the search, on the way to its first result.
     """
     seen = set()
     for entry in sys.path:
@@ -161,8 +160,7 @@ def import_platformdirs_in_background() -> None:
     """Import platformdirs on a worker thread when a per-user folder will come from it (neither
     KDB_CUSTOM_CACHE_DIR nor KDB_USER_DB_PATH set): called as a device opens, which takes far
     longer and mostly outside the GIL, so that a user who sets nothing does not pay for the
-    import on the first handle and call (1.5 ms on this project's CI machine, 3-6 ms measured
-    on the lent H100 machine's CPU). A later import waits on the same module lock, never
+    import on the first handle and call. A later import waits on the same module lock, never
     imports twice; a failure here is left for that import to report."""
     if "platformdirs" in sys.modules or (env.any_set("KDB_CUSTOM_CACHE_DIR") and env.any_set("KDB_USER_DB_PATH")):
         return

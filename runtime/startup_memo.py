@@ -6,8 +6,7 @@ the background).
 
 A handle digests the kernel files its bundle was built from and scans every installed
 distribution for kernel packages: dozens to hundreds of file reads, a few milliseconds of a
-fresh process's first result (measured on the lent H100 machine: 2.7 ms digesting, about
-2 ms scanning a PyTorch environment). With the memo, each is a stat per file or folder.
+fresh process's first result. With the memo, each is a stat per file or folder.
 
 A file's stamp is (mtime, size, ctime, inode). ctime changes with every write to the file and
 no tool can set it back, so content edited in place, or a file replaced by another of the

@@ -299,8 +299,8 @@ class CudaBackend(Backend):
         return f"CudaBackend({self.device.name!r}, {self.device.target})"
 
     def _activate(self) -> None:
-        # Asking is about 4x cheaper than setting (measured on the H100 machine), and the
-        # context is almost always current already; another library may have changed it.
+        # Asking is cheaper than setting, and the context is almost always current already;
+        # another library may have changed it.
         err, current = self._drv.cuCtxGetCurrent()
         if err != self._drv.CUresult.CUDA_SUCCESS or int(current) != self._ctx_id:
             _check(self._drv.cuCtxSetCurrent(self._ctx), "cuCtxSetCurrent", self._drv)

@@ -21,7 +21,7 @@ from kdbkit.kdb.errors import KdbError
 from kdbkit.runtime.backends.spec import spec_for
 from kdbkit.runtime.errors import BackendUnavailableError, CompilerUnavailableError, DeviceCallError
 
-# Keep in step with pyproject's hip extra and README's HIP paragraph.
+# Keep in step with pyproject's hip extra and docs/reference.md's HIP entry ("What was run where").
 SUPPORTED_RANGE = ">=6.2,<11"
 INSTALL_REMEDY = spec_for("hip").install_remedy
 _NO_ROCM_REMEDY = ("install ROCm, or point ROCM_PATH (hip-python 10) or LD_LIBRARY_PATH (6.x, 7.x) at its lib "

@@ -133,7 +133,7 @@ def device_table(cl) -> tuple[tuple[object, str], ...]:
     """(device, arch) of every OpenCL device, platform by platform in the ICD loader's order, once per process.
 
     Discovery, the backend and the OpenCL compiler all need it; asking the ICD loader and
-    hashing each device's facts again cost a millisecond per handle on PoCL (measured here).
+    hashing each device's facts again would be paid by every handle.
     """
     table = []
     for platform in cl.get_platforms():

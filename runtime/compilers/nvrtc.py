@@ -98,8 +98,8 @@ def _nvidia_entries() -> tuple[str, ...]:
 def wheel_nvrtc_version() -> tuple[int, int] | None:
     """NVRTC's ``(major, minor)`` read from the ``nvidia-cuda-nvrtc`` wheel's file names.
 
-    Loading libnvrtc (140 MB) takes about 100 ms, a cost a user-cache hit must not pay just
-    to learn the version for its key. cuda-bindings loads NVRTC from the wheels first (then
+    Loading libnvrtc (140 MB) is a cost a user-cache hit must not pay just to learn the
+    version for its key. cuda-bindings loads NVRTC from the wheels first (then
     conda, then the system), so the wheel's ``libnvrtc-builtins.so.<major>.<minor>`` names
     the compiler that will run; :func:`compile_cuda` checks that against the loaded library.
     None when no wheel is found (the library is loaded and asked instead).
@@ -127,8 +127,8 @@ def cuda_headers() -> tuple[Path, str] | None:
     13, ``nvidia/cuda_runtime/include`` for 12). Its identity, ``cuda headers 13.5 #<digest>``,
     is read from the folder: the version ``cuda_runtime_api.h`` declares and a digest of the
     sizes of the headers kernels include for their types (``_KEYED_HEADERS``). (The wheel's
-    metadata would name the patch release, but finding it means listing all of site-packages:
-    0.4 ms on a user-cache hit, measured on the H100 machine; this costs a few stats.)
+    metadata would name the patch release, but finding it means listing all of site-packages
+    on every user-cache hit; this costs a few stats.)
     """
     for entry in _nvidia_entries():
         for sub in _HEADER_SUBDIRS:
