@@ -8,7 +8,7 @@ from __future__ import annotations
 from kdbkit.runtime.primitives.convolution.problem import ConvProblem
 from kdbkit.runtime.primitives.convolution.solvers.common import INT_MAX, shape_args
 from kdbkit.runtime.program_key import ProgramRequest
-from kdbkit.runtime.solver import APPLIES, Solver, not_applicable, register
+from kdbkit.runtime.solver import APPLIES, Solution, Solver, not_applicable, register
 from kdbkit.runtime.tensor import DataType
 
 ARCHS = ("gfx90a", "gfx942")  # MFMA 32x32x8 for f16 and bf16 (_1k)
@@ -50,10 +50,12 @@ class ConvImplicitGemmMfma(Solver):
         request = program(problem)
         return [request] if request else []
 
-    def invoker(self, handle, problem: ConvProblem):
-        request = program(problem)
-        kernel = handle.program(request.kernel_file, request.options).function("conv_igemm_mfma_fwd_nhwc")
-        n, (ho, wo) = problem.x_shape[0], problem.out_hw
-        grid = (-(-problem.out_channels // TILE), -(-(n * ho * wo) // TILE), 1)
-        fast = handle.backend.launcher(kernel, grid, (LANES, 1, 1), [None, None, None, *shape_args(problem)])
-        return lambda x, w, y: fast(x, w, y)
+    def solution(self, problem: ConvProblem, device):
+        def invoker_factory(programs, context):
+            kernel = programs[0].function("conv_igemm_mfma_fwd_nhwc")
+            n, (ho, wo) = problem.x_shape[0], problem.out_hw
+            grid = (-(-problem.out_channels // TILE), -(-(n * ho * wo) // TILE), 1)
+            fast = context.backend.launcher(kernel, grid, (LANES, 1, 1), [None, None, None, *shape_args(problem)])
+            return lambda x, w, y: fast(x, w, y)
+
+        return Solution(self.programs(problem), invoker_factory)
