@@ -85,7 +85,8 @@ class Dispatcher:
                     self._find_db = FindDb(
                         Path(self.device.target.bundle_name()).stem,
                         [d.path for d in paths.iter_system_db_dirs() if not d.is_file], paths.user_db_dir(),
-                        producer=f"kdbkit {__version__}", warn=lambda key, message: warn_once(key, message, logger=_log))
+                        producer=f"kdbkit {__version__}",
+                        warn=lambda key, message: warn_once(key, message, logger=_log))
                 db = self._find_db
         return db
 

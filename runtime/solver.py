@@ -7,8 +7,9 @@ MIOpen's ``GetSolution`` does: the :class:`ProgramRequest` s it needs (exactly w
 store) and an invoker factory that receives those programs loaded and a :class:`Context` (the
 backend, the device; never the handle) and returns the invoker, a callable that launches the
 solver's kernels for that problem. The dispatcher (``kdbkit.runtime.dispatcher``) resolves the
-programs and keeps the invoker: a solver never looks a program up itself. Ids are stable and never reused: a find-db written by one release
-names solvers by id, and a later release must either know the id or skip the record.
+programs and keeps the invoker: a solver never looks a program up itself. Ids are stable and
+never reused: a find-db written by one release names solvers by id, and a later release must
+either know the id or skip the record.
 """
 
 from __future__ import annotations

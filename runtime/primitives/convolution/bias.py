@@ -83,12 +83,12 @@ class ConvBias(Solver):
             prog = programs[0]
             args = [np.int32(v) for v in (*problem.shape, *problem.strides)]
             if problem.direction == "fwd":
-                fast = launcher_1d(context, prog.function("conv_bias_fwd"), int(np.prod(problem.shape)), [None, None, *args],
-                                   max_groups=1 << 16)
+                fast = launcher_1d(context, prog.function("conv_bias_fwd"), int(np.prod(problem.shape)),
+                                   [None, None, *args], max_groups=1 << 16)
                 return lambda y, bias: fast(y, bias)
             groups = min(problem.shape[1], 65535)
             fast = context.backend.launcher(prog.function("conv_bias_bwd"), (groups, 1, 1), (BLOCK, 1, 1),
-                                           [None, None, *args])
+                                            [None, None, *args])
             return lambda dy, db: fast(dy, db)
 
         return Solution(self.programs(problem), invoker_factory)

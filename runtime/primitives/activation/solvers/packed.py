@@ -72,7 +72,8 @@ class ActivPacked(Solver):
             order = ("x", "y") if problem.direction == "fwd" else ("x", "y", "dy", "dx")
 
             # A group per block x unroll vectors: each thread one step, no tail wave.
-            block, unroll, per_unit = (LIGHT_BLOCK, LIGHT_UNROLL, LIGHT_GROUPS_PER_UNIT) if light else (BLOCK, UNROLL, None)
+            block, unroll, per_unit = ((LIGHT_BLOCK, LIGHT_UNROLL, LIGHT_GROUPS_PER_UNIT) if light
+                                       else (BLOCK, UNROLL, None))
             fast = launcher_1d(context, vector, max(-(-vectors // unroll), 1), [*(None for _ in order), n, *tail],
                                block=block, max_groups=1 << 20, groups_per_unit=per_unit)
             slow = launcher_1d(context, scalar, problem.numel, [*(None for _ in order), n, *tail])

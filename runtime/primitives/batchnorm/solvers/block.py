@@ -33,7 +33,7 @@ def _infer_rows(context: Context, prog, problem: BatchNormProblem, eps):
         step = max(1, min(rows, ROW_THREADS // width))
         grid = ((width * step + 255) // 256, 1, 1)
         return context.backend.launcher(kernel, grid, (256, 1, 1),
-                                       [*(None,) * 6, np.int32(rows), np.int32(width), np.int32(step), eps])
+                                        [*(None,) * 6, np.int32(rows), np.int32(width), np.int32(step), eps])
 
     scalar = run(prog.function("bn_fwd_infer_rows"), c)
     vec = run(prog.function("bn_fwd_infer_rows_vec"), c // per) if c % per == 0 else None
@@ -91,7 +91,8 @@ class BatchNormBlock(Solver):
 
                         return infer
                     return lambda x, y, scale, bias, mean, var: launch(
-                        planes, (min(n * c, MAX_GROUPS), 1, 1), (BLOCK, 1, 1), [x, y, scale, bias, mean, var, *args, eps])
+                        planes, (min(n * c, MAX_GROUPS), 1, 1), (BLOCK, 1, 1),
+                        [x, y, scale, bias, mean, var, *args, eps])
                 kernel, total = prog.function("bn_fwd_infer"), int(np.prod(problem.shape))
                 return lambda x, y, scale, bias, mean, var: launch_1d(
                     context, kernel, total, [x, y, scale, bias, mean, var, *geometry, eps])
@@ -103,6 +104,7 @@ class BatchNormBlock(Solver):
                     [x, y, scale, bias, running_mean, running_var, saved_mean, saved_invstd, *geometry, *tail])
             kernel, tail = prog.function("bn_bwd"), [eps, np.int32(problem.saved)]
             return lambda x, dy, dx, scale, dscale, dbias, saved_mean, saved_invstd: launch(
-                kernel, groups, (BLOCK, 1, 1), [x, dy, dx, scale, dscale, dbias, saved_mean, saved_invstd, *geometry, *tail])
+                kernel, groups, (BLOCK, 1, 1),
+                [x, dy, dx, scale, dscale, dbias, saved_mean, saved_invstd, *geometry, *tail])
 
         return Solution(self.programs(problem), invoker_factory)

@@ -77,8 +77,8 @@ class BatchNormSplit(Solver):
                 None, partial, None, None, None, None, var, i32(c), i32(xs1), i32(chunks), i32(n * h * w), eps,
                 np.float32(problem.factor), i32(problem.running)], block=64)
             fast_infer = launcher_1d(context, infer_v, n * c * h * w // per, [
-                None, None, None, None, None, var, i32(n), i32(c), *(i32(v // per) for v in (h * w, xs0, xs1, ys0, ys1)),
-                eps]) if whole else None
+                None, None, None, None, None, var, i32(n), i32(c),
+                *(i32(v // per) for v in (h * w, xs0, xs1, ys0, ys1)), eps]) if whole else None
 
             def train(x, y, scale, bias, running_mean, running_var, saved_mean, saved_invstd):
                 vec = whole and aligned16(x, y)
@@ -90,8 +90,8 @@ class BatchNormSplit(Solver):
                 launch(partial_k, (chunks, c, 1), (BLOCK, 1, 1),
                        [x, partial, i32(n), i32(c), i32(h * w), i32(xs0), i32(xs1), i32(chunks)])
                 launch_1d(context, finalize_k, c, [x, partial, running_mean, running_var, saved_mean, saved_invstd, var,
-                                                  i32(c), i32(xs1), i32(chunks), i32(n * h * w), eps,
-                                                  np.float32(problem.factor), i32(problem.running)], block=64)
+                                                   i32(c), i32(xs1), i32(chunks), i32(n * h * w), eps,
+                                                   np.float32(problem.factor), i32(problem.running)], block=64)
                 launch(planes_k, (min(n * c, MAX_GROUPS), 1, 1), (BLOCK, 1, 1),
                        [x, y, scale, bias, saved_mean, var, i32(n), i32(c), i32(h * w), i32(xs0), i32(xs1),
                         i32(ys0), i32(ys1), eps])

@@ -74,8 +74,8 @@ class ConvDepthwise(Solver):
             k, (fy, fx) = problem.out_channels, problem.filter
             partial = context.backend.alloc(4 * k * slices * fy * fx)
             sums = context.backend.launcher(prog.function("conv_dw_bwd_weights"), (-(-k // lanes), slices, 1),
-                                           (THREADS, 1, 1), [None, None, partial, *shape_args(problem), order,
-                                                             np.int32(length)])
+                                            (THREADS, 1, 1), [None, None, partial, *shape_args(problem), order,
+                                                              np.int32(length)])
             finisher = programs[1].function("conv_igemm_wrw_finish")  # conv_igemm.c
             finish = launcher_1d(context, finisher, k * fy * fx, [partial, None, *(np.int32(v) for v in (
                 k, 1, fy, fx, k, slices, 0, *problem.descs()["w"].strides))], max_groups=1 << 16)

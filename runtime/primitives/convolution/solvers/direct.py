@@ -45,7 +45,7 @@ class ConvDirect(Solver):
                 return lambda dy, w, dx: fast(dy, w, dx)
             groups = min(d["w"].numel, MAX_GROUPS)
             fast = context.backend.launcher(prog.function("conv_bwd_weights_direct"), (groups, 1, 1), (WRW_BLOCK, 1, 1),
-                                           [None, None, None, *args])
+                                            [None, None, None, *args])
             return lambda dy, x, dw: fast(dy, x, dw)
 
         return Solution(self.programs(problem), invoker_factory)

@@ -98,17 +98,17 @@ class ConvImplicitGemm(Solver):
             tiles = (-(-rows // TILE), -(-cols // TILE))
             if problem.direction == "F":
                 fast = context.backend.launcher(prog.function("conv_fwd_igemm"), (*tiles, problem.groups),
-                                               (THREADS, 1, 1), args)
+                                                (THREADS, 1, 1), args)
                 return lambda x, w, y: fast(x, w, y)
             if problem.direction == "B":
                 phases = problem.stride[0] * problem.stride[1]
                 fast = context.backend.launcher(prog.function("conv_bwd_data_igemm"), (*tiles, problem.groups * phases),
-                                               (THREADS, 1, 1), args)
+                                                (THREADS, 1, 1), args)
                 return lambda dy, w, dx: fast(dy, w, dx)
             slices, length = wrw_slices(problem, context.device.target.cu or 132)
             partial = context.backend.alloc(4 * rows * cols * problem.groups * slices)
             multiply = context.backend.launcher(prog.function("conv_wrw_igemm"), (*tiles, problem.groups * slices),
-                                               (THREADS, 1, 1), [*args, np.int32(length), np.int32(slices)])
+                                                (THREADS, 1, 1), [*args, np.int32(length), np.int32(slices)])
             (k, cg, fy, fx), ws = problem.w_shape, problem.descs()["w"].strides
             finish = launcher_1d(context, prog.function("conv_igemm_wrw_finish"), k * cg * fy * fx,
                                  [partial, None, *(np.int32(v) for v in (k, cg, fy, fx, problem.groups, slices, cfast,

@@ -20,18 +20,8 @@ import numpy as np
 from kdbkit.runtime.primitives.convolution.problem import ConvProblem
 from kdbkit.runtime.primitives.convolution.solvers.common import INT_MAX, shape_args
 from kdbkit.runtime.program_key import ProgramRequest
-from kdbkit.runtime.solver import (
-    APPLIES,
-    Context,
-    Solution,
-    Solver,
-    aligned16,
-    fallback_invoker,
-    launcher_1d,
-    not_applicable,
-    register,
-    sm_version,
-)
+from kdbkit.runtime.solver import (APPLIES, Context, Solution, Solver, aligned16, fallback_invoker, launcher_1d,
+                                   not_applicable, register, sm_version)
 from kdbkit.runtime.tensor import DataType
 
 TILE, THREADS, STAGES, STEP, PAD = 128, 128, 4, 32, 8  # conv_igemm_tc.cu's IG_BM = IG_BN, IG_THREADS, ...
@@ -101,7 +91,7 @@ def transposer(context: Context, moves, dtype: DataType):
         tile = 64 if pairs else 32
         grid = (-(-cols // tile), -(-rows // tile), matrices)
         return context.backend.launcher(moves.function("conv_transpose_pairs" if pairs else "conv_transpose"), grid,
-                                       (32, 8, 1), [None, None, np.int32(rows), np.int32(cols)])
+                                        (32, 8, 1), [None, None, np.int32(rows), np.int32(cols)])
 
     return transpose
 
@@ -192,7 +182,8 @@ class ConvImplicitGemmTensorCore(Solver):
             if slices > 1:
                 multiply = fast
                 plane = computed.out_hw[0] * computed.out_hw[1]
-                finish = launcher_1d(context, prog.function("conv_igemm_split_finish"), positions * computed.out_channels // 2,
+                finish = launcher_1d(context, prog.function("conv_igemm_split_finish"),
+                                     positions * computed.out_channels // 2,
                                      [partial, None, *(np.int32(v) for v in (positions, computed.out_channels, slices,
                                                                              plane, nchw))], max_groups=1 << 16)
 
@@ -218,7 +209,8 @@ class ConvImplicitGemmTensorCore(Solver):
                                       [None, None, *(np.int32(v) for v in (k, c // problem.groups, fy, fx,
                                                                            *d["w"].strides))], max_groups=1 << 16)
             elif widen or (nchw and fy * fx > 1):
-                prepare = widener(context, moves, (k, c, fy, fx), cin, d["w"].strides)  # KCYX -> KYXC, C widened if need be
+                # KCYX -> KYXC, C widened if need be
+                prepare = widener(context, moves, (k, c, fy, fx), cin, d["w"].strides)
             else:
                 prepare = None  # KYXC already, or a 1 x 1 filter, whose KCYX is KYXC
             weights = backend.alloc(computed.out_channels * fy * fx * cin * item) if prepare is not None else None

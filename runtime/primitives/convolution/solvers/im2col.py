@@ -123,7 +123,8 @@ class ConvIm2colGemm(Solver):
             n, k, r, p = _sizes(problem)
 
             def kernel_1d(name: str, elements: int, tail: list):
-                return launcher_1d(context, prog.function(name), elements, [None, None, *args, *tail], max_groups=1 << 16)
+                return launcher_1d(context, prog.function(name), elements, [None, None, *args, *tail],
+                                   max_groups=1 << 16)
 
             im2col = kernel_1d("conv_im2col", n * r * p, [*strides, order]) if col is not None else None
             nchw = problem.layout == "NCHW"

@@ -61,7 +61,7 @@ class GemmTensorCore(Solver):
             tile_n, threads, shared, _ = FAST[name]
             fast_grid = (problem.n // tile_n, problem.m // BLOCK_TILE, problem.batch)
             fast = context.backend.launcher(prog.function(name), fast_grid, (threads, 1, 1),
-                                           [None, None, None, *tail[:9], *tail[11:]], shared)  # no transpose flags
+                                            [None, None, None, *tail[:9], *tail[11:]], shared)  # no transpose flags
             return fast_when_aligned(fast, general)
 
         return Solution(self.programs(problem), invoker_factory)

@@ -63,8 +63,8 @@ class GemmWgmma(Solver):
                 bt = context.backend.alloc(self.workspace(problem))  # the invoker's own, allocated once
                 ldbt, stride_bt = p.k, p.n * p.k if p.stride_b else 0
                 transpose = context.backend.launcher(prog.function("gemm_transpose"), (p.n // 32, p.k // 32, copies),
-                                                    (32, 8, 1), [None, bt, i32(p.k), i32(p.n), i32(p.ldb),
-                                                                 i64(p.stride_b)])
+                                                     (32, 8, 1), [None, bt, i32(p.k), i32(p.n), i32(p.ldb),
+                                                                  i64(p.stride_b)])
             main = context.backend.launcher(
                 prog.function("gemm_wgmma"), grid, (THREADS, 1, 1),
                 [None, None if bt is None else bt, None, *(i32(v) for v in (p.m, p.n, p.k, p.lda, ldbt, p.ldc)),

@@ -43,7 +43,8 @@ class LayerNormBlock(Solver):
             def backward(x, dy, weight, mean, rstd, dx, dweight, dbias):
                 launch(data, groups, (BLOCK, 1, 1), [x, dy, weight, mean, rstd, dx, rows, inner, affine])
                 if problem.affine:
-                    launch_1d(context, weights, problem.inner, [x, dy, mean, rstd, dweight, dbias, rows, inner], block=64)
+                    launch_1d(context, weights, problem.inner, [x, dy, mean, rstd, dweight, dbias, rows, inner],
+                              block=64)
 
             return backward
 

@@ -8,16 +8,8 @@ import numpy as np
 from kdbkit.runtime.primitives.lanes import MAX_VECTORS, BLOCK, lanes_groups, lanes_options, lanes_tile
 from kdbkit.runtime.primitives.layernorm.problem import LayerNormProblem
 from kdbkit.runtime.program_key import ProgramRequest
-from kdbkit.runtime.solver import (
-    APPLIES,
-    Solution,
-    Solver,
-    aligned16,
-    fallback_invoker,
-    not_applicable,
-    register,
-    vector_elements,
-)
+from kdbkit.runtime.solver import (APPLIES, Solution, Solver, aligned16, fallback_invoker, not_applicable, register,
+                                   vector_elements)
 
 INT_MAX = 2**31 - 1
 

@@ -50,12 +50,14 @@ class PoolBand(Solver):
             bh = band_rows(problem)
             n, c, _, w = problem.shape
             jobs = n * c * -(-problem.out_hw[0] // bh)
-            tail = [np.int32(MODES.index(problem.mode)), np.int32(problem.indices and problem.mode == "max"), np.int32(bh)]
+            tail = [np.int32(MODES.index(problem.mode)), np.int32(problem.indices and problem.mode == "max"),
+                    np.int32(bh)]
             per, xs = vector_elements(problem.dtype), problem.x_strides
             rows_whole = xs[3] == 1 and w % per == 0 and all(s % per == 0 for s in xs[:3])
             grid, block = (min(jobs, MAX_GROUPS), 1, 1), (THREADS, 1, 1)
             return vector_or_element(
-                lambda vec: context.backend.launcher(kernel, grid, block, [None, None, None, *geometry_args, *tail, vec]),
+                lambda vec: context.backend.launcher(kernel, grid, block,
+                                                     [None, None, None, *geometry_args, *tail, vec]),
                 rows_whole)
 
         return Solution(self.programs(problem), invoker_factory)

@@ -40,14 +40,17 @@ class PoolDirect(Solver):
                 if n * c <= MAX_GRID_Z and small:  # unrolled windows, four outputs per thread
                     kernel = prog.function("pool_fwd_small")
                     grid = (-(-wo // 32), -(-ho // (8 * SMALL_RUN)), n * c)
-                    fast = context.backend.launcher(kernel, grid, (32, 8, 1), [None, None, None, *geometry_args, mode, save])
+                    fast = context.backend.launcher(kernel, grid, (32, 8, 1),
+                                                    [None, None, None, *geometry_args, mode, save])
                     return lambda x, y, indices: fast(x, y, indices)
                 if n * c <= MAX_GRID_Z:  # a grid z per plane: no index division per output
                     kernel, launch = prog.function("pool_fwd_2d"), context.backend.launch
                     grid = (-(-wo // 16), -(-ho // 16), n * c)
-                    return lambda x, y, indices: launch(kernel, grid, (16, 16, 1), [x, y, indices, *geometry_args, mode, save])
+                    return lambda x, y, indices: launch(kernel, grid, (16, 16, 1),
+                                                        [x, y, indices, *geometry_args, mode, save])
                 kernel, outputs = prog.function("pool_fwd"), int(np.prod(problem.out_shape))
-                return lambda x, y, indices: launch_1d(context, kernel, outputs, [x, y, indices, *geometry_args, mode, save])
+                return lambda x, y, indices: launch_1d(context, kernel, outputs,
+                                                       [x, y, indices, *geometry_args, mode, save])
             kernel, inputs = prog.function("pool_bwd"), int(np.prod(problem.shape))
             return lambda dy, indices, dx: launch_1d(context, kernel, inputs, [dy, indices, dx, *geometry_args, mode])
 

@@ -9,15 +9,8 @@ from kdbkit.runtime.primitives.lanes import BLOCK, MAX_VECTORS, lanes_groups, la
 from kdbkit.runtime.primitives.softmax.problem import SoftmaxProblem
 from kdbkit.runtime.primitives.softmax.solvers.common import KERNEL_FILE, arguments, fits_int_arguments
 from kdbkit.runtime.program_key import ProgramRequest
-from kdbkit.runtime.solver import (
-    Solution,
-    Solver,
-    aligned16,
-    fallback_invoker,
-    not_applicable,
-    register,
-    vector_elements,
-)
+from kdbkit.runtime.solver import (Solution, Solver, aligned16, fallback_invoker, not_applicable, register,
+                                   vector_elements)
 
 
 def vectors_per_row(problem: SoftmaxProblem) -> int:

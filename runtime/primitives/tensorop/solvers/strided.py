@@ -67,8 +67,9 @@ class OpTensorStrided(Solver):
         def invoker_factory(programs, context):
             prog = programs[0]
             n = int(np.prod(problem.shape))
-            geometry = [np.int32(n), *padded_ints(problem.shape, 1, MAX_DIMS)[1:], *padded_ints(problem.a_strides, 0, MAX_DIMS),
-                        *padded_ints(problem.b_over_a, 0, MAX_DIMS), *padded_ints(problem.c_strides, 0, MAX_DIMS)]
+            geometry = [np.int32(n), *padded_ints(problem.shape, 1, MAX_DIMS)[1:],
+                        *padded_ints(problem.a_strides, 0, MAX_DIMS), *padded_ints(problem.b_over_a, 0, MAX_DIMS),
+                        *padded_ints(problem.c_strides, 0, MAX_DIMS)]
             tail = scalars(problem)
             slow = launcher_1d(context, prog.function("op_tensor_strided"), n, [None, None, None, *geometry, *tail])
             rows = rows_geometry(problem)
