@@ -17,7 +17,7 @@ from __future__ import annotations
 import functools
 from abc import ABC, abstractmethod
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any, Callable, Iterator, Sequence
+from typing import TYPE_CHECKING, Any, Callable, Iterable, Iterator, Sequence
 
 from kdbkit.runtime import env
 from kdbkit.runtime.backends.base import Backend, DeviceInfo
@@ -195,6 +195,12 @@ class SolverRegistry:
         order.insert(at, solver)
         return solver
 
+    def register_all(self, solvers: "Iterable[type[Solver]]") -> None:
+        """Register one instance of each class, in the order given: a primitive's solvers in
+        priority order (its ``solvers`` package's ``SOLVERS``)."""
+        for cls in solvers:
+            self.register(cls())
+
     def unregister(self, key: int | str) -> Solver:
         """Remove the solver with this id or name (a plug-in's, or a test's) and return it.
 
@@ -239,7 +245,8 @@ def switches() -> list[EnvVar]:
 
 
 def register(cls: type[Solver]) -> type[Solver]:
-    """Class decorator: put one instance of the solver in :data:`REGISTRY`."""
+    """Class decorator: put one instance of the solver in :data:`REGISTRY`, last in its
+    primitive's order (kdbkit's own solvers are listed in each primitive's ``SOLVERS``)."""
     REGISTRY.register(cls())
     return cls
 

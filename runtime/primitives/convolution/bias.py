@@ -15,7 +15,7 @@ from kdbkit.runtime.primitives.invoke import invoke
 from kdbkit.runtime.primitives.operands import Operands, device_default
 from kdbkit.runtime.problem import Problem, require
 from kdbkit.runtime.program_key import ProgramRequest
-from kdbkit.runtime.solver import APPLIES, Solution, Solver, launcher_1d, not_applicable, register
+from kdbkit.runtime.solver import APPLIES, REGISTRY, Solution, Solver, launcher_1d, not_applicable
 from kdbkit.runtime.tensor import DataType, TensorDesc, format_dims, parse_dims
 
 BLOCK = 256  # conv_bias.c's CONV_BIAS_BLOCK
@@ -62,7 +62,6 @@ def program(problem: ConvBiasProblem) -> ProgramRequest:
     return ProgramRequest("conv_bias.c", problem.dtype.options)
 
 
-@register
 class ConvBias(Solver):
     """ConvBias (id 26): conv_bias.c, forward a thread per element, backward a group per channel."""
 
@@ -92,6 +91,10 @@ class ConvBias(Solver):
             return lambda dy, db: fast(dy, db)
 
         return Solution(self.programs(problem), invoker_factory)
+
+
+SOLVERS = (ConvBias,)  # the convbias primitive's one solver
+REGISTRY.register_all(SOLVERS)
 
 
 def _four_d(desc: TensorDesc, what: str) -> None:

@@ -13,7 +13,6 @@ from kdbkit.runtime.solver import (
     aligned16,
     launcher_1d,
     not_applicable,
-    register,
     vector_elements,
 )
 from kdbkit.runtime.tensor import DataType
@@ -43,7 +42,6 @@ def light_kernel(problem: ActivationProblem) -> bool:
     return problem.mode in LIGHT_MODES or (problem.dtype is DataType.FP32 and problem.mode not in HEAVY_MODES)
 
 
-@register
 class ActivPacked(Solver):
     id = 1
     name = "ActivPacked"

@@ -6,12 +6,11 @@ import numpy as np
 
 from kdbkit.runtime.primitives.activation.problem import ActivationProblem
 from kdbkit.runtime.primitives.activation.solvers.common import INT_MAX, mode_args, program
-from kdbkit.runtime.solver import APPLIES, Solution, Solver, launcher_1d, not_applicable, padded_ints, register
+from kdbkit.runtime.solver import APPLIES, Solution, Solver, launcher_1d, not_applicable, padded_ints
 
 MAX_DIMS = 5
 
 
-@register
 class ActivStrided(Solver):
     id = 2
     name = "ActivStrided"

@@ -15,7 +15,6 @@ from kdbkit.runtime.solver import (
     launch_1d,
     launcher_1d,
     not_applicable,
-    register,
     vector_elements,
 )
 
@@ -44,7 +43,6 @@ def _infer_rows(context: Context, prog, problem: BatchNormProblem, eps):
     return infer
 
 
-@register
 class BatchNormBlock(Solver):
     id = 9
     name = "BatchNormBlock"

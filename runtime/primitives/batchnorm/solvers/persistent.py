@@ -20,7 +20,6 @@ from kdbkit.runtime.solver import (
     aligned16,
     fallback_invoker,
     not_applicable,
-    register,
     vector_elements,
 )
 
@@ -108,7 +107,6 @@ def _whole_vector_planes(problem: BatchNormProblem) -> bool:
     return all(v % per == 0 for v in (h * w, *problem.x_strides[:2], *problem.y_strides[:2]))
 
 
-@register
 class BatchNormPersistent(Solver):
     id = 19
     name = "BatchNormPersistent"

@@ -16,7 +16,6 @@ from kdbkit.runtime.solver import (
     launch_1d,
     launcher_1d,
     not_applicable,
-    register,
     vector_elements,
 )
 
@@ -28,7 +27,6 @@ def chunks_for(problem: BatchNormProblem) -> int:
     return max(1, min(n, TARGET_GROUPS // max(c, 1), MAX_GROUPS))
 
 
-@register
 class BatchNormSplit(Solver):
     id = 13
     name = "BatchNormSplit"

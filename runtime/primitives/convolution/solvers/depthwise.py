@@ -12,7 +12,7 @@ import numpy as np
 from kdbkit.runtime.primitives.convolution.problem import ConvProblem
 from kdbkit.runtime.primitives.convolution.solvers.common import fits_int_arguments, shape_args
 from kdbkit.runtime.program_key import ProgramRequest
-from kdbkit.runtime.solver import Solution, Solver, launcher_1d, not_applicable, register
+from kdbkit.runtime.solver import Solution, Solver, launcher_1d, not_applicable
 
 THREADS, MAX_TAPS = 256, 25  # conv_depthwise.c's CONV_DW_THREADS, CONV_DW_MAX_TAPS
 
@@ -32,7 +32,6 @@ def wrw_split(problem: ConvProblem, units: int) -> tuple[int, int, int]:
     return lanes, -(-positions // length), length
 
 
-@register
 class ConvDepthwise(Solver):
     id = 24
     name = "ConvDepthwise"

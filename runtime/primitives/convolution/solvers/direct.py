@@ -8,7 +8,7 @@ from __future__ import annotations
 from kdbkit.runtime.primitives.convolution.problem import ConvProblem
 from kdbkit.runtime.primitives.convolution.solvers.common import fits_int_arguments, shape_args
 from kdbkit.runtime.program_key import ProgramRequest
-from kdbkit.runtime.solver import Solution, Solver, launcher_1d, register
+from kdbkit.runtime.solver import Solution, Solver, launcher_1d
 
 WRW_BLOCK = 256  # conv_direct.c's CONV_WRW_BLOCK
 MAX_GROUPS = 65535
@@ -18,7 +18,6 @@ def program(problem: ConvProblem) -> ProgramRequest:
     return ProgramRequest("conv_direct.c", problem.dtype.options)
 
 
-@register
 class ConvDirect(Solver):
     id = 20
     name = "ConvDirect"

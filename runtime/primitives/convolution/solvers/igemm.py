@@ -14,7 +14,7 @@ import numpy as np
 from kdbkit.runtime.primitives.convolution.problem import ConvProblem
 from kdbkit.runtime.primitives.convolution.solvers.common import INT_MAX, fits_int_arguments, shape_args
 from kdbkit.runtime.program_key import ProgramRequest
-from kdbkit.runtime.solver import APPLIES, Solution, Solver, launcher_1d, not_applicable, register
+from kdbkit.runtime.solver import APPLIES, Solution, Solver, launcher_1d, not_applicable
 
 TILE, THREADS, STEP = 128, 256, 8  # conv_igemm.c's IG_BM = IG_BN, IG_THREADS, IG_BK
 MAX_GRID_YZ = 65535
@@ -45,7 +45,6 @@ def wrw_slices(problem: ConvProblem, units: int) -> tuple[int, int]:
     return -(-r // length), length
 
 
-@register
 class ConvImplicitGemm(Solver):
     id = 28
     name = "ConvImplicitGemm"

@@ -8,7 +8,7 @@ from __future__ import annotations
 from kdbkit.runtime.primitives.convolution.problem import ConvProblem
 from kdbkit.runtime.primitives.convolution.solvers.common import INT_MAX, shape_args
 from kdbkit.runtime.program_key import ProgramRequest
-from kdbkit.runtime.solver import APPLIES, Solution, Solver, not_applicable, register
+from kdbkit.runtime.solver import APPLIES, Solution, Solver, not_applicable
 from kdbkit.runtime.tensor import DataType
 
 ARCHS = ("gfx90a", "gfx942")  # MFMA 32x32x8 for f16 and bf16 (_1k)
@@ -21,7 +21,6 @@ def program(problem: ConvProblem) -> ProgramRequest | None:
     return ProgramRequest("conv_igemm_mfma.hip", problem.dtype.options)
 
 
-@register
 class ConvImplicitGemmMfma(Solver):
     id = 25
     name = "ConvImplicitGemmMfma"

@@ -21,7 +21,7 @@ from kdbkit.runtime.primitives.convolution.problem import ConvProblem
 from kdbkit.runtime.primitives.convolution.solvers.common import INT_MAX, shape_args
 from kdbkit.runtime.program_key import ProgramRequest
 from kdbkit.runtime.solver import (APPLIES, Context, Solution, Solver, aligned16, fallback_invoker, launcher_1d,
-                                   not_applicable, register, sm_version)
+                                   not_applicable, sm_version)
 from kdbkit.runtime.tensor import DataType
 
 TILE, THREADS, STAGES, STEP, PAD = 128, 128, 4, 32, 8  # conv_igemm_tc.cu's IG_BM = IG_BN, IG_THREADS, ...
@@ -107,7 +107,6 @@ def tensor_core_refusal(problem: ConvProblem, device):
     return None
 
 
-@register
 class ConvImplicitGemmTensorCore(Solver):
     id = 22
     name = "ConvImplicitGemmTensorCore"
@@ -257,7 +256,6 @@ def wrw_slices(problem: ConvProblem, units: int) -> int:
     return max(1, min(-(-4 * units // tiles), -(-n * ho * wo // 256)))
 
 
-@register
 class ConvWrwImplicitGemmTensorCore(Solver):
     """ConvWrwImplicitGemmTensorCore (id 23): backward weights of fp16/bf16 tensors on NVIDIA
     tensor cores (conv_igemm_tc.cu's conv_wrw_igemm_nhwc): dw = dy^T im2col(x) with the output

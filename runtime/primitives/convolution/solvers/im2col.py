@@ -20,7 +20,7 @@ from kdbkit.runtime.primitives.convolution.problem import ConvProblem
 from kdbkit.runtime.primitives.convolution.solvers.common import INT_MAX, fits_int_arguments, shape_args
 from kdbkit.runtime.primitives.gemm.problem import GemmProblem
 from kdbkit.runtime.program_key import ProgramRequest
-from kdbkit.runtime.solver import Solution, Solver, launcher_1d, not_applicable, register
+from kdbkit.runtime.solver import Solution, Solver, launcher_1d, not_applicable
 
 WORKSPACE_LIMIT = 4 << 30  # bytes; beyond it the solver does not apply
 
@@ -85,7 +85,6 @@ def _gemm(problem: ConvProblem) -> GemmProblem:
     return GemmProblem(t, k, r, n * p, trans_a=True, lda=k, ldb=r, ldc=r)
 
 
-@register
 class ConvIm2colGemm(Solver):
     id = 21
     name = "ConvIm2colGemm"

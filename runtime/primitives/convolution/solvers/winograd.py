@@ -12,7 +12,7 @@ from kdbkit.runtime.primitives.convolution.problem import ConvProblem
 from kdbkit.runtime.primitives.convolution.solvers.common import INT_MAX
 from kdbkit.runtime.primitives.gemm.problem import GemmProblem
 from kdbkit.runtime.program_key import ProgramRequest
-from kdbkit.runtime.solver import APPLIES, Solution, Solver, launcher_1d, not_applicable, register
+from kdbkit.runtime.solver import APPLIES, Solution, Solver, launcher_1d, not_applicable
 from kdbkit.runtime.tensor import DataType
 
 WORKSPACE_LIMIT = 4 << 30
@@ -29,7 +29,6 @@ def _tiles(problem: ConvProblem) -> tuple[int, int, int]:
     return th, tw, problem.x_shape[0] * th * tw
 
 
-@register
 class ConvWinogradF2x3(Solver):
     id = 27
     name = "ConvWinogradF2x3"

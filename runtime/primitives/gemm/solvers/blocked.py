@@ -8,12 +8,11 @@ from __future__ import annotations
 from kdbkit.runtime.primitives.gemm.problem import GemmProblem
 from kdbkit.runtime.primitives.gemm.solvers.common import fits, gemm_arguments
 from kdbkit.runtime.program_key import ProgramRequest
-from kdbkit.runtime.solver import APPLIES, Solution, Solver, not_applicable, register
+from kdbkit.runtime.solver import APPLIES, Solution, Solver, not_applicable
 
 TILE, THREADS, MAX_GRID_Y = 128, 256, 65535  # igemm_core.h's IG_BM = IG_BN, IG_THREADS
 
 
-@register
 class GemmBlocked(Solver):
     id = 29
     name = "GemmBlocked"

@@ -5,7 +5,7 @@ from __future__ import annotations
 from kdbkit.runtime.primitives.gemm.problem import GemmProblem
 from kdbkit.runtime.primitives.gemm.solvers.common import fits, gemm_arguments
 from kdbkit.runtime.program_key import ProgramRequest
-from kdbkit.runtime.solver import Solution, Solver, fast_when_aligned, not_applicable, register, sm_version
+from kdbkit.runtime.solver import Solution, Solver, fast_when_aligned, not_applicable, sm_version
 from kdbkit.runtime.tensor import DataType
 
 BLOCK_TILE, THREADS = 128, 256
@@ -23,7 +23,6 @@ FAST = {"gemm_tc_nn": (128, 128, _shared(128, 4), 32), "gemm_tc_nn_k64": (128, 1
         "gemm_tc_nn_wide_deep": (256, 256, _shared(256, 6), 32)}
 
 
-@register
 class GemmTensorCore(Solver):
     id = 11
     name = "GemmTensorCore"

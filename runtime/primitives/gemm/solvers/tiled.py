@@ -5,12 +5,11 @@ from __future__ import annotations
 from kdbkit.runtime.primitives.gemm.problem import GemmProblem
 from kdbkit.runtime.primitives.gemm.solvers.common import fits, gemm_arguments
 from kdbkit.runtime.program_key import ProgramRequest
-from kdbkit.runtime.solver import Solution, Solver, register
+from kdbkit.runtime.solver import Solution, Solver
 
 TILE = 16
 
 
-@register
 class GemmTiled(Solver):
     id = 10
     name = "GemmTiled"

@@ -10,7 +10,7 @@ import numpy as np
 from kdbkit.runtime.primitives.gemm.problem import GemmProblem
 from kdbkit.runtime.primitives.gemm.solvers.common import fits
 from kdbkit.runtime.program_key import ProgramRequest
-from kdbkit.runtime.solver import Solution, Solver, aligned16, fallback_invoker, not_applicable, register
+from kdbkit.runtime.solver import Solution, Solver, aligned16, fallback_invoker, not_applicable
 from kdbkit.runtime.tensor import DataType
 
 TILE, STEP, THREADS, STAGES = 128, 64, 256, 6
@@ -18,7 +18,6 @@ SHARED = STAGES * 2 * TILE * 128 + 1024  # the stages of A's and Bt's swizzled t
 ARCH_OPTION = "--gpu-architecture=sm_90a"  # wgmma exists only in the arch-specific sm_90a code
 
 
-@register
 class GemmWgmma(Solver):
     id = 16
     name = "GemmWgmma"

@@ -6,7 +6,7 @@ import numpy as np
 
 from kdbkit.runtime.primitives.layernorm.problem import LayerNormProblem
 from kdbkit.runtime.program_key import ProgramRequest
-from kdbkit.runtime.solver import APPLIES, Solution, Solver, launch_1d, not_applicable, register
+from kdbkit.runtime.solver import APPLIES, Solution, Solver, launch_1d, not_applicable
 
 BLOCK, MAX_GROUPS, INT_MAX = 256, 65535, 2**31 - 1
 
@@ -15,7 +15,6 @@ def program(problem: LayerNormProblem) -> ProgramRequest:
     return ProgramRequest("layernorm.c", problem.dtype.options)
 
 
-@register
 class LayerNormBlock(Solver):
     id = 7
     name = "LayerNormBlock"

@@ -8,7 +8,7 @@ import numpy as np
 from kdbkit.runtime.primitives.lanes import MAX_VECTORS, BLOCK, lanes_groups, lanes_options, lanes_tile
 from kdbkit.runtime.primitives.layernorm.problem import LayerNormProblem
 from kdbkit.runtime.program_key import ProgramRequest
-from kdbkit.runtime.solver import (APPLIES, Solution, Solver, aligned16, fallback_invoker, not_applicable, register,
+from kdbkit.runtime.solver import (APPLIES, Solution, Solver, aligned16, fallback_invoker, not_applicable,
                                    vector_elements)
 
 INT_MAX = 2**31 - 1
@@ -18,7 +18,6 @@ def vectors_per_row(problem: LayerNormProblem) -> int:
     return problem.inner // vector_elements(problem.dtype)
 
 
-@register
 class LayerNormLanes(Solver):
     id = 15
     name = "LayerNormLanes"

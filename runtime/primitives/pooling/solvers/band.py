@@ -13,7 +13,7 @@ from kdbkit.runtime.primitives.pooling.solvers.common import (
     program,
     vector_or_element,
 )
-from kdbkit.runtime.solver import Solution, Solver, not_applicable, register, vector_elements
+from kdbkit.runtime.solver import Solution, Solver, not_applicable, vector_elements
 
 BAND = 6144  # pooling.c's POOL_BAND: floats of input a group stages
 THREADS, MAX_GROUPS = 256, 65535
@@ -26,7 +26,6 @@ def band_rows(problem: PoolProblem) -> int:
     return 0 if rows < kh else min((rows - kh) // sh + 1, problem.out_hw[0])
 
 
-@register
 class PoolBand(Solver):
     id = 17
     name = "PoolBand"

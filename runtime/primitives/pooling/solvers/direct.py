@@ -7,13 +7,12 @@ import numpy as np
 
 from kdbkit.runtime.primitives.pooling.problem import MODES, PoolProblem
 from kdbkit.runtime.primitives.pooling.solvers.common import INT_MAX, fits_int_arguments, geometry, program
-from kdbkit.runtime.solver import Solution, Solver, launch_1d, register
+from kdbkit.runtime.solver import Solution, Solver, launch_1d
 
 MAX_GRID_Z = 65535
 SMALL_WINDOW, SMALL_RUN = 3, 4  # pooling.c's POOL_SMALL and POOL_RUN
 
 
-@register
 class PoolDirect(Solver):
     id = 8
     name = "PoolDirect"

@@ -10,7 +10,7 @@ import numpy as np
 from kdbkit.runtime.primitives.pooling.problem import MODES, PoolProblem
 from kdbkit.runtime.primitives.pooling.solvers.common import fits_int_arguments
 from kdbkit.runtime.program_key import ProgramRequest
-from kdbkit.runtime.solver import Solution, Solver, aligned16, launcher_1d, not_applicable, register, vector_elements
+from kdbkit.runtime.solver import Solution, Solver, aligned16, launcher_1d, not_applicable, vector_elements
 
 GEOMETRIES = ((3, 2, 1), (3, 2, 0), (2, 2, 0), (3, 1, 1))  # (window, stride, left/right pad), pool_strip.c's
 STRIP_ROWS = 4  # pool_strip.c's POOL_STRIP_ROWS
@@ -30,7 +30,6 @@ def kernel_name(problem: PoolProblem) -> str | None:
     return f"pool_strip_k{kw}s{sw}p{pw}_{variant}"
 
 
-@register
 class PoolStrip(Solver):
     id = 18
     name = "PoolStrip"

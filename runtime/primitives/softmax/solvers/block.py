@@ -10,13 +10,12 @@ from kdbkit.runtime.primitives.softmax.solvers.common import (
     kernel_and_buffers,
     program,
 )
-from kdbkit.runtime.solver import Solution, Solver, register
+from kdbkit.runtime.solver import Solution, Solver
 
 BLOCK = 256  # the kernel's default -DBLOCK
 MAX_GROUPS = 65535
 
 
-@register
 class SoftmaxBlock(Solver):
     id = 4
     name = "SoftmaxBlock"

@@ -9,7 +9,7 @@ from kdbkit.runtime.primitives.lanes import BLOCK, MAX_VECTORS, lanes_groups, la
 from kdbkit.runtime.primitives.softmax.problem import SoftmaxProblem
 from kdbkit.runtime.primitives.softmax.solvers.common import KERNEL_FILE, arguments, fits_int_arguments
 from kdbkit.runtime.program_key import ProgramRequest
-from kdbkit.runtime.solver import (Solution, Solver, aligned16, fallback_invoker, not_applicable, register,
+from kdbkit.runtime.solver import (Solution, Solver, aligned16, fallback_invoker, not_applicable,
                                    vector_elements)
 
 
@@ -31,7 +31,6 @@ def _contiguous_rows(problem: SoftmaxProblem, strides: tuple[int, ...], per: int
     return packed and (strides[0] % per == 0 or n == 1)
 
 
-@register
 class SoftmaxLanes(Solver):
     id = 14
     name = "SoftmaxLanes"

@@ -10,12 +10,11 @@ from kdbkit.runtime.primitives.softmax.solvers.common import (
     kernel_and_buffers,
     program,
 )
-from kdbkit.runtime.solver import Solution, Solver, not_applicable, register
+from kdbkit.runtime.solver import Solution, Solver, not_applicable
 
 BLOCK, ROWS_PER_GROUP, MAX_ROW, MAX_GROUPS = 256, 8, 1024, 65535
 
 
-@register
 class SoftmaxRows(Solver):
     id = 12
     name = "SoftmaxRows"

@@ -4,12 +4,11 @@ from __future__ import annotations
 
 from kdbkit.runtime.primitives.softmax.problem import SoftmaxProblem
 from kdbkit.runtime.primitives.softmax.solvers.common import arguments, fits_int_arguments, kernel_and_buffers, program
-from kdbkit.runtime.solver import Solution, Solver, launcher_1d, not_applicable, register
+from kdbkit.runtime.solver import Solution, Solver, launcher_1d, not_applicable
 
 MAX_ROW = 64  # a longer row is read one strided element per thread per step: SoftmaxBlock's case
 
 
-@register
 class SoftmaxThread(Solver):
     id = 3
     name = "SoftmaxThread"

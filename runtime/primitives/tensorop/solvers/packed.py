@@ -13,7 +13,6 @@ from kdbkit.runtime.solver import (
     fast_when_aligned,
     launcher_1d,
     not_applicable,
-    register,
     vector_elements,
 )
 from kdbkit.runtime.tensor import TensorDesc
@@ -36,7 +35,6 @@ UNROLL = 1  # tensorop.c's OP_UNROLL: vectors per thread and step
 GROUPS_PER_UNIT = 6
 
 
-@register
 class OpTensorPacked(Solver):
     id = 5
     name = "OpTensorPacked"

@@ -21,7 +21,6 @@ from kdbkit.runtime.solver import (
     launcher_1d,
     not_applicable,
     padded_ints,
-    register,
     vector_elements,
 )
 
@@ -47,7 +46,6 @@ def rows_geometry(problem: TensorOpProblem) -> list | None:
             *(v for t in strides for v in padded_ints(tuple(s // vec for s in t[:-1]), 0, outer))]
 
 
-@register
 class OpTensorStrided(Solver):
     id = 6
     name = "OpTensorStrided"
