@@ -104,7 +104,10 @@ def sm_version(arch: str) -> int | None:
 
 
 class Solver(ABC):
-    """One way to compute a primitive. Subclasses set ``id``, ``name`` and ``primitive``."""
+    """One way to compute a primitive. Subclasses set ``id`` (stable, never reused), ``name`` and
+    ``primitive``, and define :meth:`is_applicable` and :meth:`solution`; the primitive's
+    ``SOLVERS`` lists them in priority order (a solver from outside kdbkit:
+    ``REGISTRY.register(MySolver(), before=...)``)."""
 
     id: int
     name: str
