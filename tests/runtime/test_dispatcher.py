@@ -18,7 +18,6 @@ from kdbkit.runtime.primitives.softmax import SoftmaxProblem
 from kdbkit.runtime.reference import softmax as softmax_ref
 from kdbkit.runtime.solver import REGISTRY
 from kdbkit.runtime.tensor import DataType
-from tests.runtime.chain_fixtures import chain_backend, chain_device, isolated, make_handle  # noqa: F401
 
 TOY_ID = 9001  # no shipped solver's: ids are never reused
 
@@ -93,7 +92,7 @@ def _problem(shape=(5, 3, 4, 7)) -> SoftmaxProblem:
     return SoftmaxProblem("fwd", "accurate", "instance", DataType.FP32, shape, strides, strides)
 
 
-def test_a_solver_from_outside_kdbkit_is_asked_for_chosen_first_and_found(toy, make_handle):  # noqa: F811
+def test_a_solver_from_outside_kdbkit_is_asked_for_chosen_first_and_found(toy, make_handle):
     x = np.random.default_rng(5).standard_normal((5, 3, 4, 7)).astype(np.float32)
     want = softmax_ref.forward(x, "accurate", "instance")
     toy.install()
@@ -145,7 +144,7 @@ def test_every_solver_s_programs_are_its_solution_s():
     assert checked >= len(list(REGISTRY))
 
 
-def test_find_forgets_the_choice_it_ranked_anew(make_handle):  # noqa: F811
+def test_find_forgets_the_choice_it_ranked_anew(make_handle):
     handle = make_handle()
     problem = _problem()
     before = handle.dispatcher.choose(problem)
