@@ -21,7 +21,6 @@ import numpy as np
 from kdbkit.kdb.find_db import FindRecord
 from kdbkit.runtime import env
 from kdbkit.runtime.errors import HandleClosedError, NoSolverError, ProblemError
-from kdbkit.runtime.immediate import invoker, ranked_solvers
 from kdbkit.runtime.logging_setup import get_logger, warn_once
 from kdbkit.runtime.problem import Problem, parse_config
 from kdbkit.runtime.solver import REGISTRY, Solver, enabled
@@ -80,8 +79,8 @@ def find_solutions(handle: "Handle", problem: Problem | str, *, sort_by: str = "
             buffer.free()
     ranked = _sorted(timed, "time")
     records = [FindRecord(s.solver_id, s.solver, rank, s.time_ms, s.workspace) for rank, s in enumerate(ranked)]
-    handle.find_db.store(problem.config(), records)
-    handle.choices.pop(problem.config(), None)  # immediate mode reads the new ranking next time
+    handle.dispatcher.find_db.store(problem.config(), records)
+    handle.dispatcher.forget(problem.config())  # immediate mode reads the new ranking next time
     return _sorted(timed, sort_by)
 
 
@@ -101,8 +100,8 @@ def recorded_solutions(handle: "Handle", problem: Problem) -> list[Solution]:
 
 
 def iter_recorded_solutions(handle: "Handle", problem: Problem) -> Iterator[Solution]:
-    """:func:`recorded_solutions` one at a time, best first (immediate mode's :func:`ranked_solvers`)."""
-    for record, solver, where in ranked_solvers(handle, problem):
+    """:func:`recorded_solutions` one at a time, best first (the dispatcher's ranking)."""
+    for record, solver, where in handle.dispatcher.ranked(problem):
         yield Solution(problem, solver.id, solver.name, record.time_ms, record.workspace, where)
 
 
@@ -113,7 +112,7 @@ def run_solution(handle: "Handle", solution: Solution, **tensors: Any) -> None:
         raise NoSolverError(f"solution names solver {solution.solver_id}, which this kdbkit lacks",
                             "run find_solutions again")
     buffers = {name: getattr(t, "buffer", t) for name, t in tensors.items()}
-    invoker(handle, solution.problem, solver)(**buffers)
+    handle.dispatcher.invoker(solution.problem, solver)(**buffers)
 
 
 def _candidates(problem: Problem, device) -> list[Solver]:
@@ -169,7 +168,7 @@ def _scratch(handle: "Handle", problem: Problem) -> dict[str, Any]:
 
 
 def _time(handle: "Handle", problem: Problem, solver: Solver, scratch: dict[str, Any], repeat: int) -> Solution:
-    run = invoker(handle, problem, solver)
+    run = handle.dispatcher.invoker(problem, solver)
     run(**scratch)  # warm-up: first-launch costs are not the solver's
     ms = handle.backend.time_ms(lambda: run(**scratch), repeat=repeat)
     _log.info("find %s: %s %.4f ms", problem.config(), solver.name, ms)

@@ -8,6 +8,9 @@ the same user cache folder, and sets up the problems that handle ran (``kdbkit.r
 therefore sees each kernel source as it was when it first digested it; make a new one to pick
 up edits (a JIT compile always keys what it compiles by the source as it is then).
 
+Its :attr:`Handle.dispatcher` (``kdbkit.runtime.dispatcher``) chooses solvers, makes and keeps
+their invokers and repeat-call plans, and holds the find-db.
+
 The chain (``kdbkit.runtime.lookup``): memory, then the tiers ``sources`` names, else
 ``KDB_CACHE_SOURCES``, else the default: system bundles (exact ``<arch>_<cu>.kdb``, then
 ``<arch>.kdb``), the user cache (unless ``KDB_DISABLE_CACHE``), the JIT (unless
@@ -24,16 +27,15 @@ Example::
 from __future__ import annotations
 
 import logging
-import threading
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any, Iterable, Sequence
 
 from kdbkit.kdb.find_db import FindDb
-from kdbkit.kdb.version import __version__
-from kdbkit.runtime import cache_sources, env, kernel_sources, paths, prefetch, startup_memo
+from kdbkit.runtime import cache_sources, env, kernel_sources, prefetch, startup_memo
 from kdbkit.runtime.backends.base import Backend, DeviceInfo
 from kdbkit.runtime.compilers import Compiler, LazyCompiler
+from kdbkit.runtime.dispatcher import Dispatcher
 from kdbkit.runtime.errors import JitDisabledError  # noqa: F401 - re-exported for callers of program()
 from kdbkit.runtime.errors import HandleClosedError, ProblemError
 from kdbkit.runtime.kernel_sources import KernelSearchPath
@@ -45,10 +47,6 @@ from kdbkit.runtime.system_bundles import Candidate
 from kdbkit.runtime.tier import Source, SourceInfo, TierContext
 
 _log = get_logger(__name__)
-
-
-class _NotInBundle(Exception):
-    """The prefetch worker met a program its bundle does not hold: it leaves that problem to the caller."""
 
 
 class Handle:
@@ -109,17 +107,11 @@ class Handle:
         self._system = next((t for t in tiers if isinstance(t, SystemBundleSource)), None)
         self._user = next((t for t in tiers if isinstance(t, UserCacheSource)), None)
         self.chain = LookupChain(tiers, backend.load, self.device.name)
-        # Invokers of the primitives' solvers, by (config string, solver id): runtime/immediate.py.
-        self.invokers: dict[tuple[str, int], object] = {}
-        self.choices: dict[str, object] = {}  # immediate mode's choice per config string
-        self.plans: dict[tuple, object] = {}  # repeat calls' plans: runtime/primitives/repeat.py
+        self.dispatcher = Dispatcher(backend, self._resolve, asked=self.problem_asked)  # choices, invokers, plans
         self._asked: dict[ProgramRequest, None] = {}  # every request, in first-asked order
         self._problems: dict[str, None] = {}  # config strings run in immediate mode, in first-asked order
         self._prefetch_key: str | None = None  # the system bundle whose programs the memo lists
         self._prefetch: prefetch.Prefetch | None = None
-        self._from_bundle_only = threading.local()  # set on the prefetch worker while it sets a problem up
-        self._find_db: FindDb | None = None
-        self._find_db_lock = threading.Lock()
         self.prepare_steps: list[Step] = self._prepare()
         if _log.isEnabledFor(logging.INFO):
             _log.info("handle for %s (%s): %s", self.device.name, self.target,
@@ -235,11 +227,6 @@ class Handle:
         if self.closed:
             raise HandleClosedError()
         request = ProgramRequest(kernel_file, options)
-        if getattr(self._from_bundle_only, "on", False):  # the prefetch worker, for a problem's invoker
-            program = self.chain.preload(request, self._system)
-            if program is None:
-                raise _NotInBundle(f"{request} is not in {self._prefetch_key}: the caller's lookup will find it")
-            return program
         if request not in self._asked:
             self._asked[request] = None
             if self._prefetch is not None:
@@ -250,22 +237,25 @@ class Handle:
                          logger=_log)
         return program
 
+    def _resolve(self, request: ProgramRequest) -> Program:
+        """The dispatcher's resolver for the caller's solvers: :meth:`program`."""
+        return self.program(request.kernel_file, request.options)
+
     def _prefetch_one(self, item: ProgramRequest | str) -> None:
         """The prefetch worker's work: load a program from the system bundle, or set up a
         problem (its config string) as its first call would: the solver chosen and its invoker
-        built, with programs from memory or that bundle only (never compiled here)."""
+        made by the dispatcher, with programs from memory or that bundle only (never compiled
+        here: a program the bundle lacks leaves the problem to the caller)."""
         if isinstance(item, ProgramRequest):
             self.chain.preload(item, self._system)
             return
-        from kdbkit.runtime import immediate
         from kdbkit.runtime.problem import parse_config
 
-        problem = parse_config(item)
-        self._from_bundle_only.on = True
-        try:
-            immediate.invoker(self, problem, immediate.choose(self, problem).solver)
-        finally:
-            self._from_bundle_only.on = False
+        self.dispatcher.invoker(parse_config(item), resolver=self._from_bundle)
+
+    def _from_bundle(self, request: ProgramRequest) -> Program | None:
+        """The prefetch worker's resolver: memory or the system bundle, else None."""
+        return self.chain.preload(request, self._system)
 
     def problem_asked(self, config: str) -> None:
         """Immediate mode runs ``config``: note it for the next handle (the caller's problems
@@ -318,32 +308,22 @@ class Handle:
 
     @property
     def find_db(self) -> FindDb:
-        """This device's find-db: system files beside the bundles, the user file under KDB_USER_DB_PATH
-        (made on first use, once: the prefetch worker and the caller may both ask first)."""
-        db = self._find_db
-        if db is None:
-            with self._find_db_lock:
-                if self._find_db is None:
-                    self._find_db = FindDb(
-                        Path(self.target.bundle_name()).stem,
-                        [d.path for d in paths.iter_system_db_dirs() if not d.is_file], paths.user_db_dir(),
-                        producer=f"kdbkit {__version__}", warn=lambda key, message: warn_once(key, message, logger=_log))
-                db = self._find_db
-        return db
+        """This device's find-db (its dispatcher's): system files beside the bundles, the user
+        file under KDB_USER_DB_PATH."""
+        return self.dispatcher.find_db
 
     def close(self) -> None:
         """Close the bundles, the user cache and the find-db, and the backend if this handle opened it."""
         if self._prefetch is not None:
             self._prefetch.close()  # before the bundle and the device it loads from are closed
-        if self._find_db is not None:
-            self._find_db.close()
+        self.dispatcher.close()
         self._remember_programs()
         self.chain.close()
         startup_memo.memo().save()  # files digested since the handle was made, programs it used
         if self._owns_backend:
             self.backend.close()
         self.closed = True
-        self.plans.clear()  # a repeat call then takes the full path, which refuses a closed handle
+        self.dispatcher.plans.clear()  # a repeat call then takes the full path, which refuses a closed handle
 
     def __enter__(self) -> "Handle":
         return self

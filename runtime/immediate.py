@@ -1,4 +1,4 @@
-"""Immediate mode: pick a solver for a problem without timing anything, and cache its invoker.
+"""Immediate mode: pick a solver for a problem without timing anything.
 
 In order: the solver the caller asked for; else the find-db's best for the problem's config
 string (a solver it names that no longer exists or applies is skipped with a log line); else
@@ -7,12 +7,16 @@ the heuristic, the registry's order, in which each primitive registers its speci
 does not suit the problem (slow there) unless nothing else applies. The choice carries how it was made and a trace
 with one accepted or rejected (reason) line per solver; when nothing applies the error prints
 that trace.
+
+The functions here are pure (problem, device, find-db ranking in; choice out); the handle's
+:class:`~kdbkit.runtime.dispatcher.Dispatcher` calls them and keeps their answers.
+:func:`choose`, :func:`invoker` and :func:`ranked_solvers` are the dispatcher's, by handle.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Iterator
+from typing import TYPE_CHECKING, Iterable, Iterator
 
 from kdbkit.runtime.errors import NoSolverError
 from kdbkit.runtime.logging_setup import get_logger
@@ -21,6 +25,7 @@ from kdbkit.runtime.solver import REGISTRY, Invoker, Solver, enabled
 
 if TYPE_CHECKING:
     from kdbkit.kdb.find_db import FindRecord
+    from kdbkit.runtime.backends.base import DeviceInfo
     from kdbkit.runtime.handle import Handle
 
 _log = get_logger(__name__)
@@ -28,7 +33,7 @@ _log = get_logger(__name__)
 
 @dataclass(frozen=True)
 class Choice:
-    """The solver picked for a problem, how (``heuristic`` or ``asked``), and every solver's verdict."""
+    """The solver picked for a problem, how (``asked``, ``find-db`` or ``heuristic``), and every solver's verdict."""
 
     solver: Solver
     how: str
@@ -36,42 +41,55 @@ class Choice:
 
 
 def choose(handle: "Handle", problem: Problem, solver: int | str | None = None) -> Choice:
-    """The solver for ``problem``: the one asked for, else the find-db's best, else the first that applies.
+    """The solver for ``problem`` on ``handle`` (:meth:`Dispatcher.choose`): the one asked for,
+    else the find-db's best, else the first that applies.
 
     Raises:
         NoSolverError: the solver asked for does not exist, is for another primitive or does
             not apply; or none applies (the message lists each solver's reason).
     """
-    device = handle.device
-    candidates = REGISTRY.for_primitive(problem.primitive)
-    if solver is not None:
-        chosen = REGISTRY.find(solver)
-        if chosen is None or chosen.primitive != problem.primitive:
-            names = ", ".join(f"{s.id} {s.name}" for s in candidates)
-            raise NoSolverError(f"no {problem.primitive} solver {solver!r}", f"choose one of: {names}")
-        verdict = chosen.is_applicable(problem, device)
-        if not verdict:
-            raise NoSolverError(f"solver {chosen.name} does not apply to {problem}: {verdict.reason}",
-                                "choose another solver, or none to let kdbkit pick")
-        return Choice(chosen, "asked", (f"{chosen.name}: asked for, applies",))
-    config = problem.config()
-    handle.problem_asked(config)  # noted for the next handle; the prefetch worker may be choosing it now
-    cached = handle.choices.get(config)
-    if cached is not None:
-        return cached
-    choice = _choose(handle, problem, candidates)
-    handle.choices[config] = choice
-    return choice
+    return handle.dispatcher.choose(problem, solver)
 
 
-def _choose(handle: "Handle", problem: Problem, candidates: list[Solver]) -> Choice:
-    """The find-db's best, else the heuristic (uncached)."""
-    device = handle.device
-    for _, best, where in ranked_solvers(handle, problem):
+def invoker(handle: "Handle", problem: Problem, chosen: Solver) -> Invoker:
+    """The invoker of ``chosen`` for ``problem`` on ``handle`` (:meth:`Dispatcher.invoker`)."""
+    return handle.dispatcher.invoker(problem, chosen)
+
+
+def ranked_solvers(handle: "Handle", problem: Problem) -> Iterator[tuple["FindRecord", Solver, str]]:
+    """The find-db's ranking for ``problem`` on ``handle`` (:meth:`Dispatcher.ranked`)."""
+    return handle.dispatcher.ranked(problem)
+
+
+def asked(problem: Problem, device: "DeviceInfo", solver: int | str) -> Choice:
+    """The solver the caller named (an id or a name), if it is ``problem``'s and applies.
+
+    Raises:
+        NoSolverError: it does not exist, is for another primitive, or does not apply.
+    """
+    chosen = REGISTRY.find(solver)
+    if chosen is None or chosen.primitive != problem.primitive:
+        names = ", ".join(f"{s.id} {s.name}" for s in REGISTRY.for_primitive(problem.primitive))
+        raise NoSolverError(f"no {problem.primitive} solver {solver!r}", f"choose one of: {names}")
+    verdict = chosen.is_applicable(problem, device)
+    if not verdict:
+        raise NoSolverError(f"solver {chosen.name} does not apply to {problem}: {verdict.reason}",
+                            "choose another solver, or none to let kdbkit pick")
+    return Choice(chosen, "asked", (f"{chosen.name}: asked for, applies",))
+
+
+def heuristic(problem: Problem, device: "DeviceInfo",
+              ranked: Iterable[tuple["FindRecord", Solver, str]]) -> Choice:
+    """The best of the find-db's ``ranked`` solvers that is enabled, else the heuristic's.
+
+    Raises:
+        NoSolverError: none applies (the message lists each solver's reason).
+    """
+    for _, best, where in ranked:
         if enabled(best):
             return Choice(best, "find-db", (f"{best.name}: ranked first by the find-db ({where})",))
     trace, passed_over = [], None
-    for candidate in candidates:
+    for candidate in REGISTRY.for_primitive(problem.primitive):
         if not enabled(candidate):
             trace.append(f"{candidate.name}: disabled by {candidate.switch.name}=0")
             continue
@@ -92,12 +110,13 @@ def _choose(handle: "Handle", problem: Problem, candidates: list[Solver]) -> Cho
                         "re-enable the solvers switched off")
 
 
-def ranked_solvers(handle: "Handle", problem: Problem) -> Iterator[tuple["FindRecord", Solver, str]]:
-    """The find-db's ranking for ``problem``, best first, as (record, solver, where): ``where`` is
-    ``user`` or a system find-db's path. A solver this kdbkit lacks or that no longer applies is
-    skipped with a log line; the rest are asked nothing until reached (immediate mode stops at
-    the first). Here rather than in ``find``, so that a first call never imports the tuner."""
-    found = handle.find_db.load(problem.config())
+def ranked(found: "tuple[list[FindRecord], str] | None", problem: Problem,
+           device: "DeviceInfo") -> Iterator[tuple["FindRecord", Solver, str]]:
+    """A find-db's ranking for ``problem`` (``found``: its records and where they came from,
+    ``user`` or a system find-db's path, or None), best first, as (record, solver, where). A
+    solver this kdbkit lacks or that no longer applies is skipped with a log line; the rest are
+    asked nothing until reached (immediate mode stops at the first). Here rather than in
+    ``find``, so that a first call never imports the tuner."""
     if found is None:
         return
     records, where = found
@@ -106,19 +125,10 @@ def ranked_solvers(handle: "Handle", problem: Problem) -> Iterator[tuple["FindRe
         reason = None
         if solver is None or solver.primitive != problem.primitive:
             reason = "no such solver in this kdbkit"
-        elif not (verdict := solver.is_applicable(problem, handle.device)):
+        elif not (verdict := solver.is_applicable(problem, device)):
             reason = f"it no longer applies: {verdict.reason}"
         if reason:
             _log.info("find-db %s: skipping solver %s (%d) for %s: %s", where, record.solver, record.solver_id,
                       problem.config(), reason)
             continue
         yield record, solver, where
-
-
-def invoker(handle: "Handle", problem: Problem, chosen: Solver) -> Invoker:
-    """The invoker of ``chosen`` for ``problem``, built once per (config string, solver id) and handle."""
-    key = (problem.config(), chosen.id)
-    cached = handle.invokers.get(key)
-    if cached is None:
-        cached = handle.invokers[key] = chosen.invoker(handle, problem)
-    return cached

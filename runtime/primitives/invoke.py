@@ -7,7 +7,7 @@ from typing import TYPE_CHECKING
 from kdbkit.runtime import env, numerics
 from kdbkit.runtime.backends.base import Buffer
 from kdbkit.runtime.errors import HandleClosedError
-from kdbkit.runtime.immediate import Choice, choose, invoker
+from kdbkit.runtime.immediate import Choice, choose
 from kdbkit.runtime.logging_setup import log_command
 from kdbkit.runtime.primitives import repeat
 from kdbkit.runtime.problem import Problem
@@ -38,12 +38,12 @@ def invoke(handle: "Handle", problem: Problem, solver: int | str | None, inputs:
         from kdbkit.runtime.driver.registry import command_line  # the driver imports this module
 
         log_command(command_line(problem, solver))
-    choice = choose(handle, problem, solver)
+    choice = choose(handle, problem, solver)  # the handle's dispatcher's
     checking = numerics.flags()
     if checking:
         numerics.check(handle.backend, problem.config(), "input", [(n, b, d) for n, (b, d) in inputs.items()])
     tensors = (*inputs.items(), *outputs.items(), *(unused or {}).items())
-    run, buffers = invoker(handle, problem, choice.solver), {n: b for n, (b, _) in tensors}
+    run, buffers = handle.dispatcher.invoker(problem, choice.solver), {n: b for n, (b, _) in tensors}
     run(**buffers)
     repeat.note_invoke(run, buffers)
     if checking:

@@ -26,7 +26,7 @@ from typing import Any, Callable
 from kdbkit.runtime import env, interop
 from kdbkit.runtime.tensor import DeviceTensor
 
-MAX_PLANS = 4096  # per handle; past it the plans start over (a program with endless shapes)
+MAX_PLANS = 4096  # per handle (its dispatcher keeps them); past it the plans start over (a program with endless shapes)
 _recording: contextvars.ContextVar["_Recorder | None"] = contextvars.ContextVar("kdbkit_plan", default=None)
 
 
@@ -220,7 +220,7 @@ def repeatable(api: str, tensors: tuple[str, ...]) -> Callable:
             if ... in signatures or _full_path_only():
                 return function(handle, *args, **kwargs)
             key = (api, *signatures, *[values[i] for i in other_slots])
-            plans = handle.plans
+            plans = handle.dispatcher.plans
             try:
                 plan = plans.get(key)
             except TypeError:  # an unhashable parameter (a list for a window, ...): no plan

@@ -118,18 +118,18 @@ def test_the_problems_a_closed_handle_ran_are_set_up_again_by_the_next_one_s_wor
     build_bundle(chain_backend.device.target, [(r.kernel_file, r.options) for r in used], isolated / "system")
     with Handle(backend=chain_backend) as first:
         run(first)
-        configs = list(first.choices)
+        configs = list(first.dispatcher.choices)
     assert len(configs) == 2 and _memo_entry(first) and \
         startup_memo.memo().section(prefetch.PROBLEMS_SECTION)[first._prefetch_key] == configs
 
     with Handle(backend=chain_backend) as second:  # the worker chooses and builds both before any call
         assert second._prefetch.listed == len(used) + 2
         second._prefetch._thread.join(10)
-        assert list(second.choices) == configs and [config for config, _ in second.invokers] == configs
-        choices, invokers = dict(second.choices), dict(second.invokers)
+        assert list(second.dispatcher.choices) == configs and [config for config, _ in second.dispatcher.invokers] == configs
+        choices, invokers = dict(second.dispatcher.choices), dict(second.dispatcher.invokers)
         results = run(second)  # the caller's calls take them: nothing chosen or built again
-        assert second.choices == choices and all(second.invokers[k] is v for k, v in invokers.items())
-        assert len(second.invokers) == len(invokers)
+        assert second.dispatcher.choices == choices and all(second.dispatcher.invokers[k] is v for k, v in invokers.items())
+        assert len(second.dispatcher.invokers) == len(invokers)
         for got, want in zip(results, expected):
             np.testing.assert_allclose(got, want, rtol=1e-6)
         assert second.resolved_by_source == {"system": len(used)} and list(second._problems) == configs
@@ -151,10 +151,35 @@ def test_a_problem_whose_program_the_bundle_lacks_is_left_to_the_caller_and_neve
     memo.put(prefetch.PROBLEMS_SECTION, second._prefetch_key, [relu, "nonsense,x=1", 7])  # damaged ones skipped
     with Handle(backend=chain_backend) as third:
         third._prefetch._thread.join(10)
-        assert list(third.choices) == [relu] and third.invokers == {}  # chosen; its invoker left to the caller
+        assert list(third.dispatcher.choices) == [relu] and third.dispatcher.invokers == {}  # chosen; its invoker left to the caller
         assert third.resolved_by_source == {}  # the worker compiled nothing and loaded nothing from elsewhere
         np.testing.assert_allclose(kdbkit.activation_forward(third, x, "relu"), want)
         assert third.resolved_by_source == {"user": 1}
+
+
+def test_bundle_only_is_the_resolver_a_call_passes_not_a_switch_on_the_thread(isolated, chain_backend):
+    """The worker sets a problem up through the dispatcher with a resolver that reads the system
+    bundle only; nothing about the thread changes what the handle's lookup does. The same call
+    made from the caller's thread leaves a problem whose program the bundle lacks unresolved
+    (nothing kept, nothing compiled, nothing loaded), and the caller's own call then compiles it."""
+    import numpy as np
+    import pytest
+
+    import kdbkit
+    from kdbkit.runtime.primitives.activation import ActivationMode, ActivationProblem
+    from kdbkit.runtime.tensor import DataType
+
+    x = np.random.default_rng(6).standard_normal((3, 17)).astype(np.float32)
+    problem = ActivationProblem("fwd", ActivationMode.RELU, DataType.FP32, (3, 17), (17, 1), (17, 1))
+    _system_bundle(isolated / "system", chain_backend, chain_backend.device.target, samples=SAMPLES[:1])
+    with Handle(backend=chain_backend) as handle:  # a bundle without the relu program
+        assert not any(isinstance(v, threading.local) for v in vars(handle).values())
+        with pytest.raises(Exception, match="left to the caller"):
+            handle.dispatcher.invoker(problem, resolver=handle._from_bundle)
+        assert dict(handle.dispatcher.invokers) == {} and handle.resolved_by_source == {}
+        np.testing.assert_allclose(kdbkit.activation_forward(handle, x, "relu"), np.maximum(x, 0))
+        assert "system" not in handle.resolved_by_source and sum(handle.resolved_by_source.values()) == 1
+        assert list(handle.dispatcher.invokers) == [(problem.config(), handle.dispatcher.choose(problem).solver.id)]
 
 
 def test_the_worker_collects_garbage_once_after_its_list_unless_stopped(monkeypatch):

@@ -15,7 +15,7 @@ from kdbkit.runtime.primitives.invoke import invoke
 from kdbkit.runtime.primitives.operands import Operands, device_default
 from kdbkit.runtime.problem import Problem, require
 from kdbkit.runtime.program_key import ProgramRequest
-from kdbkit.runtime.solver import APPLIES, Solver, launcher_1d, not_applicable, register
+from kdbkit.runtime.solver import APPLIES, REGISTRY, Solution, Solver, launcher_1d, not_applicable
 from kdbkit.runtime.tensor import DataType, TensorDesc, format_dims, parse_dims
 
 BLOCK = 256  # conv_bias.c's CONV_BIAS_BLOCK
@@ -62,7 +62,6 @@ def program(problem: ConvBiasProblem) -> ProgramRequest:
     return ProgramRequest("conv_bias.c", problem.dtype.options)
 
 
-@register
 class ConvBias(Solver):
     """ConvBias (id 26): conv_bias.c, forward a thread per element, backward a group per channel."""
 
@@ -78,18 +77,24 @@ class ConvBias(Solver):
     def programs(self, problem: ConvBiasProblem):
         return [program(problem)]
 
-    def invoker(self, handle, problem: ConvBiasProblem):
-        request = program(problem)
-        prog = handle.program(request.kernel_file, request.options)
-        args = [np.int32(v) for v in (*problem.shape, *problem.strides)]
-        if problem.direction == "fwd":
-            fast = launcher_1d(handle, prog.function("conv_bias_fwd"), int(np.prod(problem.shape)), [None, None, *args],
-                               max_groups=1 << 16)
-            return lambda y, bias: fast(y, bias)
-        groups = min(problem.shape[1], 65535)
-        fast = handle.backend.launcher(prog.function("conv_bias_bwd"), (groups, 1, 1), (BLOCK, 1, 1),
-                                       [None, None, *args])
-        return lambda dy, db: fast(dy, db)
+    def solution(self, problem: ConvBiasProblem, device):
+        def invoker_factory(programs, context):
+            prog = programs[0]
+            args = [np.int32(v) for v in (*problem.shape, *problem.strides)]
+            if problem.direction == "fwd":
+                fast = launcher_1d(context, prog.function("conv_bias_fwd"), int(np.prod(problem.shape)),
+                                   [None, None, *args], max_groups=1 << 16)
+                return lambda y, bias: fast(y, bias)
+            groups = min(problem.shape[1], 65535)
+            fast = context.backend.launcher(prog.function("conv_bias_bwd"), (groups, 1, 1), (BLOCK, 1, 1),
+                                            [None, None, *args])
+            return lambda dy, db: fast(dy, db)
+
+        return Solution(self.programs(problem), invoker_factory)
+
+
+SOLVERS = (ConvBias,)  # the convbias primitive's one solver
+REGISTRY.register_all(SOLVERS)
 
 
 def _four_d(desc: TensorDesc, what: str) -> None:

@@ -12,26 +12,36 @@ from kdbkit.runtime.reference import activation as activation_ref
 from kdbkit.runtime.reference import convolution as conv_ref
 from kdbkit.runtime.reference import softmax as softmax_ref
 from kdbkit.runtime.solver import REGISTRY
+from kdbkit.runtime.tensor import DataType
 
 from .conftest import TYPES
 
 
-def test_the_catalogue_is_one_program_per_primitive_and_type():
+def _programs_of(solvers) -> set:
+    """The catalogue's programs of these solvers."""
+    return {r for problem in catalogue_problems() for s in solvers if s.primitive == problem.primitive
+            for r in s.programs(problem)}
+
+
+def test_the_catalogue_is_one_program_per_kernel_file_type_and_tile():
+    # Counts come from the registry: a new solver or primitive changes them, not this test.
     programs = all_programs()
-    portable = {p.kernel_file for p in programs if p.kernel_file.endswith(".c")}
-    assert portable == {"activ.c", "softmax.c", "tensorop.c", "layernorm.c", "pooling.c", "pool_strip.c",
-                        "batchnorm.c", "gemm.c", "conv_direct.c", "conv_gemm.c", "conv_depthwise.c", "conv_bias.c", "conv_winograd.c",
-                        "conv_igemm.c"}
-    # fp32, fp16 and bf16 of each: every mode and shape is an argument; plus the long-row tile
-    # of softmax's and layer norm's lanes kernels per type; plus the CUDA GEMMs' and the tensor-core
-    # convolution's fp16 and bf16 (mma.sync and wgmma) and the three of the persistent batch norm,
-    # which only a CUDA bundle holds; and the AMD MFMA convolution's fp16 and bf16, a HIP bundle's
-    long_rows = {p for p in programs if "-DLANES_VECS=8" in p.options}
-    assert {p.kernel_file for p in long_rows} == {"softmax.c", "layernorm.c"} and len(long_rows) == 6
-    assert len(programs) == 3 * len(portable) + 6 + 6 + 3 + 2 == 59
-    opencl = all_programs("opencl")
-    assert {p.kernel_file for p in opencl} == portable and len(opencl) == 48 and len(all_programs("cuda")) == 57
-    assert {p.kernel_file for p in all_programs("hip")} == portable | {"conv_igemm_mfma.hip"}
+    assert len(programs) == len(set(programs)) and set(programs) == _programs_of(list(REGISTRY))
+    portable = [s for s in REGISTRY if s.backends is None]  # the dialect: every backend builds them
+    portable_files = {r.kernel_file for r in _programs_of(portable)}
+    assert portable_files and all(f.endswith(".c") for f in portable_files)
+    types = {dtype.options[0] if dtype.options else "" for dtype in DataType}
+    for name in portable_files:
+        # fp32, fp16 and bf16 of each: every mode and shape is an argument; at most one more
+        # tile per type (the long rows of softmax's and layer norm's lanes kernels)
+        of_file = [r for r in programs if r.kernel_file == name]
+        assert {next((o.split("=")[0] for o in r.options if o.startswith("-DKDB_TYPE_")), "") for r in of_file} \
+            == types and len(of_file) <= 2 * len(types), name
+    for backend in ("opencl", "cuda", "hip"):
+        # a backend's bundle: the portable programs plus those of the solvers only it builds
+        own = [s for s in REGISTRY if s.backends is not None and backend in s.backends]
+        assert set(all_programs(backend)) == _programs_of(portable) | _programs_of(own), backend
+    assert {r.kernel_file for r in all_programs("opencl")} == portable_files  # no vendor-only source
 
 
 # The solvers the test below calls: every solver of the primitives it leaves to immediate mode

@@ -155,7 +155,7 @@ def test_repeat_calls_use_each_call_s_tensors_whatever_their_alignment(cuda_hand
         torch.cuda.synchronize()
         assert torch.equal(y, torch.relu(x)), round_
         assert rel_error(out, torch.nn.functional.layer_norm(rows.double(), (64,), w.double(), b.double())) < 1e-5
-    assert len(cuda_handle.plans) == 2
+    assert len(cuda_handle.dispatcher.plans) == 2
 
 
 def test_repeat_calls_alternating_between_tensors_that_stay_put(cuda_handle):
@@ -168,7 +168,7 @@ def test_repeat_calls_alternating_between_tensors_that_stay_put(cuda_handle):
         kdbkit.activation_forward(cuda_handle, x, "relu", y=y)
         torch.cuda.synchronize()
         assert torch.equal(y, torch.relu(x)), call
-    assert len(cuda_handle.plans) == 1
+    assert len(cuda_handle.dispatcher.plans) == 1
 
 
 def test_repeat_calls_with_outputs_left_to_kdbkit(cuda_handle, monkeypatch):

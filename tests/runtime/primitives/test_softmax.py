@@ -148,15 +148,15 @@ def test_instance_mode_over_a_non_packed_tensor_takes_the_general_kernels(handle
 
 def test_unaligned_tensors_take_the_fallback_solver(handle, monkeypatch):
     """SoftmaxLanes hands a call whose tensors are not 16-byte aligned (seen on CUDA: a view at an
-    odd offset) to SoftmaxBlock's invoker, built on that first call (solver.fallback_invoker)."""
+    odd offset) to SoftmaxBlock's invoker, made by the dispatcher on that first call (solver.fallback_invoker)."""
     from kdbkit.runtime.primitives.softmax.solvers import lanes as lanes_solver
 
     built = []
     from kdbkit.runtime.solver import REGISTRY
 
     block = REGISTRY.find("SoftmaxBlock")
-    real_invoker = type(block).invoker
-    monkeypatch.setattr(type(block), "invoker", lambda self, h, p: built.append(p) or real_invoker(self, h, p))
+    real_solution = type(block).solution
+    monkeypatch.setattr(type(block), "solution", lambda self, p, d: built.append(p) or real_solution(self, p, d))
     monkeypatch.setattr(lanes_solver, "aligned16", lambda *tensors: False)
     x = np.random.default_rng(21).standard_normal((6, 64)).astype(np.float32)
     for _ in range(2):

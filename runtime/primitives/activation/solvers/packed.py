@@ -8,11 +8,11 @@ from kdbkit.runtime.primitives.activation.problem import ActivationMode, Activat
 from kdbkit.runtime.primitives.activation.solvers.common import INT_MAX, mode_args, program
 from kdbkit.runtime.solver import (
     APPLIES,
+    Solution,
     Solver,
     aligned16,
     launcher_1d,
     not_applicable,
-    register,
     vector_elements,
 )
 from kdbkit.runtime.tensor import DataType
@@ -42,7 +42,6 @@ def light_kernel(problem: ActivationProblem) -> bool:
     return problem.mode in LIGHT_MODES or (problem.dtype is DataType.FP32 and problem.mode not in HEAVY_MODES)
 
 
-@register
 class ActivPacked(Solver):
     id = 1
     name = "ActivPacked"
@@ -58,30 +57,33 @@ class ActivPacked(Solver):
     def programs(self, problem: ActivationProblem):
         return [program(problem)]
 
-    def invoker(self, handle, problem: ActivationProblem):
-        request = program(problem)
-        prog = handle.program(request.kernel_file, request.options)
-        n, tail = np.int32(problem.numel), mode_args(problem)
-        name = "activ_fwd" if problem.direction == "fwd" else "activ_bwd"
-        light = light_kernel(problem)
-        scalar = prog.function(f"{name}_packed")
-        vector = prog.function(f"{name}_vec_light" if light else f"{name}_vec")
-        vectors = problem.numel // vector_elements(problem.dtype)
+    def solution(self, problem: ActivationProblem, device):
+        def invoker_factory(programs, context):
+            prog = programs[0]
+            n, tail = np.int32(problem.numel), mode_args(problem)
+            name = "activ_fwd" if problem.direction == "fwd" else "activ_bwd"
+            light = light_kernel(problem)
+            scalar = prog.function(f"{name}_packed")
+            vector = prog.function(f"{name}_vec_light" if light else f"{name}_vec")
+            vectors = problem.numel // vector_elements(problem.dtype)
 
-        order = ("x", "y") if problem.direction == "fwd" else ("x", "y", "dy", "dx")
+            order = ("x", "y") if problem.direction == "fwd" else ("x", "y", "dy", "dx")
 
-        # A group per block x unroll vectors: each thread one step, no tail wave.
-        block, unroll, per_unit = (LIGHT_BLOCK, LIGHT_UNROLL, LIGHT_GROUPS_PER_UNIT) if light else (BLOCK, UNROLL, None)
-        fast = launcher_1d(handle, vector, max(-(-vectors // unroll), 1), [*(None for _ in order), n, *tail],
-                           block=block, max_groups=1 << 20, groups_per_unit=per_unit)
-        slow = launcher_1d(handle, scalar, problem.numel, [*(None for _ in order), n, *tail])
+            # A group per block x unroll vectors: each thread one step, no tail wave.
+            block, unroll, per_unit = ((LIGHT_BLOCK, LIGHT_UNROLL, LIGHT_GROUPS_PER_UNIT) if light
+                                       else (BLOCK, UNROLL, None))
+            fast = launcher_1d(context, vector, max(-(-vectors // unroll), 1), [*(None for _ in order), n, *tail],
+                               block=block, max_groups=1 << 20, groups_per_unit=per_unit)
+            slow = launcher_1d(context, scalar, problem.numel, [*(None for _ in order), n, *tail])
 
-        def run(**named):
-            # 16 bytes per access where every tensor starts 16-byte aligned; the scalar kernel otherwise.
-            tensors = [named[name] for name in order]
-            if aligned16(*tensors):
-                fast(*tensors)
-            else:
-                slow(*tensors)
+            def run(**named):
+                # 16 bytes per access where every tensor starts 16-byte aligned; the scalar kernel otherwise.
+                tensors = [named[name] for name in order]
+                if aligned16(*tensors):
+                    fast(*tensors)
+                else:
+                    slow(*tensors)
 
-        return run
+            return run
+
+        return Solution(self.programs(problem), invoker_factory)

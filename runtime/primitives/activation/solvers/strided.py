@@ -6,12 +6,11 @@ import numpy as np
 
 from kdbkit.runtime.primitives.activation.problem import ActivationProblem
 from kdbkit.runtime.primitives.activation.solvers.common import INT_MAX, mode_args, program
-from kdbkit.runtime.solver import APPLIES, Solver, launcher_1d, not_applicable, padded_ints, register
+from kdbkit.runtime.solver import APPLIES, Solution, Solver, launcher_1d, not_applicable, padded_ints
 
 MAX_DIMS = 5
 
 
-@register
 class ActivStrided(Solver):
     id = 2
     name = "ActivStrided"
@@ -27,16 +26,18 @@ class ActivStrided(Solver):
     def programs(self, problem: ActivationProblem):
         return [program(problem)]
 
-    def invoker(self, handle, problem: ActivationProblem):
-        request = program(problem)
-        prog = handle.program(request.kernel_file, request.options)
-        dims = padded_ints(problem.shape, 1, MAX_DIMS)[1:]  # the outermost size is implied by n
-        xs, ys = padded_ints(problem.x_strides, 0, MAX_DIMS), padded_ints(problem.y_strides, 0, MAX_DIMS)
-        n, tail = np.int32(problem.numel), mode_args(problem)
-        if problem.direction == "fwd":
-            kernel = prog.function("activ_fwd_strided")
-            run = launcher_1d(handle, kernel, problem.numel, [None, None, n, *dims, *xs, *ys, *tail])
-            return lambda x, y: run(x, y)
-        kernel = prog.function("activ_bwd_strided")
-        run = launcher_1d(handle, kernel, problem.numel, [None, None, None, None, n, *dims, *xs, *ys, *tail])
-        return lambda x, y, dy, dx: run(x, y, dy, dx)
+    def solution(self, problem: ActivationProblem, device):
+        def invoker_factory(programs, context):
+            prog = programs[0]
+            dims = padded_ints(problem.shape, 1, MAX_DIMS)[1:]  # the outermost size is implied by n
+            xs, ys = padded_ints(problem.x_strides, 0, MAX_DIMS), padded_ints(problem.y_strides, 0, MAX_DIMS)
+            n, tail = np.int32(problem.numel), mode_args(problem)
+            if problem.direction == "fwd":
+                kernel = prog.function("activ_fwd_strided")
+                run = launcher_1d(context, kernel, problem.numel, [None, None, n, *dims, *xs, *ys, *tail])
+                return lambda x, y: run(x, y)
+            kernel = prog.function("activ_bwd_strided")
+            run = launcher_1d(context, kernel, problem.numel, [None, None, None, None, n, *dims, *xs, *ys, *tail])
+            return lambda x, y, dy, dx: run(x, y, dy, dx)
+
+        return Solution(self.programs(problem), invoker_factory)

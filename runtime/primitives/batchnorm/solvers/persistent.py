@@ -15,11 +15,11 @@ from kdbkit.runtime.program_key import ProgramRequest
 from kdbkit.runtime.tensor import DataType
 from kdbkit.runtime.solver import (
     APPLIES,
+    Solution,
     Solver,
     aligned16,
     fallback_invoker,
     not_applicable,
-    register,
     vector_elements,
 )
 
@@ -107,7 +107,6 @@ def _whole_vector_planes(problem: BatchNormProblem) -> bool:
     return all(v % per == 0 for v in (h * w, *problem.x_strides[:2], *problem.y_strides[:2]))
 
 
-@register
 class BatchNormPersistent(Solver):
     id = 19
     name = "BatchNormPersistent"
@@ -140,33 +139,35 @@ class BatchNormPersistent(Solver):
     def programs(self, problem: BatchNormProblem):
         return [program(problem)] if problem.direction == "train" else []
 
-    def invoker(self, handle, problem: BatchNormProblem):
-        request = program(problem)
-        kernel = handle.program(request.kernel_file, request.options).function("bn_train_persistent")
-        backend = handle.backend
-        n, c, h, w = problem.shape
-        per = vector_elements(problem.dtype)
-        vectors = n * h * w // per
-        resident = resident_for(backend, kernel, handle.device.target.cu or 1)
-        members, chunk, teams = team_plan(vectors, c, resident, max_chunk(problem.dtype))
-        groups = members * teams
-        # The invoker's own workspace, zero before the first launch: each member's tagged pair of
-        # sums per channel, and each channel's generation.
-        pairs = backend.to_device(np.zeros(2 * c * members, np.uint64))
-        gen = backend.to_device(np.zeros(c, np.uint32))
-        strides = tuple(s // per for s in (*problem.x_strides[:2], *problem.y_strides[:2]))
-        fast = backend.launcher(kernel, (groups, 1, 1), (BLOCK, 1, 1), [
-            *(None,) * 8, pairs, gen, *kernel_args(n, c, h * w // per, strides, members, chunk, n * h * w,
-                                                   problem.eps, problem.factor, problem.running)],
-            shared_bytes=shared_bytes(chunk, members), cooperative=True)
-        unaligned = fallback_invoker(handle, problem, "BatchNormSplit")
+    def solution(self, problem: BatchNormProblem, device):
+        def invoker_factory(programs, context):
+            kernel = programs[0].function("bn_train_persistent")
+            backend = context.backend
+            n, c, h, w = problem.shape
+            per = vector_elements(problem.dtype)
+            vectors = n * h * w // per
+            resident = resident_for(backend, kernel, context.device.target.cu or 1)
+            members, chunk, teams = team_plan(vectors, c, resident, max_chunk(problem.dtype))
+            groups = members * teams
+            # The invoker's own workspace, zero before the first launch: each member's tagged pair of
+            # sums per channel, and each channel's generation.
+            pairs = backend.to_device(np.zeros(2 * c * members, np.uint64))
+            gen = backend.to_device(np.zeros(c, np.uint32))
+            strides = tuple(s // per for s in (*problem.x_strides[:2], *problem.y_strides[:2]))
+            fast = backend.launcher(kernel, (groups, 1, 1), (BLOCK, 1, 1), [
+                *(None,) * 8, pairs, gen, *kernel_args(n, c, h * w // per, strides, members, chunk, n * h * w,
+                                                       problem.eps, problem.factor, problem.running)],
+                shared_bytes=shared_bytes(chunk, members), cooperative=True)
+            unaligned = fallback_invoker(context, problem, "BatchNormSplit")
 
-        def train(x, y, scale, bias, running_mean, running_var, saved_mean, saved_invstd):
-            if aligned16(x, y):
-                fast(x, y, scale, bias, running_mean, running_var, saved_mean, saved_invstd)
-            else:
-                unaligned(x, y, scale, bias, running_mean, running_var, saved_mean, saved_invstd)
+            def train(x, y, scale, bias, running_mean, running_var, saved_mean, saved_invstd):
+                if aligned16(x, y):
+                    fast(x, y, scale, bias, running_mean, running_var, saved_mean, saved_invstd)
+                else:
+                    unaligned(x, y, scale, bias, running_mean, running_var, saved_mean, saved_invstd)
 
-        train.workspace = (pairs, gen)  # kept alive with the invoker
-        train.grid = (members, chunk, teams)
-        return train
+            train.workspace = (pairs, gen)  # kept alive with the invoker
+            train.grid = (members, chunk, teams)
+            return train
+
+        return Solution(self.programs(problem), invoker_factory)

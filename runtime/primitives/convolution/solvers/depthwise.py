@@ -12,7 +12,7 @@ import numpy as np
 from kdbkit.runtime.primitives.convolution.problem import ConvProblem
 from kdbkit.runtime.primitives.convolution.solvers.common import fits_int_arguments, shape_args
 from kdbkit.runtime.program_key import ProgramRequest
-from kdbkit.runtime.solver import Solver, launcher_1d, not_applicable, register
+from kdbkit.runtime.solver import Solution, Solver, launcher_1d, not_applicable
 
 THREADS, MAX_TAPS = 256, 25  # conv_depthwise.c's CONV_DW_THREADS, CONV_DW_MAX_TAPS
 
@@ -32,7 +32,6 @@ def wrw_split(problem: ConvProblem, units: int) -> tuple[int, int, int]:
     return lanes, -(-positions // length), length
 
 
-@register
 class ConvDepthwise(Solver):
     id = 24
     name = "ConvDepthwise"
@@ -57,32 +56,34 @@ class ConvDepthwise(Solver):
         finish = [ProgramRequest("conv_igemm.c", problem.dtype.options)] if problem.direction == "W" else []
         return [program(problem), *finish]
 
-    def invoker(self, handle, problem: ConvProblem):
-        request = program(problem)
-        prog = handle.program(request.kernel_file, request.options)
-        order = np.int32(problem.layout == "NHWC")
-        if problem.direction == "F":
-            n, k, ho, wo = problem.y_shape
-            fast = launcher_1d(handle, prog.function("conv_dw_fwd"), n * k * ho * wo,
-                               [None, None, None, *shape_args(problem), order], max_groups=1 << 16)
-            return lambda x, w, y: fast(x, w, y)
-        if problem.direction == "B":
-            fast = launcher_1d(handle, prog.function("conv_dw_bwd_data"), int(np.prod(problem.x_shape)),
-                               [None, None, None, *shape_args(problem), order], max_groups=1 << 16)
-            return lambda dy, w, dx: fast(dy, w, dx)
-        lanes, slices, length = wrw_split(problem, handle.device.target.cu or 132)
-        k, (fy, fx) = problem.out_channels, problem.filter
-        partial = handle.backend.alloc(4 * k * slices * fy * fx)
-        sums = handle.backend.launcher(prog.function("conv_dw_bwd_weights"), (-(-k // lanes), slices, 1),
-                                       (THREADS, 1, 1), [None, None, partial, *shape_args(problem), order,
-                                                         np.int32(length)])
-        finisher = handle.program("conv_igemm.c", problem.dtype.options).function("conv_igemm_wrw_finish")
-        finish = launcher_1d(handle, finisher, k * fy * fx, [partial, None, *(np.int32(v) for v in (
-            k, 1, fy, fx, k, slices, 0, *problem.descs()["w"].strides))], max_groups=1 << 16)
+    def solution(self, problem: ConvProblem, device):
+        def invoker_factory(programs, context):
+            prog = programs[0]
+            order = np.int32(problem.layout == "NHWC")
+            if problem.direction == "F":
+                n, k, ho, wo = problem.y_shape
+                fast = launcher_1d(context, prog.function("conv_dw_fwd"), n * k * ho * wo,
+                                   [None, None, None, *shape_args(problem), order], max_groups=1 << 16)
+                return lambda x, w, y: fast(x, w, y)
+            if problem.direction == "B":
+                fast = launcher_1d(context, prog.function("conv_dw_bwd_data"), int(np.prod(problem.x_shape)),
+                                   [None, None, None, *shape_args(problem), order], max_groups=1 << 16)
+                return lambda dy, w, dx: fast(dy, w, dx)
+            lanes, slices, length = wrw_split(problem, context.device.target.cu or 132)
+            k, (fy, fx) = problem.out_channels, problem.filter
+            partial = context.backend.alloc(4 * k * slices * fy * fx)
+            sums = context.backend.launcher(prog.function("conv_dw_bwd_weights"), (-(-k // lanes), slices, 1),
+                                            (THREADS, 1, 1), [None, None, partial, *shape_args(problem), order,
+                                                              np.int32(length)])
+            finisher = programs[1].function("conv_igemm_wrw_finish")  # conv_igemm.c
+            finish = launcher_1d(context, finisher, k * fy * fx, [partial, None, *(np.int32(v) for v in (
+                k, 1, fy, fx, k, slices, 0, *problem.descs()["w"].strides))], max_groups=1 << 16)
 
-        def backward_weights(dy, x, dw):
-            sums(dy, x)
-            finish(dw)
+            def backward_weights(dy, x, dw):
+                sums(dy, x)
+                finish(dw)
 
-        backward_weights.workspace = (partial,)
-        return backward_weights
+            backward_weights.workspace = (partial,)
+            return backward_weights
+
+        return Solution(self.programs(problem), invoker_factory)

@@ -8,7 +8,7 @@ from __future__ import annotations
 from kdbkit.runtime.primitives.convolution.problem import ConvProblem
 from kdbkit.runtime.primitives.convolution.solvers.common import fits_int_arguments, shape_args
 from kdbkit.runtime.program_key import ProgramRequest
-from kdbkit.runtime.solver import Solver, launcher_1d, register
+from kdbkit.runtime.solver import Solution, Solver, launcher_1d
 
 WRW_BLOCK = 256  # conv_direct.c's CONV_WRW_BLOCK
 MAX_GROUPS = 65535
@@ -18,7 +18,6 @@ def program(problem: ConvProblem) -> ProgramRequest:
     return ProgramRequest("conv_direct.c", problem.dtype.options)
 
 
-@register
 class ConvDirect(Solver):
     id = 20
     name = "ConvDirect"
@@ -30,20 +29,22 @@ class ConvDirect(Solver):
     def programs(self, problem: ConvProblem):
         return [program(problem)]
 
-    def invoker(self, handle, problem: ConvProblem):
-        request = program(problem)
-        prog = handle.program(request.kernel_file, request.options)
-        args = shape_args(problem)
-        d = problem.descs()
-        if problem.direction == "F":
-            fast = launcher_1d(handle, prog.function("conv_fwd_direct"), d["y"].numel, [None, None, None, *args],
-                               max_groups=1 << 16)
-            return lambda x, w, y: fast(x, w, y)
-        if problem.direction == "B":
-            fast = launcher_1d(handle, prog.function("conv_bwd_data_direct"), d["x"].numel,
-                               [None, None, None, *args], max_groups=1 << 16)
-            return lambda dy, w, dx: fast(dy, w, dx)
-        groups = min(d["w"].numel, MAX_GROUPS)
-        fast = handle.backend.launcher(prog.function("conv_bwd_weights_direct"), (groups, 1, 1), (WRW_BLOCK, 1, 1),
-                                       [None, None, None, *args])
-        return lambda dy, x, dw: fast(dy, x, dw)
+    def solution(self, problem: ConvProblem, device):
+        def invoker_factory(programs, context):
+            prog = programs[0]
+            args = shape_args(problem)
+            d = problem.descs()
+            if problem.direction == "F":
+                fast = launcher_1d(context, prog.function("conv_fwd_direct"), d["y"].numel, [None, None, None, *args],
+                                   max_groups=1 << 16)
+                return lambda x, w, y: fast(x, w, y)
+            if problem.direction == "B":
+                fast = launcher_1d(context, prog.function("conv_bwd_data_direct"), d["x"].numel,
+                                   [None, None, None, *args], max_groups=1 << 16)
+                return lambda dy, w, dx: fast(dy, w, dx)
+            groups = min(d["w"].numel, MAX_GROUPS)
+            fast = context.backend.launcher(prog.function("conv_bwd_weights_direct"), (groups, 1, 1), (WRW_BLOCK, 1, 1),
+                                            [None, None, None, *args])
+            return lambda dy, x, dw: fast(dy, x, dw)
+
+        return Solution(self.programs(problem), invoker_factory)

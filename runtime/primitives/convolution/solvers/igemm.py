@@ -14,7 +14,7 @@ import numpy as np
 from kdbkit.runtime.primitives.convolution.problem import ConvProblem
 from kdbkit.runtime.primitives.convolution.solvers.common import INT_MAX, fits_int_arguments, shape_args
 from kdbkit.runtime.program_key import ProgramRequest
-from kdbkit.runtime.solver import APPLIES, Solver, launcher_1d, not_applicable, register
+from kdbkit.runtime.solver import APPLIES, Solution, Solver, launcher_1d, not_applicable
 
 TILE, THREADS, STEP = 128, 256, 8  # conv_igemm.c's IG_BM = IG_BN, IG_THREADS, IG_BK
 MAX_GRID_YZ = 65535
@@ -45,7 +45,6 @@ def wrw_slices(problem: ConvProblem, units: int) -> tuple[int, int]:
     return -(-r // length), length
 
 
-@register
 class ConvImplicitGemm(Solver):
     id = 28
     name = "ConvImplicitGemm"
@@ -89,34 +88,36 @@ class ConvImplicitGemm(Solver):
     def programs(self, problem: ConvProblem):
         return [program(problem)]
 
-    def invoker(self, handle, problem: ConvProblem):
-        request = program(problem)
-        prog = handle.program(request.kernel_file, request.options)
-        rows, cols, _ = product(problem)
-        cfast = np.int32(problem.layout == "NHWC")
-        args = [None, None, None, *shape_args(problem), cfast]
-        tiles = (-(-rows // TILE), -(-cols // TILE))
-        if problem.direction == "F":
-            fast = handle.backend.launcher(prog.function("conv_fwd_igemm"), (*tiles, problem.groups),
-                                           (THREADS, 1, 1), args)
-            return lambda x, w, y: fast(x, w, y)
-        if problem.direction == "B":
-            phases = problem.stride[0] * problem.stride[1]
-            fast = handle.backend.launcher(prog.function("conv_bwd_data_igemm"), (*tiles, problem.groups * phases),
-                                           (THREADS, 1, 1), args)
-            return lambda dy, w, dx: fast(dy, w, dx)
-        slices, length = wrw_slices(problem, handle.device.target.cu or 132)
-        partial = handle.backend.alloc(4 * rows * cols * problem.groups * slices)
-        multiply = handle.backend.launcher(prog.function("conv_wrw_igemm"), (*tiles, problem.groups * slices),
-                                           (THREADS, 1, 1), [*args, np.int32(length), np.int32(slices)])
-        (k, cg, fy, fx), ws = problem.w_shape, problem.descs()["w"].strides
-        finish = launcher_1d(handle, prog.function("conv_igemm_wrw_finish"), k * cg * fy * fx,
-                             [partial, None, *(np.int32(v) for v in (k, cg, fy, fx, problem.groups, slices, cfast,
-                                                                     *ws))], max_groups=1 << 16)
+    def solution(self, problem: ConvProblem, device):
+        def invoker_factory(programs, context):
+            prog = programs[0]
+            rows, cols, _ = product(problem)
+            cfast = np.int32(problem.layout == "NHWC")
+            args = [None, None, None, *shape_args(problem), cfast]
+            tiles = (-(-rows // TILE), -(-cols // TILE))
+            if problem.direction == "F":
+                fast = context.backend.launcher(prog.function("conv_fwd_igemm"), (*tiles, problem.groups),
+                                                (THREADS, 1, 1), args)
+                return lambda x, w, y: fast(x, w, y)
+            if problem.direction == "B":
+                phases = problem.stride[0] * problem.stride[1]
+                fast = context.backend.launcher(prog.function("conv_bwd_data_igemm"), (*tiles, problem.groups * phases),
+                                                (THREADS, 1, 1), args)
+                return lambda dy, w, dx: fast(dy, w, dx)
+            slices, length = wrw_slices(problem, context.device.target.cu or 132)
+            partial = context.backend.alloc(4 * rows * cols * problem.groups * slices)
+            multiply = context.backend.launcher(prog.function("conv_wrw_igemm"), (*tiles, problem.groups * slices),
+                                                (THREADS, 1, 1), [*args, np.int32(length), np.int32(slices)])
+            (k, cg, fy, fx), ws = problem.w_shape, problem.descs()["w"].strides
+            finish = launcher_1d(context, prog.function("conv_igemm_wrw_finish"), k * cg * fy * fx,
+                                 [partial, None, *(np.int32(v) for v in (k, cg, fy, fx, problem.groups, slices, cfast,
+                                                                         *ws))], max_groups=1 << 16)
 
-        def backward_weights(dy, x, dw):
-            multiply(dy, x, partial)
-            finish(dw)
+            def backward_weights(dy, x, dw):
+                multiply(dy, x, partial)
+                finish(dw)
 
-        backward_weights.workspace = (partial,)
-        return backward_weights
+            backward_weights.workspace = (partial,)
+            return backward_weights
+
+        return Solution(self.programs(problem), invoker_factory)

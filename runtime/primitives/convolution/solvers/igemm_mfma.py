@@ -8,7 +8,7 @@ from __future__ import annotations
 from kdbkit.runtime.primitives.convolution.problem import ConvProblem
 from kdbkit.runtime.primitives.convolution.solvers.common import INT_MAX, shape_args
 from kdbkit.runtime.program_key import ProgramRequest
-from kdbkit.runtime.solver import APPLIES, Solver, not_applicable, register
+from kdbkit.runtime.solver import APPLIES, Solution, Solver, not_applicable
 from kdbkit.runtime.tensor import DataType
 
 ARCHS = ("gfx90a", "gfx942")  # the processors conv_igemm_mfma.hip has an MFMA 32x32x8 path for (its #if)
@@ -21,7 +21,6 @@ def program(problem: ConvProblem) -> ProgramRequest | None:
     return ProgramRequest("conv_igemm_mfma.hip", problem.dtype.options)
 
 
-@register
 class ConvImplicitGemmMfma(Solver):
     id = 25
     name = "ConvImplicitGemmMfma"
@@ -52,10 +51,12 @@ class ConvImplicitGemmMfma(Solver):
         request = program(problem)
         return [request] if request else []
 
-    def invoker(self, handle, problem: ConvProblem):
-        request = program(problem)
-        kernel = handle.program(request.kernel_file, request.options).function("conv_igemm_mfma_fwd_nhwc")
-        n, (ho, wo) = problem.x_shape[0], problem.out_hw
-        grid = (-(-problem.out_channels // TILE), -(-(n * ho * wo) // TILE), 1)
-        fast = handle.backend.launcher(kernel, grid, (LANES, 1, 1), [None, None, None, *shape_args(problem)])
-        return lambda x, w, y: fast(x, w, y)
+    def solution(self, problem: ConvProblem, device):
+        def invoker_factory(programs, context):
+            kernel = programs[0].function("conv_igemm_mfma_fwd_nhwc")
+            n, (ho, wo) = problem.x_shape[0], problem.out_hw
+            grid = (-(-problem.out_channels // TILE), -(-(n * ho * wo) // TILE), 1)
+            fast = context.backend.launcher(kernel, grid, (LANES, 1, 1), [None, None, None, *shape_args(problem)])
+            return lambda x, w, y: fast(x, w, y)
+
+        return Solution(self.programs(problem), invoker_factory)

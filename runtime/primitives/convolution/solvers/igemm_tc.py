@@ -20,7 +20,8 @@ import numpy as np
 from kdbkit.runtime.primitives.convolution.problem import ConvProblem
 from kdbkit.runtime.primitives.convolution.solvers.common import INT_MAX, shape_args
 from kdbkit.runtime.program_key import ProgramRequest
-from kdbkit.runtime.solver import APPLIES, Solver, aligned16, fallback_invoker, launcher_1d, not_applicable, register
+from kdbkit.runtime.solver import (APPLIES, Context, Solution, Solver, aligned16, fallback_invoker, launcher_1d,
+                                   not_applicable)
 from kdbkit.runtime.tensor import DataType
 
 TILE, THREADS, STAGES, STEP, PAD = 128, 128, 4, 32, 8  # conv_igemm_tc.cu's IG_BM = IG_BN, IG_THREADS, ...
@@ -69,17 +70,17 @@ def split_slices(problem: ConvProblem, units: int) -> int:
     return max(1, min(2 * units // blocks, tiles // 8, 8))
 
 
-def widener(handle, moves, shape: tuple[int, int, int, int], wide: int, strides):
+def widener(context: Context, moves, shape: tuple[int, int, int, int], wide: int, strides):
     """A launcher of conv_gemm.c's conv_pad_channels (from the loaded program ``moves``) taking
     (source, destination): a tensor of ``shape`` (N C H W, or K C Y X) read through its
     ``strides`` and written packed channels-last with its channels widened by zeros to ``wide``
     (or not widened: ``wide`` = C, a plain move to NHWC / KYXC)."""
     n, c, h, w = shape
-    return launcher_1d(handle, moves.function("conv_pad_channels"), n * h * w * wide,
+    return launcher_1d(context, moves.function("conv_pad_channels"), n * h * w * wide,
                        [None, None, *(np.int32(v) for v in (n, c, h, w, wide, *strides))], max_groups=1 << 16)
 
 
-def transposer(handle, moves, dtype: DataType):
+def transposer(context: Context, moves, dtype: DataType):
     """``transpose(matrices, rows, cols)``: a launcher of conv_gemm.c's conv_transpose (from the
     loaded program ``moves``) for that batch of matrices, taking (source, destination): the
     tensor-core solvers' staging of NCHW tensors channels-last. 16-bit elements with rows and
@@ -89,8 +90,8 @@ def transposer(handle, moves, dtype: DataType):
         pairs = dtype.itemsize == 2 and rows % 2 == 0 and cols % 2 == 0
         tile = 64 if pairs else 32
         grid = (-(-cols // tile), -(-rows // tile), matrices)
-        return handle.backend.launcher(moves.function("conv_transpose_pairs" if pairs else "conv_transpose"), grid,
-                                       (32, 8, 1), [None, None, np.int32(rows), np.int32(cols)])
+        return context.backend.launcher(moves.function("conv_transpose_pairs" if pairs else "conv_transpose"), grid,
+                                        (32, 8, 1), [None, None, np.int32(rows), np.int32(cols)])
 
     return transpose
 
@@ -106,7 +107,6 @@ def tensor_core_refusal(problem: ConvProblem, device):
     return None
 
 
-@register
 class ConvImplicitGemmTensorCore(Solver):
     id = 22
     name = "ConvImplicitGemmTensorCore"
@@ -158,86 +158,90 @@ class ConvImplicitGemmTensorCore(Solver):
         request = program(problem)
         return [request, ProgramRequest("conv_gemm.c", problem.dtype.options)] if request else []
 
-    def invoker(self, handle, problem: ConvProblem):
-        request = program(problem)
-        computed, cin = as_forward(problem), widened_channels(problem)
-        widen = cin != computed.x_shape[1]
-        computed = dataclasses.replace(computed, x_shape=(computed.x_shape[0], cin, *computed.x_shape[2:]))
-        # 32 channels a step from one tap with cp.async, 8 channels of a tap per copy, or element by element
-        name = {0: "conv_igemm_fwd_nhwc", 8: "conv_igemm_fwd_nhwc_c8"}.get(cin % STEP if cin % 8 == 0 else -1,
-                                                                           "conv_igemm_fwd_nhwc_any")
-        prog = handle.program(request.kernel_file, request.options)
-        n = computed.x_shape[0]
-        positions = n * computed.out_hw[0] * computed.out_hw[1]
-        backend, d, item = handle.backend, problem.descs(), problem.dtype.itemsize
-        # Too few output tiles to fill the GPU: the reduction split, fp32 slabs summed after.
-        slices = split_slices(problem, handle.device.target.cu or 132)
-        partial = backend.alloc(4 * slices * positions * computed.out_channels if slices > 1 else 16)
-        grid = (-(-computed.out_channels // TILE), -(-positions // TILE), slices)
-        nchw = problem.layout == "NCHW"  # the kernel writes NCHW itself; only its input is staged
-        fast = backend.launcher(prog.function(name), grid, (THREADS, 1, 1),
-                                [None, None, None, partial, *shape_args(computed), np.int32(nchw)],
-                                shared_bytes=SHARED)
-        if slices > 1:
-            multiply = fast
-            plane = computed.out_hw[0] * computed.out_hw[1]
-            finish = launcher_1d(handle, prog.function("conv_igemm_split_finish"), positions * computed.out_channels // 2,
-                                 [partial, None, *(np.int32(v) for v in (positions, computed.out_channels, slices,
-                                                                         plane, nchw))], max_groups=1 << 16)
+    def solution(self, problem: ConvProblem, device):
+        def invoker_factory(programs, context):
+            computed, cin = as_forward(problem), widened_channels(problem)
+            widen = cin != computed.x_shape[1]
+            computed = dataclasses.replace(computed, x_shape=(computed.x_shape[0], cin, *computed.x_shape[2:]))
+            # 32 channels a step from one tap with cp.async, 8 channels of a tap per copy, or element by element
+            name = {0: "conv_igemm_fwd_nhwc", 8: "conv_igemm_fwd_nhwc_c8"}.get(cin % STEP if cin % 8 == 0 else -1,
+                                                                               "conv_igemm_fwd_nhwc_any")
+            prog = programs[0]
+            n = computed.x_shape[0]
+            positions = n * computed.out_hw[0] * computed.out_hw[1]
+            backend, d, item = context.backend, problem.descs(), problem.dtype.itemsize
+            # Too few output tiles to fill the GPU: the reduction split, fp32 slabs summed after.
+            slices = split_slices(problem, context.device.target.cu or 132)
+            partial = backend.alloc(4 * slices * positions * computed.out_channels if slices > 1 else 16)
+            grid = (-(-computed.out_channels // TILE), -(-positions // TILE), slices)
+            nchw = problem.layout == "NCHW"  # the kernel writes NCHW itself; only its input is staged
+            fast = backend.launcher(prog.function(name), grid, (THREADS, 1, 1),
+                                    [None, None, None, partial, *shape_args(computed), np.int32(nchw)],
+                                    shared_bytes=SHARED)
+            if slices > 1:
+                multiply = fast
+                plane = computed.out_hw[0] * computed.out_hw[1]
+                finish = launcher_1d(context, prog.function("conv_igemm_split_finish"),
+                                     positions * computed.out_channels // 2,
+                                     [partial, None, *(np.int32(v) for v in (positions, computed.out_channels, slices,
+                                                                             plane, nchw))], max_groups=1 << 16)
 
-            def fast(inp, w, out):
-                multiply(inp, w, out)
-                finish(out)
-        moves = handle.program("conv_gemm.c", problem.dtype.options)
-        (n, c, h, w_), (k, _, fy, fx), (ho, wo) = problem.x_shape, problem.w_shape, problem.out_hw
+                def fast(inp, w, out):
+                    multiply(inp, w, out)
+                    finish(out)
+            moves = programs[1]  # conv_gemm.c
+            (n, c, h, w_), (k, _, fy, fx), (ho, wo) = problem.x_shape, problem.w_shape, problem.out_hw
 
-        transpose = transposer(handle, moves, problem.dtype)
-        # The input the kernel reads (x forward, dy backward), staged NHWC where it is not.
-        source = "x" if problem.direction == "F" else "y"
-        staged = {}
-        if nchw or widen:
-            staged[source] = backend.alloc(d[source].numel // d[source].shape[1] * cin * item)
-        shapes = {"x": (n, c, h * w_), "y": (n, k, ho * wo)}  # matrices, channels, positions
-        if widen:
-            into = widener(handle, moves, (n, c, h, w_), cin, d["x"].strides)
-        else:
-            into = transpose(*shapes[source]) if nchw else None
-        if problem.direction == "B":
-            prepare = launcher_1d(handle, moves.function("conv_flip_weights"), d["w"].numel,
-                                  [None, None, *(np.int32(v) for v in (k, c // problem.groups, fy, fx,
-                                                                       *d["w"].strides))], max_groups=1 << 16)
-        elif widen or (nchw and fy * fx > 1):
-            prepare = widener(handle, moves, (k, c, fy, fx), cin, d["w"].strides)  # KCYX -> KYXC, C widened if need be
-        else:
-            prepare = None  # KYXC already, or a 1 x 1 filter, whose KCYX is KYXC
-        weights = backend.alloc(computed.out_channels * fy * fx * cin * item) if prepare is not None else None
-        unaligned = fallback_invoker(handle, problem, "ConvIm2colGemm")  # a tensor not 16-byte aligned
+            transpose = transposer(context, moves, problem.dtype)
+            # The input the kernel reads (x forward, dy backward), staged NHWC where it is not.
+            source = "x" if problem.direction == "F" else "y"
+            staged = {}
+            if nchw or widen:
+                staged[source] = backend.alloc(d[source].numel // d[source].shape[1] * cin * item)
+            shapes = {"x": (n, c, h * w_), "y": (n, k, ho * wo)}  # matrices, channels, positions
+            if widen:
+                into = widener(context, moves, (n, c, h, w_), cin, d["x"].strides)
+            else:
+                into = transpose(*shapes[source]) if nchw else None
+            if problem.direction == "B":
+                prepare = launcher_1d(context, moves.function("conv_flip_weights"), d["w"].numel,
+                                      [None, None, *(np.int32(v) for v in (k, c // problem.groups, fy, fx,
+                                                                           *d["w"].strides))], max_groups=1 << 16)
+            elif widen or (nchw and fy * fx > 1):
+                # KCYX -> KYXC, C widened if need be
+                prepare = widener(context, moves, (k, c, fy, fx), cin, d["w"].strides)
+            else:
+                prepare = None  # KYXC already, or a 1 x 1 filter, whose KCYX is KYXC
+            weights = backend.alloc(computed.out_channels * fy * fx * cin * item) if prepare is not None else None
+            unaligned = fallback_invoker(context, problem, "ConvIm2colGemm")  # a tensor not 16-byte aligned
 
-        def run(inp, w, out):
-            """Stage what needs staging, then the kernel on 16-byte aligned tensors (a user's
-            tensor that is not goes to ConvIm2colGemm)."""
-            src, weights_used = staged.get(source, inp), weights or w
-            if not aligned16(*(b for b, ours in ((src, into), (weights_used, prepare)) if ours is None), out):
-                unaligned(inp, w, out)
-                return
-            if prepare is not None:
-                prepare(w, weights)
-            if into is not None:
-                into(inp, src)
-            fast(src, weights_used, out)
+            def run(inp, w, out):
+                """Stage what needs staging, then the kernel on 16-byte aligned tensors (a user's
+                tensor that is not goes to ConvIm2colGemm)."""
+                src, weights_used = staged.get(source, inp), weights or w
+                if not aligned16(*(b for b, ours in ((src, into), (weights_used, prepare)) if ours is None), out):
+                    unaligned(inp, w, out)
+                    return
+                if prepare is not None:
+                    prepare(w, weights)
+                if into is not None:
+                    into(inp, src)
+                fast(src, weights_used, out)
 
-        if problem.direction == "F":
-            def forward(x, w, y):
-                run(x, w, y)
+            if problem.direction == "F":
+                def forward(x, w, y):
+                    run(x, w, y)
 
-            forward.workspace = (*staged.values(), weights, partial)
-            return forward
+                forward.workspace = (*staged.values(), weights, partial)
+                return forward
 
-        def backward_data(dy, w, dx):
-            run(dy, w, dx)
+            def backward_data(dy, w, dx):
+                run(dy, w, dx)
 
-        backward_data.workspace = (*staged.values(), weights, partial)
-        return backward_data
+            backward_data.workspace = (*staged.values(), weights, partial)
+            return backward_data
+
+        return Solution(self.programs(problem), invoker_factory)
 
 
 WRW_SHARED = STAGES * 2 * STEP * (TILE + PAD) * 2  # conv_igemm_tc.cu's 4 stages of WG_STAGE halves
@@ -252,7 +256,6 @@ def wrw_slices(problem: ConvProblem, units: int) -> int:
     return max(1, min(-(-4 * units // tiles), -(-n * ho * wo // 256)))
 
 
-@register
 class ConvWrwImplicitGemmTensorCore(Solver):
     """ConvWrwImplicitGemmTensorCore (id 23): backward weights of fp16/bf16 tensors on NVIDIA
     tensor cores (conv_igemm_tc.cu's conv_wrw_igemm_nhwc): dw = dy^T im2col(x) with the output
@@ -298,51 +301,53 @@ class ConvWrwImplicitGemmTensorCore(Solver):
         request = program(problem)
         return [request, ProgramRequest("conv_gemm.c", problem.dtype.options)] if request else []
 
-    def invoker(self, handle, problem: ConvProblem):
-        request = program(problem)
-        prog = handle.program(request.kernel_file, request.options)
-        backend, d, item = handle.backend, problem.descs(), problem.dtype.itemsize
-        (n, c, h, w_), (k, _, fy, fx), (ho, wo) = problem.x_shape, problem.w_shape, problem.out_hw
-        cp = wide_channels(problem)
-        r = cp * fy * fx
-        slices = wrw_slices(problem, handle.device.target.cu or 132)
-        partial = backend.to_device(np.zeros(k * r, np.float32))  # zero again after every call (finish)
-        staged = dataclasses.replace(problem, layout="NHWC", x_shape=(n, cp, h, w_))
-        multiply = backend.launcher(prog.function("conv_wrw_igemm_nhwc"), (-(-r // TILE), -(-k // TILE), slices),
-                                    (THREADS, 1, 1), [None, None, partial, *shape_args(staged)],
-                                    shared_bytes=WRW_SHARED)
-        finish = launcher_1d(handle, prog.function("conv_wrw_finish"), k * r,
-                             [partial, None, *(np.int32(v) for v in (k, cp, fy, fx, c, *d["w"].strides))],
-                             max_groups=1 << 16)
-        moves = handle.program("conv_gemm.c", problem.dtype.options)
-        transpose = transposer(handle, moves, problem.dtype)
-        nchw = problem.layout == "NCHW"
-        x_in = x_nhwc = None
-        if cp != c:  # widened with zero channels (through x's strides: either layout)
-            x_in = widener(handle, moves, (n, c, h, w_), cp, d["x"].strides)
-        elif nchw:
-            x_in = transpose(n, c, h * w_)
-        if x_in is not None:
-            x_nhwc = backend.alloc(n * h * w_ * cp * item)
-        dy_in = transpose(n, k, ho * wo) if nchw else None
-        dy_nhwc = backend.alloc(d["y"].numel * item) if nchw else None
-        unaligned = fallback_invoker(handle, problem, "ConvIm2colGemm")
-
-        def backward_weights(dy, x, dw):
+    def solution(self, problem: ConvProblem, device):
+        def invoker_factory(programs, context):
+            prog = programs[0]
+            backend, d, item = context.backend, problem.descs(), problem.dtype.itemsize
+            (n, c, h, w_), (k, _, fy, fx), (ho, wo) = problem.x_shape, problem.w_shape, problem.out_hw
+            cp = wide_channels(problem)
+            r = cp * fy * fx
+            slices = wrw_slices(problem, context.device.target.cu or 132)
+            partial = backend.to_device(np.zeros(k * r, np.float32))  # zero again after every call (finish)
+            staged = dataclasses.replace(problem, layout="NHWC", x_shape=(n, cp, h, w_))
+            multiply = backend.launcher(prog.function("conv_wrw_igemm_nhwc"), (-(-r // TILE), -(-k // TILE), slices),
+                                        (THREADS, 1, 1), [None, None, partial, *shape_args(staged)],
+                                        shared_bytes=WRW_SHARED)
+            finish = launcher_1d(context, prog.function("conv_wrw_finish"), k * r,
+                                 [partial, None, *(np.int32(v) for v in (k, cp, fy, fx, c, *d["w"].strides))],
+                                 max_groups=1 << 16)
+            moves = programs[1]  # conv_gemm.c
+            transpose = transposer(context, moves, problem.dtype)
+            nchw = problem.layout == "NCHW"
+            x_in = x_nhwc = None
+            if cp != c:  # widened with zero channels (through x's strides: either layout)
+                x_in = widener(context, moves, (n, c, h, w_), cp, d["x"].strides)
+            elif nchw:
+                x_in = transpose(n, c, h * w_)
             if x_in is not None:
-                x_in(x, x_nhwc)
-                x = x_nhwc
-            if dy_in is not None:
-                dy_in(dy, dy_nhwc)
-                dy = dy_nhwc
-            if not aligned16(dy, x):
-                unaligned(dy, x, dw)
-                return
-            multiply(dy, x)
-            finish(dw)
+                x_nhwc = backend.alloc(n * h * w_ * cp * item)
+            dy_in = transpose(n, k, ho * wo) if nchw else None
+            dy_nhwc = backend.alloc(d["y"].numel * item) if nchw else None
+            unaligned = fallback_invoker(context, problem, "ConvIm2colGemm")
 
-        backward_weights.workspace = (partial, x_nhwc, dy_nhwc)
-        return backward_weights
+            def backward_weights(dy, x, dw):
+                if x_in is not None:
+                    x_in(x, x_nhwc)
+                    x = x_nhwc
+                if dy_in is not None:
+                    dy_in(dy, dy_nhwc)
+                    dy = dy_nhwc
+                if not aligned16(dy, x):
+                    unaligned(dy, x, dw)
+                    return
+                multiply(dy, x)
+                finish(dw)
+
+            backward_weights.workspace = (partial, x_nhwc, dy_nhwc)
+            return backward_weights
+
+        return Solution(self.programs(problem), invoker_factory)
 
 
 def wide_channels(problem: ConvProblem) -> int:

@@ -16,12 +16,11 @@ from __future__ import annotations
 
 import numpy as np
 
-from kdbkit.runtime.immediate import choose, invoker as invoker_of
 from kdbkit.runtime.primitives.convolution.problem import ConvProblem
 from kdbkit.runtime.primitives.convolution.solvers.common import INT_MAX, fits_int_arguments, shape_args
 from kdbkit.runtime.primitives.gemm.problem import GemmProblem
 from kdbkit.runtime.program_key import ProgramRequest
-from kdbkit.runtime.solver import Solver, launcher_1d, not_applicable, register
+from kdbkit.runtime.solver import Solution, Solver, launcher_1d, not_applicable
 
 WORKSPACE_LIMIT = 4 << 30  # bytes; beyond it the solver does not apply
 
@@ -86,7 +85,6 @@ def _gemm(problem: ConvProblem) -> GemmProblem:
     return GemmProblem(t, k, r, n * p, trans_a=True, lda=k, ldb=r, ldc=r)
 
 
-@register
 class ConvIm2colGemm(Solver):
     id = 21
     name = "ConvIm2colGemm"
@@ -110,55 +108,58 @@ class ConvIm2colGemm(Solver):
         # The multiply's programs are the GEMM catalogue's: a bundle holds them already.
         return [program(problem)]
 
-    def invoker(self, handle, problem: ConvProblem):
-        request = program(problem)
-        prog = handle.program(request.kernel_file, request.options)
-        backend, args = handle.backend, shape_args(problem)
-        gemm = _gemm(problem)
-        multiply = invoker_of(handle, gemm, choose(handle, gemm).solver)
-        col_elements, regrouped_elements = _workspace_elements(problem)
-        item = problem.dtype.itemsize
-        col = backend.alloc(col_elements * item) if col_elements else None
-        regrouped = backend.alloc(regrouped_elements * item) if regrouped_elements else None
-        order, strides = np.int32(problem.layout == "NHWC"), _column_strides(problem)
-        n, k, r, p = _sizes(problem)
+    def solution(self, problem: ConvProblem, device):
+        def invoker_factory(programs, context):
+            prog = programs[0]
+            backend, args = context.backend, shape_args(problem)
+            gemm = _gemm(problem)
+            multiply = context.invoker(gemm)  # immediate mode's choice of GEMM solver
+            col_elements, regrouped_elements = _workspace_elements(problem)
+            item = problem.dtype.itemsize
+            col = backend.alloc(col_elements * item) if col_elements else None
+            regrouped = backend.alloc(regrouped_elements * item) if regrouped_elements else None
+            order, strides = np.int32(problem.layout == "NHWC"), _column_strides(problem)
+            n, k, r, p = _sizes(problem)
 
-        def kernel_1d(name: str, elements: int, tail: list):
-            return launcher_1d(handle, prog.function(name), elements, [None, None, *args, *tail], max_groups=1 << 16)
+            def kernel_1d(name: str, elements: int, tail: list):
+                return launcher_1d(context, prog.function(name), elements, [None, None, *args, *tail],
+                                   max_groups=1 << 16)
 
-        im2col = kernel_1d("conv_im2col", n * r * p, [*strides, order]) if col is not None else None
-        nchw = problem.layout == "NCHW"
-        if problem.direction == "F":
-            def forward(x, w, y):
-                fields = x
+            im2col = kernel_1d("conv_im2col", n * r * p, [*strides, order]) if col is not None else None
+            nchw = problem.layout == "NCHW"
+            if problem.direction == "F":
+                def forward(x, w, y):
+                    fields = x
+                    if im2col is not None:
+                        im2col(x, col)
+                        fields = col
+                    multiply(a=w, b=fields, c=y) if nchw else multiply(a=fields, b=w, c=y)
+
+                forward.workspace = (col,)
+                return forward
+            if problem.direction == "B":
+                col2im = kernel_1d("conv_col2im", int(np.prod(problem.x_shape)), [*strides, order])
+
+                def backward_data(dy, w, dx):
+                    product = dx if col is None else col  # a pointwise filter's product is dx itself
+                    multiply(a=w, b=dy, c=product) if nchw else multiply(a=dy, b=w, c=product)
+                    if col is not None:
+                        col2im(col, dx)
+
+                backward_data.workspace = (col,)
+                return backward_data
+            regroup = kernel_1d("conv_dy_by_channel", k * n * p, []) if regrouped is not None else None
+
+            def backward_weights(dy, x, dw):
                 if im2col is not None:
                     im2col(x, col)
-                    fields = col
-                multiply(a=w, b=fields, c=y) if nchw else multiply(a=fields, b=w, c=y)
+                if nchw:
+                    regroup(dy, regrouped)
+                    multiply(a=regrouped, b=col, c=dw)
+                else:
+                    multiply(a=dy, b=x if col is None else col, c=dw)
 
-            forward.workspace = (col,)
-            return forward
-        if problem.direction == "B":
-            col2im = kernel_1d("conv_col2im", int(np.prod(problem.x_shape)), [*strides, order])
+            backward_weights.workspace = (col, regrouped)
+            return backward_weights
 
-            def backward_data(dy, w, dx):
-                product = dx if col is None else col  # a pointwise filter's product is dx itself
-                multiply(a=w, b=dy, c=product) if nchw else multiply(a=dy, b=w, c=product)
-                if col is not None:
-                    col2im(col, dx)
-
-            backward_data.workspace = (col,)
-            return backward_data
-        regroup = kernel_1d("conv_dy_by_channel", k * n * p, []) if regrouped is not None else None
-
-        def backward_weights(dy, x, dw):
-            if im2col is not None:
-                im2col(x, col)
-            if nchw:
-                regroup(dy, regrouped)
-                multiply(a=regrouped, b=col, c=dw)
-            else:
-                multiply(a=dy, b=x if col is None else col, c=dw)
-
-        backward_weights.workspace = (col, regrouped)
-        return backward_weights
+        return Solution(self.programs(problem), invoker_factory)

@@ -8,12 +8,11 @@ from __future__ import annotations
 
 import numpy as np
 
-from kdbkit.runtime.immediate import choose, invoker as invoker_of
 from kdbkit.runtime.primitives.convolution.problem import ConvProblem
 from kdbkit.runtime.primitives.convolution.solvers.common import INT_MAX
 from kdbkit.runtime.primitives.gemm.problem import GemmProblem
 from kdbkit.runtime.program_key import ProgramRequest
-from kdbkit.runtime.solver import APPLIES, Solver, launcher_1d, not_applicable, register
+from kdbkit.runtime.solver import APPLIES, Solution, Solver, launcher_1d, not_applicable
 from kdbkit.runtime.tensor import DataType
 
 WORKSPACE_LIMIT = 4 << 30
@@ -30,7 +29,6 @@ def _tiles(problem: ConvProblem) -> tuple[int, int, int]:
     return th, tw, problem.x_shape[0] * th * tw
 
 
-@register
 class ConvWinogradF2x3(Solver):
     id = 27
     name = "ConvWinogradF2x3"
@@ -60,32 +58,34 @@ class ConvWinogradF2x3(Solver):
         # The multiplies' programs are the GEMM catalogue's (fp32): a bundle holds them already.
         return [program(problem)] if problem.direction == "F" else []
 
-    def invoker(self, handle, problem: ConvProblem):
-        request = program(problem)
-        prog = handle.program(request.kernel_file, request.options)
-        backend, d = handle.backend, problem.descs()
-        (n, c, h, w), k, (ho, wo) = problem.x_shape, problem.out_channels, problem.out_hw
-        th, tw, p = _tiles(problem)
-        u, v, m = (backend.alloc(16 * size * 4) for size in (k * c, c * p, k * p))
-        gemm = GemmProblem(DataType.FP32, k, p, c, batch=16, lda=c, ldb=p, ldc=p, stride_a=k * c, stride_b=c * p,
-                           stride_c=k * p)
-        multiply = invoker_of(handle, gemm, choose(handle, gemm).solver)
-        i32 = np.int32
+    def solution(self, problem: ConvProblem, device):
+        def invoker_factory(programs, context):
+            prog = programs[0]
+            backend, d = context.backend, problem.descs()
+            (n, c, h, w), k, (ho, wo) = problem.x_shape, problem.out_channels, problem.out_hw
+            th, tw, p = _tiles(problem)
+            u, v, m = (backend.alloc(16 * size * 4) for size in (k * c, c * p, k * p))
+            gemm = GemmProblem(DataType.FP32, k, p, c, batch=16, lda=c, ldb=p, ldc=p, stride_a=k * c, stride_b=c * p,
+                               stride_c=k * p)
+            multiply = context.invoker(gemm)  # immediate mode's choice of GEMM solver
+            i32 = np.int32
 
-        def kernel_1d(name: str, items: int, tail: list):
-            return launcher_1d(handle, prog.function(name), items, [None, None, *tail], max_groups=1 << 16)
+            def kernel_1d(name: str, items: int, tail: list):
+                return launcher_1d(context, prog.function(name), items, [None, None, *tail], max_groups=1 << 16)
 
-        filters = kernel_1d("wino_filter", k * c, [i32(k), i32(c), *(i32(s) for s in d["w"].strides)])
-        patches = kernel_1d("wino_input", c * p, [*(i32(s) for s in (n, c, h, w, *problem.pad, th, tw)),
-                                                  *(i32(s) for s in d["x"].strides)])
-        tiles = kernel_1d("wino_output", k * p, [*(i32(s) for s in (n, k, ho, wo, th, tw)),
-                                                 *(i32(s) for s in d["y"].strides)])
+            filters = kernel_1d("wino_filter", k * c, [i32(k), i32(c), *(i32(s) for s in d["w"].strides)])
+            patches = kernel_1d("wino_input", c * p, [*(i32(s) for s in (n, c, h, w, *problem.pad, th, tw)),
+                                                      *(i32(s) for s in d["x"].strides)])
+            tiles = kernel_1d("wino_output", k * p, [*(i32(s) for s in (n, k, ho, wo, th, tw)),
+                                                     *(i32(s) for s in d["y"].strides)])
 
-        def forward(x, w, y):
-            filters(w, u)
-            patches(x, v)
-            multiply(a=u, b=v, c=m)
-            tiles(m, y)
+            def forward(x, w, y):
+                filters(w, u)
+                patches(x, v)
+                multiply(a=u, b=v, c=m)
+                tiles(m, y)
 
-        forward.workspace = (u, v, m)
-        return forward
+            forward.workspace = (u, v, m)
+            return forward
+
+        return Solution(self.programs(problem), invoker_factory)

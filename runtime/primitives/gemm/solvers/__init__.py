@@ -1,4 +1,4 @@
-"""The GEMM solvers; importing this package registers them.
+"""The GEMM solvers, registered from :data:`SOLVERS` in priority order.
 
 Ids: 10 GemmTiled (every backend), 11 GemmTensorCore (CUDA sm_80+, fp16/bf16, mma.sync),
 16 GemmWgmma (sm_90 only, wgmma), 29 GemmBlocked (every backend, register-blocked). Immediate
@@ -6,4 +6,11 @@ mode tries them fastest first: wgmma, then mma.sync, then the blocked kernel (un
 would be mostly empty), then the portable tiled kernel.
 """
 
-from kdbkit.runtime.primitives.gemm.solvers import wgmma, tensor_core, blocked, tiled  # noqa: F401,I001  (registers, in this order)
+from kdbkit.runtime.primitives.gemm.solvers.blocked import GemmBlocked
+from kdbkit.runtime.primitives.gemm.solvers.tensor_core import GemmTensorCore
+from kdbkit.runtime.primitives.gemm.solvers.tiled import GemmTiled
+from kdbkit.runtime.primitives.gemm.solvers.wgmma import GemmWgmma
+from kdbkit.runtime.solver import REGISTRY
+
+SOLVERS = (GemmWgmma, GemmTensorCore, GemmBlocked, GemmTiled)
+REGISTRY.register_all(SOLVERS)

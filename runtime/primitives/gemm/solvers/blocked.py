@@ -8,12 +8,11 @@ from __future__ import annotations
 from kdbkit.runtime.primitives.gemm.problem import GemmProblem
 from kdbkit.runtime.primitives.gemm.solvers.common import fits, gemm_arguments
 from kdbkit.runtime.program_key import ProgramRequest
-from kdbkit.runtime.solver import APPLIES, Solver, not_applicable, register
+from kdbkit.runtime.solver import APPLIES, Solution, Solver, not_applicable
 
 TILE, THREADS, MAX_GRID_Y = 128, 256, 65535  # igemm_core.h's IG_BM = IG_BN, IG_THREADS
 
 
-@register
 class GemmBlocked(Solver):
     id = 29
     name = "GemmBlocked"
@@ -34,9 +33,11 @@ class GemmBlocked(Solver):
     def programs(self, problem: GemmProblem):
         return [ProgramRequest("gemm.c", problem.dtype.options)]
 
-    def invoker(self, handle, problem: GemmProblem):
-        request = self.programs(problem)[0]
-        kernel = handle.program(request.kernel_file, request.options).function("gemm_blocked")
-        grid = (-(-problem.m // TILE), -(-problem.n // TILE), problem.batch)
-        fast = handle.backend.launcher(kernel, grid, (THREADS, 1, 1), [None, None, None, *gemm_arguments(problem)])
-        return lambda a, b, c: fast(a, b, c)
+    def solution(self, problem: GemmProblem, device):
+        def invoker_factory(programs, context):
+            kernel = programs[0].function("gemm_blocked")
+            grid = (-(-problem.m // TILE), -(-problem.n // TILE), problem.batch)
+            fast = context.backend.launcher(kernel, grid, (THREADS, 1, 1), [None, None, None, *gemm_arguments(problem)])
+            return lambda a, b, c: fast(a, b, c)
+
+        return Solution(self.programs(problem), invoker_factory)

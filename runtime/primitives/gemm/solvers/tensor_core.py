@@ -5,7 +5,7 @@ from __future__ import annotations
 from kdbkit.runtime.primitives.gemm.problem import GemmProblem
 from kdbkit.runtime.primitives.gemm.solvers.common import fits, gemm_arguments
 from kdbkit.runtime.program_key import ProgramRequest
-from kdbkit.runtime.solver import Solver, fast_when_aligned, not_applicable, register
+from kdbkit.runtime.solver import Solution, Solver, fast_when_aligned, not_applicable
 from kdbkit.runtime.tensor import DataType
 
 BLOCK_TILE, THREADS = 128, 256
@@ -23,7 +23,6 @@ FAST = {"gemm_tc_nn": (128, 128, _shared(128, 4), 32), "gemm_tc_nn_k64": (128, 1
         "gemm_tc_nn_wide_deep": (256, 256, _shared(256, 6), 32)}
 
 
-@register
 class GemmTensorCore(Solver):
     id = 11
     name = "GemmTensorCore"
@@ -47,26 +46,28 @@ class GemmTensorCore(Solver):
             return []
         return [ProgramRequest("gemm_tc.cu", problem.dtype.options)]
 
-    def invoker(self, handle, problem: GemmProblem):
-        request = self.programs(problem)[0]
-        prog = handle.program(request.kernel_file, request.options)
-        kernel = prog.function("gemm_tc")
-        grid = (-(-problem.n // BLOCK_TILE), -(-problem.m // BLOCK_TILE), problem.batch)
-        tail = gemm_arguments(problem)
-        general = handle.backend.launcher(kernel, grid, (THREADS, 1, 1), [None, None, None, *tail])
-        if not _fast_path(problem):
-            return lambda a, b, c: general(a, b, c)
-        name = fast_kernel(problem, device_units(handle))
-        tile_n, threads, shared, _ = FAST[name]
-        fast_grid = (problem.n // tile_n, problem.m // BLOCK_TILE, problem.batch)
-        fast = handle.backend.launcher(prog.function(name), fast_grid, (threads, 1, 1),
-                                       [None, None, None, *tail[:9], *tail[11:]], shared)  # no transpose flags
-        return fast_when_aligned(fast, general)
+    def solution(self, problem: GemmProblem, device):
+        def invoker_factory(programs, context):
+            prog = programs[0]
+            kernel = prog.function("gemm_tc")
+            grid = (-(-problem.n // BLOCK_TILE), -(-problem.m // BLOCK_TILE), problem.batch)
+            tail = gemm_arguments(problem)
+            general = context.backend.launcher(kernel, grid, (THREADS, 1, 1), [None, None, None, *tail])
+            if not _fast_path(problem):
+                return lambda a, b, c: general(a, b, c)
+            name = fast_kernel(problem, device_units(context.device))
+            tile_n, threads, shared, _ = FAST[name]
+            fast_grid = (problem.n // tile_n, problem.m // BLOCK_TILE, problem.batch)
+            fast = context.backend.launcher(prog.function(name), fast_grid, (threads, 1, 1),
+                                            [None, None, None, *tail[:9], *tail[11:]], shared)  # no transpose flags
+            return fast_when_aligned(fast, general)
+
+        return Solution(self.programs(problem), invoker_factory)
 
 
-def device_units(handle) -> int:
+def device_units(device) -> int:
     """The GPU's multiprocessor count (its target's CU count; 132, an H100's, when unknown)."""
-    return handle.device.target.cu or 132
+    return device.target.cu or 132
 
 
 def fast_kernel(problem: GemmProblem, units: int) -> str:

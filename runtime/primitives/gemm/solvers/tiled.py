@@ -5,12 +5,11 @@ from __future__ import annotations
 from kdbkit.runtime.primitives.gemm.problem import GemmProblem
 from kdbkit.runtime.primitives.gemm.solvers.common import fits, gemm_arguments
 from kdbkit.runtime.program_key import ProgramRequest
-from kdbkit.runtime.solver import Solver, register
+from kdbkit.runtime.solver import Solution, Solver
 
 TILE = 16
 
 
-@register
 class GemmTiled(Solver):
     id = 10
     name = "GemmTiled"
@@ -22,9 +21,11 @@ class GemmTiled(Solver):
     def programs(self, problem: GemmProblem):
         return [ProgramRequest("gemm.c", problem.dtype.options)]
 
-    def invoker(self, handle, problem: GemmProblem):
-        request = self.programs(problem)[0]
-        kernel = handle.program(request.kernel_file, request.options).function("gemm_tiled")
-        grid = (-(-problem.n // TILE), -(-problem.m // TILE), problem.batch)
-        run = handle.backend.launcher(kernel, grid, (TILE, TILE, 1), [None, None, None, *gemm_arguments(problem)])
-        return lambda a, b, c: run(a, b, c)
+    def solution(self, problem: GemmProblem, device):
+        def invoker_factory(programs, context):
+            kernel = programs[0].function("gemm_tiled")
+            grid = (-(-problem.n // TILE), -(-problem.m // TILE), problem.batch)
+            run = context.backend.launcher(kernel, grid, (TILE, TILE, 1), [None, None, None, *gemm_arguments(problem)])
+            return lambda a, b, c: run(a, b, c)
+
+        return Solution(self.programs(problem), invoker_factory)

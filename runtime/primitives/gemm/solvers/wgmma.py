@@ -10,7 +10,7 @@ import numpy as np
 from kdbkit.runtime.primitives.gemm.problem import GemmProblem
 from kdbkit.runtime.primitives.gemm.solvers.common import fits
 from kdbkit.runtime.program_key import ProgramRequest
-from kdbkit.runtime.solver import Solver, aligned16, fallback_invoker, not_applicable, register
+from kdbkit.runtime.solver import Solution, Solver, aligned16, fallback_invoker, not_applicable
 from kdbkit.runtime.tensor import DataType
 
 TILE, STEP, THREADS, STAGES = 128, 64, 256, 6
@@ -18,7 +18,6 @@ SHARED = STAGES * 2 * TILE * 128 + 1024  # the stages of A's and Bt's swizzled t
 ARCH_OPTION = "--gpu-architecture=sm_90a"  # wgmma exists only in the arch-specific sm_90a code
 
 
-@register
 class GemmWgmma(Solver):
     id = 16
     name = "GemmWgmma"
@@ -51,35 +50,37 @@ class GemmWgmma(Solver):
             return []
         return [ProgramRequest("gemm_wgmma.cu", (*problem.dtype.options, ARCH_OPTION))]
 
-    def invoker(self, handle, problem: GemmProblem):
-        (request,) = self.programs(problem)
-        prog = handle.program(request.kernel_file, request.options)
-        p, i32, i64 = problem, np.int32, np.int64
-        copies = p.batch if p.stride_b else 1
-        grid = (p.n // TILE, p.m // TILE, p.batch)
-        if p.trans_b:  # B is already N x K
-            ldbt, stride_bt, transpose, bt = p.ldb, p.stride_b, None, None
-        else:
-            bt = handle.backend.alloc(self.workspace(problem))  # the invoker's own, allocated once
-            ldbt, stride_bt = p.k, p.n * p.k if p.stride_b else 0
-            transpose = handle.backend.launcher(prog.function("gemm_transpose"), (p.n // 32, p.k // 32, copies),
-                                                (32, 8, 1), [None, bt, i32(p.k), i32(p.n), i32(p.ldb),
-                                                             i64(p.stride_b)])
-        main = handle.backend.launcher(
-            prog.function("gemm_wgmma"), grid, (THREADS, 1, 1),
-            [None, None if bt is None else bt, None, *(i32(v) for v in (p.m, p.n, p.k, p.lda, ldbt, p.ldc)),
-             i64(p.stride_a), i64(stride_bt), i64(p.stride_c), np.float32(p.alpha), np.float32(p.beta)], SHARED)
-        fallback = fallback_invoker(handle, problem, "GemmTensorCore")  # the mma.sync kernels
-
-        def run(a, b, c):
-            if not aligned16(a, b, c):  # 16-byte copies need aligned matrices
-                fallback(a, b, c)
-                return
-            if transpose is None:
-                main(a, b, c)
+    def solution(self, problem: GemmProblem, device):
+        def invoker_factory(programs, context):
+            prog = programs[0]
+            p, i32, i64 = problem, np.int32, np.int64
+            copies = p.batch if p.stride_b else 1
+            grid = (p.n // TILE, p.m // TILE, p.batch)
+            if p.trans_b:  # B is already N x K
+                ldbt, stride_bt, transpose, bt = p.ldb, p.stride_b, None, None
             else:
-                transpose(b)
-                main(a, c)
+                bt = context.backend.alloc(self.workspace(problem))  # the invoker's own, allocated once
+                ldbt, stride_bt = p.k, p.n * p.k if p.stride_b else 0
+                transpose = context.backend.launcher(prog.function("gemm_transpose"), (p.n // 32, p.k // 32, copies),
+                                                     (32, 8, 1), [None, bt, i32(p.k), i32(p.n), i32(p.ldb),
+                                                                  i64(p.stride_b)])
+            main = context.backend.launcher(
+                prog.function("gemm_wgmma"), grid, (THREADS, 1, 1),
+                [None, None if bt is None else bt, None, *(i32(v) for v in (p.m, p.n, p.k, p.lda, ldbt, p.ldc)),
+                 i64(p.stride_a), i64(stride_bt), i64(p.stride_c), np.float32(p.alpha), np.float32(p.beta)], SHARED)
+            fallback = fallback_invoker(context, problem, "GemmTensorCore")  # the mma.sync kernels
 
-        run.workspace = bt
-        return run
+            def run(a, b, c):
+                if not aligned16(a, b, c):  # 16-byte copies need aligned matrices
+                    fallback(a, b, c)
+                    return
+                if transpose is None:
+                    main(a, b, c)
+                else:
+                    transpose(b)
+                    main(a, c)
+
+            run.workspace = bt
+            return run
+
+        return Solution(self.programs(problem), invoker_factory)

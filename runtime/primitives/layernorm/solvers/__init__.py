@@ -1,5 +1,10 @@
-"""The layer-norm solvers; importing this package registers them. Ids: 7 LayerNormBlock,
-15 LayerNormLanes. Immediate mode tries the lanes kernel (forward, rows of whole 16-byte
-vectors) first, then a group per row."""
+"""The layer-norm solvers, registered from :data:`SOLVERS` in priority order. Ids: 7
+LayerNormBlock, 15 LayerNormLanes. Immediate mode tries the lanes kernel (forward, rows of
+whole 16-byte vectors) first, then a group per row."""
 
-from kdbkit.runtime.primitives.layernorm.solvers import lanes, block  # noqa: F401,I001  (registers, in this order)
+from kdbkit.runtime.primitives.layernorm.solvers.block import LayerNormBlock
+from kdbkit.runtime.primitives.layernorm.solvers.lanes import LayerNormLanes
+from kdbkit.runtime.solver import REGISTRY
+
+SOLVERS = (LayerNormLanes, LayerNormBlock)
+REGISTRY.register_all(SOLVERS)

@@ -8,7 +8,7 @@ import numpy as np
 from kdbkit.runtime.primitives.lanes import MAX_VECTORS, BLOCK, lanes_groups, lanes_options, lanes_tile
 from kdbkit.runtime.primitives.layernorm.problem import LayerNormProblem
 from kdbkit.runtime.program_key import ProgramRequest
-from kdbkit.runtime.solver import (APPLIES, Solver, aligned16, fallback_invoker, not_applicable, register,
+from kdbkit.runtime.solver import (APPLIES, Solution, Solver, aligned16, fallback_invoker, not_applicable,
                                    vector_elements)
 
 INT_MAX = 2**31 - 1
@@ -18,7 +18,6 @@ def vectors_per_row(problem: LayerNormProblem) -> int:
     return problem.inner // vector_elements(problem.dtype)
 
 
-@register
 class LayerNormLanes(Solver):
     id = 15
     name = "LayerNormLanes"
@@ -39,17 +38,19 @@ class LayerNormLanes(Solver):
     def programs(self, problem: LayerNormProblem):
         return [ProgramRequest("layernorm.c", problem.dtype.options + lanes_options(vectors_per_row(problem)))]
 
-    def invoker(self, handle, problem: LayerNormProblem):
-        (request,) = self.programs(problem)
-        kernel = handle.program(request.kernel_file, request.options).function("layernorm_fwd_lanes")
-        _, lanes = lanes_tile(vectors_per_row(problem))
-        args = [np.int32(problem.rows), np.int32(problem.inner), np.int32(problem.affine), np.float32(problem.eps),
-                np.int32(lanes)]
-        groups = lanes_groups(problem.rows, lanes, handle.device.target.cu)
-        fast = handle.backend.launcher(kernel, groups, (BLOCK, 1, 1), [*(None,) * 6, *args])
-        fallback = fallback_invoker(handle, problem, "LayerNormBlock")  # tensors not 16-byte aligned
+    def solution(self, problem: LayerNormProblem, device):
+        def invoker_factory(programs, context):
+            kernel = programs[0].function("layernorm_fwd_lanes")
+            _, lanes = lanes_tile(vectors_per_row(problem))
+            args = [np.int32(problem.rows), np.int32(problem.inner), np.int32(problem.affine), np.float32(problem.eps),
+                    np.int32(lanes)]
+            groups = lanes_groups(problem.rows, lanes, context.device.target.cu)
+            fast = context.backend.launcher(kernel, groups, (BLOCK, 1, 1), [*(None,) * 6, *args])
+            fallback = fallback_invoker(context, problem, "LayerNormBlock")  # tensors not 16-byte aligned
 
-        def forward(x, weight, bias, y, mean, rstd):
-            (fast if aligned16(x, weight, bias, y) else fallback)(x, weight, bias, y, mean, rstd)
+            def forward(x, weight, bias, y, mean, rstd):
+                (fast if aligned16(x, weight, bias, y) else fallback)(x, weight, bias, y, mean, rstd)
 
-        return forward
+            return forward
+
+        return Solution(self.programs(problem), invoker_factory)

@@ -13,7 +13,7 @@ from kdbkit.runtime.primitives.pooling.solvers.common import (
     program,
     vector_or_element,
 )
-from kdbkit.runtime.solver import Solver, not_applicable, register, vector_elements
+from kdbkit.runtime.solver import Solution, Solver, not_applicable, vector_elements
 
 BAND = 6144  # pooling.c's POOL_BAND: floats of input a group stages
 THREADS, MAX_GROUPS = 256, 65535
@@ -26,7 +26,6 @@ def band_rows(problem: PoolProblem) -> int:
     return 0 if rows < kh else min((rows - kh) // sh + 1, problem.out_hw[0])
 
 
-@register
 class PoolBand(Solver):
     id = 17
     name = "PoolBand"
@@ -43,17 +42,21 @@ class PoolBand(Solver):
     def programs(self, problem: PoolProblem):
         return [program(problem)]
 
-    def invoker(self, handle, problem: PoolProblem):
-        request = program(problem)
-        kernel = handle.program(request.kernel_file, request.options).function("pool_fwd_band")
-        geometry_args = geometry(problem)
-        bh = band_rows(problem)
-        n, c, _, w = problem.shape
-        jobs = n * c * -(-problem.out_hw[0] // bh)
-        tail = [np.int32(MODES.index(problem.mode)), np.int32(problem.indices and problem.mode == "max"), np.int32(bh)]
-        per, xs = vector_elements(problem.dtype), problem.x_strides
-        rows_whole = xs[3] == 1 and w % per == 0 and all(s % per == 0 for s in xs[:3])
-        grid, block = (min(jobs, MAX_GROUPS), 1, 1), (THREADS, 1, 1)
-        return vector_or_element(
-            lambda vec: handle.backend.launcher(kernel, grid, block, [None, None, None, *geometry_args, *tail, vec]),
-            rows_whole)
+    def solution(self, problem: PoolProblem, device):
+        def invoker_factory(programs, context):
+            kernel = programs[0].function("pool_fwd_band")
+            geometry_args = geometry(problem)
+            bh = band_rows(problem)
+            n, c, _, w = problem.shape
+            jobs = n * c * -(-problem.out_hw[0] // bh)
+            tail = [np.int32(MODES.index(problem.mode)), np.int32(problem.indices and problem.mode == "max"),
+                    np.int32(bh)]
+            per, xs = vector_elements(problem.dtype), problem.x_strides
+            rows_whole = xs[3] == 1 and w % per == 0 and all(s % per == 0 for s in xs[:3])
+            grid, block = (min(jobs, MAX_GROUPS), 1, 1), (THREADS, 1, 1)
+            return vector_or_element(
+                lambda vec: context.backend.launcher(kernel, grid, block,
+                                                     [None, None, None, *geometry_args, *tail, vec]),
+                rows_whole)
+
+        return Solution(self.programs(problem), invoker_factory)

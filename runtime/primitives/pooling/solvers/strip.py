@@ -10,7 +10,7 @@ import numpy as np
 from kdbkit.runtime.primitives.pooling.problem import MODES, PoolProblem
 from kdbkit.runtime.primitives.pooling.solvers.common import fits_int_arguments
 from kdbkit.runtime.program_key import ProgramRequest
-from kdbkit.runtime.solver import Solver, aligned16, launcher_1d, not_applicable, register, vector_elements
+from kdbkit.runtime.solver import Solution, Solver, aligned16, launcher_1d, not_applicable, vector_elements
 
 GEOMETRIES = ((3, 2, 1), (3, 2, 0), (2, 2, 0), (3, 1, 1))  # (window, stride, left/right pad), pool_strip.c's
 STRIP_ROWS = 4  # pool_strip.c's POOL_STRIP_ROWS
@@ -30,7 +30,6 @@ def kernel_name(problem: PoolProblem) -> str | None:
     return f"pool_strip_k{kw}s{sw}p{pw}_{variant}"
 
 
-@register
 class PoolStrip(Solver):
     id = 18
     name = "PoolStrip"
@@ -48,26 +47,28 @@ class PoolStrip(Solver):
     def programs(self, problem: PoolProblem):
         return [program(problem)]
 
-    def invoker(self, handle, problem: PoolProblem):
-        request = program(problem)
-        kernel = handle.program(request.kernel_file, request.options).function(kernel_name(problem))
-        n, c, h, w = problem.shape
-        ho, wo = problem.out_hw
-        per, xs, ys = vector_elements(problem.dtype), problem.x_strides, problem.y_strides
-        outs = per // problem.stride[1]
-        jobs = n * c * -(-ho // STRIP_ROWS) * -(-wo // outs)
-        args = [np.int32(v) for v in (n, c, h, w, ho, wo, problem.pad[0], *xs, *ys, outs,
-                                      MODES.index(problem.mode))]
-        rows_whole = xs[3] == 1 and all(s % per == 0 for s in xs[:3])
-        rows_packed = ys[3] == 1 and all(s % outs == 0 for s in ys[:3])
-        store_bytes = outs * problem.dtype.itemsize
-        launchers = [launcher_1d(handle, kernel, jobs, [None, None, None, *args, np.int32(vec)], block=THREADS)
-                     for vec in range(4)]
+    def solution(self, problem: PoolProblem, device):
+        def invoker_factory(programs, context):
+            kernel = programs[0].function(kernel_name(problem))
+            n, c, h, w = problem.shape
+            ho, wo = problem.out_hw
+            per, xs, ys = vector_elements(problem.dtype), problem.x_strides, problem.y_strides
+            outs = per // problem.stride[1]
+            jobs = n * c * -(-ho // STRIP_ROWS) * -(-wo // outs)
+            args = [np.int32(v) for v in (n, c, h, w, ho, wo, problem.pad[0], *xs, *ys, outs,
+                                          MODES.index(problem.mode))]
+            rows_whole = xs[3] == 1 and all(s % per == 0 for s in xs[:3])
+            rows_packed = ys[3] == 1 and all(s % outs == 0 for s in ys[:3])
+            store_bytes = outs * problem.dtype.itemsize
+            launchers = [launcher_1d(context, kernel, jobs, [None, None, None, *args, np.int32(vec)], block=THREADS)
+                         for vec in range(4)]
 
-        def forward(x, y, indices):
-            # Bit 0: 16-byte reads of x; bit 1: one store per thread and row of y (pool_strip.c).
-            reads = rows_whole and aligned16(x)
-            stores = rows_packed and int(getattr(y, "ptr", 0)) % store_bytes == 0
-            launchers[int(reads) + 2 * int(stores)](x, y, indices)
+            def forward(x, y, indices):
+                # Bit 0: 16-byte reads of x; bit 1: one store per thread and row of y (pool_strip.c).
+                reads = rows_whole and aligned16(x)
+                stores = rows_packed and int(getattr(y, "ptr", 0)) % store_bytes == 0
+                launchers[int(reads) + 2 * int(stores)](x, y, indices)
 
-        return forward
+            return forward
+
+        return Solution(self.programs(problem), invoker_factory)

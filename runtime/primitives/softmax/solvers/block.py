@@ -10,13 +10,12 @@ from kdbkit.runtime.primitives.softmax.solvers.common import (
     kernel_and_buffers,
     program,
 )
-from kdbkit.runtime.solver import Solver, register
+from kdbkit.runtime.solver import Solution, Solver
 
 BLOCK = 256  # the kernel's default -DBLOCK
 MAX_GROUPS = 65535
 
 
-@register
 class SoftmaxBlock(Solver):
     id = 4
     name = "SoftmaxBlock"
@@ -28,11 +27,13 @@ class SoftmaxBlock(Solver):
     def programs(self, problem: SoftmaxProblem):
         return [program(problem)]
 
-    def invoker(self, handle, problem: SoftmaxProblem):
-        request = program(problem)
-        even = problem.direction == "fwd" and evenly_spaced(problem)
-        kernel, order = kernel_and_buffers(problem, handle.program(request.kernel_file, request.options),
-                                           "block_even" if even else "block")
-        tail, groups = arguments(problem), min(problem.rows, MAX_GROUPS)
-        run = handle.backend.launcher(kernel, (groups, 1, 1), (BLOCK, 1, 1), [*(None for _ in order), *tail])
-        return lambda **t: run(*(t[name] for name in order))
+    def solution(self, problem: SoftmaxProblem, device):
+        def invoker_factory(programs, context):
+            even = problem.direction == "fwd" and evenly_spaced(problem)
+            kernel, order = kernel_and_buffers(problem, programs[0],
+                                               "block_even" if even else "block")
+            tail, groups = arguments(problem), min(problem.rows, MAX_GROUPS)
+            run = context.backend.launcher(kernel, (groups, 1, 1), (BLOCK, 1, 1), [*(None for _ in order), *tail])
+            return lambda **t: run(*(t[name] for name in order))
+
+        return Solution(self.programs(problem), invoker_factory)

@@ -9,7 +9,8 @@ from kdbkit.runtime.primitives.lanes import BLOCK, MAX_VECTORS, lanes_groups, la
 from kdbkit.runtime.primitives.softmax.problem import SoftmaxProblem
 from kdbkit.runtime.primitives.softmax.solvers.common import KERNEL_FILE, arguments, fits_int_arguments
 from kdbkit.runtime.program_key import ProgramRequest
-from kdbkit.runtime.solver import Solver, aligned16, fallback_invoker, not_applicable, register, vector_elements
+from kdbkit.runtime.solver import (Solution, Solver, aligned16, fallback_invoker, not_applicable,
+                                   vector_elements)
 
 
 def vectors_per_row(problem: SoftmaxProblem) -> int:
@@ -30,7 +31,6 @@ def _contiguous_rows(problem: SoftmaxProblem, strides: tuple[int, ...], per: int
     return packed and (strides[0] % per == 0 or n == 1)
 
 
-@register
 class SoftmaxLanes(Solver):
     id = 14
     name = "SoftmaxLanes"
@@ -50,24 +50,26 @@ class SoftmaxLanes(Solver):
     def programs(self, problem: SoftmaxProblem):
         return [ProgramRequest(KERNEL_FILE, problem.dtype.options + lanes_options(vectors_per_row(problem)))]
 
-    def invoker(self, handle, problem: SoftmaxProblem):
-        (request,) = self.programs(problem)
-        prog = handle.program(request.kernel_file, request.options)
-        _, lanes = tile(problem)
-        kernel = prog.function(f"softmax_{problem.direction}_lanes")
-        order = ("x", "y") if problem.direction == "fwd" else ("y", "dy", "dx")
-        tail = [*arguments(problem), np.int32(lanes)]
-        groups = lanes_groups(problem.rows, lanes, handle.device.target.cu)
-        # Tensors at an offset that is not 16-byte aligned go to the block kernels (same program
-        # for short rows; the block solver's for long ones, resolved only if ever needed).
-        fast = handle.backend.launcher(kernel, groups, (BLOCK, 1, 1), [*(None for _ in order), *tail])
-        fallback = fallback_invoker(handle, problem, "SoftmaxBlock")
+    def solution(self, problem: SoftmaxProblem, device):
+        def invoker_factory(programs, context):
+            prog = programs[0]
+            _, lanes = tile(problem)
+            kernel = prog.function(f"softmax_{problem.direction}_lanes")
+            order = ("x", "y") if problem.direction == "fwd" else ("y", "dy", "dx")
+            tail = [*arguments(problem), np.int32(lanes)]
+            groups = lanes_groups(problem.rows, lanes, context.device.target.cu)
+            # Tensors at an offset that is not 16-byte aligned go to the block kernels (same program
+            # for short rows; the block solver's for long ones, resolved only if ever needed).
+            fast = context.backend.launcher(kernel, groups, (BLOCK, 1, 1), [*(None for _ in order), *tail])
+            fallback = fallback_invoker(context, problem, "SoftmaxBlock")
 
-        def run(**named):
-            tensors = [named[name] for name in order]
-            if aligned16(*tensors):
-                fast(*tensors)
-            else:
-                fallback(**named)
+            def run(**named):
+                tensors = [named[name] for name in order]
+                if aligned16(*tensors):
+                    fast(*tensors)
+                else:
+                    fallback(**named)
 
-        return run
+            return run
+
+        return Solution(self.programs(problem), invoker_factory)

@@ -10,12 +10,11 @@ from kdbkit.runtime.primitives.softmax.solvers.common import (
     kernel_and_buffers,
     program,
 )
-from kdbkit.runtime.solver import Solver, not_applicable, register
+from kdbkit.runtime.solver import Solution, Solver, not_applicable
 
 BLOCK, ROWS_PER_GROUP, MAX_ROW, MAX_GROUPS = 256, 8, 1024, 65535
 
 
-@register
 class SoftmaxRows(Solver):
     id = 12
     name = "SoftmaxRows"
@@ -33,10 +32,12 @@ class SoftmaxRows(Solver):
     def programs(self, problem: SoftmaxProblem):
         return [program(problem)]
 
-    def invoker(self, handle, problem: SoftmaxProblem):
-        request = program(problem)
-        kernel, order = kernel_and_buffers(problem, handle.program(request.kernel_file, request.options), "rows")
-        tail = arguments(problem)
-        groups = min(-(-problem.rows // ROWS_PER_GROUP), MAX_GROUPS)
-        run = handle.backend.launcher(kernel, (groups, 1, 1), (BLOCK, 1, 1), [*(None for _ in order), *tail])
-        return lambda **t: run(*(t[name] for name in order))
+    def solution(self, problem: SoftmaxProblem, device):
+        def invoker_factory(programs, context):
+            kernel, order = kernel_and_buffers(problem, programs[0], "rows")
+            tail = arguments(problem)
+            groups = min(-(-problem.rows // ROWS_PER_GROUP), MAX_GROUPS)
+            run = context.backend.launcher(kernel, (groups, 1, 1), (BLOCK, 1, 1), [*(None for _ in order), *tail])
+            return lambda **t: run(*(t[name] for name in order))
+
+        return Solution(self.programs(problem), invoker_factory)

@@ -4,12 +4,11 @@ from __future__ import annotations
 
 from kdbkit.runtime.primitives.softmax.problem import SoftmaxProblem
 from kdbkit.runtime.primitives.softmax.solvers.common import arguments, fits_int_arguments, kernel_and_buffers, program
-from kdbkit.runtime.solver import Solver, launcher_1d, not_applicable, register
+from kdbkit.runtime.solver import Solution, Solver, launcher_1d, not_applicable
 
 MAX_ROW = 64  # a longer row is read one strided element per thread per step: SoftmaxBlock's case
 
 
-@register
 class SoftmaxThread(Solver):
     id = 3
     name = "SoftmaxThread"
@@ -23,9 +22,11 @@ class SoftmaxThread(Solver):
     def programs(self, problem: SoftmaxProblem):
         return [program(problem)]
 
-    def invoker(self, handle, problem: SoftmaxProblem):
-        request = program(problem)
-        kernel, order = kernel_and_buffers(problem, handle.program(request.kernel_file, request.options), "thread")
-        tail = arguments(problem)
-        run = launcher_1d(handle, kernel, problem.rows, [*(None for _ in order), *tail], block=64)
-        return lambda **t: run(*(t[name] for name in order))
+    def solution(self, problem: SoftmaxProblem, device):
+        def invoker_factory(programs, context):
+            kernel, order = kernel_and_buffers(problem, programs[0], "thread")
+            tail = arguments(problem)
+            run = launcher_1d(context, kernel, problem.rows, [*(None for _ in order), *tail], block=64)
+            return lambda **t: run(*(t[name] for name in order))
+
+        return Solution(self.programs(problem), invoker_factory)

@@ -8,11 +8,11 @@ from kdbkit.runtime.primitives.tensorop.problem import OPS, TensorOpProblem
 from kdbkit.runtime.program_key import ProgramRequest
 from kdbkit.runtime.solver import (
     APPLIES,
+    Solution,
     Solver,
     fast_when_aligned,
     launcher_1d,
     not_applicable,
-    register,
     vector_elements,
 )
 from kdbkit.runtime.tensor import TensorDesc
@@ -35,7 +35,6 @@ UNROLL = 1  # tensorop.c's OP_UNROLL: vectors per thread and step
 GROUPS_PER_UNIT = 6
 
 
-@register
 class OpTensorPacked(Solver):
     id = 5
     name = "OpTensorPacked"
@@ -54,15 +53,17 @@ class OpTensorPacked(Solver):
     def programs(self, problem: TensorOpProblem):
         return [program(problem)]
 
-    def invoker(self, handle, problem: TensorOpProblem):
-        request = program(problem)
-        prog = handle.program(request.kernel_file, request.options)
-        scalar, vector = prog.function("op_tensor_packed"), prog.function("op_tensor_vec")
-        n = int(np.prod(problem.shape))
-        vectors, tail = n // vector_elements(problem.dtype), [np.int32(n), *scalars(problem)]
+    def solution(self, problem: TensorOpProblem, device):
+        def invoker_factory(programs, context):
+            prog = programs[0]
+            scalar, vector = prog.function("op_tensor_packed"), prog.function("op_tensor_vec")
+            n = int(np.prod(problem.shape))
+            vectors, tail = n // vector_elements(problem.dtype), [np.int32(n), *scalars(problem)]
 
-        # A group per 256 x UNROLL vectors: each thread one step, no tail wave.
-        fast = launcher_1d(handle, vector, max(-(-vectors // UNROLL), 1), [None, None, None, *tail],
-                           max_groups=1 << 20, groups_per_unit=GROUPS_PER_UNIT)
-        slow = launcher_1d(handle, scalar, n, [None, None, None, *tail])
-        return fast_when_aligned(fast, slow)
+            # A group per 256 x UNROLL vectors: each thread one step, no tail wave.
+            fast = launcher_1d(context, vector, max(-(-vectors // UNROLL), 1), [None, None, None, *tail],
+                               max_groups=1 << 20, groups_per_unit=GROUPS_PER_UNIT)
+            slow = launcher_1d(context, scalar, n, [None, None, None, *tail])
+            return fast_when_aligned(fast, slow)
+
+        return Solution(self.programs(problem), invoker_factory)

@@ -15,12 +15,12 @@ from kdbkit.runtime.primitives.tensorop.problem import TensorOpProblem
 from kdbkit.runtime.primitives.tensorop.solvers.packed import GROUPS_PER_UNIT, INT_MAX, program, scalars
 from kdbkit.runtime.solver import (
     APPLIES,
+    Solution,
     Solver,
     fast_when_aligned,
     launcher_1d,
     not_applicable,
     padded_ints,
-    register,
     vector_elements,
 )
 
@@ -46,7 +46,6 @@ def rows_geometry(problem: TensorOpProblem) -> list | None:
             *(v for t in strides for v in padded_ints(tuple(s // vec for s in t[:-1]), 0, outer))]
 
 
-@register
 class OpTensorStrided(Solver):
     id = 6
     name = "OpTensorStrided"
@@ -62,18 +61,21 @@ class OpTensorStrided(Solver):
     def programs(self, problem: TensorOpProblem):
         return [program(problem)]
 
-    def invoker(self, handle, problem: TensorOpProblem):
-        request = program(problem)
-        prog = handle.program(request.kernel_file, request.options)
-        n = int(np.prod(problem.shape))
-        geometry = [np.int32(n), *padded_ints(problem.shape, 1, MAX_DIMS)[1:], *padded_ints(problem.a_strides, 0, MAX_DIMS),
-                    *padded_ints(problem.b_over_a, 0, MAX_DIMS), *padded_ints(problem.c_strides, 0, MAX_DIMS)]
-        tail = scalars(problem)
-        slow = launcher_1d(handle, prog.function("op_tensor_strided"), n, [None, None, None, *geometry, *tail])
-        rows = rows_geometry(problem)
-        if rows is None:
-            return lambda a, b, c: slow(a, b, c)
-        # one vector a thread, no tail wave (as OpTensorPacked's vector kernel)
-        fast = launcher_1d(handle, prog.function("op_tensor_rows"), int(rows[0]), [None, None, None, *rows, *tail],
-                           max_groups=1 << 20, groups_per_unit=GROUPS_PER_UNIT)
-        return fast_when_aligned(fast, slow)
+    def solution(self, problem: TensorOpProblem, device):
+        def invoker_factory(programs, context):
+            prog = programs[0]
+            n = int(np.prod(problem.shape))
+            geometry = [np.int32(n), *padded_ints(problem.shape, 1, MAX_DIMS)[1:],
+                        *padded_ints(problem.a_strides, 0, MAX_DIMS), *padded_ints(problem.b_over_a, 0, MAX_DIMS),
+                        *padded_ints(problem.c_strides, 0, MAX_DIMS)]
+            tail = scalars(problem)
+            slow = launcher_1d(context, prog.function("op_tensor_strided"), n, [None, None, None, *geometry, *tail])
+            rows = rows_geometry(problem)
+            if rows is None:
+                return lambda a, b, c: slow(a, b, c)
+            # one vector a thread, no tail wave (as OpTensorPacked's vector kernel)
+            fast = launcher_1d(context, prog.function("op_tensor_rows"), int(rows[0]), [None, None, None, *rows, *tail],
+                               max_groups=1 << 20, groups_per_unit=GROUPS_PER_UNIT)
+            return fast_when_aligned(fast, slow)
+
+        return Solution(self.programs(problem), invoker_factory)

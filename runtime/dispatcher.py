@@ -1,0 +1,157 @@
+"""The dispatcher: one per handle, it owns what a primitive call needs besides the programs.
+
+A call goes problem -> choice (the solver asked for, else the find-db's best, else the
+heuristic: ``kdbkit.runtime.immediate``) -> the solver's :class:`~kdbkit.runtime.solver.Solution`
+(its program requests and invoker factory) -> programs resolved -> invoker. The dispatcher
+keeps one cache per concern, each keyed from the problem's config string: the choice per
+config string, the invoker per (config string, solver id), and the repeat-call plans
+(``kdbkit.runtime.primitives.repeat``) per call signature, which names the same problem. It
+opens the find-db on first use. Nothing else holds any of these.
+
+Programs are resolved through a resolver, ``request -> Program | None``: the handle's full
+lookup chain for the caller; the prefetch worker passes one that reads its system bundle only,
+and a program that bundle lacks leaves that problem to the caller (nothing is cached for it).
+"""
+
+from __future__ import annotations
+
+import threading
+from pathlib import Path
+from types import MappingProxyType
+from typing import TYPE_CHECKING, Callable, Iterator
+
+from kdbkit.kdb.find_db import FindDb
+from kdbkit.kdb.version import __version__
+from kdbkit.runtime import immediate, paths
+from kdbkit.runtime.errors import NoSolverError
+from kdbkit.runtime.logging_setup import get_logger, warn_once
+from kdbkit.runtime.solver import REGISTRY, Context, Invoker, Solver
+
+if TYPE_CHECKING:
+    from kdbkit.kdb.find_db import FindRecord
+    from kdbkit.runtime.backends.base import Backend
+    from kdbkit.runtime.immediate import Choice
+    from kdbkit.runtime.problem import Problem
+    from kdbkit.runtime.program import Program
+    from kdbkit.runtime.program_key import ProgramRequest
+
+_log = get_logger(__name__)
+Resolver = Callable[["ProgramRequest"], "Program | None"]
+
+
+class _Unresolved(Exception):
+    """A resolver had no program for a request (the prefetch worker's, a bundle lacking it):
+    the problem is left to the caller, whose chain finds or compiles it."""
+
+
+class Dispatcher:
+    """Choices, invokers, repeat-call plans and the find-db of one device.
+
+    ``choices`` (config string -> :class:`~kdbkit.runtime.immediate.Choice`) and ``invokers``
+    ((config string, solver id) -> invoker) are read-only views of its caches; ``plans`` is
+    written by :func:`kdbkit.runtime.primitives.repeat.repeatable` alone.
+
+    Args:
+        backend: the backend invokers launch on (its ``device`` is the device).
+        resolve: the caller's resolver (the handle's lookup chain); it raises, never returns
+            None, for a program it cannot provide.
+        asked: told each config string immediate mode chooses for (the handle notes it for
+            the next process's prefetch, and waits for the worker if it is on that problem).
+        find_db: the find-db to read and write; by default the device's, opened on first use
+            (system files beside the bundles, the user file under ``KDB_USER_DB_PATH``).
+    """
+
+    def __init__(self, backend: "Backend", resolve: Resolver, *, asked: Callable[[str], None] | None = None,
+                 find_db: FindDb | None = None):
+        self.backend = backend
+        self.device = backend.device
+        self._resolve = resolve
+        self._asked = asked
+        self._choices: dict[str, Choice] = {}
+        self._invokers: dict[tuple[str, int], Invoker] = {}
+        self.plans: dict[tuple, object] = {}  # repeat calls' plans by call signature (primitives/repeat.py)
+        self.choices = MappingProxyType(self._choices)  # read-only views, for tools and tests
+        self.invokers = MappingProxyType(self._invokers)
+        self._find_db = find_db
+        self._find_db_lock = threading.Lock()
+
+    @property
+    def find_db(self) -> FindDb:
+        """The find-db, made on first use, once: the prefetch worker and the caller may both ask first."""
+        db = self._find_db
+        if db is None:
+            with self._find_db_lock:
+                if self._find_db is None:
+                    self._find_db = FindDb(
+                        Path(self.device.target.bundle_name()).stem,
+                        [d.path for d in paths.iter_system_db_dirs() if not d.is_file], paths.user_db_dir(),
+                        producer=f"kdbkit {__version__}",
+                        warn=lambda key, message: warn_once(key, message, logger=_log))
+                db = self._find_db
+        return db
+
+    def choose(self, problem: "Problem", solver: int | str | None = None) -> "Choice":
+        """The solver for ``problem``: the one asked for, else the find-db's best, else the
+        heuristic's (:mod:`kdbkit.runtime.immediate`); kept per config string.
+
+        Raises:
+            NoSolverError: the solver asked for does not exist, is for another primitive or
+                does not apply; or none applies (the message lists each solver's reason).
+        """
+        if solver is not None:
+            return immediate.asked(problem, self.device, solver)
+        config = problem.config()
+        if self._asked is not None:
+            self._asked(config)  # the prefetch worker may be choosing it now
+        cached = self._choices.get(config)
+        if cached is None:
+            cached = self._choices[config] = immediate.heuristic(problem, self.device, self.ranked(problem))
+        return cached
+
+    def ranked(self, problem: "Problem") -> Iterator[tuple["FindRecord", Solver, str]]:
+        """The find-db's ranking for ``problem``, best first, as (record, solver, where)
+        (:func:`kdbkit.runtime.immediate.ranked`)."""
+        return immediate.ranked(self.find_db.load(problem.config()), problem, self.device)
+
+    def invoker(self, problem: "Problem", solver: Solver | int | str | None = None, *,
+                resolver: Resolver | None = None) -> Invoker:
+        """The invoker of ``solver`` (immediate mode's choice if None) for ``problem``, made once
+        per (config string, solver id): its solution's programs resolved by ``resolver``
+        (the caller's chain if None), then its factory called.
+
+        Raises:
+            NoSolverError: as :meth:`choose`, or ``solver`` names no solver.
+            KdbError: a program could not be resolved (as ``Handle.program``).
+        """
+        if solver is None:
+            solver = self.choose(problem).solver
+        elif not isinstance(solver, Solver):
+            found = REGISTRY.find(solver)
+            if found is None:
+                raise NoSolverError(f"no solver {solver!r}", "name a registered solver by its id or name")
+            solver = found
+        key = (problem.config(), solver.id)
+        cached = self._invokers.get(key)
+        if cached is None:
+            cached = self._invokers[key] = self._make(problem, solver, resolver or self._resolve)
+        return cached
+
+    def _make(self, problem: "Problem", solver: Solver, resolver: Resolver) -> Invoker:
+        solution = solver.solution(problem, self.device)
+        programs = []
+        for request in solution.programs:
+            program = resolver(request)
+            if program is None:
+                raise _Unresolved(f"{request} not resolved for {solver.name}: left to the caller")
+            programs.append(program)
+        return solution.invoker_factory(programs, Context(self.backend, self.device, self, resolver))
+
+    def forget(self, config: str) -> None:
+        """Drop the choice kept for ``config`` (find just ranked it anew: the next call reads
+        the new ranking). Its invokers stay: they do not depend on the ranking."""
+        self._choices.pop(config, None)
+
+    def close(self) -> None:
+        """Close the find-db if it was opened."""
+        if self._find_db is not None:
+            self._find_db.close()
