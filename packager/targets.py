@@ -16,7 +16,8 @@ from typing import Iterable, Sequence
 
 from kdbkit.kdb.target import Target, backend_of_arch
 from kdbkit.runtime.compilers import Compiler, compiler_for, compilers_for
-from kdbkit.runtime.errors import CompilerUnavailableError, TargetError
+from kdbkit.packager.errors import TargetError
+from kdbkit.runtime.errors import CompilerUnavailableError
 
 
 @dataclass(frozen=True)

@@ -70,7 +70,7 @@ _EXPORTS = {
     "OptionsError": "kdbkit.runtime.errors", "KernelSourceError": "kdbkit.runtime.errors",
     "BackendUnavailableError": "kdbkit.runtime.errors", "DeviceCallError": "kdbkit.runtime.errors",
     "CompilerUnavailableError": "kdbkit.runtime.errors", "CompileError": "kdbkit.runtime.errors",
-    "TargetError": "kdbkit.runtime.errors", "PackageError": "kdbkit.runtime.errors",
+    "TargetError": "kdbkit.packager.errors", "PackageError": "kdbkit.packager.errors",
     "BinaryLoadError": "kdbkit.runtime.errors", "LaunchError": "kdbkit.runtime.errors",
     "LaunchArgumentError": "kdbkit.runtime.errors", "TransferError": "kdbkit.runtime.errors",
     "JitDisabledError": "kdbkit.runtime.errors", "ProblemError": "kdbkit.runtime.errors",

@@ -31,7 +31,7 @@ def package(
     from kdbkit.kdb import open_bundle
     from kdbkit.packager.install import write_sums
     from kdbkit.packager.wheel import write_package
-    from kdbkit.runtime.errors import PackageError
+    from kdbkit.packager.errors import PackageError
 
     pairs: list[tuple[Path, Path | None]] = []
     unused = list(find_db)
@@ -56,7 +56,7 @@ def package(
 
 def _fits(target, find_db: Path) -> bool:
     from kdbkit.packager.wheel import package_target
-    from kdbkit.runtime.errors import PackageError
+    from kdbkit.packager.errors import PackageError
 
     try:
         package_target(target, find_db)
@@ -85,7 +85,7 @@ def install(
     from kdbkit.packager import install as installer
     from kdbkit.packager.select import choose, scan
     from kdbkit.packager.targets import find_gpu
-    from kdbkit.runtime.errors import PackageError
+    from kdbkit.packager.errors import PackageError
 
     if not source.is_dir():
         raise PackageError(f"{source} is not a folder", "give --from the folder holding the wheels or bundles")
