@@ -1,7 +1,7 @@
 """The main job's runs: a small network's forward in a fresh process, timed to its first result.
 
-``kdb demo`` (runtime/cli/demo_command.py) builds a bundle for the local device, installs it
-(:func:`build_and_install`, through the packager's API), and runs :func:`child` twice, each in a new Python process: first with an empty cache and no
+``kdb demo`` (runtime/cli/demo_command.py) builds a bundle for the local device, installs it,
+and runs :func:`child` twice, each in a new Python process: first with an empty cache and no
 bundle (every program compiled: JIT), then with the installed bundle and JIT forbidden.
 ``python -m kdbkit.runtime.demo --child [--device N]`` is one run; it prints its results as
 JSON, or one line of JSON naming the error (``{"error": ...}``) and exits 1.
@@ -87,32 +87,6 @@ def child(device_index: int | None) -> int:
         if env.get_bool("KDB_CLI_TRACEBACK"):
             raise
         return 1
-
-
-def build_and_install(target, problems, folder: Path, *, progress=None):
-    """The demo's first two steps, through the packager's API as ``kdb build`` and ``kdb install``
-    run them: ``problems``' programs built for ``target`` into ``folder/bundles``, the bundle
-    chosen, verified and installed into ``folder/db``.
-
-    Returns:
-        (the build's :class:`~kdbkit.packager.BuildReport`, the installed
-        :class:`~kdbkit.packager.install.Installed`).
-
-    Raises:
-        DemoError: a program did not compile, or the bundle built does not fit ``target``.
-    """
-    from kdbkit.packager import build_bundles, install_packages
-
-    report = build_bundles([target], problems=problems, out=folder / "bundles", progress=progress)
-    failures = report.result.failures
-    if failures:
-        raise DemoError(f"{len(failures)} program(s) did not compile, the first {failures[0].job.request}: "
-                        f"{failures[0].message}")
-    installed = install_packages(folder / "bundles", targets=[target], into=folder / "db")
-    choice = installed.choices[0]
-    if choice.chosen is None:
-        raise DemoError(f"the bundle just built does not fit {target}: {choice.rejected[0][1]}")
-    return report, installed.installed[choice.chosen]
 
 
 # PoCL and the CUDA driver keep caches of their own: off, so that the build and the JIT run show

@@ -51,6 +51,24 @@ def _driver_caches_off():
             os.environ.pop(name, None)
 
 
+def _build_and_install(target, problems, folder: Path, *, progress=None):
+    """The demo's first two steps through the packager's API, as ``kdb build`` and ``kdb install``
+    run them: ``problems``' programs built for ``target`` into ``folder/bundles``, the bundle
+    chosen, verified and installed into ``folder/db``. Returns (the build's report, what was installed)."""
+    from kdbkit.packager import build_bundles, install_packages
+
+    report = build_bundles([target], problems=problems, out=folder / "bundles", progress=progress)
+    failures = report.result.failures
+    if failures:
+        raise fail(f"{len(failures)} program(s) did not compile, the first {failures[0].job.request}: "
+                   f"{failures[0].message}")
+    installed = install_packages(folder / "bundles", targets=[target], into=folder / "db")
+    choice = installed.choices[0]
+    if choice.chosen is None:
+        raise fail(f"the bundle just built does not fit {target}: {choice.rejected[0][1]}")
+    return report, installed.installed[choice.chosen]
+
+
 def _run_demo(device: Optional[int], workdir: Optional[Path]) -> None:
     from kdbkit.runtime import demo as runs
     from kdbkit.runtime.backends.registry import pick_device
@@ -68,8 +86,8 @@ def _run_demo(device: Optional[int], workdir: Optional[Path]) -> None:
 
         out.print("[bold]1. build[/] the bundle of the programs its solvers ask for (kdb build)")
         t0 = time.perf_counter()
-        with progress_bar() as step:  # a DemoError reaches the user as one line, as fail() prints it
-            built, done = runs.build_and_install(picked.target, problems, folder, progress=step)
+        with progress_bar() as step:
+            built, done = _build_and_install(picked.target, problems, folder, progress=step)
         (name, path), = built.result.bundles.items()
         out.print(f"   {built.result.compiled} programs compiled in {time.perf_counter() - t0:.1f} s: "
                   f"{escape(str(path))}")
