@@ -66,7 +66,7 @@ def parse_line(text: str) -> list[Problem]:
     Raises:
         KdbError: the line is neither a config string nor a driver command that parses.
     """
-    from kdbkit.runtime.cli.driver_command import problems_of_command  # the CLI owns the driver's parsing
+    from kdbkit.runtime.driver.commands import problems_of_command
 
     command = _DRIVER_RE.search(text)
     if command:

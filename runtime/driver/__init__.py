@@ -8,7 +8,9 @@ Modules:
     run: one problem: solver (immediate, find or asked), run, time, verify.
     verify: the error measure.  lines: the output lines.
     activ, softmax, tensorop, lnorm, pool, bnorm, gemm: one module per primitive.
-The typer commands are built from the specs in ``runtime/cli/driver_command.py``.
+    commands: ``kdb driver``'s typer commands, built from the specs, and the parser of a driver
+        command (:func:`~kdbkit.runtime.driver.commands.problems_of_command`) that the offline
+        builder reads catalogues with; the CLI mounts them.
 
 Adding a primitive means one module and one word; ``pool.py`` (``kdb driver pool``) is the
 plain case:
