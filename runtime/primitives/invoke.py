@@ -31,7 +31,7 @@ def invoke(handle: "Handle", problem: Problem, solver: int | str | None, inputs:
         NoSolverError: as :func:`choose`. NumericsError: as KDB_CHECK_NUMERICS asks.
     """
     if env.get_bool("KDB_ENABLE_LOGGING_CMD"):
-        from kdbkit.runtime.driver.registry import command_line  # the driver imports this module
+        from kdbkit.runtime.command_line import command_line  # the driver's formatter, not the driver
 
         log_command(command_line(problem, solver))
     choice = choose(handle, problem, solver)
