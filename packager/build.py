@@ -275,8 +275,6 @@ def build(jobs: Sequence[Job], compilers: dict[Target, Compiler], out: Path, *, 
             workers = 1
         executor = concurrent.futures.ProcessPoolExecutor(workers) if workers > 1 else _InProcess()
     done = 0
-    if progress and todo:
-        progress(0, len(todo), 0)  # the compiles start
     try:
         # Larger sources first: they tend to compile longest, and a long compile started last
         # would leave the other workers idle at the end.

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import contextlib
 import re
+import time
 from pathlib import Path
 from typing import List, Optional
 
@@ -97,13 +98,14 @@ def progress_bar(*, quiet: bool = False):
                TextColumn("{task.fields[rate]}/s"), TimeElapsedColumn(), TextColumn("ETA"), TimeRemainingColumn())
     bar = Progress(*columns, console=err, disable=quiet, transient=False)
     task = None
+    start = time.perf_counter()  # the rate counts from here: the bar only appears at the first compile
 
     def step(done: int, total: int, failed: int) -> None:
         nonlocal task
         if task is None:
             bar.start()
             task = bar.add_task("compile", total=total, failed=0, rate="-")
-        elapsed = bar.tasks[0].elapsed or 0.0
+        elapsed = time.perf_counter() - start
         bar.update(task, completed=done, total=total, failed=failed,
                    rate=f"{done / elapsed:.1f}" if elapsed > 0 else "-")
 
