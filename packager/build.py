@@ -99,7 +99,7 @@ def depends_on_count(request: ProgramRequest) -> bool:
 
 def plan(targets: Sequence[Target], problems: Sequence[Problem] | None = None, *,
          requests: Sequence[ProgramRequest] | None = None, search_path: KernelSearchPath | None = None,
-         compiler: Compiler | None = None, record_as: Target | None = None) -> tuple[list[Job], dict[Target, Compiler]]:
+         compiler: Compiler | None = None, exact: bool = False) -> tuple[list[Job], dict[Target, Compiler]]:
     """Every (bundle, program) the targets need, each once, in a fixed order; and each bundle's compiler.
 
     Args:
@@ -109,8 +109,8 @@ def plan(targets: Sequence[Target], problems: Sequence[Problem] | None = None, *
             each target's backend builds).
         search_path: where kernel files are found (the default path if None).
         compiler: the compiler for every target, instead of :func:`builder_of` each.
-        record_as: the bundle every program goes to, instead of each target's (arch-wide unless
-            a program depends on the count); for one target, as a device build records it.
+        exact: every program goes to its target's own bundle, as a device build writes it
+            (by default the arch-wide bundle, unless a program depends on the count).
 
     Raises:
         KernelSourceError: a kernel file (or one it includes) cannot be read.
@@ -129,7 +129,7 @@ def plan(targets: Sequence[Target], problems: Sequence[Problem] | None = None, *
             programs_for(problems, target.backend, target) if problems is not None
             else all_programs(target.backend, target))
         for request in wanted:
-            bundle = record_as or (target if depends_on_count(request) else target.arch_wide())
+            bundle = target if exact or depends_on_count(request) else target.arch_wide()
             compilers.setdefault(bundle, builder)
             source = reads.get(request.kernel_file)
             if source is None:
@@ -223,7 +223,8 @@ def compile_workers(parallel: int | None = None) -> int:
 def build(jobs: Sequence[Job], compilers: dict[Target, Compiler], out: Path, *, parallel: int | None = None,
           executor: concurrent.futures.Executor | None = None, search_path: KernelSearchPath | None = None,
           progress: Callable[[int, int, int], None] | None = None, stall_timeout: float | None = None,
-          file_names: dict[Target, str] | None = None, whole: bool = False) -> BuildResult:
+          file_names: dict[Target, str] | None = None, record_as: dict[Target, Target] | None = None,
+          whole: bool = False) -> BuildResult:
     """Compile ``jobs`` into one bundle per target under ``out`` (created), reusing what each
     existing bundle already holds.
 
@@ -239,6 +240,8 @@ def build(jobs: Sequence[Job], compilers: dict[Target, Compiler], out: Path, *, 
             cluster whose workers are gone would otherwise be waited on forever. None: no limit.
         search_path: where the kernel files of jobs made without their read are read (once each).
         file_names: a bundle's file name, where not its target's bundle name.
+        record_as: the target a bundle's metadata names, where not the one its programs were
+            compiled for (a test's bundle for another arch, say).
         whole: write nothing unless every job compiled (a device build's contract).
 
     Raises:
@@ -247,6 +250,7 @@ def build(jobs: Sequence[Job], compilers: dict[Target, Compiler], out: Path, *, 
     if executor is not None:
         refuse_local_only({job.bundle for job in jobs}, "by another executor")
     out.mkdir(parents=True, exist_ok=True)
+    names, recorded = file_names or {}, record_as or {}
     result = BuildResult()
     by_bundle: dict[Target, list[Job]] = {}
     for job in jobs:
@@ -255,7 +259,8 @@ def build(jobs: Sequence[Job], compilers: dict[Target, Compiler], out: Path, *, 
     stale: set[Target] = set()  # bundles holding programs no job wants any more: rewritten
     todo: list[Job] = []
     for target, target_jobs in by_bundle.items():
-        kept = _reusable(out / target.bundle_name(), target, compilers[target].identity())
+        kept = _reusable(out / names.get(target, target.bundle_name()), recorded.get(target, target),
+                         compilers[target].identity())
         if set(kept) - {(job.kernel_name, job.kernel_args) for job in target_jobs}:
             stale.add(target)
         entries[target] = {}
@@ -312,12 +317,12 @@ def build(jobs: Sequence[Job], compilers: dict[Target, Compiler], out: Path, *, 
         return result
     changed = stale | {job.bundle for job in todo}
     for target, held in entries.items():
-        path = out / (file_names or {}).get(target, target.bundle_name())
+        path = out / names.get(target, target.bundle_name())
         compiler = compilers[target]
         if target in changed or not path.exists():
             manifest = {job.request.kernel_file: job.source_digest for job in by_bundle[target]
                         if (job.kernel_name, job.kernel_args) in held and job.source_digest}
-            write_stored_bundle(path, target, [(n, a, b) for (n, a), b in sorted(held.items())],
+            write_stored_bundle(path, recorded.get(target, target), [(n, a, b) for (n, a), b in sorted(held.items())],
                                 compiler=compiler.identity(), binary_format=compiler.binary_format, sources=manifest)
         result.bundles[str(target)] = path
     return result

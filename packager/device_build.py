@@ -47,9 +47,10 @@ def build_bundle(target: Target, programs: Iterable[ProgramRequest | tuple[str, 
     recorded = bundle_target or target
     requests = [item if isinstance(item, ProgramRequest) else ProgramRequest(*item) for item in programs]
     jobs, compilers = plan([target], requests=requests, search_path=search_path,
-                           compiler=compiler or compiler_for(target), record_as=recorded)
+                           compiler=compiler or compiler_for(target), exact=True)
     name = file_name or recorded.bundle_name()
-    result = build(jobs, compilers, Path(folder), parallel=1, file_names={recorded: name}, whole=True)
+    result = build(jobs, compilers, Path(folder), parallel=1, file_names={target: name},
+                   record_as={target: recorded}, whole=True)
     if result.failures:
         failure = result.failures[0]
         if failure.error is not None:
