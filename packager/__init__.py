@@ -1,6 +1,47 @@
-"""kdbkit's offline side: targets, compilers, build planner, packages, installer.
+"""kdbkit's offline side: build bundles, package them, install them (``kdbkit.packager``).
 
-Empty for now: the packaging issue builds it on top of ``kdb`` (bundles) and
-``runtime.backends`` (the offline compilers ``nvrtc.compile_cuda`` and
-``amdgcn_clang.compile_amdgcn``, which need no GPU).
+The public API, what ``kdb build``, ``kdb package``, ``kdb install``, ``kdb demo`` and the
+tests call (each name is imported the first time it is used: importing this package loads
+nothing else):
+
+- :func:`build_bundles` (:mod:`.building`): a catalogue, targets, a shard, a Dask cluster ->
+  bundles, through the one builder (:mod:`.build`: :func:`plan`, :func:`shard`, ``build.build``;
+  :func:`build_bundle` for one target's list of programs, :mod:`.device_build`).
+- :func:`package_bundles` and :func:`install_packages` (:mod:`.distribute`): wheels from
+  bundles; the best candidate per device chosen (:func:`scan`, :func:`choose`), verified
+  (:func:`verify`) and installed (:func:`install_candidate`).
+- the errors (:mod:`.errors`): :class:`TargetError`, :class:`PackageError`, :class:`CatalogueError`.
+
+Modules below: targets (names, the GPU table, compilers), catalogue (what to build), build,
+cluster (Dask), code_object_checks, wheel, select, install, tune.
 """
+
+from __future__ import annotations
+
+import importlib
+
+_API = {
+    "build_bundles": "building", "BuildReport": "building",
+    "plan": "build", "shard": "build", "BuildResult": "build", "Job": "build",
+    "compile_workers": "build", "build_bundle": "device_build",
+    "package_bundles": "distribute", "Packaged": "distribute", "install_packages": "distribute",
+    "InstallReport": "distribute", "bundle_files": "distribute",
+    "scan": "select", "choose": "select", "Candidate": "select", "Choice": "select",
+    "verify": "install", "install_candidate": "install",
+    "read_catalogue": "catalogue", "read_catalogues": "catalogue", "resolve_targets": "targets",
+    "TargetError": "errors", "PackageError": "errors", "CatalogueError": "errors",
+}
+_RENAMED = {"install_candidate": "install"}  # the module's name for it, where another name reads better here
+
+__all__ = sorted(_API)
+
+
+def __getattr__(name: str):
+    module = _API.get(name)
+    if module is None:
+        raise AttributeError(f"module 'kdbkit.packager' has no attribute {name!r}")
+    return getattr(importlib.import_module(f"kdbkit.packager.{module}"), _RENAMED.get(name, name))
+
+
+def __dir__() -> list[str]:
+    return sorted(set(globals()) | set(_API))

@@ -15,9 +15,15 @@ other programs are still written, and the result says so (the CLI exits 1).
 Where the compiles run is a :class:`concurrent.futures.Executor`: by default a local process
 pool (or this process, for one worker or an OpenCL target), or one the caller gives, such as
 a Dask cluster's (:mod:`kdbkit.packager.cluster`). Each call carries everything a worker
-needs (the compiler, the job, the kernel source read here once), so a worker needs only
-kdbkit and the compiler; the keys are made here, by :func:`plan`, and each call first checks
-that its worker's kdbkit and compiler are the ones the keys were made with.
+needs (the compiler, the job, the kernel source), so a worker needs only kdbkit and the
+compiler; the keys are made here, by :func:`plan`, and each call first checks that its
+worker's kdbkit and compiler are the ones the keys were made with.
+
+Each kernel source is read once (:meth:`KernelSearchPath.read`, as the runtime's JIT reads
+it): :func:`plan` keys every program by that read's digest and keeps the read in the job, and
+the compile is given that same read, so a source edited during a build can never be stored
+under the key of its earlier text. This is the only builder: the local, sharded, cluster and
+device builds (:func:`kdbkit.packager.device_build.build_bundle`) all run :func:`build`.
 
 The workers also compress what they compile (zstd level 19, no dictionary), so writing a
 bundle is only inserting rows: writing at level 19 in this process after the compiles capped a
@@ -29,6 +35,7 @@ it made bundles 3.5% smaller and needs every binary before the first can be comp
 from __future__ import annotations
 
 import concurrent.futures
+import dataclasses
 import os
 import socket
 import traceback
@@ -43,11 +50,12 @@ from kdbkit.kdb.errors import KdbError
 from kdbkit.kdb.writer import write_stored_bundle
 from kdbkit.kdb.version import __version__
 from kdbkit.packager.catalogue import programs_for
-from kdbkit.packager.device_build import refuse_failing_code_object
+from kdbkit.packager.code_object_checks import refuse_failing_code_object
+from kdbkit.packager.errors import TargetError
 from kdbkit.packager.targets import builder_of
 from kdbkit.runtime.backends.spec import spec_for
 from kdbkit.runtime.compilers import Compiler
-from kdbkit.runtime.errors import CompileError, TargetError
+from kdbkit.runtime.errors import CompilerUnavailableError, KernelSourceError
 from kdbkit.runtime.kernel_sources import KernelSearchPath, KernelSource
 from kdbkit.runtime.problem import Problem
 from kdbkit.runtime.program_key import ProgramRequest, program_key
@@ -62,6 +70,9 @@ class Job:
     kernel_name: str
     kernel_args: str
     source_digest: str = ""  # of its kernel file, as keyed: the bundle's source manifest lists it
+    # The read the key was made from, compiled as it is (shared by the jobs of one file; sent to
+    # a worker beside the job, not in it). None for a job made by hand: build() reads it then.
+    source: KernelSource | None = field(default=None, compare=False, repr=False)
 
 
 @dataclass
@@ -69,6 +80,7 @@ class Failure:
     job: Job
     message: str
     log: str = ""
+    error: KdbError | None = None  # what the compile raised (None: the worker itself failed)
 
 
 @dataclass
@@ -87,8 +99,8 @@ def depends_on_count(request: ProgramRequest) -> bool:
 
 
 def plan(targets: Sequence[Target], problems: Sequence[Problem] | None = None, *,
-         requests: Sequence[ProgramRequest] | None = None,
-         search_path: KernelSearchPath | None = None) -> tuple[list[Job], dict[Target, Compiler]]:
+         requests: Sequence[ProgramRequest] | None = None, search_path: KernelSearchPath | None = None,
+         compiler: Compiler | None = None, exact: bool = False) -> tuple[list[Job], dict[Target, Compiler]]:
     """Every (bundle, program) the targets need, each once, in a fixed order; and each bundle's compiler.
 
     Args:
@@ -96,27 +108,36 @@ def plan(targets: Sequence[Target], problems: Sequence[Problem] | None = None, *
         problems: the catalogue's problems (their solvers' programs per backend), or
         requests: the programs themselves, for every target (neither: ``--all``, every program
             each target's backend builds).
+        search_path: where kernel files are found (the default path if None).
+        compiler: the compiler for every target, instead of :func:`builder_of` each.
+        exact: every program goes to its target's own bundle, as a device build writes it
+            (by default the arch-wide bundle, unless a program depends on the count).
+
+    Raises:
+        KernelSourceError: a kernel file (or one it includes) cannot be read.
+        TargetError, CompilerUnavailableError: no compiler here builds a target.
     """
     from kdbkit.runtime.primitives.catalogue import all_programs
 
     search_path = search_path or KernelSearchPath()
-    digests: dict[str, str] = {}  # each kernel file read once, whatever the targets
+    reads: dict[str, KernelSource] = {}  # each kernel file read once, whatever the targets
     jobs: dict[tuple, Job] = {}
     compilers: dict[Target, Compiler] = {}
     for target in targets:
-        compiler = builder_of(target)
-        identity = compiler.identity()
+        builder = compiler or builder_of(target)
+        identity = builder.identity()
         wanted = requests if requests is not None else (
             programs_for(problems, target.backend, target) if problems is not None
             else all_programs(target.backend, target))
         for request in wanted:
-            bundle = target if depends_on_count(request) else target.arch_wide()
-            compilers.setdefault(bundle, compiler)
-            if request.kernel_file not in digests:
-                digests[request.kernel_file] = search_path.read(request.kernel_file).digest
-            key = program_key(request, target=bundle, compiler=identity, source_digest=digests[request.kernel_file])
+            bundle = target if exact or depends_on_count(request) else target.arch_wide()
+            compilers.setdefault(bundle, builder)
+            source = reads.get(request.kernel_file)
+            if source is None:
+                source = reads[request.kernel_file] = search_path.read(request.kernel_file)
+            key = program_key(request, target=bundle, compiler=identity, source_digest=source.digest)
             jobs.setdefault((str(bundle), key.kernel_name, key.kernel_args),
-                            Job(bundle, request, key.kernel_name, key.kernel_args, digests[request.kernel_file]))
+                            Job(bundle, request, key.kernel_name, key.kernel_args, source.digest, source))
     return [jobs[k] for k in sorted(jobs)], compilers
 
 
@@ -135,9 +156,10 @@ def builder_identity(compiler: Compiler) -> str:
 
 
 def _compile(compiler: Compiler, job: Job, source: KernelSource,
-             expected: str | None = None) -> tuple[StoredBlob | None, str, str]:
-    """(the binary as the bundle stores it, error message, log) of one job; runs in a worker
-    process, maybe on another machine. The worker compresses too (zstd level 19), so that
+             expected: str | None = None) -> tuple[StoredBlob | None, KdbError | None]:
+    """(the binary as the bundle stores it, or the error that stopped it) of one job, compiled
+    from ``source`` only if it is the read the job was keyed by; runs in a
+    worker process, maybe on another machine. The worker compresses too (zstd level 19), so that
     writing the bundles afterwards is only inserts and does not serialise the build.
 
     ``expected`` is :func:`builder_identity` where the keys were made: a worker whose kdbkit or
@@ -145,15 +167,17 @@ def _compile(compiler: Compiler, job: Job, source: KernelSource,
     """
     try:
         if expected is not None and (here := builder_identity(compiler)) != expected:
-            return None, f"{socket.gethostname()} has {here}, not {expected} (the keys' compiler)", ""
+            raise CompilerUnavailableError(f"{socket.gethostname()} has {here}, not {expected} (the keys' compiler)",
+                                           "install the same kdbkit and compiler on every worker")
+        if job.source_digest and source.digest != job.source_digest:  # never stored under another text's key
+            raise KernelSourceError(f"{job.request.kernel_file} changed after it was keyed (digest {source.digest[:12]}, "
+                                    f"keyed {job.source_digest[:12]})", "build again: the plan reads it anew")
         binary = compiler.compile(job.request, job.bundle, source)
         if compiler.binary_format == "hsaco":
             refuse_failing_code_object(binary, job.request, job.bundle)
-        return encode_for_bundle(binary), "", ""
-    except CompileError as exc:
-        return None, exc.problem, getattr(exc, "log", "") or ""
+        return encode_for_bundle(binary), None
     except KdbError as exc:
-        return None, exc.problem, ""
+        return None, exc
 
 
 def refuse_local_only(targets: Iterable[Target], where: str = "on a cluster") -> None:
@@ -188,15 +212,26 @@ def _as_completed(futures, stall_timeout: float | None):
             yield future, None
 
 
+def compile_workers(parallel: int | None = None) -> int:
+    """Compiler processes for a local build: ``parallel`` if given, else
+    ``KDB_COMPILE_PARALLEL_LEVEL`` (default 20, as MIOpen's), never more than the cores."""
+    from kdbkit.runtime import env
+
+    level = parallel or env.get_int("KDB_COMPILE_PARALLEL_LEVEL") or 1
+    return level if parallel else max(1, min(level, os.cpu_count() or 1))
+
+
 def build(jobs: Sequence[Job], compilers: dict[Target, Compiler], out: Path, *, parallel: int | None = None,
           executor: concurrent.futures.Executor | None = None, search_path: KernelSearchPath | None = None,
-          progress: Callable[[int, int, int], None] | None = None, stall_timeout: float | None = None) -> BuildResult:
+          progress: Callable[[int, int, int], None] | None = None, stall_timeout: float | None = None,
+          file_names: dict[Target, str] | None = None, record_as: dict[Target, Target] | None = None,
+          whole: bool = False) -> BuildResult:
     """Compile ``jobs`` into one bundle per target under ``out`` (created), reusing what each
     existing bundle already holds.
 
     Args:
-        parallel: worker processes when no ``executor`` is given (default: every core; 1
-            compiles in this process, as the OpenCL compiler must, its device being this process's).
+        parallel: worker processes when no ``executor`` is given (default: :func:`compile_workers`;
+            1 compiles in this process, as the OpenCL compiler must, its device being this process's).
         executor: where to run the compiles instead (a Dask client's, say); it stays open.
             Each call carries its compiler, job and kernel source, and checks its worker's
             kdbkit and compiler against :func:`builder_identity` of this machine's.
@@ -204,6 +239,11 @@ def build(jobs: Sequence[Job], compilers: dict[Target, Compiler], out: Path, *, 
         stall_timeout: seconds without any compile finishing after which the compiles still
             out are given up, each reported as a failure (what did compile is written): a
             cluster whose workers are gone would otherwise be waited on forever. None: no limit.
+        search_path: where the kernel files of jobs made without their read are read (once each).
+        file_names: a bundle's file name, where not its target's bundle name.
+        record_as: the target a bundle's metadata names, where not the one its programs were
+            compiled for (a test's bundle for another arch, say).
+        whole: write nothing unless every job compiled (a device build's contract).
 
     Raises:
         TargetError: an OpenCL job with an ``executor``.
@@ -211,7 +251,7 @@ def build(jobs: Sequence[Job], compilers: dict[Target, Compiler], out: Path, *, 
     if executor is not None:
         refuse_local_only({job.bundle for job in jobs}, "by another executor")
     out.mkdir(parents=True, exist_ok=True)
-    search_path = search_path or KernelSearchPath()
+    names, recorded = file_names or {}, record_as or {}
     result = BuildResult()
     by_bundle: dict[Target, list[Job]] = {}
     for job in jobs:
@@ -220,7 +260,8 @@ def build(jobs: Sequence[Job], compilers: dict[Target, Compiler], out: Path, *, 
     stale: set[Target] = set()  # bundles holding programs no job wants any more: rewritten
     todo: list[Job] = []
     for target, target_jobs in by_bundle.items():
-        kept = _reusable(out / target.bundle_name(), target, compilers[target].identity())
+        kept = _reusable(out / names.get(target, target.bundle_name()), recorded.get(target, target),
+                         compilers[target].identity())
         if set(kept) - {(job.kernel_name, job.kernel_args) for job in target_jobs}:
             stale.add(target)
         entries[target] = {}
@@ -231,11 +272,11 @@ def build(jobs: Sequence[Job], compilers: dict[Target, Compiler], out: Path, *, 
             else:
                 entries[target][job.kernel_name, job.kernel_args] = binary
                 result.reused += 1
-    sources = {name: search_path.read(name) for name in {job.request.kernel_file for job in todo}}
+    sources = _sources_of(todo, search_path)
     expected = {target: builder_identity(compiler) for target, compiler in compilers.items()}
     own = executor is None and bool(todo)  # an executor made here is shut down here
     if own:
-        workers = parallel or os.cpu_count() or 1
+        workers = compile_workers(parallel)
         if any(spec_for(compilers[job.bundle].backend).machine_local for job in todo):
             workers = 1
         executor = concurrent.futures.ProcessPoolExecutor(workers) if workers > 1 else _InProcess()
@@ -245,21 +286,24 @@ def build(jobs: Sequence[Job], compilers: dict[Target, Compiler], out: Path, *, 
         # would leave the other workers idle at the end.
         size = {name: sum(len(f.data) for f in source.files) for name, source in sources.items()}
         first = sorted(range(len(todo)), key=lambda i: -size[todo[i].request.kernel_file])
-        futures = {executor.submit(_compile, compilers[todo[i].bundle], todo[i], sources[todo[i].request.kernel_file],
-                                   expected[todo[i].bundle]): i for i in first}
+        futures = {executor.submit(_compile, compilers[todo[i].bundle], dataclasses.replace(todo[i], source=None),
+                                   sources[todo[i].request.kernel_file], expected[todo[i].bundle]): i for i in first}
         for future, outcome in _as_completed(futures, stall_timeout):
             job = todo[futures[future]]
+            binary, error, message, log = None, None, "", ""
             if outcome is not None:  # given up: nothing finished for stall_timeout seconds
-                binary, message, log = None, outcome, ""
+                message = outcome
             else:
                 try:
-                    binary, message, log = future.result()
+                    binary, error = future.result()
                 except Exception as exc:  # the worker, not the compiler, failed (lost, killed): the rest goes on
-                    binary, message, log = None, f"its worker failed ({type(exc).__name__}: {exc})", "".join(
-                        traceback.format_exception(exc))
+                    message = f"its worker failed ({type(exc).__name__}: {exc})"
+                    log = "".join(traceback.format_exception(exc))
             done += 1
             if binary is None:
-                result.failures.append(Failure(job, message, log))
+                if error is not None:
+                    message, log = error.problem, getattr(error, "log", "") or ""
+                result.failures.append(Failure(job, message, log, error))
             else:
                 entries[job.bundle][job.kernel_name, job.kernel_args] = binary
                 result.compiled += 1
@@ -270,17 +314,33 @@ def build(jobs: Sequence[Job], compilers: dict[Target, Compiler], out: Path, *, 
             executor.shutdown()
     order = {id(job): i for i, job in enumerate(todo)}
     result.failures.sort(key=lambda failure: order[id(failure.job)])  # in plan order, wherever they ran
+    if whole and result.failures:
+        return result
     changed = stale | {job.bundle for job in todo}
     for target, held in entries.items():
-        path = out / target.bundle_name()
+        path = out / names.get(target, target.bundle_name())
         compiler = compilers[target]
         if target in changed or not path.exists():
             manifest = {job.request.kernel_file: job.source_digest for job in by_bundle[target]
                         if (job.kernel_name, job.kernel_args) in held and job.source_digest}
-            write_stored_bundle(path, target, [(n, a, b) for (n, a), b in sorted(held.items())],
+            write_stored_bundle(path, recorded.get(target, target), [(n, a, b) for (n, a), b in sorted(held.items())],
                                 compiler=compiler.identity(), binary_format=compiler.binary_format, sources=manifest)
         result.bundles[str(target)] = path
     return result
+
+
+def _sources_of(jobs: Sequence[Job], search_path: KernelSearchPath | None) -> dict[str, KernelSource]:
+    """Each job's kernel source: the read :func:`plan` keyed it by, else one read per file here,
+    refused (a failure of the compile, not a crash) where it no longer has the digest keyed."""
+    sources: dict[str, KernelSource] = {}
+    for job in jobs:
+        if job.source is not None:
+            sources.setdefault(job.request.kernel_file, job.source)
+    unread = {job.request.kernel_file for job in jobs} - set(sources)
+    if unread:
+        search_path = search_path or KernelSearchPath()
+        sources.update({name: search_path.read(name) for name in unread})
+    return sources
 
 
 class _InProcess(concurrent.futures.Executor):

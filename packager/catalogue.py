@@ -28,6 +28,7 @@ from typing import Iterable
 
 from kdbkit.kdb.errors import KdbError
 from kdbkit.kdb.find_db import SYSTEM_SUFFIX, USER_SUFFIX, configs_in
+from kdbkit.packager.errors import CatalogueError
 from kdbkit.runtime.primitives import load_all
 from kdbkit.runtime.problem import Problem, parse_config
 from kdbkit.runtime.program_key import ProgramRequest
@@ -65,7 +66,7 @@ def parse_line(text: str) -> list[Problem]:
     Raises:
         KdbError: the line is neither a config string nor a driver command that parses.
     """
-    from kdbkit.runtime.cli.driver_command import problems_of_command  # the CLI owns the driver's parsing
+    from kdbkit.runtime.driver.commands import problems_of_command
 
     command = _DRIVER_RE.search(text)
     if command:
@@ -87,6 +88,7 @@ def read_catalogue(path: str | Path) -> Catalogue:
 
     Raises:
         OSError: the file cannot be read (for a missing file, the message lists the built-in names).
+        CatalogueError: the file is not UTF-8 text.
         NotABundleError: a ``.fdb`` or ``.ufdb`` file that is not a find-db.
     """
     if not Path(path).exists() and str(path) in builtin_names():
@@ -100,7 +102,7 @@ def read_catalogue(path: str | Path) -> Catalogue:
     if Path(path).suffix in (SYSTEM_SUFFIX, USER_SUFFIX):
         lines = configs_in(path)
     else:
-        lines = Path(path).read_text(encoding="utf-8").splitlines()
+        lines = _text_lines(Path(path))
     for number, raw in enumerate(lines, 1):
         text = raw.split("#", 1)[0].strip()
         if not text:
@@ -114,6 +116,21 @@ def read_catalogue(path: str | Path) -> Catalogue:
         except (KdbError, ValueError) as exc:  # a KdbError reads "problem; remedy"
             errors.append(LineError(str(path), number, text, str(exc)))
     return Catalogue(list(problems.values()), errors, log_lines)
+
+
+def _text_lines(path: Path) -> list[str]:
+    """The lines of a text catalogue.
+
+    Raises:
+        CatalogueError: the file is not UTF-8 text (a binary file given by mistake, say).
+    """
+    data = path.read_bytes()
+    try:
+        return data.decode("utf-8").splitlines()
+    except UnicodeDecodeError as exc:
+        raise CatalogueError(f"{path} is not a text catalogue (byte {exc.start} is not UTF-8)",
+                             "give a text file of config strings or driver commands, a find-db (.fdb, .ufdb) or "
+                             f"a built-in network ({', '.join(builtin_names())})") from None
 
 
 def read_catalogues(paths: Iterable[str | Path]) -> Catalogue:

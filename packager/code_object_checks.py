@@ -20,7 +20,7 @@ from __future__ import annotations
 from kdbkit.kdb.arch import Arch, known_archs, parse_arch
 from kdbkit.runtime.backends.amdgpu_code_object import CodeObject, KernelMetadata, packed_offsets, read_code_object
 from kdbkit.runtime.backends.elf_notes import TargetStringError, parse_amdgcn_target
-from kdbkit.runtime.errors import CompilerUnavailableError
+from kdbkit.runtime.errors import CompileError, CompilerUnavailableError
 
 CODE_OBJECT_VERSION = 5
 
@@ -113,3 +113,18 @@ def _layout_problems(kernel: KernelMetadata) -> list[str]:
         problems.append(f"kernarg segment of {kernel.kernarg_segment_size} bytes does not hold its explicit "
                         f"arguments ({end} bytes)")
     return problems
+
+
+def refuse_failing_code_object(binary: bytes, request, target) -> None:
+    """Refuse a code object that would fail on the device (a CompileError naming the kernel file,
+    the target and why): no GPU is at hand in an offline build to show it.
+
+    Raises:
+        CompileError: :func:`check_code_object` found problems.
+        BinaryLoadError: ``binary`` is not a readable AMD code object.
+    """
+    problems = check_code_object(binary, target.full_arch, what=f"code object of {request} for {target.full_arch}")
+    if problems:
+        raise CompileError(f"{request} for {target.full_arch} builds a code object that would fail on the GPU: "
+                           f"{'; '.join(problems)}",
+                           "fix the kernel or its options; no bundle was written")

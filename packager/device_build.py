@@ -1,11 +1,12 @@
-"""Build a system bundle for one target with kdbkit's compilers: the same requests, keys and compilers as the runtime.
+"""Build a system bundle for one target from a list of programs (the startup benchmark's, the
+tests', a user's own kernels): :func:`kdbkit.packager.build.build` run in this process for one
+bundle, all or nothing.
 
-The offline builder (catalogues, every target, parallel) comes with the packaging work; this
-is the smallest real builder, used by the startup benchmark and the tests. Each request is
-read once (:meth:`KernelSearchPath.read`), keyed with :func:`program_key` for the target and
-the compiler's identity, compiled from that same read, and written under that key, so the
-runtime finds exactly what was built. An AMD code object is stored only if it passes
-:func:`check_code_object`: no GPU is at hand here to show that it would fail to load or launch.
+The same builder as ``kdb build``'s, so the same requests, keys and compilers as the runtime:
+each source is read once, keyed with :func:`program_key` by that read and compiled from it. An
+AMD code object is stored only if it passes
+:func:`~kdbkit.packager.code_object_checks.check_code_object`: no GPU is at hand here to show
+that it would fail to load or launch.
 """
 
 from __future__ import annotations
@@ -13,12 +14,11 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Iterable, Sequence
 
-from kdbkit.kdb import Target, write_bundle
-from kdbkit.packager.code_object_checks import check_code_object
+from kdbkit.kdb import Target
+from kdbkit.packager.build import build, plan
 from kdbkit.runtime.compilers import Compiler, compiler_for
-from kdbkit.runtime.errors import CompileError
 from kdbkit.runtime.kernel_sources import KernelSearchPath
-from kdbkit.runtime.program_key import ProgramRequest, program_key
+from kdbkit.runtime.program_key import ProgramRequest
 
 
 def build_bundle(target: Target, programs: Iterable[ProgramRequest | tuple[str, str | Sequence[str]]], folder: Path,
@@ -41,32 +41,19 @@ def build_bundle(target: Target, programs: Iterable[ProgramRequest | tuple[str, 
     Raises:
         CompilerUnavailableError, CompileError, KernelSourceError: as the compiler and the
         search path raise them; nothing is written then. A code object (``hsaco``) that
-        fails :func:`check_code_object` is a CompileError naming the kernel file, the
-        target and each problem; one that cannot be read is a BinaryLoadError.
+        fails its checks is a CompileError naming the kernel file, the target and each
+        problem; one that cannot be read is a BinaryLoadError.
     """
-    compiler = compiler or compiler_for(target)
-    search_path = search_path or KernelSearchPath()
-    identity = compiler.identity()
-    entries, sources = [], {}
-    for item in programs:
-        request = item if isinstance(item, ProgramRequest) else ProgramRequest(*item)
-        source = search_path.read(request.kernel_file)
-        sources[request.kernel_file] = source.digest
-        key = program_key(request, target=target, compiler=identity, source_digest=source.digest)
-        binary = compiler.compile(request, target, source)
-        if compiler.binary_format == "hsaco":
-            refuse_failing_code_object(binary, request, target)
-        entries.append((key.kernel_name, key.kernel_args, binary))
     recorded = bundle_target or target
-    return write_bundle(Path(folder) / (file_name or recorded.bundle_name()), recorded, entries, compiler=identity,
-                        binary_format=compiler.binary_format, sources=sources)
-
-
-def refuse_failing_code_object(binary: bytes, request: ProgramRequest, target: Target) -> None:
-    """Refuse a code object that would fail on the device (a CompileError naming the kernel file,
-    the target and why): no GPU is at hand in an offline build to show it."""
-    problems = check_code_object(binary, target.full_arch, what=f"code object of {request} for {target.full_arch}")
-    if problems:
-        raise CompileError(f"{request} for {target.full_arch} builds a code object that would fail on the GPU: "
-                           f"{'; '.join(problems)}",
-                           "fix the kernel or its options; no bundle was written")
+    requests = [item if isinstance(item, ProgramRequest) else ProgramRequest(*item) for item in programs]
+    jobs, compilers = plan([target], requests=requests, search_path=search_path,
+                           compiler=compiler or compiler_for(target), exact=True)
+    name = file_name or recorded.bundle_name()
+    result = build(jobs, compilers, Path(folder), parallel=1, file_names={target: name},
+                   record_as={target: recorded}, whole=True)
+    if result.failures:
+        failure = result.failures[0]
+        if failure.error is not None:
+            raise failure.error
+        raise RuntimeError(failure.message)  # this process compiled it: only a bug lands here
+    return Path(folder) / name

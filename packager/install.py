@@ -33,7 +33,7 @@ from kdbkit.kdb.find_db import SYSTEM_SUFFIX
 from kdbkit.kdb.verify import verify_bundle
 from kdbkit.packager.select import Candidate
 from kdbkit.packager.wheel import MANIFEST, Manifest, module_name
-from kdbkit.runtime.errors import PackageError
+from kdbkit.packager.errors import PackageError
 
 SUMS_FILE = "SHA256SUMS"
 

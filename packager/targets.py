@@ -18,7 +18,8 @@ from kdbkit.kdb.arch import arch_row
 from kdbkit.kdb.target import Target, backend_of_arch
 from kdbkit.runtime.backends.spec import BACKENDS
 from kdbkit.runtime.compilers import Compiler, compiler_for, compilers_for
-from kdbkit.runtime.errors import CompilerUnavailableError, TargetError
+from kdbkit.packager.errors import TargetError
+from kdbkit.runtime.errors import CompilerUnavailableError
 
 
 @dataclass(frozen=True)

@@ -29,7 +29,7 @@ from kdbkit.kdb import Target, open_bundle
 from kdbkit.kdb.errors import KdbError
 from kdbkit.kdb.find_db import SYSTEM_SUFFIX, USER_SUFFIX, configs_in, system_file_name
 from kdbkit.kdb.version import __version__
-from kdbkit.runtime.errors import PackageError
+from kdbkit.packager.errors import PackageError
 
 PACKAGE_PREFIX = "kdbkit-kernels-"
 MANIFEST = "manifest.json"

@@ -39,16 +39,6 @@ class CompilerUnavailableError(KdbError):
     """A compiler is missing, cannot report its version, or cannot build for a target."""
 
 
-class TargetError(KdbError, ValueError):
-    """A build target or GPU name that no installed compiler builds or the table of known GPUs
-    does not hold; the message lists what there is."""
-
-
-class PackageError(KdbError):
-    """A kernel package or bundle that cannot be packaged, verified or installed: a SHA-256 that
-    does not match, an unsafe archive member, a wheel for another target, pip refusing it."""
-
-
 class CompileError(KdbError):
     """The compiler rejected a kernel source.
 

@@ -76,7 +76,8 @@ def log(message: str) -> None:
 def buildable(targets) -> tuple[list[str], dict[str, str]]:
     """The targets a compiler here builds, and why each other one is left out."""
     from kdbkit.packager.targets import resolve_targets
-    from kdbkit.runtime.errors import CompilerUnavailableError, TargetError
+    from kdbkit.packager.errors import TargetError
+    from kdbkit.runtime.errors import CompilerUnavailableError
 
     ok, missing = [], {}
     for target in targets:

@@ -25,7 +25,8 @@ from __future__ import annotations
 
 import importlib
 
-# name -> module that defines it; one table, so `dir(kdbkit)` and the lazy lookup agree.
+# kdbkit's own names -> the module that defines each; with the primitives' (found, not listed
+# here: each primitive package's __all__), what `dir(kdbkit)`, `__all__` and the lazy lookup give.
 _EXPORTS = {
     # the version
     "__version__": "kdbkit.kdb.version",
@@ -39,23 +40,8 @@ _EXPORTS = {
     "discover_devices": "kdbkit.runtime.backends.registry", "default_device": "kdbkit.runtime.backends.registry",
     "open_backend": "kdbkit.runtime.backends.registry", "DeviceInfo": "kdbkit.runtime.backends.base",
     "compiler_for": "kdbkit.runtime.compilers", "LookupChain": "kdbkit.runtime.lookup", "Source": "kdbkit.runtime.lookup",
-    # tensors and primitives
+    # tensors (each primitive's API is found in its package: kdbkit.runtime.primitives.api_names)
     "DataType": "kdbkit.runtime.tensor", "TensorDesc": "kdbkit.runtime.tensor", "DeviceTensor": "kdbkit.runtime.tensor",
-    "ActivationMode": "kdbkit.runtime.primitives.activation", "activation_forward": "kdbkit.runtime.primitives.activation",
-    "activation_backward": "kdbkit.runtime.primitives.activation",
-    "softmax_forward": "kdbkit.runtime.primitives.softmax", "softmax_backward": "kdbkit.runtime.primitives.softmax",
-    "op_tensor": "kdbkit.runtime.primitives.tensorop",
-    "layernorm_forward": "kdbkit.runtime.primitives.layernorm", "layernorm_backward": "kdbkit.runtime.primitives.layernorm",
-    "pooling_forward": "kdbkit.runtime.primitives.pooling", "pooling_backward": "kdbkit.runtime.primitives.pooling",
-    "batchnorm_inference": "kdbkit.runtime.primitives.batchnorm",
-    "batchnorm_training": "kdbkit.runtime.primitives.batchnorm",
-    "batchnorm_backward": "kdbkit.runtime.primitives.batchnorm",
-    "gemm": "kdbkit.runtime.primitives.gemm",
-    "convolution_forward": "kdbkit.runtime.primitives.convolution",
-    "convolution_backward_data": "kdbkit.runtime.primitives.convolution",
-    "convolution_backward_weights": "kdbkit.runtime.primitives.convolution",
-    "convolution_bias_forward": "kdbkit.runtime.primitives.convolution",
-    "convolution_bias_backward": "kdbkit.runtime.primitives.convolution",
     "find_solutions": "kdbkit.runtime.find", "run_solution": "kdbkit.runtime.find", "Solution": "kdbkit.runtime.find",
     "parse_config": "kdbkit.runtime.problem",
     # errors: the bundle format's
@@ -70,7 +56,7 @@ _EXPORTS = {
     "OptionsError": "kdbkit.runtime.errors", "KernelSourceError": "kdbkit.runtime.errors",
     "BackendUnavailableError": "kdbkit.runtime.errors", "DeviceCallError": "kdbkit.runtime.errors",
     "CompilerUnavailableError": "kdbkit.runtime.errors", "CompileError": "kdbkit.runtime.errors",
-    "TargetError": "kdbkit.runtime.errors", "PackageError": "kdbkit.runtime.errors",
+    "TargetError": "kdbkit.packager.errors", "PackageError": "kdbkit.packager.errors",
     "BinaryLoadError": "kdbkit.runtime.errors", "LaunchError": "kdbkit.runtime.errors",
     "LaunchArgumentError": "kdbkit.runtime.errors", "TransferError": "kdbkit.runtime.errors",
     "JitDisabledError": "kdbkit.runtime.errors", "ProblemError": "kdbkit.runtime.errors",
@@ -78,17 +64,23 @@ _EXPORTS = {
     "NoSolverError": "kdbkit.runtime.errors", "NumericsError": "kdbkit.runtime.errors",
 }
 
-__all__ = sorted(_EXPORTS)
+def _primitive_api() -> dict[str, str]:
+    from kdbkit.runtime.primitives import api_names
+
+    return api_names()
 
 
 def __getattr__(name: str):
-    module = _EXPORTS.get(name)
-    if module is None:
-        raise AttributeError(f"module 'kdbkit' has no attribute {name!r}")
-    value = getattr(importlib.import_module(module), name)
+    if name == "__all__":  # computed on first use: importing kdbkit loads nothing else
+        value = sorted(set(_EXPORTS) | set(_primitive_api()))
+    else:
+        module = _EXPORTS.get(name) or (None if name.startswith("__") else _primitive_api().get(name))
+        if module is None:
+            raise AttributeError(f"module 'kdbkit' has no attribute {name!r}")
+        value = getattr(importlib.import_module(module), name)
     globals()[name] = value  # later lookups skip this function
     return value
 
 
 def __dir__() -> list[str]:
-    return sorted(set(globals()) | set(_EXPORTS))
+    return sorted(set(globals()) | set(_EXPORTS) | set(_primitive_api()))

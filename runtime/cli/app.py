@@ -19,7 +19,7 @@ from kdbkit.runtime import env as kdb_env
 from kdbkit.runtime.errors import CompileError
 from kdbkit.runtime.cli import cache_commands, db_commands
 from kdbkit.runtime.cli.demo_command import demo
-from kdbkit.runtime.cli import driver_command
+from kdbkit.runtime.driver import commands as driver_commands
 from kdbkit.runtime.cli.doctor_command import doctor
 from kdbkit.runtime.cli.env_command import env
 from kdbkit.runtime.cli.runtime_commands import devices, resolve
@@ -38,7 +38,7 @@ app = typer.Typer(
 )
 app.add_typer(db_commands.app, name="db")
 app.add_typer(cache_commands.app, name="cache")
-app.add_typer(driver_command.app, name="driver")
+app.add_typer(driver_commands.app, name="driver")
 app.command("env")(env)
 app.command("resolve")(resolve)
 app.command("devices")(devices)

@@ -1,11 +1,12 @@
 """``kdb build``: compile a catalogue's programs for each target into bundles, offline, with
-no GPU (packager/build.py does the work; this is its command line and progress bar)."""
+no GPU (:func:`kdbkit.packager.build_bundles` does the work; this is its command line and
+progress bar)."""
 
 from __future__ import annotations
 
 import contextlib
-import os
 import re
+import time
 from pathlib import Path
 from typing import List, Optional
 
@@ -13,7 +14,6 @@ import typer
 from rich.markup import escape
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn, TimeRemainingColumn
 
-from kdbkit.runtime import env as kdb_env
 from kdbkit.runtime.cli.output import err, out, print_json
 
 
@@ -29,8 +29,8 @@ def build(
     every: bool = typer.Option(False, "--all", help="Every program the solvers can ask for (serves every "
                                "problem of every primitive)."),
     jobs: Optional[int] = typer.Option(None, "-j", "--jobs", min=1, help="Compiler processes. Default: "
-                                       "KDB_COMPILE_PARALLEL_LEVEL if set, else every core. Not with --cluster, "
-                                       "whose workers run one compile per thread."),
+                                       "KDB_COMPILE_PARALLEL_LEVEL (20 unless set), at most the cores. Not with "
+                                       "--cluster, whose workers run one compile per thread."),
     cluster: Optional[str] = typer.Option(None, "--cluster", metavar="ADDRESS", help="Compile on the workers of "
                                           "a Dask scheduler: tcp://HOST:PORT, HOST:PORT or a scheduler file (pip "
                                           "install 'kdbkit[cluster]'; each worker needs this kdbkit and the "
@@ -48,40 +48,24 @@ def build(
     Example: kdb build --target sm_90_132 --gpu MI300X --all -o bundles
     (add --cluster tcp://scheduler:8786 to compile on a Dask cluster's workers)
     """
-    from kdbkit.kdb import Target
-    from kdbkit.packager import build as builder
-    from kdbkit.packager.catalogue import read_catalogues
-    from kdbkit.packager.targets import resolve_targets
+    from kdbkit.packager import build_bundles
 
     if bool(catalogue) == every:
         raise typer.BadParameter("give --catalogue FILE (repeatable) or --all", param_hint="--catalogue / --all")
+    if cluster is not None and jobs is not None:
+        raise typer.BadParameter("-j sets local compiler processes; a --cluster build runs one compile per "
+                                 "thread of each Dask worker: leave -j out", param_hint="-j / --cluster")
     part = _shard(shard)
-    if cluster is not None:  # refused before resolving, which would look for the target's local device
-        builder.refuse_local_only(Target.parse(t) for t in target)
-    targets = resolve_targets(target, gpu)
-    problems, line_errors = None, []
-    if catalogue:
-        read = read_catalogues(catalogue)
-        problems, line_errors = read.problems, read.errors
-        for e in line_errors:
-            err.print(f"[yellow]skipped[/] {escape(str(e))}")
-    planned, compilers = builder.plan(targets, problems)
-    if part is not None:
-        planned = builder.shard(planned, *part)
-    workers = jobs or (kdb_env.get_int("KDB_COMPILE_PARALLEL_LEVEL") if "KDB_COMPILE_PARALLEL_LEVEL" in os.environ
-                       else os.cpu_count() or 1)
-    with contextlib.ExitStack() as stack:
-        executor = None
-        if cluster is not None:
-            from kdbkit.packager import cluster as dask_cluster
 
-            client = stack.enter_context(dask_cluster.connect(cluster))
-            joined = dask_cluster.check_workers(client, compilers.values())
-            executor = dask_cluster.executor(client)
-            if not as_json:
-                err.print(f"compiling on {len(joined)} Dask workers at {escape(cluster)}")
-        result = build_with_progress(planned, compilers, output, workers, executor=executor, quiet=as_json,
-                                     stall_timeout=stall_timeout if executor is not None else None)
+    def joined(workers: list[str]) -> None:
+        if not as_json:
+            err.print(f"compiling on {len(workers)} Dask workers at {escape(cluster)}")
+
+    with progress_bar(quiet=as_json) as step:
+        report = build_bundles(target, gpus=gpu, catalogues=catalogue, every=every, out=output, shard=part,
+                               workers=jobs, cluster=cluster, stall_timeout=stall_timeout, progress=step,
+                               on_cluster=joined, on_skipped=_print_skipped)
+    result, line_errors = report.result, report.skipped_lines
     for failure in result.failures:
         err.print(f"[red]failed[/] {escape(str(failure.job.request))} for {failure.job.bundle}: "
                   f"{escape(failure.message)}")
@@ -89,34 +73,47 @@ def build(
             err.print(escape(failure.log.rstrip()), highlight=False)
     if as_json:
         print_json({"bundles": {t: str(p) for t, p in result.bundles.items()}, "compiled": result.compiled,
-                    "reused": result.reused, "failed": len(result.failures),
+                    "reused": result.reused, "failed": len(result.failures), "workers": report.workers,
                     "skipped_lines": [str(e) for e in line_errors]})
     else:
         for name, path in result.bundles.items():
             out.print(f"{name}: {escape(str(path))}")
         out.print(f"{result.compiled} compiled, {result.reused} already built, {len(result.failures)} failed, "
                   f"{len(line_errors)} catalogue lines skipped")
-    if result.failures or line_errors:
+    if not report.ok:
         raise typer.Exit(1)
 
 
-def build_with_progress(planned, compilers, output: Path, workers: int, *, executor=None, quiet: bool = False,
-                        stall_timeout: float | None = None):
-    """packager.build.build with a rich progress bar on stderr (done/total, failures, rate, ETA)."""
-    from kdbkit.packager import build as builder
+def _print_skipped(errors) -> None:
+    for e in errors:
+        err.print(f"[yellow]skipped[/] {escape(str(e))}")
 
+
+@contextlib.contextmanager
+def progress_bar(*, quiet: bool = False):
+    """A rich progress bar on stderr (done/total, failures, rate, ETA); yields the builder's
+    ``progress`` callback. The bar appears at the first compile, so that an error before any
+    (a bad catalogue, a missing compiler) stays one line."""
     columns = (TextColumn("compiling"), BarColumn(), MofNCompleteColumn(), TextColumn("{task.fields[failed]} failed"),
                TextColumn("{task.fields[rate]}/s"), TimeElapsedColumn(), TextColumn("ETA"), TimeRemainingColumn())
-    with Progress(*columns, console=err, disable=quiet, transient=False) as bar:
-        task = bar.add_task("compile", total=None, failed=0, rate="-")
+    bar = Progress(*columns, console=err, disable=quiet, transient=False)
+    task = None
+    start = time.perf_counter()  # the rate counts from here: the bar only appears at the first compile
 
-        def step(done: int, total: int, failed: int) -> None:
-            elapsed = bar.tasks[0].elapsed or 0.0
-            bar.update(task, completed=done, total=total, failed=failed,
-                       rate=f"{done / elapsed:.1f}" if elapsed > 0 else "-")
+    def step(done: int, total: int, failed: int) -> None:
+        nonlocal task
+        if task is None:
+            bar.start()
+            task = bar.add_task("compile", total=total, failed=0, rate="-")
+        elapsed = time.perf_counter() - start
+        bar.update(task, completed=done, total=total, failed=failed,
+                   rate=f"{done / elapsed:.1f}" if elapsed > 0 else "-")
 
-        return builder.build(planned, compilers, output, parallel=workers, executor=executor, progress=step,
-                             stall_timeout=stall_timeout)
+    try:
+        yield step
+    finally:
+        if task is not None:
+            bar.stop()
 
 
 def _shard(text: str | None) -> tuple[int, int] | None:

@@ -52,14 +52,28 @@ def _driver_caches_off():
             os.environ.pop(name, None)
 
 
+def _build_and_install(target, problems, folder: Path, *, progress=None):
+    """The demo's first two steps through the packager's API, as ``kdb build`` and ``kdb install``
+    run them: ``problems``' programs built for ``target`` into ``folder/bundles``, the bundle
+    chosen, verified and installed into ``folder/db``. Returns (the build's report, what was installed)."""
+    from kdbkit.packager import build_bundles, install_packages
+
+    report = build_bundles([target], problems=problems, out=folder / "bundles", progress=progress)
+    failures = report.result.failures
+    if failures:
+        raise fail(f"{len(failures)} program(s) did not compile, the first {failures[0].job.request}: "
+                   f"{failures[0].message}")
+    installed = install_packages(folder / "bundles", targets=[target], into=folder / "db")
+    choice = installed.choices[0]
+    if choice.chosen is None:
+        raise fail(f"the bundle just built does not fit {target}: {choice.rejected[0][1]}")
+    return report, installed.installed[choice.chosen]
+
+
 def _run_demo(device: Optional[int], workdir: Optional[Path]) -> None:
-    from kdbkit.packager import build as builder
-    from kdbkit.packager import install as installer
-    from kdbkit.packager.select import choose, scan
-    from kdbkit.packager.targets import resolve_targets
     from kdbkit.runtime import demo as runs
     from kdbkit.runtime.backends.registry import pick_device
-    from kdbkit.runtime.cli.build_command import build_with_progress
+    from kdbkit.runtime.cli.build_command import progress_bar
 
     picked = pick_device(device)  # fails before anything when there is no device (only the base install, say)
     net = runs.demo_network()
@@ -73,21 +87,13 @@ def _run_demo(device: Optional[int], workdir: Optional[Path]) -> None:
 
         out.print("[bold]1. build[/] the bundle of the programs its solvers ask for (kdb build)")
         t0 = time.perf_counter()
-        planned, compilers = builder.plan(resolve_targets([str(picked.target)]), problems)
-        result = build_with_progress(planned, compilers, folder / "bundles", os.cpu_count() or 1)
-        if result.failures:
-            first = result.failures[0]
-            raise fail(f"{len(result.failures)} program(s) did not compile, the first {first.job.request}: "
-                       f"{first.message}")
-        (name, path), = result.bundles.items()
-        out.print(f"   {result.compiled} programs compiled in {time.perf_counter() - t0:.1f} s: {escape(str(path))}")
+        with progress_bar() as step:
+            built, done = _build_and_install(picked.target, problems, folder, progress=step)
+        (name, path), = built.result.bundles.items()
+        out.print(f"   {built.result.compiled} programs compiled in {time.perf_counter() - t0:.1f} s: "
+                  f"{escape(str(path))}")
 
         out.print("[bold]2. install[/] it for this device (kdb install: chosen, verified, copied)")
-        choice = choose(picked.target, scan(folder / "bundles"))
-        if choice.chosen is None:
-            raise fail(f"the bundle just built does not fit {picked.target}: {choice.rejected[0][1]}")
-        installer.verify(choice.chosen)
-        done = installer.install(choice.chosen, db_dir=folder / "db")
         out.print(f"   {escape(', '.join(done.files))} -> {escape(done.where)}")
 
         out.print("[bold]3. run[/] the network twice, each in a fresh process")

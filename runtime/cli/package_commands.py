@@ -1,6 +1,7 @@
 """``kdb package`` (bundles and tuned find-dbs into kernel wheels) and ``kdb install`` (the
-right package or bundle for each local GPU, verified, then installed): packager/wheel.py,
-select.py and install.py do the work; this is their command line."""
+right package or bundle for each local GPU, verified, then installed): the packager's
+:func:`~kdbkit.packager.package_bundles` and :func:`~kdbkit.packager.install_packages` do the
+work; this is their command line."""
 
 from __future__ import annotations
 
@@ -17,8 +18,8 @@ _RANKS = {0: "exact target", 1: "arch-wide", 2: "arch-wide bundle (its find-db i
 
 
 def package(
-    bundles: List[Path] = typer.Argument(..., help="Bundles (.kdb) to package, as `kdb build` wrote them.",
-                                         show_default=False),
+    bundles: List[Path] = typer.Argument(..., help="Bundles (.kdb) to package, or folders of them, as `kdb build` "
+                                         "wrote them (each bundle once).", show_default=False),
     find_db: List[Path] = typer.Option([], "--find-db", help="A system find-db (<arch>_<cu>.fdb, as `kdb tune` "
                                        "writes it) to ship with the bundle of its arch. Repeatable."),
     output: Path = typer.Option(Path("."), "-o", "--out", help="Folder for the wheels and SHA256SUMS (created)."),
@@ -28,41 +29,15 @@ def package(
 
     Example: kdb package sm_90_132.kdb -o wheels
     """
-    from kdbkit.kdb import open_bundle
-    from kdbkit.packager.install import write_sums
-    from kdbkit.packager.wheel import write_package
-    from kdbkit.runtime.errors import PackageError
+    from kdbkit.packager import package_bundles
 
-    pairs: list[tuple[Path, Path | None]] = []
-    unused = list(find_db)
-    for bundle in bundles:
-        with open_bundle(bundle) as opened:
-            target = opened.metadata.target
-        mine = [fdb for fdb in find_db if target is not None and _fits(target, fdb)]
-        pairs += [(bundle, fdb) for fdb in mine] or [(bundle, None)]
-        unused = [f for f in unused if f not in mine]
-    if unused:
-        raise PackageError(f"{unused[0]} fits none of the bundles given (a find-db ships with a bundle of its arch)",
-                           "give the bundle it was tuned for, or leave it out")
-    wheels = [write_package(bundle, output, find_db=fdb) for bundle, fdb in pairs]
-    sums = write_sums(output, wheels)
+    packaged, sums = package_bundles(bundles, output, find_dbs=find_db)
     if as_json:
-        print_json({"wheels": [str(w) for w in wheels], "sums": str(sums)})
+        print_json({"wheels": [str(p.wheel) for p in packaged], "sums": str(sums)})
         return
-    for wheel, (bundle, fdb) in zip(wheels, pairs):
-        out.print(f"{escape(str(wheel))}  ({escape(bundle.name)}{' + ' + escape(fdb.name) if fdb else ''})")
+    for p in packaged:
+        out.print(f"{escape(str(p.wheel))}  ({escape(p.bundle.name)}{' + ' + escape(p.find_db.name) if p.find_db else ''})")
     out.print(f"SHA-256 of each: {escape(str(sums))}")
-
-
-def _fits(target, find_db: Path) -> bool:
-    from kdbkit.packager.wheel import package_target
-    from kdbkit.runtime.errors import PackageError
-
-    try:
-        package_target(target, find_db)
-        return True
-    except PackageError:
-        return False
 
 
 def install(
@@ -81,43 +56,21 @@ def install(
 
     Example: kdb install --from . --target sm_90_132 --dry-run --explain
     """
-    from kdbkit.kdb import Target
-    from kdbkit.packager import install as installer
-    from kdbkit.packager.select import choose, scan
-    from kdbkit.packager.targets import find_gpu
-    from kdbkit.runtime.errors import PackageError
+    from kdbkit.packager import install_packages
 
-    if not source.is_dir():
-        raise PackageError(f"{source} is not a folder", "give --from the folder holding the wheels or bundles")
-    named = [Target.parse(t) for t in target] + [find_gpu(g).target for g in gpu]
-    devices = list(dict.fromkeys(named or _local_targets()))
-    if not devices:
-        raise PackageError("no GPU or OpenCL device found here",
-                           "name the GPU to install for with --target or --gpu (kdb targets lists them)")
-    candidates = scan(source)
-    choices = [choose(device, candidates) for device in devices]
-    chosen = list(dict.fromkeys(c.chosen for c in choices if c.chosen is not None))
-    for candidate in chosen:  # every check before anything is installed
-        installer.verify(candidate)
-    installed = {c: (None if dry_run else installer.install(c, db_dir=into)) for c in chosen}
+    result = install_packages(source, targets=target, gpus=gpu, dry_run=dry_run, into=into)
     report = [{
         "device": str(c.device), "chosen": str(c.chosen.path) if c.chosen else None,
         "why": _RANKS[c.rank] if c.chosen else "nothing fits",
-        "installed": (None if c.chosen is None or dry_run else installed[c.chosen].where),
+        "installed": (None if c.chosen is None or dry_run else result.installed[c.chosen].where),
         "rejected": [{"candidate": str(r.path), "reason": reason} for r, reason in c.rejected],
-    } for c in choices]
+    } for c in result.choices]
     if as_json:
         print_json({"dry_run": dry_run, "devices": report})
     else:
         _print(report, dry_run, explain, source)
-    if not chosen or (named and any(c.chosen is None for c in choices)):
+    if not result.ok:
         raise typer.Exit(1)
-
-
-def _local_targets():
-    from kdbkit.runtime.backends.registry import discover_devices
-
-    return [d.target for d in discover_devices()]
 
 
 def _print(report: list[dict], dry_run: bool, explain: bool, source: Path) -> None:

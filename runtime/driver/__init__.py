@@ -3,15 +3,18 @@ device, verifies it against the NumPy reference and times it, printing MIOpenDri
 
 Modules:
     spec: :class:`DriverSpec` (what a primitive declares) and the common flags.
-    registry: the list of primitive modules; the command line KDB_ENABLE_LOGGING_CMD logs.
+    registry: the commands, found (each module that assigns ``SPEC``, and the ``driver`` module
+        of each primitive an entry point adds); the command line KDB_ENABLE_LOGGING_CMD logs.
     tensors: host tensors laid out with a problem's strides, bf16/fp16 rounding.
     run: one problem: solver (immediate, find or asked), run, time, verify.
     verify: the error measure.  lines: the output lines.
     activ, softmax, tensorop, lnorm, pool, bnorm, gemm: one module per primitive.
-The typer commands are built from the specs in ``runtime/cli/driver_command.py``.
+    commands: ``kdb driver``'s typer commands, built from the specs, and the parser of a driver
+        command (:func:`~kdbkit.runtime.driver.commands.problems_of_command`) that the offline
+        builder reads catalogues with; the CLI mounts them.
 
-Adding a primitive means one module and one word; ``pool.py`` (``kdb driver pool``) is the
-plain case:
+Adding a primitive's command means one module (found: nothing to list); ``pool.py`` (``kdb
+driver pool``) is the plain case:
 
 1. ``runtime/driver/pool.py``::
 
@@ -49,7 +52,9 @@ plain case:
    type's default (``spec.TOLERANCES``) does not fit. Describe the problem from the flags as
    the primitive's Python call describes it (same config string, so the same find-db record:
    tests/cli/test_driver.py checks it for pool, bnorm and gemm).
-2. Add ``"pool"`` to ``registry.MODULES``.
+2. Nothing else: :func:`~kdbkit.runtime.driver.registry.specs` finds every module here that
+   assigns ``SPEC``. A primitive added from outside kdbkit (entry point ``kdbkit.primitives``)
+   keeps its spec in its own ``driver`` module instead (tests/runtime/primitives/test_added_primitive.py).
 
 That gives ``kdb driver pool`` (and ``poolfp16``, ``poolbfp16``), ``--config``, ``-S``, ``-F``,
 timing, verification, and the ``[LogCmdPooling]`` line for every pooling call. A primitive whose

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import importlib
 
-from kdbkit.runtime.primitives import PRIMITIVES, load_all
+from kdbkit.runtime.primitives import load_all, primitive_modules
 from kdbkit.runtime.program_key import ProgramRequest
 from kdbkit.runtime.solver import REGISTRY
 
@@ -17,8 +17,8 @@ from kdbkit.runtime.solver import REGISTRY
 def catalogue_problems() -> list:
     load_all()
     problems = []
-    for name in PRIMITIVES:
-        problems += importlib.import_module(f"kdbkit.runtime.primitives.{name}.problem").catalogue()
+    for module in primitive_modules():
+        problems += importlib.import_module(f"{module}.problem").catalogue()
     return problems
 
 

@@ -35,7 +35,7 @@ def invoke(handle: "Handle", problem: Problem, solver: int | str | None, inputs:
     if handle.closed:  # its backend may be open (shared), but its chain and caches are not
         raise HandleClosedError()
     if env.get_bool("KDB_ENABLE_LOGGING_CMD"):
-        from kdbkit.runtime.driver.registry import command_line  # the driver imports this module
+        from kdbkit.runtime.command_line import command_line  # the driver's formatter, not the driver
 
         log_command(command_line(problem, solver))
     choice = choose(handle, problem, solver)  # the handle's dispatcher's

@@ -5,6 +5,7 @@ chain device from a logged run serving that run again with no JIT."""
 from __future__ import annotations
 
 import concurrent.futures
+import dataclasses
 import shutil
 
 import numpy as np
@@ -70,6 +71,27 @@ def test_a_changed_kernel_file_recompiles_only_its_programs(offline, tmp_path):
     assert len(_contents(tmp_path / "out" / "sm_80.kdb")) == len(changed)  # the stale keys are gone
     with open_bundle(tmp_path / "out" / "sm_80.kdb") as bundle:
         assert bundle.metadata.source_digests["softmax.c"] == path.digest("softmax.c")  # the manifest follows
+
+
+def test_each_source_is_read_once_and_compiled_as_keyed(tmp_path):
+    """The compile gets the very read the plan keyed: a kernel file broken after planning still
+    builds what was planned, stored under the digest of the text compiled; a job without that
+    read (made by hand) whose file changed since its key was made is refused, not stored."""
+    require_nvrtc()
+    kernels = tmp_path / "kernels"
+    shutil.copytree(KernelSearchPath().folders[-1], kernels)
+    path = KernelSearchPath([kernels])
+    planned_digest = path.digest("softmax.c")
+    jobs, compilers = plan(resolve_targets(["sm_80"]), [parse_config(PROBLEMS[0])], search_path=path)
+    (kernels / "softmax.c").write_text("this is not C\n")  # edited between the plan and the compile
+    result = build(jobs, compilers, tmp_path / "out", parallel=1, search_path=path)
+    assert not result.failures and result.compiled == len(jobs)
+    with open_bundle(tmp_path / "out" / "sm_80.kdb") as bundle:
+        assert bundle.metadata.source_digests["softmax.c"] == planned_digest
+    unread = [dataclasses.replace(job, source=None) for job in jobs]
+    again = build(unread, compilers, tmp_path / "again", parallel=1, search_path=path)
+    assert again.compiled == 0 and len(again.failures) == len(jobs)
+    assert "softmax.c changed after it was keyed" in again.failures[0].message
 
 
 def test_shards_merge_into_the_one_machine_build(offline, tmp_path):

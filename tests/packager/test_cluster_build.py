@@ -14,7 +14,8 @@ from kdbkit.packager.build import Job, _compile, build, builder_identity, plan
 from kdbkit.packager.targets import resolve_targets
 from kdbkit.runtime.cli.app import main
 from kdbkit.runtime.compilers import AmdgcnClangCompiler
-from kdbkit.runtime.errors import CompilerUnavailableError, TargetError
+from kdbkit.packager.errors import TargetError
+from kdbkit.runtime.errors import CompilerUnavailableError
 from kdbkit.runtime.kernel_sources import KernelSearchPath
 from kdbkit.runtime.problem import parse_config
 from kdbkit.runtime.program_key import ProgramRequest
@@ -125,7 +126,8 @@ def test_each_job_checks_its_workers_kdbkit_and_compiler(amdgcn_clang):
     compiler = AmdgcnClangCompiler()
     job = Job(Target.parse("gfx942"), ProgramRequest("softmax.c", []), "softmax.c.o", "")
     source = KernelSearchPath().read("softmax.c")
-    binary, message, _ = _compile(compiler, job, source, "kdbkit 0.0.1, clang 1.0.0")
+    binary, error = _compile(compiler, job, source, "kdbkit 0.0.1, clang 1.0.0")
+    message = error.problem
     assert binary is None and f"has {builder_identity(compiler)}, not kdbkit 0.0.1, clang 1.0.0" in message
     assert _compile(compiler, job, source, builder_identity(compiler))[0]
 

@@ -17,7 +17,7 @@ from kdbkit.kdb.find_db import FindRecord, configs_in, write_system_find_db
 from kdbkit.packager import install as installer
 from kdbkit.packager.select import choose, scan
 from kdbkit.packager.wheel import compatible_versions, module_name, package_name, write_package
-from kdbkit.runtime.errors import PackageError
+from kdbkit.packager.errors import PackageError
 from kdbkit.runtime.kernel_sources import source_digest
 
 SM90 = Target("cuda", "sm_90", (), 132)

@@ -8,7 +8,7 @@ import pytest
 from kdbkit.kdb.errors import BundleNameError
 from kdbkit.kdb.target import Target
 from kdbkit.packager.targets import KNOWN_GPUS, find_gpu, resolve_targets
-from kdbkit.runtime.errors import TargetError
+from kdbkit.packager.errors import TargetError
 
 from tests.prerequisites import require_amdgcn_clang, require_nvrtc
 

@@ -1,0 +1,150 @@
+"""``package_bundles`` and ``install_packages``: ``kdb package`` and ``kdb install`` as calls.
+
+Packaging: bundles (files, or folders of them, as ``kdb build -o`` wrote them) and tuned
+find-dbs -> one wheel per bundle and a ``SHA256SUMS`` (:mod:`kdbkit.packager.wheel`).
+Installing: the candidates a folder holds (:func:`~kdbkit.packager.select.scan`), the best one
+for each device (:func:`~kdbkit.packager.select.choose`), every chosen one verified before
+any is installed (:mod:`kdbkit.packager.install`).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Sequence
+
+from kdbkit.kdb import Target, open_bundle
+from kdbkit.packager import install as installer
+from kdbkit.packager.errors import PackageError
+from kdbkit.packager.select import Candidate, Choice, choose, scan
+from kdbkit.packager.targets import find_gpu
+from kdbkit.packager.wheel import package_target, write_package
+
+_MAKE_PACKAGES = ("build bundles with `kdb build --target <arch>_<cu> -c <catalogue> -o DIR`, then wheels with "
+                  "`kdb package DIR -o DIR`, and give that folder")
+
+
+@dataclass(frozen=True)
+class Packaged:
+    """One wheel written, and what it holds."""
+
+    wheel: Path
+    bundle: Path
+    find_db: Path | None
+
+
+def bundle_files(paths: Sequence[Path]) -> list[Path]:
+    """The bundles ``paths`` name, each once in order: a file as it is, a folder's ``*.kdb``
+    files (searched recursively, as ``kdb install --from`` searches).
+
+    Raises:
+        PackageError: a path that does not exist, or a folder that holds no bundle.
+    """
+    found: dict[Path, Path] = {}
+    for path in paths:
+        if path.is_dir():
+            inside = sorted(p for p in path.rglob("*.kdb") if p.is_file())
+            if not inside:
+                raise PackageError(f"{path} holds no bundle (.kdb)", "build some into it with `kdb build -o`")
+            for bundle in inside:
+                found.setdefault(bundle.resolve(), bundle)
+        elif path.exists():
+            found.setdefault(path.resolve(), path)
+        else:
+            raise PackageError(f"no such bundle file or folder: {path}", "give bundles as `kdb build -o` wrote them")
+    return list(found.values())
+
+
+def package_bundles(paths: Sequence[Path], out: Path, *, find_dbs: Sequence[Path] = ()) -> tuple[list[Packaged], Path]:
+    """Write the wheel of each bundle (with the tuned find-dbs of its arch) into ``out``.
+
+    Args:
+        paths: bundles, or folders of them; a bundle named twice is packaged once.
+        find_dbs: system find-dbs (``<arch>_<cu>.fdb``), each shipped with the bundle of its arch.
+
+    Returns:
+        The wheels written, and the ``SHA256SUMS`` file listing them.
+
+    Raises:
+        PackageError: a path that names no bundle, a find-db that fits none of the bundles.
+        BundleError: a bundle that does not open.
+    """
+    pairs: list[tuple[Path, Path | None]] = []
+    unused = list(dict.fromkeys(find_dbs))
+    for bundle in bundle_files(paths):
+        with open_bundle(bundle) as opened:
+            target = opened.metadata.target
+        mine = [fdb for fdb in dict.fromkeys(find_dbs) if target is not None and _fits(target, fdb)]
+        pairs += [(bundle, fdb) for fdb in mine] or [(bundle, None)]
+        unused = [f for f in unused if f not in mine]
+    if unused:
+        raise PackageError(f"{unused[0]} fits none of the bundles given (a find-db ships with a bundle of its arch)",
+                           "give the bundle it was tuned for, or leave it out")
+    packaged = [Packaged(write_package(bundle, out, find_db=fdb), bundle, fdb) for bundle, fdb in pairs]
+    return packaged, installer.write_sums(out, [p.wheel for p in packaged])
+
+
+def _fits(target: Target, find_db: Path) -> bool:
+    try:
+        package_target(target, find_db)
+        return True
+    except PackageError:
+        return False
+
+
+@dataclass
+class InstallReport:
+    """Per device, the choice (with each rejected candidate and why); what was installed."""
+
+    source: Path
+    dry_run: bool
+    choices: list[Choice]
+    installed: dict[Candidate, installer.Installed] = field(default_factory=dict)
+    named: bool = False  # the devices were named (--target, --gpu), not found here
+
+    @property
+    def ok(self) -> bool:
+        """Something was chosen, and for every named device."""
+        chosen = [c.chosen for c in self.choices]
+        return any(chosen) and not (self.named and None in chosen)
+
+
+def install_packages(source: Path, *, targets: Sequence[str | Target] = (), gpus: Sequence[str] = (),
+                     dry_run: bool = False, into: Path | None = None) -> InstallReport:
+    """Install the best package or bundle in ``source`` for each device, all verified first.
+
+    Args:
+        source: a folder of wheels and bundles, or a local package index (searched recursively).
+        targets, gpus: the devices to install for (default: this machine's GPUs and OpenCL devices).
+        dry_run: choose and verify, install nothing.
+        into: the folder for bare bundles (default: this environment's ``share/kdbkit/db``).
+
+    Raises:
+        PackageError: ``source`` is not a folder or holds no package or bundle; no device; a
+            chosen candidate fails its verification (nothing is installed then); pip fails.
+    """
+    if not source.is_dir():
+        raise PackageError(f"{source} is not a folder", "give --from the folder holding the wheels or bundles")
+    named = [t if isinstance(t, Target) else Target.parse(t) for t in targets] + [find_gpu(g).target for g in gpus]
+    devices = list(dict.fromkeys(named or _local_targets()))
+    if not devices:
+        raise PackageError("no GPU or OpenCL device found here",
+                           "name the GPU to install for with --target or --gpu (kdb targets lists them)")
+    candidates = scan(source)
+    if not candidates:
+        raise PackageError(f"{source} holds no kernel package or bundle (no kdbkit_kernels_*.whl, no *.kdb)",
+                           _MAKE_PACKAGES)
+    choices = [choose(device, candidates) for device in devices]
+    chosen = list(dict.fromkeys(c.chosen for c in choices if c.chosen is not None))
+    for candidate in chosen:  # every check before anything is installed
+        installer.verify(candidate)
+    report = InstallReport(source, dry_run, choices, named=bool(named))
+    if not dry_run:
+        report.installed = {c: installer.install(c, db_dir=into) for c in chosen}
+    return report
+
+
+def _local_targets() -> list[Target]:
+    from kdbkit.runtime.backends.registry import discover_devices
+
+    return [d.target for d in discover_devices()]
