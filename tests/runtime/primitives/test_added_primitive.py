@@ -63,12 +63,11 @@ FILES = {
         import numpy as np
 
         from kdbkit.runtime.program_key import ProgramRequest
-        from kdbkit.runtime.solver import APPLIES, Solver, launcher_1d, register
+        from kdbkit.runtime.solver import APPLIES, REGISTRY, Solution, Solver, launcher_1d
 
         PROGRAM = ProgramRequest("toyscale.c", ())
 
 
-        @register
         class ToyScaleDirect(Solver):
             id = 9001
             name = "ToyScaleDirect"
@@ -77,13 +76,17 @@ FILES = {
             def is_applicable(self, problem, device):
                 return APPLIES
 
-            def programs(self, problem):
-                return [PROGRAM]
+            def solution(self, problem, device):
+                def factory(programs, context):
+                    kernel = programs[0].function("toy_scale")
+                    run = launcher_1d(context, kernel, problem.n,
+                                      [None, None, np.int32(problem.n), np.float32(problem.a)])
+                    return lambda x, y: run(x, y)
 
-            def invoker(self, handle, problem):
-                kernel = handle.program(PROGRAM.kernel_file, PROGRAM.options).function("toy_scale")
-                run = launcher_1d(handle, kernel, problem.n, [None, None, np.int32(problem.n), np.float32(problem.a)])
-                return lambda x, y: run(x, y)
+                return Solution([PROGRAM], factory)
+
+
+        REGISTRY.register(ToyScaleDirect())
     ''',
     "toyscale/api.py": '''
         from kdbkit.runtime.primitives.invoke import invoke
