@@ -37,17 +37,22 @@ def wheel(tmp_path_factory) -> Path:
     return path
 
 
-def test_every_package_folder_is_in_the_wheel_with_no_list_to_keep(wheel):
-    """setup.py finds the packages under each folder pyproject.toml maps: a new folder (a new
-    primitive) is in the wheel with no entry anywhere."""
+def test_every_package_folder_is_listed_and_in_the_wheel(wheel):
+    """setuptools cannot find packages below a mapped prefix (and a setup.py would add to the top
+    level the design card fixes), so pyproject.toml lists every package: a folder missing from
+    the list is named here with the line to add, and the wheel holds exactly the folders."""
     setuptools = _pyproject()["tool"]["setuptools"]
-    assert "packages" not in setuptools and setuptools["package-dir"]["kdbkit"] == "runtime/_kdbkit"
+    assert setuptools["package-dir"]["kdbkit"] == "runtime/_kdbkit"
     found = {"kdbkit"}
     for folder, name in MAPPED.items():
         for init in (ROOT / folder).rglob("__init__.py"):
             rel = init.parent.relative_to(ROOT / folder)
             if rel.parts[:1] != ("_kdbkit",) and "__pycache__" not in rel.parts:
                 found.add(".".join((name, *rel.parts)))
+    listed = set(setuptools["packages"]) - {"kdbkit.kernels"}  # kernels/ is data, listed to ship it
+    missing = sorted(found - listed)
+    assert not missing, "add to [tool.setuptools] packages in pyproject.toml: " + ", ".join(f'"{m}"' for m in missing)
+    assert not listed - found, f"pyproject.toml lists packages with no folder: {sorted(listed - found)}"
     in_wheel = {n.removesuffix("/__init__.py").replace("/", ".") for n in zipfile.ZipFile(wheel).namelist()
                 if n.endswith("/__init__.py") or n == "kdbkit/__init__.py"}
     assert in_wheel == found
