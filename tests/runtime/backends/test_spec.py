@@ -13,7 +13,8 @@ from kdbkit.runtime import env
 from kdbkit.runtime.backends import registry
 from kdbkit.runtime.backends.spec import BACKEND_NAMES, BACKENDS, CAPABILITIES, BackendSpec, spec_for
 from kdbkit.runtime.compilers import compilers_for
-from kdbkit.runtime.errors import BackendUnavailableError, ProblemError, TargetError
+from kdbkit.packager.errors import TargetError
+from kdbkit.runtime.errors import BackendUnavailableError, ProblemError
 
 # What each capability promises a backend class has (see spec.CAPABILITIES).
 METHODS = {"occupancy": "resident_groups", "wrap": "wrap"}
