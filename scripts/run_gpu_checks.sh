@@ -10,6 +10,7 @@
 # PART=network: kdb tune + kdb package (.gpu-bundles/ carried from the CPU machine) + bench_network.py
 # (BENCH_ARGS: more of its options, e.g. --compare-prefetch).
 # PART=startup: only the startup benchmark.
+# PART=compare: bench_network and bench_startup of this tree and of a baseline tree (BASE=<dir>), in turn.
 # PART=install only installs (then: export PYTHONPATH=/tmp/site and run a script of scripts/).
 set -uo pipefail
 PART=${PART:-all}
@@ -40,10 +41,10 @@ if [ "$PART" = network ]; then
     KDB="python3 -m kdbkit.runtime.cli.app"
     # FDB=<file>: package that find-db (tuned by an earlier run) instead of tuning again
     if [ -z "${FDB:-}" ]; then
-        python3 scripts/bench_network.py --write-catalogue "$OUT/net_catalogue.txt"
+        python3 scripts/bench_network.py --write-catalogue /tmp/net_catalogue.txt
         echo "== kdb tune"
-        $KDB tune -c "$OUT/net_catalogue.txt" -o "$OUT/tuned" 2>&1 | tail -3
-        FDB=$(ls "$OUT"/tuned/*.fdb)
+        $KDB tune -c /tmp/net_catalogue.txt -o /tmp/tuned 2>&1 | tail -3
+        FDB=$(ls /tmp/tuned/*.fdb)
     fi
     echo "== kdb package"
     $KDB package .gpu-bundles/*.kdb --find-db "$FDB" -o "$OUT/wheels"
@@ -58,6 +59,44 @@ if [ "$PART" = primitives ]; then
         tee "$OUT/pytest_primitives_cuda.txt" | tail -8
     echo "== the primitives against PyTorch"
     python3 scripts/bench_primitives.py --out "$OUT" 2>&1 | tee "$OUT/bench_primitives.txt" | tail -40
+    exit 0
+fi
+if [ "$PART" = compare ]; then
+    # No regression against a baseline tree (BASE=<folder holding it>, carried): each tree's own
+    # kdbkit wheel, `kdb package` and benchmark scripts, the same bundle (.gpu-bundles/, carried)
+    # and the same find-db (FDB=<file>, else tuned here with this tree), measured in turn in this
+    # one call: bench_network (WHAT=network), bench_startup (WHAT=startup) or both (the default).
+    KDB="python3 -m kdbkit.runtime.cli.app"
+    BASE_SITE=/tmp/site-base
+    rm -rf "$BASE_SITE" /tmp/kdbkit-base-wheel && cp -r "$SITE" "$BASE_SITE"
+    (cd "$BASE" && python3 -m pip wheel -q --no-deps --no-build-isolation --no-index -w /tmp/kdbkit-base-wheel .) &&
+        python3 -m pip install -q --no-index --no-deps --upgrade --target "$BASE_SITE" /tmp/kdbkit-base-wheel/kdbkit-*.whl ||
+        { echo "building the baseline's wheel failed" >&2; exit 1; }
+    WHAT=${WHAT:-network,startup}
+    if [[ $WHAT == *network* ]]; then
+        if [ -z "${FDB:-}" ]; then
+            python3 scripts/bench_network.py --write-catalogue /tmp/net_catalogue.txt
+            $KDB tune -c /tmp/net_catalogue.txt -o /tmp/tuned 2>&1 | tail -2
+            FDB=$(ls /tmp/tuned/*.fdb)
+        fi
+    fi
+    for side in base new; do
+        tree=.; site=$SITE
+        [ $side = base ] && { tree=$BASE; site=$BASE_SITE; }
+        mkdir -p "$OUT/$side"
+        if [[ $WHAT == *network* ]]; then
+            echo "== bench_network, $side"
+            PYTHONPATH=$site $KDB package .gpu-bundles/*.kdb --find-db "$FDB" -o "/tmp/wheels-$side" >/dev/null &&
+            PYTHONPATH=$site python3 "$tree/scripts/bench_network.py" --packages "/tmp/wheels-$side" --runs "${RUNS:-5}" \
+                --jit-runs 1 --out "$OUT/$side" 2>&1 | tail -12
+        fi
+        if [[ $WHAT == *startup* ]]; then
+            echo "== bench_startup, $side"
+            PYTHONPATH=$site python3 "$tree/scripts/bench_startup.py" --runs "${STARTUP_RUNS:-15}" --out "$OUT/$side" \
+                2>&1 | tail -30
+        fi
+    done
+    rm -f "$OUT"/*/*.png  # what comes back is at most 8 files: each side's JSON and report
     exit 0
 fi
 if [ "$PART" = startup ]; then
