@@ -26,8 +26,9 @@ under the key of its earlier text. This is the only builder: the local, sharded,
 device builds (:func:`kdbkit.packager.device_build.build_bundle`) all run :func:`build`.
 
 The workers also compress what they compile (zstd level 19, no dictionary), so writing a
-bundle is only inserting rows: writing at level 19 in this process after the compiles capped a
-16-way build's speed-up near 6x (scripts/bench_build.py). A trained dictionary is not used:
+bundle is only inserting rows: compressing at level 19 in this one process after the compiles
+serialised work the workers can share, and capped a wide build's speed-up (scripts/bench_build.py
+measures it). A trained dictionary is not used:
 it made bundles 3.5% smaller and needs every binary before the first can be compressed
 (``kdb db merge`` still trains one where it pays).
 """

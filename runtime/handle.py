@@ -120,8 +120,8 @@ class Handle:
     def _prepare(self) -> list[Step]:
         """Work done once per handle instead of on a program's first lookup; each step timed.
 
-        It sits next to the device open (about 260 ms for a CUDA context, measured), so the
-        first program of a process costs about what a later one does.
+        It sits next to the device open (a CUDA context's creation dwarfs it), so the first
+        program of a process costs about what a later one does.
         """
         steps = Steps()
         first = None

@@ -1,13 +1,13 @@
 """What a process's system bundle served last time, made ready again in the background.
 
 A fresh process's first result waits on every program it needs: each is read from the bundle,
-decompressed and loaded, 0.1-1 ms apiece on the lent H100 machine's CPU (BERT-base's six
-cost 3.6 ms). Then each new problem is set up once: its find-db ranking read, its solver
-chosen, its invoker built (launch geometry, kernel arguments), 0.1-0.3 ms of Python apiece,
-for dozens of problems. The last handle closed with the same user cache folder noted both in
-the startup memo, per bundle file: the programs its system bundle served (section
-``programs``), then the problems it ran in immediate mode (section ``problems``, their config
-strings), each in the order the caller first asked for them.
+decompressed and loaded, each a noticeable share of a small network's first result. Then each
+new problem is set up once: its find-db ranking read, its solver chosen, its invoker built
+(launch geometry, kernel arguments), Python work that adds up over dozens of problems. The
+last handle closed with the same user cache folder noted both in the startup memo, per bundle
+file: the programs its system bundle served (section ``programs``), then the problems it ran in
+immediate mode (section ``problems``, their config strings), each in the order the caller first
+asked for them.
 
 The next handle starts one worker thread, when it is made, that loads those programs and then
 sets those problems up, while the caller uploads its weights and builds its graph (SQLite's
@@ -40,7 +40,7 @@ MAX_PROGRAMS = 256  # per bundle: a process that uses more still prefetches its 
 MAX_PROBLEMS = 512
 WAIT_S = 10.0  # the longest the caller waits on the worker for one item before doing it itself
 # Below this many memory blocks (sys.getallocatedblocks: numpy, pyopencl and kdbkit with a small
-# network come to about 200,000) a full collection is cheap (5-10 ms on the CI machine's CPU).
+# network come to about 200,000) a full collection is cheap: its cost grows with the objects it walks.
 SMALL_PROCESS_BLOCKS = 500_000
 
 
@@ -122,7 +122,7 @@ class Prefetch:
         if not (self._stop.is_set() or self._caller_started) and sys.getallocatedblocks() < SMALL_PROCESS_BLOCKS:
             # The objects the work kept (hundreds per problem) make Python's next full
             # collection due in a small process, where the objects it already had were few:
-            # one fell into a small ResNet's first forward here (18 ms). Run it now, while the
+            # one fell into a small ResNet's first forward here, stalling it. Run it now, while the
             # caller is still setting up (uploading its weights); not once it makes its calls,
             # which the collection would stall, nor in a large process (PyTorch's, say), where
             # the work's objects are too few to make one due and one would cost far more.

@@ -158,7 +158,7 @@ def test_the_persistent_training_solver_builds_each_type_as_its_table_says():
         assert (f"-DBN_REGS={regs}" in options) == (regs != 8)
         assert (f"-DBN_MIN_GROUPS={groups}" in options) == (groups is not None)
         assert persistent.max_chunk(dtype) == persistent.BLOCK * regs
-    assert persistent.build(DataType.BF16) == persistent.build(DataType.FP32) == (4, 6)  # the H100's (compare_bn_teams.py)
+    assert persistent.build(DataType.BF16) == persistent.build(DataType.FP32) == (4, 6)  # the H100's (docs/performance.md)
 
 
 @pytest.mark.parametrize("channels", [16, 6], ids=["vectors", "elements"])  # whole 16-byte vectors, or not

@@ -22,10 +22,11 @@ from kdbkit.runtime.tensor import DataType
 BLOCK, UNROLL = 256, 4
 LIGHT_BLOCK, LIGHT_UNROLL = 128, 1
 # activ_fwd_vec_light's groups per multiprocessor: a little below full occupancy (16 groups of
-# 128) streams faster (relu on the H100: fp16 0.988x -> 1.000x PyTorch's speed at 13-15, fp32
-# 1.003x -> 1.011x; 0.95x at 10).
+# 128) streams faster; much further below it loses again (docs/performance.md, "Figures moved
+# out of the library's comments").
 LIGHT_GROUPS_PER_UNIT = 14
-# Modes whose function is a few instructions: activ_fwd_vec_light's (scripts/compare_elementwise.py).
+# Modes whose function is a few instructions: activ_fwd_vec_light's (docs/performance.md,
+# "Element-wise kernels: threads, vectors and grids").
 LIGHT_MODES = frozenset({ActivationMode.PASTHRU, ActivationMode.RELU, ActivationMode.ABS, ActivationMode.CLIPPEDRELU,
                          ActivationMode.LEAKYRELU})
 # Modes of a log and an exponential per element: the four-vector kernel even in fp32.
@@ -34,9 +35,9 @@ HEAVY_MODES = frozenset({ActivationMode.SOFTRELU, ActivationMode.POWER})
 
 def light_kernel(problem: ActivationProblem) -> bool:
     """Whether the forward pass takes activ_fwd_vec_light. fp32 vectors hold half the elements
-    of 16-bit ones, so there every mode but the heaviest is light enough (fp32 on the H100,
-    against PyTorch's speed, four vectors a thread -> one: gelu 0.999x -> 1.009x, sigmoid,
-    tanh, elu 1.000x -> 1.011-1.012x, softplus 0.978x -> 0.853x; gelu fp16 at one: 0.91x)."""
+    of 16-bit ones, so there every mode but the heaviest is light enough: in fp32 one vector a
+    thread beat four for gelu, sigmoid, tanh and elu, while softplus (a log and an exponential)
+    and 16-bit gelu lost with it (docs/performance.md has the figures)."""
     if problem.direction != "fwd":
         return False
     return problem.mode in LIGHT_MODES or (problem.dtype is DataType.FP32 and problem.mode not in HEAVY_MODES)

@@ -26,12 +26,13 @@ from kdbkit.runtime.solver import (
 BLOCK = 256  # batchnorm_persistent.cu's BN_BLOCK
 MAX_CHUNK = 2048  # 16-byte vectors a group stages: batchnorm_persistent.cu's BN_BLOCK * BN_REGS (32 KiB)
 STAGES = 2  # a group holds two chunks in shared memory: one being normalised, the next being summed
-ROUND_COST = 4096  # a team's meeting per channel, counted as this many vectors (scripts/compare_bn_teams.py)
+# A team's meeting per channel, counted as this many vectors (docs/performance.md, "Batch-norm training").
+ROUND_COST = 4096
 INT_MAX = 2**31 - 1
 # Per type, (vectors in flight per thread, groups a multiprocessor must hold): the kernel's
-# BN_REGS and BN_MIN_GROUPS where not (8, None). scripts/compare_bn_teams.py on the H100, each
-# build on the same buffers, three runs: bf16 at (4, 6) 41.4-42.1 us against 43.3-44.0 at 8;
-# fp32 83.2-83.5 against 84.2-86.1; fp16 43.1-44.2 against 42.5-43.8, so it stays at 8.
+# BN_REGS and BN_MIN_GROUPS where not (8, None). Each build was compared on the same buffers:
+# bf16 and fp32 ran faster at (4, 6) than at 8 vectors in flight; fp16 did not, so it stays at 8
+# (docs/performance.md, "Batch-norm training (BatchNormPersistent, CUDA)", has the figures).
 BUILDS = {DataType.BF16: (4, 6), DataType.FP32: (4, 6)}
 
 

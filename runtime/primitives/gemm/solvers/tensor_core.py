@@ -72,7 +72,7 @@ def device_units(device) -> int:
 
 def fast_kernel(problem: GemmProblem, units: int) -> str:
     """The fast kernel for the problem: K steps of 64 where K allows (half the barriers), else 32.
-    The 128 x 256 kernels stay for comparison: they measured slower (docs/gemm_tiles.md)."""
+    The 128 x 256 kernels stay for comparison: they measured slower (docs/performance.md, "GEMM")."""
     return "gemm_tc_nn_k64" if problem.k % 64 == 0 else "gemm_tc_nn"
 
 

@@ -30,8 +30,8 @@ def scalars(problem: TensorOpProblem) -> list:
 
 
 UNROLL = 1  # tensorop.c's OP_UNROLL: vectors per thread and step
-# Groups of 256 per multiprocessor: a little below full occupancy (8) streams faster (add on
-# the H100: fp16 0.996x -> 1.007x PyTorch's speed at 6, fp32 1.003x -> 1.015x).
+# Groups of 256 per multiprocessor: a little below full occupancy (8) streams faster, in fp16 and
+# fp32 alike (docs/performance.md has the figures).
 GROUPS_PER_UNIT = 6
 
 

@@ -4,7 +4,7 @@ Where the last dimension allows it (contiguous in a, b and c, a whole number of 
 vectors, every other stride a multiple of a vector), the invoker launches ``op_tensor_rows``,
 16 bytes per thread, when the buffers are 16-byte aligned: a linear layer's bias and a split
 or merge of attention heads run at memory speed instead of being bound by the element-wise
-kernel's index arithmetic (4096 x 3072 fp16 plus a bias: 117 us on the H100 element by element).
+kernel's index arithmetic, as a BERT layer's large bias additions were element by element.
 """
 
 from __future__ import annotations
