@@ -23,7 +23,7 @@ from kdbkit.runtime.compilers.amdgcn_clang import compile_amdgcn
 from kdbkit.runtime.errors import BinaryLoadError, CompileError, CompilerUnavailableError
 from kdbkit.runtime.kernel_sources import KernelSearchPath, kernels_dir, list_sources
 from tests.prerequisites import require_amdgcn_clang
-from tests.runtime.code_object_builder import kernel_entry, kernel_symbols, make_code_object, metadata
+from tests.runtime.backends.code_object_builder import kernel_entry, kernel_symbols, make_code_object, metadata
 from tests.runtime.conftest import compile_file, compile_text
 
 from .test_dialect_coverage import DIALECT_DIR, DIALECT_KERNEL

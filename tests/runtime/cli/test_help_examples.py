@@ -17,7 +17,7 @@ from kdbkit.packager.device_build import build_bundle
 from kdbkit.runtime.cli.app import app, main
 from kdbkit.runtime.compilers import AmdgcnClangCompiler, NvrtcCompiler
 from kdbkit.runtime.errors import CompilerUnavailableError
-from tests.cli.test_db_cli import _commands
+from tests.runtime.cli.test_db_commands import _commands
 from tests.runtime.chain_fixtures import chain_device  # noqa: F401
 
 PROGRAMS = [("activation.c", "-DKDB_DTYPE=float"), ("reduce_sum.c", "-DBLOCK=256")]
