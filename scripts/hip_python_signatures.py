@@ -82,7 +82,7 @@ def main() -> int:
             "(`inspect.signature`, and the return tuple its docstring states). Every call returns a "
             "tuple whose first element is the error; kdbkit checks it through "
             "`runtime/backends/hip_binding.py`. Each is exercised against the stand-in HIP runtime "
-            "(`tests/runtime/test_hip_standin.py`) for every line below.", ""]
+            "(`tests/runtime/backends/test_hip_standin.py`) for every line below.", ""]
     header = "| call | " + " | ".join(f"hip-python {v}" for v in lines) + " |"
     rows += [header, "|" + "---|" * (len(lines) + 1)]
     for name in names:

@@ -3,7 +3,7 @@
 # into ~/.cache/kdbkit-tests/hip-python/<line>/ (or $KDB_TEST_HIP_PYTHON_DIR/<line>; pip
 # --target, so nothing enters the venv; about 700 MB in all).
 # The lines are listed in tests/hip_standin/hip_python_lines.txt. Usage:
-#   scripts/install_hip_python_lines.sh      # then: python -m pytest tests/runtime/test_hip_standin.py
+#   scripts/install_hip_python_lines.sh      # then: python -m pytest tests/runtime/backends/test_hip_standin.py
 set -euo pipefail
 cd "$(dirname "$0")/.."
 dest="${KDB_TEST_HIP_PYTHON_DIR:-${XDG_CACHE_HOME:-$HOME/.cache}/kdbkit-tests/hip-python}"

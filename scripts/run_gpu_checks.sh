@@ -109,7 +109,7 @@ python3 -m pytest -q -rs -p no:cacheprovider 2>&1 | tee "$OUT/pytest_all.txt" | 
 echo "== lookup-chain tests on the CUDA backend (KDB_TEST_BACKEND=cuda)"
 KDB_TEST_BACKEND=cuda python3 -m pytest -q -rs -p no:cacheprovider tests/runtime/test_resolution.py \
     tests/runtime/test_broken_caches.py tests/runtime/test_concurrency.py tests/runtime/test_lookup_chain.py \
-    tests/runtime/test_user_kernels.py tests/runtime/test_cache_admin.py tests/cli/test_runtime_cli.py \
+    tests/runtime/test_user_kernels.py tests/runtime/test_cache_admin.py tests/runtime/cli/test_runtime_commands.py \
     tests/runtime/primitives tests/runtime/models \
     2>&1 | tee "$OUT/pytest_chain_cuda.txt" | tail -5
 echo "== main job on the GPU"

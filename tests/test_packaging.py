@@ -95,6 +95,7 @@ def _run(env_dir: Path, *cmd: str, cwd: Path, **env: str) -> subprocess.Complete
                           env={**clean, **env}, timeout=600)
 
 
+@pytest.mark.slow  # a fresh virtual environment
 def test_installed_it_owns_exactly_one_top_level_import_name(fresh_venv, tmp_path):
     record = next((fresh_venv / "lib").glob("python*/site-packages/kdbkit-*.dist-info/RECORD")).read_text()
     tops = {line.split(",", 1)[0].split("/", 1)[0] for line in record.splitlines()}
@@ -110,6 +111,7 @@ def record_dist(site: Path) -> str:
     return dist.name
 
 
+@pytest.mark.slow  # a fresh virtual environment
 def test_import_kdbkit_has_no_side_effects_and_exposes_the_api(fresh_venv, tmp_path):
     probe = ("import sys, logging, kdbkit; loaded = sorted(m for m in sys.modules if m.startswith('kdbkit')); "
              "print(loaded, len(logging.getLogger('kdbkit').handlers)); "
@@ -122,6 +124,7 @@ def test_import_kdbkit_has_no_side_effects_and_exposes_the_api(fresh_venv, tmp_p
     assert not (tmp_path / ".cache").exists()  # no folder made at import
 
 
+@pytest.mark.slow  # a fresh virtual environment
 def test_the_console_script_and_the_main_job_run_outside_the_checkout(fresh_venv, tmp_path):
     proc = _run(fresh_venv, "kdb", "--version", cwd=tmp_path)
     assert proc.returncode == 0 and proc.stdout.strip().startswith("kdbkit "), proc.stderr

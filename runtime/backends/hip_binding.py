@@ -4,7 +4,7 @@ AMD asks users to match hip-python to their ROCm, so kdbkit supports every relea
 :data:`SUPPORTED_RANGE` and detects at run time the calls whose form changed between them
 (hip-python 10 made ``hipGetDeviceProperties`` take only the device and return the
 properties; 6.x and 7.x fill a ``hipDeviceProp_t`` passed in). Everything here is checked
-against each line by the stand-in HIP runtime tests (``tests/runtime/test_hip_standin.py``).
+against each line by the stand-in HIP runtime tests (``tests/runtime/backends/test_hip_standin.py``).
 
 hip-python mirrors the C API: every call returns a tuple whose first element is the error
 (``hipError_t`` or ``hiprtcResult``) and whose other elements are the outputs. ``import hip``

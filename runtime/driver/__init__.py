@@ -51,7 +51,7 @@ driver pool``) is the plain case:
    gradient without a weight, pooling's int32 indices). Override ``tolerance(p)`` if the
    type's default (``spec.TOLERANCES``) does not fit. Describe the problem from the flags as
    the primitive's Python call describes it (same config string, so the same find-db record:
-   tests/cli/test_driver.py checks it for pool, bnorm and gemm).
+   tests/runtime/driver/test_driver.py checks it for pool, bnorm and gemm).
 2. Nothing else: :func:`~kdbkit.runtime.driver.registry.specs` finds every module here that
    assigns ``SPEC``. A primitive added from outside kdbkit (entry point ``kdbkit.primitives``)
    keeps its spec in its own ``driver`` module instead (tests/runtime/primitives/test_added_primitive.py).

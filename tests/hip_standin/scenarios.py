@@ -1,7 +1,7 @@
 """What a child process does under the stand-in HIP runtime: ``python scenarios.py <name>``.
 
 The child runs with one hip-python release line first on ``sys.path`` and the stand-in
-libraries on the loader's path (the parent, ``tests/runtime/test_hip_standin.py``, sets
+libraries on the loader's path (the parent, ``tests/runtime/backends/test_hip_standin.py``, sets
 both), drives kdbkit's real HIP code through the real binding, and prints one line
 ``KDB-RESULT <json>`` with what it saw. The stand-in's own call log is read by the parent.
 """

@@ -39,6 +39,7 @@ def _contents(path):
         return sorted(bundle.items())
 
 
+@pytest.mark.slow  # NVRTC and clang compiles for three archs, twice
 def test_a_build_writes_one_arch_wide_bundle_per_arch_and_rebuilds_nothing_unchanged(offline, tmp_path):
     jobs, compilers = plan(offline, [parse_config(p) for p in PROBLEMS])
     assert {str(j.bundle) for j in jobs} == {"sm_80", "gfx942", "sm_90"}  # no program depends on the count
@@ -94,6 +95,7 @@ def test_each_source_is_read_once_and_compiled_as_keyed(tmp_path):
     assert "softmax.c changed after it was keyed" in again.failures[0].message
 
 
+@pytest.mark.slow  # every program compiled twice: whole and in three shards
 def test_shards_merge_into_the_one_machine_build(offline, tmp_path):
     """The same entries; the same bytes where the compiler is reproducible. clang is (its
     compilation-unit id is a digest of what it compiles); NVRTC 13.5 is not always: one fp16

@@ -55,6 +55,7 @@ def _error_line(err: str) -> str:
     return " ".join(lines[-1].split())
 
 
+@pytest.mark.slow  # a Dask cluster of worker processes, and the build twice
 def test_a_cluster_build_equals_the_one_machine_build(cluster, offline, tmp_path):
     """The same entries; the same bytes from clang; NVRTC 13.5 compared by key only, as in
     test_build's shard test (one fp16 cubin comes out in either of two forms)."""
@@ -74,6 +75,7 @@ def test_a_cluster_build_equals_the_one_machine_build(cluster, offline, tmp_path
             assert theirs == one
 
 
+@pytest.mark.slow  # a Dask cluster of worker processes
 def test_kdb_build_cluster_builds_with_a_progress_bar(cluster, offline, tmp_path, capsys):
     catalogue = tmp_path / "model.txt"
     catalogue.write_text(PROBLEMS[0] + "\n")

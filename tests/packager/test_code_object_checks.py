@@ -23,13 +23,15 @@ from kdbkit.runtime.compilers.amdgcn_clang import compile_amdgcn
 from kdbkit.runtime.errors import BinaryLoadError, CompileError, CompilerUnavailableError
 from kdbkit.runtime.kernel_sources import KernelSearchPath, kernels_dir, list_sources
 from tests.prerequisites import require_amdgcn_clang
-from tests.runtime.code_object_builder import kernel_entry, kernel_symbols, make_code_object, metadata
+from tests.runtime.backends.code_object_builder import kernel_entry, kernel_symbols, make_code_object, metadata
 from tests.runtime.conftest import compile_file, compile_text
 
 from .test_dialect_coverage import DIALECT_DIR, DIALECT_KERNEL
 
 ARCHS = ("gfx90a", "gfx942", "gfx1100", "gfx1201")
 WAVE = {"gfx90a": 64, "gfx942": 64, "gfx1100": 32, "gfx1201": 32}
+# Each arch is a clang build of every kernel: one in the fast loop, all of them in the full suite.
+ARCH_CASES = [pytest.param(arch, marks=() if arch == "gfx942" else pytest.mark.slow) for arch in ARCHS]
 needs_clang = pytest.mark.usefixtures("amdgcn_clang")  # skips without clang-19 (fails in CI)
 SOURCES = [*list_sources(), DIALECT_KERNEL]
 SEARCH_PATH = KernelSearchPath([DIALECT_DIR])  # the dialect kernel's folder, then kdbkit's kernels
@@ -43,18 +45,26 @@ def _build_text(text: str, arch: str = "gfx942", *options: str) -> bytes:
     return compile_text(Target.parse(arch), text, *options, compiler=AmdgcnClangCompiler())
 
 
+class _Builds(dict):
+    """(source, arch) -> code object, built when first asked for."""
+
+    def __missing__(self, key: tuple[str, str]) -> bytes:
+        self[key] = _build(*key)
+        return self[key]
+
+
 @pytest.fixture(scope="module")
 def builds() -> dict[tuple[str, str], bytes]:
-    """(source, arch) -> code object, for every kernel and every arch."""
+    """(source, arch) -> code object, for every kernel and every arch the tests run."""
     require_amdgcn_clang()
-    return {(source, arch): _build(source, arch) for source in SOURCES for arch in ARCHS}
+    return _Builds()
 
 
 # ---------------------------------------------------------------- every kernel, every target
 
 
 @needs_clang
-@pytest.mark.parametrize("arch", ARCHS)
+@pytest.mark.parametrize("arch", ARCH_CASES)
 @pytest.mark.parametrize("source", SOURCES)
 def test_every_kernel_passes_on_every_target(builds, source, arch):
     blob = builds[source, arch]
@@ -177,7 +187,7 @@ EXPECTED_LDS = {  # static LDS bytes at the default options
 
 
 @needs_clang
-@pytest.mark.parametrize("arch", ARCHS)
+@pytest.mark.parametrize("arch", ARCH_CASES)
 def test_argument_layouts_and_lds(builds, arch):
     kernels = {name: k for source in SOURCES for name, k in read_code_object(builds[source, arch]).kernels.items()}
     assert set(kernels) == set(EXPECTED_LAYOUTS)
@@ -188,7 +198,7 @@ def test_argument_layouts_and_lds(builds, arch):
 
 
 @needs_clang
-@pytest.mark.parametrize("arch", ARCHS)
+@pytest.mark.parametrize("arch", ARCH_CASES)
 def test_matmul_lds_follows_the_tile_option(builds, arch):
     lds = read_code_object(_build("matmul_tiled.c", arch, "-DTILE=8")).kernels["sgemm_tiled"].group_segment_fixed_size
     assert lds == 2 * 8 * 8 * 4 == 512

@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 
 from kdbkit.runtime.cli.app import app
-from tests.cli.test_db_cli import _commands
+from tests.runtime.cli.test_db_commands import _commands
 
 
 @pytest.mark.parametrize("group", [(), ("db",), ("cache",), ("driver",)], ids=["kdb", "db", "cache", "driver"])

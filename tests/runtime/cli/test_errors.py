@@ -14,11 +14,11 @@ from kdbkit.kdb import KdbError, Target, write_bundle
 from kdbkit.kdb.bundle import _db_error
 from kdbkit.kdb.errors import BundleBusyError, BundleWriteError, CorruptBundleError, NotABundleError
 from kdbkit.runtime.cli.app import app
-from tests.cli.test_db_cli import _commands
+from tests.runtime.cli.test_db_commands import _commands
 from tests.kdb.conftest import fake_binary
 from tests.runtime.chain_fixtures import chain_device, isolated  # noqa: F401
 
-ROOT = Path(__file__).resolve().parents[2]
+ROOT = Path(__file__).resolve().parents[3]
 
 
 def _one_error_line(err: str) -> str:

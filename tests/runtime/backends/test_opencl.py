@@ -11,7 +11,7 @@ import pytest
 from kdbkit.runtime.backends.opencl import ENVELOPE_MAGIC, unwrap_binary, wrap_binary
 from kdbkit.runtime.errors import BinaryLoadError, CompileError, CompilerUnavailableError, LaunchArgumentError, TransferError
 
-from .conftest import build, compile_file, compile_text
+from ..conftest import build, compile_file, compile_text
 
 
 @pytest.fixture(scope="module")

@@ -14,7 +14,7 @@ from kdbkit.runtime.backends.base import BackendUnavailableError, DeviceInfo
 from kdbkit.runtime.backends.opencl import opencl_arch, opencl_compiler_identity
 from kdbkit.runtime.backends.registry import Overrides, apply_overrides, default_device, discover_devices, selected_backends
 
-REPO = Path(__file__).resolve().parents[2]
+REPO = Path(__file__).resolve().parents[3]
 
 H100 = DeviceInfo("cuda", 0, "NVIDIA H100 80GB HBM3", Target("cuda", "sm_90", (), 132), 80 << 30, "580.65")
 MI210 = DeviceInfo("hip", 0, "AMD Instinct MI210", Target("hip", "gfx90a", ("sramecc+", "xnack-"), 104), 64 << 30)

@@ -17,10 +17,12 @@ from kdbkit.packager.device_build import build_bundle
 from kdbkit.runtime.cli.app import app, main
 from kdbkit.runtime.compilers import AmdgcnClangCompiler, NvrtcCompiler
 from kdbkit.runtime.errors import CompilerUnavailableError
-from tests.cli.test_db_cli import _commands
+from tests.runtime.cli.test_db_commands import _commands
 from tests.runtime.chain_fixtures import chain_device  # noqa: F401
 
 PROGRAMS = [("activation.c", "-DKDB_DTYPE=float"), ("reduce_sum.c", "-DBLOCK=256")]
+# `kdb build --all` compiles every program of the catalogue with NVRTC and clang: the full suite runs it.
+SLOW_EXAMPLES = {"build"}
 
 
 def _examples() -> list[tuple[str, str]]:
@@ -58,7 +60,8 @@ def test_every_command_has_an_example_that_names_it():
         assert words[0] == "kdb" and " ".join(words[1:]).startswith(command), (command, example)
 
 
-@pytest.mark.parametrize("command, example", _examples(), ids=[c for c, _ in _examples()])
+@pytest.mark.parametrize("command, example", [
+    pytest.param(c, e, id=c, marks=pytest.mark.slow if c in SLOW_EXAMPLES else ()) for c, e in _examples()])
 def test_the_example_runs(workdir, monkeypatch, capsys, chain_device, command, example):
     for name in [n for n in os.environ if n.startswith("KDB_")]:
         monkeypatch.delenv(name)

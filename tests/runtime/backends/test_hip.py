@@ -21,7 +21,7 @@ from kdbkit.runtime.errors import BackendUnavailableError, BinaryLoadError, Comp
 from kdbkit.runtime.kernel_sources import list_sources
 
 from tests.prerequisites import require_amdgcn_clang
-from .conftest import compile_file, compile_text
+from ..conftest import compile_file, compile_text
 
 
 def _code_object(source: str, arch: str, *options: str) -> bytes:

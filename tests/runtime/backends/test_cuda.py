@@ -17,7 +17,7 @@ from kdbkit.runtime.backends.elf_notes import EM_CUDA, ElfHeader, cubin_arch, cu
 from kdbkit.runtime.errors import BinaryLoadError, CompileError, CompilerUnavailableError
 from kdbkit.runtime.kernel_sources import list_sources
 
-from .conftest import build, compile_file, compile_text
+from ..conftest import build, compile_file, compile_text
 
 nvrtc = pytest.importorskip("cuda.bindings.nvrtc", reason="cuda-bindings is not installed (pip install 'kdbkit[cuda]')")
 from kdbkit.runtime.compilers.nvrtc import NvrtcCompiler, compile_cuda, cuda_headers, nvrtc_identity  # noqa: E402
