@@ -452,7 +452,9 @@ class CudaBackend(Backend):
         check_host_out(out, buffer.nbytes, self.device.name)
         self._activate()
         if out.nbytes:
-            _check(self._drv.cuMemcpyDtoH(out, buffer.ptr, out.nbytes), "cuMemcpyDtoH", self._drv)
+            # a 0-d array is no buffer the binding takes: copy into its one-element view
+            _check(self._drv.cuMemcpyDtoH(out if out.ndim else out.reshape(1), buffer.ptr, out.nbytes), "cuMemcpyDtoH",
+                   self._drv)
         return out
 
     def synchronize(self) -> None:

@@ -370,7 +370,8 @@ class HipBackend(Backend):
         self._activate()
         if out.nbytes:
             kind = self._hip.hipMemcpyKind.hipMemcpyDeviceToHost
-            hip_call(self._hip.hipMemcpy, out, buffer.ptr, out.nbytes, kind, call="hipMemcpy(DeviceToHost)",
+            host = out if out.ndim else out.reshape(1)  # a 0-d array's one-element view, as CUDA's copy takes it
+            hip_call(self._hip.hipMemcpy, host, buffer.ptr, out.nbytes, kind, call="hipMemcpy(DeviceToHost)",
                      error=TransferError)
         return out
 
