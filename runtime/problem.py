@@ -62,13 +62,16 @@ def parse_config(text: str) -> Problem:
     Raises:
         ProblemError: an unknown primitive, a malformed pair, a missing or unknown key.
     """
-    from kdbkit.runtime.primitives import load_all  # each primitive registers its problem kind
+    from kdbkit.runtime.primitives import load_all, load_own  # each primitive registers its problem kind
 
-    load_all()
+    load_own()
     if text.strip()[:1].isdigit():  # a convolution: MIOpen's key, which names no primitive
         return Problem._kinds["conv"].parse_key(text)  # type: ignore[attr-defined]
     primitive, _, rest = text.strip().partition(",")
     kind = Problem._kinds.get(primitive)
+    if kind is None:  # an added primitive's: only now are the installed packages' entry points read
+        load_all()
+        kind = Problem._kinds.get(primitive)
     if kind is None:
         known = ", ".join(sorted(Problem._kinds)) or "none loaded"
         raise ProblemError(f"config string {text!r} names no known primitive ({primitive!r})",

@@ -70,11 +70,17 @@ def _primitive_api() -> dict[str, str]:
     return api_names()
 
 
+def _primitive_module(name: str) -> str | None:
+    from kdbkit.runtime.primitives import api_module
+
+    return api_module(name)
+
+
 def __getattr__(name: str):
     if name == "__all__":  # computed on first use: importing kdbkit loads nothing else
         value = sorted(set(_EXPORTS) | set(_primitive_api()))
     else:
-        module = _EXPORTS.get(name) or (None if name.startswith("__") else _primitive_api().get(name))
+        module = _EXPORTS.get(name) or (None if name.startswith("__") else _primitive_module(name))
         if module is None:
             raise AttributeError(f"module 'kdbkit' has no attribute {name!r}")
         value = getattr(importlib.import_module(module), name)

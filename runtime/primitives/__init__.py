@@ -19,40 +19,74 @@ for tools that list or build all solvers.
 
 from __future__ import annotations
 
-import ast
 import importlib
-import importlib.util
-import pkgutil
+import os
 from functools import lru_cache
-from pathlib import Path
 
 ENTRY_POINT_GROUP = "kdbkit.primitives"
 
 
 @lru_cache(maxsize=None)
-def primitive_modules() -> tuple[str, ...]:
-    """The module of every primitive: kdbkit's own (this folder's packages, by name), then the
-    entry points' (by entry-point name). Nothing is imported."""
+def own_modules() -> tuple[str, ...]:
+    """kdbkit's own primitives: this folder's packages, by name (a listing, nothing imported)."""
+    folder = __path__[0]
+    return tuple(f"{__name__}.{name}" for name in sorted(os.listdir(folder))
+                 if name.isidentifier() and os.path.isfile(os.path.join(folder, name, "__init__.py")))
+
+
+@lru_cache(maxsize=None)
+def added_modules() -> tuple[str, ...]:
+    """The primitives other packages add (entry points of :data:`ENTRY_POINT_GROUP`, by name).
+
+    Asked only for what kdbkit's own primitives do not answer: reading the installed
+    distributions' metadata costs a process's first call more than the rest of its set-up.
+    """
     from importlib.metadata import entry_points
 
-    own = tuple(f"{__name__}.{info.name}" for info in sorted(pkgutil.iter_modules(__path__), key=lambda i: i.name)
-                if info.ispkg)
+    own = own_modules()
     found = sorted(entry_points(group=ENTRY_POINT_GROUP), key=lambda ep: ep.name)
-    return own + tuple(dict.fromkeys(ep.value for ep in found if ep.value not in own))
+    return tuple(dict.fromkeys(ep.value for ep in found if ep.value not in own))
+
+
+def primitive_modules() -> tuple[str, ...]:
+    """The module of every primitive: kdbkit's own, then the added ones. Nothing is imported."""
+    return own_modules() + added_modules()
+
+
+def load_own() -> None:
+    """Import kdbkit's own primitive packages (each registers its solvers and problem kind)."""
+    for module in own_modules():
+        importlib.import_module(module)
 
 
 def load_all() -> None:
     """Import every primitive package, so that every solver is registered."""
-    for module in primitive_modules():
+    load_own()
+    for module in added_modules():
         importlib.import_module(module)
+
+
+@lru_cache(maxsize=None)
+def _own_api() -> dict[str, str]:
+    names: dict[str, str] = {}
+    for module in own_modules():
+        for name in _declared_all(module):
+            names.setdefault(name, module)
+    return names
+
+
+def api_module(name: str) -> str | None:
+    """The module that defines the primitive API ``name`` (``kdbkit.<name>``), or None: kdbkit's
+    own primitives first, the added ones only for a name none of those has."""
+    return _own_api().get(name) or (api_names().get(name) if not name.startswith("_") else None)
 
 
 @lru_cache(maxsize=None)
 def api_names() -> dict[str, str]:
     """Each public name of a primitive -> the module that defines it: the names a primitive
     package lists in ``__all__``, read from its source (nothing is imported), first one wins."""
-    names: dict[str, str] = {}
-    for module in primitive_modules():
+    names = dict(_own_api())
+    for module in added_modules():
         for name in _declared_all(module):
             names.setdefault(name, module)
     return names
@@ -60,6 +94,10 @@ def api_names() -> dict[str, str]:
 
 def _declared_all(module: str) -> list[str]:
     """The literal ``__all__`` of package ``module``'s ``__init__.py`` (empty without one)."""
+    import ast  # here: a first call that needs no added primitive never loads it
+    import importlib.util
+    from pathlib import Path
+
     spec = importlib.util.find_spec(module)
     if spec is None or spec.origin is None or not spec.origin.endswith(".py"):
         return []
