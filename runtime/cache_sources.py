@@ -24,7 +24,10 @@ from typing import Sequence, Union
 
 from kdbkit.kdb import KdbError, Target
 from kdbkit.runtime import env, paths
+from kdbkit.runtime.jit import JitSource
 from kdbkit.runtime.logging_setup import get_logger, warn_once
+from kdbkit.runtime.lookup import SystemBundleSource, UserCacheSource
+from kdbkit.runtime.system_bundles import SystemBundleSearch
 from kdbkit.runtime.tier import Source, SourceCheck, SourceInfo, TierContext, WritableSource
 
 _log = get_logger(__name__)
@@ -96,10 +99,6 @@ def _make(entries: list[SourceEntry], context: TierContext, use_cache: bool, jit
 
 def _one(entry: SourceEntry, context: TierContext, before: list[Source], use_cache: bool,
          jit_allowed: bool) -> Source | None:
-    from kdbkit.runtime.jit import JitSource
-    from kdbkit.runtime.lookup import SystemBundleSource, UserCacheSource
-    from kdbkit.runtime.system_bundles import SystemBundleSearch
-
     if isinstance(entry, Source):
         return entry
     if not isinstance(entry, str):

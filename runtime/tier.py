@@ -18,8 +18,7 @@ from __future__ import annotations
 
 import time
 from abc import ABC, abstractmethod
-from dataclasses import dataclass
-from typing import TYPE_CHECKING, ClassVar
+from typing import TYPE_CHECKING, ClassVar, NamedTuple
 
 from kdbkit.kdb import Target
 from kdbkit.runtime.logging_setup import get_logger, warn_once
@@ -34,8 +33,10 @@ if TYPE_CHECKING:
 _log = get_logger("runtime.lookup")
 
 
-@dataclass(frozen=True)
-class TierContext:
+# TierContext, SourceInfo and SourceCheck are NamedTuples (typed, immutable) rather than frozen
+# dataclasses: this module loads on the way to every process's first handle, and a dataclass
+# costs several times more to define.
+class TierContext(NamedTuple):
     """What the chain tells each tier about the handle it serves.
 
     Attributes:
@@ -58,8 +59,7 @@ class TierContext:
         return None if identity is None else self.keys.key(request, identity)
 
 
-@dataclass(frozen=True)
-class SourceInfo:
+class SourceInfo(NamedTuple):
     """How a tier describes itself to ``kdb resolve`` and ``kdb doctor``."""
 
     name: str  # what Program.source says when it answers
@@ -67,8 +67,7 @@ class SourceInfo:
     writable: bool  # whether the JIT writes what it compiles into it
 
 
-@dataclass(frozen=True)
-class SourceCheck:
+class SourceCheck(NamedTuple):
     """One health fact about a tier, for ``kdb doctor`` (``ok`` False: a problem to fix)."""
 
     item: str
