@@ -18,13 +18,14 @@ from pathlib import Path
 import pytest
 
 from tests.prerequisites import require_amdgcn_clang, require_nvrtc, skip_or_fail
+from tests.runtime.chain_fixtures import chain_backend_name, pick_device
 
 ROOT = Path(__file__).resolve().parents[2]
 SCRIPTS = ROOT / "scripts"
 
 
-def run_script(name: str, *args: str, cwd: Path, own_folders: bool = True,
-               timeout: int = 900) -> subprocess.CompletedProcess:
+def run_script(name: str, *args: str, cwd: Path, own_folders: bool = True, timeout: int = 900,
+               **extra_env: str) -> subprocess.CompletedProcess:
     """``python scripts/<name> ARGS`` in ``cwd``, with no KDB_* setting of this process (but the
     tests' own KDB_TEST_*) and, with ``own_folders``, per-user folders of its own; fails the test
     with the script's output when it exits non-zero."""
@@ -33,6 +34,7 @@ def run_script(name: str, *args: str, cwd: Path, own_folders: bool = True,
     if own_folders:
         env.update(KDB_CUSTOM_CACHE_DIR=str(cwd / "cache"), KDB_USER_DB_PATH=str(cwd / "userdb"),
                    XDG_CACHE_HOME=str(cwd / "xdg-cache"), XDG_DATA_HOME=str(cwd / "xdg-data"))
+    env.update(extra_env)
     done = subprocess.run([sys.executable, str(SCRIPTS / name), *args], cwd=cwd, env=env, capture_output=True,
                           text=True, timeout=timeout)
     assert done.returncode == 0, f"{name} {' '.join(args)} failed:\n{done.stdout[-3000:]}\n{done.stderr[-3000:]}"
@@ -67,7 +69,8 @@ def test_bench_startup_handle_only_runs_on_the_default_device(tmp_path):
 
 @pytest.mark.slow
 def test_bench_network_smoke_serves_both_networks_from_the_installed_bundle(tmp_path):
-    done = run_script("bench_network.py", "--smoke", cwd=tmp_path)
+    pick_device()  # the test backend's device (KDB_TEST_BACKEND: PoCL here, CUDA on the GPU machine), else a skip
+    done = run_script("bench_network.py", "--smoke", cwd=tmp_path, KDB_BACKEND=chain_backend_name())
     # The script itself fails unless every bundle process resolved every program from the bundle.
     for name in ("resnet50", "bert_base"):
         assert f"{name} {{'bundle': [" in done.stdout
