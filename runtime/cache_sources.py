@@ -20,6 +20,7 @@ must not stop a job); a bad ``sources`` argument raises :class:`CacheSourcesErro
 from __future__ import annotations
 
 import importlib
+import weakref
 from typing import Sequence, Union
 
 from kdbkit.kdb import KdbError, Target
@@ -32,6 +33,9 @@ from kdbkit.runtime.tier import Source, SourceCheck, SourceInfo, TierContext, Wr
 
 _log = get_logger(__name__)
 DEFAULT = ("system", "user", "jit")
+# Tier instances attached to a handle's chain: a tier keys with its handle's context, so one
+# instance serves one handle (the handle closes it with its chain).
+_ATTACHED: "weakref.WeakSet[Source]" = weakref.WeakSet()
 SourceEntry = Union[str, Source]
 _REMEDY = ("list tiers in order, comma-separated: system, user, jit or module:Class (a Source subclass), "
            "with jit last, e.g. system,user,mypkg.tiers:SharedTier,jit")
@@ -82,17 +86,20 @@ def assemble(entries: Sequence[SourceEntry] | None, context: TierContext, *, use
 
 def _make(entries: list[SourceEntry], context: TierContext, use_cache: bool, jit_allowed: bool) -> list[Source]:
     tiers: list[Source] = []
+    tier: Source | None = None
     try:
         for entry in entries:
             tier = _one(entry, context, tiers, use_cache, jit_allowed)
             if tier is not None:
                 _check(tier, tiers)
                 tier.attach(context)
+                _ATTACHED.add(tier)
                 tiers.append(tier)
     except BaseException:
-        for tier in tiers:
-            if tier not in entries:  # made here, not lent by the caller
-                tier.close()
+        for made in {id(t): t for t in (*tiers, tier) if t is not None}.values():
+            if not any(made is e for e in entries):  # made here, not lent by the caller
+                made.close()
+            _ATTACHED.discard(made)
         raise
     return tiers
 
@@ -100,6 +107,10 @@ def _make(entries: list[SourceEntry], context: TierContext, use_cache: bool, jit
 def _one(entry: SourceEntry, context: TierContext, before: list[Source], use_cache: bool,
          jit_allowed: bool) -> Source | None:
     if isinstance(entry, Source):
+        if entry in _ATTACHED:  # its context (keys, target) is another handle's: its entries would be keyed wrong
+            raise CacheSourcesError(f"cache tier {getattr(entry, 'name', type(entry).__name__)!r} already serves "
+                                    "another handle", "pass a new instance to each handle, or name it as "
+                                    "module:Class (a new one is made per handle)")
         return entry
     if not isinstance(entry, str):
         raise CacheSourcesError(f"cache tier {entry!r} is a {type(entry).__name__}, not a name or a Source", _REMEDY)

@@ -69,12 +69,14 @@ class Handle:
             bad value warns once and the default applies), else ``("system", "user", "jit")``.
             ``KDB_DISABLE_CACHE`` leaves ``"user"`` out and ``KDB_DISABLE_JIT`` forbids compiling
             either way. What the JIT compiles is put into every writable tier; a tier's
-            :meth:`~kdbkit.runtime.tier.Source.lease` is held around each compile.
+            :meth:`~kdbkit.runtime.tier.Source.lease` is held around each compile. A Source
+            instance serves this handle alone (it keys with the handle's context) and is closed
+            with it.
 
     Raises:
         BackendUnavailableError: no device, none at that index, or its vendor library is missing.
         CacheSourcesError: ``sources`` cannot be made into a chain (an unknown name, a tier
-            after the JIT, a name twice).
+            after the JIT, a name twice, an instance that serves another handle).
     """
 
     closed: bool = False  # set by close(); a closed handle refuses work (HandleClosedError)

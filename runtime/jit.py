@@ -28,7 +28,7 @@ from kdbkit.runtime.logging_setup import get_logger
 from kdbkit.runtime.lookup import Keys
 from kdbkit.runtime.program import Steps
 from kdbkit.runtime.program_key import ProgramKey, ProgramRequest, program_key
-from kdbkit.runtime.tier import Source, SourceInfo, read, write
+from kdbkit.runtime.tier import Source, SourceInfo, discard, lease_of, read, searched, write
 
 _log = get_logger(__name__)
 
@@ -87,7 +87,7 @@ class JitSource(Source):
         return self.keys.search_path
 
     def _searched(self) -> str:
-        return " or ".join(w for w in (t.searched() for t in self.tiers) if w)
+        return " or ".join(w for w in map(searched, self.tiers) if w)
 
     def get(self, request: ProgramRequest, steps: Steps) -> bytes | None:
         if not self.allowed:
@@ -103,9 +103,16 @@ class JitSource(Source):
         source = self.search_path.read(request.kernel_file)  # one read: the key and the text agree
         self.keys.set_digest(request.kernel_file, source.digest)
         key = program_key(request, target=self.target, compiler=identity, source_digest=source.digest)
-        leases = [THREAD_LEASE, *(lease for t in self.tiers if (lease := t.lease()) is not None)]
+        # The tiers' leases in one order for every process whatever the order of its chain (by
+        # tier name), so that two processes never each hold one the other waits for.
+        leases = [THREAD_LEASE, *(lease for t in sorted(self.tiers, key=lambda t: t.name)
+                                  if (lease := lease_of(t)) is not None)]
+        # A binary that this very resolution found and could not load is not taken again from the
+        # re-check: a tier that cannot forget it (no remove) would otherwise block every compile.
+        unloadable = any(s.name == "load" and s.outcome == "unloadable" for s in steps)
+        recheck = (lambda: None) if unloadable else (lambda: self._recheck(request))
         with steps.time("jit") as t:
-            binary, compiled = build_once(key, leases, lambda: self._recheck(request),
+            binary, compiled = build_once(key, leases, recheck,
                                           lambda: compiler.compile(request, self.target, source),
                                           lambda binary: self._put(request, binary, key))
             t.outcome = "compiled" if compiled else "built by another process"
@@ -135,4 +142,4 @@ class JitSource(Source):
     def discard(self, request: ProgramRequest) -> None:
         for tier in self.tiers:  # a binary just compiled (or re-checked) that does not load must not stay cached
             if tier.writable:
-                tier.discard(request)
+                discard(tier, request)

@@ -85,7 +85,7 @@ class KeyedTier(WritableSource):
         outcome = "miss" if data is None else "hit" if binary is not None else "refused"
         steps.append(Step(self.name, (time.perf_counter() - t0) * 1e3, outcome))
         if why:
-            warn_once(f"tier-refused:{self.name}:{key.digest}", f"cache tier {self.name} returned an entry for "
+            warn_once(f"tier-refused:{self.name}:{why.split(' (')[0]}", f"cache tier {self.name} returned an entry for "
                       f"{request} that is not its program: {why}; refusing it", logger=_log)
         if _log.isEnabledFor(TRACE):
             _log.trace("%s %s: %s", self.name, key, outcome)

@@ -40,30 +40,35 @@ class CompileLease(ABC):
         that cannot be taken (warn once and let the block run: it compiles twice at worst)."""
 
 
-@contextmanager
-def held(lease: CompileLease, key: ProgramKey) -> Iterator[None]:
-    """Hold ``lease`` for ``key``; a lease that raises (its server is down) is one warning and
-    not held: a lease only saves work, so its failure must not stop a compile."""
-    name = type(lease).__name__
-    try:
-        hold = lease.hold(key)
-        hold.__enter__()
-    except Exception as exc:
-        warn_once(f"lease-failed:{name}", f"compile lease {name} cannot be taken ({type(exc).__name__}: {exc}); "
-                  "compiling without it (another holder may compile the same program)", logger=_log)
-        yield
-        return
-    try:
-        yield
-    except BaseException as exc:
-        if not hold.__exit__(type(exc), exc, exc.__traceback__):
-            raise
-    else:
+class held:
+    """Hold ``lease`` for ``key`` around a ``with`` block; a lease that cannot be taken or released
+    (its server is down) is one warning, and the block's own outcome, its result or its error,
+    is never replaced or swallowed by the lease's: a lease only saves work."""
+
+    def __init__(self, lease: CompileLease, key: ProgramKey):
+        self._lease, self._key, self._hold = lease, key, None
+
+    def __enter__(self) -> None:
         try:
-            hold.__exit__(None, None, None)
+            hold = self._lease.hold(self._key)
+            hold.__enter__()
+            self._hold = hold
         except Exception as exc:
-            warn_once(f"lease-release:{name}", f"compile lease {name} was not released cleanly "
-                      f"({type(exc).__name__}: {exc})", logger=_log)
+            self._warn("lease-failed", "cannot be taken", exc, "compiling without it (another holder may compile "
+                       "the same program)")
+
+    def __exit__(self, *exc_info) -> bool:
+        if self._hold is not None:
+            try:
+                self._hold.__exit__(*exc_info)
+            except Exception as exc:
+                self._warn("lease-release", "was not released cleanly", exc, "")
+        return False
+
+    def _warn(self, kind: str, what: str, exc: Exception, then: str) -> None:
+        name = type(self._lease).__name__
+        warn_once(f"{kind}:{name}", f"compile lease {name} {what} ({type(exc).__name__}: {exc})"
+                  + (f"; {then}" if then else ""), logger=_log)
 
 
 class _KeyLocks:

@@ -37,7 +37,8 @@ from kdbkit.runtime.logging_setup import INFO2, TRACE, get_logger, warn_once
 from kdbkit.runtime.program import Program, Step, Steps
 from kdbkit.runtime.program_key import KeyHasher, ProgramKey, ProgramRequest, key_hasher
 from kdbkit.runtime.system_bundles import SystemBundleSearch
-from kdbkit.runtime.tier import Source, SourceCheck, SourceInfo, TierContext, WritableSource, failed
+from kdbkit.runtime.tier import (REQUEST_ERRORS, Source, SourceCheck, SourceInfo, TierContext, WritableSource, discard,
+                                 failed, searched)
 from kdbkit.runtime.user_cache import UserCache, folder_writable
 
 _log = get_logger(__name__)
@@ -305,7 +306,7 @@ class LookupChain:
             failure = unloadable or failure
         if failure is not None:
             raise failure
-        raise KdbError(f"no source has {request}: {', '.join(s.searched() for s in self.sources if s.searched())}",
+        raise KdbError(f"no source has {request}: {', '.join(w for w in map(searched, self.sources) if w)}",
                        "this chain has no tier that compiles (jit): add one, or install a bundle that holds it")
 
     def preload(self, request: ProgramRequest, source: Source) -> Program | None:
@@ -320,6 +321,8 @@ class LookupChain:
         """``source``'s binary for ``request``, loaded and kept in memory; else why it did not load."""
         try:  # not tier.read(): no clock read for a fault on this path, which every lookup below memory takes
             binary = source.get(request, steps)
+        except REQUEST_ERRORS:  # the request's own error (no such kernel file), not the tier's
+            raise
         except Exception as exc:
             if source.compiles:  # its errors say why the request cannot be served
                 raise
@@ -333,7 +336,7 @@ class LookupChain:
             steps.append(Step("load", (time.perf_counter() - t0) * 1e3, "unloadable"))
             warn_once(f"unloadable:{source.name}:{request}", f"{source.name}: {request} does not load on "
                       f"{self._device_name}: {exc.problem}; skipping it", logger=_log)
-            source.discard(request)
+            discard(source, request)
             return None, exc
         steps.append(Step("load", (time.perf_counter() - t0) * 1e3, "loaded"))
         program = self.memory.keep(Program(request, module, source.name, steps))

@@ -21,6 +21,7 @@ from abc import ABC, abstractmethod
 from typing import TYPE_CHECKING, ClassVar, NamedTuple
 
 from kdbkit.kdb import Target
+from kdbkit.runtime.errors import KernelSourceError, OptionsError
 from kdbkit.runtime.logging_setup import get_logger, warn_once
 from kdbkit.runtime.program import Step, Steps
 from kdbkit.runtime.program_key import ProgramKey, ProgramRequest
@@ -139,11 +140,18 @@ class WritableSource(Source):
         """
 
 
+# What a lookup raises about the request itself (no such kernel file, malformed options): the
+# request's error, whichever tier met it first, never taken for that tier's failure.
+REQUEST_ERRORS = (KernelSourceError, OptionsError)
+
+
 def read(source: Source, request: ProgramRequest, steps: Steps) -> bytes | None:
     """``source.get`` where a fault of a tier that does not compile is a miss with one warning."""
     t0 = time.perf_counter()
     try:
         return source.get(request, steps)
+    except REQUEST_ERRORS:
+        raise
     except Exception as exc:
         if source.compiles:  # its errors say why the request cannot be served
             raise
@@ -156,6 +164,33 @@ def failed(source: Source, exc: Exception, steps: Steps, ms: float) -> None:
     warn_once(f"tier-failed:{source.name}", f"cache tier {source.name} failed ({type(exc).__name__}: {exc}); "
               "taking its answers as misses while it fails", logger=_log)
     return None
+
+
+def discard(source: Source, request: ProgramRequest) -> None:
+    """``source.discard`` where a fault is one warning: forgetting a bad entry only saves work."""
+    try:
+        source.discard(request)
+    except Exception as exc:
+        warn_once(f"tier-discard-failed:{source.name}", f"cache tier {source.name} cannot forget {request} "
+                  f"({type(exc).__name__}: {exc}); it may offer it again", logger=_log)
+
+
+def lease_of(source: Source) -> "CompileLease | None":
+    """``source.lease()`` where a fault is one warning and no lease: a lease only saves work."""
+    try:
+        return source.lease()
+    except Exception as exc:
+        warn_once(f"tier-lease-failed:{source.name}", f"cache tier {source.name} offers no compile lease "
+                  f"({type(exc).__name__}: {exc}); compiling without it", logger=_log)
+        return None
+
+
+def searched(source: Source) -> str:
+    """``source.searched()`` for a message, never raising (a tier that fails says so instead)."""
+    try:
+        return source.searched()
+    except Exception as exc:
+        return f"the tier {source.name} ({type(exc).__name__}: {exc})"
 
 
 def write(source: Source, request: ProgramRequest, binary: bytes, key: ProgramKey) -> None:

@@ -94,6 +94,68 @@ class DownLease(CompileLease):
         raise ConnectionError("the toy lease server does not answer")
 
 
+class ForgetfulTier(FolderTier):
+    """A store that cannot remove (KeyedTier's default remove does nothing)."""
+
+    name = "forgetful"
+
+    def remove(self, name):
+        pass
+
+
+class FailingTier(FolderTier):
+    """A store whose remove, lease() and searched() raise."""
+
+    name = "failing"
+
+    def remove(self, name):
+        raise ConnectionError("the toy server does not answer")
+
+    def lease(self):
+        raise ConnectionError("the toy lease server does not answer")
+
+    def searched(self):
+        raise ConnectionError("the toy server does not answer")
+
+
+class BadReleaseLease(CompileLease):
+    """A lease whose release fails, or (swallow=True) one whose release swallows the block's error."""
+
+    def __init__(self, swallow=False):
+        self.swallow = swallow
+
+    @contextmanager
+    def hold(self, key):
+        try:
+            yield
+        except Exception:
+            if not self.swallow:
+                raise
+        if not self.swallow:
+            raise ConnectionError("the toy lease server went away")
+
+
+class OrderedTier(FolderTier):
+    """Notes, in a list shared by all its instances, the order its leases are taken in."""
+
+    taken = []
+
+    def __init__(self, folder=None, name="ordered"):
+        super().__init__(folder)
+        self.name = name
+
+    def lease(self):
+        tier = self
+
+        class Noted(CompileLease):
+            @contextmanager
+            def hold(self, key):
+                OrderedTier.taken.append(tier.name)
+                yield
+
+        return Noted()
+
+
 class DownTier(FolderTier):
     """A store whose server is down."""
 
@@ -227,6 +289,87 @@ def test_a_tier_that_raises_is_a_miss_with_one_warning(make_handle, toy, capfd, 
     assert err.count("cache tier down cannot store") == 1 and "Traceback" not in err
     assert err.count("compile lease DownLease cannot be taken") == 1
     assert make_handle().program(RELU.kernel_file, [*RELU.options, "-DSALT=down1"]).source == "user"
+
+
+def test_a_sealed_binary_that_does_not_load_is_compiled_over_even_where_the_tier_cannot_forget_it(
+        make_handle, toy, isolated, capfd, fresh_log):
+    from kdbkit.runtime.keyed_tier import seal
+
+    options = [*RELU.options, "-DSALT=unloadable"]
+    tier = toy.ForgetfulTier(isolated / "forgetful")
+    handle = make_handle(sources=["system", tier, "jit"])
+    key = tier._key(handle_request := __import__("kdbkit.runtime.program_key", fromlist=["ProgramRequest"])
+                    .ProgramRequest(RELU.kernel_file, options))
+    (tier.folder / "entries" / key.digest).write_bytes(seal(key, b"not a binary of this device"))
+    program = handle.program(handle_request.kernel_file, handle_request.options)  # refused at load, then compiled
+    assert program.source == "jit" and ("load", "unloadable") in [(s.name, s.outcome) for s in program.steps]
+    assert make_handle(sources=["system", toy.ForgetfulTier(tier.folder), "jit"]).program(
+        RELU.kernel_file, options).source == "forgetful"  # the compile's put replaced it
+
+
+def test_one_tier_instance_serves_one_handle(make_handle, toy):
+    from kdbkit.runtime.cache_sources import CacheSourcesError
+
+    tier = toy.FolderTier()
+    make_handle(sources=["system", tier, "jit"])
+    with pytest.raises(CacheSourcesError, match="already serves another handle") as caught:
+        make_handle(sources=["system", tier, "jit"])  # it would key with the first handle's context
+    assert "new instance" in caught.value.remedy
+
+
+def test_a_tier_whose_remove_lease_and_searched_raise_never_crashes_a_lookup(make_handle, toy, isolated, capfd,
+                                                                            fresh_log, monkeypatch):
+    from kdbkit.runtime.errors import JitDisabledError
+    from kdbkit.runtime.keyed_tier import seal
+
+    options = [*RELU.options, "-DSALT=failing"]
+    tier = toy.FailingTier(isolated / "failing")
+    handle = make_handle(sources=["system", tier, "jit"])
+    key = tier._key(request := __import__("kdbkit.runtime.program_key", fromlist=["ProgramRequest"])
+                    .ProgramRequest(RELU.kernel_file, options))
+    (tier.folder / "entries" / key.digest).write_bytes(seal(key, b"not a binary of this device"))
+    capfd.readouterr()
+    assert handle.program(request.kernel_file, request.options).source == "jit"  # discard and lease() raised
+    err = capfd.readouterr().err
+    assert "cache tier failing cannot forget" in err and "cache tier failing offers no compile lease" in err
+    assert "Traceback" not in err
+    monkeypatch.setenv("KDB_DISABLE_JIT", "1")
+    with pytest.raises(JitDisabledError, match="the tier failing"):  # its searched() raised: the message says so
+        make_handle(sources=["system", toy.FailingTier(isolated / "failing2"), "jit"]).program(
+            RELU.kernel_file, [*RELU.options, "-DSALT=failing2"])
+
+
+def test_a_lease_that_fails_on_release_never_replaces_or_swallows_the_compiles_outcome(toy):
+    from kdbkit.runtime.errors import CompileError
+    from kdbkit.runtime.jit import build_once
+    from kdbkit.runtime.program_key import ProgramRequest, program_key
+
+    key = program_key(ProgramRequest("activation.c", ()), target=__import__("kdbkit.kdb", fromlist=["Target"])
+                      .Target.parse("sm_90"), compiler="toy 1", source_digest="0" * 64)
+
+    def broken():
+        raise CompileError("the toy source does not compile", "fix it")
+
+    for lease in (toy.BadReleaseLease(), toy.BadReleaseLease(swallow=True)):
+        with pytest.raises(CompileError, match="does not compile"):  # not the lease's ConnectionError, not None
+            build_once(key, [lease], lambda: None, broken, lambda binary: None)
+        assert build_once(key, [lease], lambda: None, lambda: b"bits", lambda binary: None) == (b"bits", True)
+
+
+def test_the_jit_takes_the_tiers_leases_in_one_order_whatever_the_chains(make_handle, toy, isolated):
+    toy.OrderedTier.taken.clear()
+    chain = [toy.OrderedTier(isolated / "b", "b_tier"), toy.OrderedTier(isolated / "a", "a_tier")]
+    make_handle(sources=["system", *chain, "jit"]).program(RELU.kernel_file, [*RELU.options, "-DSALT=order"])
+    assert toy.OrderedTier.taken == ["a_tier", "b_tier"]  # by name: two processes never hold one the other waits for
+
+
+def test_a_missing_kernel_file_is_the_requests_error_not_a_tiers(make_handle, toy, capfd, fresh_log):
+    from kdbkit.runtime.errors import KernelSourceError
+
+    capfd.readouterr()
+    with pytest.raises(KernelSourceError):
+        make_handle(sources=["system", "user", toy.FolderTier(), "jit"]).program("no_such_kernel.c", [])
+    assert "failed (KernelSourceError" not in capfd.readouterr().err
 
 
 def test_kdb_cache_sources_names_the_tiers(make_handle, toy, monkeypatch):
