@@ -148,8 +148,11 @@ class Dispatcher:
 
     def forget(self, config: str) -> None:
         """Drop the choice kept for ``config`` (find just ranked it anew: the next call reads
-        the new ranking). Its invokers stay: they do not depend on the ranking."""
+        the new ranking), and the repeat-call plans, which keep the invoker of the old choice
+        (a plan's key is a call signature, not a config string: all go, to be made again on
+        the next call of each). Its invokers stay: they do not depend on the ranking."""
         self._choices.pop(config, None)
+        self.plans.clear()
 
     def close(self) -> None:
         """Close the find-db if it was opened."""

@@ -106,7 +106,13 @@ def iter_recorded_solutions(handle: "Handle", problem: Problem) -> Iterator[Solu
 
 
 def run_solution(handle: "Handle", solution: Solution, **tensors: Any) -> None:
-    """Run one solution's invoker on device buffers (or device tensors) named as the problem names them."""
+    """Run one solution's invoker on device buffers (or device tensors) named as the problem names them.
+
+    Raises:
+        HandleClosedError: the handle is closed. NoSolverError: the solution's solver is gone.
+    """
+    if handle.closed:
+        raise HandleClosedError()
     solver = REGISTRY.find(solution.solver_id)
     if solver is None:
         raise NoSolverError(f"solution names solver {solution.solver_id}, which this kdbkit lacks",

@@ -53,6 +53,10 @@ def test_every_call_on_a_closed_handle_is_a_kdbkit_error(isolated, chain_device)
     with pytest.raises(HandleClosedError, match=CLOSED):
         kdbkit.find_solutions(handle, kdbkit.parse_config(
             "activ,dir=fwd,mode=relu,type=fp32,shape=64,xs=1,ys=1,a=0,b=0,g=0"))
+    solution = kdbkit.Solution(kdbkit.parse_config("activ,dir=fwd,mode=relu,type=fp32,shape=64,xs=1,ys=1,a=0,b=0,g=0"),
+                               1, "ActivPacked", 0.0, 0, "user")
+    with pytest.raises(HandleClosedError, match=CLOSED):  # not the cached invoker on a closed backend
+        kdbkit.run_solution(handle, solution, x=device_x, y=device_y)
     handle.close()  # twice is fine
 
 

@@ -114,3 +114,23 @@ def test_outputs_given_to_layer_norm_and_batch_norm_training_are_planned(handle,
     np.testing.assert_allclose(sm.to_host(handle.backend), image.to_host(handle.backend).mean(axis=(0, 2, 3)),
                                rtol=1e-5, atol=1e-6)
     assert len(full_path_calls) == 2
+
+
+def test_a_repeat_call_takes_the_solver_a_new_find_ranked_first(handle):
+    """find ranks a problem anew: the next call, repeat or not, runs the new best, not the plan
+    kept for the old choice."""
+    from kdbkit.kdb.find_db import FindRecord
+    from kdbkit.runtime.solver import REGISTRY
+
+    x, y = _device(handle, np.linspace(-1, 1, 240, dtype=np.float32).reshape(6, 40)), _empty(handle, (6, 40))
+    kdbkit.activation_forward(handle, x, "relu", y=y)  # leaves a plan with the heuristic's choice
+    (config, choice), = handle.dispatcher.choices.items()
+    other = next(s for s in REGISTRY.for_primitive(choice.solver.primitive)
+                 if s is not choice.solver and s.is_applicable(kdbkit.parse_config(config), handle.device))
+    handle.dispatcher.find_db.store(config, [FindRecord(other.id, other.name, 0, 0.001, 0)])
+    handle.dispatcher.forget(config)  # what find_solutions does once it has stored a ranking
+    kdbkit.activation_forward(handle, x, "relu", y=y)
+    assert handle.dispatcher.choices[config].solver is other
+    (plan,) = handle.dispatcher.plans.values()
+    assert plan.invoker is handle.dispatcher.invokers[(config, other.id)]
+
