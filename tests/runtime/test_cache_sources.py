@@ -291,17 +291,22 @@ def test_a_tier_that_raises_is_a_miss_with_one_warning(make_handle, toy, capfd, 
     assert make_handle().program(RELU.kernel_file, [*RELU.options, "-DSALT=down1"]).source == "user"
 
 
+def _plant_unloadable(tier, options) -> None:
+    """Put into ``tier``'s folder an entry sealed for its key that no device loads."""
+    from kdbkit.runtime.keyed_tier import seal
+    from kdbkit.runtime.program_key import ProgramRequest
+
+    key = tier.context.key(ProgramRequest(RELU.kernel_file, options))
+    (tier.folder / "entries" / key.digest).write_bytes(seal(key, b"not a binary of this device"))
+
+
 def test_a_sealed_binary_that_does_not_load_is_compiled_over_even_where_the_tier_cannot_forget_it(
         make_handle, toy, isolated, capfd, fresh_log):
-    from kdbkit.runtime.keyed_tier import seal
-
     options = [*RELU.options, "-DSALT=unloadable"]
     tier = toy.ForgetfulTier(isolated / "forgetful")
     handle = make_handle(sources=["system", tier, "jit"])
-    key = tier._key(handle_request := __import__("kdbkit.runtime.program_key", fromlist=["ProgramRequest"])
-                    .ProgramRequest(RELU.kernel_file, options))
-    (tier.folder / "entries" / key.digest).write_bytes(seal(key, b"not a binary of this device"))
-    program = handle.program(handle_request.kernel_file, handle_request.options)  # refused at load, then compiled
+    _plant_unloadable(tier, options)
+    program = handle.program(RELU.kernel_file, options)  # refused at load, then compiled
     assert program.source == "jit" and ("load", "unloadable") in [(s.name, s.outcome) for s in program.steps]
     assert make_handle(sources=["system", toy.ForgetfulTier(tier.folder), "jit"]).program(
         RELU.kernel_file, options).source == "forgetful"  # the compile's put replaced it
@@ -320,16 +325,13 @@ def test_one_tier_instance_serves_one_handle(make_handle, toy):
 def test_a_tier_whose_remove_lease_and_searched_raise_never_crashes_a_lookup(make_handle, toy, isolated, capfd,
                                                                             fresh_log, monkeypatch):
     from kdbkit.runtime.errors import JitDisabledError
-    from kdbkit.runtime.keyed_tier import seal
 
     options = [*RELU.options, "-DSALT=failing"]
     tier = toy.FailingTier(isolated / "failing")
     handle = make_handle(sources=["system", tier, "jit"])
-    key = tier._key(request := __import__("kdbkit.runtime.program_key", fromlist=["ProgramRequest"])
-                    .ProgramRequest(RELU.kernel_file, options))
-    (tier.folder / "entries" / key.digest).write_bytes(seal(key, b"not a binary of this device"))
+    _plant_unloadable(tier, options)
     capfd.readouterr()
-    assert handle.program(request.kernel_file, request.options).source == "jit"  # discard and lease() raised
+    assert handle.program(RELU.kernel_file, options).source == "jit"  # discard and lease() raised
     err = capfd.readouterr().err
     assert "cache tier failing cannot forget" in err and "cache tier failing offers no compile lease" in err
     assert "Traceback" not in err
