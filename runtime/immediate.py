@@ -10,7 +10,7 @@ that trace.
 
 The functions here are pure (problem, device, find-db ranking in; choice out); the handle's
 :class:`~kdbkit.runtime.dispatcher.Dispatcher` calls them and keeps their answers.
-:func:`choose`, :func:`invoker` and :func:`ranked_solvers` are the dispatcher's, by handle.
+:func:`choose` and :func:`invoker` are the dispatcher's, by handle.
 """
 
 from __future__ import annotations
@@ -54,11 +54,6 @@ def choose(handle: "Handle", problem: Problem, solver: int | str | None = None) 
 def invoker(handle: "Handle", problem: Problem, chosen: Solver) -> Invoker:
     """The invoker of ``chosen`` for ``problem`` on ``handle`` (:meth:`Dispatcher.invoker`)."""
     return handle.dispatcher.invoker(problem, chosen)
-
-
-def ranked_solvers(handle: "Handle", problem: Problem) -> Iterator[tuple["FindRecord", Solver, str]]:
-    """The find-db's ranking for ``problem`` on ``handle`` (:meth:`Dispatcher.ranked`)."""
-    return handle.dispatcher.ranked(problem)
 
 
 def asked(problem: Problem, device: "DeviceInfo", solver: int | str) -> Choice:
