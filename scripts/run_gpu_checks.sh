@@ -11,6 +11,8 @@
 # (BENCH_ARGS: more of its options, e.g. --compare-prefetch).
 # PART=startup: only the startup benchmark.
 # PART=compare: bench_network and bench_startup of this tree and of a baseline tree (BASE=<dir>), in turn.
+# PART=suite: the whole test suite with KDB_TEST_BACKEND=cuda; TUNE=1 also tunes the networks'
+# problems alongside (the find-db comes back as $OUT/tuned.fdb, for PART=compare's FDB).
 # PART=install only installs (then: export PYTHONPATH=/tmp/site and run a script of scripts/).
 set -uo pipefail
 PART=${PART:-all}
@@ -35,6 +37,18 @@ export PYTHONUNBUFFERED=1 KDB_CUSTOM_CACHE_DIR=$(mktemp -d)
 } > "$OUT/gpu_env.txt" 2>&1
 [ "$PART" = install ] && exit 0
 
+if [ "$PART" = suite ]; then
+    if [ -n "${TUNE:-}" ]; then
+        python3 scripts/bench_network.py --write-catalogue /tmp/net_catalogue.txt
+        (python3 -m kdbkit.runtime.cli.app tune -c /tmp/net_catalogue.txt -o /tmp/tuned > "$OUT/tune.txt" 2>&1 &&
+            cp /tmp/tuned/*.fdb "$OUT/tuned.fdb") &
+    fi
+    echo "== the whole suite, KDB_TEST_BACKEND=cuda"
+    KDB_TEST_BACKEND=cuda python3 -m pytest -q -rs -p no:cacheprovider --durations=15 2>&1 |
+        tee "$OUT/pytest_suite_cuda.txt" | tail -40
+    wait
+    exit 0
+fi
 if [ "$PART" = network ]; then
     # The issue-10 story on the GPU: the bundle built on the CPU machine (.gpu-bundles/, carried),
     # a find-db tuned here for the networks' problems, both packaged, installed, and timed.
@@ -88,7 +102,7 @@ if [ "$PART" = compare ]; then
             echo "== bench_network, $side"
             PYTHONPATH=$site $KDB package .gpu-bundles/*.kdb --find-db "$FDB" -o "/tmp/wheels-$side" >/dev/null &&
             PYTHONPATH=$site python3 "$tree/scripts/bench_network.py" --packages "/tmp/wheels-$side" --runs "${RUNS:-5}" \
-                --jit-runs 1 --out "$OUT/$side" 2>&1 | tail -12
+                --jit-runs 1 --networks "${NETWORKS:-resnet50,bert_base}" --out "$OUT/$side" 2>&1 | tail -12
         fi
         if [[ $WHAT == *startup* ]]; then
             echo "== bench_startup, $side"
