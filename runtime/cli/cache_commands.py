@@ -77,8 +77,15 @@ def clear(yes: bool = typer.Option(False, "--yes", "-y", help="Do not ask for co
               + (f"; {report.busy_locks} lock(s) in use were kept" if report.busy_locks else ""))
 
 
+def _lock_age_days(days: Optional[float]) -> Optional[float]:
+    # click's range check lets nan through in some versions (every comparison with nan is false)
+    if days is not None and not days >= 0:
+        raise typer.BadParameter(f"{days} is not a number of days: give 0 or more")
+    return days
+
+
 @app.command("prune")
-def prune(lock_days: Optional[float] = typer.Option(7.0, "--lock-days", min=0,
+def prune(lock_days: Optional[float] = typer.Option(7.0, "--lock-days", callback=_lock_age_days,
                                                    help="Remove lock files idle this many days (0: every idle one)."),
           as_json: bool = typer.Option(False, "--json", help="Print JSON for scripts.")) -> None:
     """Remove what this version cannot use: other versions' caches, damaged files and entries, old locks.

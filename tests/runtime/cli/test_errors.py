@@ -58,7 +58,8 @@ def test_a_compile_failure_is_one_line_then_the_compilers_log(kdb, pocl, tmp_pat
 
 
 @pytest.mark.parametrize("define, refused", [("X=1 -fbogus", "-fbogus"), ("A=1 2", "2")])
-def test_options_the_opencl_compiler_refuses_are_said_once_with_the_fix(kdb, isolated, monkeypatch, define, refused):
+def test_options_the_opencl_compiler_refuses_are_said_once_with_the_fix(kdb, isolated, monkeypatch, opencl_backend,
+                                                                         define, refused):
     monkeypatch.setenv("KDB_BACKEND", "opencl")  # PoCL's refusal, whichever backend the suite runs
     code, _, err = kdb("resolve", "activation.c", "-D", define)
     line = _one_error_line(err)
