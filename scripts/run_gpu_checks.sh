@@ -87,6 +87,30 @@ if [ "$PART" = compare ]; then
         python3 -m pip install -q --no-index --no-deps --upgrade --target "$BASE_SITE" /tmp/kdbkit-base-wheel/kdbkit-*.whl ||
         { echo "building the baseline's wheel failed" >&2; exit 1; }
     WHAT=${WHAT:-network,startup}
+    if [[ $WHAT == cold ]]; then
+        # A user's very first process (no startup memo, so no prefetch): each tree's bundle child,
+        # alternating, COLD_RUNS times, each in fresh user folders; then once each under cProfile.
+        for side in base new; do
+            tree=.; site=$SITE
+            [ $side = base ] && { tree=$BASE; site=$BASE_SITE; }
+            rm -rf "/tmp/venv-$side"
+            PYTHONPATH=$site $KDB package .gpu-bundles/*.kdb --find-db "$FDB" -o "/tmp/wheels-$side" >/dev/null &&
+            PYTHONPATH=$site:scripts python3 -c "import sys; from pathlib import Path; from bench_network import install_into_venv
+install_into_venv(Path(sys.argv[1]), Path(sys.argv[2]))" "/tmp/wheels-$side" "/tmp/venv-$side" || exit 1
+        done
+        cold() {  # side, then extra interpreter arguments
+            local side=$1 tree=. site=$SITE; shift
+            [ $side = base ] && { tree=$BASE; site=$BASE_SITE; }
+            env -u KDB_CUSTOM_CACHE_DIR XDG_CACHE_HOME="$(mktemp -d)" XDG_DATA_HOME="$(mktemp -d)" KDB_DISABLE_JIT=1 \
+                KDB_BACKEND=cuda CUDA_CACHE_DISABLE=1 PYTHONPATH=$site "/tmp/venv-$side/bin/python" "$@" \
+                "$tree/scripts/bench_network.py" --child bundle "${NETWORKS:-resnet50}"
+        }
+        for i in $(seq "${COLD_RUNS:-5}"); do
+            for side in base new; do cold $side >> "$OUT/cold_$side.jsonl"; echo >> "$OUT/cold_$side.jsonl"; done
+        done
+        [ -n "${COLD_PROFILE:-}" ] && for side in base new; do cold $side -m cProfile -o "$OUT/cold_$side.prof" > /dev/null; done
+        exit 0
+    fi
     if [[ $WHAT == *network* ]]; then
         if [ -z "${FDB:-}" ]; then
             python3 scripts/bench_network.py --write-catalogue /tmp/net_catalogue.txt
@@ -94,12 +118,12 @@ if [ "$PART" = compare ]; then
             FDB=$(ls /tmp/tuned/*.fdb)
         fi
     fi
-    for side in base new; do
+    for side in ${ORDER:-base new}; do  # ORDER="new base" to see whether a figure follows the position
         tree=.; site=$SITE
         [ $side = base ] && { tree=$BASE; site=$BASE_SITE; }
         mkdir -p "$OUT/$side"
         if [[ $WHAT == *network* ]]; then
-            echo "== bench_network, $side"
+            echo "== bench_network, $side (load $(cut -d' ' -f1-3 /proc/loadavg))"
             PYTHONPATH=$site $KDB package .gpu-bundles/*.kdb --find-db "$FDB" -o "/tmp/wheels-$side" >/dev/null &&
             PYTHONPATH=$site python3 "$tree/scripts/bench_network.py" --packages "/tmp/wheels-$side" --runs "${RUNS:-5}" \
                 --jit-runs 1 --networks "${NETWORKS:-resnet50,bert_base}" --out "$OUT/$side" 2>&1 | tail -12
