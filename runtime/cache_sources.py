@@ -3,9 +3,10 @@
 The tiers come from ``Handle(sources=...)``, else from ``KDB_CACHE_SOURCES``, else
 :data:`DEFAULT`. Each entry is one of:
 
-- a built-in name: ``system`` (installed bundles), ``user`` (the per-user cache; left out under
-  ``KDB_DISABLE_CACHE``), ``jit`` (compile, and put into every writable tier before it;
-  forbidden, naming the program, under ``KDB_DISABLE_JIT``);
+- a built-in name: ``system`` (installed bundles), ``user`` (the per-user cache; left out, or
+  read but never written, as :mod:`~kdbkit.runtime.cache_policy` says), ``jit`` (compile, and
+  put into every writable tier before it; forbidden, naming the program and the setting, where
+  the policy says so);
 - ``module:Class``: a :class:`~kdbkit.runtime.tier.Source` subclass importable from Python
   (an installed package, or a module on ``PYTHONPATH``), made with no arguments;
 - in ``Handle(sources=...)`` only: a :class:`~kdbkit.runtime.tier.Source` instance.
@@ -24,7 +25,8 @@ import weakref
 from typing import Sequence, Union
 
 from kdbkit.kdb import KdbError, Target
-from kdbkit.runtime import env, paths
+from kdbkit.runtime import cache_policy, env, paths
+from kdbkit.runtime.cache_policy import CachePolicy
 from kdbkit.runtime.jit import JitSource
 from kdbkit.runtime.logging_setup import get_logger, warn_once
 from kdbkit.runtime.lookup import SystemBundleSource, UserCacheSource
@@ -57,39 +59,39 @@ def parse(text: str) -> list[str]:
     return entries
 
 
-def assemble(entries: Sequence[SourceEntry] | None, context: TierContext, *, use_cache: bool = True,
-             jit_allowed: bool = True) -> list[Source]:
+def assemble(entries: Sequence[SourceEntry] | None, context: TierContext,
+             policy: CachePolicy = cache_policy.READWRITE) -> list[Source]:
     """The chain's tiers below memory, made, checked and attached to ``context``.
 
     Args:
         entries: the tiers in order (see the module's docstring); None for ``KDB_CACHE_SOURCES``,
             else :data:`DEFAULT`.
         context: what each tier is told about the handle.
-        use_cache: False under ``KDB_DISABLE_CACHE``: ``user`` is left out.
-        jit_allowed: False under ``KDB_DISABLE_JIT``: ``jit`` refuses to compile.
+        policy: whether ``user`` is read and written and ``jit`` compiles
+            (:func:`kdbkit.runtime.cache_policy.current` for the environment's).
 
     Raises:
         CacheSourcesError: ``entries`` names an unknown tier, one that does not import or is no
             Source, a name twice, or a tier after the one that compiles.
     """
     if entries is not None:
-        return _make(list(entries), context, use_cache, jit_allowed)
+        return _make(list(entries), context, policy)
     raw = env.get_str("KDB_CACHE_SOURCES")
     if raw:
         try:
-            return _make(parse(raw), context, use_cache, jit_allowed)
+            return _make(parse(raw), context, policy)
         except CacheSourcesError as exc:
             warn_once(f"cache-sources:{raw}", f"KDB_CACHE_SOURCES={raw!r} is not understood ({exc.problem}); "
                       f"using the default chain ({','.join(DEFAULT)}); {exc.remedy}", logger=_log)
-    return _make(list(DEFAULT), context, use_cache, jit_allowed)
+    return _make(list(DEFAULT), context, policy)
 
 
-def _make(entries: list[SourceEntry], context: TierContext, use_cache: bool, jit_allowed: bool) -> list[Source]:
+def _make(entries: list[SourceEntry], context: TierContext, policy: CachePolicy) -> list[Source]:
     tiers: list[Source] = []
     tier: Source | None = None
     try:
         for entry in entries:
-            tier = _one(entry, context, tiers, use_cache, jit_allowed)
+            tier = _one(entry, context, tiers, policy)
             if tier is not None:
                 _check(tier, tiers)
                 tier.attach(context)
@@ -104,8 +106,7 @@ def _make(entries: list[SourceEntry], context: TierContext, use_cache: bool, jit
     return tiers
 
 
-def _one(entry: SourceEntry, context: TierContext, before: list[Source], use_cache: bool,
-         jit_allowed: bool) -> Source | None:
+def _one(entry: SourceEntry, context: TierContext, before: list[Source], policy: CachePolicy) -> Source | None:
     if isinstance(entry, Source):
         if entry in _ATTACHED:  # its context (keys, target) is another handle's: its entries would be keyed wrong
             raise CacheSourcesError(f"cache tier {getattr(entry, 'name', type(entry).__name__)!r} already serves "
@@ -118,9 +119,11 @@ def _one(entry: SourceEntry, context: TierContext, before: list[Source], use_cac
         search = SystemBundleSearch(context.target, context.binary_format, paths.iter_system_db_dirs())
         return SystemBundleSource(search, context.keys)
     if entry == "user":
-        return UserCacheSource(context.keys, context.compiler, context.binary_format) if use_cache else None
+        if not policy.read_user:
+            return None
+        return UserCacheSource(context.keys, context.compiler, context.binary_format, writable=policy.write_user)
     if entry == "jit":
-        return JitSource(context.target, context.keys, context.compiler, list(before), jit_allowed)
+        return JitSource(context.target, context.keys, context.compiler, list(before), policy.no_compile_because)
     if ":" in entry:
         return _imported(entry)
     raise CacheSourcesError(f"no cache tier {entry!r}", _REMEDY)
@@ -172,8 +175,7 @@ def survey(target: Target, binary_format: str) -> list[tuple[str, SourceInfo | N
     from kdbkit.runtime.lookup import Keys
 
     context = TierContext(target, binary_format, Keys(target, KernelSearchPath(())), LazyCompiler(target))
-    tiers = assemble(None, context, use_cache=not env.get_bool("KDB_DISABLE_CACHE"),
-                     jit_allowed=not env.get_bool("KDB_DISABLE_JIT"))
+    tiers = assemble(None, context, cache_policy.current())
     report = []
     try:
         for tier in tiers:

@@ -21,8 +21,10 @@ from pathlib import Path
 from typing import Any, Iterable
 
 PREFIX = "KDB_"
-# choices: a comma-separated subset of fixed words; target: a target such as gfx90a:xnack-_110.
-KINDS = ("bool", "int", "str", "path", "pathlist", "flags", "choices", "target")
+# choices: a comma-separated subset of fixed words; target: a target such as gfx90a:xnack-_110;
+# size: bytes, with an optional K, M, G or T suffix (powers of 1024).
+KINDS = ("bool", "int", "str", "path", "pathlist", "flags", "choices", "target", "size")
+SIZE_SUFFIXES = {"": 1, "K": 1 << 10, "M": 1 << 20, "G": 1 << 30, "T": 1 << 40}
 TRUE_SPELLINGS = ("1", "on", "yes", "true", "enable", "enabled")
 FALSE_SPELLINGS = ("0", "off", "no", "false", "disable", "disabled")
 
@@ -73,6 +75,11 @@ VARIABLES: tuple[EnvVar, ...] = (
            "milliseconds since the previous line. Default: off."),
     EnvVar("KDB_DISABLE_CACHE", "bool", False, "Neither read nor write the user kernel cache "
            "(.ukdb): programs not in a bundle are compiled every time. Default: off."),
+    EnvVar("KDB_CACHE_POLICY", "str", None, "What may be read, written and compiled: readwrite, readonly "
+           "(read the user cache, never write it), off (no user cache) or installed-only (only installed "
+           "bundles; any other program is an error). Default: unset (readwrite)."),
+    EnvVar("KDB_CACHE_MAXSIZE", "size", 4 << 30, "Most bytes the user kernel cache keeps; the least recently "
+           "used programs go first (K, M, G suffixes; 0: no limit). Default: 4G."),
     EnvVar("KDB_CACHE_SOURCES", "str", None, "Lookup tiers in order, comma-separated: system, user, jit or "
            "module:Class (a Source subclass), jit last. Default: unset (system,user,jit)."),
     EnvVar("KDB_DISABLE_PREFETCH", "bool", False, "Do not load in the background the programs and set up the "
@@ -113,7 +120,8 @@ _BY_NAME = {var.name: var for var in VARIABLES}
 _INT_RANGES: dict[str, tuple[int, int | None]] = {
     "KDB_LOG_LEVEL": (0, 7), "KDB_COMPILE_PARALLEL_LEVEL": (1, None), "KDB_DEVICE_CU": (1, None),
     "KDB_CHECK_NUMERICS": (0, 0x1F)}  # 0x1F: every CheckNumerics bit
-_CHOICES: dict[str, tuple[str, ...]] = {}  # KDB_BACKEND's: kdbkit.kdb.arch.BACKENDS (see _choices)
+CACHE_POLICIES = ("readwrite", "readonly", "off", "installed-only")  # runtime/cache_policy.py says what each means
+_CHOICES: dict[str, tuple[str, ...]] = {"KDB_CACHE_POLICY": CACHE_POLICIES}  # KDB_BACKEND's: see _choices
 
 
 def _choices(name: str) -> tuple[str, ...]:
@@ -165,6 +173,19 @@ def _parse_int(var: EnvVar, text: str) -> Any:
     return CheckNumerics(number) if var.name == "KDB_CHECK_NUMERICS" else number
 
 
+def _parse_size(var: EnvVar, text: str) -> Any:
+    number, suffix = text.upper().rstrip("IB").rstrip(), ""  # 4G, 4GB and 4GiB alike
+    if number[-1:] in SIZE_SUFFIXES:
+        number, suffix = number[:-1].strip(), number[-1]
+    try:
+        value = float(number) if len(number) <= 20 else -1.0  # a runaway digit string is no size
+    except ValueError:
+        value = -1.0
+    if not 0 <= value < float(1 << 62) / SIZE_SUFFIXES[suffix]:
+        return _fallback(var, text, "a size in bytes, with an optional K, M, G or T suffix (e.g. 4G; 0: no limit)")
+    return int(value * SIZE_SUFFIXES[suffix])
+
+
 def _parse(var: EnvVar, raw: str | None) -> Any:
     text = (raw or "").strip()
     if not text:  # `export KDB_X=` is how people clear a variable: treat it as unset
@@ -185,6 +206,8 @@ def _parse(var: EnvVar, raw: str | None) -> Any:
         if not words or any(w not in choices for w in words):
             return _fallback(var, text, f"{', '.join(choices)}, comma-separated")
         return tuple(c for c in choices if c in words)
+    if var.kind == "size":
+        return _parse_size(var, text)
     if var.kind == "target":
         from kdbkit.kdb.errors import BundleNameError
         from kdbkit.kdb.target import Target
@@ -307,6 +330,17 @@ def get_str(name: str | EnvVar) -> str | None:
         The value; the default when unset or not one of its choices (which warns once).
     """
     return _read(name, "str")
+
+
+def get_size(name: str | EnvVar) -> int:
+    """A ``size`` variable in bytes (0 where it means no limit).
+
+    Args:
+        name: a registered name or an ``EnvVar`` of kind ``size``.
+    Returns:
+        The size; the default when unset or not a size (which warns once).
+    """
+    return _read(name, "size")
 
 
 def get_path(name: str | EnvVar) -> Path | None:

@@ -85,7 +85,7 @@ class NumericsError(KdbError, ArithmeticError):
 
 
 class JitDisabledError(KdbError):
-    """A program is in no bundle or cache and ``KDB_DISABLE_JIT`` forbids compiling it."""
+    """A program is in no bundle or cache and ``KDB_DISABLE_JIT`` or ``KDB_CACHE_POLICY`` forbids compiling it."""
 
 
 def first_error_line(log: str) -> str:

@@ -32,7 +32,7 @@ from pathlib import Path
 from typing import Any, Iterable, Sequence
 
 from kdbkit.kdb.find_db import FindDb
-from kdbkit.runtime import cache_sources, env, kernel_sources, prefetch, startup_memo
+from kdbkit.runtime import cache_policy, cache_sources, env, kernel_sources, prefetch, startup_memo
 from kdbkit.runtime.backends.base import Backend, DeviceInfo
 from kdbkit.runtime.compilers import Compiler, LazyCompiler
 from kdbkit.runtime.dispatcher import Dispatcher
@@ -67,8 +67,8 @@ class Handle:
             instance (e.g. a :class:`~kdbkit.runtime.keyed_tier.KeyedTier`), the one that compiles
             (``"jit"``) last. None: ``KDB_CACHE_SOURCES`` (the same entries, comma-separated; a
             bad value warns once and the default applies), else ``("system", "user", "jit")``.
-            ``KDB_DISABLE_CACHE`` leaves ``"user"`` out and ``KDB_DISABLE_JIT`` forbids compiling
-            either way. What the JIT compiles is put into every writable tier; a tier's
+            Either way, ``KDB_CACHE_POLICY``, ``KDB_DISABLE_CACHE`` and ``KDB_DISABLE_JIT`` may
+            leave ``"user"`` out or unwritten and forbid compiling. What the JIT compiles is put into every writable tier; a tier's
             :meth:`~kdbkit.runtime.tier.Source.lease` is held around each compile. A Source
             instance serves this handle alone (it keys with the handle's context) and is closed
             with it.
@@ -94,12 +94,12 @@ class Handle:
         self.target = self.device.target
         self.search_path = KernelSearchPath(kernel_path)
         self.compiler = LazyCompiler(self.target, compiler)
-        self.use_cache = not env.get_bool("KDB_DISABLE_CACHE")
+        policy = cache_policy.current()
+        self.use_cache = policy.read_user
         self._keys = Keys(self.target, self.search_path)
         context = TierContext(self.target, backend.binary_format, self._keys, self.compiler)
         try:
-            tiers = cache_sources.assemble(sources, context, use_cache=self.use_cache,
-                                           jit_allowed=not env.get_bool("KDB_DISABLE_JIT"))
+            tiers = cache_sources.assemble(sources, context, policy)
         except BaseException:
             if self._owns_backend:
                 backend.close()

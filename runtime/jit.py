@@ -59,8 +59,14 @@ def build_once(key: ProgramKey, leases: Sequence[CompileLease], recheck: Callabl
         return binary, True
 
 
+def _lift(forbidden_by: str) -> str:
+    if forbidden_by.startswith("KDB_CACHE_POLICY"):
+        return f"{forbidden_by} forbids compiling: set KDB_CACHE_POLICY=readwrite"
+    return f"unset {forbidden_by}"
+
+
 class JitSource(Source):
-    """Compile (unless ``KDB_DISABLE_JIT``) and put into every writable tier.
+    """Compile (unless the cache policy forbids it) and put into every writable tier.
 
     Args:
         target: what to compile for.
@@ -69,18 +75,21 @@ class JitSource(Source):
             the reason, when there is none).
         tiers: the chain's tiers before this one: their leases are held, those that can
             change are re-checked, the writable ones receive what is compiled.
-        allowed: False under ``KDB_DISABLE_JIT``: a miss is then an error naming the program.
+        forbidden_by: the setting that forbids compiling (``KDB_DISABLE_JIT``,
+            ``KDB_CACHE_POLICY=installed-only``), "" where compiling is allowed: a miss is then an
+            error naming the program and that setting.
     """
 
     name = "jit"
     compiles = True
 
-    def __init__(self, target: Target, keys: Keys, compiler: LazyCompiler, tiers: Sequence[Source], allowed: bool):
+    def __init__(self, target: Target, keys: Keys, compiler: LazyCompiler, tiers: Sequence[Source],
+                 forbidden_by: str = ""):
         self.target = target
         self.keys = keys
         self.compiler = compiler
         self.tiers = list(tiers)
-        self.allowed = allowed
+        self.forbidden_by = forbidden_by
 
     @property
     def search_path(self) -> KernelSearchPath:
@@ -90,10 +99,10 @@ class JitSource(Source):
         return " or ".join(w for w in map(searched, self.tiers) if w)
 
     def get(self, request: ProgramRequest, steps: Steps) -> bytes | None:
-        if not self.allowed:
+        if self.forbidden_by:
             raise JitDisabledError(
                 f"no program {request} for {self.target.full_arch} in {self._searched()}",
-                f"unset KDB_DISABLE_JIT to compile it, or install the bundle {self.target.built_bundle_name()} "
+                f"{_lift(self.forbidden_by)} to compile it, or install the bundle {self.target.built_bundle_name()} "
                 "(`kdb devices` shows the bundle each device would use)")
         compiler = self.compiler.get()
         identity = self.compiler.identity()  # the one the tiers' lookups keyed with
@@ -134,8 +143,8 @@ class JitSource(Source):
                 write(tier, request, binary, key)
 
     def describe(self) -> SourceInfo:
-        if not self.allowed:
-            return SourceInfo(self.name, "compiling is off (KDB_DISABLE_JIT)", False)
+        if self.forbidden_by:
+            return SourceInfo(self.name, f"compiling is off ({self.forbidden_by})", False)
         identity = self.compiler.identity()
         return SourceInfo(self.name, f"compiles with {identity}" if identity else "no local compiler", False)
 

@@ -183,13 +183,15 @@ class UserCacheSource(WritableSource):
         compiler: the local compiler, found on first use.
         binary_format: what the backend loads, recorded in a new file.
         folder: gives the cache folder (``KDB_CUSTOM_CACHE_DIR`` or the per-user one).
+        writable: False where the cache policy is ``readonly``: read, never written or repaired.
     """
 
     name = "user"
     title = "user cache"
 
     def __init__(self, keys: Keys, compiler: LazyCompiler, binary_format: str,
-                 folder: Callable[[], Path] = paths.user_cache_dir):
+                 folder: Callable[[], Path] = paths.user_cache_dir, *, writable: bool = True):
+        self.writable = writable
         self.keys = keys
         self.compiler = compiler
         self.binary_format = binary_format
@@ -226,17 +228,18 @@ class UserCacheSource(WritableSource):
 
     def put(self, request: ProgramRequest, binary: bytes, key: ProgramKey) -> None:
         cache = self.cache
-        if cache is not None:
+        if cache is not None and self.writable:
             cache.put(key, binary)  # a cache that cannot be written warns once and keeps nothing
 
     def discard(self, request: ProgramRequest) -> None:
-        if self.cache is not None:
+        if self.cache is not None and self.writable:
             self.cache.discard(self.keys.key(request, self.compiler.identity()))
 
     def lease(self) -> CompileLease | None:
-        """A lock file per key in the cache folder's ``locks/``; none once the cache is unusable."""
+        """A lock file per key in the cache folder's ``locks/``; none once the cache is unusable,
+        nor for a cache this handle only reads (nothing it compiles is published there)."""
         cache = self.cache
-        if cache is None or not cache.usable:
+        if cache is None or not cache.usable or not self.writable:
             return None
         if self._lease is None:
             self._lease = FileLease(cache.lock_dir)
