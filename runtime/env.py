@@ -75,9 +75,8 @@ VARIABLES: tuple[EnvVar, ...] = (
            "milliseconds since the previous line. Default: off."),
     EnvVar("KDB_DISABLE_CACHE", "bool", False, "Neither read nor write the user kernel cache "
            "(.ukdb): programs not in a bundle are compiled every time. Default: off."),
-    EnvVar("KDB_CACHE_POLICY", "str", None, "What may be read, written and compiled: readwrite, readonly "
-           "(read the user cache, never write it), off (no user cache) or installed-only (only installed "
-           "bundles; any other program is an error). Default: unset (readwrite)."),
+    EnvVar("KDB_CACHE_POLICY", "str", None, "readwrite, readonly (never write the user cache), off (no user "
+           "cache) or installed-only (installed bundles only). Default: unset (readwrite)."),
     EnvVar("KDB_CACHE_MAXSIZE", "size", 4 << 30, "Most bytes the user kernel cache keeps; the least recently "
            "used programs go first (K, M, G suffixes; 0: no limit). Default: 4G."),
     EnvVar("KDB_CACHE_SOURCES", "str", None, "Lookup tiers in order, comma-separated: system, user, jit or "

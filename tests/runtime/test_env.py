@@ -23,7 +23,7 @@ EXPECTED = [
     "KDB_COMPILE_PARALLEL_LEVEL", "KDB_DEVICE_ARCH", "KDB_DEVICE_CU", "KDB_BACKEND", "KDB_KERNEL_PATH",
     "KDB_CLI_TRACEBACK", "KDB_DISABLE_PREFETCH",
     "KDB_CACHE_SOURCES",  # the lookup chain's tiers (issue 26)
-    "KDB_CACHE_POLICY",  # what may be read, written, compiled (issue 27)
+    "KDB_CACHE_POLICY", "KDB_CACHE_MAXSIZE",  # what may be read, written, compiled; the cache's bound (issue 27)
 ]
 TRUE = ["1", "on", "yes", "true", "enable", "enabled"]
 FALSE = ["0", "off", "no", "false", "disable", "disabled"]
@@ -302,3 +302,18 @@ def test_raw_values_are_the_unparsed_text_or_none(monkeypatch):
     assert env.raw_values("KDB_DISABLE_CACHE") in ((b"1",), ("1",))
     with pytest.raises(KeyError, match="did you mean KDB_DISABLE_CACHE"):
         env.raw_values("KDB_DISABLE_CACH")
+
+
+@pytest.mark.parametrize("raw, size", [("4G", 4 << 30), ("4GiB", 4 << 30), ("512m", 512 << 20), ("1.5K", 1536),
+                                       ("0", 0), ("100000", 100_000), (" 2T ", 2 << 40)])
+def test_sizes_take_binary_suffixes(monkeypatch, raw, size):
+    monkeypatch.setenv("KDB_CACHE_MAXSIZE", raw)
+    assert env.get_size("KDB_CACHE_MAXSIZE") == size
+
+
+@pytest.mark.parametrize("raw", ["-1", "lots", "nan", "inf", "9" * 30, "4Q", "G"])
+def test_a_size_not_understood_warns_and_keeps_the_default(monkeypatch, warnings_seen, raw):
+    monkeypatch.setenv("KDB_CACHE_MAXSIZE", raw)
+    assert env.get_size("KDB_CACHE_MAXSIZE") == 4 << 30
+    (line,) = warnings_seen()
+    assert "KDB_CACHE_MAXSIZE" in line and "K, M, G or T" in line
