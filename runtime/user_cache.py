@@ -30,6 +30,7 @@ from __future__ import annotations
 
 import os
 import random
+import sqlite3
 import threading
 import time
 from pathlib import Path
@@ -37,6 +38,8 @@ from pathlib import Path
 from kdbkit.kdb import Bundle, BundleBusyError, CorruptBundleError, CorruptEntryError, KdbError, NotABundleError, Target
 from kdbkit.kdb.errors import BundleNotFoundError
 from kdbkit.kdb.target import USER_SUFFIX
+from kdbkit.runtime import env
+from kdbkit.runtime.cache_eviction import Evictor
 from kdbkit.runtime.logging_setup import get_logger, warn_once
 from kdbkit.runtime.program_key import ProgramKey
 
@@ -102,6 +105,7 @@ class UserCache:
         self._broken = False  # set once: no more reads or writes this process
         self._read_only = False
         self._lock = threading.Lock()
+        self._evictor = Evictor(self.path, env.get_size("KDB_CACHE_MAXSIZE"))
 
     @property
     def usable(self) -> bool:
@@ -216,7 +220,7 @@ class UserCache:
         if bundle is None:
             return None
         try:
-            return with_backoff(lambda: bundle.get(key.kernel_name, key.kernel_args))
+            binary = with_backoff(lambda: bundle.get(key.kernel_name, key.kernel_args))
         except CorruptEntryError as exc:
             _log.warning("%s; removing the entry so that it is rebuilt", exc.problem)
             self._delete(bundle, key)
@@ -224,6 +228,9 @@ class UserCache:
         except KdbError as exc:
             self._break(exc)
             return None
+        if binary is not None:
+            self._evictor.used(key.kernel_name, key.kernel_args)
+        return binary
 
     def _break(self, exc: KdbError) -> None:
         """Stop using the file for the rest of this process: no more reads, no more writes."""
@@ -253,10 +260,15 @@ class UserCache:
             return False
         try:
             with_backoff(lambda: bundle.put(key.kernel_name, key.kernel_args, binary))
-            return True
         except KdbError as exc:
             self._stop_writing(exc.problem)
             return False
+        try:
+            self._evictor.stored(key.kernel_name, key.kernel_args)
+        except sqlite3.Error as exc:  # the entry is stored; only the bound is late
+            warn_once(f"ukdb-evict:{self.path}", f"Cannot keep the user kernel cache {self.path} under "
+                      f"KDB_CACHE_MAXSIZE ({exc}); it may grow past it until this is fixed.", logger=_log)
+        return True
 
     def _stop_writing(self, why: str) -> None:
         self._read_only = True
@@ -265,6 +277,8 @@ class UserCache:
                   f"{DISABLE_HINT}.", logger=_log)
 
     def close(self) -> None:
+        if self._bundle is not None and not self._read_only:
+            self._evictor.close()
         with self._lock:
             if self._bundle is not None:
                 self._bundle.close()

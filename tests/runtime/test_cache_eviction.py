@@ -60,3 +60,19 @@ def test_a_reader_keeps_reading_while_another_connection_evicts(tmp_path):
     Evictor(bundle.path, max_bytes=5 * BLOB).stored("k.c", "-DN=19")
     assert before is not None and reader.get("k.c", "-DN=0") is None  # gone for the next read only
     assert reader.get("k.c", "-DN=19") is not None
+
+
+def test_the_runtime_keeps_its_cache_under_kdb_cache_maxsize(make_handle, isolated, monkeypatch):
+    from kdbkit.kdb import open_bundle
+    from kdbkit.runtime.samples import SAMPLES
+
+    monkeypatch.setenv("KDB_CACHE_MAXSIZE", "1")  # every store evicts all but itself
+    first = make_handle()
+    for sample in SAMPLES[:3]:
+        assert first.program(sample.kernel_file, sample.options).source == "jit"
+    (path,) = (isolated / "cache").glob("*.ukdb")
+    with open_bundle(path) as bundle:
+        assert bundle.count() == 1
+    again = make_handle()
+    assert again.program(SAMPLES[2].kernel_file, SAMPLES[2].options).source == "user"
+    assert again.program(SAMPLES[0].kernel_file, SAMPLES[0].options).source == "jit"  # evicted: compiled again
