@@ -8,7 +8,7 @@ import typer
 from rich.markup import escape
 from rich.table import Table
 
-from kdbkit.runtime import cache_admin, paths
+from kdbkit.runtime import cache_admin, env, paths
 from kdbkit.runtime.cli.output import out, print_json, size
 from kdbkit.runtime.user_cache import LOCKS
 
@@ -36,7 +36,7 @@ def ls(as_json: bool = typer.Option(False, "--json", help="Print JSON for script
 
 @app.command("stats")
 def stats(as_json: bool = typer.Option(False, "--json", help="Print JSON for scripts.")) -> None:
-    """Totals for the cache folder: files, entries, bytes on disk and raw.
+    """Totals for the cache folder: files, entries, bytes on disk and raw, and the size limit.
 
     Example: kdb cache stats --json
     """
@@ -47,13 +47,16 @@ def stats(as_json: bool = typer.Option(False, "--json", help="Print JSON for scr
         "folder": str(folder), "files": len(files), "entries": sum(f.entries or 0 for f in files),
         "file_bytes": sum(f.file_bytes for f in files), "raw_bytes": sum(f.raw_bytes or 0 for f in files),
         "lock_files": len(list(locks.glob("*.lock"))) if locks.is_dir() else 0,
+        # each file is kept under it (KDB_CACHE_MAXSIZE; 0: no limit), least recently used first
+        "max_bytes_per_file": env.get_size("KDB_CACHE_MAXSIZE"),
         "damaged_files": [str(f.path) for f in files if f.problem],
     }
     if as_json:
         print_json(data)
         return
     for k, v in data.items():
-        out.print(f"{k:14} {size(v) if k.endswith('_bytes') else v}")
+        shown = "no limit" if k == "max_bytes_per_file" and not v else size(v) if "_bytes" in k else v
+        out.print(f"{k:18} {shown}")
 
 
 @app.command("clear")

@@ -85,7 +85,7 @@ def test_cache_commands(kdb, env):
     files = json.loads(out)
     assert code == 0 and len(files) == 1 and files[0]["entries"] == 1
     code, out, _ = kdb("cache", "stats", "--json")
-    assert json.loads(out)["entries"] == 1
+    assert json.loads(out)["entries"] == 1 and json.loads(out)["max_bytes_per_file"] == 4 << 30
     aside = env / "cache" / (files[0]["path"].rsplit("/", 1)[1] + ".corrupt-1")
     aside.write_bytes(b"old damaged file")
     code, out, _ = kdb("cache", "prune")
