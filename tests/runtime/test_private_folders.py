@@ -174,3 +174,16 @@ def test_a_read_only_prebuilt_wal_cache_serves_hits_and_stores_nothing(tmp_path)
     assert set(result["sources"]) == {"user"}, err
     assert sorted(os.listdir(folder)) == before
     assert len(_lines_naming(err, ukdb)) == 1 and "Cannot write" in err, err
+
+
+@as_root
+def test_a_user_find_db_another_user_could_write_is_ignored(make_handle, isolated, open_tmp, monkeypatch, capfd,
+                                                           fresh_log):
+    folder = open_tmp / "userdb"
+    folder.mkdir()
+    os.chown(folder, NOBODY, NOBODY)  # a planted find-db would choose which solvers this process runs
+    monkeypatch.setenv("KDB_USER_DB_PATH", str(folder))
+    handle = make_handle()
+    assert handle.dispatcher.find_db.user_path is None
+    err = capfd.readouterr().err
+    assert len(_lines_naming(err, folder)) == 1 and "chown" in err, err
