@@ -81,17 +81,21 @@ class ClearReport:
     freed_bytes: int = 0
 
 
-def clear_cache(folder: Path | None = None) -> ClearReport:
+def clear_cache(folder: Path | None = None, *, find_db_folder: Path | None = None) -> ClearReport:
     """Empty the cache folder, safely while other processes use it.
 
     Live ``.ukdb`` files are emptied through SQLite (their metadata stays, so processes that
     have them open go on, compiling again what they need); damaged files and moved-aside
     copies are deleted with their ``-wal``/``-shm`` (no process can use those); a file with no
     tables yet is being created by another process and is left to it; lock files are deleted
-    unless a compile holds them now; PoCL's kernel cache in ``pocl/`` is emptied.
+    unless a compile holds them now; PoCL's kernel cache in ``pocl/`` is emptied. In
+    ``find_db_folder`` (the user find-db's), damaged or other-format ``.ufdb`` files and
+    moved-aside ones are removed; good rankings are kept (they are not a cache).
     """
     folder = folder or paths.user_cache_dir()
     report = ClearReport()
+    if find_db_folder is not None:
+        _remove_bad_find_dbs(find_db_folder, report)
     for path in sorted(folder.glob("*.ukdb")):
         try:
             with Bundle.open(path, writable=True, wal=True) as b:
@@ -179,6 +183,42 @@ def _remove_moved_aside(folder: Path, report: ClearReport | PruneReport, older_t
         _remove_with_journals(aside, report)
 
 
+def _remove_bad_find_dbs(folder: Path, report: ClearReport | PruneReport, older_than: float | None = None) -> None:
+    """Delete user find-db files no process can use (damaged, or of another schema) and, with
+    ``older_than``, only moved-aside ones untouched since."""
+    from kdbkit.kdb import find_db
+
+    for path in sorted(folder.glob(f"*{find_db.USER_SUFFIX}")):
+        if not _find_db_readable(path):
+            _remove_with_journals(path, report)
+    for aside in sorted(folder.glob(f"*{find_db.USER_SUFFIX}.corrupt-*")):
+        try:
+            if older_than is not None and aside.stat().st_mtime >= older_than:
+                continue
+        except OSError:
+            continue
+        _remove_with_journals(aside, report)
+
+
+def _find_db_readable(path: Path) -> bool:
+    """Whether a user find-db is one this version reads (an empty one is being created: kept)."""
+    import sqlite3
+    from contextlib import closing
+
+    from kdbkit.kdb import find_db
+
+    try:
+        with closing(sqlite3.connect(f"{path.resolve().as_uri()}?mode=ro", uri=True, timeout=5)) as conn:
+            tables = {row[0] for row in conn.execute("SELECT name FROM sqlite_master WHERE type = 'table'")}
+            if not tables:
+                return True
+            schema = conn.execute("SELECT value FROM find_meta WHERE key = 'schema'").fetchone()
+            conn.execute("SELECT count(*) FROM find_db").fetchone()
+    except sqlite3.Error:
+        return False
+    return schema is not None and schema[0] == str(find_db.SCHEMA_VERSION)
+
+
 def _problem(exc: BaseException) -> str:
     return exc.problem if isinstance(exc, KdbError) else f"{type(exc).__name__}: {exc}"
 
@@ -204,14 +244,16 @@ def _remove_unheld_locks(locks: Path, report, older_than: float | None) -> int:
     return held
 
 
-def prune_cache(folder: Path | None = None, *, lock_age_s: float = 7 * 86400) -> PruneReport:
+def prune_cache(folder: Path | None = None, *, lock_age_s: float = 7 * 86400,
+                find_db_folder: Path | None = None) -> PruneReport:
     """Drop what this version can no longer use, then compact.
 
     Removes: cache folders of other kdbkit versions (only under the default location, never
     under ``KDB_CUSTOM_CACHE_DIR``'s parent); damaged files moved aside more than
     :data:`ASIDE_AGE_S` ago; cache files that are damaged, not caches, or of a format this
     version does not read; lock files untouched for ``lock_age_s``; entries that fail their
-    hash check. Then VACUUMs each file.
+    hash check. Then VACUUMs each file. In ``find_db_folder``: damaged or other-schema ``.ufdb``
+    files, and moved-aside ones as old as above.
 
     Raises:
         ValueError: ``lock_age_s`` is negative or NaN (every idle lock would count as old).
@@ -228,6 +270,8 @@ def prune_cache(folder: Path | None = None, *, lock_age_s: float = 7 * 86400) ->
                 shutil.rmtree(other, ignore_errors=True)
                 report.removed_files.append(other)
     _remove_moved_aside(folder, report, older_than=time.time() - ASIDE_AGE_S)
+    if find_db_folder is not None:
+        _remove_bad_find_dbs(find_db_folder, report, older_than=time.time() - ASIDE_AGE_S)
     _remove_startup_memo(folder, report, temps_older_than=time.time() - 3600)
     _remove_unheld_locks(folder / LOCKS, report, older_than=time.time() - lock_age_s)
     for path in folder.glob("*.ukdb"):

@@ -59,7 +59,8 @@ def stats(as_json: bool = typer.Option(False, "--json", help="Print JSON for scr
 @app.command("clear")
 def clear(yes: bool = typer.Option(False, "--yes", "-y", help="Do not ask for confirmation."),
           as_json: bool = typer.Option(False, "--json", help="Print JSON for scripts.")) -> None:
-    """Empty the cache of this kdbkit version (programs will be compiled again).
+    """Empty the cache of this kdbkit version (programs will be compiled again), and remove
+    damaged user find-db files (good rankings are kept).
 
     Safe while other processes use the cache: they keep running and compile what they need.
 
@@ -68,7 +69,7 @@ def clear(yes: bool = typer.Option(False, "--yes", "-y", help="Do not ask for co
     folder = paths.user_cache_dir()
     if not yes and not typer.confirm(f"Delete the kernel cache in {folder}?"):
         raise typer.Exit(1)
-    report = cache_admin.clear_cache(folder)
+    report = cache_admin.clear_cache(folder, find_db_folder=paths.user_db_dir())
     if as_json:
         print_json({"folder": str(folder), "entries": report.entries, "removed_files": report.removed_files,
                     "busy_locks": report.busy_locks, "freed_bytes": report.freed_bytes})
@@ -92,7 +93,7 @@ def prune(lock_days: Optional[float] = typer.Option(7.0, "--lock-days", callback
 
     Example: kdb cache prune --lock-days 1
     """
-    report = cache_admin.prune_cache(lock_age_s=(lock_days or 0) * 86400)
+    report = cache_admin.prune_cache(lock_age_s=(lock_days or 0) * 86400, find_db_folder=paths.user_db_dir())
     if as_json:
         print_json({"removed_files": report.removed_files, "removed_entries": report.removed_entries,
                     "freed_bytes": report.freed_bytes})

@@ -101,3 +101,29 @@ def test_prune_removes_damaged_files_and_old_moved_aside_ones(tmp_path, monkeypa
     removed = json.loads(out)["removed_files"]
     assert str(ukdb) in removed and str(old) in removed and str(new) not in removed
     assert not ukdb.exists() and not old.exists() and new.exists()
+
+
+@pytest.mark.parametrize("damage", ["not sqlite", "schema 2"])
+def test_clear_removes_a_damaged_or_newer_user_find_db_and_keeps_a_good_one(tmp_path, monkeypatch, kdb, damage):
+    from kdbkit.kdb.find_db import FindDb, FindRecord
+
+    folder = tmp_path / "userdb"
+    monkeypatch.setenv("KDB_CUSTOM_CACHE_DIR", str(tmp_path / "cache"))
+    monkeypatch.setenv("KDB_USER_DB_PATH", str(folder))
+    good = FindDb("gfx942_304", [], folder, producer="test", warn=lambda *a: None)
+    assert good.store("cfg", [FindRecord(1, "s", 0, 1.0, 0)])
+    good.close()
+    bad = folder / "sm_90_132.ufdb"
+    if damage == "not sqlite":
+        bad.write_bytes(b"SQLite format 3\0" + b"\xff" * 100)
+    else:
+        db = FindDb("sm_90_132", [], folder, producer="test", warn=lambda *a: None)
+        assert db.store("cfg", [FindRecord(1, "s", 0, 1.0, 0)])
+        db.close()
+        with sqlite3.connect(bad) as conn:
+            conn.execute("UPDATE find_meta SET value = '2' WHERE key = 'schema'")
+        conn.close()
+    code, out, err = kdb("cache", "clear", "--yes", "--json")
+    assert code == 0 and "Traceback" not in err
+    assert str(bad) in json.loads(out)["removed_files"] and not bad.exists()
+    assert (folder / "gfx942_304.ufdb").exists()
