@@ -234,9 +234,10 @@ class UserCacheSource(WritableSource):
             self.cache.discard(self.keys.key(request, self.compiler.identity()))
 
     def lease(self) -> CompileLease | None:
-        """A lock file per key in the cache folder's ``locks/``; none once the cache is unusable."""
+        """A lock file per key in the cache folder's ``locks/``; none once the cache is unusable or
+        read-only (nothing compiled here is stored there for another process to find)."""
         cache = self.cache
-        if cache is None or not cache.usable:
+        if cache is None or not cache.usable or cache.read_only:
             return None
         if self._lease is None:
             self._lease = FileLease(cache.lock_dir)

@@ -91,9 +91,9 @@ def folder_writable(folder: Path) -> tuple[bool, str]:
     regular file on the way means the folder can never be made.
     """
     probe = folder
-    while not probe.exists() and probe != probe.parent:
+    while not os.path.exists(probe) and probe != probe.parent:  # os.path: never raises for an unsearchable parent
         probe = probe.parent
-    if not probe.is_dir():
+    if not os.path.isdir(probe):
         return False, f"{probe} is a file, so {folder} cannot be created"
     if not os.access(probe, os.W_OK | os.X_OK):
         return False, f"{probe} is not writable"
@@ -128,6 +128,11 @@ class UserCache:
     @property
     def usable(self) -> bool:
         return not self._broken
+
+    @property
+    def read_only(self) -> bool:
+        """Whether this process stores nothing here (a read-only folder, or a write failed)."""
+        return self._read_only
 
     @property
     def is_open(self) -> bool:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 from typing import Optional
 
 import typer
@@ -46,7 +47,7 @@ def stats(as_json: bool = typer.Option(False, "--json", help="Print JSON for scr
     data = {
         "folder": str(folder), "files": len(files), "entries": sum(f.entries or 0 for f in files),
         "file_bytes": sum(f.file_bytes for f in files), "raw_bytes": sum(f.raw_bytes or 0 for f in files),
-        "lock_files": len(list(locks.glob("*.lock"))) if locks.is_dir() else 0,
+        "lock_files": len(list(locks.glob("*.lock"))) if os.path.isdir(locks) else 0,
         "damaged_files": [str(f.path) for f in files if f.problem],
     }
     if as_json:
