@@ -127,3 +127,29 @@ def test_clear_removes_a_damaged_or_newer_user_find_db_and_keeps_a_good_one(tmp_
     assert code == 0 and "Traceback" not in err
     assert str(bad) in json.loads(out)["removed_files"] and not bad.exists()
     assert (folder / "gfx942_304.ufdb").exists()
+
+
+def test_a_user_find_db_damaged_under_a_reader_is_moved_aside_once(tmp_path):
+    from kdbkit.kdb.find_db import FindDb, FindRecord
+
+    warnings = []
+
+    def find_db():
+        return FindDb("sm_90_132", [], tmp_path, producer="test", warn=lambda key, message: warnings.append(message))
+
+    db = find_db()
+    for i in range(2000):  # rankings over many pages, past the metadata's
+        assert db.store(f"config-{i:05}-" + "x" * 40, [FindRecord(1, "s", 0, 1.0, 0)])
+    db.close()
+    path = tmp_path / "sm_90_132.ufdb"
+    db = find_db()
+    assert db.load("config-00000-" + "x" * 40)  # open, as a long-running process holds it
+    os.truncate(path, path.stat().st_size // 2)  # damaged under it
+    assert db.load("config-01999-" + "x" * 40) is None  # a miss, not a crash
+    aside = list(tmp_path.glob("sm_90_132.ufdb.corrupt-*"))
+    assert len(aside) == 1 and len(warnings) == 1 and aside[0].name in warnings[0]
+    assert db.store("new", [FindRecord(2, "t", 0, 1.0, 0)])  # a new file, in this process
+    db.close()
+    again = find_db()  # and in the next
+    assert again.load("new")[0][0].solver_id == 2
+    again.close()
