@@ -167,6 +167,7 @@ class FindDb:
         self._lock = threading.Lock()
         self._user: sqlite3.Connection | None = None
         self._user_failed = False
+        self._repaired = False  # a damaged user file was moved aside once already
         # Each system file is opened on its first lookup and kept open (None: absent or
         # unreadable): a network's first forward looks up dozens of problems, and opening the
         # file for each would add to the first result every time.
@@ -264,13 +265,15 @@ class FindDb:
                 return None
         for attempt in range(2):  # a damaged file is moved aside once, then a new one made
             try:
-                self.user_path.parent.mkdir(parents=True, exist_ok=True)
+                _make_private_folder(self.user_path.parent)
                 conn = _connect(self.user_path, writable=True)
                 if conn.execute("PRAGMA journal_mode").fetchone()[0].lower() != "wal":
                     conn.execute("PRAGMA journal_mode = wal")
                 for statement in _SCHEMA:
                     conn.execute(statement)
                 self._check_meta(conn)
+                for suffix in ("", "-wal", "-shm"):
+                    _make_private_file(Path(f"{self.user_path}{suffix}"))
                 self._user = conn
                 return conn
             except (sqlite3.DatabaseError, _ForeignFile) as exc:
@@ -307,15 +310,45 @@ class FindDb:
         return True
 
     def _damaged(self, exc: sqlite3.Error) -> None:
-        self._warn(f"fdb-error:{self.user_path}", f"user find-db {self.user_path}: {exc}; rankings are not saved")
+        """A read or write failed: a damaged file is moved aside once (the next use starts a new
+        one, in this process and the next), any other failure stops using the file."""
         if self._user is not None:
             self._user.close()
-        self._user, self._user_failed = None, True
+            self._user = None
+        if isinstance(exc, sqlite3.DatabaseError) and not self._repaired:
+            self._repaired = True
+            if self._move_aside(exc):
+                return
+        self._warn(f"fdb-error:{self.user_path}", f"user find-db {self.user_path}: {exc}; rankings are not saved")
+        self._user_failed = True
 
     def _give_up(self, exc: BaseException) -> None:
         self._user_failed = True
         self._warn(f"fdb-open:{self.user_path}", f"user find-db {self.user_path} cannot be used ({exc}); find "
                    "results are not saved (set KDB_USER_DB_PATH to a writable folder)")
+
+
+def _make_private_folder(folder: Path) -> None:
+    """Make ``folder`` and missing parents 0700 whatever the umask (the runtime refuses a user
+    folder that others may write, and a find-db chooses which solvers run)."""
+    missing = []
+    while not os.path.lexists(folder) and folder != folder.parent:
+        missing.append(folder)
+        folder = folder.parent
+    for level in reversed(missing):
+        try:
+            os.mkdir(level, 0o700)
+            os.chmod(level, 0o700)
+        except FileExistsError:
+            continue  # made meanwhile by another process
+
+
+def _make_private_file(path: Path) -> None:
+    try:
+        if path.stat().st_uid == os.geteuid():
+            os.chmod(path, 0o600)
+    except OSError:
+        pass  # gone meanwhile: SQLite makes it again with the main file's mode
 
 
 class _ForeignFile(Exception):

@@ -5,6 +5,12 @@ zstd level 19 and a dictionary trained over the bundle's own blobs. The dictiona
 only when blobs + dictionary come out smaller than blobs alone. The file is written under a
 temporary name in the same folder and renamed into place, so a reader never sees half a
 bundle and a failed build leaves the old file untouched.
+
+A writer that is killed leaves its temporary file (and SQLite's ``-journal`` beside it). The
+temporary name carries the writer's host and pid (``.<name>.<host>-<pid>.<random>.tmp``), so the
+next write into the folder removes those whose writer is provably gone: a pid of this host
+that no longer runs, or, for a name without one (another host's, or an older kdbkit's), a
+file untouched for :data:`STALE_TEMP_S`. A live writer's file is never touched.
 """
 
 from __future__ import annotations
@@ -12,7 +18,9 @@ from __future__ import annotations
 import itertools
 import os
 import random
+import socket
 import tempfile
+import time
 from pathlib import Path
 from typing import Iterable, Sequence
 
@@ -28,6 +36,7 @@ BATCH = 1000  # entries per transaction: bounded memory for bundles of any size
 # of a few kB its own overflow pages (measured on real cubins: files 6% smaller, lookups as
 # fast; 64 KiB pages would save 15% and are worth measuring for open time).
 PAGE_SIZE = 16384
+STALE_TEMP_S = 24 * 3600  # a temporary file of a writer we cannot ask about is left this long
 
 
 def training_sample(blobs: Sequence[bytes], n: int = MAX_TRAINING_SAMPLES) -> list[bytes]:
@@ -121,8 +130,9 @@ def write_stored_bundle(path: str | Path, target: Target, entries: Iterable[tupl
 def _write_atomically(path: Path, target: Target, fill, **create) -> Path:
     """Create a bundle beside ``path``, let ``fill`` write its entries, compact it, and put it in
     place only once complete."""
+    remove_stale_temps(path)
     try:
-        fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
+        fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.{_writer_tag()}.", suffix=".tmp", dir=path.parent)
     except OSError as exc:
         raise _naming(exc, path) from exc
     os.close(fd)
@@ -140,6 +150,59 @@ def _write_atomically(path: Path, target: Target, fill, **create) -> Path:
             if os.path.exists(leftover):
                 os.unlink(leftover)
     return path
+
+
+def _host() -> str:
+    return socket.gethostname().replace(".", "_").replace("-", "_") or "host"
+
+
+def _writer_tag() -> str:
+    """``<host>-<pid>``: who writes a temporary file, so that the next writer can tell it is gone."""
+    return f"{_host()}-{os.getpid()}"
+
+
+def _pid_gone(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return True
+    except OSError:
+        return False  # alive, someone else's
+    return False
+
+
+def _writer_gone(name: str, path: Path, st: os.stat_result) -> bool:
+    """Whether the writer of temporary file ``name`` (``.<bundle>.<tag>.<random>.tmp[-journal]``
+    beside ``path``) is provably gone."""
+    tag = name[len(path.name) + 2:].split(".", 1)[0]
+    host, _, pid = tag.rpartition("-")
+    if host == _host() and pid.isdigit():
+        return _pid_gone(int(pid))
+    return time.time() - st.st_mtime > STALE_TEMP_S
+
+
+def remove_stale_temps(path: Path) -> list[Path]:
+    """Remove the temporary files and journals that killed writers of ``path`` left beside it.
+
+    Returns:
+        The files removed; any that cannot be removed are left (a later writer tries again).
+    """
+    removed = []
+    try:
+        names = os.listdir(path.parent)
+    except OSError:
+        return removed
+    for name in names:
+        if not (name.startswith(f".{path.name}.") and name.endswith((".tmp", ".tmp-journal"))):
+            continue
+        stale = path.parent / name
+        try:
+            if _writer_gone(name, path, stale.stat()):
+                stale.unlink()
+                removed.append(stale)
+        except OSError:
+            continue  # gone meanwhile
+    return removed
 
 
 def _naming(exc: OSError, path: Path) -> OSError:

@@ -6,6 +6,9 @@ kernel cache (runtime/pocl_cache.py), and, after a repair, damaged files moved a
 ``*.ukdb.corrupt-<time>``. Its parent holds the folders of
 other kdbkit versions, which this version never reads.
 
+Every file is handled whatever it holds: one that is damaged, not a cache, or of a format this
+version does not read is removed by ``clear`` and ``prune`` (and reported), never a traceback.
+
 Everything here is safe while other processes use the cache: entries are removed through
 SQLite (never by deleting a live file or its ``-wal``/``-shm``, which would corrupt the
 database under its readers), and a lock file is removed only while this process holds it.
@@ -21,10 +24,12 @@ from pathlib import Path
 from filelock import FileLock, Timeout
 
 from kdbkit.kdb import Bundle, KdbError, open_bundle
-from kdbkit.kdb.errors import BundleBusyError, CorruptBundleError, EmptyBundleError, NotABundleError
+from kdbkit.kdb.errors import BundleBusyError, EmptyBundleError
 from kdbkit.kdb.version import __version__
 from kdbkit.runtime import env, paths
-from kdbkit.runtime.user_cache import LOCKS, with_backoff
+from kdbkit.runtime.user_cache import LOCKS, damaged, with_backoff
+
+ASIDE_AGE_S = 86400.0  # `prune` keeps a moved-aside file this long, for a look at what went wrong
 
 
 @dataclass
@@ -61,8 +66,10 @@ def list_cache(folder: Path | None = None) -> list[CacheFile]:
             with open_bundle(path) as b:
                 st, md = b.stats(), b.metadata
             files.append(CacheFile(path, st.entries, size, st.raw_bytes, str(md.target), md.compiler))
-        except KdbError as exc:
-            files.append(CacheFile(path, None, size, None, None, None, str(exc)))
+        except Exception as exc:
+            if not (isinstance(exc, KdbError) or damaged(exc)):
+                raise
+            files.append(CacheFile(path, None, size, None, None, None, _problem(exc)))
     return files
 
 
@@ -74,17 +81,21 @@ class ClearReport:
     freed_bytes: int = 0
 
 
-def clear_cache(folder: Path | None = None) -> ClearReport:
+def clear_cache(folder: Path | None = None, *, find_db_folder: Path | None = None) -> ClearReport:
     """Empty the cache folder, safely while other processes use it.
 
     Live ``.ukdb`` files are emptied through SQLite (their metadata stays, so processes that
     have them open go on, compiling again what they need); damaged files and moved-aside
     copies are deleted with their ``-wal``/``-shm`` (no process can use those); a file with no
     tables yet is being created by another process and is left to it; lock files are deleted
-    unless a compile holds them now; PoCL's kernel cache in ``pocl/`` is emptied.
+    unless a compile holds them now; PoCL's kernel cache in ``pocl/`` is emptied. In
+    ``find_db_folder`` (the user find-db's), damaged or other-format ``.ufdb`` files and
+    moved-aside ones are removed; good rankings are kept (they are not a cache).
     """
     folder = folder or paths.user_cache_dir()
     report = ClearReport()
+    if find_db_folder is not None:
+        _remove_bad_find_dbs(find_db_folder, report)
     for path in sorted(folder.glob("*.ukdb")):
         try:
             with Bundle.open(path, writable=True, wal=True) as b:
@@ -95,8 +106,12 @@ def clear_cache(folder: Path | None = None) -> ClearReport:
                     pass  # readers hold the file: its pages are reused by later writes instead
         except EmptyBundleError:
             continue  # its creator holds it open: deleting it now would break that process's database
-        except (NotABundleError, CorruptBundleError):
-            _remove_with_journals(path, report)
+        except Exception as exc:
+            if damaged(exc):
+                _remove_with_journals(path, report)
+            elif not isinstance(exc, KdbError):
+                raise
+            # else busy or unwritable: left as it is, and the entries count says nothing was emptied
     _remove_moved_aside(folder, report)
     _remove_startup_memo(folder, report)
     _empty_pocl_cache(folder, report)
@@ -156,10 +171,56 @@ def _remove_with_journals(path: Path, report: ClearReport | PruneReport) -> None
             report.removed_files.append(p)
 
 
-def _remove_moved_aside(folder: Path, report: ClearReport | PruneReport) -> None:
-    """Delete the damaged files the runtime moved aside (``*.ukdb.corrupt-<time>``)."""
+def _remove_moved_aside(folder: Path, report: ClearReport | PruneReport, older_than: float | None = None) -> None:
+    """Delete the damaged files the runtime moved aside (``*.ukdb.corrupt-<time>``), with
+    ``older_than`` only those not touched since."""
     for aside in sorted(folder.glob("*.ukdb.corrupt-*")):
+        try:
+            if older_than is not None and aside.stat().st_mtime >= older_than:
+                continue
+        except OSError:
+            continue
         _remove_with_journals(aside, report)
+
+
+def _remove_bad_find_dbs(folder: Path, report: ClearReport | PruneReport, older_than: float | None = None) -> None:
+    """Delete user find-db files no process can use (damaged, or of another schema) and, with
+    ``older_than``, only moved-aside ones untouched since."""
+    from kdbkit.kdb import find_db
+
+    for path in sorted(folder.glob(f"*{find_db.USER_SUFFIX}")):
+        if not _find_db_readable(path):
+            _remove_with_journals(path, report)
+    for aside in sorted(folder.glob(f"*{find_db.USER_SUFFIX}.corrupt-*")):
+        try:
+            if older_than is not None and aside.stat().st_mtime >= older_than:
+                continue
+        except OSError:
+            continue
+        _remove_with_journals(aside, report)
+
+
+def _find_db_readable(path: Path) -> bool:
+    """Whether a user find-db is one this version reads (an empty one is being created: kept)."""
+    import sqlite3
+    from contextlib import closing
+
+    from kdbkit.kdb import find_db
+
+    try:
+        with closing(sqlite3.connect(f"{path.resolve().as_uri()}?mode=ro", uri=True, timeout=5)) as conn:
+            tables = {row[0] for row in conn.execute("SELECT name FROM sqlite_master WHERE type = 'table'")}
+            if not tables:
+                return True
+            schema = conn.execute("SELECT value FROM find_meta WHERE key = 'schema'").fetchone()
+            conn.execute("SELECT count(*) FROM find_db").fetchone()
+    except sqlite3.Error:
+        return False
+    return schema is not None and schema[0] == str(find_db.SCHEMA_VERSION)
+
+
+def _problem(exc: BaseException) -> str:
+    return exc.problem if isinstance(exc, KdbError) else f"{type(exc).__name__}: {exc}"
 
 
 def _remove_unheld_locks(locks: Path, report, older_than: float | None) -> int:
@@ -183,12 +244,16 @@ def _remove_unheld_locks(locks: Path, report, older_than: float | None) -> int:
     return held
 
 
-def prune_cache(folder: Path | None = None, *, lock_age_s: float = 7 * 86400) -> PruneReport:
+def prune_cache(folder: Path | None = None, *, lock_age_s: float = 7 * 86400,
+                find_db_folder: Path | None = None) -> PruneReport:
     """Drop what this version can no longer use, then compact.
 
     Removes: cache folders of other kdbkit versions (only under the default location, never
-    under ``KDB_CUSTOM_CACHE_DIR``'s parent); damaged files moved aside earlier; lock files
-    untouched for ``lock_age_s``; entries that fail their hash check. Then VACUUMs each file.
+    under ``KDB_CUSTOM_CACHE_DIR``'s parent); damaged files moved aside more than
+    :data:`ASIDE_AGE_S` ago; cache files that are damaged, not caches, or of a format this
+    version does not read; lock files untouched for ``lock_age_s``; entries that fail their
+    hash check. Then VACUUMs each file. In ``find_db_folder``: damaged or other-schema ``.ufdb``
+    files, and moved-aside ones as old as above.
 
     Raises:
         ValueError: ``lock_age_s`` is negative or NaN (every idle lock would count as old).
@@ -204,7 +269,9 @@ def prune_cache(folder: Path | None = None, *, lock_age_s: float = 7 * 86400) ->
                 report.freed_bytes += _size(other)
                 shutil.rmtree(other, ignore_errors=True)
                 report.removed_files.append(other)
-    _remove_moved_aside(folder, report)
+    _remove_moved_aside(folder, report, older_than=time.time() - ASIDE_AGE_S)
+    if find_db_folder is not None:
+        _remove_bad_find_dbs(find_db_folder, report, older_than=time.time() - ASIDE_AGE_S)
     _remove_startup_memo(folder, report, temps_older_than=time.time() - 3600)
     _remove_unheld_locks(folder / LOCKS, report, older_than=time.time() - lock_age_s)
     for path in folder.glob("*.ukdb"):
@@ -223,7 +290,13 @@ def _drop_corrupt_entries(path: Path, report: PruneReport) -> int:
                 except KdbError:
                     removed += b.delete(info.kernel_name, info.kernel_args)
             b.compact()
-    except KdbError:
-        return 0  # not a bundle at all: `kdb cache clear` or the runtime's repair handles it
+    except EmptyBundleError:
+        return 0  # its creator holds it open
+    except Exception as exc:
+        if damaged(exc):
+            _remove_with_journals(path, report)  # no process can use it: each would move it aside
+        elif not isinstance(exc, KdbError):
+            raise
+        return 0
     report.freed_bytes += max(0, before - _size(path))
     return removed

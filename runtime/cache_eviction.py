@@ -108,6 +108,13 @@ class Evictor:
             self._conn = conn
         return self._conn
 
+    def forget_file(self) -> None:
+        """Drop the connection (the file was moved aside): the next store opens the new file."""
+        with self._lock:
+            if self._conn is not None:
+                self._conn.close()
+                self._conn = None
+
     def close(self) -> None:
         """Write the uses noted since the last store (best effort: they only order evictions)."""
         with self._lock:

@@ -84,7 +84,7 @@ class Dispatcher:
                 if self._find_db is None:
                     self._find_db = FindDb(
                         Path(self.device.target.bundle_name()).stem,
-                        [d.path for d in paths.iter_system_db_dirs() if not d.is_file], paths.user_db_dir(),
+                        [d.path for d in paths.iter_system_db_dirs() if not d.is_file], _user_db_dir(self.device),
                         producer=f"kdbkit {__version__}",
                         warn=lambda key, message: warn_once(key, message, logger=_log))
                 db = self._find_db
@@ -158,3 +158,22 @@ class Dispatcher:
         """Close the find-db if it was opened."""
         if self._find_db is not None:
             self._find_db.close()
+
+
+def _user_db_dir(device) -> Path | None:
+    """The user find-db's folder, or None (with one warning) when it or the device's file in it
+    is another user's or writable by others: a planted find-db chooses the solvers this process
+    runs, so it is ignored, and find results are not saved."""
+    from kdbkit.kdb.find_db import USER_SUFFIX
+    from kdbkit.runtime import private_folder
+
+    folder = paths.user_db_dir()
+    file = folder / (Path(device.target.bundle_name()).stem + USER_SUFFIX)
+    for path in (folder, file):
+        why = private_folder.untrusted(path)
+        if why:
+            warn_once(f"unsafe-folder:{path}", f"Not using the user find-db in {folder}: {why}. Solvers are chosen "
+                      "without it and find results are not saved; or set KDB_USER_DB_PATH to a folder of yours.",
+                      logger=_log)
+            return None
+    return folder

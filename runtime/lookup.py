@@ -210,7 +210,7 @@ class UserCacheSource(WritableSource):
             with self._lock:
                 if self._cache is None:
                     self._cache = UserCache(self._folder(), self.keys.target, compiler=identity,
-                                            binary_format=self.binary_format)
+                                            binary_format=self.binary_format, writable=self.writable)
         return self._cache
 
     def get(self, request: ProgramRequest, steps: Steps) -> bytes | None:
@@ -236,10 +236,11 @@ class UserCacheSource(WritableSource):
             self.cache.discard(self.keys.key(request, self.compiler.identity()))
 
     def lease(self) -> CompileLease | None:
-        """A lock file per key in the cache folder's ``locks/``; none once the cache is unusable,
-        nor for a cache this handle only reads (nothing it compiles is published there)."""
+        """A lock file per key in the cache folder's ``locks/``; none once the cache is unusable or
+        read-only, nor for a cache this handle only reads (nothing compiled here is stored there
+        for another process to find)."""
         cache = self.cache
-        if cache is None or not cache.usable or not self.writable:
+        if cache is None or not cache.usable or cache.read_only or not self.writable:
             return None
         if self._lease is None:
             self._lease = FileLease(cache.lock_dir)

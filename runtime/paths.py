@@ -11,6 +11,10 @@ reads a cache written by an older release: ``KDB_CUSTOM_CACHE_DIR`` or the platf
 user cache folder (``~/.cache/kdbkit/<version>``) for ``.ukdb`` kernel caches;
 ``KDB_USER_DB_PATH`` or the platform's user data folder for the find-db.
 Nothing is created here; callers create folders when they first write.
+
+A ``KDB_SYSTEM_DB_PATH`` entry (or the folder of a bundle it names) owned by a user other than
+this one or root, or writable by group or others, is skipped with one warning: whoever can
+write it chooses the binaries this process runs (runtime/private_folder.py).
 """
 
 from __future__ import annotations
@@ -26,7 +30,7 @@ from typing import Iterator
 
 from kdbkit.kdb.version import __version__
 from kdbkit.runtime import env
-from kdbkit.runtime.logging_setup import get_logger
+from kdbkit.runtime.logging_setup import get_logger, warn_once
 
 ENTRY_POINT_GROUP = "kdbkit.bundles"
 _log = get_logger(__name__)
@@ -57,10 +61,23 @@ def iter_system_db_dirs() -> Iterator[SearchDir]:
                 seen.add(key)
                 yield SearchDir(path, d.origin, d.is_file)
 
-    yield from fresh(SearchDir(p, "KDB_SYSTEM_DB_PATH", p.suffix == ".kdb" or p.is_file())
-                     for p in env.get_pathlist("KDB_SYSTEM_DB_PATH"))
+    yield from fresh(SearchDir(p, "KDB_SYSTEM_DB_PATH", p.suffix == ".kdb" or os.path.isfile(p))
+                     for p in env.get_pathlist("KDB_SYSTEM_DB_PATH") if _trusted_system_path(p.expanduser()))
     yield from fresh([SearchDir(Path(sys.prefix) / "share" / "kdbkit" / "db", "sys.prefix")])
     yield from fresh(_entry_point_dirs())
+
+
+def _trusted_system_path(path: Path) -> bool:
+    """Whether a ``KDB_SYSTEM_DB_PATH`` entry, and the folder of a file it names, may be read:
+    each that exists is owned by this user or root and not writable by group or others."""
+    from kdbkit.runtime import private_folder
+
+    for level in (path, path.parent) if path.suffix == ".kdb" or os.path.isfile(path) else (path,):
+        why = private_folder.untrusted(level)
+        if why:
+            warn_once(f"unsafe-system-db:{level}", f"KDB_SYSTEM_DB_PATH entry {path} is skipped: {why}.", logger=_log)
+            return False
+    return True
 
 
 def system_db_dirs() -> list[SearchDir]:

@@ -16,11 +16,10 @@ another user owns or others may write is not used.
 from __future__ import annotations
 
 import os
-import stat
 from pathlib import Path
 
-from kdbkit.runtime import env, paths
-from kdbkit.runtime.logging_setup import get_logger, warn_once
+from kdbkit.runtime import env, paths, private_folder
+from kdbkit.runtime.logging_setup import get_logger
 
 FOLDER_NAME = "pocl"  # inside the user cache folder
 _log = get_logger(__name__)
@@ -61,17 +60,13 @@ def configure() -> Path | None:
 
 
 def _private_folder(path: Path) -> bool:
-    """Make ``path`` (0700) if it is missing; whether it is this user's and closed to others."""
-    try:
-        path.mkdir(mode=0o700, parents=True, exist_ok=True)
-        st = path.stat()
-    except OSError as exc:
-        warn_once(f"pocl-cache:{path}", f"PoCL's kernel cache cannot be kept in {path} ({exc}): PoCL uses its "
-                  "default; set POCL_CACHE_DIR to a folder of yours", logger=_log)
-        return False
-    if st.st_uid != os.getuid() or st.st_mode & (stat.S_IWGRP | stat.S_IWOTH):
-        warn_once(f"pocl-cache:{path}", f"{path} is not private to this user (owner uid {st.st_uid}, mode "
-                  f"{stat.S_IMODE(st.st_mode):o}): PoCL's kernel cache is not kept there; make it yours with "
-                  f"`chmod 700 {path}`, or set POCL_CACHE_DIR", logger=_log)
-        return False
+    """Make ``path`` and the cache folder above it private (0700) where missing; whether both
+    are this user's (or root's) and closed to others. A refused cache folder is the warning the
+    user cache gives too (one per folder), so the user reads it once."""
+    for level in (path.parent, path):
+        why = private_folder.make_private_folder(level)
+        if why:
+            private_folder.warn_refused(level, why, instead="compiled programs are kept in memory only, and PoCL "
+                                        "uses its own default cache (set POCL_CACHE_DIR to a folder of yours)")
+            return False
     return True

@@ -16,7 +16,8 @@ changes its folder's mtime, and with it the scan's stamp.
 The memo is one JSON file in the user cache folder (``startup-memo.json``), replaced
 atomically. Missing, damaged or of another schema, it is ignored and written again; a folder
 that cannot be written keeps nothing (at debug level in the log), and ``KDB_DISABLE_CACHE``
-turns it off, like every per-user file.
+turns it off, like every per-user file. A cache folder that others may write is not read
+(its memo could name another file's digest, and so choose a binary): the user cache warns of it.
 """
 
 from __future__ import annotations
@@ -28,7 +29,7 @@ import threading
 from pathlib import Path
 from typing import Any
 
-from kdbkit.runtime import env
+from kdbkit.runtime import env, private_folder
 from kdbkit.runtime.logging_setup import get_logger
 
 _log = get_logger(__name__)
@@ -80,7 +81,9 @@ class StartupMemo:
                 return
             text = json.dumps({"schema": SCHEMA, "sections": self.sections}, separators=(",", ":"))
             try:
-                self.path.parent.mkdir(parents=True, exist_ok=True)
+                why = private_folder.make_private_folder(self.path.parent)
+                if why:
+                    raise OSError(why)
                 fd, tmp = tempfile.mkstemp(prefix=TEMP_PREFIX, dir=self.path.parent)
                 try:
                     with os.fdopen(fd, "w", encoding="utf-8") as f:
@@ -116,7 +119,10 @@ def _memo_path() -> Path | None:
         return None
     from kdbkit.runtime.paths import user_cache_dir  # paths asks this module for its scan
 
-    return user_cache_dir() / FILE_NAME
+    folder = user_cache_dir()
+    if os.path.lexists(folder) and private_folder.check_folder(folder):
+        return None  # not read, not written: the user cache names the folder in its warning
+    return folder / FILE_NAME
 
 
 def stamp(st: os.stat_result) -> list[int]:

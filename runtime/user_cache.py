@@ -12,15 +12,22 @@ compiler may sit in the file (each key names its compiler, so they are never ret
 this one); only a missing file is created, under SQLite's write lock so that racing creators
 agree.
 
+Trust: the folder is made private (0700, whatever the umask) and the file and its
+``-wal``/``-shm`` 0600; a folder or file owned by another user (root aside) or writable by
+group or others is refused with one warning (runtime/private_folder.py), and the process runs
+without the cache, since anyone who can write there chooses the binaries this process runs.
+
 Failure policy — the runtime must keep running:
-- folder missing and not creatable, read-only, or the file cannot be opened: warn once
+- folder missing and not creatable, unsearchable, or the file cannot be opened: warn once
   with the path and the remedy, then run without the cache (JIT results stay in memory);
-- the file is not a bundle, is damaged at open, or its metadata describes another target,
-  format or codec: move it aside (``*.corrupt-<time>``, nothing is deleted) and start a new one;
+- a folder this process may not write (a prebuilt cache in a read-only image): the file is read
+  without writing (opened ``immutable`` when SQLite cannot make its ``-shm`` there), one warning;
+- the file is not a bundle, is damaged, claims a format this version does not read, or its
+  metadata describes another target, format or codec: move it aside (``*.corrupt-<time>``,
+  nothing is deleted; ``kdb cache clear`` removes it) and start a new one, at open or at the
+  first read that finds the damage; a second failure in one process stops using the cache;
 - an entry whose hash does not match: delete it, so the caller rebuilds it;
 - a write fails (disk full, read-only): warn once and stop writing;
-- a read fails with the file damaged: warn once and stop using the file for this process
-  (neither reads nor writes; ``kdb cache prune`` or the next process repairs it);
 - the file is locked past SQLite's busy timeout (many processes opening or writing at once):
   retry with randomised exponential back-off for up to :data:`BUSY_RETRY_S`, as MIOpen does,
   before treating it as one of the failures above.
@@ -36,9 +43,9 @@ import time
 from pathlib import Path
 
 from kdbkit.kdb import Bundle, BundleBusyError, CorruptBundleError, CorruptEntryError, KdbError, NotABundleError, Target
-from kdbkit.kdb.errors import BundleNotFoundError
+from kdbkit.kdb.errors import BundleNotFoundError, UnsupportedFormatError
 from kdbkit.kdb.target import USER_SUFFIX
-from kdbkit.runtime import env
+from kdbkit.runtime import env, private_folder
 from kdbkit.runtime.cache_eviction import Evictor
 from kdbkit.runtime.logging_setup import get_logger, warn_once
 from kdbkit.runtime.program_key import ProgramKey
@@ -63,7 +70,19 @@ def with_backoff(fn, retry_s: float = BUSY_RETRY_S):
 
 
 DISABLE_HINT = "set KDB_CUSTOM_CACHE_DIR to a writable folder, or KDB_DISABLE_CACHE=1 to silence this"
+CLEAR_HINT = "`kdb cache clear` empties the cache folder"
 CODEC = "zstd"  # what kdbkit writes into user caches
+JOURNALS = ("-wal", "-shm")
+
+
+def damaged(exc: BaseException) -> bool:
+    """Whether an error opening or reading a cache file means the file itself is bad (damaged,
+    not a cache, of a format this version does not read), so that a fresh file is the cure.
+    A busy or unwritable file is not damaged. A reader may fail on a damaged metadata value
+    with a plain Python error before it raises kdbkit's own."""
+    if isinstance(exc, (NotABundleError, CorruptBundleError, UnsupportedFormatError)):
+        return not isinstance(exc, BundleBusyError)
+    return isinstance(exc, (KeyError, ValueError, TypeError, sqlite3.DatabaseError)) and not isinstance(exc, KdbError)
 
 
 def folder_writable(folder: Path) -> tuple[bool, str]:
@@ -73,9 +92,9 @@ def folder_writable(folder: Path) -> tuple[bool, str]:
     regular file on the way means the folder can never be made.
     """
     probe = folder
-    while not probe.exists() and probe != probe.parent:
+    while not os.path.exists(probe) and probe != probe.parent:  # os.path: never raises for an unsearchable parent
         probe = probe.parent
-    if not probe.is_dir():
+    if not os.path.isdir(probe):
         return False, f"{probe} is a file, so {folder} cannot be created"
     if not os.access(probe, os.W_OK | os.X_OK):
         return False, f"{probe} is not writable"
@@ -94,22 +113,31 @@ class UserCache:
         target: the device's target (its arch-wide form names the file).
         compiler: identity of the local compiler, recorded in a new file's metadata.
         binary_format: what the backend loads.
+        writable: False under ``KDB_CACHE_POLICY=readonly``: an existing file is read as it is;
+            nothing is made, stored, deleted or repaired.
     """
 
-    def __init__(self, folder: Path, target: Target, *, compiler: str, binary_format: str):
+    def __init__(self, folder: Path, target: Target, *, compiler: str, binary_format: str, writable: bool = True):
         self.path = folder / target.arch_wide().bundle_name(USER_SUFFIX)
         self._target = Target(target.backend, target.arch)
         self._compiler = compiler
         self._binary_format = binary_format
         self._bundle: Bundle | None = None
         self._broken = False  # set once: no more reads or writes this process
-        self._read_only = False
+        self._writable = writable
+        self._read_only = not writable
+        self._repaired = False  # a damaged file found by a read was moved aside once already
         self._lock = threading.Lock()
         self._evictor = Evictor(self.path, env.get_size("KDB_CACHE_MAXSIZE"))
 
     @property
     def usable(self) -> bool:
         return not self._broken
+
+    @property
+    def read_only(self) -> bool:
+        """Whether this process stores nothing here (a read-only folder, or a write failed)."""
+        return self._read_only
 
     @property
     def is_open(self) -> bool:
@@ -130,18 +158,43 @@ class UserCache:
             return self._bundle
 
     def _open_or_repair(self) -> Bundle | None:
-        try:
-            self.path.parent.mkdir(parents=True, exist_ok=True)
-        except OSError as exc:
-            return self._give_up(f"cannot create the cache folder {self.path.parent} ({exc.strerror or exc})")
+        folder = self.path.parent
+        if not self._writable:
+            return self._open_as_found()
+        why = private_folder.make_private_folder(folder)
+        if why and not os.path.isdir(folder):
+            return self._give_up(why)
+        why = why or self._untrusted_file()
+        if why:
+            return self._refuse(why)
+        if not os.access(folder, os.W_OK):
+            return self._open_read_only(f"{folder} is not writable")
         for attempt in (1, 2):
             try:
-                return with_backoff(self._open_checked)
-            except (NotABundleError, CorruptBundleError) as exc:
+                bundle = with_backoff(self._open_checked)
+            except Exception as exc:
+                if not damaged(exc):
+                    if isinstance(exc, KdbError):
+                        return self._open_read_only(exc.problem)
+                    raise
                 if attempt == 2 or not self._move_aside(exc):
-                    return self._give_up(exc.problem)
-            except KdbError as exc:
-                return self._open_read_only(exc.problem)
+                    return self._give_up(_problem(exc))
+                continue
+            for suffix in ("",) + JOURNALS:
+                private_folder.make_file_private(Path(f"{self.path}{suffix}"))
+            return bundle
+        return None
+
+    def _untrusted_file(self) -> str | None:
+        """Why the cache file or a journal beside it may hold what another user wrote, or None."""
+        for suffix in ("",) + JOURNALS:
+            why = private_folder.untrusted(Path(f"{self.path}{suffix}"))
+            if why:
+                return why
+        return None
+
+    def _refuse(self, why: str) -> None:
+        private_folder.warn_refused(self.path.parent, why)
         return None
 
     def _open_checked(self) -> Bundle:
@@ -174,44 +227,70 @@ class UserCache:
                        self._compiler)
         return None
 
+    def _open_as_found(self) -> Bundle | None:
+        """The file as it is, read only (``KDB_CACHE_POLICY=readonly``); None, quietly, if there
+        is none, and with one warning if it is not to be trusted or cannot be read."""
+        if not os.path.isfile(self.path):
+            return None
+        why = private_folder.untrusted(self.path.parent) or self._untrusted_file()
+        if why:
+            return self._refuse(why)
+        return self._read_only_bundle() or self._give_up("it cannot be read")
+
     def _open_read_only(self, why: str) -> Bundle | None:
         """A cache we cannot write may still be read (a prebuilt cache in a read-only image)."""
-        if self.path.is_file():
-            try:
-                bundle = Bundle.open(self.path)
-            except KdbError:
-                return self._give_up(why)
-            if self._foreign(bundle):
-                bundle.close()
-                return self._give_up(why)
-            self._stop_writing(why)
-            return bundle
-        return self._give_up(why)
+        bundle = self._read_only_bundle()
+        if bundle is None:
+            return self._give_up(why)
+        self._stop_writing(why)
+        return bundle
 
-    def _move_aside(self, exc: KdbError) -> bool:
+    def _read_only_bundle(self) -> Bundle | None:
+        """The file opened read-only, if it is one of this cache's. SQLite reads a WAL file
+        read-only only through its ``-shm``; where the folder does not let it make one, the file
+        is opened ``immutable`` (no locks, no journal: nothing can change it there anyway)."""
+        if not os.path.isfile(self.path):
+            return None
+        bundle = None
+        for immutable in (False, True):
+            try:
+                bundle = Bundle.open(self.path, immutable=immutable)
+                break
+            except Exception as exc:
+                if not isinstance(exc, KdbError) and not damaged(exc):
+                    raise
+        if bundle is None:
+            return None
+        if self._foreign(bundle):
+            bundle.close()
+            return None
+        return bundle
+
+    def _move_aside(self, exc: BaseException) -> bool:
         aside = self.path.with_name(f"{self.path.name}.corrupt-{time.strftime('%Y%m%d-%H%M%S')}-{os.getpid()}")
         try:
             os.replace(self.path, aside)
-            for suffix in ("-wal", "-shm"):
+            for suffix in JOURNALS:
                 Path(str(self.path) + suffix).unlink(missing_ok=True)
         except OSError:
             return False
         what = "was not a cache for this device" if isinstance(exc, ForeignCacheError) else "was damaged"
         warn_once(f"ukdb-corrupt:{self.path}",
-                  f"User kernel cache {self.path} {what} ({exc.problem}); moved it to {aside.name} and started a "
-                  "new one. Programs it held will be compiled again.", logger=_log)
+                  f"User kernel cache {self.path} {what} ({_problem(exc)}); moved it to {aside} and started a "
+                  f"new one. Programs it held will be compiled again; {CLEAR_HINT} of such files.", logger=_log)
         return True
 
     def _give_up(self, why: str) -> None:
         warn_once(f"ukdb-unusable:{self.path}",
                   f"User kernel cache {self.path} is unusable: {why}. Running without it: compiled programs are "
-                  f"kept in memory only and recompiled in every new process; {DISABLE_HINT}.", logger=_log)
+                  f"kept in memory only and recompiled in every new process; {CLEAR_HINT}, or "
+                  f"{DISABLE_HINT}.", logger=_log)
         return None
 
     def warm_up(self) -> None:
         """Open the cache now if its file exists, and do a first read's one-time work (see
         :meth:`kdb.Bundle.warm_up`); nothing is created here, and a broken cache warns as usual."""
-        if self.path.is_file() and (bundle := self._open()) is not None:
+        if os.path.isfile(self.path) and (bundle := self._open()) is not None:  # never raises, unlike Path's
             bundle.warm_up()  # best effort: it swallows errors, which the get that needs it reports
 
     def get(self, key: ProgramKey) -> bytes | None:
@@ -225,21 +304,36 @@ class UserCache:
             _log.warning("%s; removing the entry so that it is rebuilt", exc.problem)
             self._delete(bundle, key)
             return None
-        except KdbError as exc:
-            self._break(exc)
+        except Exception as exc:
+            if not isinstance(exc, KdbError) and not damaged(exc):
+                raise
+            if not (damaged(exc) and self._repair(exc)):
+                self._break(exc)
             return None
         if binary is not None:
             self._evictor.used(key.kernel_name, key.kernel_args)
         return binary
 
-    def _break(self, exc: KdbError) -> None:
+    def _repair(self, exc: BaseException) -> bool:
+        """Move a file a read found damaged aside, once per process, so that the next use starts
+        a new one (other processes then open the new file too, instead of failing on the old)."""
+        with self._lock:
+            if self._repaired or self._read_only or self._bundle is None:
+                return False
+            self._repaired = True
+            bundle, self._bundle = self._bundle, None
+        bundle.close()
+        self._evictor.forget_file()
+        return self._move_aside(exc)
+
+    def _break(self, exc: BaseException) -> None:
         """Stop using the file for the rest of this process: no more reads, no more writes."""
         with self._lock:
             self._broken = True
             bundle, self._bundle = self._bundle, None
         if bundle is not None:
             bundle.close()
-        self._give_up(exc.problem)
+        self._give_up(_problem(exc))
 
     def discard(self, key: ProgramKey) -> None:
         """Remove an entry that decoded but does not load, so that it is rebuilt."""
@@ -248,6 +342,8 @@ class UserCache:
             self._delete(bundle, key)
 
     def _delete(self, bundle: Bundle, key: ProgramKey) -> None:
+        if self._read_only:  # a damaged entry in a cache this process does not write is only skipped
+            return
         try:
             with_backoff(lambda: bundle.delete(key.kernel_name, key.kernel_args))
         except KdbError as exc:
@@ -283,3 +379,8 @@ class UserCache:
             if self._bundle is not None:
                 self._bundle.close()
                 self._bundle = None
+
+
+def _problem(exc: BaseException) -> str:
+    """What went wrong, for a message: kdbkit's own text, else the Python error."""
+    return exc.problem if isinstance(exc, KdbError) else f"{type(exc).__name__}: {exc}"

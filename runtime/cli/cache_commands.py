@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 from typing import Optional
 
 import typer
@@ -46,7 +47,7 @@ def stats(as_json: bool = typer.Option(False, "--json", help="Print JSON for scr
     data = {
         "folder": str(folder), "files": len(files), "entries": sum(f.entries or 0 for f in files),
         "file_bytes": sum(f.file_bytes for f in files), "raw_bytes": sum(f.raw_bytes or 0 for f in files),
-        "lock_files": len(list(locks.glob("*.lock"))) if locks.is_dir() else 0,
+        "lock_files": len(list(locks.glob("*.lock"))) if os.path.isdir(locks) else 0,
         # each file is kept under it (KDB_CACHE_MAXSIZE; 0: no limit), least recently used first
         "max_bytes_per_file": env.get_size("KDB_CACHE_MAXSIZE"),
         "damaged_files": [str(f.path) for f in files if f.problem],
@@ -62,7 +63,8 @@ def stats(as_json: bool = typer.Option(False, "--json", help="Print JSON for scr
 @app.command("clear")
 def clear(yes: bool = typer.Option(False, "--yes", "-y", help="Do not ask for confirmation."),
           as_json: bool = typer.Option(False, "--json", help="Print JSON for scripts.")) -> None:
-    """Empty the cache of this kdbkit version (programs will be compiled again).
+    """Empty the cache of this kdbkit version (programs will be compiled again), and remove
+    damaged user find-db files (good rankings are kept).
 
     Safe while other processes use the cache: they keep running and compile what they need.
 
@@ -71,7 +73,7 @@ def clear(yes: bool = typer.Option(False, "--yes", "-y", help="Do not ask for co
     folder = paths.user_cache_dir()
     if not yes and not typer.confirm(f"Delete the kernel cache in {folder}?"):
         raise typer.Exit(1)
-    report = cache_admin.clear_cache(folder)
+    report = cache_admin.clear_cache(folder, find_db_folder=paths.user_db_dir())
     if as_json:
         print_json({"folder": str(folder), "entries": report.entries, "removed_files": report.removed_files,
                     "busy_locks": report.busy_locks, "freed_bytes": report.freed_bytes})
@@ -95,7 +97,7 @@ def prune(lock_days: Optional[float] = typer.Option(7.0, "--lock-days", callback
 
     Example: kdb cache prune --lock-days 1
     """
-    report = cache_admin.prune_cache(lock_age_s=(lock_days or 0) * 86400)
+    report = cache_admin.prune_cache(lock_age_s=(lock_days or 0) * 86400, find_db_folder=paths.user_db_dir())
     if as_json:
         print_json({"removed_files": report.removed_files, "removed_entries": report.removed_entries,
                     "freed_bytes": report.freed_bytes})

@@ -33,6 +33,12 @@ def test_readonly_reads_the_user_cache_and_writes_nothing(make_handle, isolated,
     assert not handle.sources[1].writable and "user" == handle.sources[1].name
 
 
+def test_readonly_creates_no_cache_file(make_handle, isolated, monkeypatch):
+    monkeypatch.setenv("KDB_CACHE_POLICY", "readonly")
+    assert make_handle().program(RELU.kernel_file, RELU.options).source == "jit"
+    assert not list((isolated / "cache").glob("*.ukdb*"))
+
+
 def test_off_neither_reads_nor_writes_the_user_cache(make_handle, isolated, monkeypatch):
     _fill_user_cache(make_handle)
     monkeypatch.setenv("KDB_CACHE_POLICY", "off")

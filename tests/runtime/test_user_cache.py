@@ -44,10 +44,10 @@ def test_an_existing_cache_opens_while_another_process_holds_the_write_lock(tmp_
     assert capsys.readouterr().err == ""
 
 
-def test_a_cache_that_breaks_is_neither_read_nor_written_again(tmp_path, fresh_log, capsys, monkeypatch):
+def test_a_cache_damaged_under_a_reader_is_moved_aside_once_then_left_alone(tmp_path, fresh_log, capsys,
+                                                                             monkeypatch):
     cache = _cache(tmp_path)
     assert cache.put(KEY, BINARY)
-    bundle = cache._bundle
     calls = []
     real_get, real_put = Bundle.get, Bundle.put
 
@@ -57,13 +57,19 @@ def test_a_cache_that_breaks_is_neither_read_nor_written_again(tmp_path, fresh_l
 
     monkeypatch.setattr(Bundle, "get", failing_get)
     monkeypatch.setattr(Bundle, "put", lambda self, *a: calls.append("put") or real_put(self, *a))
-    assert cache.get(KEY) is None and calls == ["get"]
-    assert not cache.usable
-    # From now on the file is left alone for the rest of the process: no read, no write.
+    assert cache.get(KEY) is None and cache.usable
+    aside = list(tmp_path.glob("sm_90.ukdb.corrupt-*"))
+    assert len(aside) == 1 and open_bundle(aside[0]).stats().entries == 1  # kept for inspection
+    assert cache.put(KEY, BINARY) and calls == ["get", "put"]  # a new file, written again
+    # Damaged again in the same process: the file is left alone for the rest of it.
+    bundle = cache._bundle
+    assert cache.get(KEY) is None and not cache.usable
     assert cache.get(KEY) is None and cache.put(KEY, BINARY) is False and cache.get(KEY) is None
-    assert calls == ["get"]
+    assert calls == ["get", "put", "get"]
     assert bundle._conn is not None and cache._bundle is None
-    assert capsys.readouterr().err.count("is unusable") == 1
+    err = capsys.readouterr().err
+    assert err.count("moved it to") == 1 and aside[0].name in err and "kdb cache clear" in err
+    assert err.count("is unusable") == 1
     monkeypatch.setattr(Bundle, "get", real_get)
 
 

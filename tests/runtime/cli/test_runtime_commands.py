@@ -88,6 +88,7 @@ def test_cache_commands(kdb, env):
     assert json.loads(out)["entries"] == 1 and json.loads(out)["max_bytes_per_file"] == 4 << 30
     aside = env / "cache" / (files[0]["path"].rsplit("/", 1)[1] + ".corrupt-1")
     aside.write_bytes(b"old damaged file")
+    os.utime(aside, (0, 0))  # prune keeps a moved-aside file a day, for a look at what went wrong
     code, out, _ = kdb("cache", "prune")
     assert code == 0 and not aside.exists() and "removed 1 file" in out
     assert open_bundle(files[0]["path"]).count() == 1
