@@ -23,6 +23,7 @@ EXPECTED = [
     "KDB_COMPILE_PARALLEL_LEVEL", "KDB_DEVICE_ARCH", "KDB_DEVICE_CU", "KDB_BACKEND", "KDB_KERNEL_PATH",
     "KDB_CLI_TRACEBACK", "KDB_DISABLE_PREFETCH",
     "KDB_CACHE_SOURCES",  # the lookup chain's tiers (issue 26)
+    "KDB_COMPILE_LOCK_WAIT",  # the bound on waiting for another compile of a program (issue 27)
 ]
 TRUE = ["1", "on", "yes", "true", "enable", "enabled"]
 FALSE = ["0", "off", "no", "false", "disable", "disabled"]
