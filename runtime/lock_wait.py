@@ -35,7 +35,7 @@ def wait_for(try_acquire: Callable[[float], bool], *, program: str, lock: str,
     Args:
         program: the program the lock is for, as the log names it.
         lock: the lock, as the log names it (a lock file's path, "this process's thread lock").
-        holder: who holds it now, for the log ("process 1234, since 12.5 s").
+        holder: who holds it now and since when, for the log.
 
     Returns:
         Whether the lock was taken; False means the bound passed and the caller goes on without it.
