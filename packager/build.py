@@ -288,7 +288,7 @@ def build(jobs: Sequence[Job], compilers: dict[Target, Compiler], out: Path, *, 
         # would leave the other workers idle at the end.
         size = {name: sum(len(f.data) for f in source.files) for name, source in sources.items()}
         first = sorted(range(len(todo)), key=lambda i: -size[todo[i].request.kernel_file])
-        with worker_pool.sigint_blocked():  # the workers this starts ignore Ctrl-C from their first instruction
+        with worker_pool.submitting(executor):  # the workers this starts ignore Ctrl-C from the first instruction
             for i in first:
                 futures[executor.submit(_compile, compilers[todo[i].bundle], dataclasses.replace(todo[i], source=None),
                                         sources[todo[i].request.kernel_file], expected[todo[i].bundle])] = i

@@ -38,7 +38,8 @@ from kdbkit.packager.errors import PackageError
 PACKAGE_PREFIX = "kdbkit-kernels-"
 MANIFEST = "manifest.json"
 MANIFEST_FORMAT = 1
-ENTRY_POINT_GROUP = "kdbkit.bundles"  # the group runtime/paths.py reads (its own constant: the runtime does not import the packager)
+# The group runtime/paths.py reads, spelled again there: the runtime does not import the packager.
+ENTRY_POINT_GROUP = "kdbkit.bundles"
 _EPOCH = (1980, 1, 1, 0, 0, 0)  # fixed member times: the same inputs give the same members
 
 

@@ -24,18 +24,20 @@ def _ignore_sigint() -> None:
 
 
 def process_pool(workers: int) -> concurrent.futures.ProcessPoolExecutor:
-    """A pool of ``workers`` processes that ignore SIGINT; submit to it inside :func:`sigint_blocked`."""
+    """A pool of ``workers`` processes that ignore SIGINT; submit to it inside :func:`submitting`."""
     return concurrent.futures.ProcessPoolExecutor(workers, initializer=_ignore_sigint)
 
 
 @contextmanager
-def sigint_blocked() -> Iterator[None]:
-    """SIGINT held back in this thread (a Ctrl-C arrives when the block ends), so that the
-    workers a pool starts meanwhile inherit it blocked. Only the main thread receives SIGINT; in
-    another one this does nothing."""
+def submitting(executor: concurrent.futures.Executor) -> Iterator[None]:
+    """Around the submits to a process pool: SIGINT held back in this thread (a Ctrl-C arrives
+    when the block ends), so that the workers the pool starts meanwhile inherit it blocked.
+    Nothing for another executor (one that compiles as it is submitted to must stay
+    interruptible), nor outside the main thread, the only one Python delivers SIGINT to."""
     import threading
 
-    if threading.current_thread() is not threading.main_thread():
+    if not isinstance(executor, concurrent.futures.ProcessPoolExecutor) or \
+            threading.current_thread() is not threading.main_thread():
         yield
         return
     previous = signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGINT})
