@@ -52,6 +52,7 @@ from kdbkit.kdb.writer import write_stored_bundle
 from kdbkit.kdb.version import __version__
 from kdbkit.packager.catalogue import programs_for
 from kdbkit.packager.code_object_checks import refuse_failing_code_object
+from kdbkit.packager import worker_pool
 from kdbkit.packager.errors import TargetError
 from kdbkit.packager.targets import builder_of
 from kdbkit.runtime.backends.spec import spec_for
@@ -280,15 +281,17 @@ def build(jobs: Sequence[Job], compilers: dict[Target, Compiler], out: Path, *, 
         workers = compile_workers(parallel)
         if any(spec_for(compilers[job.bundle].backend).machine_local for job in todo):
             workers = 1
-        executor = concurrent.futures.ProcessPoolExecutor(workers) if workers > 1 else _InProcess()
-    done = 0
+        executor = worker_pool.process_pool(workers) if workers > 1 else _InProcess()
+    done, futures, interrupted = 0, {}, False
     try:
         # Larger sources first: they tend to compile longest, and a long compile started last
         # would leave the other workers idle at the end.
         size = {name: sum(len(f.data) for f in source.files) for name, source in sources.items()}
         first = sorted(range(len(todo)), key=lambda i: -size[todo[i].request.kernel_file])
-        futures = {executor.submit(_compile, compilers[todo[i].bundle], dataclasses.replace(todo[i], source=None),
-                                   sources[todo[i].request.kernel_file], expected[todo[i].bundle]): i for i in first}
+        with worker_pool.submitting(executor):  # the workers this starts ignore Ctrl-C from the first instruction
+            for i in first:
+                futures[executor.submit(_compile, compilers[todo[i].bundle], dataclasses.replace(todo[i], source=None),
+                                        sources[todo[i].request.kernel_file], expected[todo[i].bundle])] = i
         for future, outcome in _as_completed(futures, stall_timeout):
             job = todo[futures[future]]
             binary, error, message, log = None, None, "", ""
@@ -310,8 +313,12 @@ def build(jobs: Sequence[Job], compilers: dict[Target, Compiler], out: Path, *, 
                 result.compiled += 1
             if progress:
                 progress(done, len(todo), len(result.failures))
+    except KeyboardInterrupt:  # Ctrl-C: stop every compile now; nothing has been written yet
+        interrupted = True
+        worker_pool.stop(executor, futures)
+        raise
     finally:
-        if own:
+        if own and not interrupted:
             executor.shutdown()
     order = {id(job): i for i, job in enumerate(todo)}
     result.failures.sort(key=lambda failure: order[id(failure.job)])  # in plan order, wherever they ran

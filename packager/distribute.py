@@ -14,6 +14,7 @@ from pathlib import Path
 from typing import Sequence
 
 from kdbkit.kdb import Target, open_bundle
+from kdbkit.kdb.verify import verify_bundle
 from kdbkit.packager import install as installer
 from kdbkit.packager.errors import PackageError
 from kdbkit.packager.select import Candidate, Choice, choose, scan
@@ -66,12 +67,14 @@ def package_bundles(paths: Sequence[Path], out: Path, *, find_dbs: Sequence[Path
         The wheels written, and the ``SHA256SUMS`` file listing them.
 
     Raises:
-        PackageError: a path that names no bundle, a find-db that fits none of the bundles.
+        PackageError: a path that names no bundle, a damaged bundle (as ``kdb db verify`` finds it;
+            nothing is written then), a find-db that fits none of the bundles.
         BundleError: a bundle that does not open.
     """
     pairs: list[tuple[Path, Path | None]] = []
     unused = list(dict.fromkeys(find_dbs))
     for bundle in bundle_files(paths):
+        _refuse_damaged(bundle)  # every bundle before any wheel is written
         with open_bundle(bundle) as opened:
             target = opened.metadata.target
         mine = [fdb for fdb in dict.fromkeys(find_dbs) if target is not None and _fits(target, fdb)]
@@ -82,6 +85,16 @@ def package_bundles(paths: Sequence[Path], out: Path, *, find_dbs: Sequence[Path
                            "give the bundle it was tuned for, or leave it out")
     packaged = [Packaged(write_package(bundle, out, find_db=fdb), bundle, fdb) for bundle, fdb in pairs]
     return packaged, installer.write_sums(out, [p.wheel for p in packaged])
+
+
+def _refuse_damaged(bundle: Path) -> None:
+    """The checks of ``kdb db verify``: a damaged bundle is refused here, not on the machine that
+    would install it."""
+    report = verify_bundle(bundle)
+    if not report.ok:
+        more = f" (and {len(report.problems) - 1} more problems)" if len(report.problems) > 1 else ""
+        raise PackageError(f"{bundle}: {report.problems[0]}{more}",
+                           "the bundle is damaged: rebuild it with `kdb build` (`kdb db verify` lists every problem)")
 
 
 def _fits(target: Target, find_db: Path) -> bool:
@@ -110,7 +123,8 @@ class InstallReport:
 
 
 def install_packages(source: Path, *, targets: Sequence[str | Target] = (), gpus: Sequence[str] = (),
-                     dry_run: bool = False, into: Path | None = None) -> InstallReport:
+                     dry_run: bool = False, into: Path | None = None,
+                     require_hashes: bool = False) -> InstallReport:
     """Install the best package or bundle in ``source`` for each device, all verified first.
 
     Args:
@@ -118,6 +132,8 @@ def install_packages(source: Path, *, targets: Sequence[str | Target] = (), gpus
         targets, gpus: the devices to install for (default: this machine's GPUs and OpenCL devices).
         dry_run: choose and verify, install nothing.
         into: the folder for bare bundles (default: this environment's ``share/kdbkit/db``).
+        require_hashes: refuse a candidate that no ``SHA256SUMS`` in ``source`` lists (where
+            there is one, an unlisted candidate is refused anyway).
 
     Raises:
         PackageError: ``source`` is not a folder or holds no package or bundle; no device; a
@@ -137,7 +153,7 @@ def install_packages(source: Path, *, targets: Sequence[str | Target] = (), gpus
     choices = [choose(device, candidates) for device in devices]
     chosen = list(dict.fromkeys(c.chosen for c in choices if c.chosen is not None))
     for candidate in chosen:  # every check before anything is installed
-        installer.verify(candidate)
+        installer.verify(candidate, root=source, require_hashes=require_hashes)
     report = InstallReport(source, dry_run, choices, named=bool(named))
     if not dry_run:
         report.installed = {c: installer.install(c, db_dir=into) for c in chosen}

@@ -3,11 +3,15 @@
 Every chosen candidate is verified before anything is installed, so a failed check leaves the
 environment as it was:
 
-- a ``SHA256SUMS`` file beside it (as ``kdb package`` writes one) must list the file's digest;
-- a wheel's members must be plain files inside its package folder or its ``.dist-info`` (no
-  ``..``, no absolute path, no link), each must match its SHA-256 in ``RECORD`` (the wheel
-  project's :class:`~wheel.wheelfile.WheelFile` checks them as it reads), and each file its
-  manifest lists must match the manifest's SHA-256 and size;
+- a ``SHA256SUMS`` file beside it or above it (as ``kdb package`` writes one) must list the
+  file with its digest: where there is one, a file it does not list is refused, since anyone who
+  can add a file to the folder could add a newer version; ``require_hashes`` makes one mandatory;
+- a wheel must be data only (:mod:`kdbkit.packager.wheel_checks`): its members' sizes within
+  caps before anything is read, plain files inside its package folder or its ``.dist-info``
+  (no ``..``, no absolute path, no link), exactly the members ``kdb package`` writes, its
+  generated ones byte for byte, each matching its SHA-256 in ``RECORD`` (the wheel project's
+  :class:`~wheel.wheelfile.WheelFile` checks them as it reads), and each file its manifest lists
+  matching the manifest's SHA-256 and size, streamed to a temporary file;
 - a bundle (bare, or in a wheel) must pass :func:`kdbkit.kdb.verify.verify_bundle`: SQLite
   integrity, its metadata and every entry's hash.
 
@@ -21,18 +25,20 @@ from __future__ import annotations
 import hashlib
 import os
 import shutil
-import stat
 import subprocess
 import sys
 import tempfile
 import zipfile
+import zlib
 from dataclasses import dataclass
-from pathlib import Path, PurePosixPath
+from pathlib import Path
 
 from kdbkit.kdb.find_db import SYSTEM_SUFFIX
 from kdbkit.kdb.verify import verify_bundle
 from kdbkit.packager.select import Candidate
-from kdbkit.packager.wheel import MANIFEST, Manifest, module_name
+from kdbkit.packager import wheel_checks as checks
+from kdbkit.packager.wheel import (MANIFEST, Manifest, dist_info_name, generated_members, module_name, package_name,
+                                   wheel_name)
 from kdbkit.packager.errors import PackageError
 
 SUMS_FILE = "SHA256SUMS"
@@ -81,63 +87,116 @@ def read_sums(folder: Path) -> dict[str, str]:
     return sums
 
 
-def verify(candidate: Candidate) -> None:
+def verify(candidate: Candidate, *, root: Path | None = None, require_hashes: bool = False) -> None:
     """Check ``candidate`` as the module docstring says; nothing is installed here.
+
+    Args:
+        root: the folder the candidates were found in: a ``SHA256SUMS`` there or in any folder
+            between it and the candidate must list the candidate (by its path from that folder).
+        require_hashes: refuse a candidate no ``SHA256SUMS`` lists, even where there is none.
 
     Raises:
         PackageError: naming the file and what does not match.
     """
-    listed = read_sums(candidate.path.parent).get(candidate.path.name)
-    if listed is not None and sha256_of(candidate.path) != listed:
-        raise PackageError(f"{candidate.path}: its SHA-256 does not match {candidate.path.parent / SUMS_FILE}",
-                           "download or copy the file again; do not install it")
+    files = [candidate.path]
+    if candidate.kind == "bundle":  # its find-db is copied with it
+        find_db = _find_db_of(candidate.path)
+        files += [find_db] if find_db.is_file() else []
+    for file in files:
+        _check_listed(file, root, require_hashes)
     if candidate.kind == "wheel":
         _verify_wheel(candidate)
     else:
         _verify_bundle_file(candidate.path, candidate.path)
 
 
+def _check_listed(path: Path, root: Path | None, require_hashes: bool) -> None:
+    listed, sums = _listed_digest(path, root)
+    if listed is None and sums is not None:
+        raise PackageError(f"{path}: not listed in {sums}, so not installed (a file added beside the packages "
+                           "is never trusted)", "remove it from the folder, or list it: `kdb package` writes "
+                           "SHA256SUMS with the wheels")
+    if listed is None and require_hashes:
+        raise PackageError(f"{path}: no {SUMS_FILE} lists it (--require-hashes)",
+                           f"install from the folder `kdb package` wrote, with its {SUMS_FILE}")
+    if listed is not None and sha256_of(path) != listed:
+        raise PackageError(f"{path}: its SHA-256 does not match {sums}",
+                           "download or copy the file again; do not install it")
+
+
+def _listed_digest(path: Path, root: Path | None) -> tuple[str | None, Path | None]:
+    """The digest a ``SHA256SUMS`` lists for ``path`` (in its folder, else in a folder above it,
+    up to ``root``) and that file; (None, the nearest ``SHA256SUMS``) when none lists it."""
+    folder, nearest = path.parent, None
+    top = Path(os.path.abspath(root)) if root is not None else None
+    while True:
+        sums = folder / SUMS_FILE
+        if sums.is_file():
+            nearest = nearest or sums
+            listed = read_sums(folder).get(path.relative_to(folder).as_posix())
+            if listed is not None:
+                return listed, sums
+        if top is None or Path(os.path.abspath(folder)) == top or folder.parent == folder:
+            return None, nearest
+        folder = folder.parent
+
+
+def _find_db_of(bundle: Path) -> Path:
+    return bundle.with_name(bundle.name.removesuffix(".kdb") + SYSTEM_SUFFIX)
+
+
 def _verify_wheel(candidate: Candidate) -> None:
     from wheel.wheelfile import WheelError, WheelFile
 
     path = candidate.path
-    module = module_name(candidate.target)
     try:
+        with zipfile.ZipFile(path) as plain:
+            infos = plain.infolist()
+        checks.check_sizes(path, infos)  # before WheelFile reads RECORD, or anything else is read
         with WheelFile(path) as wheel:
-            infos = wheel.infolist()
-            for info in infos:
-                _check_member(path, info, module, wheel.dist_info_path)
-            contents = {info.filename: wheel.read(info.filename) for info in infos if not info.is_dir()}
+            _verify_wheel_members(candidate, wheel, infos)
     except WheelError as exc:  # a member that does not match RECORD, or no RECORD
         raise PackageError(f"{path}: {exc}", "the wheel is damaged or was altered; do not install it") from None
-    except (zipfile.BadZipFile, OSError) as exc:
+    except (zipfile.BadZipFile, OSError, EOFError, zlib.error) as exc:
         raise PackageError(f"{path}: not a readable wheel ({exc})", "download or copy it again") from None
-    manifest = Manifest.from_json(contents[f"{module}/{MANIFEST}"].decode("utf-8", "replace"), str(path))
-    for name, entry in manifest.files.items():
-        data = contents.get(f"{module}/{name}")
-        if data is None:
-            raise PackageError(f"{path}: {name}, listed in its manifest, is missing", "rebuild it with `kdb package`")
-        if hashlib.sha256(data).hexdigest() != entry.get("sha256") or len(data) != entry.get("size"):
-            raise PackageError(f"{path}: {name} does not match the SHA-256 in its manifest",
-                               "the package was altered; rebuild it with `kdb package`")
-        if name.endswith(".kdb"):
-            with tempfile.TemporaryDirectory() as tmp:
-                copy = Path(tmp) / name
-                copy.write_bytes(data)
+
+
+def _verify_wheel_members(candidate: Candidate, wheel, infos: list[zipfile.ZipInfo]) -> None:
+    path, module, dist_info = candidate.path, module_name(candidate.target), wheel.dist_info_path
+    for info in infos:
+        checks.check_member_path(path, info, module, dist_info)
+    by_name = {info.filename: info for info in infos}
+    manifest_info = by_name.get(f"{module}/{MANIFEST}")
+    if manifest_info is None:
+        raise PackageError(f"{path}: no {module}/{MANIFEST}", "rebuild it with `kdb package`")
+    manifest = Manifest.from_json(checks.read_text_member(wheel, path, manifest_info).decode("utf-8", "replace"),
+                                  str(path))
+    target, version = manifest.target, manifest.version
+    if (manifest.package != package_name(target) or module_name(target) != module
+            or path.name != wheel_name(target, version) or dist_info != dist_info_name(target, version)):
+        raise PackageError(f"{path}: its name, folders and manifest ({manifest.package} {version}) disagree",
+                           "rebuild it with `kdb package`; do not rename a kernel wheel")
+    for name in manifest.files:
+        if "/" in name or "\\" in name or name.startswith(".") or not name.endswith((".kdb", SYSTEM_SUFFIX)):
+            raise PackageError(f"{path}: its manifest lists {name!r}, not a bundle or find-db",
+                               "the wheel is unsafe; do not install it")
+    data = {f"{module}/{name}": name for name in manifest.files}
+    generated = generated_members(target, version, manifest.compiler)
+    checks.check_members(path, [info.filename for info in infos],
+                         set(data) | set(generated) | {manifest_info.filename, f"{dist_info}/WHEEL", wheel.record_path})
+    checks.check_sizes(path, infos, set(data))
+    for name, expected in [*generated.items(), (f"{dist_info}/WHEEL", None)]:
+        checks.check_generated(path, name, checks.read_text_member(wheel, path, by_name[name]), expected)
+    with tempfile.TemporaryDirectory() as tmp:
+        for member, name in data.items():
+            copy, entry = Path(tmp) / name, manifest.files[name]
+            with open(copy, "wb") as dest:
+                digest, size = checks.copy_data_member(wheel, path, by_name[member], dest)
+            if digest != entry.get("sha256") or size != entry.get("size"):
+                raise PackageError(f"{path}: {name} does not match the SHA-256 in its manifest",
+                                   "the package was altered; rebuild it with `kdb package`")
+            if name.endswith(".kdb"):
                 _verify_bundle_file(copy, f"{path}:{name}")
-
-
-def _check_member(path: Path, info: zipfile.ZipInfo, module: str, dist_info: str) -> None:
-    """Refuse a member that could land outside the package's folders, or that is not a plain file."""
-    name = info.filename
-    parts = PurePosixPath(name).parts
-    mode = info.external_attr >> 16
-    why = ("an absolute path" if name.startswith("/") or "\\" in name or (parts and ":" in parts[0]) else
-           "a '..' component" if ".." in parts else
-           "a link" if stat.S_ISLNK(mode) else
-           "outside its package folder" if not parts or parts[0] not in (module, dist_info) else "")
-    if why:
-        raise PackageError(f"{path}: member {name!r} is {why}", "the wheel is unsafe; do not install it")
 
 
 def _verify_bundle_file(path: Path, what) -> None:
@@ -166,7 +225,7 @@ def install(candidate: Candidate, *, db_dir: Path | None = None) -> Installed:
         return _pip_install(candidate)
     folder = db_dir or default_db_dir()
     files = [candidate.path]
-    find_db = candidate.path.with_name(candidate.path.name.removesuffix(".kdb") + SYSTEM_SUFFIX)
+    find_db = _find_db_of(candidate.path)
     if find_db.is_file():
         files.append(find_db)
     try:

@@ -17,6 +17,7 @@ kdbkit versions, and never one built from kernel sources other than the ones ins
 from __future__ import annotations
 
 import zipfile
+import zlib
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Iterable
@@ -25,6 +26,7 @@ from kdbkit.kdb import Target, open_bundle
 from kdbkit.kdb.errors import KdbError
 from kdbkit.kdb.version import __version__
 from kdbkit.packager.wheel import MANIFEST, PACKAGE_PREFIX, Manifest
+from kdbkit.packager.wheel_checks import MAX_TEXT_BYTES
 from kdbkit.runtime.kernel_sources import KernelSearchPath, KernelSourceError
 
 
@@ -70,8 +72,15 @@ def _wheel(path: Path) -> Candidate:
             names = [n for n in archive.namelist() if n.endswith("/" + MANIFEST) and n.count("/") == 1]
             if len(names) != 1:
                 return Candidate(path, "wheel", damaged=f"holds {len(names)} {MANIFEST} files, not one")
-            manifest = Manifest.from_json(archive.read(names[0]).decode("utf-8", "replace"), str(path))
-    except (zipfile.BadZipFile, OSError) as exc:
+            info = archive.getinfo(names[0])
+            if info.file_size > MAX_TEXT_BYTES:  # never read a bomb to learn what a wheel is
+                return Candidate(path, "wheel", damaged=f"its {MANIFEST} declares {info.file_size} bytes")
+            with archive.open(info) as member:
+                text = member.read(MAX_TEXT_BYTES + 1)
+            if len(text) > MAX_TEXT_BYTES:
+                return Candidate(path, "wheel", damaged=f"its {MANIFEST} is over {MAX_TEXT_BYTES} bytes")
+            manifest = Manifest.from_json(text.decode("utf-8", "replace"), str(path))
+    except (zipfile.BadZipFile, OSError, EOFError, zlib.error) as exc:
         return Candidate(path, "wheel", damaged=f"not a readable wheel ({exc})")
     except KdbError as exc:
         return Candidate(path, "wheel", damaged=exc.problem)

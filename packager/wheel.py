@@ -7,8 +7,12 @@ A package ``kdbkit-kernels-<arch>[-<cu>]`` holds one import folder, ``kdbkit_ker
   package carries a CU count, since rankings depend on the device while binaries do not;
 - ``manifest.json``: the target, the kdbkit versions it works with, the compiler, the SHA-256 and
   size of every file, and the bundle's kernel-source manifest (what it was built from);
-- ``__init__.py`` with ``bundle_dir()``, which the entry point in group ``kdbkit.bundles`` names,
-  so the runtime finds the folder without importing anything else (runtime/paths.py).
+- ``__init__.py`` with ``bundle_dir()``, for a caller who wants the folder from Python.
+
+The entry point in group ``kdbkit.bundles`` names the import folder only (``<module> = <module>``):
+the runtime locates that folder beside the distribution's ``.dist-info`` and never imports it
+(runtime/paths.py), and ``kdb install`` refuses a wheel whose generated files differ by one byte
+from what :func:`generated_members` makes, so a kernel package is data and runs no code.
 
 The wheel is written with the ``wheel`` project's :class:`~wheel.wheelfile.WheelFile`, which
 adds each member's SHA-256 to ``RECORD`` and checks them again on every read.
@@ -34,6 +38,8 @@ from kdbkit.packager.errors import PackageError
 PACKAGE_PREFIX = "kdbkit-kernels-"
 MANIFEST = "manifest.json"
 MANIFEST_FORMAT = 1
+# The group runtime/paths.py reads, spelled again there: the runtime does not import the packager.
+ENTRY_POINT_GROUP = "kdbkit.bundles"
 _EPOCH = (1980, 1, 1, 0, 0, 0)  # fixed member times: the same inputs give the same members
 
 
@@ -134,16 +140,12 @@ def write_package(bundle: Path, out: Path, *, find_db: Path | None = None, versi
                         md.source_digests)
     members = {f"{module}/{f}": data for f, data in files.items()}
     members[f"{module}/{MANIFEST}"] = manifest.to_json().encode()
-    members[f"{module}/__init__.py"] = _init_py(target).encode()
-    dist_info = f"{module}-{version}.dist-info"
-    members[f"{dist_info}/METADATA"] = _metadata(name, version, target, md.compiler).encode()
-    members[f"{dist_info}/WHEEL"] = (f"Wheel-Version: 1.0\nGenerator: kdbkit {__version__}\n"
-                                     "Root-Is-Purelib: true\nTag: py3-none-any\n").encode()
-    members[f"{dist_info}/entry_points.txt"] = f"[kdbkit.bundles]\n{module} = {module}:bundle_dir\n".encode()
+    members.update(generated_members(target, version, md.compiler))
+    members[f"{dist_info_name(target, version)}/WHEEL"] = wheel_file_text(__version__).encode()
     from wheel.wheelfile import WheelFile  # deferred: only packaging needs it
 
     out.mkdir(parents=True, exist_ok=True)
-    path = out / f"{module}-{version}-py3-none-any.whl"
+    path = out / wheel_name(target, version)
     with tempfile.TemporaryDirectory(dir=out, prefix=".kdb-package-") as tmp:
         written = Path(tmp) / path.name  # WheelFile names RECORD after the file: keep the name
         with WheelFile(written, "w") as wheel:
@@ -154,6 +156,30 @@ def write_package(bundle: Path, out: Path, *, find_db: Path | None = None, versi
                 wheel.writestr(info, data)
         written.replace(path)
     return path
+
+
+def wheel_name(target: Target, version: str) -> str:
+    return f"{module_name(target)}-{version}-py3-none-any.whl"
+
+
+def dist_info_name(target: Target, version: str) -> str:
+    return f"{module_name(target)}-{version}.dist-info"
+
+
+def wheel_file_text(generator_version: str) -> str:
+    """The wheel's ``WHEEL`` file; only the version of the kdbkit that packaged it varies."""
+    return (f"Wheel-Version: 1.0\nGenerator: kdbkit {generator_version}\n"
+            "Root-Is-Purelib: true\nTag: py3-none-any\n")
+
+
+def generated_members(target: Target, version: str, compiler: str) -> dict[str, bytes]:
+    """The members a kernel wheel for ``target`` holds besides its data files, manifest and
+    ``WHEEL``, by their path in the wheel, exactly as :func:`write_package` writes them: the
+    installer compares a wheel's members with these byte for byte."""
+    module, dist_info = module_name(target), dist_info_name(target, version)
+    return {f"{module}/__init__.py": _init_py(target).encode(),
+            f"{dist_info}/METADATA": _metadata(package_name(target), version, target, compiler).encode(),
+            f"{dist_info}/entry_points.txt": f"[{ENTRY_POINT_GROUP}]\n{module} = {module}\n".encode()}
 
 
 def _init_py(target: Target) -> str:

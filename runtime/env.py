@@ -103,6 +103,8 @@ VARIABLES: tuple[EnvVar, ...] = (
            "0x01 print all, 0x02 warn, 0x04 raise, 0x08 abort, 0x10 stats. Default: 0 (off)."),
     EnvVar("KDB_COMPILE_PARALLEL_LEVEL", "int", 20, "Most kernels compiled at once (Handle.programs, "
            "find, the offline builder). Default: 20."),
+    EnvVar("KDB_COMPILE_LOCK_WAIT", "int", 30, "Seconds to wait for another process or thread compiling the "
+           "same program before compiling it here too. Default: 30."),
     # Device overrides for offline work, as MIOPEN_DEVICE_ARCH / MIOPEN_DEVICE_CU.
     EnvVar("KDB_DEVICE_ARCH", "target", None, "Act as if devices of this arch's backend had it "
            "(gfx942, sm_90, gfx90a:xnack-_110). Default: unset (detected)."),
@@ -117,7 +119,7 @@ VARIABLES: tuple[EnvVar, ...] = (
 _BY_NAME = {var.name: var for var in VARIABLES}
 # Constraints the kind alone does not express; a value outside them falls back like a typo.
 _INT_RANGES: dict[str, tuple[int, int | None]] = {
-    "KDB_LOG_LEVEL": (0, 7), "KDB_COMPILE_PARALLEL_LEVEL": (1, None), "KDB_DEVICE_CU": (1, None),
+    "KDB_LOG_LEVEL": (0, 7), "KDB_COMPILE_PARALLEL_LEVEL": (1, None), "KDB_COMPILE_LOCK_WAIT": (0, None), "KDB_DEVICE_CU": (1, None),
     "KDB_CHECK_NUMERICS": (0, 0x1F)}  # 0x1F: every CheckNumerics bit
 CACHE_POLICIES = ("readwrite", "readonly", "off", "installed-only")  # runtime/cache_policy.py says what each means
 _CHOICES: dict[str, tuple[str, ...]] = {"KDB_CACHE_POLICY": CACHE_POLICIES}  # KDB_BACKEND's: see _choices

@@ -6,7 +6,8 @@ the lease of every tier in the chain that offers one (:meth:`Source.lease`), in 
 that every process takes them in the same order and none waits on another in a cycle. Under
 them it re-checks the tiers, compiles and writes through. A tier shared by several machines
 offers a lease that those machines share; the user cache offers :class:`FileLease`, a file per
-key in its folder.
+key in its folder. A wait for a lease held by someone else is logged and bounded
+(:mod:`kdbkit.runtime.lock_wait`): past ``KDB_COMPILE_LOCK_WAIT`` seconds the waiter compiles too.
 
 A lease only saves work: when it cannot be taken (a read-only folder, a server that does not
 answer) its holder warns once and compiles anyway, so two holders may compile the same
@@ -15,20 +16,22 @@ program, which is slower and never wrong.
 
 from __future__ import annotations
 
+import fcntl
+import os
+import socket
+import stat
 import threading
+import time
 from abc import ABC, abstractmethod
 from contextlib import contextmanager
 from pathlib import Path
 from typing import ContextManager, Iterator
 
-from filelock import FileLock, Timeout
-
+from kdbkit.runtime.lock_wait import wait_for
 from kdbkit.runtime.logging_setup import get_logger, warn_once
 from kdbkit.runtime.program_key import ProgramKey
 
 _log = get_logger(__name__)
-# Longer than any sane compile; past it we compile anyway rather than wait forever.
-LOCK_TIMEOUT_S = 600.0
 
 
 class CompileLease(ABC):
@@ -72,21 +75,33 @@ class held:
 
 
 class _KeyLocks:
-    """One thread lock per key, alive only while a thread holds or waits for it."""
+    """One thread lock per key, alive only while a thread holds or waits for it; a wait is
+    bounded and logged as a lock file's is (:mod:`kdbkit.runtime.lock_wait`)."""
 
     def __init__(self) -> None:
-        self._locks: dict[str, list] = {}  # key -> [lock, users]
+        self._locks: dict[str, list] = {}  # key -> [lock, users, holder's thread name, since (monotonic)]
         self._guard = threading.Lock()
 
     @contextmanager
-    def hold(self, key: str) -> Iterator[None]:
+    def hold(self, key: str, program: str = "") -> Iterator[None]:
         with self._guard:
-            entry = self._locks.setdefault(key, [threading.Lock(), 0])
+            entry = self._locks.setdefault(key, [threading.Lock(), 0, "", 0.0])
             entry[1] += 1
+
+        def holder() -> str:
+            return f"thread {entry[2]!r} of this process, for {time.monotonic() - entry[3]:.1f} s"
+
+        taken = False
         try:
-            with entry[0]:
-                yield
+            taken = wait_for(lambda timeout: entry[0].acquire(timeout=timeout) if timeout > 0
+                             else entry[0].acquire(blocking=False),
+                             program=program or key, lock="this process's thread lock", holder=holder)
+            if taken:
+                entry[2], entry[3] = threading.current_thread().name, time.monotonic()
+            yield
         finally:
+            if taken:
+                entry[0].release()
             with self._guard:
                 entry[1] -= 1
                 if entry[1] == 0:
@@ -104,7 +119,7 @@ class ThreadLease(CompileLease):
     so a process that compiles a million programs keeps none."""
 
     def hold(self, key: ProgramKey) -> ContextManager[None]:
-        return _thread_locks.hold(key.digest)
+        return _thread_locks.hold(key.digest, str(key))
 
 
 THREAD_LEASE = ThreadLease()
@@ -112,7 +127,19 @@ THREAD_LEASE = ThreadLease()
 
 class FileLease(CompileLease):
     """A lock file per key (``<folder>/<digest>.lock``), an ``flock`` that the kernel releases if
-    its holder dies, so a crashed process leaves no stale lease.
+    its holder dies, so a crashed process leaves no stale lease; a stalled holder is waited on for
+    :func:`~kdbkit.runtime.lock_wait.wait_bound` only. The holder writes its process id, host and
+    start time into the file, for the waiters' log lines.
+
+    The folder is made 0700 and each file 0600 whatever the umask: a lock file tells others what
+    a user compiles, and one writable by others would let them hold every compile back.
+
+    Lock files stay after their release, one per program compiled: deleting an ``flock`` file
+    races (a waiter blocked on the deleted file and a newcomer who creates a new one would both
+    hold "the" lock), so idle ones are deleted only by ``kdb cache prune`` (``--lock-days``),
+    which takes each without waiting before it deletes it, and what is left of that race costs a
+    second compile, never a wrong binary. One file per key, not a fixed set of shared stripes,
+    so that two programs never wait on each other.
 
     Args:
         folder: where the lock files live (made on first use).
@@ -123,17 +150,62 @@ class FileLease(CompileLease):
 
     @contextmanager
     def hold(self, key: ProgramKey) -> Iterator[None]:
+        path = self.folder / f"{key.digest[:40]}.lock"
         try:
-            self.folder.mkdir(parents=True, exist_ok=True)
-            lock = FileLock(str(self.folder / f"{key.digest[:40]}.lock"), timeout=LOCK_TIMEOUT_S)
-            _log.trace("waiting for the compile lock of %s", key)
-            lock.acquire()
-        except (OSError, Timeout) as exc:
+            fd = _open_private(self.folder, path)
+        except OSError as exc:
             warn_once(f"jit-lock:{self.folder}", f"Cannot take compile locks in {self.folder} ({exc}); processes "
                       "may compile the same program concurrently (results stay correct).", logger=_log)
             yield
             return
         try:
+            if wait_for(lambda timeout: _flock(fd, timeout), program=str(key), lock=str(path),
+                        holder=lambda: _holder(fd)):
+                _write_holder(fd)
             yield
         finally:
-            lock.release()
+            os.close(fd)  # releases the flock, if taken
+
+
+def _open_private(folder: Path, path: Path) -> int:
+    folder.mkdir(mode=0o700, parents=True, exist_ok=True)
+    if stat.S_IMODE(folder.stat().st_mode) != 0o700:
+        os.chmod(folder, 0o700)  # mkdir's mode is cut by the umask, and an existing folder kept its own
+    fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC | os.O_NOFOLLOW, 0o600)
+    try:
+        if stat.S_IMODE(os.fstat(fd).st_mode) != 0o600:
+            os.fchmod(fd, 0o600)
+    except OSError:
+        os.close(fd)
+        raise
+    return fd
+
+
+def _flock(fd: int, timeout: float) -> bool:
+    """Take ``fd``'s flock within ``timeout`` seconds (polling: flock itself waits without bound)."""
+    deadline = time.monotonic() + timeout
+    while True:
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            return True
+        except BlockingIOError:
+            if time.monotonic() >= deadline:
+                return False
+            time.sleep(min(0.05, max(0.0, deadline - time.monotonic())))
+
+
+def _write_holder(fd: int) -> None:
+    try:
+        os.ftruncate(fd, 0)
+        os.pwrite(fd, f"{os.getpid()} {socket.gethostname()} {time.time():.3f}\n".encode(), 0)
+    except OSError:
+        pass  # the note is for log lines only
+
+
+def _holder(fd: int) -> str:
+    """Who holds the lock, from the note its holder wrote."""
+    try:
+        pid, host, since = os.pread(fd, 512, 0).decode("utf-8", "replace").split()
+        return f"process {pid} on {host}, for {time.time() - float(since):.1f} s"
+    except (OSError, ValueError):
+        return "another process"

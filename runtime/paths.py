@@ -3,8 +3,8 @@
 System bundles (read-only), searched in this order:
 1. ``KDB_SYSTEM_DB_PATH`` (a path list of folders, or of ``.kdb`` files named directly);
 2. ``<sys.prefix>/share/kdbkit/db``;
-3. installed kernel packages: entry points in group ``kdbkit.bundles`` whose value is a
-   callable returning a folder, or a module whose folder holds the ``.kdb`` files.
+3. installed kernel packages: entry points in group ``kdbkit.bundles`` whose value names the
+   import folder holding the ``.kdb`` files, found beside the distribution and never imported.
 
 Per-user files live in a folder per kdbkit version, as MIOpen's do, so an upgrade never
 reads a cache written by an older release: ``KDB_CUSTOM_CACHE_DIR`` or the platform's
@@ -126,6 +126,7 @@ def _scan_entry_points() -> Iterator[SearchDir]:
     Reads each distribution's ``entry_points.txt`` directly instead of through
     ``importlib.metadata``, whose import alone costs far more than the scan: this runs in
     every process that finds no bundle earlier in the search, on the way to its first result.
+    Nothing is imported: a package is data (see :func:`_load_entry_points`).
     """
     seen = set()
     for entry in sys.path:
@@ -147,10 +148,18 @@ def _scan_entry_points() -> Iterator[SearchDir]:
             except OSError:
                 continue
             if f"[{ENTRY_POINT_GROUP}]" in text:
-                yield from _load_entry_points(text, dist)
+                yield from _load_entry_points(text, dist, Path(entry or "."), name)
 
 
-def _load_entry_points(text: str, dist: str) -> Iterator[SearchDir]:
+def _load_entry_points(text: str, dist: str, site: Path, dist_info: str) -> Iterator[SearchDir]:
+    """The folders a distribution's ``kdbkit.bundles`` entry points name, found without importing.
+
+    A value names an import folder (``kdbkit_kernels_sm_90``; ``module:bundle_dir`` as packages
+    from kdbkit 0.1.0 wrote it, whose function returned that same folder): the folder is
+    ``<site>/<module>/``, beside the ``.dist-info``, and must be one the distribution installed
+    (its ``RECORD`` lists files in it). Importing the module would run a package's code in every
+    process that makes a handle; reading a folder runs none, and its bundles are verified as read.
+    """
     section = False
     for raw in text.splitlines():
         line = raw.strip()
@@ -160,17 +169,34 @@ def _load_entry_points(text: str, dist: str) -> Iterator[SearchDir]:
         if not section or "=" not in line or line.startswith(("#", ";")):
             continue
         ep_name, value = (part.strip() for part in line.split("=", 1))
-        try:
-            module_name, _, attr = value.partition(":")
-            obj = importlib.import_module(module_name.strip())
-            for part in filter(None, attr.strip().split(".")):
-                obj = getattr(obj, part)
-            path = Path(obj() if callable(obj) else Path(obj.__file__).parent)
-        except Exception as exc:  # a broken kernel package must not stop the runtime
-            _log.warning("kernel package %s: entry point %s = %s failed to load (%s); its bundles are skipped. "
-                         "Reinstall that package.", dist, ep_name, value, exc)
+        module = value.partition(":")[0].strip()
+        why = _unowned_folder(module, site, dist_info)
+        if why:  # a broken kernel package must not stop the runtime
+            _log.warning("kernel package %s: entry point %s = %s %s; its bundles are skipped. Reinstall that "
+                         "package with `kdb install`.", dist, ep_name, value, why)
             continue
-        yield SearchDir(path, f"package {dist}")
+        yield SearchDir(site.joinpath(*module.split(".")), f"package {dist}")
+
+
+def _unowned_folder(module: str, site: Path, dist_info: str) -> str:
+    """Why ``module`` names no folder of this distribution ("" when it does)."""
+    parts = module.split(".")
+    if not module or not all(p.isidentifier() for p in parts):
+        return "names no import folder"
+    folder = site.joinpath(*parts)
+    if not folder.is_dir():
+        return f"names {folder}, which is not a folder"
+    try:
+        with open(site / dist_info / "RECORD", encoding="utf-8") as f:
+            record = f.read()
+    except FileNotFoundError:
+        return ""  # a distribution laid out by hand (a development tree): the folder is all there is
+    except OSError as exc:
+        return f"has an unreadable RECORD ({exc.strerror or exc})"
+    prefix = "/".join(parts) + "/"
+    if not any(line.startswith(prefix) for line in record.splitlines()):
+        return f"names {folder}, which the distribution did not install"
+    return ""
 
 
 def import_platformdirs_in_background() -> None:

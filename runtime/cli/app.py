@@ -17,7 +17,7 @@ from kdbkit.kdb.errors import KdbError
 from kdbkit.kdb.version import __version__
 from kdbkit.runtime import env as kdb_env
 from kdbkit.runtime.errors import CompileError
-from kdbkit.runtime.cli import cache_commands, db_commands
+from kdbkit.runtime.cli import cache_commands, db_commands, interrupts
 from kdbkit.runtime.cli.demo_command import demo
 from kdbkit.runtime.driver import commands as driver_commands
 from kdbkit.runtime.cli.doctor_command import doctor
@@ -73,17 +73,26 @@ def main(argv: list[str] | None = None) -> int:
     Every failure is one line: kdbkit's errors (1, with a compile error's log below), OS
     errors (1), usage errors such as an unknown option (2), a group named without a command
     (its help, once, and 2 as typer gives), anything else as an internal error (1) that says
-    how to get the traceback.
+    how to get the traceback; Ctrl-C "aborted" (130), a second one exits at once
+    (:mod:`.interrupts`).
     """
+    with interrupts.handled():
+        return _run(argv)
+
+
+def _run(argv: list[str] | None) -> int:
     try:
         # Not standalone: click would print usage errors as a boxed panel; they are one line here.
         code = command().main(args=argv, prog_name="kdb", standalone_mode=False)
+        if interrupts.interrupted():  # typer answers Ctrl-C with a silent exit 130
+            err.print("aborted")
+            return interrupts.EXIT_INTERRUPTED
         return code if isinstance(code, int) else 0
     except SystemExit as exc:
         return exc.code if isinstance(exc.code, int) else (0 if exc.code is None else 1)
     except KeyboardInterrupt:
         err.print("aborted")
-        return 130
+        return interrupts.EXIT_INTERRUPTED
     except KdbError as exc:
         return _one_line(exc, f"{exc.problem}; {exc.remedy}" if exc.remedy else exc.problem,
                          exc.log if isinstance(exc, CompileError) else "")

@@ -48,6 +48,9 @@ def install(
     gpu: List[str] = typer.Option([], "--gpu", help="Install for a GPU by name (kdb targets lists them). Repeatable."),
     explain: bool = typer.Option(False, "--explain", help="Also say why each other candidate was not taken."),
     dry_run: bool = typer.Option(False, "--dry-run", help="Choose and verify, but install nothing."),
+    require_hashes: bool = typer.Option(False, "--require-hashes", help="Refuse any candidate that no SHA256SUMS "
+                                        "in the folder lists (where there is one, an unlisted file is refused "
+                                        "anyway)."),
     into: Optional[Path] = typer.Option(None, "--into", help="Folder for bare bundles (default: this environment's "
                                         "share/kdbkit/db, which the runtime searches). Wheels go through pip."),
     as_json: bool = typer.Option(False, "--json", help="Print JSON for scripts."),
@@ -58,7 +61,8 @@ def install(
     """
     from kdbkit.packager import install_packages
 
-    result = install_packages(source, targets=target, gpus=gpu, dry_run=dry_run, into=into)
+    result = install_packages(source, targets=target, gpus=gpu, dry_run=dry_run, into=into,
+                              require_hashes=require_hashes)
     report = [{
         "device": str(c.device), "chosen": str(c.chosen.path) if c.chosen else None,
         "why": _RANKS[c.rank] if c.chosen else "nothing fits",

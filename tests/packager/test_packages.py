@@ -60,7 +60,7 @@ def test_a_wheel_holds_the_bundle_find_db_manifest_and_entry_point(tmp_path):
     for name in ("sm_90.kdb", "sm_90_132.fdb"):
         assert manifest["files"][name]["sha256"] == hashlib.sha256(members[f"{module}/{name}"]).hexdigest()
     entry_points = members[f"{module}-0.1.0.dist-info/entry_points.txt"].decode()
-    assert f"[kdbkit.bundles]\n{module} = {module}:bundle_dir" in entry_points
+    assert entry_points == f"[kdbkit.bundles]\n{module} = {module}\n"  # names a folder, runs nothing
     assert "Requires-Dist: kdbkit>=0.1.0,<0.2" in members[f"{module}-0.1.0.dist-info/METADATA"].decode()
     assert write_package(bundle, tmp_path / "again", find_db=fdb).read_bytes()[:30] == wheel.read_bytes()[:30]
 
@@ -170,7 +170,7 @@ def test_altered_members_and_checksums_are_refused(tmp_path):
     plain = write_package(_bundle(tmp_path / "c"), tmp_path / "x")
     with zipfile.ZipFile(plain, "a") as archive:  # a member RECORD does not know
         archive.writestr("kdbkit_kernels_sm_90/extra.py", "print('hi')")
-    with pytest.raises(PackageError, match="No hash found for file 'kdbkit_kernels_sm_90/extra.py'"):
+    with pytest.raises(PackageError, match="member 'kdbkit_kernels_sm_90/extra.py' is not part of a kernel package"):
         installer.verify(scan(tmp_path / "x")[0])
 
 

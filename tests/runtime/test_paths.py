@@ -1,41 +1,79 @@
 """Where system bundles are looked for: the variable, sys.prefix, then installed kernel packages."""
 
+import os
+import subprocess
 import sys
+
+import pytest
 
 from kdbkit.kdb import Target, write_bundle
 from kdbkit.runtime import paths
 from kdbkit.runtime.system_bundles import find_system_bundles
 
 
-def _fake_kernel_package(root, name, entry_value):
+def _fake_kernel_package(root, name, entry_value, record=None):
     dist = root / f"{name}-1.0.dist-info"
     dist.mkdir(parents=True)
     (dist / "entry_points.txt").write_text(f"[console_scripts]\nx = y:z\n\n[kdbkit.bundles]\n{name} = {entry_value}\n")
+    if record is not None:
+        (dist / "RECORD").write_text("".join(f"{line},,\n" for line in record))
 
 
 def test_kernel_packages_are_found_through_entry_points(tmp_path, monkeypatch):
     site = tmp_path / "site"
     pkg = site / "kdbkit_kernels_test"
     pkg.mkdir(parents=True)
-    (pkg / "__init__.py").write_text("from pathlib import Path\n\ndef bundle_dir():\n    return Path(__file__).parent / 'db'\n")
-    (pkg / "db").mkdir()
-    write_bundle(pkg / "db" / "sm_90_132.kdb", Target.parse("sm_90_132"), [("k.c.o", "-mcpu=sm_90", b"x" * 100)],
+    (pkg / "__init__.py").write_text("")
+    write_bundle(pkg / "sm_90_132.kdb", Target.parse("sm_90_132"), [("k.c.o", "-mcpu=sm_90", b"x" * 100)],
                  compiler="nvrtc 13.0", binary_format="cubin")
-    _fake_kernel_package(site, "kdbkit_kernels_test", "kdbkit_kernels_test:bundle_dir")
+    _fake_kernel_package(site, "kdbkit_kernels_test", "kdbkit_kernels_test",
+                         ["kdbkit_kernels_test/__init__.py", "kdbkit_kernels_test/sm_90_132.kdb"])
     _fake_kernel_package(site, "broken_pkg", "no_such_module_here:nothing")
+    # a distribution naming a folder it did not install (another package's) is not believed
+    (site / "someone_else").mkdir()
+    _fake_kernel_package(site, "borrowing", "someone_else", ["borrowing/__init__.py"])
     monkeypatch.syspath_prepend(str(site))
-    # another test's package of the same name, imported from its own folder, must not answer
-    monkeypatch.delitem(sys.modules, "kdbkit_kernels_test", raising=False)
     monkeypatch.setenv("KDB_SYSTEM_DB_PATH", str(tmp_path / "empty"))
+    monkeypatch.setattr(paths, "_entry_points_seen", None)
     dirs = paths.system_db_dirs()
     origins = [d.origin for d in dirs]
     assert origins[0] == "KDB_SYSTEM_DB_PATH" and origins[1] == "sys.prefix"
-    assert "package kdbkit_kernels_test" in origins and "package broken_pkg" not in origins
+    assert "package kdbkit_kernels_test" in origins
+    assert "package broken_pkg" not in origins and "package borrowing" not in origins
     found, trace = find_system_bundles(Target.parse("sm_90_132"), "cubin", dirs)
-    assert [b.path for b in found] == [pkg / "db" / "sm_90_132.kdb"], trace
+    assert [b.path for b in found] == [pkg / "sm_90_132.kdb"], trace
     for b in found:
         b.close()
-    sys.modules.pop("kdbkit_kernels_test", None)
+
+
+_HANDLE_THEN_SCAN = """
+import kdbkit
+from kdbkit.runtime import paths
+with kdbkit.Handle() as handle:
+    pass
+print(sorted(d.origin for d in paths.system_db_dirs() if d.origin.startswith("package")))
+"""
+
+
+@pytest.mark.parametrize("value", ["kdbkit_kernels_evil", "kdbkit_kernels_evil:bundle_dir"])
+def test_handle_never_imports_a_kernel_package(tmp_path, value):
+    """A kernel package is data: finding its folder must not run its ``__init__.py`` (here, one
+    that leaves a marker file and raises), in the new entry-point form or the old one."""
+    site, marker = tmp_path / "site", tmp_path / "imported"
+    (site / "kdbkit_kernels_evil").mkdir(parents=True)
+    (site / "kdbkit_kernels_evil" / "__init__.py").write_text(
+        f"open({str(marker)!r}, 'w').write('ran')\nraise SystemExit('kernel package code ran')\n"
+        "def bundle_dir():\n    return '/'\n")
+    _fake_kernel_package(site, "kdbkit_kernels_evil", value, ["kdbkit_kernels_evil/__init__.py"])
+    env = {k: v for k, v in os.environ.items() if not k.startswith("KDB_")}
+    env.update(PYTHONPATH=os.pathsep.join([str(site), *filter(None, [os.environ.get("PYTHONPATH")])]),
+               KDB_SYSTEM_DB_PATH=str(tmp_path / "none"), KDB_CUSTOM_CACHE_DIR=str(tmp_path / "cache"),
+               KDB_USER_DB_PATH=str(tmp_path / "userdb"), KDB_BACKEND="opencl")
+    done = subprocess.run([sys.executable, "-c", _HANDLE_THEN_SCAN], env=env, capture_output=True, text=True,
+                          timeout=300)
+    assert done.returncode == 0, done.stderr
+    assert not marker.exists(), "the kernel package's module was imported"
+    assert done.stdout.strip() == "['package kdbkit_kernels_evil']"
 
 
 def test_the_search_is_lazy(tmp_path, monkeypatch):
