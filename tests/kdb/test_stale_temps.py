@@ -35,7 +35,9 @@ write_stored_bundle(Path(sys.argv[1]), Target("cuda", "sm_90"), entries(), compi
 
 
 def _temps(folder: Path) -> set[str]:
-    return {p.name for p in folder.iterdir() if p.name.startswith(".sm_90.kdb.")}
+    """The writers' temporary bundles; a journal counts as its bundle's (a live writer makes and
+    drops its journal as it goes, so when it is seen is a matter of timing)."""
+    return {p.name.removesuffix("-journal") for p in folder.iterdir() if p.name.startswith(".sm_90.kdb.")}
 
 
 def _stalled_writer(out: Path) -> tuple[subprocess.Popen, set[str]]:
