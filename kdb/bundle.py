@@ -3,7 +3,10 @@
 System bundles are opened read-only (``mode=ro``); user caches read-write, in WAL mode with
 a busy timeout so that readers never wait for a writer. Opening costs O(1) in the file's
 size: one read of ``kdb_meta`` and a probe of ``kern_db``; lookups use the unique index.
-Every read recomputes ``kernel_hash`` over the decoded bytes: a mismatch raises
+Every read proves the entry is the one asked for before returning its bytes: the row's own
+``kernel_name`` and ``kernel_args`` (read from the table row, not from the index that found
+it) must be the key, and ``kernel_hash`` is recomputed over the decoded bytes (over the key
+and the bytes from format version 2 on). A mismatch raises
 :class:`~kdb.errors.CorruptEntryError` naming the file and the key, and the bytes are
 never returned. All SQL uses bound parameters.
 """
@@ -42,8 +45,15 @@ PRODUCER = f"kdbkit {__version__}"
 BUSY_TIMEOUT_S = 5.0
 
 
-_GET_ENTRY = ("SELECT kernel_blob, kernel_hash, uncompressed_size FROM kern_db "
-              "WHERE kernel_name = ? AND kernel_args = ?")  # one text: SQLite's statement cache keys on it
+# The index finds the rowid; the row is then read by rowid, so that its name and args come from
+# the table row itself (a plain WHERE on name and args lets SQLite read them from the index
+# entry that matched, which a damaged index would make equal to the request). One statement,
+# one text: SQLite's statement cache keys on it.
+_GET_ENTRY = ("SELECT kernel_name, kernel_args, kernel_blob, kernel_hash, uncompressed_size FROM kern_db "
+              "WHERE rowid = (SELECT rowid FROM kern_db WHERE kernel_name = ? AND kernel_args = ?)")
+# Every row as stored, from the table (never the index), in rowid order, a batch at a time.
+_ROWS = ("SELECT rowid, kernel_name, kernel_args, kernel_blob, kernel_hash, uncompressed_size FROM kern_db "
+         "NOT INDEXED WHERE rowid > ? ORDER BY rowid LIMIT 256")
 
 
 @dataclass(frozen=True)
@@ -128,7 +138,9 @@ class Bundle:
         self.metadata = metadata
         self._lock = threading.RLock()
         self._reader = _codec.Codec(metadata.codec, dictionary=dictionary)
+        self.keyed = metadata.format_version >= schema.KEYED_HASH_VERSION
         self._hash = _codec.hasher(metadata.hash)
+        self._keyed_hash = _codec.keyed_hasher(metadata.hash)
         self._writer: _codec.Codec | None = None
         self.write_level = _codec.CACHE_LEVEL
 
@@ -242,7 +254,10 @@ class Bundle:
             row = self._query_one(_GET_ENTRY, (kernel_name, kernel_args))
         if row is None:
             return None
-        return self._decode(kernel_name, kernel_args, *row)
+        if row[0] != kernel_name or row[1] != kernel_args:
+            raise self._corrupt(kernel_name, kernel_args, f"the index leads to the row of {row[0]!r} [{row[1]!r}] "
+                                                          "(a damaged index)")
+        return self._decode(kernel_name, kernel_args, row[2], row[3], row[4])
 
     def warm_up(self) -> None:
         """Do the one-time work of a first lookup now: SQLite prepares the lookup statement
@@ -261,14 +276,18 @@ class Bundle:
             pass  # a damaged page is reported by the lookup that reads it
 
     def _decode(self, name: str, args: str, blob: bytes, expected_hash: str, size: int) -> bytes:
+        """The entry's bytes under the key (``name``, ``args``), proven by its hash."""
+        if not isinstance(blob, bytes):
+            raise self._corrupt(name, args, f"kernel_blob is {type(blob).__name__}, not a blob")
         try:
             data = self._reader.decode(blob, size)
         except CodecError as exc:
             raise self._corrupt(name, args, exc.problem) from exc
-        actual = self._hash(data)
+        actual = self._keyed_hash(name, args, data) if self.keyed else self._hash(data)
         if actual != expected_hash and actual != str(expected_hash).lower():  # the common case skips str().lower()
-            raise self._corrupt(name, args, f"{self.metadata.hash} of the data does not match kernel_hash "
-                                            "(possible database corruption)")
+            covered = "key and data" if self.keyed else "data"
+            raise self._corrupt(name, args, f"{self.metadata.hash} of the {covered} does not match kernel_hash "
+                                            "(possible database corruption, or another entry's row)")
         return data
 
     def _corrupt(self, name: str, args: str, problem: str) -> CorruptEntryError:
@@ -287,22 +306,55 @@ class Bundle:
             yield EntryInfo(name, args, stored, size or stored, h, size != 0)
 
     def items(self) -> Iterator[tuple[str, str, bytes]]:
-        """Every (name, args, decoded bytes), verifying each hash; batches of rows, not all at once."""
-        for name, args, blob, h, size in self._rows():
-            yield name, args, self._decode(name, args, blob, h, size)
+        """Every (name, args, decoded bytes) in the order stored, each checked under its row's own
+        key; batches of rows, not all at once.
+
+        Raises:
+            CorruptEntryError: at the first entry that fails its check.
+        """
+        for _, name, args, blob, h, size in self._rows():
+            yield name, args, self._decode_row(name, args, blob, h, size)
+
+    def checked_rows(self) -> Iterator[tuple[int, str, str, CorruptEntryError | None]]:
+        """(rowid, name, args, the entry's problem or None) for every table row: its bytes checked
+        under its own key, and the index checked to lead to this very row for that key. What
+        ``kdb db verify`` reports; one damaged row never stops the others being checked."""
+        for rowid, name, args, blob, h, size in self._rows():
+            try:
+                self._decode_row(name, args, blob, h, size)
+                found = self._query_one("SELECT rowid FROM kern_db WHERE kernel_name = ? AND kernel_args = ?",
+                                        (name, args))
+                if found is None or found[0] != rowid:
+                    raise self._corrupt(name, args, f"the index leads its key to {'no row' if found is None else f'row {found[0]}'}"
+                                                    f", not to row {rowid} (a damaged index or a duplicated key)")
+            except CorruptEntryError as exc:
+                yield rowid, str(name), str(args), exc
+            else:
+                yield rowid, name, args, None
+
+    def duplicate_keys(self) -> list[tuple[str, str, str]]:
+        """(name, args, comma-joined rowids) of every key that more than one table row holds."""
+        with self._lock:
+            return self._query_all(
+                "SELECT kernel_name, kernel_args, group_concat(rowid) FROM kern_db NOT INDEXED "
+                "GROUP BY kernel_name, kernel_args HAVING count(*) > 1", ())
+
+    def _decode_row(self, name, args, blob, h, size) -> bytes:
+        """A table row's bytes, checked under the row's own key (which may be garbage)."""
+        if not (isinstance(name, str) and isinstance(args, str)):
+            raise self._corrupt(str(name), str(args), "its key is not text")
+        return self._decode(name, args, blob, h, size)
 
     def _rows(self) -> Iterator[tuple]:
-        """Every row as stored, in key order, read 256 at a time."""
-        last = ("", "")
+        """Every row as stored in the table (rowid first), read 256 at a time."""
+        last = -(1 << 63)
         while True:
             with self._lock:
-                rows = self._query_all(
-                    "SELECT kernel_name, kernel_args, kernel_blob, kernel_hash, uncompressed_size FROM kern_db "
-                    "WHERE (kernel_name, kernel_args) > (?, ?) ORDER BY kernel_name, kernel_args LIMIT 256", last)
+                rows = self._query_all(_ROWS, (last,))
             if not rows:
                 return
             yield from rows
-            last = (rows[-1][0], rows[-1][1])
+            last = rows[-1][0]
 
     def count(self) -> int:
         with self._lock:
@@ -337,10 +389,11 @@ class Bundle:
         if not self.writable:
             raise ReadOnlyBundleError(f"{self.path}: opened read-only", "open it with writable=True to add entries")
         codec = self._codec_for_writing()
+        digest = self._keyed_hash if self.keyed else (lambda name, args, binary: self._hash(binary))
         rows = []
         for name, args, binary in entries:
             enc = codec.encode(binary)
-            rows.append((name, args, enc.blob, self._hash(binary), enc.uncompressed_size))
+            rows.append((name, args, enc.blob, digest(name, args, binary), enc.uncompressed_size))
         with self._lock, _transaction(self._conn, self.path):
             self._conn.executemany(
                 "INSERT OR REPLACE INTO kern_db(kernel_name, kernel_args, kernel_blob, kernel_hash, uncompressed_size) "
@@ -352,15 +405,21 @@ class Bundle:
         in one transaction; returns how many.
 
         Raises:
-            BundleError: this bundle's codec, dictionary or hash is not what those entries assume.
+            BundleError: this bundle's codec, dictionary, hash or format is not what those entries
+                assume, or an entry was encoded for another key than the one it is stored under.
         """
         if not self.writable:
             raise ReadOnlyBundleError(f"{self.path}: opened read-only", "open it with writable=True to add entries")
-        md = self.metadata
-        if md.codec != "zstd" or self._reader.dictionary is not None or md.hash != _codec.DEFAULT_HASH:
-            raise BundleError(f"{self.path}: pre-encoded entries need a zstd bundle with no dictionary and "
-                              f"{_codec.DEFAULT_HASH} hashes", "write the binaries with put_many instead")
-        rows = [(name, args, e.blob, e.kernel_hash, e.uncompressed_size) for name, args, e in entries]
+        if not self._takes_stored():
+            raise BundleError(f"{self.path}: pre-encoded entries need a zstd bundle of format {schema.FORMAT_VERSION} "
+                              f"with no dictionary and {_codec.DEFAULT_HASH} hashes",
+                              "write the binaries with put_many instead")
+        rows = []
+        for name, args, e in entries:
+            if (e.kernel_name, e.kernel_args) != (name, args):
+                raise BundleError(f"{self.path}: an entry encoded for {e.kernel_name} [{e.kernel_args}] was to be "
+                                  f"stored under {name} [{args}]", "encode each binary for the key it is stored under")
+            rows.append((name, args, e.blob, e.kernel_hash, e.uncompressed_size))
         with self._lock, _transaction(self._conn, self.path):
             self._conn.executemany(
                 "INSERT OR REPLACE INTO kern_db(kernel_name, kernel_args, kernel_blob, kernel_hash, uncompressed_size) "
@@ -371,12 +430,17 @@ class Bundle:
         """Every entry as stored, each checked by decoding it first (a damaged one raises
         CorruptEntryError), in the form :meth:`put_stored` takes: zstd bundles with no dictionary
         and the default hash give their stored bytes, others their data encoded again."""
-        as_stored = (self.metadata.codec == "zstd" and self._reader.dictionary is None
-                     and self.metadata.hash == _codec.DEFAULT_HASH)
-        for name, args, blob, h, size in self._rows():
-            data = self._decode(name, args, blob, h, size)
-            yield name, args, (_codec.StoredBlob(bytes(blob), size, str(h).lower()) if as_stored
-                               else _codec.encode_for_bundle(data))
+        as_stored = self._takes_stored()
+        for _, name, args, blob, h, size in self._rows():
+            data = self._decode_row(name, args, blob, h, size)
+            yield name, args, (_codec.StoredBlob(name, args, bytes(blob), size, str(h).lower()) if as_stored
+                               else _codec.encode_for_bundle(name, args, data))
+
+    def _takes_stored(self) -> bool:
+        """Whether this bundle stores entries exactly as :func:`encode_for_bundle` makes them."""
+        md = self.metadata
+        return (md.codec == "zstd" and self._reader.dictionary is None and md.hash == _codec.DEFAULT_HASH
+                and self.keyed)
 
     def delete(self, kernel_name: str, kernel_args: str) -> bool:
         """Remove one entry (a corrupt one, say); True if it existed."""
