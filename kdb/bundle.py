@@ -42,6 +42,9 @@ from kdbkit.kdb.target import Target, parse_bundle_file_name
 from kdbkit.kdb.version import __version__
 
 PRODUCER = f"kdbkit {__version__}"
+# What reading a damaged file can raise: SQLite's errors, and UnicodeDecodeError where a text
+# value (a key, the schema, metadata) is no longer UTF-8; both become kdbkit errors here.
+_SQLITE_READ_ERRORS = (sqlite3.Error, UnicodeDecodeError)
 BUSY_TIMEOUT_S = 5.0
 
 
@@ -165,7 +168,7 @@ class Bundle:
             raise BundleNotFoundError(f"{path}: no such bundle file", "check the path")
         try:
             conn = _connect(path, writable, create=False, immutable=immutable and not writable)
-        except sqlite3.Error as exc:
+        except _SQLITE_READ_ERRORS as exc:
             raise _db_error(path, exc) from exc
         try:
             metadata, dictionary = _read_metadata(conn, path)
@@ -200,7 +203,7 @@ class Bundle:
         path = Path(path)
         try:
             conn = _connect(path, writable=True, create=True)
-        except sqlite3.Error as exc:
+        except _SQLITE_READ_ERRORS as exc:
             raise _db_error(path, exc) from exc
         try:
             _prepare_writable(conn, path, wal)
@@ -250,8 +253,13 @@ class Bundle:
             CorruptEntryError: the entry does not decode or its hash does not match.
             CorruptBundleError: SQLite reports the file damaged.
         """
-        with self._lock:
-            row = self._query_one(_GET_ENTRY, (kernel_name, kernel_args))
+        try:
+            with self._lock:
+                row = self._query_one(_GET_ENTRY, (kernel_name, kernel_args))
+        except CorruptBundleError as exc:
+            if isinstance(exc.__cause__, UnicodeDecodeError):  # this row's text: the entry, not the file
+                raise self._corrupt(kernel_name, kernel_args, "its row holds text that is not UTF-8") from exc
+            raise
         if row is None:
             return None
         if row[0] != kernel_name or row[1] != kernel_args:
@@ -477,7 +485,7 @@ class Bundle:
                 if page_size is not None:
                     self._conn.execute(f"PRAGMA page_size = {int(page_size)}")
                 self._conn.execute("VACUUM")
-            except sqlite3.Error as exc:
+            except _SQLITE_READ_ERRORS as exc:
                 raise _db_error(self.path, exc) from exc
 
     def _codec_for_writing(self) -> _codec.Codec:
@@ -498,13 +506,13 @@ class Bundle:
                 # an entry another process (or thread) has stored since: a re-check after
                 # taking the compile lock would miss, and the program be compiled twice.
                 cur.close()
-        except sqlite3.Error as exc:
+        except _SQLITE_READ_ERRORS as exc:
             raise _db_error(self.path, exc) from exc
 
     def _query_all(self, sql: str, params: tuple):
         try:
             return self._conn.execute(sql, params).fetchall()
-        except sqlite3.Error as exc:
+        except _SQLITE_READ_ERRORS as exc:
             raise _db_error(self.path, exc) from exc
 
     def __repr__(self) -> str:
@@ -525,7 +533,7 @@ class _transaction:
     def __enter__(self):
         try:
             self.conn.execute("BEGIN IMMEDIATE")
-        except sqlite3.Error as exc:
+        except _SQLITE_READ_ERRORS as exc:
             raise _db_error(self.path, exc) from exc
 
     def __exit__(self, exc_type, exc, tb):
@@ -534,17 +542,21 @@ class _transaction:
         except sqlite3.Error as err:
             if exc_type is None:
                 raise _db_error(self.path, err) from err
-        if isinstance(exc, sqlite3.Error):  # a failed write inside the block: name the file
+        if isinstance(exc, _SQLITE_READ_ERRORS):  # a failed write inside the block: name the file
             raise _db_error(self.path, exc) from exc
         return False
 
 
-def _db_error(path: Path, exc: sqlite3.Error) -> KdbError:
+def _db_error(path: Path, exc: sqlite3.Error | UnicodeDecodeError) -> KdbError:
     """The kdbkit error for an SQLite failure, chosen by SQLite's (primary) error code.
 
     The text of SQLite's messages differs between versions and locales; its codes do not.
     An error without a code (raised by Python's sqlite3 module itself) is a plain BundleError.
+    Text that does not decode (a damaged key, schema or metadata value) is a damaged file.
     """
+    if isinstance(exc, UnicodeDecodeError):
+        return CorruptBundleError(f"{path}: the file is damaged (text that is not UTF-8: {exc.reason})",
+                                  f"check it with `kdb db verify {path}`, then rebuild or reinstall it")
     code = getattr(exc, "sqlite_errorcode", None)
     primary = None if code is None else code & 0xFF
     detail = f"{exc}" + (f", {exc.sqlite_errorname}" if getattr(exc, "sqlite_errorname", None) else "")
@@ -578,7 +590,7 @@ def _prepare_writable(conn: sqlite3.Connection, path: Path, wal: bool) -> None:
             conn.execute(f"PRAGMA journal_mode = {mode}")
         # NORMAL is durable in WAL mode across application crashes, which is what a cache needs.
         conn.execute("PRAGMA synchronous = NORMAL")
-    except sqlite3.Error as exc:
+    except _SQLITE_READ_ERRORS as exc:
         raise _db_error(path, exc) from exc
 
 
@@ -586,7 +598,7 @@ def _read_metadata(conn: sqlite3.Connection, path: Path) -> tuple[BundleMetadata
     """Read ``kdb_meta`` (O(1)), or infer a MIOpen file's metadata from its name."""
     try:
         names = schema.tables(conn)
-    except sqlite3.Error as exc:
+    except _SQLITE_READ_ERRORS as exc:
         raise _db_error(path, exc) from exc
     if not names:  # SQLite makes the file before its creator's first transaction commits
         raise EmptyBundleError(f"{path}: an SQLite file with no tables yet (being created, or empty)",
@@ -597,46 +609,88 @@ def _read_metadata(conn: sqlite3.Connection, path: Path) -> tuple[BundleMetadata
         return BundleMetadata(0, _target_from_name(path), codec="bzip2", hash="md5", producer="MIOpen"), None
     try:
         meta = dict(conn.execute("SELECT key, value FROM kdb_meta").fetchall())
-    except sqlite3.Error as exc:
+    except _SQLITE_READ_ERRORS as exc:
         raise _db_error(path, exc) from exc
-    try:
-        version = int(meta.get("format_version", "0"))
-    except (TypeError, ValueError):
-        raise CorruptBundleError(f"{path}: kdb_meta.format_version is {meta.get('format_version')!r}, not a number",
-                                 "rebuild or reinstall the bundle")
-    if version > schema.FORMAT_VERSION:
-        raise UnsupportedFormatError(
-            f"{path}: bundle format version {version} is newer than this kdbkit reads ({schema.FORMAT_VERSION})",
-            "upgrade kdbkit (pip install -U kdbkit) or rebuild the bundle with this version")
+    version = _format_version(meta, path)
     codec, hash_alg = meta.get("codec", "bzip2"), meta.get("hash", "md5")
-    if codec not in _codec.CODECS or hash_alg not in _codec.HASHES:
-        raise CorruptBundleError(f"{path}: unknown codec {codec!r} or hash {hash_alg!r} in kdb_meta",
-                                 "rebuild or reinstall the bundle")
+    if not (isinstance(codec, str) and isinstance(hash_alg, str)
+            and codec in _codec.CODECS and hash_alg in _codec.HASHES):
+        raise _bad_meta(path, f"unknown codec {codec!r} or hash {hash_alg!r} in kdb_meta")
     dictionary = meta.get("zstd_dict")
     if dictionary is not None and not isinstance(dictionary, bytes):
-        raise CorruptBundleError(f"{path}: kdb_meta.zstd_dict is not a blob", "rebuild or reinstall the bundle")
-    target = None
-    if meta.get("arch"):
-        try:
-            cu = int(meta["cu"]) if meta.get("cu") else None
-            features = tuple(f for f in str(meta.get("features", "")).split(":") if f)
-            target = Target(str(meta.get("backend")), str(meta["arch"]), features, cu)
-        except (KdbError, ValueError) as exc:
-            raise CorruptBundleError(f"{path}: kdb_meta describes no valid target ({exc})",
-                                     "rebuild or reinstall the bundle") from exc
-    try:
-        manifest = json.loads(meta["sources"]) if meta.get("sources") else {}
-        if not isinstance(manifest, dict) or not all(isinstance(v, str) for v in manifest.values()):
-            raise ValueError("not a mapping of file names to digests")
-    except ValueError as exc:
-        raise CorruptBundleError(f"{path}: kdb_meta.sources is not a kernel-source manifest ({exc})",
-                                 "rebuild or reinstall the bundle") from None
+        raise _bad_meta(path, "kdb_meta.zstd_dict is not a blob")
+    target = _meta_target(meta, path)
+    manifest = _meta_sources(meta, path)
     md = BundleMetadata(
         format_version=version, target=target, compiler=str(meta.get("compiler", "")),
         binary_format=str(meta.get("binary_format", "")), codec=codec, hash=hash_alg,
         producer=str(meta.get("producer", "")), created=str(meta.get("created", "")),
         dictionary_size=len(dictionary) if dictionary else 0, sources=tuple(sorted(manifest.items())))
     return md, dictionary
+
+
+# The largest number a metadata field may hold (format version, CU count): anything longer is
+# damage, refused before Python turns thousands of digits into an integer.
+_MAX_META_DIGITS = 18
+
+
+def _bad_meta(path: Path, problem: str) -> CorruptBundleError:
+    return CorruptBundleError(f"{path}: {problem}", "rebuild or reinstall the bundle")
+
+
+def _meta_int(value: object) -> int | None:
+    """A non-negative integer stored as text or as an integer, or None for anything else."""
+    if isinstance(value, int) and not isinstance(value, bool):
+        return value if 0 <= value < 10 ** _MAX_META_DIGITS else None
+    if isinstance(value, str) and value.isascii() and value.isdigit() and len(value) <= _MAX_META_DIGITS:
+        return int(value)
+    return None
+
+
+def _format_version(meta: dict, path: Path) -> int:
+    """``kdb_meta.format_version``: a known version, else a kdbkit error (never a crash later,
+    in a migration that does not exist)."""
+    raw = meta.get("format_version", "0")
+    version = _meta_int(raw)
+    if version is None:
+        raise _bad_meta(path, f"kdb_meta.format_version is {str(raw)[:40]!r}, not a number")
+    if version > schema.FORMAT_VERSION:
+        raise UnsupportedFormatError(
+            f"{path}: bundle format version {version} is newer than this kdbkit reads ({schema.FORMAT_VERSION})",
+            "upgrade kdbkit (pip install -U kdbkit) or rebuild the bundle with this version")
+    return version
+
+
+def _meta_target(meta: dict, path: Path) -> Target | None:
+    """The target ``kdb_meta`` names, None when it names no arch."""
+    if not meta.get("arch"):
+        return None
+    try:
+        if not all(isinstance(meta.get(k, ""), str) for k in ("backend", "arch", "features", "cu")):
+            raise ValueError("a field is not text")
+        cu = _meta_int(meta["cu"]) if meta.get("cu") else None
+        if meta.get("cu") and cu is None:
+            raise ValueError(f"cu {meta['cu'][:40]!r} is not a count")
+        features = tuple(f for f in meta.get("features", "").split(":") if f)
+        return Target(meta.get("backend", ""), meta["arch"], features, cu)
+    except (KdbError, ValueError, TypeError) as exc:
+        raise _bad_meta(path, f"kdb_meta describes no valid target ({exc})") from None
+
+
+def _meta_sources(meta: dict, path: Path) -> dict[str, str]:
+    """The kernel-source manifest, empty when there is none."""
+    raw = meta.get("sources")
+    if not raw:
+        return {}
+    try:
+        if not isinstance(raw, str):
+            raise ValueError(f"it is {type(raw).__name__}, not text")
+        manifest = json.loads(raw)
+        if not isinstance(manifest, dict) or not all(isinstance(v, str) for v in manifest.values()):
+            raise ValueError("not a mapping of file names to digests")
+    except (ValueError, RecursionError) as exc:
+        raise _bad_meta(path, f"kdb_meta.sources is not a kernel-source manifest ({exc})") from None
+    return manifest
 
 
 def _target_from_name(path: Path) -> Target | None:

@@ -163,9 +163,16 @@ class Codec:
         return zd
 
     def warm_up(self) -> None:
-        """Make this thread's decompressor now (loading the dictionary, if any)."""
+        """Make this thread's decompressor now (loading the dictionary, if any).
+
+        Raises:
+            CodecError: the dictionary does not load (a damaged bundle).
+        """
         if self.name == "zstd":
-            self._zd()
+            try:
+                self._zd()
+            except zstd.ZstdError as exc:
+                raise CodecError(f"the bundle's zstd dictionary does not load: {exc}") from exc
 
     def compress_raw(self, data: bytes) -> bytes:
         """Compress without the raw fallback (used to measure and train)."""
