@@ -7,6 +7,7 @@ many files and exit non-zero if any has one.
 
 from __future__ import annotations
 
+import sqlite3
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -35,10 +36,14 @@ def schema_problems(bundle: Bundle) -> list[str]:
     db = sqlite_utils.Database(bundle._conn)
     table = db.table("kern_db")
     problems = []
-    cols = tuple(c.name for c in table.columns)
+    try:
+        cols = tuple(c.name for c in table.columns)
+        indexes = table.indexes
+    except (sqlite3.Error, UnicodeDecodeError) as exc:  # the schema's own text is damaged
+        return [f"the schema cannot be read ({type(exc).__name__}: {exc})"]
     if cols != KERN_DB_COLUMNS:
         problems.append(f"kern_db columns are {list(cols)}, expected {list(KERN_DB_COLUMNS)}")
-    if not any(ix.unique and ix.columns == ["kernel_name", "kernel_args"] for ix in table.indexes):
+    if not any(ix.unique and ix.columns == ["kernel_name", "kernel_args"] for ix in indexes):
         problems.append("no unique index on kern_db(kernel_name, kernel_args): lookups would scan the table")
     return problems
 
