@@ -1,5 +1,6 @@
-"""``kdb doctor`` and ``kdb db verify`` refuse installed bundles and user caches whose entries are
-not bound to their keys (rows swapped with SQL), instead of saying "no problems found"."""
+"""The CLI on damaged files: ``kdb doctor`` and ``kdb db verify`` refuse installed bundles and
+user caches whose entries are not bound to their keys (rows swapped with SQL) instead of saying
+"no problems found"; the cache commands survive a cache with impossible metadata."""
 
 import json
 import sqlite3
@@ -55,3 +56,20 @@ def test_db_verify_names_the_swapped_rows(kdb, isolated):
     _swap_rows(bundle)
     code, out, err = kdb("db", "verify", bundle)
     assert code != 0 and A[1] in out + err and B[1] in out + err and "row " in out + err
+
+
+def test_cache_commands_survive_a_cache_with_format_version_minus_1(kdb, isolated, monkeypatch):
+    """Once a KeyError (a migration from version -1) out of resolve, cache clear and cache prune."""
+    from tests.runtime.chain_fixtures import pick_device
+
+    monkeypatch.setenv("KDB_BACKEND", pick_device().backend)
+    code, _, _ = kdb("resolve", "activation.c")
+    (cache,) = (isolated / "cache").glob("*.ukdb")
+    with sqlite3.connect(cache) as conn:
+        conn.execute("UPDATE kdb_meta SET value = '-1' WHERE key = 'format_version'")
+    conn.close()
+    for command in (["cache", "ls"], ["cache", "prune"], ["resolve", "activation.c"], ["cache", "clear", "--yes"],
+                    ["db", "verify", cache]):
+        code, out, err = kdb(*command)
+        assert "internal error" not in err, (command, err)  # the CLI's name for an exception kdbkit did not raise
+        assert code == 0 or "error:" in err or "problem" in out + err, (command, code, out, err)
