@@ -96,8 +96,9 @@ def _parse_int(f: dict[str, str], key: str, text: str) -> int:
     value = require(f, key, text)
     try:
         number = parse_int(value, key)
-    except ProblemError as exc:
-        raise ProblemError(f"gemm config {text[:200]!r}: {exc.problem}", exc.remedy) from None
+    except ProblemError:
+        raise ProblemError(f"gemm config {text[:200]!r}: {key}={value[:40]!r} is not an integer",
+                           f"write {key} as a whole number (below 2**62)") from None
     if key in ("m", "n", "k", "batch") and number < 1:
         raise ProblemError(f"gemm config {text!r}: {key}={number}", f"{key} is a size: it must be positive (1 or more)")
     return number
