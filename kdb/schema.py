@@ -69,7 +69,9 @@ def create_tables(conn: sqlite3.Connection) -> None:
 
 
 def tables(conn: sqlite3.Connection) -> set[str]:
-    return {r[0] for r in conn.execute("SELECT name FROM sqlite_master WHERE type = 'table'")}
+    # str(): in a damaged file a name may come back as a blob or a number, and the set is sorted
+    # into messages.
+    return {str(r[0]) for r in conn.execute("SELECT name FROM sqlite_master WHERE type = 'table'")}
 
 
 def _migrate_0_to_1(conn: sqlite3.Connection) -> None:

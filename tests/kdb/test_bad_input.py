@@ -154,3 +154,20 @@ def test_bad_metadata_in_a_user_cache_is_moved_aside_with_one_warning(tmp_path, 
     assert again.get(ProgramKey("a.cl", "-DN=1", "")) is None and again.usable
     again.close()
     assert len(list(tmp_path.glob("*.corrupt-*"))) == 1  # moved aside (with a warning), nothing deleted
+
+
+def test_a_table_name_that_is_not_text_is_not_a_bundle(bundle_path):
+    """A damaged schema row whose name reads back as a blob once raised TypeError (sorting names)."""
+    from kdbkit.kdb import Bundle, KdbError, Target
+
+    conn = sqlite3.connect(bundle_path)
+    conn.execute("PRAGMA writable_schema = ON")
+    conn.execute("UPDATE sqlite_master SET name = CAST(name AS BLOB), tbl_name = CAST(tbl_name AS BLOB) "
+                 "WHERE name = 'kern_db'")
+    conn.commit()
+    conn.close()
+    for attempt in (lambda: open_bundle(bundle_path),
+                    lambda: Bundle.create(bundle_path, Target.parse("sm_90"), compiler="c", binary_format="cubin",
+                                          exist_ok=True)):
+        with pytest.raises(KdbError):
+            attempt()

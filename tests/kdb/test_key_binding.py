@@ -174,8 +174,8 @@ def test_every_bit_of_a_user_caches_header_and_index_pages_gives_no_wrong_binary
     assert outcome.hits > 0 and outcome.misses > 0
 
 
-@pytest.mark.slow
-@pytest.mark.parametrize("dictionary", [False, bytes(range(256)) * 16], ids=["plain", "dictionary"])
+@pytest.mark.parametrize("dictionary", [False, pytest.param(bytes(range(256)) * 16, marks=pytest.mark.slow)],
+                         ids=["plain", "dictionary"])
 def test_every_bit_of_a_whole_bundle_gives_no_wrong_binary(tmp_path, dictionary):
     (tmp_path / "made").mkdir()
     path = _bundle(tmp_path / "made", dictionary)
@@ -183,12 +183,20 @@ def test_every_bit_of_a_whole_bundle_gives_no_wrong_binary(tmp_path, dictionary)
     outcome.assert_clean()
 
 
-def test_a_random_sample_of_the_other_bits_gives_no_wrong_binary(tmp_path):
+@pytest.mark.slow
+def test_every_bit_of_a_whole_user_cache_gives_no_wrong_binary(tmp_path):
     (tmp_path / "made").mkdir()
-    path = _bundle(tmp_path / "made")
+    path = _user_cache_file(tmp_path / "made")
+    outcome = _sweep(path, list(range(path.stat().st_size * 8)), _read_as_user_cache, tmp_path / "work")
+    outcome.assert_clean()
+
+
+def test_a_random_sample_of_a_user_caches_other_bits_gives_no_wrong_binary(tmp_path):
+    (tmp_path / "made").mkdir()
+    path = _user_cache_file(tmp_path / "made")
     swept = set(_bits_of([1, *_pages(path, "idx_kern_db")]))
     rest = [b for b in range(path.stat().st_size * 8) if b not in swept]
-    outcome = _sweep(path, random.Random(27).sample(rest, min(3000, len(rest))), _read_as_system_bundle,
+    outcome = _sweep(path, random.Random(27).sample(rest, min(2000, len(rest))), _read_as_user_cache,
                      tmp_path / "work")
     outcome.assert_clean()
 
