@@ -354,15 +354,24 @@ class Bundle:
         return self._decode(name, args, blob, h, size)
 
     def _rows(self) -> Iterator[tuple]:
-        """Every row as stored in the table (rowid first), read 256 at a time."""
+        """Every row as stored in the table (rowid first), read 256 at a time.
+
+        Raises:
+            CorruptBundleError: the table gives rowids out of order (a damaged b-tree), which
+                would otherwise make this loop go round the same rows for ever.
+        """
         last = -(1 << 63)
         while True:
             with self._lock:
                 rows = self._query_all(_ROWS, (last,))
             if not rows:
                 return
-            yield from rows
-            last = rows[-1][0]
+            for row in rows:
+                if not (isinstance(row[0], int) and row[0] > last):
+                    raise CorruptBundleError(f"{self.path}: the table gives row {row[0]!r} after row {last} "
+                                             "(the file is damaged)", f"check it with `kdb db verify {self.path}`")
+                last = row[0]
+                yield row
 
     def count(self) -> int:
         with self._lock:

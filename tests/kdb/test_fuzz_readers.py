@@ -51,7 +51,12 @@ def _bundle_bytes(dictionary: bool) -> bytes:
 
 
 PLAIN, WITH_DICTIONARY = _bundle_bytes(False), _bundle_bytes(True)
-WORK = Path(tempfile.mkdtemp(prefix="kdb-fuzz-"))
+
+
+@pytest.fixture(scope="module")
+def work(tmp_path_factory) -> Path:
+    """One folder for every example's file (examples run one after another)."""
+    return tmp_path_factory.mktemp("fuzz")
 
 
 def _mutated(original: bytes, edits: list[tuple[int, int]], keep: int | None) -> bytes:
@@ -65,10 +70,10 @@ EDITS = st.lists(st.tuples(st.integers(0, 1 << 20), st.integers(0, 255)), min_si
 TRUNCATION = st.one_of(st.none(), st.integers(1, 1 << 16))
 
 
-def _read_every_way(data: bytes) -> None:
+def _read_every_way(work: Path, data: bytes) -> None:
     """Every read of a bundle the runtime and the CLI make; only kdbkit errors may come out."""
-    path = WORK / "sm_90.kdb"
-    for leftover in WORK.glob("sm_90.kdb*"):
+    path = work / "sm_90.kdb"
+    for leftover in work.glob("sm_90.kdb*"):
         leftover.unlink()
     path.write_bytes(data)
     for immutable in (True, False):
@@ -94,34 +99,72 @@ def _read_every_way(data: bytes) -> None:
 
 
 @pytest.mark.parametrize("original", [PLAIN, WITH_DICTIONARY], ids=["plain", "dictionary"])
-def test_mutated_bundles_give_only_kdbkit_errors(original):
+def test_mutated_bundles_give_only_kdbkit_errors(original, work):
     @FUZZ
     @given(edits=EDITS, keep=TRUNCATION)
     def check(edits, keep):
-        _read_every_way(_mutated(original, edits, keep))
+        _read_every_way(work, _mutated(original, edits, keep))
 
     check()
 
 
 @FUZZ
 @given(data=st.binary(min_size=0, max_size=4096))
-def test_random_bytes_give_only_kdbkit_errors(data):
-    _read_every_way(data)
+def test_random_bytes_give_only_kdbkit_errors(work, data):
+    _read_every_way(work, data)
 
 
 @FUZZ
 @given(edits=st.lists(st.tuples(st.integers(0, 1 << 16), st.integers(0, 255)), min_size=1, max_size=4))
-def test_a_damaged_dictionary_is_a_kdbkit_error(edits):
+def test_a_damaged_dictionary_is_a_kdbkit_error(work, edits):
     """The dictionary alone damaged: a load error or a wrong decode, both kdbkit errors."""
     import sqlite3
 
-    path = WORK / "dict.kdb"
+    path = work / "dict.kdb"
     path.write_bytes(WITH_DICTIONARY)
     with sqlite3.connect(path) as conn:
         (dictionary,) = conn.execute("SELECT value FROM kdb_meta WHERE key = 'zstd_dict'").fetchone()
         conn.execute("UPDATE kdb_meta SET value = ? WHERE key = 'zstd_dict'", (_mutated(dictionary, edits, None),))
     conn.close()
-    _read_every_way(path.read_bytes())
+    _read_every_way(work, path.read_bytes())
+
+
+def _user_cache_bytes() -> bytes:
+    from kdbkit.runtime.program_key import ProgramKey
+    from kdbkit.runtime.user_cache import UserCache
+
+    with tempfile.TemporaryDirectory() as folder:
+        cache = UserCache(Path(folder), TARGET, compiler="nvrtc 13.0", binary_format="cubin")
+        for name, args, data in ENTRIES:
+            assert cache.put(ProgramKey(name, args, ""), data)
+        cache.close()
+        with Bundle.open(cache.path, writable=True) as bundle:  # out of WAL: one file holds it all
+            bundle.compact(page_size=1024)
+        return cache.path.read_bytes()
+
+
+USER_CACHE = _user_cache_bytes()
+
+
+@FUZZ
+@given(edits=EDITS, keep=TRUNCATION)
+def test_mutated_user_caches_give_only_kdbkit_errors_or_misses(work, edits, keep):
+    """The user cache never raises: a damaged file is moved aside or left, an entry is a miss."""
+    from kdbkit.runtime.program_key import ProgramKey
+    from kdbkit.runtime.user_cache import UserCache
+
+    folder = work / "ukdb"
+    if folder.exists():
+        for leftover in folder.iterdir():
+            leftover.unlink() if leftover.is_file() else None
+    folder.mkdir(exist_ok=True)
+    cache = UserCache(folder, TARGET, compiler="nvrtc 13.0", binary_format="cubin")
+    cache.path.write_bytes(_mutated(USER_CACHE, edits, keep))
+    try:
+        for name, args, data in ENTRIES[:6]:
+            assert cache.get(ProgramKey(name, args, "")) in (None, data)
+    finally:
+        cache.close()
 
 
 # -- the find-db -----------------------------------------------------------------------------------
@@ -137,8 +180,8 @@ def _find_db_bytes() -> bytes:
 FIND_DB = _find_db_bytes()
 
 
-def _read_find_db(data: bytes) -> None:
-    folder = WORK / "fdb"
+def _read_find_db(work: Path, data: bytes) -> None:
+    folder = work / "fdb"
     folder.mkdir(exist_ok=True)
     path = folder / "sm_90_132.fdb"
     path.write_bytes(data)
@@ -158,11 +201,11 @@ def _read_find_db(data: bytes) -> None:
 
 @FUZZ
 @given(edits=EDITS, keep=TRUNCATION)
-def test_mutated_find_dbs_give_only_kdbkit_errors(edits, keep):
-    _read_find_db(_mutated(FIND_DB, edits, keep))
+def test_mutated_find_dbs_give_only_kdbkit_errors(work, edits, keep):
+    _read_find_db(work, _mutated(FIND_DB, edits, keep))
 
 
 @FUZZ
 @given(data=st.binary(min_size=0, max_size=4096))
-def test_random_find_dbs_give_only_kdbkit_errors(data):
-    _read_find_db(data)
+def test_random_find_dbs_give_only_kdbkit_errors(work, data):
+    _read_find_db(work, data)
