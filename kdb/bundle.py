@@ -3,7 +3,10 @@
 System bundles are opened read-only (``mode=ro``); user caches read-write, in WAL mode with
 a busy timeout so that readers never wait for a writer. Opening costs O(1) in the file's
 size: one read of ``kdb_meta`` and a probe of ``kern_db``; lookups use the unique index.
-Every read recomputes ``kernel_hash`` over the decoded bytes: a mismatch raises
+Every read proves the entry is the one asked for before returning its bytes: the row's own
+``kernel_name`` and ``kernel_args`` (read from the table row, not from the index that found
+it) must be the key, and ``kernel_hash`` is recomputed over the decoded bytes (over the key
+and the bytes from format version 2 on). A mismatch raises
 :class:`~kdb.errors.CorruptEntryError` naming the file and the key, and the bytes are
 never returned. All SQL uses bound parameters.
 """
@@ -39,11 +42,21 @@ from kdbkit.kdb.target import Target, parse_bundle_file_name
 from kdbkit.kdb.version import __version__
 
 PRODUCER = f"kdbkit {__version__}"
+# What reading a damaged file can raise: SQLite's errors, and UnicodeDecodeError where a text
+# value (a key, the schema, metadata) is no longer UTF-8; both become kdbkit errors here.
+_SQLITE_READ_ERRORS = (sqlite3.Error, UnicodeDecodeError)
 BUSY_TIMEOUT_S = 5.0
 
 
-_GET_ENTRY = ("SELECT kernel_blob, kernel_hash, uncompressed_size FROM kern_db "
-              "WHERE kernel_name = ? AND kernel_args = ?")  # one text: SQLite's statement cache keys on it
+# The index finds the rowid; the row is then read by rowid, so that its name and args come from
+# the table row itself (a plain WHERE on name and args lets SQLite read them from the index
+# entry that matched, which a damaged index would make equal to the request). One statement,
+# one text: SQLite's statement cache keys on it.
+_GET_ENTRY = ("SELECT kernel_name, kernel_args, kernel_blob, kernel_hash, uncompressed_size FROM kern_db "
+              "WHERE rowid = (SELECT rowid FROM kern_db WHERE kernel_name = ? AND kernel_args = ?)")
+# Every row as stored, from the table (never the index), in rowid order, a batch at a time.
+_ROWS = ("SELECT rowid, kernel_name, kernel_args, kernel_blob, kernel_hash, uncompressed_size FROM kern_db "
+         "NOT INDEXED WHERE rowid > ? ORDER BY rowid LIMIT 256")
 
 
 @dataclass(frozen=True)
@@ -128,7 +141,9 @@ class Bundle:
         self.metadata = metadata
         self._lock = threading.RLock()
         self._reader = _codec.Codec(metadata.codec, dictionary=dictionary)
+        self.keyed = metadata.format_version >= schema.KEYED_HASH_VERSION
         self._hash = _codec.hasher(metadata.hash)
+        self._keyed_hash = _codec.keyed_hasher(metadata.hash)
         self._writer: _codec.Codec | None = None
         self.write_level = _codec.CACHE_LEVEL
 
@@ -153,7 +168,7 @@ class Bundle:
             raise BundleNotFoundError(f"{path}: no such bundle file", "check the path")
         try:
             conn = _connect(path, writable, create=False, immutable=immutable and not writable)
-        except sqlite3.Error as exc:
+        except _SQLITE_READ_ERRORS as exc:
             raise _db_error(path, exc) from exc
         try:
             metadata, dictionary = _read_metadata(conn, path)
@@ -188,7 +203,7 @@ class Bundle:
         path = Path(path)
         try:
             conn = _connect(path, writable=True, create=True)
-        except sqlite3.Error as exc:
+        except _SQLITE_READ_ERRORS as exc:
             raise _db_error(path, exc) from exc
         try:
             _prepare_writable(conn, path, wal)
@@ -238,11 +253,19 @@ class Bundle:
             CorruptEntryError: the entry does not decode or its hash does not match.
             CorruptBundleError: SQLite reports the file damaged.
         """
-        with self._lock:
-            row = self._query_one(_GET_ENTRY, (kernel_name, kernel_args))
+        try:
+            with self._lock:
+                row = self._query_one(_GET_ENTRY, (kernel_name, kernel_args))
+        except CorruptBundleError as exc:
+            if isinstance(exc.__cause__, UnicodeDecodeError):  # this row's text: the entry, not the file
+                raise self._corrupt(kernel_name, kernel_args, "its row holds text that is not UTF-8") from exc
+            raise
         if row is None:
             return None
-        return self._decode(kernel_name, kernel_args, *row)
+        if row[0] != kernel_name or row[1] != kernel_args:
+            raise self._corrupt(kernel_name, kernel_args, f"the index leads to the row of {row[0]!r} [{row[1]!r}] "
+                                                          "(a damaged index)")
+        return self._decode(kernel_name, kernel_args, row[2], row[3], row[4])
 
     def warm_up(self) -> None:
         """Do the one-time work of a first lookup now: SQLite prepares the lookup statement
@@ -261,14 +284,18 @@ class Bundle:
             pass  # a damaged page is reported by the lookup that reads it
 
     def _decode(self, name: str, args: str, blob: bytes, expected_hash: str, size: int) -> bytes:
+        """The entry's bytes under the key (``name``, ``args``), proven by its hash."""
+        if not isinstance(blob, bytes):
+            raise self._corrupt(name, args, f"kernel_blob is {type(blob).__name__}, not a blob")
         try:
             data = self._reader.decode(blob, size)
         except CodecError as exc:
             raise self._corrupt(name, args, exc.problem) from exc
-        actual = self._hash(data)
+        actual = self._keyed_hash(name, args, data) if self.keyed else self._hash(data)
         if actual != expected_hash and actual != str(expected_hash).lower():  # the common case skips str().lower()
-            raise self._corrupt(name, args, f"{self.metadata.hash} of the data does not match kernel_hash "
-                                            "(possible database corruption)")
+            covered = "key and data" if self.keyed else "data"
+            raise self._corrupt(name, args, f"{self.metadata.hash} of the {covered} does not match kernel_hash "
+                                            "(possible database corruption, or another entry's row)")
         return data
 
     def _corrupt(self, name: str, args: str, problem: str) -> CorruptEntryError:
@@ -287,22 +314,64 @@ class Bundle:
             yield EntryInfo(name, args, stored, size or stored, h, size != 0)
 
     def items(self) -> Iterator[tuple[str, str, bytes]]:
-        """Every (name, args, decoded bytes), verifying each hash; batches of rows, not all at once."""
-        for name, args, blob, h, size in self._rows():
-            yield name, args, self._decode(name, args, blob, h, size)
+        """Every (name, args, decoded bytes) in the order stored, each checked under its row's own
+        key; batches of rows, not all at once.
+
+        Raises:
+            CorruptEntryError: at the first entry that fails its check.
+        """
+        for _, name, args, blob, h, size in self._rows():
+            yield name, args, self._decode_row(name, args, blob, h, size)
+
+    def checked_rows(self) -> Iterator[tuple[int, str, str, CorruptEntryError | None]]:
+        """(rowid, name, args, the entry's problem or None) for every table row: its bytes checked
+        under its own key, and the index checked to lead to this very row for that key. What
+        ``kdb db verify`` reports; one damaged row never stops the others being checked."""
+        for rowid, name, args, blob, h, size in self._rows():
+            try:
+                self._decode_row(name, args, blob, h, size)
+                found = self._query_one("SELECT rowid FROM kern_db WHERE kernel_name = ? AND kernel_args = ?",
+                                        (name, args))
+                if found is None or found[0] != rowid:
+                    raise self._corrupt(name, args, f"the index leads its key to {'no row' if found is None else f'row {found[0]}'}"
+                                                    f", not to row {rowid} (a damaged index or a duplicated key)")
+            except CorruptEntryError as exc:
+                yield rowid, str(name), str(args), exc
+            else:
+                yield rowid, name, args, None
+
+    def duplicate_keys(self) -> list[tuple[str, str, str]]:
+        """(name, args, comma-joined rowids) of every key that more than one table row holds."""
+        with self._lock:
+            return self._query_all(
+                "SELECT kernel_name, kernel_args, group_concat(rowid) FROM kern_db NOT INDEXED "
+                "GROUP BY kernel_name, kernel_args HAVING count(*) > 1", ())
+
+    def _decode_row(self, name, args, blob, h, size) -> bytes:
+        """A table row's bytes, checked under the row's own key (which may be garbage)."""
+        if not (isinstance(name, str) and isinstance(args, str)):
+            raise self._corrupt(str(name), str(args), "its key is not text")
+        return self._decode(name, args, blob, h, size)
 
     def _rows(self) -> Iterator[tuple]:
-        """Every row as stored, in key order, read 256 at a time."""
-        last = ("", "")
+        """Every row as stored in the table (rowid first), read 256 at a time.
+
+        Raises:
+            CorruptBundleError: the table gives rowids out of order (a damaged b-tree), which
+                would otherwise make this loop go round the same rows for ever.
+        """
+        last = -(1 << 63)
         while True:
             with self._lock:
-                rows = self._query_all(
-                    "SELECT kernel_name, kernel_args, kernel_blob, kernel_hash, uncompressed_size FROM kern_db "
-                    "WHERE (kernel_name, kernel_args) > (?, ?) ORDER BY kernel_name, kernel_args LIMIT 256", last)
+                rows = self._query_all(_ROWS, (last,))
             if not rows:
                 return
-            yield from rows
-            last = (rows[-1][0], rows[-1][1])
+            for row in rows:
+                if not (isinstance(row[0], int) and row[0] > last):
+                    raise CorruptBundleError(f"{self.path}: the table gives row {row[0]!r} after row {last} "
+                                             "(the file is damaged)", f"check it with `kdb db verify {self.path}`")
+                last = row[0]
+                yield row
 
     def count(self) -> int:
         with self._lock:
@@ -337,10 +406,11 @@ class Bundle:
         if not self.writable:
             raise ReadOnlyBundleError(f"{self.path}: opened read-only", "open it with writable=True to add entries")
         codec = self._codec_for_writing()
+        digest = self._keyed_hash if self.keyed else (lambda name, args, binary: self._hash(binary))
         rows = []
         for name, args, binary in entries:
             enc = codec.encode(binary)
-            rows.append((name, args, enc.blob, self._hash(binary), enc.uncompressed_size))
+            rows.append((name, args, enc.blob, digest(name, args, binary), enc.uncompressed_size))
         with self._lock, _transaction(self._conn, self.path):
             self._conn.executemany(
                 "INSERT OR REPLACE INTO kern_db(kernel_name, kernel_args, kernel_blob, kernel_hash, uncompressed_size) "
@@ -352,15 +422,21 @@ class Bundle:
         in one transaction; returns how many.
 
         Raises:
-            BundleError: this bundle's codec, dictionary or hash is not what those entries assume.
+            BundleError: this bundle's codec, dictionary, hash or format is not what those entries
+                assume, or an entry was encoded for another key than the one it is stored under.
         """
         if not self.writable:
             raise ReadOnlyBundleError(f"{self.path}: opened read-only", "open it with writable=True to add entries")
-        md = self.metadata
-        if md.codec != "zstd" or self._reader.dictionary is not None or md.hash != _codec.DEFAULT_HASH:
-            raise BundleError(f"{self.path}: pre-encoded entries need a zstd bundle with no dictionary and "
-                              f"{_codec.DEFAULT_HASH} hashes", "write the binaries with put_many instead")
-        rows = [(name, args, e.blob, e.kernel_hash, e.uncompressed_size) for name, args, e in entries]
+        if not self._takes_stored():
+            raise BundleError(f"{self.path}: pre-encoded entries need a zstd bundle of format {schema.FORMAT_VERSION} "
+                              f"with no dictionary and {_codec.DEFAULT_HASH} hashes",
+                              "write the binaries with put_many instead")
+        rows = []
+        for name, args, e in entries:
+            if (e.kernel_name, e.kernel_args) != (name, args):
+                raise BundleError(f"{self.path}: an entry encoded for {e.kernel_name} [{e.kernel_args}] was to be "
+                                  f"stored under {name} [{args}]", "encode each binary for the key it is stored under")
+            rows.append((name, args, e.blob, e.kernel_hash, e.uncompressed_size))
         with self._lock, _transaction(self._conn, self.path):
             self._conn.executemany(
                 "INSERT OR REPLACE INTO kern_db(kernel_name, kernel_args, kernel_blob, kernel_hash, uncompressed_size) "
@@ -371,12 +447,17 @@ class Bundle:
         """Every entry as stored, each checked by decoding it first (a damaged one raises
         CorruptEntryError), in the form :meth:`put_stored` takes: zstd bundles with no dictionary
         and the default hash give their stored bytes, others their data encoded again."""
-        as_stored = (self.metadata.codec == "zstd" and self._reader.dictionary is None
-                     and self.metadata.hash == _codec.DEFAULT_HASH)
-        for name, args, blob, h, size in self._rows():
-            data = self._decode(name, args, blob, h, size)
-            yield name, args, (_codec.StoredBlob(bytes(blob), size, str(h).lower()) if as_stored
-                               else _codec.encode_for_bundle(data))
+        as_stored = self._takes_stored()
+        for _, name, args, blob, h, size in self._rows():
+            data = self._decode_row(name, args, blob, h, size)
+            yield name, args, (_codec.StoredBlob(name, args, bytes(blob), size, str(h).lower()) if as_stored
+                               else _codec.encode_for_bundle(name, args, data))
+
+    def _takes_stored(self) -> bool:
+        """Whether this bundle stores entries exactly as :func:`encode_for_bundle` makes them."""
+        md = self.metadata
+        return (md.codec == "zstd" and self._reader.dictionary is None and md.hash == _codec.DEFAULT_HASH
+                and self.keyed)
 
     def delete(self, kernel_name: str, kernel_args: str) -> bool:
         """Remove one entry (a corrupt one, say); True if it existed."""
@@ -413,7 +494,7 @@ class Bundle:
                 if page_size is not None:
                     self._conn.execute(f"PRAGMA page_size = {int(page_size)}")
                 self._conn.execute("VACUUM")
-            except sqlite3.Error as exc:
+            except _SQLITE_READ_ERRORS as exc:
                 raise _db_error(self.path, exc) from exc
 
     def _codec_for_writing(self) -> _codec.Codec:
@@ -434,13 +515,13 @@ class Bundle:
                 # an entry another process (or thread) has stored since: a re-check after
                 # taking the compile lock would miss, and the program be compiled twice.
                 cur.close()
-        except sqlite3.Error as exc:
+        except _SQLITE_READ_ERRORS as exc:
             raise _db_error(self.path, exc) from exc
 
     def _query_all(self, sql: str, params: tuple):
         try:
             return self._conn.execute(sql, params).fetchall()
-        except sqlite3.Error as exc:
+        except _SQLITE_READ_ERRORS as exc:
             raise _db_error(self.path, exc) from exc
 
     def __repr__(self) -> str:
@@ -461,7 +542,7 @@ class _transaction:
     def __enter__(self):
         try:
             self.conn.execute("BEGIN IMMEDIATE")
-        except sqlite3.Error as exc:
+        except _SQLITE_READ_ERRORS as exc:
             raise _db_error(self.path, exc) from exc
 
     def __exit__(self, exc_type, exc, tb):
@@ -470,17 +551,21 @@ class _transaction:
         except sqlite3.Error as err:
             if exc_type is None:
                 raise _db_error(self.path, err) from err
-        if isinstance(exc, sqlite3.Error):  # a failed write inside the block: name the file
+        if isinstance(exc, _SQLITE_READ_ERRORS):  # a failed write inside the block: name the file
             raise _db_error(self.path, exc) from exc
         return False
 
 
-def _db_error(path: Path, exc: sqlite3.Error) -> KdbError:
+def _db_error(path: Path, exc: sqlite3.Error | UnicodeDecodeError) -> KdbError:
     """The kdbkit error for an SQLite failure, chosen by SQLite's (primary) error code.
 
     The text of SQLite's messages differs between versions and locales; its codes do not.
     An error without a code (raised by Python's sqlite3 module itself) is a plain BundleError.
+    Text that does not decode (a damaged key, schema or metadata value) is a damaged file.
     """
+    if isinstance(exc, UnicodeDecodeError):
+        return CorruptBundleError(f"{path}: the file is damaged (text that is not UTF-8: {exc.reason})",
+                                  f"check it with `kdb db verify {path}`, then rebuild or reinstall it")
     code = getattr(exc, "sqlite_errorcode", None)
     primary = None if code is None else code & 0xFF
     detail = f"{exc}" + (f", {exc.sqlite_errorname}" if getattr(exc, "sqlite_errorname", None) else "")
@@ -514,7 +599,7 @@ def _prepare_writable(conn: sqlite3.Connection, path: Path, wal: bool) -> None:
             conn.execute(f"PRAGMA journal_mode = {mode}")
         # NORMAL is durable in WAL mode across application crashes, which is what a cache needs.
         conn.execute("PRAGMA synchronous = NORMAL")
-    except sqlite3.Error as exc:
+    except _SQLITE_READ_ERRORS as exc:
         raise _db_error(path, exc) from exc
 
 
@@ -522,7 +607,7 @@ def _read_metadata(conn: sqlite3.Connection, path: Path) -> tuple[BundleMetadata
     """Read ``kdb_meta`` (O(1)), or infer a MIOpen file's metadata from its name."""
     try:
         names = schema.tables(conn)
-    except sqlite3.Error as exc:
+    except _SQLITE_READ_ERRORS as exc:
         raise _db_error(path, exc) from exc
     if not names:  # SQLite makes the file before its creator's first transaction commits
         raise EmptyBundleError(f"{path}: an SQLite file with no tables yet (being created, or empty)",
@@ -533,46 +618,88 @@ def _read_metadata(conn: sqlite3.Connection, path: Path) -> tuple[BundleMetadata
         return BundleMetadata(0, _target_from_name(path), codec="bzip2", hash="md5", producer="MIOpen"), None
     try:
         meta = dict(conn.execute("SELECT key, value FROM kdb_meta").fetchall())
-    except sqlite3.Error as exc:
+    except _SQLITE_READ_ERRORS as exc:
         raise _db_error(path, exc) from exc
-    try:
-        version = int(meta.get("format_version", "0"))
-    except (TypeError, ValueError):
-        raise CorruptBundleError(f"{path}: kdb_meta.format_version is {meta.get('format_version')!r}, not a number",
-                                 "rebuild or reinstall the bundle")
-    if version > schema.FORMAT_VERSION:
-        raise UnsupportedFormatError(
-            f"{path}: bundle format version {version} is newer than this kdbkit reads ({schema.FORMAT_VERSION})",
-            "upgrade kdbkit (pip install -U kdbkit) or rebuild the bundle with this version")
+    version = _format_version(meta, path)
     codec, hash_alg = meta.get("codec", "bzip2"), meta.get("hash", "md5")
-    if codec not in _codec.CODECS or hash_alg not in _codec.HASHES:
-        raise CorruptBundleError(f"{path}: unknown codec {codec!r} or hash {hash_alg!r} in kdb_meta",
-                                 "rebuild or reinstall the bundle")
+    if not (isinstance(codec, str) and isinstance(hash_alg, str)
+            and codec in _codec.CODECS and hash_alg in _codec.HASHES):
+        raise _bad_meta(path, f"unknown codec {codec!r} or hash {hash_alg!r} in kdb_meta")
     dictionary = meta.get("zstd_dict")
     if dictionary is not None and not isinstance(dictionary, bytes):
-        raise CorruptBundleError(f"{path}: kdb_meta.zstd_dict is not a blob", "rebuild or reinstall the bundle")
-    target = None
-    if meta.get("arch"):
-        try:
-            cu = int(meta["cu"]) if meta.get("cu") else None
-            features = tuple(f for f in str(meta.get("features", "")).split(":") if f)
-            target = Target(str(meta.get("backend")), str(meta["arch"]), features, cu)
-        except (KdbError, ValueError) as exc:
-            raise CorruptBundleError(f"{path}: kdb_meta describes no valid target ({exc})",
-                                     "rebuild or reinstall the bundle") from exc
-    try:
-        manifest = json.loads(meta["sources"]) if meta.get("sources") else {}
-        if not isinstance(manifest, dict) or not all(isinstance(v, str) for v in manifest.values()):
-            raise ValueError("not a mapping of file names to digests")
-    except ValueError as exc:
-        raise CorruptBundleError(f"{path}: kdb_meta.sources is not a kernel-source manifest ({exc})",
-                                 "rebuild or reinstall the bundle") from None
+        raise _bad_meta(path, "kdb_meta.zstd_dict is not a blob")
+    target = _meta_target(meta, path)
+    manifest = _meta_sources(meta, path)
     md = BundleMetadata(
         format_version=version, target=target, compiler=str(meta.get("compiler", "")),
         binary_format=str(meta.get("binary_format", "")), codec=codec, hash=hash_alg,
         producer=str(meta.get("producer", "")), created=str(meta.get("created", "")),
         dictionary_size=len(dictionary) if dictionary else 0, sources=tuple(sorted(manifest.items())))
     return md, dictionary
+
+
+# The largest number a metadata field may hold (format version, CU count): anything longer is
+# damage, refused before Python turns thousands of digits into an integer.
+_MAX_META_DIGITS = 18
+
+
+def _bad_meta(path: Path, problem: str) -> CorruptBundleError:
+    return CorruptBundleError(f"{path}: {problem}", "rebuild or reinstall the bundle")
+
+
+def _meta_int(value: object) -> int | None:
+    """A non-negative integer stored as text or as an integer, or None for anything else."""
+    if isinstance(value, int) and not isinstance(value, bool):
+        return value if 0 <= value < 10 ** _MAX_META_DIGITS else None
+    if isinstance(value, str) and value.isascii() and value.isdigit() and len(value) <= _MAX_META_DIGITS:
+        return int(value)
+    return None
+
+
+def _format_version(meta: dict, path: Path) -> int:
+    """``kdb_meta.format_version``: a known version, else a kdbkit error (never a crash later,
+    in a migration that does not exist)."""
+    raw = meta.get("format_version", "0")
+    version = _meta_int(raw)
+    if version is None:
+        raise _bad_meta(path, f"kdb_meta.format_version is {str(raw)[:40]!r}, not a number")
+    if version > schema.FORMAT_VERSION:
+        raise UnsupportedFormatError(
+            f"{path}: bundle format version {version} is newer than this kdbkit reads ({schema.FORMAT_VERSION})",
+            "upgrade kdbkit (pip install -U kdbkit) or rebuild the bundle with this version")
+    return version
+
+
+def _meta_target(meta: dict, path: Path) -> Target | None:
+    """The target ``kdb_meta`` names, None when it names no arch."""
+    if not meta.get("arch"):
+        return None
+    try:
+        if not all(isinstance(meta.get(k, ""), str) for k in ("backend", "arch", "features", "cu")):
+            raise ValueError("a field is not text")
+        cu = _meta_int(meta["cu"]) if meta.get("cu") else None
+        if meta.get("cu") and cu is None:
+            raise ValueError(f"cu {meta['cu'][:40]!r} is not a count")
+        features = tuple(f for f in meta.get("features", "").split(":") if f)
+        return Target(meta.get("backend", ""), meta["arch"], features, cu)
+    except (KdbError, ValueError, TypeError) as exc:
+        raise _bad_meta(path, f"kdb_meta describes no valid target ({exc})") from None
+
+
+def _meta_sources(meta: dict, path: Path) -> dict[str, str]:
+    """The kernel-source manifest, empty when there is none."""
+    raw = meta.get("sources")
+    if not raw:
+        return {}
+    try:
+        if not isinstance(raw, str):
+            raise ValueError(f"it is {type(raw).__name__}, not text")
+        manifest = json.loads(raw)
+        if not isinstance(manifest, dict) or not all(isinstance(v, str) for v in manifest.values()):
+            raise ValueError("not a mapping of file names to digests")
+    except (ValueError, RecursionError) as exc:
+        raise _bad_meta(path, f"kdb_meta.sources is not a kernel-source manifest ({exc})") from None
+    return manifest
 
 
 def _target_from_name(path: Path) -> Target | None:

@@ -3,8 +3,13 @@
 Layout of a row's blob (MIOpen's convention, kept so that both kinds of file read alike):
 ``uncompressed_size == 0`` means the blob is stored raw (compression did not shrink it);
 otherwise ``kernel_blob`` is one frame of the bundle's codec that decodes to exactly
-``uncompressed_size`` bytes. ``kernel_hash`` is the hex digest of the *uncompressed* bytes,
-SHA-256 in kdbkit bundles and MD5 in files written by MIOpen.
+``uncompressed_size`` bytes. ``kernel_hash`` is the hex digest of the *uncompressed* bytes
+(xxh3_128 in kdbkit bundles, MD5 in files written by MIOpen). From format version 2 on it is
+*keyed*: the hash is fed :func:`entry_key_bytes` (a fixed label, then the kernel name and the
+kernel args, each as its UTF-8 length in 8 little-endian bytes and the bytes) before the data,
+so an entry's digest only matches under its own key: a row whose blob and hash were swapped with
+another row's, or that an index leads to under another key, fails its check. Files of format 0
+and 1 keep the plain digest (the reader checks their rows' own keys instead).
 
 Codecs: ``zstd`` (kdbkit; optionally with one trained dictionary per bundle, whose id is
 in every frame) and ``bzip2`` (MIOpen, block size 9; read and written for compatibility).
@@ -46,6 +51,42 @@ def digest(data: bytes, algorithm: str = DEFAULT_HASH) -> str:
     return hasher(algorithm)(data)
 
 
+# The label that starts every keyed digest's input: a digest made for another purpose over the
+# same bytes can never pass as an entry's.
+KEY_LABEL = b"kdbkit entry key\x00"
+
+
+def entry_key_bytes(kernel_name: str, kernel_args: str) -> bytes:
+    """The unambiguous encoding of an entry's key that a keyed digest covers before the data
+    (length-prefixed, so no two different (name, args) pairs give the same bytes)."""
+    name = kernel_name.encode("utf-8", "surrogatepass")
+    args = kernel_args.encode("utf-8", "surrogatepass")
+    return b"".join((KEY_LABEL, len(name).to_bytes(8, "little"), name, len(args).to_bytes(8, "little"), args))
+
+
+def keyed_digest(kernel_name: str, kernel_args: str, data: bytes, algorithm: str = DEFAULT_HASH) -> str:
+    """Hex digest of an entry's key and then its bytes: ``kernel_hash`` from format version 2 on."""
+    return keyed_hasher(algorithm)(kernel_name, kernel_args, data)
+
+
+def keyed_hasher(algorithm: str = DEFAULT_HASH) -> Callable[[str, str, bytes], str]:
+    """The function giving :func:`keyed_digest` with ``algorithm``: one streaming hash, so the
+    key costs one update of its own bytes and the data is never copied."""
+    if algorithm == "xxh3_128":
+        new = xxhash.xxh3_128
+    elif algorithm in HASHES:
+        def new(prefix: bytes):
+            return hashlib.new(algorithm, prefix)
+    else:
+        raise CodecError(f"unknown hash algorithm {algorithm!r}", f"use one of {', '.join(HASHES)}")
+
+    def keyed(kernel_name: str, kernel_args: str, data: bytes) -> str:
+        h = new(entry_key_bytes(kernel_name, kernel_args))
+        h.update(data)
+        return h.hexdigest()
+    return keyed
+
+
 def hasher(algorithm: str = DEFAULT_HASH) -> Callable[[bytes], str]:
     """The function giving :func:`digest` with ``algorithm``: for ``xxh3_128``, xxhash's own C
     function, which a bundle calls on every read without a Python frame around it."""
@@ -67,18 +108,23 @@ class Encoded:
 @dataclass(frozen=True)
 class StoredBlob:
     """An entry's stored columns, encoded away from the process that writes the bundle (an
-    offline build's workers compress in parallel): blob, ``uncompressed_size`` and hash, for a
-    zstd bundle with no dictionary and the default hash."""
+    offline build's workers compress in parallel): blob, ``uncompressed_size`` and the keyed
+    hash, for a zstd bundle with no dictionary and the default hash. It names the key its hash
+    was made for, so a writer can refuse to store it under another."""
 
+    kernel_name: str
+    kernel_args: str
     blob: bytes
     uncompressed_size: int
     kernel_hash: str
 
 
-def encode_for_bundle(data: bytes, level: int = BUNDLE_LEVEL) -> StoredBlob:
-    """``data`` as a zstd bundle without dictionary stores it (see :meth:`Bundle.put_stored`)."""
+def encode_for_bundle(kernel_name: str, kernel_args: str, data: bytes, level: int = BUNDLE_LEVEL) -> StoredBlob:
+    """``data`` as a zstd bundle without dictionary stores it under (``kernel_name``,
+    ``kernel_args``) (see :meth:`Bundle.put_stored`)."""
     enc = Codec("zstd", level=level).encode(data)
-    return StoredBlob(enc.blob, enc.uncompressed_size, digest(data))
+    return StoredBlob(kernel_name, kernel_args, enc.blob, enc.uncompressed_size,
+                      keyed_digest(kernel_name, kernel_args, data))
 
 
 class Codec:
@@ -117,9 +163,16 @@ class Codec:
         return zd
 
     def warm_up(self) -> None:
-        """Make this thread's decompressor now (loading the dictionary, if any)."""
+        """Make this thread's decompressor now (loading the dictionary, if any).
+
+        Raises:
+            CodecError: the dictionary does not load (a damaged bundle).
+        """
         if self.name == "zstd":
-            self._zd()
+            try:
+                self._zd()
+            except zstd.ZstdError as exc:
+                raise CodecError(f"the bundle's zstd dictionary does not load: {exc}") from exc
 
     def compress_raw(self, data: bytes) -> bytes:
         """Compress without the raw fallback (used to measure and train)."""

@@ -61,8 +61,25 @@ def _connect(path: Path, writable: bool) -> sqlite3.Connection:
     return conn
 
 
+class _DamagedRow(ValueError):
+    """A find_db row whose values are not of their columns' types (a damaged file)."""
+
+
+# What reading a damaged find-db can raise: SQLite's errors, text that is not UTF-8 (a
+# ValueError), and rows of the wrong types.
+_READ_ERRORS = (sqlite3.Error, ValueError)
+
+
+def _is_int(value) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool)
+
+
 def _record(solver_id, solver, rank, time_ms, workspace) -> FindRecord:
-    return FindRecord(int(solver_id), str(solver), int(rank), float(time_ms), int(workspace))
+    if not (_is_int(solver_id) and isinstance(solver, str) and _is_int(rank) and _is_int(workspace)
+            and isinstance(time_ms, (int, float))):
+        raise _DamagedRow(f"a find_db row holds ({solver_id!r:.40}, {solver!r:.40}, {rank!r:.40}, {time_ms!r:.40}, "
+                          f"{workspace!r:.40}), not (solver id, solver, rank, time, workspace)")
+    return FindRecord(solver_id, solver, rank, float(time_ms), workspace)
 
 
 def _records(conn: sqlite3.Connection, config: str) -> list[FindRecord] | None:
@@ -88,8 +105,11 @@ def configs_in(path: str | Path) -> list[str]:
 
     try:
         with closing(_connect(Path(path), writable=False)) as conn:
-            return [row[0] for row in conn.execute("SELECT DISTINCT config FROM find_db ORDER BY config")]
-    except sqlite3.Error as exc:
+            configs = [row[0] for row in conn.execute("SELECT DISTINCT config FROM find_db ORDER BY config")]
+        if not all(isinstance(c, str) for c in configs):
+            raise _DamagedRow("a config is not text")
+        return configs
+    except _READ_ERRORS as exc:
         raise NotABundleError(f"{path} is not a find-db ({exc})",
                               "give a .fdb or .ufdb file that find wrote, or a text catalogue") from None
 
@@ -107,8 +127,10 @@ def read_rankings(path: str | Path) -> dict[str, list[FindRecord]]:
         with closing(_connect(Path(path), writable=False)) as conn:
             for config, *row in conn.execute("SELECT config, solver_id, solver, rank, time_ms, workspace "
                                              "FROM find_db ORDER BY config, rank"):
+                if not isinstance(config, str):
+                    raise _DamagedRow(f"config {config!r:.40} is not text")
                 rankings.setdefault(config, []).append(_record(*row))
-    except sqlite3.Error as exc:
+    except _READ_ERRORS as exc:
         raise NotABundleError(f"{path} is not a find-db ({exc})", "give a .fdb or .ufdb file that find wrote") from None
     return rankings
 
@@ -184,7 +206,7 @@ class FindDb:
                     found = _records(user, config)
                     if found:
                         return found, "user"
-                except sqlite3.Error as exc:
+                except _READ_ERRORS as exc:
                     self._damaged(exc)
         for path in self.system_paths:
             with self._lock:
@@ -193,7 +215,7 @@ class FindDb:
                     continue
                 try:
                     found = _records(conn, config)
-                except sqlite3.Error as exc:
+                except _READ_ERRORS as exc:
                     self._warn(f"fdb-system:{path}", f"system find-db {path} cannot be read ({exc}); skipped")
                     conn.close()
                     self._system[path] = None
@@ -276,7 +298,7 @@ class FindDb:
                     _make_private_file(Path(f"{self.user_path}{suffix}"))
                 self._user = conn
                 return conn
-            except (sqlite3.DatabaseError, _ForeignFile) as exc:
+            except (sqlite3.DatabaseError, UnicodeDecodeError, _ForeignFile) as exc:
                 if attempt == 0 and self._move_aside(exc):
                     continue
                 self._give_up(exc)
@@ -309,7 +331,7 @@ class FindDb:
                    f"it to {aside.name} and started a new one: find will time those problems again")
         return True
 
-    def _damaged(self, exc: sqlite3.Error) -> None:
+    def _damaged(self, exc: Exception) -> None:
         """A read or write failed: a damaged file is moved aside once (the next use starts a new
         one, in this process and the next), any other failure stops using the file."""
         if self._user is not None:

@@ -1,4 +1,4 @@
-"""Check a bundle end to end: file, schema, metadata, and every entry's hash.
+"""Check a bundle end to end: file, schema, metadata, and every entry bound to its key.
 
 ``verify_bundle`` never raises for a bad file: it returns a report listing each problem
 (with the file, and the key for entry problems) so that ``kdb db verify`` can go through
@@ -7,11 +7,12 @@ many files and exit non-zero if any has one.
 
 from __future__ import annotations
 
+import sqlite3
 from dataclasses import dataclass, field
 from pathlib import Path
 
 from kdbkit.kdb.bundle import Bundle
-from kdbkit.kdb.errors import CorruptEntryError, KdbError
+from kdbkit.kdb.errors import KdbError
 from kdbkit.kdb.schema import KERN_DB_COLUMNS
 from kdbkit.kdb.target import parse_bundle_file_name
 
@@ -35,10 +36,14 @@ def schema_problems(bundle: Bundle) -> list[str]:
     db = sqlite_utils.Database(bundle._conn)
     table = db.table("kern_db")
     problems = []
-    cols = tuple(c.name for c in table.columns)
+    try:
+        cols = tuple(c.name for c in table.columns)
+        indexes = table.indexes
+    except (sqlite3.Error, UnicodeDecodeError) as exc:  # the schema's own text is damaged
+        return [f"the schema cannot be read ({type(exc).__name__}: {exc})"]
     if cols != KERN_DB_COLUMNS:
         problems.append(f"kern_db columns are {list(cols)}, expected {list(KERN_DB_COLUMNS)}")
-    if not any(ix.unique and ix.columns == ["kernel_name", "kernel_args"] for ix in table.indexes):
+    if not any(ix.unique and ix.columns == ["kernel_name", "kernel_args"] for ix in indexes):
         problems.append("no unique index on kern_db(kernel_name, kernel_args): lookups would scan the table")
     return problems
 
@@ -94,11 +99,12 @@ def verify_bundle(path: str | Path, *, check_entries: bool = True) -> VerifyRepo
 
 
 def _check_entries(bundle: Bundle, report: VerifyReport) -> None:
-    # Go entry by entry (not bundle.items()) so that one corrupt entry is reported and the
-    # rest are still checked.
-    for info in bundle.entries():
-        try:
-            bundle.get(info.kernel_name, info.kernel_args)
-        except CorruptEntryError as exc:
-            report.problems.append(exc.problem)
+    # Row by row from the table (not through the index, not bundle.items()) so that one corrupt
+    # entry is reported and the rest are still checked, and each row is checked under its own
+    # key: a row holding another entry's bytes, or one the index does not lead to, is named.
+    for rowid, _, _, problem in bundle.checked_rows():
+        if problem is not None:
+            report.problems.append(f"row {rowid}: {problem.problem}")
         report.entries_checked += 1
+    for name, args, rowids in bundle.duplicate_keys():
+        report.problems.append(f"{bundle.path}: rows {rowids} all hold the key {name} [{args}]")

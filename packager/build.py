@@ -177,7 +177,7 @@ def _compile(compiler: Compiler, job: Job, source: KernelSource,
         binary = compiler.compile(job.request, job.bundle, source)
         if compiler.binary_format == "hsaco":
             refuse_failing_code_object(binary, job.request, job.bundle)
-        return encode_for_bundle(binary), None
+        return encode_for_bundle(job.kernel_name, job.kernel_args, binary), None
     except KdbError as exc:
         return None, exc
 

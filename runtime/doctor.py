@@ -140,10 +140,50 @@ def cache_sources() -> list[Row]:
     return rows
 
 
+# Problems shown per file; the rest are counted (`kdb db verify FILE` lists them all).
+MAX_PROBLEMS_SHOWN = 5
+
+
+def bundle_entries() -> list[Row]:
+    """Every installed system bundle and user cache checked as ``kdb db verify`` checks it:
+    file integrity, the index against the table, and each entry bound to its key. A bundle
+    that would serve a wrong or damaged entry is a problem here, not a surprise at run time."""
+    from kdbkit.kdb.verify import verify_bundle
+
+    rows = []
+    for path in _installed_bundle_files() + _user_cache_files():
+        report = verify_bundle(path)
+        if report.ok:
+            rows.append(Row("bundle entries", str(path), f"{report.entries_checked} entries, each bound to its key"))
+            continue
+        rows += [Row("bundle entries", str(path), problem, False) for problem in report.problems[:MAX_PROBLEMS_SHOWN]]
+        if len(report.problems) > MAX_PROBLEMS_SHOWN:
+            rows.append(Row("bundle entries", str(path), f"{len(report.problems) - MAX_PROBLEMS_SHOWN} more problem(s): "
+                            f"run `kdb db verify {path}`", False))
+    return rows
+
+
+def _installed_bundle_files() -> list:
+    files = []
+    for d in paths.system_db_dirs():
+        try:
+            files += [d.path] if d.is_file and d.path.is_file() else sorted(d.path.glob("*.kdb"))
+        except OSError:
+            continue  # reported by the search-path section
+    return files
+
+
+def _user_cache_files() -> list:
+    try:
+        return sorted(paths.user_cache_dir().glob("*.ukdb"))
+    except (OSError, KdbError):
+        return []  # reported by the user cache's own checks
+
+
 def report() -> list[Row]:
     """Every row of the doctor's report, in display order."""
     rows: list[Row] = []
-    for part in (versions, compilers, search_paths, devices_and_bundles, cache_sources):
+    for part in (versions, compilers, search_paths, devices_and_bundles, bundle_entries, cache_sources):
         try:
             rows += part()
         except Exception as exc:  # one failing section must not hide the others

@@ -144,11 +144,16 @@ _collecting = threading.local()  # snapshot() gathers problems here instead of r
 
 def _fallback(var: EnvVar, raw: str, accepted: str) -> Any:
     shown = "unset" if var.default in (None, ()) else str(var.default)
-    message = f"{var.name}={raw!r} is not understood (accepted: {accepted}); using the default ({shown})"
+    _report(var, raw, f"{var.name}={raw!r} is not understood (accepted: {accepted}); using the default ({shown})")
+    return var.default
+
+
+def _report(var: EnvVar, raw: str, message: str) -> None:
+    """Say ``message`` once per (variable, value), or collect it (see :func:`read_quietly`)."""
     problems = getattr(_collecting, "problems", None)
     if problems is not None:
         problems.append(message)
-        return var.default
+        return
     with _warned_lock:
         first = (var.name, raw) not in _warned
         _warned.add((var.name, raw))
@@ -157,7 +162,36 @@ def _fallback(var: EnvVar, raw: str, accepted: str) -> Any:
         from kdbkit.runtime.logging_setup import report_bad_setting
 
         report_bad_setting(message)
-    return var.default
+
+
+# Linux's limits on a path and on one of its names (PATH_MAX, NAME_MAX, in bytes): a longer
+# entry can never be opened (ENAMETOOLONG), so it is dropped when read, not at every use.
+MAX_PATH_BYTES = 4095
+MAX_NAME_BYTES = 255
+
+
+def _parse_pathlist(var: EnvVar, text: str) -> list[Path]:
+    """The list's paths, in order; an entry that no file system could hold is dropped with one warning."""
+    paths = []
+    for part in (p.strip() for p in text.split(os.pathsep)):
+        if not part:
+            continue
+        path = _expanded(part)
+        names = os.fsencode(str(path)).split(b"/")
+        if len(os.fsencode(str(path))) > MAX_PATH_BYTES or any(len(n) > MAX_NAME_BYTES for n in names):
+            _report(var, part, f"{var.name}: the entry {part[:60]!r}... ({len(part)} characters) is longer than "
+                               f"any path can be ({MAX_PATH_BYTES} bytes, {MAX_NAME_BYTES} per name); skipping it")
+            continue
+        paths.append(path)
+    return paths
+
+
+def _expanded(text: str) -> Path:
+    """``text`` with ``~`` expanded, or as written when the home folder it names is unknown."""
+    try:
+        return Path(text).expanduser()
+    except RuntimeError:
+        return Path(text)
 
 
 def _parse_int(var: EnvVar, text: str) -> Any:
@@ -198,9 +232,9 @@ def _parse(var: EnvVar, raw: str | None) -> Any:
     if var.kind in ("int", "flags"):
         return _parse_int(var, text)
     if var.kind == "path":
-        return Path(text).expanduser()
+        return _expanded(text)
     if var.kind == "pathlist":
-        return [Path(part.strip()).expanduser() for part in text.split(os.pathsep) if part.strip()]
+        return _parse_pathlist(var, text)
     if var.kind == "choices":
         choices = _choices(var.name)
         words = [w.strip().lower() for w in text.split(",") if w.strip()]

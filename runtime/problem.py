@@ -65,8 +65,10 @@ def parse_config(text: str) -> Problem:
     from kdbkit.runtime.primitives import load_all, load_own  # each primitive registers its problem kind
 
     load_own()
+    if not isinstance(text, str):
+        raise ProblemError(f"a config string must be text, not {type(text).__name__}", "pass the config string")
     if text.strip()[:1].isdigit():  # a convolution: MIOpen's key, which names no primitive
-        return Problem._kinds["conv"].parse_key(text)  # type: ignore[attr-defined]
+        return _parsed(lambda: Problem._kinds["conv"].parse_key(text), text)  # type: ignore[attr-defined]
     primitive, _, rest = text.strip().partition(",")
     kind = Problem._kinds.get(primitive)
     if kind is None:  # an added primitive's: only now are the installed packages' entry points read
@@ -83,12 +85,28 @@ def parse_config(text: str) -> Problem:
             raise ProblemError(f"config string {text!r}: {pair!r} is not a new key=value pair",
                                "write it as key=value, each key once")
         fields[key] = value
-    problem = kind.from_fields(fields)
+    problem = _from_fields(kind, fields, text)
     unknown = set(fields) - {k for k, _ in problem.fields()}
     if unknown:
         raise ProblemError(f"config string {text!r}: unknown keys {', '.join(sorted(unknown))}",
                            f"a {primitive} config has: {', '.join(k for k, _ in problem.fields())}")
     return problem
+
+
+def _from_fields(kind: type[Problem], fields: dict[str, str], text: str) -> Problem:
+    return _parsed(lambda: kind.from_fields(fields), text)
+
+
+def _parsed(parse, text: str) -> Problem:
+    """``parse()``, with any error a primitive's parser lets through (a value its checks did
+    not foresee) turned into the ProblemError that names the config string."""
+    try:
+        return parse()
+    except ProblemError:
+        raise
+    except (ValueError, TypeError, ArithmeticError, KeyError, IndexError) as exc:
+        raise ProblemError(f"config string {text[:200]!r} does not describe a problem ({type(exc).__name__}: "
+                           f"{str(exc)[:200]})", "check it against `kdb driver --help`") from None
 
 
 def require(fields: dict[str, str], key: str, text_for_errors: str) -> str:

@@ -83,16 +83,43 @@ def format_dims(values: Sequence[int]) -> str:
     return "x".join(str(int(v)) for v in values)
 
 
+# The largest magnitude a size, stride or count in a config string may have: beyond it no
+# tensor fits any memory, and products of such sizes would overflow 64-bit index arithmetic.
+MAX_CONFIG_INT = 2 ** 62
+# Digits (with a sign) read at most: a longer text is refused before Python parses thousands of digits.
+_MAX_INT_CHARS = 20
+
+
+def parse_int(text: str, what: str) -> int:
+    """A config string's integer, at most :data:`MAX_CONFIG_INT` in magnitude.
+
+    Raises:
+        ProblemError: not a whole number, or too large to be a size.
+    """
+    stripped = text.strip()
+    if len(stripped) > _MAX_INT_CHARS:
+        raise ProblemError(f"{what} {stripped[:24]!r}... is {len(stripped)} characters long, not a size",
+                           f"write {what} as a whole number below 2**62")
+    try:
+        number = int(stripped)
+    except ValueError:
+        raise ProblemError(f"{what} {text!r} is not an integer", f"write {what} as a whole number") from None
+    if abs(number) > MAX_CONFIG_INT:
+        raise ProblemError(f"{what} {number} is larger than any size (2**62)", f"write {what} as a whole number below 2**62")
+    return number
+
+
 def parse_dims(text: str, what: str) -> tuple[int, ...]:
     """``"2x3x4"`` -> ``(2, 3, 4)``.
 
     Raises:
-        ProblemError: not integers separated by ``x``.
+        ProblemError: not integers separated by ``x``, or a size beyond :data:`MAX_CONFIG_INT`.
     """
     try:
-        return tuple(int(part) for part in text.split("x"))
-    except ValueError:
-        raise ProblemError(f"{what} {text!r} is not sizes separated by 'x'", "write it as e.g. 2x3x4x5") from None
+        return tuple(parse_int(part, what) for part in text.split("x"))
+    except ProblemError as exc:
+        raise ProblemError(f"{what} {text[:80]!r} is not sizes separated by 'x' ({exc.problem})",
+                           "write it as e.g. 2x3x4x5") from None
 
 
 @dataclass(frozen=True)

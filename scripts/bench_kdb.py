@@ -419,9 +419,9 @@ def child_lookup(bundle: str, keys_file: str, warmup: int, mode: str) -> None:
         dec.append(time.perf_counter_ns() - t0)
         datas.append(d)
         stored.append(len(blob))
-    for (blob, h, _), d in zip(rows, datas):
+    for (name, args, _), (blob, h, _), d in zip(hits, rows, datas):
         t0 = time.perf_counter_ns()
-        ok = kcodec.digest(d, hash_alg) == h
+        ok = kcodec.keyed_digest(name, args, d, hash_alg) == h  # format 2: the hash covers the key
         sha.append(time.perf_counter_ns() - t0)
         if not ok:
             raise SystemExit("hash mismatch")

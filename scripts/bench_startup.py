@@ -139,6 +139,7 @@ def _floor_rows(mode: str) -> list[dict]:
     from cuda.bindings import driver
 
     from kdbkit.kdb import open_bundle
+    from kdbkit.kdb.codec import entry_key_bytes
 
     path = next(Path(os.environ["KDB_SYSTEM_DB_PATH"]).glob("*.kdb"))
     with open_bundle(path) as bundle:
@@ -151,7 +152,9 @@ def _floor_rows(mode: str) -> list[dict]:
         t0 = time.perf_counter()
         blob, kernel_hash, size = conn.execute(GET_ENTRY, keys[name]).fetchone()
         data = zd.decompress(blob, max_output_size=size) if size else blob
-        if xxhash.xxh3_128_hexdigest(data) != kernel_hash:
+        digest = xxhash.xxh3_128(entry_key_bytes(*keys[name]))  # format 2: the hash covers the key, then the data
+        digest.update(data)
+        if digest.hexdigest() != kernel_hash:
             raise SystemExit(f"{name}: hash mismatch")
         err, module = driver.cuModuleLoadData(data)
         assert err == driver.CUresult.CUDA_SUCCESS, err

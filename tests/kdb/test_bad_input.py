@@ -113,11 +113,61 @@ def test_newer_format_version(bundle_path):
     ("format_version", "one", "not a number"),
     ("codec", "lzma", "unknown codec"),
     ("arch", "vax", "no valid target"),
+    ("format_version", "-1", "not a number"),  # once a KeyError: a migration from version -1
+    ("format_version", -1, "not a number"),
+    ("format_version", "9" * 5000, "not a number"),  # once Python's ValueError (digit limit)
+    ("format_version", b"\x01", "not a number"),
+    ("format_version", 1.5, "not a number"),
+    ("sources", 5, "not a kernel-source manifest"),  # once a TypeError from json.loads
+    ("sources", b"\xff\xfe{", "not a kernel-source manifest"),
+    ("sources", "[" * 100000, "not a kernel-source manifest"),  # once a RecursionError
+    ("codec", b"zstd", "unknown codec"),
+    ("cu", "9" * 5000, "no valid target"),
+    ("cu", 1e300, "no valid target"),
+    ("arch", 7, "no valid target"),
 ])
 def test_bad_metadata(bundle_path, key, value, match):
     conn = sqlite3.connect(bundle_path)
-    conn.execute("UPDATE kdb_meta SET value=? WHERE key=?", (value, key))
+    conn.execute("INSERT OR REPLACE INTO kdb_meta(key, value) VALUES (?, ?)", (key, value))
     conn.commit()
     conn.close()
     with pytest.raises(CorruptBundleError, match=match):
         open_bundle(bundle_path)
+
+
+@pytest.mark.parametrize("key,value", [("format_version", "-1"), ("sources", 5), ("cu", "9" * 5000)])
+def test_bad_metadata_in_a_user_cache_is_moved_aside_with_one_warning(tmp_path, key, value):
+    """A user cache with bad metadata is damaged: set aside and a new one started, never a crash."""
+    from kdbkit.runtime.program_key import ProgramKey
+    from kdbkit.runtime.user_cache import UserCache
+
+    from kdbkit.kdb import Target
+
+    target = Target.parse("sm_90")
+    cache = UserCache(tmp_path, target, compiler="nvrtc 13.0", binary_format="cubin")
+    assert cache.put(ProgramKey("a.cl", "-DN=1", ""), b"binary" * 30)
+    cache.close()
+    with sqlite3.connect(cache.path) as conn:
+        conn.execute("INSERT OR REPLACE INTO kdb_meta(key, value) VALUES (?, ?)", (key, value))
+    conn.close()
+    again = UserCache(tmp_path, target, compiler="nvrtc 13.0", binary_format="cubin")
+    assert again.get(ProgramKey("a.cl", "-DN=1", "")) is None and again.usable
+    again.close()
+    assert len(list(tmp_path.glob("*.corrupt-*"))) == 1  # moved aside (with a warning), nothing deleted
+
+
+def test_a_table_name_that_is_not_text_is_not_a_bundle(bundle_path):
+    """A damaged schema row whose name reads back as a blob once raised TypeError (sorting names)."""
+    from kdbkit.kdb import Bundle, KdbError, Target
+
+    conn = sqlite3.connect(bundle_path)
+    conn.execute("PRAGMA writable_schema = ON")
+    conn.execute("UPDATE sqlite_master SET name = CAST(name AS BLOB), tbl_name = CAST(tbl_name AS BLOB) "
+                 "WHERE name = 'kern_db'")
+    conn.commit()
+    conn.close()
+    for attempt in (lambda: open_bundle(bundle_path),
+                    lambda: Bundle.create(bundle_path, Target.parse("sm_90"), compiler="c", binary_format="cubin",
+                                          exist_ok=True)):
+        with pytest.raises(KdbError):
+            attempt()

@@ -146,6 +146,7 @@ def test_training_sample_is_bounded_random_and_repeatable():
 
 
 def test_bundles_hashed_with_sha256_still_read(bundle_path, entries):
+    """A format-1 bundle (plain sha256 of the data, as kdbkit once wrote) still reads."""
     import hashlib
 
     conn = sqlite3.connect(bundle_path)
@@ -153,6 +154,7 @@ def test_bundles_hashed_with_sha256_still_read(bundle_path, entries):
         conn.execute("UPDATE kern_db SET kernel_hash=? WHERE kernel_name=? AND kernel_args=?",
                      (hashlib.sha256(data).hexdigest(), name, args))
     conn.execute("UPDATE kdb_meta SET value='sha256' WHERE key='hash'")
+    conn.execute("UPDATE kdb_meta SET value='1' WHERE key='format_version'")
     conn.commit()
     conn.close()
     b = open_bundle(bundle_path)

@@ -1,6 +1,7 @@
 """Files written by MIOpen (bzip2, md5, no kdb_meta) read, verify and merge."""
 
 from kdbkit.kdb import Bundle, Target, merge_bundles, open_bundle, verify_bundle
+from kdbkit.kdb.schema import FORMAT_VERSION
 
 from .conftest import write_miopen_file
 
@@ -24,7 +25,7 @@ def test_verifies_a_miopen_file(tmp_path, entries):
 def test_opening_for_write_migrates_and_keeps_bzip2(tmp_path, entries):
     p = write_miopen_file(tmp_path / "gfx906_60.kdb", entries)
     with Bundle.open(p, writable=True) as b:
-        assert b.metadata.format_version == 1 and b.metadata.codec == "bzip2"
+        assert b.metadata.format_version == FORMAT_VERSION and b.metadata.codec == "bzip2" and b.keyed
         b.put("new.o", "-mcpu=gfx906", b"abc" * 100)
     b = open_bundle(p)
     assert b.get("new.o", "-mcpu=gfx906") == b"abc" * 100

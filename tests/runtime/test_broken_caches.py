@@ -188,3 +188,35 @@ def test_a_system_bundle_damaged_anywhere_never_stops_the_runtime(make_handle, i
         outcomes.update(step[2] for r in results for step in r.steps)
     assert "damaged" in outcomes or "corrupt" in outcomes  # some damage was met at lookup, and survived
     assert "the file is damaged" in capfd.readouterr().err
+
+
+def _unloadable_dictionary() -> bytes:
+    """A trained zstd dictionary whose entropy tables are damaged: zstd refuses to load it."""
+    import random
+
+    from kdbkit.kdb.codec import train_dictionary
+
+    rng = random.Random(0)
+    samples = [b"\x7fELF" + bytes([i % 7]) * 30 + b"".join(rng.choice([b"mov", b"add", b"ld.global"]) for _ in range(60))
+               for i in range(96)]
+    dictionary = bytearray(train_dictionary(samples, dict_size=1024, level=3))
+    dictionary[8:40] = b"\xff" * 32
+    return bytes(dictionary)
+
+
+def test_a_system_bundle_whose_dictionary_does_not_load_only_warns(make_handle, isolated, chain_backend, capfd,
+                                                                   fresh_warnings):
+    """Once a ZstdError from the handle's warm-up: now a damaged bundle, a warning, and the next tier."""
+    from kdbkit.packager.device_build import build_bundle
+
+    (isolated / "built").mkdir()
+    built = build_bundle(chain_backend.device.target, [(RELU.kernel_file, RELU.options)], isolated / "built")
+    installed = isolated / "system" / chain_backend.device.target.bundle_name()
+    installed.write_bytes(built.read_bytes())
+    with sqlite3.connect(installed) as conn:
+        conn.execute("INSERT OR REPLACE INTO kdb_meta(key, value) VALUES ('zstd_dict', ?)", (_unloadable_dictionary(),))
+    conn.close()
+    handle = make_handle()  # warms the bundle up: the dictionary fails to load here first
+    program = handle.program(RELU.kernel_file, RELU.options)
+    assert program.source in ("user", "jit")
+    assert "could not create decompression dict" in capfd.readouterr().err

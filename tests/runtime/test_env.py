@@ -318,3 +318,20 @@ def test_a_size_not_understood_warns_and_keeps_the_default(monkeypatch, warnings
     assert env.get_size("KDB_CACHE_MAXSIZE") == 4 << 30
     (line,) = warnings_seen()
     assert "KDB_CACHE_MAXSIZE" in line and "K, M, G or T" in line
+
+
+def test_an_overlong_path_list_entry_is_skipped_with_one_warning(monkeypatch, tmp_path, warnings_seen):
+    """Once ENAMETOOLONG out of the system bundle search and the kernel search path."""
+    from kdbkit.runtime import paths
+    from kdbkit.runtime.kernel_sources import KernelSearchPath
+
+    overlong, too_long_a_name = "/tmp/" + "a" * 5000, str(tmp_path / ("b" * 300))
+    monkeypatch.setenv("KDB_SYSTEM_DB_PATH", os.pathsep.join([overlong, str(tmp_path), too_long_a_name]))
+    monkeypatch.setenv("KDB_KERNEL_PATH", os.pathsep.join([too_long_a_name, str(tmp_path)]))
+    assert env.get_pathlist("KDB_SYSTEM_DB_PATH") == [tmp_path]
+    assert [d.path for d in paths.system_db_dirs()][0] == tmp_path
+    assert KernelSearchPath().read("activation.c").digest
+    seen = warnings_seen()
+    assert len(seen) == 3 and all("longer than any path" in line for line in seen)
+    env.get_pathlist("KDB_SYSTEM_DB_PATH")
+    assert warnings_seen() == []  # once per value

@@ -22,7 +22,7 @@ from dataclasses import dataclass
 from kdbkit.runtime.errors import ProblemError
 from kdbkit.runtime.primitives.arguments import int_pair
 from kdbkit.runtime.problem import Problem
-from kdbkit.runtime.tensor import DataType, TensorDesc
+from kdbkit.runtime.tensor import DataType, TensorDesc, parse_int
 
 DIRECTIONS = ("F", "B", "W")
 LAYOUTS = ("NCHW", "NHWC")
@@ -162,8 +162,10 @@ class ConvProblem(Problem):
             raise ProblemError(f"convolution key {text!r} is not MIOpen's 2-D form",
                                "write it as e.g. 64-56-56-3x3-64-56-56-32-1x1-1x1-1x1-0-NCHW-FP32-F")
         v = match.groups()
-        ic, ih, iw, fy, fx, oc, oh, ow, n, ph, pw, sh, sw, dh, dw, bias = (int(x) for x in v[:16])
-        layouts, type_name, direction, groups = v[16].split("-"), v[17], v[18], int(v[19] or 1)
+        sizes = (parse_int(x, "a size in the key") for x in v[:16])
+        ic, ih, iw, fy, fx, oc, oh, ow, n, ph, pw, sh, sw, dh, dw, bias = sizes
+        layouts, type_name, direction = v[16].split("-"), v[17], v[18]
+        groups = parse_int(v[19] or "1", "the group count")
         if bias:
             raise ProblemError(f"convolution key {text!r} has a bias",
                                "write 0 there: the bias runs as a problem of its own (kdb driver conv -b 1, "

@@ -15,7 +15,7 @@ from dataclasses import dataclass
 
 from kdbkit.runtime.errors import ProblemError
 from kdbkit.runtime.problem import Problem, parse_float, require
-from kdbkit.runtime.tensor import DataType, TensorDesc
+from kdbkit.runtime.tensor import DataType, TensorDesc, parse_int
 
 
 @dataclass(frozen=True)
@@ -95,10 +95,10 @@ def _parse_int(f: dict[str, str], key: str, text: str) -> int:
     is read outside the ``try``)."""
     value = require(f, key, text)
     try:
-        number = int(value)
-    except ValueError:
-        raise ProblemError(f"gemm config {text!r}: {key}={value!r} is not an integer",
-                           f"write {key} as a whole number") from None
+        number = parse_int(value, key)
+    except ProblemError:
+        raise ProblemError(f"gemm config {text[:200]!r}: {key}={value[:40]!r} is not an integer",
+                           f"write {key} as a whole number (below 2**62)") from None
     if key in ("m", "n", "k", "batch") and number < 1:
         raise ProblemError(f"gemm config {text!r}: {key}={number}", f"{key} is a size: it must be positive (1 or more)")
     return number

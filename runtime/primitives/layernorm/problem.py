@@ -17,7 +17,7 @@ import numpy as np
 
 from kdbkit.runtime.errors import ProblemError
 from kdbkit.runtime.problem import Problem, parse_float, require
-from kdbkit.runtime.tensor import DataType, TensorDesc, format_dims, parse_dims
+from kdbkit.runtime.tensor import DataType, TensorDesc, format_dims, parse_dims, parse_int
 
 
 @dataclass(frozen=True)
@@ -67,9 +67,9 @@ class LayerNormProblem(Problem):
         # Read before the ``try``: require's ProblemError is a ValueError, and would read "not an integer".
         dim_text, affine = require(f, "dim", text), require(f, "affine", text) in ("1", "true")
         try:
-            dim = int(dim_text)
-        except ValueError:
-            raise ProblemError(f"layernorm config {text!r}: dim is not an integer", "write dim=<n>") from None
+            dim = parse_int(dim_text, "dim")
+        except ProblemError:
+            raise ProblemError(f"layernorm config {text[:200]!r}: dim is not an integer", "write dim=<n>") from None
         return cls(require(f, "dir", text), DataType.parse(require(f, "type", text)),
                    parse_dims(require(f, "shape", text), "shape"), dim, affine, parse_float(f.get("eps", "1e-5"), "eps"))
 
