@@ -27,7 +27,7 @@ from kdbkit.kdb.writer import write_stored_bundle
 
 def entries():
     for i in range(1500):
-        yield (f"k{i}.o", "-DN=1", encode_for_bundle(os.urandom(4000)))
+        yield (f"k{i}.o", "-DN=1", encode_for_bundle(f"k{i}.o", "-DN=1", os.urandom(4000)))
     time.sleep(600)
 
 write_stored_bundle(Path(sys.argv[1]), Target("cuda", "sm_90"), entries(), compiler="nvrtc 13.0", binary_format="cubin")
@@ -62,8 +62,8 @@ def test_a_killed_writers_temp_files_are_removed_by_the_next_write_and_a_live_on
     killed.wait()
     try:
         assert killed_temps and live_temps and _temps(tmp_path) == killed_temps | live_temps
-        write_stored_bundle(out, TARGET, [("k.o", "-DN=2", encode_for_bundle(b"x" * 100))], compiler="nvrtc 13.0",
-                            binary_format="cubin")
+        write_stored_bundle(out, TARGET, [("k.o", "-DN=2", encode_for_bundle("k.o", "-DN=2", b"x" * 100))],
+                            compiler="nvrtc 13.0", binary_format="cubin")
         assert _temps(tmp_path) == live_temps  # the live writer's file is untouched
         assert live.poll() is None
         with open_bundle(out) as b:
@@ -80,6 +80,6 @@ def test_a_temp_file_without_a_writer_of_this_host_is_removed_only_once_old(tmp_
     for p in (other_host, old_kdbkit):
         p.write_bytes(b"half a bundle")
     os.utime(old_kdbkit, (time.time() - 2 * 86400,) * 2)
-    write_stored_bundle(out, TARGET, [("k.o", "-DN=2", encode_for_bundle(b"x"))], compiler="nvrtc 13.0",
+    write_stored_bundle(out, TARGET, [("k.o", "-DN=2", encode_for_bundle("k.o", "-DN=2", b"x"))], compiler="nvrtc 13.0",
                         binary_format="cubin")
     assert other_host.exists() and not old_kdbkit.exists()
