@@ -136,10 +136,12 @@ class FileLease(CompileLease):
 
     Lock files stay after their release, one per program compiled: deleting an ``flock`` file
     races (a waiter blocked on the deleted file and a newcomer who creates a new one would both
-    hold "the" lock), so idle ones are deleted only by ``kdb cache prune`` (``--lock-days``),
-    which takes each without waiting before it deletes it, and what is left of that race costs a
-    second compile, never a wrong binary. One file per key, not a fixed set of shared stripes,
-    so that two programs never wait on each other.
+    hold "the" lock), so idle ones are deleted only when no compile holds them (each taken
+    without waiting first), and what is left of that race costs a second compile, never a wrong
+    binary: by ``kdb cache prune`` (``--lock-days``), and by a release that finds more than
+    :data:`MAX_LOCK_FILES` in the folder, which removes those idle for :data:`IDLE_LOCK_S`, so
+    the folder does not grow one file per program forever. One file per key, not a fixed set of
+    shared stripes, so that two programs never wait on each other.
 
     Args:
         folder: where the lock files live (made on first use).
@@ -165,6 +167,38 @@ class FileLease(CompileLease):
             yield
         finally:
             os.close(fd)  # releases the flock, if taken
+        _prune_idle_locks(self.folder)
+
+
+MAX_LOCK_FILES = 1024  # a release that finds more removes the idle ones
+IDLE_LOCK_S = 3600.0
+
+
+def _prune_idle_locks(folder: Path) -> None:
+    """Remove lock files untouched for :data:`IDLE_LOCK_S` that no compile holds, once the folder
+    holds more than :data:`MAX_LOCK_FILES` (a listing after a compile, which costs far more)."""
+    try:
+        with os.scandir(folder) as listing:
+            entries = [e for e in listing if e.name.endswith(".lock")]
+    except OSError:
+        return
+    if len(entries) <= MAX_LOCK_FILES:
+        return
+    cutoff = time.time() - IDLE_LOCK_S
+    for entry in entries:
+        try:
+            if entry.stat(follow_symlinks=False).st_mtime >= cutoff:
+                continue
+            fd = os.open(entry.path, os.O_RDWR | os.O_CLOEXEC | os.O_NOFOLLOW)
+        except OSError:
+            continue  # gone meanwhile, or not ours to open
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)  # a compile holds it: it stays
+            os.unlink(entry.path)
+        except OSError:
+            pass
+        finally:
+            os.close(fd)
 
 
 def _open_private(folder: Path, path: Path) -> int:

@@ -74,3 +74,33 @@ def test_lock_files_are_private_whatever_the_umask(tmp_path):
             assert stat.S_IMODE(folder.stat().st_mode) == 0o700
     finally:
         os.umask(old)
+
+
+def test_idle_lock_files_are_removed_once_the_folder_holds_too_many_but_held_and_recent_ones_stay(tmp_path):
+    import time
+
+    from kdbkit.runtime import lease
+
+    folder = tmp_path / "locks"
+    folder.mkdir()
+    old = time.time() - 2 * lease.IDLE_LOCK_S
+    for i in range(lease.MAX_LOCK_FILES + 50):
+        path = folder / f"{i:040x}.lock"
+        path.touch()
+        os.utime(path, (old, old))
+    recent = folder / ("r" * 40 + ".lock")
+    recent.touch()
+    held = folder / f"{0:040x}.lock"
+    holder = subprocess.Popen([sys.executable, "-c", "import fcntl, sys, time; f = open(sys.argv[1], 'a'); "
+                               "fcntl.flock(f, fcntl.LOCK_EX); print('held', flush=True); time.sleep(60)", str(held)],
+                              stdout=subprocess.PIPE, text=True)
+    try:
+        assert holder.stdout.readline().strip() == "held"
+        key = program_key(ProgramRequest("softmax.c", ("-DX=1",)), target=Target.parse("sm_90"),
+                          compiler="nvrtc 13.0", source_digest="0" * 64)
+        with FileLease(folder).hold(key):
+            pass
+        left = {p.name for p in folder.glob("*.lock")}
+        assert left == {held.name, recent.name, f"{key.digest[:40]}.lock"}
+    finally:
+        holder.kill()
