@@ -15,6 +15,7 @@ from pathlib import Path
 import pytest
 
 from kdbkit.kdb import Target
+from kdbkit.kdb.version import __version__
 from kdbkit.packager import install as installer
 from kdbkit.packager.errors import PackageError
 from kdbkit.packager.select import scan
@@ -22,7 +23,9 @@ from tests.packager.test_install_end_to_end import KDB, _fresh_venv
 from tests.packager.test_packages import _bundle, _rewrite, _with_member
 
 MODULE = "kdbkit_kernels_sm_90"
-DIST_INFO = f"{MODULE}-0.1.0.dist-info"
+DIST_INFO = f"{MODULE}-{__version__}.dist-info"
+_MAJOR, _MINOR, _PATCH = __version__.split(".")
+NEWER = f"{_MAJOR}.{_MINOR}.{int(_PATCH) + 1}"  # a higher version for the same kdbkit versions: preferred
 
 
 @pytest.fixture(scope="module")
@@ -82,17 +85,18 @@ def _replace(name, change):
 
 def test_a_wheel_sha256sums_does_not_list_is_refused_though_newer(venv, tmp_path):
     wheel = _packaged(tmp_path)  # listed in SHA256SUMS
-    newer = wheel.with_name(wheel.name.replace("0.1.0", "0.1.1"))
+    newer = wheel.with_name(wheel.name.replace(__version__, NEWER))
     newer.write_bytes(wheel.read_bytes())
 
     def bump(infos):  # a consistent newer version, for the same kdbkit versions
-        renamed = {n.replace(DIST_INFO, f"{MODULE}-0.1.1.dist-info"): v for n, v in infos.items()}
+        renamed = {n.replace(DIST_INFO, f"{MODULE}-{NEWER}.dist-info"): v for n, v in infos.items()}
         for name, (info, data) in list(renamed.items()):
             info.filename = name
-            text = data.replace(b"Version: 0.1.0", b"Version: 0.1.1") if name.endswith("METADATA") else data
+            text = (data.replace(f"Version: {__version__}".encode(), f"Version: {NEWER}".encode())
+                    if name.endswith("METADATA") else data)
             if name.endswith("manifest.json"):
                 manifest = json.loads(data)
-                manifest["version"] = "0.1.1"
+                manifest["version"] = NEWER
                 text = json.dumps(manifest).encode()
             renamed[name] = (info, text)
         return renamed
@@ -124,8 +128,8 @@ def test_require_hashes_refuses_a_folder_without_sha256sums(venv, tmp_path):
      f"member '{DIST_INFO}/entry_points.txt' is not the one `kdb package` writes"),
     (_with_member(f"{MODULE}/evil.pth", b"import os; os.system('touch /tmp/kdbkit-pwned')\n"),
      f"member '{MODULE}/evil.pth' is not part of a kernel package"),
-    (_with_member(f"{MODULE}-0.1.0.data/purelib/evil.pth", b"import os\n"),
-     f"member '{MODULE}-0.1.0.data/purelib/evil.pth' is outside its package folder"),
+    (_with_member(f"{MODULE}-{__version__}.data/purelib/evil.pth", b"import os\n"),
+     f"member '{MODULE}-{__version__}.data/purelib/evil.pth' is outside its package folder"),
     (_replace(f"{MODULE}/__init__.py", lambda data: data + b"\nimport os\nos.system('touch /tmp/kdbkit-pwned')\n"),
      f"member '{MODULE}/__init__.py' is not the one `kdb package` writes"),
     (_with_member(f"{MODULE}/helpers.py", b"print('code of its own')\n"),

@@ -13,6 +13,7 @@ import zipfile
 import pytest
 
 from kdbkit.kdb import Target, write_bundle
+from kdbkit.kdb.version import __version__
 from kdbkit.kdb.find_db import FindRecord, configs_in, write_system_find_db
 from kdbkit.packager import install as installer
 from kdbkit.packager.select import choose, scan
@@ -59,9 +60,10 @@ def test_a_wheel_holds_the_bundle_find_db_manifest_and_entry_point(tmp_path):
     assert manifest["sources"] == {"softmax.c": source_digest("softmax.c")}
     for name in ("sm_90.kdb", "sm_90_132.fdb"):
         assert manifest["files"][name]["sha256"] == hashlib.sha256(members[f"{module}/{name}"]).hexdigest()
-    entry_points = members[f"{module}-0.1.0.dist-info/entry_points.txt"].decode()
+    entry_points = members[f"{module}-{__version__}.dist-info/entry_points.txt"].decode()
     assert entry_points == f"[kdbkit.bundles]\n{module} = {module}\n"  # names a folder, runs nothing
-    assert "Requires-Dist: kdbkit>=0.1.0,<0.2" in members[f"{module}-0.1.0.dist-info/METADATA"].decode()
+    metadata = members[f"{module}-{__version__}.dist-info/METADATA"].decode()
+    assert f"Requires-Dist: kdbkit{compatible_versions(__version__)}" in metadata
     assert write_package(bundle, tmp_path / "again", find_db=fdb).read_bytes()[:30] == wheel.read_bytes()[:30]
 
 
@@ -86,7 +88,7 @@ def test_the_exact_target_beats_arch_wide_and_a_wheel_beats_a_bare_bundle(tmp_pa
     exact = choose(SM90, candidates)
     assert exact.chosen.path.name.startswith("kdbkit_kernels_sm_90_132-") and exact.rank == 0
     reasons = {c.path.name: why for c, why in exact.rejected}
-    assert reasons["kdbkit_kernels_gfx942-0.1.0-py3-none-any.whl"].endswith("backend hip != cuda")
+    assert reasons[f"kdbkit_kernels_gfx942-{__version__}-py3-none-any.whl"].endswith("backend hip != cuda")
     assert reasons["sm_90.kdb"].startswith("a better candidate was chosen")
 
     pcie = choose(Target("cuda", "sm_90", (), 114), candidates)
@@ -104,7 +106,7 @@ def test_stale_sources_other_kdbkit_versions_and_damage_are_rejected_with_why(tm
     assert any("built from other kernel sources than these (1 of 1 files differ: softmax.c)" in r for r in reasons)
     assert any(r.startswith("damaged: not a readable wheel") for r in reasons)
     old = choose(SM90, scan(tmp_path / "old"))
-    assert old.chosen is None and old.rejected[0][1] == "made for kdbkit >=0.0.9,<0.1; this is kdbkit 0.1.0"
+    assert old.chosen is None and old.rejected[0][1] == f"made for kdbkit >=0.0.9,<0.1; this is kdbkit {__version__}"
 
 
 def _rewrite(wheel, change):
