@@ -51,6 +51,11 @@ def stress_env(isolated, chain_device):
     return child_env(isolated, KDB_KERNEL_PATH=str(kernels))
 
 
+def _report(line: str) -> None:
+    """A figure for docs/reliability.md (shown with pytest -s)."""
+    print(f"\n[stress {'large' if LARGE else 'CI'}] {line}")
+
+
 def _start(env, keys, threads=THREADS, rounds=ROUNDS):
     return subprocess.Popen([sys.executable, str(HERE / "stress_child.py"), str(threads), str(rounds), *keys],
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env, cwd=ROOT)
@@ -92,6 +97,8 @@ def test_processes_and_threads_share_one_cache_and_compile_each_program_once(iso
     assert all(compiled[k] == 1 for k in keys), {k: compiled[k] for k in keys if compiled[k] != 1}
     for path in _cache_files(isolated):
         assert verify_bundle(path).ok, verify_bundle(path)
+    _report(f"{PROCESSES} processes x {THREADS} threads x {ROUNDS} rounds: {sum(found.values())} resolutions "
+            f"checked, {len(keys)} programs each compiled once, 0 errors, 0 wrong results")
 
 
 def test_eviction_and_kdb_cache_clear_while_processes_resolve_lose_nothing_but_time(isolated, stress_env):
@@ -118,6 +125,9 @@ def test_eviction_and_kdb_cache_clear_while_processes_resolve_lose_nothing_but_t
     assert sum(found.values()) == PROCESSES * THREADS * ROUNDS * 6
     for path in _cache_files(isolated):
         assert verify_bundle(path).ok, verify_bundle(path)
+    compiles = sum(n for (_, how), n in found.items() if how == "compiled")
+    _report(f"with eviction (64K) and {len(clears)} `kdb cache clear` runs: {sum(found.values())} resolutions "
+            f"checked, {compiles} compiles of 6 programs, 0 errors, 0 wrong results")
 
 
 def test_jit_writers_killed_mid_write_leave_a_cache_that_serves_right_binaries(isolated, stress_env):
@@ -133,10 +143,7 @@ def test_jit_writers_killed_mid_write_leave_a_cache_that_serves_right_binaries(i
     assert sum(found.values()) == 2 * len(keys)
     for path in _cache_files(isolated):
         assert verify_bundle(path).ok, verify_bundle(path)
-
-
-def _writing(folder: Path) -> bool:
-    return folder.is_dir() and any(f.name.endswith((".tmp", "-journal")) for f in folder.iterdir())
+    _report(f"{KILLS} JIT writers SIGKILLed: then {len(keys)} programs resolved right, the cache verifies")
 
 
 SMALL_CATALOGUE = [
@@ -145,6 +152,11 @@ SMALL_CATALOGUE = [
     "activ,dir=fwd,mode=relu,type=fp32,shape=2x8x16x16,xs=2048x256x16x1,ys=2048x256x16x1,a=0.0,b=0.0,g=0.0",
     "pool,dir=fwd,mode=max,type=fp32,shape=2x8x16x16,win=3x3,stride=2x2,pad=1x1,xs=2048x256x16x1,ys=512x64x8x1,idx=0",
 ]
+
+
+def _temps(folder: Path) -> set[str]:
+    """The temporary files of bundle writers in ``folder`` (a bundle being written, its journal)."""
+    return {f.name for f in folder.iterdir() if f.name.endswith((".tmp", "-journal"))} if folder.is_dir() else set()
 
 
 def test_kdb_build_killed_again_and_again_then_finishes_cleanly(isolated, stress_env, tmp_path):
@@ -159,10 +171,11 @@ def test_kdb_build_killed_again_and_again_then_finishes_cleanly(isolated, stress
         p = subprocess.Popen([sys.executable, "-m", "kdbkit.runtime.cli.app", "build", "--target", target,
                               "-c", str(catalogue), "-o", str(out), "-j", "2"], env=stress_env, cwd=ROOT,
                              stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True)
+        left_before = _temps(out)  # by killed builds, removed by the next one that writes
         deadline = time.monotonic() + (rng.uniform(0.2, 1.5) if i % 2 else 120)
-        while p.poll() is None and time.monotonic() < deadline and not (i % 2 == 0 and _writing(out)):
+        while p.poll() is None and time.monotonic() < deadline and not (i % 2 == 0 and _temps(out) - left_before):
             time.sleep(0.002)
-        while_writing += _writing(out)
+        while_writing += bool(_temps(out) - left_before) and p.poll() is None
         if p.poll() is None:
             os.killpg(p.pid, signal.SIGKILL)  # the workers too, as an OOM killer or a lost node would
         p.wait()
@@ -172,3 +185,5 @@ def test_kdb_build_killed_again_and_again_then_finishes_cleanly(isolated, stress
     bundle = out / "sm_80.kdb"
     assert verify_bundle(bundle).ok
     assert sorted(p.name for p in out.iterdir()) == [bundle.name], "a killed build's files were left behind"
+    _report(f"{KILLS} kdb build runs SIGKILLed ({while_writing} while writing): the next build verifies, "
+            "nothing left behind")
