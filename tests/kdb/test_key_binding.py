@@ -174,8 +174,8 @@ def test_every_bit_of_a_user_caches_header_and_index_pages_gives_no_wrong_binary
     assert outcome.hits > 0 and outcome.misses > 0
 
 
-@pytest.mark.parametrize("dictionary", [False, pytest.param(bytes(range(256)) * 16, marks=pytest.mark.slow)],
-                         ids=["plain", "dictionary"])
+@pytest.mark.slow  # the header and index sweeps above are the quick loop's
+@pytest.mark.parametrize("dictionary", [False, bytes(range(256)) * 16], ids=["plain", "dictionary"])
 def test_every_bit_of_a_whole_bundle_gives_no_wrong_binary(tmp_path, dictionary):
     (tmp_path / "made").mkdir()
     path = _bundle(tmp_path / "made", dictionary)

@@ -22,6 +22,8 @@ from kdbkit.packager.select import scan
 from tests.packager.test_install_end_to_end import KDB, _fresh_venv
 from tests.packager.test_packages import _bundle, _rewrite, _with_member
 
+pytestmark = pytest.mark.slow  # a fresh virtual environment and pip for each wheel
+
 MODULE = "kdbkit_kernels_sm_90"
 DIST_INFO = f"{MODULE}-{__version__}.dist-info"
 _MAJOR, _MINOR, _PATCH = __version__.split(".")

@@ -10,6 +10,8 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
 from kdbkit.kdb import Target
 from kdbkit.runtime.lease import FileLease
 from kdbkit.runtime.program_key import ProgramRequest, program_key
@@ -33,6 +35,7 @@ def _waited(err: str, holder: str) -> None:
     assert any("trace" in line and f"held by {holder}" in line for line in err.splitlines()), err
 
 
+@pytest.mark.slow  # waits out the bound
 def test_a_stalled_holder_process_is_waited_on_for_the_bound_then_the_waiter_compiles(isolated, chain_device):
     holder = _child(isolated, "hold", "stalled-process")
     try:
@@ -48,6 +51,7 @@ def test_a_stalled_holder_process_is_waited_on_for_the_bound_then_the_waiter_com
         holder.communicate()
 
 
+@pytest.mark.slow  # waits out the bound
 def test_a_stalled_thread_is_waited_on_for_the_bound_then_the_waiter_compiles(isolated, chain_device):
     child = _child(isolated, "threads", "stalled-thread")
     out, err = child.communicate(timeout=300)

@@ -25,6 +25,7 @@ from kdbkit.kdb import verify_bundle
 from tests.prerequisites import require_nvrtc
 from tests.runtime.chain_fixtures import child_env
 
+pytestmark = pytest.mark.slow  # many processes and builds: CI runs them, `-m "not slow"` does not
 HERE = Path(__file__).resolve().parent
 ROOT = HERE.parents[1]
 LARGE = os.environ.get("KDB_STRESS") == "large"

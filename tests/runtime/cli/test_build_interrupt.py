@@ -17,6 +17,8 @@ from tests.prerequisites import require_amdgcn_clang
 
 KDB = [sys.executable, "-c", "import sys; from kdbkit.runtime.cli.app import main; sys.exit(main())"]
 
+pytestmark = pytest.mark.slow  # real builds with worker processes
+
 
 def _children(pid: int) -> list[int]:
     try:
