@@ -161,3 +161,34 @@ def test_a_scheduler_with_no_worker_is_named():
         expected = f"the Dask scheduler at {empty.scheduler_address} has no worker after 0.5 s; start some with"
         with pytest.raises(CompilerUnavailableError, match=expected):
             dask_cluster.connect(empty.scheduler_address, timeout=0.5)
+
+
+@pytest.mark.slow  # a Dask cluster and a whole-arch build
+def test_ctrl_c_stops_a_cluster_build_with_one_line_and_no_partial_files(cluster, tmp_path):
+    import os
+    import signal
+    import subprocess
+    import sys
+    import time
+
+    require_amdgcn_clang()
+    env = {k: v for k, v in os.environ.items() if not k.startswith("KDB_")}
+    out = tmp_path / "out"
+    build = subprocess.Popen([sys.executable, "-c", "import sys; from kdbkit.runtime.cli.app import main; "
+                              "sys.exit(main())", "build", "--target", "gfx942_304", "--all", "--cluster", cluster,
+                              "-o", str(out)], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env,
+                             start_new_session=True)
+    time.sleep(4.0)  # connected, and compiles under way on the workers
+    assert build.poll() is None, build.communicate()
+    start = time.monotonic()
+    os.killpg(build.pid, signal.SIGINT)
+    try:
+        _, err = build.communicate(timeout=10)
+    except subprocess.TimeoutExpired:
+        os.killpg(build.pid, signal.SIGKILL)
+        pytest.fail(f"kdb build --cluster did not exit within 10 s of Ctrl-C:\n{build.communicate()[1][-3000:]}")
+    print(f"kdb build --cluster exited {time.monotonic() - start:.2f} s after Ctrl-C")
+    assert build.returncode == 130, err[-3000:]
+    assert [line for line in err.splitlines() if "aborted" in line] == ["aborted"], err[-3000:]
+    assert "Traceback" not in err, err[-3000:]
+    assert not out.exists() or not list(out.iterdir())
