@@ -9,6 +9,7 @@ import pytest
 from kdbkit.kdb import Target, write_bundle
 from kdbkit.runtime import paths
 from kdbkit.runtime.system_bundles import find_system_bundles
+from tests.runtime.chain_fixtures import chain_backend_name
 
 
 def _fake_kernel_package(root, name, entry_value, record=None):
@@ -56,7 +57,7 @@ print(sorted(d.origin for d in paths.system_db_dirs() if d.origin.startswith("pa
 
 
 @pytest.mark.parametrize("value", ["kdbkit_kernels_evil", "kdbkit_kernels_evil:bundle_dir"])
-def test_handle_never_imports_a_kernel_package(tmp_path, value):
+def test_handle_never_imports_a_kernel_package(tmp_path, chain_device, value):
     """A kernel package is data: finding its folder must not run its ``__init__.py`` (here, one
     that leaves a marker file and raises), in the new entry-point form or the old one."""
     site, marker = tmp_path / "site", tmp_path / "imported"
@@ -68,7 +69,7 @@ def test_handle_never_imports_a_kernel_package(tmp_path, value):
     env = {k: v for k, v in os.environ.items() if not k.startswith("KDB_")}
     env.update(PYTHONPATH=os.pathsep.join([str(site), *filter(None, [os.environ.get("PYTHONPATH")])]),
                KDB_SYSTEM_DB_PATH=str(tmp_path / "none"), KDB_CUSTOM_CACHE_DIR=str(tmp_path / "cache"),
-               KDB_USER_DB_PATH=str(tmp_path / "userdb"), KDB_BACKEND="opencl")
+               KDB_USER_DB_PATH=str(tmp_path / "userdb"), KDB_BACKEND=chain_backend_name())
     done = subprocess.run([sys.executable, "-c", _HANDLE_THEN_SCAN], env=env, capture_output=True, text=True,
                           timeout=300)
     assert done.returncode == 0, done.stderr
