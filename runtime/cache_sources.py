@@ -3,7 +3,8 @@
 The tiers come from ``Handle(sources=...)``, else from ``KDB_CACHE_SOURCES``, else
 :data:`DEFAULT`. Each entry is one of:
 
-- a built-in name: ``system`` (installed bundles), ``user`` (the per-user cache; left out, or
+- a built-in name: ``system`` (installed bundles), ``remote`` (the cluster cache that
+  ``KDB_REMOTE_CACHE`` names; after ``user`` by default where it is set), ``user`` (the per-user cache; left out, or
   read but never written, as :mod:`~kdbkit.runtime.cache_policy` says), ``jit`` (compile, and
   put into every writable tier before it; forbidden, naming the program and the setting, where
   the policy says so);
@@ -35,6 +36,7 @@ from kdbkit.runtime.tier import Source, SourceCheck, SourceInfo, TierContext, Wr
 
 _log = get_logger(__name__)
 DEFAULT = ("system", "user", "jit")
+WITH_REMOTE = ("system", "user", "remote", "jit")  # the default where KDB_REMOTE_CACHE names a server
 # Tier instances attached to a handle's chain: a tier keys with its handle's context, so one
 # instance serves one handle (the handle closes it with its chain).
 _ATTACHED: "weakref.WeakSet[Source]" = weakref.WeakSet()
@@ -83,6 +85,12 @@ def assemble(entries: Sequence[SourceEntry] | None, context: TierContext,
         except CacheSourcesError as exc:
             warn_once(f"cache-sources:{raw}", f"KDB_CACHE_SOURCES={raw!r} is not understood ({exc.problem}); "
                       f"using the default chain ({','.join(DEFAULT)}); {exc.remedy}", logger=_log)
+    if env.get_str("KDB_REMOTE_CACHE"):
+        try:
+            return _make(list(WITH_REMOTE), context, policy)
+        except CacheSourcesError as exc:  # a job must not stop at a cluster setting: it runs without
+            warn_once(f"remote-cache:{exc.problem}", f"{exc.problem}; going on without the cluster cache; "
+                      f"{exc.remedy}", logger=_log)
     return _make(list(DEFAULT), context, policy)
 
 
@@ -122,11 +130,29 @@ def _one(entry: SourceEntry, context: TierContext, before: list[Source], policy:
         if not policy.read_user:
             return None
         return UserCacheSource(context.keys, context.compiler, context.binary_format, writable=policy.write_user)
+    if entry == "remote":
+        url = env.get_str("KDB_REMOTE_CACHE")
+        if not url:
+            raise CacheSourcesError("cache tier 'remote' needs KDB_REMOTE_CACHE", "set KDB_REMOTE_CACHE=redis://host:port/0")
+        return _remote(url)
     if entry == "jit":
         return JitSource(context.target, context.keys, context.compiler, list(before), policy.no_compile_because)
     if ":" in entry:
         return _imported(entry)
     raise CacheSourcesError(f"no cache tier {entry!r}", _REMEDY)
+
+
+def _remote(url: str) -> Source:
+    try:
+        from kdbkit.runtime.redis_tier import RedisTier
+
+        return RedisTier(url)
+    except ImportError as exc:
+        raise CacheSourcesError(f"cache tier 'remote' needs the redis client ({exc})",
+                                "pip install 'kdbkit[cluster]'") from exc
+    except ValueError as exc:  # the client's own check of the URL (which it does not repeat in full)
+        raise CacheSourcesError("KDB_REMOTE_CACHE is not a Redis URL",
+                                "set it to redis://[user:password@]host:port/db") from exc
 
 
 def _imported(spec: str) -> Source:

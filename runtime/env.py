@@ -79,6 +79,8 @@ VARIABLES: tuple[EnvVar, ...] = (
            "cache) or installed-only (installed bundles only). Default: unset (readwrite)."),
     EnvVar("KDB_CACHE_MAXSIZE", "size", 4 << 30, "Most bytes the user kernel cache keeps; the least recently "
            "used programs go first (K, M, G suffixes; 0: no limit). Default: 4G."),
+    EnvVar("KDB_REMOTE_CACHE", "str", None, "The cluster cache: redis://[user:password@]host:port/db, asked "
+           "after the user cache. Default: unset (none)."),
     EnvVar("KDB_CACHE_SOURCES", "str", None, "Lookup tiers in order, comma-separated: system, user, jit or "
            "module:Class (a Source subclass), jit last. Default: unset (system,user,jit)."),
     EnvVar("KDB_DISABLE_PREFETCH", "bool", False, "Do not load in the background the programs and set up the "

@@ -108,7 +108,7 @@ class Handle:
         # and the user cache it reports and opens first when there is no bundle; None if absent.
         self._system = next((t for t in tiers if isinstance(t, SystemBundleSource)), None)
         self._user = next((t for t in tiers if isinstance(t, UserCacheSource)), None)
-        self.chain = LookupChain(tiers, backend.load, self.device.name)
+        self.chain = LookupChain(tiers, backend.load, self.device.name, key_of=context.key)
         self.dispatcher = Dispatcher(backend, self._resolve, asked=self.problem_asked)  # choices, invokers, plans
         self._asked: dict[ProgramRequest, None] = {}  # every request, in first-asked order
         self._problems: dict[str, None] = {}  # config strings run in immediate mode, in first-asked order

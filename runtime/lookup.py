@@ -38,7 +38,7 @@ from kdbkit.runtime.program import Program, Step, Steps
 from kdbkit.runtime.program_key import KeyHasher, ProgramKey, ProgramRequest, key_hasher
 from kdbkit.runtime.system_bundles import SystemBundleSearch
 from kdbkit.runtime.tier import (REQUEST_ERRORS, Source, SourceCheck, SourceInfo, TierContext, WritableSource, discard,
-                                 failed, searched)
+                                 failed, searched, write)
 from kdbkit.runtime.user_cache import UserCache, folder_writable
 
 _log = get_logger(__name__)
@@ -279,9 +279,13 @@ class LookupChain:
         device_name: for messages.
     """
 
-    def __init__(self, sources: Sequence[Source], load: Callable[[bytes], Module], device_name: str = "the device"):
+    def __init__(self, sources: Sequence[Source], load: Callable[[bytes], Module], device_name: str = "the device",
+                 key_of: Callable[[ProgramRequest], ProgramKey | None] | None = None):
         self.memory = MemorySource()
         self.sources = list(sources)
+        # A hit below a writable tier is written through to it (a cluster cache's hit into the
+        # user cache: the network is paid once per program), keyed as the JIT keys.
+        self._key_of = key_of
         self._load = load
         self._device_name = device_name
         # Programs this chain resolved below memory, by the tier that served each ("system",
@@ -343,12 +347,21 @@ class LookupChain:
             discard(source, request)
             return None, exc
         steps.append(Step("load", (time.perf_counter() - t0) * 1e3, "loaded"))
+        if self._key_of is not None and not source.compiles:
+            self._write_through(source, request, binary)
         program = self.memory.keep(Program(request, module, source.name, steps))
         if program.module is module:  # another thread may have kept the same program first
             self.resolved[source.name] += 1
         if _log.isEnabledFor(INFO2):
             _log.info2("%s: %s", request, ", ".join(f"{s.name} {s.outcome} {s.ms:.3f} ms" for s in steps))
         return program, None
+
+    def _write_through(self, source: Source, request: ProgramRequest, binary: bytes) -> None:
+        before = [t for t in self.sources[:self.sources.index(source)] if t.writable]
+        key = self._key_of(request) if before else None
+        if key is not None:
+            for tier in before:
+                write(tier, request, binary, key)
 
     def describe(self) -> list[SourceInfo]:
         """Each source below memory, in order, as it describes itself."""

@@ -12,7 +12,7 @@ import os
 import pytest
 
 REQUIRE_VAR = "KDB_TEST_REQUIRE"
-KNOWN = {"amdgcn-clang", "hip-standin"}
+KNOWN = {"amdgcn-clang", "hip-standin", "redis-server"}
 
 
 def required(name: str) -> bool:
@@ -44,3 +44,13 @@ def require_nvrtc() -> None:
 
     if NvrtcCompiler().supported_archs() is None:
         pytest.skip("no NVRTC: pip install 'kdbkit[cuda]'")
+
+
+def require_redis_server() -> str:
+    """The path of Debian's ``redis-server``; skip (or fail, where required) without it."""
+    import shutil
+
+    path = shutil.which("redis-server")
+    if path is None:
+        skip_or_fail("redis-server", "no redis-server on PATH (apt-get install redis-server)")
+    return path

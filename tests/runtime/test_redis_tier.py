@@ -1,0 +1,115 @@
+"""The cluster tier on a real redis-server: shared between "nodes" (separate user caches),
+written through to the user cache, checked before a load, never waited on when down, and read
+by a user that may not write."""
+
+from __future__ import annotations
+
+import pytest
+
+from kdbkit.runtime.redis_tier import PREFIX, redacted
+from kdbkit.runtime.samples import SAMPLES
+from tests.prerequisites import require_redis_server
+from tests.runtime.redis_server import RedisServer, free_port
+
+pytest.importorskip("redis", reason="no redis client: pip install 'kdbkit[cluster]'")
+RELU = SAMPLES[0]
+
+
+@pytest.fixture(scope="module")
+def server(tmp_path_factory):
+    running = RedisServer(require_redis_server(), tmp_path_factory.mktemp("redis"))
+    yield running
+    running.stop()
+
+
+@pytest.fixture
+def node(isolated, make_handle, monkeypatch, server):
+    """A handle of a "node": its own user cache, the shared cluster cache."""
+    server.client().flushdb()
+    count = iter(range(100))
+
+    def make(url: str | None = None):
+        monkeypatch.setenv("KDB_CUSTOM_CACHE_DIR", str(isolated / f"node{next(count)}"))
+        monkeypatch.setenv("KDB_REMOTE_CACHE", url or server.url)
+        return make_handle()
+    return make
+
+
+def _resolve(handle):
+    return handle.program(RELU.kernel_file, RELU.options)
+
+
+def test_a_program_compiled_on_one_node_is_a_remote_hit_on_another_then_a_local_one(node, isolated, monkeypatch):
+    first = node()
+    assert [t.name for t in first.sources] == ["system", "user", "remote", "jit"]
+    assert _resolve(first).source == "jit"
+    second = node()
+    assert _resolve(second).source == "remote"
+    monkeypatch.setenv("KDB_REMOTE_CACHE", "")  # the same node again, without the cluster: its user cache has it
+    from kdbkit.runtime.handle import Handle
+
+    with Handle(backend=second.backend) as local:
+        assert [t.name for t in local.sources] == ["system", "user", "jit"]
+        assert _resolve(local).source == "user"
+
+
+@pytest.mark.parametrize("planted", [b"garbage", b"KDBTIER\x01" + b"0" * 200, None])
+def test_a_value_that_is_not_the_programs_is_refused_and_compiled_over(node, server, capfd, planted):
+    publisher = node()
+    _resolve(publisher)
+    client = server.client()
+    (name,) = client.keys(PREFIX + "*")
+    if planted is None:  # another program's sealed entry under this key
+        other = node()
+        other.program(SAMPLES[1].kernel_file, SAMPLES[1].options)
+        names = client.keys(PREFIX + "*")
+        planted = client.get(next(n for n in names if n != name))
+    client.set(name, planted)
+    program = _resolve(node())
+    assert program.source == "jit" and any(s.name == "remote" and s.outcome == "refused" for s in program.steps)
+    assert "Traceback" not in capfd.readouterr().err  # one warning per reason, once a process (warn_once)
+
+
+def test_a_server_that_is_down_is_one_warning_and_the_jit_serves(node, capfd):
+    url = f"redis://127.0.0.1:{free_port()}/0"  # nothing listens there
+    handle = node(url)
+    assert _resolve(handle).source == "jit"
+    assert handle.program(SAMPLES[1].kernel_file, SAMPLES[1].options).source == "jit"
+    warnings = [line for line in capfd.readouterr().err.splitlines() if "cluster cache" in line]
+    assert len(warnings) == 1 and "not answering" in warnings[0]
+
+
+def test_a_read_only_user_gets_hits_and_publishes_nothing(node, server, capfd):
+    _resolve(node())  # a builder (the default user) publishes
+    reader = node(server.reader_url)
+    assert _resolve(reader).source == "remote"
+    assert reader.program(SAMPLES[1].kernel_file, SAMPLES[1].options).source == "jit"
+    assert len(server.client().keys(PREFIX + "*")) == 1  # the reader's compile was not published
+    err = capfd.readouterr().err
+    assert "Traceback" not in err and "not answering" not in err and server.reader_url not in err
+
+
+def test_a_redis_url_not_understood_is_one_warning_without_its_password(isolated, make_handle, monkeypatch, capfd,
+                                                                        fresh_log):
+    monkeypatch.setenv("KDB_REMOTE_CACHE", "redis://:secret@[::1/0")
+    make_handle()
+    make_handle()
+    warnings = [line for line in capfd.readouterr().err.splitlines() if "cluster cache" in line]
+    assert len(warnings) == 1 and "KDB_REMOTE_CACHE is not a Redis URL" in warnings[0]
+    assert "secret" not in warnings[0]
+
+
+def test_passwords_never_appear_in_messages():
+    assert redacted("redis://reader:s3cret@host:6379/0") == "redis://reader:***@host:6379/0"
+    assert redacted("redis://host:6379/0") == "redis://host:6379/0"
+
+
+@pytest.mark.parametrize("url", ["http://host/0", "redis://:secret@[::1/0"])
+def test_a_remote_cache_setting_not_understood_and_the_job_runs(isolated, make_handle, monkeypatch, capfd,
+                                                                          url):
+    monkeypatch.setenv("KDB_REMOTE_CACHE", url)
+    handle = make_handle()
+    assert [t.name for t in handle.sources] == ["system", "user", "jit"]
+    assert _resolve(handle).source == "jit"
+    err = capfd.readouterr().err
+    assert "secret" not in err and "Traceback" not in err  # the one warning (once a process) names no password
