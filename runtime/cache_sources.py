@@ -130,11 +130,15 @@ def _one(entry: SourceEntry, context: TierContext, before: list[Source], policy:
         if not policy.read_user:
             return None
         return UserCacheSource(context.keys, context.compiler, context.binary_format, writable=policy.write_user)
-    if entry == "remote":
+    if entry == "remote":  # a cache like the user's: the policy governs it alike
         url = env.get_str("KDB_REMOTE_CACHE")
         if not url:
             raise CacheSourcesError("cache tier 'remote' needs KDB_REMOTE_CACHE", "set KDB_REMOTE_CACHE=redis://host:port/0")
-        return _remote(url)
+        if not policy.read_user:
+            return None
+        tier = _remote(url)
+        tier.writable = policy.write_user
+        return tier
     if entry == "jit":
         return JitSource(context.target, context.keys, context.compiler, list(before), policy.no_compile_because)
     if ":" in entry:

@@ -113,3 +113,14 @@ def test_a_remote_cache_setting_not_understood_and_the_job_runs(isolated, make_h
     assert _resolve(handle).source == "jit"
     err = capfd.readouterr().err
     assert "secret" not in err and "Traceback" not in err  # the one warning (once a process) names no password
+
+
+@pytest.mark.parametrize("policy, tiers", [("readonly", ["system", "user", "remote", "jit"]),
+                                           ("off", ["system", "jit"]), ("installed-only", ["system", "jit"])])
+def test_the_cache_policy_governs_the_cluster_cache_as_the_user_cache(node, server, monkeypatch, policy, tiers):
+    monkeypatch.setenv("KDB_CACHE_POLICY", policy)
+    handle = node()
+    assert [t.name for t in handle.sources] == tiers
+    if policy == "readonly":
+        assert handle.program(RELU.kernel_file, RELU.options).source == "jit"
+        assert server.client().keys(PREFIX + "*") == []  # nothing published
