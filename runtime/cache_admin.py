@@ -25,6 +25,7 @@ from filelock import FileLock, Timeout
 
 from kdbkit.kdb import Bundle, KdbError, open_bundle
 from kdbkit.kdb.errors import BundleBusyError, EmptyBundleError
+from kdbkit.kdb.target import USER_SUFFIX
 from kdbkit.kdb.version import __version__
 from kdbkit.runtime import env, paths
 from kdbkit.runtime.user_cache import LOCKS, damaged, with_backoff
@@ -171,10 +172,11 @@ def _remove_with_journals(path: Path, report: ClearReport | PruneReport) -> None
             report.removed_files.append(p)
 
 
-def _remove_moved_aside(folder: Path, report: ClearReport | PruneReport, older_than: float | None = None) -> None:
-    """Delete the damaged files the runtime moved aside (``*.ukdb.corrupt-<time>``), with
+def _remove_moved_aside(folder: Path, report: ClearReport | PruneReport, older_than: float | None = None,
+                        suffix: str = USER_SUFFIX) -> None:
+    """Delete the damaged files the runtime moved aside (``*<suffix>.corrupt-<time>``), with
     ``older_than`` only those not touched since."""
-    for aside in sorted(folder.glob("*.ukdb.corrupt-*")):
+    for aside in sorted(folder.glob(f"*{suffix}.corrupt-*")):
         try:
             if older_than is not None and aside.stat().st_mtime >= older_than:
                 continue
@@ -191,13 +193,7 @@ def _remove_bad_find_dbs(folder: Path, report: ClearReport | PruneReport, older_
     for path in sorted(folder.glob(f"*{find_db.USER_SUFFIX}")):
         if not _find_db_readable(path):
             _remove_with_journals(path, report)
-    for aside in sorted(folder.glob(f"*{find_db.USER_SUFFIX}.corrupt-*")):
-        try:
-            if older_than is not None and aside.stat().st_mtime >= older_than:
-                continue
-        except OSError:
-            continue
-        _remove_with_journals(aside, report)
+    _remove_moved_aside(folder, report, older_than, suffix=find_db.USER_SUFFIX)
 
 
 def _find_db_readable(path: Path) -> bool:
