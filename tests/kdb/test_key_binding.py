@@ -207,12 +207,13 @@ A = ("add.cl", "-DKDB_ADD=4 -mcpu=sm_90")
 B = ("add.cl", "-DKDB_ADD=5 -mcpu=sm_90")
 
 
-def _swap_rows(path: Path) -> None:
-    """Give A's row B's blob and hash and the other way round (SQL, as a tool or a bug could)."""
+def swap_rows(path: Path, first: tuple[str, str] = A, second: tuple[str, str] = B) -> None:
+    """Give ``first``'s row ``second``'s blob and hash and the other way round (SQL, as a tool or
+    a bug could)."""
     with sqlite3.connect(path) as conn:
         a, b = (conn.execute("SELECT kernel_blob, kernel_hash, uncompressed_size FROM kern_db WHERE kernel_name = ? "
-                             "AND kernel_args = ?", key).fetchone() for key in (A, B))
-        for key, row in ((A, b), (B, a)):
+                             "AND kernel_args = ?", key).fetchone() for key in (first, second))
+        for key, row in ((first, b), (second, a)):
             conn.execute("UPDATE kern_db SET kernel_blob = ?, kernel_hash = ?, uncompressed_size = ? "
                          "WHERE kernel_name = ? AND kernel_args = ?", (*row, *key))
     conn.close()
@@ -232,7 +233,7 @@ def _misdirect_index(path: Path) -> tuple[str, str]:
 
 def test_swapped_rows_are_refused_by_the_reader_and_by_verify(tmp_path):
     path = _bundle(tmp_path)
-    _swap_rows(path)
+    swap_rows(path)
     with Bundle.open(path, immutable=True) as bundle:
         for key in (A, B):
             with pytest.raises(CorruptEntryError, match="does not match kernel_hash"):
@@ -267,7 +268,7 @@ def test_a_duplicated_key_is_named_by_verify(tmp_path):
 
 def test_a_swapped_user_cache_entry_is_a_miss_and_is_removed(tmp_path):
     path = _user_cache_file(tmp_path)
-    _swap_rows(path)
+    swap_rows(path)
     cache = UserCache(tmp_path, TARGET, compiler="nvrtc 13.0", binary_format="cubin")
     assert cache.get(ProgramKey(*A, "")) is None and cache.get(ProgramKey(*B, "")) is None
     cache.close()

@@ -6,6 +6,7 @@ import json
 import sqlite3
 
 from kdbkit.kdb import Target, write_bundle
+from tests.kdb.test_key_binding import swap_rows
 from tests.runtime.chain_fixtures import isolated  # noqa: F401
 
 A = ("add.cl", "-DKDB_ADD=4")
@@ -17,16 +18,6 @@ def _write(path):
                         compiler="nvrtc 13.0", binary_format="cubin", dictionary=False)
 
 
-def _swap_rows(path):
-    with sqlite3.connect(path) as conn:
-        a, b = (conn.execute("SELECT kernel_blob, kernel_hash, uncompressed_size FROM kern_db WHERE kernel_name = ? "
-                             "AND kernel_args = ?", key).fetchone() for key in (A, B))
-        for key, row in ((A, b), (B, a)):
-            conn.execute("UPDATE kern_db SET kernel_blob = ?, kernel_hash = ?, uncompressed_size = ? "
-                         "WHERE kernel_name = ? AND kernel_args = ?", (*row, *key))
-    conn.close()
-
-
 def _entry_rows(out):
     return [r for r in json.loads(out) if r["section"] == "bundle entries"]
 
@@ -35,7 +26,7 @@ def test_doctor_checks_the_entries_of_installed_bundles(kdb, isolated):
     bundle = _write(isolated / "system" / "sm_90.kdb")
     code, out, _ = kdb("doctor", "--json")
     assert [r["ok"] for r in _entry_rows(out)] == [True]
-    _swap_rows(bundle)
+    swap_rows(bundle, A, B)
     code, out, _ = kdb("doctor", "--json")
     bad = [r for r in _entry_rows(out) if not r["ok"]]
     assert code == 1 and {A[1] in r["value"] or B[1] in r["value"] for r in bad} == {True} and len(bad) == 2
@@ -46,14 +37,14 @@ def test_doctor_checks_the_entries_of_installed_bundles(kdb, isolated):
 def test_doctor_checks_the_entries_of_the_user_cache(kdb, isolated):
     (isolated / "cache").mkdir()
     cache = _write(isolated / "cache" / "sm_90.ukdb")
-    _swap_rows(cache)
+    swap_rows(cache, A, B)
     code, out, _ = kdb("doctor", "--json")
     assert code == 1 and any(not r["ok"] and r["item"] == str(cache) for r in _entry_rows(out))
 
 
 def test_db_verify_names_the_swapped_rows(kdb, isolated):
     bundle = _write(isolated / "sm_90.kdb")
-    _swap_rows(bundle)
+    swap_rows(bundle, A, B)
     code, out, err = kdb("db", "verify", bundle)
     assert code != 0 and A[1] in out + err and B[1] in out + err and "row " in out + err
 
