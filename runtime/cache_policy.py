@@ -17,8 +17,7 @@ from typing import NamedTuple
 
 from kdbkit.runtime import env
 
-POLICIES = env.CACHE_POLICIES
-DEFAULT_POLICY = "readwrite"
+DEFAULT_POLICY = "readwrite"  # the words are env.CACHE_POLICIES
 
 
 class CachePolicy(NamedTuple):
@@ -26,8 +25,7 @@ class CachePolicy(NamedTuple):
 
     read_user: bool
     write_user: bool
-    compile: bool
-    # the setting that forbids compiling, for the error a miss then raises; "" when allowed
+    # the setting that forbids compiling, for the error a miss then raises; "" when compiling is allowed
     no_compile_because: str
 
 
@@ -38,7 +36,7 @@ def current() -> CachePolicy:
     read_user = policy in ("readwrite", "readonly") and not no_cache
     because = ("KDB_CACHE_POLICY=installed-only" if policy == "installed-only"
                else "KDB_DISABLE_JIT" if env.get_bool("KDB_DISABLE_JIT") else "")
-    return CachePolicy(read_user, read_user and policy == "readwrite", not because, because)
+    return CachePolicy(read_user, read_user and policy == "readwrite", because)
 
 
-READWRITE = CachePolicy(True, True, True, "")
+READWRITE = CachePolicy(True, True, "")

@@ -68,8 +68,9 @@ class Handle:
             (``"jit"``) last. None: ``KDB_CACHE_SOURCES`` (the same entries, comma-separated; a
             bad value warns once and the default applies), else ``("system", "user", "jit")``.
             Either way, ``KDB_CACHE_POLICY``, ``KDB_DISABLE_CACHE`` and ``KDB_DISABLE_JIT`` may
-            leave ``"user"`` out or unwritten and forbid compiling. What the JIT compiles is put into every writable tier; a tier's
-            :meth:`~kdbkit.runtime.tier.Source.lease` is held around each compile. A Source
+            leave ``"user"`` out or unwritten and forbid compiling. What the JIT compiles is put
+            into every writable tier; a tier's :meth:`~kdbkit.runtime.tier.Source.lease` is held
+            around each compile. A Source
             instance serves this handle alone (it keys with the handle's context) and is closed
             with it.
 
