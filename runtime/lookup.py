@@ -228,19 +228,19 @@ class UserCacheSource(WritableSource):
 
     def put(self, request: ProgramRequest, binary: bytes, key: ProgramKey) -> None:
         cache = self.cache
-        if cache is not None and self.writable:
+        if cache is not None:
             cache.put(key, binary)  # a cache that cannot be written warns once and keeps nothing
 
     def discard(self, request: ProgramRequest) -> None:
-        if self.cache is not None and self.writable:
+        if self.cache is not None:
             self.cache.discard(self.keys.key(request, self.compiler.identity()))
 
     def lease(self) -> CompileLease | None:
         """A lock file per key in the cache folder's ``locks/``; none once the cache is unusable or
-        read-only, nor for a cache this handle only reads (nothing compiled here is stored there
-        for another process to find)."""
+        read-only (a read-only folder, or a handle that only reads it: nothing compiled here is
+        stored there for another process to find)."""
         cache = self.cache
-        if cache is None or not cache.usable or cache.read_only or not self.writable:
+        if cache is None or not cache.usable or cache.read_only:
             return None
         if self._lease is None:
             self._lease = FileLease(cache.lock_dir)
