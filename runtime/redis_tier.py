@@ -84,24 +84,23 @@ class RedisTier(KeyedTier):
             return None
 
     def save(self, name: str, data: bytes) -> None:
-        if not self._may_write or not self._usable() or len(data) > MAX_ENTRY_BYTES:
+        if len(data) <= MAX_ENTRY_BYTES:
+            self._write(self._client.set, PREFIX + name, data)
+
+    def remove(self, name: str) -> None:
+        self._write(self._client.delete, PREFIX + name)
+
+    def _write(self, command, *args) -> None:
+        """Run a writing command, unless this user may not write or the tier is off."""
+        if not self._may_write or not self._usable():
             return
         try:
-            self._client.set(PREFIX + name, data)
+            command(*args)
         except self._denied as exc:
             self._may_write = False
             _log.info("cluster cache %s is read-only for this user (%s): reading only", redacted(self.url), exc)
         except self._errors as exc:
             self._switch_off(exc)
-
-    def remove(self, name: str) -> None:
-        if self._may_write and self._usable():
-            try:
-                self._client.delete(PREFIX + name)
-            except self._denied:
-                self._may_write = False
-            except self._errors as exc:
-                self._switch_off(exc)
 
     def searched(self) -> str:
         return f"the cluster cache {redacted(self.url)}"
