@@ -26,6 +26,8 @@ from pathlib import Path
 from contextlib import closing
 from typing import Callable, Sequence
 
+from kdbkit.kdb.private_files import make_file_private, make_private_folders
+
 SCHEMA_VERSION = 1
 BUSY_TIMEOUT_S = 30.0
 SYSTEM_SUFFIX = ".fdb"
@@ -287,7 +289,7 @@ class FindDb:
                 return None
         for attempt in range(2):  # a damaged file is moved aside once, then a new one made
             try:
-                _make_private_folder(self.user_path.parent)
+                make_private_folders(self.user_path.parent)
                 conn = _connect(self.user_path, writable=True)
                 if conn.execute("PRAGMA journal_mode").fetchone()[0].lower() != "wal":
                     conn.execute("PRAGMA journal_mode = wal")
@@ -295,7 +297,7 @@ class FindDb:
                     conn.execute(statement)
                 self._check_meta(conn)
                 for suffix in ("", "-wal", "-shm"):
-                    _make_private_file(Path(f"{self.user_path}{suffix}"))
+                    make_file_private(Path(f"{self.user_path}{suffix}"))
                 self._user = conn
                 return conn
             except (sqlite3.DatabaseError, UnicodeDecodeError, _ForeignFile) as exc:
@@ -348,29 +350,6 @@ class FindDb:
         self._user_failed = True
         self._warn(f"fdb-open:{self.user_path}", f"user find-db {self.user_path} cannot be used ({exc}); find "
                    "results are not saved (set KDB_USER_DB_PATH to a writable folder)")
-
-
-def _make_private_folder(folder: Path) -> None:
-    """Make ``folder`` and missing parents 0700 whatever the umask (the runtime refuses a user
-    folder that others may write, and a find-db chooses which solvers run)."""
-    missing = []
-    while not os.path.lexists(folder) and folder != folder.parent:
-        missing.append(folder)
-        folder = folder.parent
-    for level in reversed(missing):
-        try:
-            os.mkdir(level, 0o700)
-            os.chmod(level, 0o700)
-        except FileExistsError:
-            continue  # made meanwhile by another process
-
-
-def _make_private_file(path: Path) -> None:
-    try:
-        if path.stat().st_uid == os.geteuid():
-            os.chmod(path, 0o600)
-    except OSError:
-        pass  # gone meanwhile: SQLite makes it again with the main file's mode
 
 
 class _ForeignFile(Exception):

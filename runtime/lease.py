@@ -27,6 +27,7 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import ContextManager, Iterator
 
+from kdbkit.kdb.private_files import FILE_MODE, FOLDER_MODE, make_private_folders
 from kdbkit.runtime.lock_wait import wait_for
 from kdbkit.runtime.logging_setup import get_logger, warn_once
 from kdbkit.runtime.program_key import ProgramKey
@@ -202,13 +203,13 @@ def _prune_idle_locks(folder: Path) -> None:
 
 
 def _open_private(folder: Path, path: Path) -> int:
-    folder.mkdir(mode=0o700, parents=True, exist_ok=True)
-    if stat.S_IMODE(folder.stat().st_mode) != 0o700:
-        os.chmod(folder, 0o700)  # mkdir's mode is cut by the umask, and an existing folder kept its own
-    fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC | os.O_NOFOLLOW, 0o600)
+    make_private_folders(folder)
+    if stat.S_IMODE(folder.stat().st_mode) != FOLDER_MODE:
+        os.chmod(folder, FOLDER_MODE)  # one made by an older kdbkit, or by hand, kept its own mode
+    fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC | os.O_NOFOLLOW, FILE_MODE)
     try:
-        if stat.S_IMODE(os.fstat(fd).st_mode) != 0o600:
-            os.fchmod(fd, 0o600)
+        if stat.S_IMODE(os.fstat(fd).st_mode) != FILE_MODE:  # os.open's mode is cut by the umask
+            os.fchmod(fd, FILE_MODE)
     except OSError:
         os.close(fd)
         raise

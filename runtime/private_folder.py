@@ -4,9 +4,8 @@ A binary kdbkit loads runs on the device, and a PoCL binary is native code on th
 folder it reads binaries from must be writable by no one but the user who runs them (or root,
 who can write anything anyway). A folder or file is trusted when its owner is this process's
 effective user or root and neither its group nor others may write it. Folders and files
-kdbkit makes are private (folders 0700, files 0600) whatever the umask: ``mkdir``'s mode is
-masked by the umask and its parents get the default mode, so every level made here is
-chmod-ed explicitly.
+kdbkit makes are private (folders 0700, files 0600) whatever the umask
+(:mod:`kdbkit.kdb.private_files`, which the find-db uses too).
 
 A refusal is a message saying what is wrong and the command that fixes it; the caller warns
 once and goes on without the folder (in memory, or the next tier).
@@ -18,11 +17,11 @@ import os
 import stat
 from pathlib import Path
 
+# make_file_private is the runtime's through this module too
+from kdbkit.kdb.private_files import make_file_private, make_private_folders  # noqa: F401
 from kdbkit.runtime.logging_setup import get_logger, warn_once
 
 _log = get_logger(__name__)
-FOLDER_MODE = 0o700
-FILE_MODE = 0o600
 _OTHERS_WRITE = stat.S_IWGRP | stat.S_IWOTH
 
 
@@ -71,18 +70,8 @@ def make_private_folder(folder: Path) -> str | None:
     Returns:
         None when the folder is ready, else why it is not (with the fix).
     """
-    missing = []
-    probe = folder
-    while not os.path.lexists(probe) and probe != probe.parent:
-        missing.append(probe)
-        probe = probe.parent
     try:
-        for level in reversed(missing):
-            try:
-                os.mkdir(level, FOLDER_MODE)
-            except FileExistsError:
-                continue  # made meanwhile by another process: checked below like any existing folder
-            os.chmod(level, FOLDER_MODE)
+        make_private_folders(folder)
     except OSError as exc:
         return f"cannot create {folder} ({exc.strerror or exc})"
     return check_folder(folder)
@@ -97,17 +86,6 @@ def check_folder(folder: Path) -> str | None:
     if not stat.S_ISDIR(st.st_mode):
         return f"{folder} is not a folder"
     return untrusted(folder, st) or unsearchable(folder)
-
-
-def make_file_private(path: Path) -> None:
-    """Give a file this process made mode 0600 (SQLite creates its files with the umask's mode,
-    and its ``-wal``/``-shm`` with the main file's); a file of someone else's is left alone."""
-    try:
-        st = os.stat(path)
-        if st.st_uid == os.geteuid() and stat.S_IMODE(st.st_mode) != FILE_MODE:
-            os.chmod(path, FILE_MODE)
-    except OSError:
-        pass  # gone meanwhile, or on a file system without modes: the folder's check still holds
 
 
 def warn_refused(folder: Path, why: str, *, instead: str = "compiled programs are kept in memory only") -> None:
