@@ -6,7 +6,8 @@ from __future__ import annotations
 
 import pytest
 
-from kdbkit.runtime.redis_tier import PREFIX, redacted
+from kdbkit.runtime.redis_link import redacted
+from kdbkit.runtime.redis_tier import PREFIX
 from kdbkit.runtime.samples import SAMPLES
 from tests.prerequisites import require_redis_server
 from tests.runtime.redis_server import RedisServer, free_port

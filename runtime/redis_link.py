@@ -1,0 +1,137 @@
+"""One process's connection to the cluster's Redis server: short time-outs, a circuit breaker, and
+the rights the server grants, shared by everything kdbkit keeps there (programs, rankings, leases).
+
+It never makes a job wait on an outage: connecting and reading time out in milliseconds, and the
+first failure switches the link off for :data:`BACKOFF_S` with one warning (the process goes on
+with its local tiers and the JIT), after which it is tried again. A server that refuses writes
+(a read-only ACL user: jobs read, builders write) is read all the same, and said once. Every
+method answers None or False instead of raising when the server fails or refuses.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from typing import Callable, Iterator, TypeVar
+from urllib.parse import urlsplit, urlunsplit
+
+from kdbkit.runtime.logging_setup import get_logger, warn_once
+
+_log = get_logger("runtime.redis_tier")
+CONNECT_TIMEOUT_S = 0.05
+READ_TIMEOUT_S = 0.2
+BACKOFF_S = 30.0
+T = TypeVar("T")
+
+
+def redacted(url: str) -> str:
+    """``url`` without its password, for messages."""
+    parts = urlsplit(url)
+    if parts.password is None:
+        return url
+    host = parts.hostname or ""
+    netloc = f"{parts.username or ''}:***@{host}" + (f":{parts.port}" if parts.port else "")
+    return urlunsplit(parts._replace(netloc=netloc))
+
+
+class RedisLink:
+    """The Redis server at ``url``, as kdbkit uses it.
+
+    Args:
+        url: ``redis://[user:password@]host:port/db`` (``rediss://`` for TLS).
+
+    Raises:
+        ImportError: no redis client (the ``cluster`` extra).
+        ValueError: ``url`` is no Redis URL.
+    """
+
+    def __init__(self, url: str):
+        import redis  # the cluster extra; imported only where a remote cache is configured
+
+        self.url = url
+        self.errors = redis.RedisError
+        self._denied = (redis.exceptions.NoPermissionError, redis.exceptions.ReadOnlyError)
+        self.client = redis.Redis.from_url(url, socket_connect_timeout=CONNECT_TIMEOUT_S,
+                                           socket_timeout=READ_TIMEOUT_S, retry_on_timeout=False)
+        self._off_until = 0.0
+        self.may_write = True  # False once the server refused a write: this user only reads
+        self.failures = 0  # calls that met an outage (each one a miss or a write not made)
+        self._lock = threading.Lock()
+
+    @property
+    def where(self) -> str:
+        return redacted(self.url)
+
+    def usable(self) -> bool:
+        return time.monotonic() >= self._off_until
+
+    def _switch_off(self, exc: Exception) -> None:
+        with self._lock:
+            self.failures += 1
+            self._off_until = time.monotonic() + BACKOFF_S
+        warn_once(f"remote-down:{self.url}:{type(exc).__name__}", f"cluster cache {self.where} is not "
+                  f"answering ({type(exc).__name__}: {exc}); going on without it for {BACKOFF_S:.0f} s at a time "
+                  "(local caches and the JIT serve meanwhile)", logger=_log)
+
+    def read(self, command: Callable[..., T], *args, **kwargs) -> T | None:
+        """``command(*args)``'s answer; None while the link is off or when the server fails."""
+        if not self.usable():
+            return None
+        try:
+            return command(*args, **kwargs)
+        except self.errors as exc:
+            self._switch_off(exc)
+            return None
+
+    def write(self, command: Callable[..., T], *args, **kwargs) -> T | None:
+        """Run a writing command, unless this user may not write or the link is off (then None)."""
+        if not self.may_write or not self.usable():
+            return None
+        try:
+            return command(*args, **kwargs)
+        except self._denied as exc:
+            self.may_write = False
+            _log.info("cluster cache %s is read-only for this user (%s): reading only", self.where, exc)
+        except self.errors as exc:
+            self._switch_off(exc)
+        return None
+
+    def get(self, name: str) -> bytes | None:
+        return self.read(self.client.get, name)
+
+    def set(self, name: str, data: bytes, **options) -> bool:
+        return bool(self.write(self.client.set, name, data, **options))
+
+    def delete(self, *names: str) -> int:
+        return (self.write(self.client.delete, *names) or 0) if names else 0
+
+    def scan(self, pattern: str) -> Iterator[bytes]:
+        """Names matching ``pattern`` (SCAN, never KEYS: a big server is not blocked); stops at a failure."""
+        cursor = 0
+        while True:
+            page = self.read(self.client.scan, cursor, match=pattern, count=1000)
+            if page is None:
+                return
+            cursor, names = page
+            yield from names
+            if cursor == 0:
+                return
+
+    def probe_write(self) -> tuple[bool, str]:
+        """Whether this user may write, found by writing and deleting a short-lived probe key."""
+        import os
+        import socket
+
+        try:
+            self.client.set(f"kdb:probe:{socket.gethostname()}:{os.getpid()}", b"1", px=2000)
+            self.client.delete(f"kdb:probe:{socket.gethostname()}:{os.getpid()}")
+            return True, "yes"
+        except self._denied as exc:
+            self.may_write = False
+            return False, f"no: read-only user ({exc})"
+
+    def close(self) -> None:
+        try:
+            self.client.close()
+        except self.errors:
+            pass
