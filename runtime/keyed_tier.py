@@ -29,19 +29,19 @@ _DIGEST_LEN = 64
 _HEADER = len(ENVELOPE_MAGIC) + _DIGEST_LEN + 32
 
 
-def seal(key: ProgramKey, binary: bytes) -> bytes:
-    """``binary`` in an envelope bound to ``key``."""
-    digest = key.digest.encode("ascii")
+def seal(key: str, binary: bytes) -> bytes:
+    """``binary`` in an envelope bound to ``key`` (a 64-character hex digest: a program key's, a ranking's)."""
+    digest = key.encode("ascii")
     return b"".join((ENVELOPE_MAGIC, digest, hashlib.sha256(digest + binary).digest(), binary))
 
 
-def unseal(data: bytes, key: ProgramKey) -> tuple[bytes | None, str]:
-    """The binary in ``data`` if its envelope proves it is ``key``'s; else None and why not."""
+def unseal(data: bytes, key: str) -> tuple[bytes | None, str]:
+    """The binary in ``data`` if its envelope proves it is ``key``'s (a hex digest); else None and why not."""
     if len(data) < _HEADER or not data.startswith(ENVELOPE_MAGIC):
         return None, "it is not a sealed entry"
     start = len(ENVELOPE_MAGIC)
     digest = data[start:start + _DIGEST_LEN]
-    if digest != key.digest.encode("ascii"):
+    if digest != key.encode("ascii"):
         return None, f"it is the entry of another key ({digest[:16].decode('ascii', 'replace')}...)"
     binary = data[_HEADER:]
     if hashlib.sha256(digest + binary).digest() != data[start + _DIGEST_LEN:_HEADER]:
@@ -81,7 +81,7 @@ class KeyedTier(WritableSource):
             return None
         t0 = time.perf_counter()
         data = self.load(key.digest)  # a store that raises is read()'s to report
-        binary, why = (None, "") if data is None else unseal(data, key)
+        binary, why = (None, "") if data is None else unseal(data, key.digest)
         outcome = "miss" if data is None else "hit" if binary is not None else "refused"
         steps.append(Step(self.name, (time.perf_counter() - t0) * 1e3, outcome))
         if why:
@@ -92,7 +92,11 @@ class KeyedTier(WritableSource):
         return binary
 
     def put(self, request: ProgramRequest, binary: bytes, key: ProgramKey) -> None:
-        self.save(key.digest, seal(key, binary))
+        self.store(key.digest, binary)
+
+    def store(self, digest: str, binary: bytes) -> None:
+        """Seal ``binary`` under the key ``digest`` and save it (what a publisher outside a chain calls)."""
+        self.save(digest, seal(digest, binary))
 
     def discard(self, request: ProgramRequest) -> None:
         key = self._key(request)

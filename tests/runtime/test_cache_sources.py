@@ -297,7 +297,7 @@ def _plant_unloadable(tier, options) -> None:
     from kdbkit.runtime.program_key import ProgramRequest
 
     key = tier.context.key(ProgramRequest(RELU.kernel_file, options))
-    (tier.folder / "entries" / key.digest).write_bytes(seal(key, b"not a binary of this device"))
+    (tier.folder / "entries" / key.digest).write_bytes(seal(key.digest, b"not a binary of this device"))
 
 
 def test_a_sealed_binary_that_does_not_load_is_compiled_over_even_where_the_tier_cannot_forget_it(
