@@ -81,6 +81,12 @@ VARIABLES: tuple[EnvVar, ...] = (
            "used programs go first (K, M, G suffixes; 0: no limit). Default: 4G."),
     EnvVar("KDB_REMOTE_CACHE", "str", None, "The cluster cache: redis://[user:password@]host:port/db, asked "
            "after the user cache. Default: unset (none)."),
+    EnvVar("KDB_REMOTE_TIMEOUT_MS", "int", 200, "Milliseconds the cluster cache has to answer a read (a quarter "
+           "of it to connect) before it is taken to be down. Default: 200."),
+    EnvVar("KDB_REMOTE_BACKOFF", "int", 30, "Seconds the cluster cache is left alone after it failed to answer, "
+           "before it is tried again. Default: 30."),
+    EnvVar("KDB_REMOTE_LEASE_TTL", "int", 10, "Seconds a cluster compile lease lasts unless its holder renews it: "
+           "how long a holder that died holds the other machines back. Default: 10."),
     EnvVar("KDB_CACHE_SOURCES", "str", None, "Lookup tiers in order, comma-separated: system, user, jit or "
            "module:Class (a Source subclass), jit last. Default: unset (system,user,jit)."),
     EnvVar("KDB_DISABLE_PREFETCH", "bool", False, "Do not load in the background the programs and set up the "
@@ -122,6 +128,7 @@ _BY_NAME = {var.name: var for var in VARIABLES}
 # Constraints the kind alone does not express; a value outside them falls back like a typo.
 _INT_RANGES: dict[str, tuple[int, int | None]] = {
     "KDB_LOG_LEVEL": (0, 7), "KDB_COMPILE_PARALLEL_LEVEL": (1, None), "KDB_COMPILE_LOCK_WAIT": (0, None), "KDB_DEVICE_CU": (1, None),
+    "KDB_REMOTE_TIMEOUT_MS": (1, 60_000), "KDB_REMOTE_BACKOFF": (1, 3600), "KDB_REMOTE_LEASE_TTL": (1, 3600),
     "KDB_CHECK_NUMERICS": (0, 0x1F)}  # 0x1F: every CheckNumerics bit
 CACHE_POLICIES = ("readwrite", "readonly", "off", "installed-only")  # runtime/cache_policy.py says what each means
 _CHOICES: dict[str, tuple[str, ...]] = {"KDB_CACHE_POLICY": CACHE_POLICIES}  # KDB_BACKEND's: see _choices

@@ -49,6 +49,10 @@ def unseal(data: bytes, key: str) -> tuple[bytes | None, str]:
     return binary, ""
 
 
+class EntryRefused(Exception):
+    """Raised by ``load`` for data it will not hand over (too large to read): a refusal, not a failure of the store."""
+
+
 class KeyedTier(WritableSource):
     """A writable tier that keeps sealed binaries in a store of bytes by name.
 
@@ -63,7 +67,8 @@ class KeyedTier(WritableSource):
 
     @abstractmethod
     def load(self, name: str) -> bytes | None:
-        """The data saved under ``name``, or None. May raise when the store fails (one warning, a miss)."""
+        """The data saved under ``name``, or None. May raise when the store fails (one warning, a miss),
+        or :class:`EntryRefused` for data it will not hand over (a refusal)."""
 
     @abstractmethod
     def save(self, name: str, data: bytes) -> None:
@@ -80,8 +85,11 @@ class KeyedTier(WritableSource):
         if key is None:  # no local compiler: nothing to key with, as for the user cache
             return None
         t0 = time.perf_counter()
-        data = self.load(key.digest)  # a store that raises is read()'s to report
-        binary, why = (None, "") if data is None else unseal(data, key.digest)
+        try:
+            data = self.load(key.digest)  # a store that raises otherwise is read()'s to report
+            binary, why = (None, "") if data is None else unseal(data, key.digest)
+        except EntryRefused as exc:
+            data, binary, why = b"", None, str(exc)
         outcome = "miss" if data is None else "hit" if binary is not None else "refused"
         steps.append(Step(self.name, (time.perf_counter() - t0) * 1e3, outcome))
         if why:

@@ -2,7 +2,7 @@
 the rights the server grants, shared by everything kdbkit keeps there (programs, rankings, leases).
 
 It never makes a job wait on an outage: connecting and reading time out in milliseconds, and the
-first failure switches the link off for :data:`BACKOFF_S` with one warning (the process goes on
+first failure switches the link off for ``KDB_REMOTE_BACKOFF`` seconds with one warning (the process goes on
 with its local tiers and the JIT), after which it is tried again. A server that refuses writes
 (a read-only ACL user: jobs read, builders write) is read all the same, and said once. Every
 method answers None or False instead of raising when the server fails or refuses.
@@ -18,9 +18,10 @@ from urllib.parse import urlsplit, urlunsplit
 from kdbkit.runtime.logging_setup import get_logger, warn_once
 
 _log = get_logger("runtime.redis_tier")
-CONNECT_TIMEOUT_S = 0.05
-READ_TIMEOUT_S = 0.2
-BACKOFF_S = 30.0
+# A lease is renewed, or released, only by the holder that took it (its token): a holder that
+# stalled past the lease's expiry must not extend or free the lease someone else took since.
+_RENEW = "if redis.call('get', KEYS[1]) == ARGV[1] then return redis.call('pexpire', KEYS[1], ARGV[2]) end return 0"
+_RELEASE = "if redis.call('get', KEYS[1]) == ARGV[1] then return redis.call('del', KEYS[1]) end return 0"
 T = TypeVar("T")
 
 
@@ -48,11 +49,15 @@ class RedisLink:
     def __init__(self, url: str):
         import redis  # the cluster extra; imported only where a remote cache is configured
 
+        from kdbkit.runtime import env
+
         self.url = url
+        timeout_s = (env.get_int("KDB_REMOTE_TIMEOUT_MS") or 200) / 1000
         self.errors = redis.RedisError
         self._denied = (redis.exceptions.NoPermissionError, redis.exceptions.ReadOnlyError)
-        self.client = redis.Redis.from_url(url, socket_connect_timeout=CONNECT_TIMEOUT_S,
-                                           socket_timeout=READ_TIMEOUT_S, retry_on_timeout=False)
+        self.client = redis.Redis.from_url(url, socket_connect_timeout=timeout_s / 4,
+                                           socket_timeout=timeout_s, retry_on_timeout=False)
+        self.backoff_s = float(env.get_int("KDB_REMOTE_BACKOFF") or 30)
         self._off_until = 0.0
         self.may_write = True  # False once the server refused a write: this user only reads
         self.failures = 0  # calls that met an outage (each one a miss or a write not made)
@@ -68,9 +73,10 @@ class RedisLink:
     def _switch_off(self, exc: Exception) -> None:
         with self._lock:
             self.failures += 1
-            self._off_until = time.monotonic() + BACKOFF_S
-        warn_once(f"remote-down:{self.url}:{type(exc).__name__}", f"cluster cache {self.where} is not "
-                  f"answering ({type(exc).__name__}: {exc}); going on without it for {BACKOFF_S:.0f} s at a time "
+            self._off_until = time.monotonic() + self.backoff_s
+        # once a process: a server that stays down, or goes down again, is not news every 30 s
+        warn_once(f"remote-down:{self.url}", f"cluster cache {self.where} is not "
+                  f"answering ({type(exc).__name__}: {exc}); going on without it for {self.backoff_s:.0f} s at a time "
                   "(local caches and the JIT serve meanwhile)", logger=_log)
 
     def read(self, command: Callable[..., T], *args, **kwargs) -> T | None:
@@ -116,6 +122,28 @@ class RedisLink:
             yield from names
             if cursor == 0:
                 return
+
+    def take(self, name: str, token: str, ttl_ms: int) -> bool | None:
+        """Set ``name`` to ``token`` for ``ttl_ms`` if nobody holds it: True taken, False held by
+        another, None when the link cannot write (down, off, or a read-only user)."""
+        if not self.may_write or not self.usable():
+            return None
+        try:
+            return bool(self.client.set(name, token, nx=True, px=ttl_ms))
+        except self._denied as exc:
+            self.may_write = False
+            _log.info("cluster cache %s is read-only for this user (%s): reading only", self.where, exc)
+        except self.errors as exc:
+            self._switch_off(exc)
+        return None
+
+    def renew(self, name: str, token: str, ttl_ms: int) -> bool:
+        """Extend ``name``'s expiry if ``token`` still holds it; False when it does not (or the server fails)."""
+        return bool(self.write(self.client.eval, _RENEW, 1, name, token, ttl_ms))
+
+    def release(self, name: str, token: str) -> None:
+        """Free ``name`` if ``token`` holds it (else it expires by itself)."""
+        self.write(self.client.eval, _RELEASE, 1, name, token)
 
     def probe_write(self) -> tuple[bool, str]:
         """Whether this user may write, found by writing and deleting a short-lived probe key."""

@@ -13,12 +13,14 @@ reads a server that refuses this user's writes all the same.
 
 from __future__ import annotations
 
-from kdbkit.runtime.keyed_tier import KeyedTier
+from kdbkit.runtime.keyed_tier import EntryRefused, KeyedTier
+from kdbkit.runtime.lease import CompileLease
+from kdbkit.runtime.redis_lease import RedisLease
 from kdbkit.runtime.redis_link import RedisLink
 from kdbkit.runtime.tier import SourceCheck
 
 PREFIX = "kdb:prog:"
-MAX_ENTRY_BYTES = 64 << 20  # a binary larger than this is not published (Redis keeps values in memory)
+MAX_ENTRY_BYTES = 64 << 20  # a sealed entry larger than this is neither published nor read (Redis keeps values in memory)
 
 
 class RedisTier(KeyedTier):
@@ -35,9 +37,17 @@ class RedisTier(KeyedTier):
     def __init__(self, url: str):
         self.link = RedisLink(url)
         self.url = url
+        self._lease: RedisLease | None = None
 
     def load(self, name: str) -> bytes | None:
-        return self.link.get(PREFIX + name)
+        # At most one byte past the cap is read: a planted giant value costs no node its memory or
+        # its network, and is refused as oversized (an empty answer is a missing key).
+        data = self.link.read(self.link.client.getrange, PREFIX + name, 0, MAX_ENTRY_BYTES)
+        if not data:
+            return None
+        if len(data) > MAX_ENTRY_BYTES:
+            raise EntryRefused(f"it is larger than the {MAX_ENTRY_BYTES >> 20} MiB an entry may hold")
+        return data
 
     def save(self, name: str, data: bytes) -> None:
         if len(data) <= MAX_ENTRY_BYTES:
@@ -45,6 +55,15 @@ class RedisTier(KeyedTier):
 
     def remove(self, name: str) -> None:
         self.link.delete(PREFIX + name)
+
+    def lease(self) -> CompileLease | None:
+        """The cluster-wide compile lease, for a handle that publishes what it compiles (one that
+        does not would make the others wait for a binary that never comes)."""
+        if not self.writable or not self.link.may_write:
+            return None
+        if self._lease is None:
+            self._lease = RedisLease(self.link)
+        return self._lease
 
     def searched(self) -> str:
         return f"the cluster cache {self.link.where}"

@@ -18,8 +18,9 @@ def free_port() -> int:
 
 
 class RedisServer:
-    def __init__(self, executable: str, folder: Path):
-        self.port = free_port()
+    def __init__(self, executable: str, folder: Path, port: int | None = None):
+        self.executable, self.folder = executable, folder
+        self.port = port or free_port()
         folder.mkdir(parents=True, exist_ok=True)
         self.process = subprocess.Popen(
             [executable, "--port", str(self.port), "--bind", "127.0.0.1", "--dir", str(folder), "--save", "",
@@ -42,8 +43,8 @@ class RedisServer:
                     raise RuntimeError(f"redis-server did not start on port {self.port}")
                 time.sleep(0.05)
         # jobs' user: reads programs, writes nothing (a builder or trusted node uses the default user)
-        self.client().execute_command("ACL", "SETUSER", READER, "on", f">{READER_PASSWORD}", "~kdb:*", "+get",
-                                      "+ping")
+        self.client().execute_command("ACL", "SETUSER", READER, "on", f">{READER_PASSWORD}", "~kdb:*", "-@all",
+                                      "+@read", "+ping")
 
     @property
     def url(self) -> str:
@@ -57,6 +58,15 @@ class RedisServer:
         import redis
 
         return redis.Redis.from_url(self.url)
+
+    def kill(self) -> None:
+        """Stop it as a crash would (SIGKILL: no shutdown, every entry lost)."""
+        self.process.kill()
+        self.process.wait()
+
+    def restart(self) -> "RedisServer":
+        """A new, empty server on the same port (after kill or stop)."""
+        return RedisServer(self.executable, self.folder, self.port)
 
     def stop(self) -> None:
         self.process.terminate()

@@ -7,6 +7,7 @@ from __future__ import annotations
 import pytest
 
 from kdbkit.runtime.redis_link import redacted
+from kdbkit.runtime import redis_tier
 from kdbkit.runtime.redis_tier import PREFIX
 from kdbkit.runtime.samples import SAMPLES
 from tests.prerequisites import require_redis_server
@@ -54,18 +55,24 @@ def test_a_program_compiled_on_one_node_is_a_remote_hit_on_another_then_a_local_
         assert _resolve(local).source == "user"
 
 
-@pytest.mark.parametrize("planted", [b"garbage", b"KDBTIER\x01" + b"0" * 200, None])
-def test_a_value_that_is_not_the_programs_is_refused_and_compiled_over(node, server, capfd, planted):
+@pytest.mark.parametrize("planted", ["garbage", "a bare envelope", "another program's", "truncated", "oversized"])
+def test_a_value_that_is_not_the_programs_is_refused_and_compiled_over(node, server, capfd, monkeypatch, planted):
     publisher = node()
     _resolve(publisher)
     client = server.client()
     (name,) = client.keys(PREFIX + "*")
-    if planted is None:  # another program's sealed entry under this key
+    value = client.get(name)
+    if planted == "another program's":  # another program's sealed entry under this key
         other = node()
         other.program(SAMPLES[1].kernel_file, SAMPLES[1].options)
         names = client.keys(PREFIX + "*")
-        planted = client.get(next(n for n in names if n != name))
-    client.set(name, planted)
+        value = client.get(next(n for n in names if n != name))
+    elif planted == "oversized":  # a real entry, but past the cap readers take
+        monkeypatch.setattr(redis_tier, "MAX_ENTRY_BYTES", len(value) - 1)
+    else:
+        value = {"garbage": b"garbage", "a bare envelope": b"KDBTIER\x01" + b"0" * 200,
+                 "truncated": value[:len(value) // 2]}[planted]
+    client.set(name, value)
     program = _resolve(node())
     assert program.source == "jit" and any(s.name == "remote" and s.outcome == "refused" for s in program.steps)
     assert "Traceback" not in capfd.readouterr().err  # one warning per reason, once a process (warn_once)
