@@ -32,7 +32,7 @@ from pathlib import Path
 from typing import Any, Iterable, Sequence
 
 from kdbkit.kdb.find_db import FindDb
-from kdbkit.runtime import cache_policy, cache_sources, env, kernel_sources, prefetch, startup_memo
+from kdbkit.runtime import cache_policy, cache_sources, env, kernel_sources, prefetch, startup_memo, tier_stats
 from kdbkit.runtime.backends.base import Backend, DeviceInfo
 from kdbkit.runtime.compilers import Compiler, LazyCompiler
 from kdbkit.runtime.dispatcher import Dispatcher
@@ -110,6 +110,8 @@ class Handle:
         self._system = next((t for t in tiers if isinstance(t, SystemBundleSource)), None)
         self._user = next((t for t in tiers if isinstance(t, UserCacheSource)), None)
         self.chain = LookupChain(tiers, backend.load, self.device.name, key_of=context.key)
+        if self._user is not None and self._user.writable:  # kdb cache stats keeps its counts beside the cache
+            tier_stats.save_at_exit(self._user.folder)
         self.dispatcher = Dispatcher(backend, self._resolve, asked=self.problem_asked)  # choices, invokers, plans
         self._asked: dict[ProgramRequest, None] = {}  # every request, in first-asked order
         self._problems: dict[str, None] = {}  # config strings run in immediate mode, in first-asked order
@@ -322,6 +324,8 @@ class Handle:
         self.dispatcher.close()
         self._remember_programs()
         self.chain.close()
+        if self._user is not None and self._user.writable:
+            tier_stats.save(self._user.folder)
         startup_memo.memo().save()  # files digested since the handle was made, programs it used
         if self._owns_backend:
             self.backend.close()

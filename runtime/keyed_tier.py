@@ -74,6 +74,10 @@ class KeyedTier(WritableSource):
     def save(self, name: str, data: bytes) -> None:
         """Keep ``data`` under ``name``, replacing what was there. May raise (one warning)."""
 
+    def available(self) -> bool:
+        """False while the store is known to be down (a miss then counts as an error in the stats)."""
+        return True
+
     def remove(self, name: str) -> None:
         """Forget ``name``'s data: it was refused or does not load (default: nothing; a later save replaces it)."""
 
@@ -90,7 +94,8 @@ class KeyedTier(WritableSource):
             binary, why = (None, "") if data is None else unseal(data, key.digest)
         except EntryRefused as exc:
             data, binary, why = b"", None, str(exc)
-        outcome = "miss" if data is None else "hit" if binary is not None else "refused"
+        outcome = ("miss" if self.available() else "unavailable") if data is None else \
+            "hit" if binary is not None else "refused"
         steps.append(Step(self.name, (time.perf_counter() - t0) * 1e3, outcome))
         if why:
             warn_once(f"tier-refused:{self.name}:{why.split(' (')[0]}", f"cache tier {self.name} returned an entry for "

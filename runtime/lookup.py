@@ -28,7 +28,7 @@ from pathlib import Path
 from typing import Callable, Sequence
 
 from kdbkit.kdb import Bundle, CorruptEntryError, KdbError, Target
-from kdbkit.runtime import paths
+from kdbkit.runtime import paths, tier_stats
 from kdbkit.runtime.backends.base import BinaryLoadError, Module
 from kdbkit.runtime.compilers import LazyCompiler
 from kdbkit.runtime.kernel_sources import KernelSearchPath
@@ -235,6 +235,11 @@ class UserCacheSource(WritableSource):
         if self.cache is not None:
             self.cache.discard(self.keys.key(request, self.compiler.identity()))
 
+    @property
+    def folder(self) -> Path:
+        """The cache's folder (made on first use)."""
+        return self._folder()
+
     def lease(self) -> CompileLease | None:
         """A lock file per key in the cache folder's ``locks/``; none once the cache is unusable or
         read-only (a read-only folder, or a handle that only reads it: nothing compiled here is
@@ -307,11 +312,14 @@ class LookupChain:
         if known is not None:
             return known.seen_again(steps)
         failure: BinaryLoadError | None = None
-        for source in self.sources:
-            program, unloadable = self._from(source, request, steps)
-            if program is not None:
-                return program
-            failure = unloadable or failure
+        try:
+            for source in self.sources:
+                program, unloadable = self._from(source, request, steps)
+                if program is not None:
+                    return program
+                failure = unloadable or failure
+        finally:
+            tier_stats.PROCESS.note_steps(steps)  # kdb cache stats: how each tier served
         if failure is not None:
             raise failure
         raise KdbError(f"no source has {request}: {', '.join(w for w in map(searched, self.sources) if w)}",

@@ -53,6 +53,9 @@ class RedisTier(KeyedTier):
         if len(data) <= MAX_ENTRY_BYTES:
             self.link.set(PREFIX + name, data)
 
+    def available(self) -> bool:
+        return self.link.usable()
+
     def remove(self, name: str) -> None:
         self.link.delete(PREFIX + name)
 

@@ -21,6 +21,7 @@ from abc import ABC, abstractmethod
 from typing import TYPE_CHECKING, ClassVar, NamedTuple
 
 from kdbkit.kdb import Target
+from kdbkit.runtime import tier_stats
 from kdbkit.runtime.errors import KernelSourceError, OptionsError
 from kdbkit.runtime.logging_setup import get_logger, warn_once
 from kdbkit.runtime.program import Step, Steps
@@ -197,6 +198,8 @@ def write(source: Source, request: ProgramRequest, binary: bytes, key: ProgramKe
     """``source.put`` where a fault is one warning: a tier that cannot store costs only speed."""
     try:
         source.put(request, binary, key)
+        tier_stats.PROCESS.note(source.name, "puts")
     except Exception as exc:
+        tier_stats.PROCESS.note(source.name, "errors")
         warn_once(f"tier-put-failed:{source.name}", f"cache tier {source.name} cannot store {request} "
                   f"({type(exc).__name__}: {exc}); what is compiled stays out of it", logger=_log)

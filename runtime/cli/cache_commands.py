@@ -3,13 +3,14 @@
 from __future__ import annotations
 
 import os
+import time
 from typing import Optional
 
 import typer
 from rich.markup import escape
 from rich.table import Table
 
-from kdbkit.runtime import cache_admin, env, paths
+from kdbkit.runtime import cache_admin, env, paths, remote_admin, tier_stats
 from kdbkit.runtime.cli.output import out, print_json, size
 from kdbkit.runtime.user_cache import LOCKS
 
@@ -17,11 +18,15 @@ app = typer.Typer(help="Inspect and maintain the user kernel cache (.ukdb).", no
 
 
 @app.command("ls")
-def ls(as_json: bool = typer.Option(False, "--json", help="Print JSON for scripts.")) -> None:
-    """List the cache files: arch, compiler, entries and size.
+def ls(remote: bool = typer.Option(False, "--remote", help="List the cluster cache (KDB_REMOTE_CACHE) instead."),
+       as_json: bool = typer.Option(False, "--json", help="Print JSON for scripts.")) -> None:
+    """List the cache files: arch, compiler, entries and size (--remote: the cluster cache's entries).
 
     Example: KDB_CUSTOM_CACHE_DIR=/scratch/kdb kdb cache ls
     """
+    if remote:
+        _ls_remote(as_json)
+        return
     files = cache_admin.list_cache()
     if as_json:
         print_json([f.__dict__ for f in files])
@@ -35,15 +40,37 @@ def ls(as_json: bool = typer.Option(False, "--json", help="Print JSON for script
     out.print(table if files else f"no cache files in {paths.user_cache_dir()}")
 
 
+def _ls_remote(as_json: bool) -> None:
+    link = remote_admin.link()
+    try:
+        listing = remote_admin.list_remote(link)
+    finally:
+        link.close()
+    if as_json:
+        print_json(listing.__dict__)
+        return
+    out.print(f"cluster cache {escape(listing.where)}")
+    for kind, count in listing.counts.items():
+        out.print(f"  {kind:15} {count:8}  {size(listing.bytes[kind])}")
+    for name, nbytes in listing.sample:
+        out.print(f"  {escape(name)}  {size(nbytes)}")
+
+
 @app.command("stats")
-def stats(as_json: bool = typer.Option(False, "--json", help="Print JSON for scripts.")) -> None:
-    """Totals for the cache folder: files, entries, bytes on disk and raw, and the size limit.
+def stats(reset: bool = typer.Option(False, "--reset", help="Start the tiers' counts anew."),
+          as_json: bool = typer.Option(False, "--json", help="Print JSON for scripts.")) -> None:
+    """Totals for the cache folder (files, entries, bytes on disk and raw, the size limit), how
+    each tier served this user's processes (hits, misses, puts, refusals, errors, latency
+    percentiles), and the cluster cache's server memory and eviction policy where one is set.
 
     Example: kdb cache stats --json
     """
     files = cache_admin.list_cache()
     folder = paths.user_cache_dir()
+    if reset:
+        tier_stats.reset(folder)
     locks = folder / LOCKS
+    tiers, since = tier_stats.load(folder)
     data = {
         "folder": str(folder), "files": len(files), "entries": sum(f.entries or 0 for f in files),
         "file_bytes": sum(f.file_bytes for f in files), "raw_bytes": sum(f.raw_bytes or 0 for f in files),
@@ -51,17 +78,55 @@ def stats(as_json: bool = typer.Option(False, "--json", help="Print JSON for scr
         # each file is kept under it (KDB_CACHE_MAXSIZE; 0: no limit), least recently used first
         "max_bytes_per_file": env.get_size("KDB_CACHE_MAXSIZE"),
         "damaged_files": [str(f.path) for f in files if f.problem],
+        "tiers_since": since, "tiers": {name: t.as_dict() for name, t in sorted(tiers.items())},
     }
+    if env.get_str("KDB_REMOTE_CACHE"):
+        data["remote"] = _remote_summary()
     if as_json:
         print_json(data)
         return
     for k, v in data.items():
+        if k in ("tiers", "tiers_since", "remote"):
+            continue
         shown = "no limit" if k == "max_bytes_per_file" and not v else size(v) if "_bytes" in k else v
         out.print(f"{k:18} {shown}")
+    out.print(_tier_table(data["tiers"], since) if data["tiers"] else "tiers              nothing counted yet")
+    for k, v in data.get("remote", {}).items():
+        out.print(f"remote {k:11} {size(v) if isinstance(v, int) and 'memory' in k else escape(str(v))}")
+
+
+def _tier_table(tiers: dict, since: float | None) -> Table:
+    when = time.strftime("%Y-%m-%d %H:%M", time.localtime(since)) if since else "?"
+    table = Table(title=f"how each tier served (processes since {when})")
+    columns = ("hits", "misses", "puts", "refusals", "errors", "compiles", "p50_ms", "p90_ms", "p99_ms")
+    table.add_column("tier")
+    for col in columns:
+        table.add_column(col, justify="right")
+    for name, row in tiers.items():
+        table.add_row(name, *("-" if row[c] is None else f"{row[c]:.3g}" if c.endswith("_ms") else str(row[c])
+                              for c in columns))
+    return table
+
+
+def _remote_summary() -> dict:
+    try:
+        link = remote_admin.link()
+    except remote_admin.RemoteCacheError as exc:
+        return {"error": exc.problem}
+    try:
+        listing = remote_admin.list_remote(link, sample=0)
+        return {"where": listing.where, "programs": listing.counts["programs"],
+                "rankings": listing.counts["rankings"], **remote_admin.server_memory(link)}
+    except remote_admin.RemoteCacheError as exc:
+        return {"where": link.where, "error": exc.problem}
+    finally:
+        link.close()
 
 
 @app.command("clear")
 def clear(yes: bool = typer.Option(False, "--yes", "-y", help="Do not ask for confirmation."),
+          remote: bool = typer.Option(False, "--remote", help="Empty the cluster cache (KDB_REMOTE_CACHE) instead: "
+                                      "needs a Redis user that may write."),
           as_json: bool = typer.Option(False, "--json", help="Print JSON for scripts.")) -> None:
     """Empty the cache of this kdbkit version (programs will be compiled again), and remove
     damaged user find-db files (good rankings are kept).
@@ -70,6 +135,9 @@ def clear(yes: bool = typer.Option(False, "--yes", "-y", help="Do not ask for co
 
     Example: kdb cache clear --yes
     """
+    if remote:
+        _clear_remote(yes, as_json)
+        return
     folder = paths.user_cache_dir()
     if not yes and not typer.confirm(f"Delete the kernel cache in {folder}?"):
         raise typer.Exit(1)
@@ -80,6 +148,20 @@ def clear(yes: bool = typer.Option(False, "--yes", "-y", help="Do not ask for co
         return
     out.print(f"removed {report.entries} entr(ies) and {len(report.removed_files)} file(s) from {folder}"
               + (f"; {report.busy_locks} lock(s) in use were kept" if report.busy_locks else ""))
+
+
+def _clear_remote(yes: bool, as_json: bool) -> None:
+    link = remote_admin.link()
+    try:
+        if not yes and not typer.confirm(f"Delete every program and ranking in the cluster cache {link.where}?"):
+            raise typer.Exit(1)
+        removed = remote_admin.clear_remote(link)
+    finally:
+        link.close()
+    if as_json:
+        print_json({"where": link.where, "removed": removed})
+        return
+    out.print(f"removed {removed} entr(ies) from the cluster cache {escape(link.where)}")
 
 
 def _lock_age_days(days: Optional[float]) -> Optional[float]:

@@ -4,6 +4,8 @@ by a user that may not write."""
 
 from __future__ import annotations
 
+import json
+
 import pytest
 
 from kdbkit.runtime.redis_link import redacted
@@ -132,3 +134,64 @@ def test_the_cache_policy_governs_the_cluster_cache_as_the_user_cache(node, serv
     if policy == "readonly":
         assert handle.program(RELU.kernel_file, RELU.options).source == "jit"
         assert server.client().keys(PREFIX + "*") == []  # nothing published
+
+
+def _remote_counts():
+    from kdbkit.runtime import tier_stats
+
+    return tier_stats.PROCESS.snapshot().get("remote", {})
+
+
+def test_each_tier_is_counted_and_kdb_cache_stats_shows_it(node, server, isolated, monkeypatch, capsys):
+    from kdbkit.runtime.cli.app import main
+
+    before = _remote_counts()
+    first = node()
+    _resolve(first)  # a remote miss, a put
+    second = node()
+    _resolve(second)  # a remote hit
+    client = server.client()
+    (name,) = client.keys(PREFIX + "*")
+    client.set(name, b"garbage")
+    _resolve(node())  # a refusal
+    after = _remote_counts()
+    assert {k: after[k] - before.get(k, 0) for k in ("hits", "misses", "puts", "refusals")} == \
+        {"hits": 1, "misses": 1, "puts": 2, "refusals": 1}  # the refused entry is compiled over and put again
+    assert after["p50_ms"] is not None
+    second.close()  # a handle's close saves what this process counted beside its user cache
+    capsys.readouterr()
+    assert main(["cache", "stats", "--json"]) == 0
+    data = json.loads(capsys.readouterr().out)
+    assert data["tiers"]["remote"]["hits"] >= 1 and data["tiers"]["user"]["puts"] >= 1
+    assert data["remote"]["programs"] == 1 and "maxmemory_policy" in data["remote"]
+
+
+def test_kdb_cache_ls_and_clear_remote_with_and_without_the_right(node, server, monkeypatch, capsys):
+    from kdbkit.runtime.cli.app import main
+
+    _resolve(node())
+    capsys.readouterr()
+    assert main(["cache", "ls", "--remote", "--json"]) == 0
+    assert json.loads(capsys.readouterr().out)["counts"]["programs"] == 1
+    monkeypatch.setenv("KDB_REMOTE_CACHE", server.reader_url)
+    assert main(["cache", "clear", "--remote", "--yes"]) == 1
+    err = capsys.readouterr().err
+    assert "write right" in err and "Traceback" not in err and "reader-secret" not in err
+    assert len(server.client().keys(PREFIX + "*")) == 1
+    monkeypatch.setenv("KDB_REMOTE_CACHE", server.url)
+    assert main(["cache", "clear", "--remote", "--yes"]) == 0
+    assert "removed 1 entr" in capsys.readouterr().out and server.client().keys(PREFIX + "*") == []
+    monkeypatch.setenv("KDB_REMOTE_CACHE", f"redis://127.0.0.1:{free_port()}/0")
+    assert main(["cache", "ls", "--remote"]) == 1
+    assert "does not answer" in capsys.readouterr().err
+
+
+def test_doctor_says_whether_this_user_may_write(node, server, monkeypatch):
+    from kdbkit.runtime.redis_tier import RedisTier
+
+    for url, writable in ((server.url, "yes"), (server.reader_url, "no: read-only user")):
+        tier = RedisTier(url)
+        checks = {c.item: c.value for c in tier.checks()}
+        tier.close()
+        assert checks["reachable"] == "yes" and checks["writable"].startswith(writable)
+        assert server.client().keys("kdb:probe:*") == []  # the probe leaves nothing behind
