@@ -152,7 +152,7 @@ def load_public_key(path: str | os.PathLike) -> PublicKey:
     data = _read(Path(path), private=False)
     if b"PRIVATE KEY" in data:
         raise SigningKeyError(f"{path} holds a private key, not a public one",
-                              "trust the .pub file written beside it, and keep the private key on the machines that sign")
+                              "trust the .pub file written beside it; the private key stays on the machines that sign")
     try:
         key = serialization.load_pem_public_key(data)
     except (ValueError, UnsupportedAlgorithm) as exc:
