@@ -81,6 +81,10 @@ VARIABLES: tuple[EnvVar, ...] = (
            "used programs go first (K, M, G suffixes; 0: no limit). Default: 4G."),
     EnvVar("KDB_REMOTE_CACHE", "str", None, "The cluster cache: redis://[user:password@]host:port/db, asked "
            "after the user cache. Default: unset (none)."),
+    EnvVar("KDB_REMOTE_SIGNING_KEY", "path", None, "Private key (kdb keys new) that signs what this machine publishes "
+           "to the cluster cache. Default: unset (unsigned)."),
+    EnvVar("KDB_REMOTE_TRUSTED_KEYS", "pathlist", (), f"Public keys, '{os.pathsep}'-separated: cluster-cache entries "
+           "none of them signed are refused. Default: unset (any)."),
     EnvVar("KDB_CACHE_SOURCES", "str", None, "Lookup tiers in order, comma-separated: system, user, jit or "
            "module:Class (a Source subclass), jit last. Default: unset (system,user,jit)."),
     EnvVar("KDB_DISABLE_PREFETCH", "bool", False, "Do not load in the background the programs and set up the "
