@@ -82,3 +82,8 @@ class BundleWriteError(BundleError):
 
 class ReadOnlyBundleError(BundleError):
     """A write was attempted on a bundle opened read-only."""
+
+
+class SigningKeyError(KdbError):
+    """A signing or public key file cannot be used: missing, unreadable, not an Ed25519 key in PEM,
+    encrypted, or (a private key) readable by other users."""

@@ -137,7 +137,7 @@ def _one(entry: SourceEntry, context: TierContext, before: list[Source], policy:
         if not policy.read_user:
             return None
         tier = _remote(url)
-        tier.writable = policy.write_user
+        tier.writable = policy.write_user and tier.writable  # False where its signing key cannot be used
         return tier
     if entry == "jit":
         return JitSource(context.target, context.keys, context.compiler, list(before), policy.no_compile_because)
@@ -148,9 +148,10 @@ def _one(entry: SourceEntry, context: TierContext, before: list[Source], policy:
 
 def _remote(url: str) -> Source:
     try:
+        from kdbkit.runtime import entry_signing
         from kdbkit.runtime.redis_tier import RedisTier
 
-        return RedisTier(url)
+        return RedisTier(url, entry_signing.from_env())  # KDB_REMOTE_SIGNING_KEY, KDB_REMOTE_TRUSTED_KEYS
     except ImportError as exc:
         raise CacheSourcesError(f"cache tier 'remote' needs the redis client ({exc})",
                                 "pip install 'kdbkit[cluster]'") from exc

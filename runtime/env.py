@@ -87,6 +87,10 @@ VARIABLES: tuple[EnvVar, ...] = (
            "before it is tried again. Default: 30."),
     EnvVar("KDB_REMOTE_LEASE_TTL", "int", 10, "Seconds a cluster compile lease lasts unless its holder renews it: "
            "how long a holder that died holds the other machines back. Default: 10."),
+    EnvVar("KDB_REMOTE_SIGNING_KEY", "path", None, "Private key (kdb keys new) that signs what this machine publishes "
+           "to the cluster cache. Default: unset (unsigned)."),
+    EnvVar("KDB_REMOTE_TRUSTED_KEYS", "pathlist", (), f"Public keys, '{os.pathsep}'-separated: cluster-cache entries "
+           "none of them signed are refused. Default: unset (any)."),
     EnvVar("KDB_CACHE_SOURCES", "str", None, "Lookup tiers in order, comma-separated: system, user, jit or "
            "module:Class (a Source subclass), jit last. Default: unset (system,user,jit)."),
     EnvVar("KDB_DISABLE_PREFETCH", "bool", False, "Do not load in the background the programs and set up the "

@@ -8,11 +8,16 @@ its envelope proves it is the program asked for (a refusal is one warning and a 
 is written through to the user cache, so a process pays the network once per program.
 
 Its connection (:mod:`~kdbkit.runtime.redis_link`) never makes a job wait on an outage and
-reads a server that refuses this user's writes all the same.
+reads a server that refuses this user's writes all the same. With ``KDB_REMOTE_SIGNING_KEY`` it
+signs what it publishes, and with ``KDB_REMOTE_TRUSTED_KEYS`` it loads only what those keys signed
+(:mod:`~kdbkit.runtime.entry_signing`): the right to write the server then no longer decides what
+readers run.
 """
 
 from __future__ import annotations
 
+from kdbkit.runtime import entry_signing
+from kdbkit.runtime.entry_signing import EntrySigning
 from kdbkit.runtime.keyed_tier import EntryRefused, KeyedTier
 from kdbkit.runtime.lease import CompileLease
 from kdbkit.runtime.redis_lease import RedisLease
@@ -28,16 +33,21 @@ class RedisTier(KeyedTier):
 
     Args:
         url: ``redis://[user:password@]host:port/db`` (``rediss://`` for TLS).
+        signing: whether it signs what it publishes and whose entries it loads; None: the
+            environment's (:func:`kdbkit.runtime.entry_signing.from_env`), so that a publisher that
+            makes its own tier signs as the chain's does.
     """
 
     name = "remote"
     title = "cluster cache (Redis)"
     immutable = False
 
-    def __init__(self, url: str):
+    def __init__(self, url: str, signing: EntrySigning | None = None):
         self.link = RedisLink(url)
         self.url = url
         self._lease: RedisLease | None = None
+        self.signing = entry_signing.from_env() if signing is None else signing
+        self.writable = self.signing.publishes  # a signing key that cannot be used: readers would refuse what it wrote
 
     def load(self, name: str) -> bytes | None:
         # At most one byte past the cap is read: a planted giant value costs no node its memory or
@@ -76,9 +86,9 @@ class RedisTier(KeyedTier):
             self.link.client.ping()
             writable, why = self.link.probe_write()
         except self.link.errors as exc:
-            return [SourceCheck("reachable", f"NO ({type(exc).__name__}: {exc})", False)]
+            return [SourceCheck("reachable", f"NO ({type(exc).__name__}: {exc})", False), *self.signing.checks()]
         return [SourceCheck("reachable", "yes", True), SourceCheck("readable", "yes", True),
-                SourceCheck("writable", why, True)]
+                SourceCheck("writable", why, True), *self.signing.checks()]
 
     def close(self) -> None:
         self.link.close()

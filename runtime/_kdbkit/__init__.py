@@ -52,6 +52,7 @@ _EXPORTS = {
     "UnsupportedFormatError": "kdbkit.kdb.errors", "TargetMismatchError": "kdbkit.kdb.errors",
     "BundleNameError": "kdbkit.kdb.errors", "BundleBusyError": "kdbkit.kdb.errors",
     "BundleWriteError": "kdbkit.kdb.errors", "ReadOnlyBundleError": "kdbkit.kdb.errors",
+    "SigningKeyError": "kdbkit.kdb.errors",
     # errors: the runtime's
     "OptionsError": "kdbkit.runtime.errors", "KernelSourceError": "kdbkit.runtime.errors",
     "BackendUnavailableError": "kdbkit.runtime.errors", "DeviceCallError": "kdbkit.runtime.errors",

@@ -17,7 +17,7 @@ from kdbkit.kdb.errors import KdbError
 from kdbkit.kdb.version import __version__
 from kdbkit.runtime import env as kdb_env
 from kdbkit.runtime.errors import CompileError
-from kdbkit.runtime.cli import cache_commands, db_commands, interrupts
+from kdbkit.runtime.cli import cache_commands, db_commands, interrupts, key_commands
 from kdbkit.runtime.cli.demo_command import demo
 from kdbkit.runtime.driver import commands as driver_commands
 from kdbkit.runtime.cli.doctor_command import doctor
@@ -39,6 +39,7 @@ app = typer.Typer(
 app.add_typer(db_commands.app, name="db")
 app.add_typer(cache_commands.app, name="cache")
 app.add_typer(driver_commands.app, name="driver")
+app.add_typer(key_commands.app, name="keys")
 app.command("env")(env)
 app.command("resolve")(resolve)
 app.command("devices")(devices)

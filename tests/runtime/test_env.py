@@ -25,6 +25,8 @@ EXPECTED = [
     "KDB_CACHE_SOURCES",  # the lookup chain's tiers (issue 26)
     "KDB_CACHE_POLICY", "KDB_CACHE_MAXSIZE",  # what may be read, written, compiled; the cache's bound (issue 27)
     "KDB_REMOTE_CACHE",  # the cluster cache (issue 28)
+    "KDB_REMOTE_SIGNING_KEY", "KDB_REMOTE_TRUSTED_KEYS",  # signed cluster-cache entries (issue 28)
+    "KDB_REMOTE_TIMEOUT_MS", "KDB_REMOTE_BACKOFF", "KDB_REMOTE_LEASE_TTL",  # its outage and lease settings
     "KDB_COMPILE_LOCK_WAIT",  # the bound on waiting for another compile of a program (issue 27)
 ]
 TRUE = ["1", "on", "yes", "true", "enable", "enabled"]

@@ -8,7 +8,8 @@ from kdbkit.runtime.cli.app import app
 from tests.runtime.cli.test_db_commands import _commands
 
 
-@pytest.mark.parametrize("group", [(), ("db",), ("cache",), ("driver",)], ids=["kdb", "db", "cache", "driver"])
+@pytest.mark.parametrize("group", [(), ("db",), ("cache",), ("driver",), ("keys",)],
+                         ids=["kdb", "db", "cache", "driver", "keys"])
 def test_a_group_alone_prints_its_help_once_and_exits_2(kdb, group):
     code, out, err = kdb(*group)
     assert code == 2, "typer's no_args_is_help exits 2 (as a usage error does)"
@@ -17,7 +18,7 @@ def test_a_group_alone_prints_its_help_once_and_exits_2(kdb, group):
 
 
 def _every_command_path():
-    groups = {(), ("db",), ("cache",), ("driver",)}
+    groups = {(), ("db",), ("cache",), ("driver",), ("keys",)}
     return sorted(groups | {path for path, _ in _commands(app)})
 
 
