@@ -53,6 +53,7 @@ MAX_RECORDS = 256
 MAX_NAME_CHARS = 128
 _INT_LIMIT = 1 << 63  # SQLite's INTEGER: a larger value would fail the write-through to the user find-db
 _ENVELOPE_BYTES = 4096  # room for the envelope's header (and a signature) around the payload
+MAX_VALUE_BYTES = MAX_PAYLOAD_BYTES + _ENVELOPE_BYTES  # a larger value is refused, read no further than one byte past
 _FIELDS = ("v", "config", "target", "registry", "records")
 
 
@@ -186,11 +187,13 @@ class SharedRankings:
         """The cluster's ranking of ``problem``, or None: absent, the server out of reach, or
         refused (counted, one warning per reason)."""
         config, registry, digest = self._fields(problem)
-        data = self.link.get(PREFIX + digest)
-        if data is None:
+        # As the program tier reads: at most one byte past the cap, so a planted giant value costs
+        # no node its memory or its network (GETRANGE of a missing key is empty).
+        data = self.link.read(self.link.client.getrange, PREFIX + digest, 0, MAX_VALUE_BYTES)
+        if not data:
             self._count("misses")
             return None
-        payload, why = ((None, f"it is too large ({len(data)} bytes)") if len(data) > MAX_PAYLOAD_BYTES + _ENVELOPE_BYTES
+        payload, why = ((None, f"it is too large (more than {MAX_VALUE_BYTES} bytes)") if len(data) > MAX_VALUE_BYTES
                         else self._unseal(data, digest))
         try:
             if payload is None:

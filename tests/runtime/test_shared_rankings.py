@@ -153,12 +153,14 @@ def _planted_values(handle, problem):
         "a huge workspace": sealed([2, "ActivStrided", 0, 0.1, 10 ** 20]),
         "a record of the wrong shape": sealed([2, "ActivStrided", 0, 0.1]),
         "too large": keyed_tier.seal(digest, b" " * (shared_rankings.MAX_PAYLOAD_BYTES + 1)),
+        "too large to read": b"x" * (64 << 20),  # refused after reading one byte past the cap
     }
 
 
 PLANTED = ["garbage", "truncated", "another problem's ranking", "another problem's payload under this key",
            "another target's payload under this key", "not JSON", "no records", "NaN time", "negative time",
-           "ranks out of order", "a solver twice", "a huge workspace", "a record of the wrong shape", "too large"]
+           "ranks out of order", "a solver twice", "a huge workspace", "a record of the wrong shape", "too large",
+           "too large to read"]
 
 
 @pytest.mark.parametrize("what", PLANTED)
@@ -172,6 +174,17 @@ def test_a_value_that_is_not_the_problems_ranking_is_refused_and_counted(node, s
     assert recorded_solutions(node(), PACKED) == []  # nor taken by the next reader
     err = capfd.readouterr().err
     assert err.count("refusing it") == 1 and "Traceback" not in err  # one warning per reason, once a process
+
+
+def test_a_giant_value_is_refused_reading_no_more_than_one_byte_past_the_cap(node, server, monkeypatch):
+    handle = node()
+    server.client().set(PREFIX + _digest(handle, PACKED), b"x" * (8 << 20))
+    reader = node()
+    link, answers = reader.dispatcher.shared.link, []
+    real_read = link.read
+    monkeypatch.setattr(link, "read", lambda *a, **k: answers.append(real_read(*a, **k)) or answers[-1])
+    assert choose(reader, PACKED).how == "heuristic" and reader.dispatcher.shared.refused == 1
+    assert [len(a) for a in answers if isinstance(a, bytes)] == [shared_rankings.MAX_VALUE_BYTES + 1]
 
 
 def test_a_read_only_user_reads_rankings_and_publishes_none(node, server, capfd):
