@@ -231,6 +231,38 @@ def test_the_cache_policy_governs_shared_rankings(node, server, monkeypatch, pol
     assert len(_rank_names(server)) == 1 and handle.dispatcher.shared.published == 0
 
 
+_NODE = """
+import json, sys, kdbkit
+from kdbkit.runtime.find import find_solutions
+from kdbkit.runtime.immediate import choose
+from kdbkit.runtime.problem import parse_config
+problem = parse_config(CONFIG)
+with kdbkit.Handle() as h:
+    real_time, timed = type(h.backend).time_ms, []
+    type(h.backend).time_ms = lambda *a, **k: timed.append(1) or real_time(*a, **k)
+    if sys.argv[1] == "find":
+        print(json.dumps([s.solver for s in find_solutions(h, problem)]))
+    else:
+        choice = choose(h, problem)
+        print(json.dumps({"trace": choice.trace, "timed": len(timed)}))
+""".replace("CONFIG", repr(PACKED.config()))
+
+
+def test_a_ranking_one_node_process_found_is_chosen_by_another_process(isolated, tmp_path, server, chain_device):
+    server.client().flushdb()
+
+    def run(name: str, what: str):
+        env = child_env(tmp_path, KDB_REMOTE_CACHE=server.url, KDB_USER_DB_PATH=str(tmp_path / name / "userdb"))
+        env["KDB_CUSTOM_CACHE_DIR"] = str(tmp_path / name / "cache")
+        out = subprocess.run([sys.executable, "-c", _NODE, what], capture_output=True, text=True, env=env, check=True)
+        assert "Traceback" not in out.stderr, out.stderr
+        return json.loads(out.stdout.strip().splitlines()[-1])
+
+    ranked = run("a", "find")
+    assert run("b", "choose") == {"trace": [f"{ranked[0]}: ranked first by the find-db (cluster)"], "timed": 0}
+    assert len(_rank_names(server)) == 1
+
+
 def test_without_a_cluster_nothing_of_it_is_imported(isolated, tmp_path, chain_device):
     child = """
 import json, sys, kdbkit
