@@ -2,9 +2,11 @@
 
 Two kinds of file, as MIOpen's two-file db: a system find-db shipped beside the bundles
 (``<target>.fdb``, read-only) and the user find-db (``<target>.ufdb``, WAL, written by find).
-Reads take the user file's record for a config when it has one, else the system file's; writes
-go to the user file only. A config's ranking is replaced whole, in one transaction, so a reader
-in another process sees the old ranking or the new one, never a mix.
+Reads take the user file's record for a config when it has one, else the system file's
+(:meth:`FindDb.load_user` and :meth:`FindDb.load_system` read each kind apart, for a caller
+that asks a cluster's shared rankings in between); writes go to the user file only. A config's
+ranking is replaced whole, in one transaction, so a reader in another process sees the old
+ranking or the new one, never a mix.
 
 Schema, version 1 (``find_meta`` holds ``schema``, ``target`` and ``producer``)::
 
@@ -201,6 +203,11 @@ class FindDb:
 
     def load(self, config: str) -> tuple[list[FindRecord], str] | None:
         """The ranking for ``config`` and where it came from (``user`` or the system file), or ``None``."""
+        return self.load_user(config) or self.load_system(config)
+
+    def load_user(self, config: str) -> tuple[list[FindRecord], str] | None:
+        """The user file's ranking for ``config`` (where: ``user``), or ``None``. Apart from
+        :meth:`load` so that a caller can put another source (a cluster's) between the two."""
         with self._lock:
             user = self._open_user(create=False)
             if user is not None:
@@ -210,6 +217,10 @@ class FindDb:
                         return found, "user"
                 except _READ_ERRORS as exc:
                     self._damaged(exc)
+        return None
+
+    def load_system(self, config: str) -> tuple[list[FindRecord], str] | None:
+        """The first system file's ranking for ``config`` (where: its path), or ``None``."""
         for path in self.system_paths:
             with self._lock:
                 conn = self._system_connection(path)

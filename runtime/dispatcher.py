@@ -8,6 +8,11 @@ config string, the invoker per (config string, solver id), and the repeat-call p
 (``kdbkit.runtime.primitives.repeat``) per call signature, which names the same problem. It
 opens the find-db on first use. Nothing else holds any of these.
 
+A problem's ranking is read from the user find-db, then the cluster's shared rankings
+(:mod:`kdbkit.runtime.shared_rankings`, where the chain has a cluster tier: found on this
+cluster's own devices, and written through to the user find-db), then the system find-dbs
+shipped with the bundles. What find ranks goes to the user find-db and to the cluster.
+
 Programs are resolved through a resolver, ``request -> Program | None``: the handle's full
 lookup chain for the caller; the prefetch worker passes one that reads its system bundle only,
 and a program that bundle lacks leaves that problem to the caller (nothing is cached for it).
@@ -34,6 +39,8 @@ if TYPE_CHECKING:
     from kdbkit.runtime.problem import Problem
     from kdbkit.runtime.program import Program
     from kdbkit.runtime.program_key import ProgramRequest
+    from kdbkit.runtime.redis_tier import RedisTier
+    from kdbkit.runtime.shared_rankings import SharedRankings
 
 _log = get_logger(__name__)
 Resolver = Callable[["ProgramRequest"], "Program | None"]
@@ -59,10 +66,12 @@ class Dispatcher:
             the next process's prefetch, and waits for the worker if it is on that problem).
         find_db: the find-db to read and write; by default the device's, opened on first use
             (system files beside the bundles, the user file under ``KDB_USER_DB_PATH``).
+        cluster: the chain's cluster tier (a :class:`~kdbkit.runtime.redis_tier.RedisTier`),
+            whose connection shares rankings across the cluster; None: rankings stay local.
     """
 
     def __init__(self, backend: "Backend", resolve: Resolver, *, asked: Callable[[str], None] | None = None,
-                 find_db: FindDb | None = None):
+                 find_db: FindDb | None = None, cluster: "RedisTier | None" = None):
         self.backend = backend
         self.device = backend.device
         self._resolve = resolve
@@ -74,6 +83,11 @@ class Dispatcher:
         self.invokers = MappingProxyType(self._invokers)
         self._find_db = find_db
         self._find_db_lock = threading.Lock()
+        self.shared: SharedRankings | None = None  # the cluster's rankings, where the chain has a cluster tier
+        if cluster is not None:  # imported only with a cluster: a process without one never loads it
+            from kdbkit.runtime.shared_rankings import SharedRankings
+
+            self.shared = SharedRankings(cluster, _find_db_target(self.device))
 
     @property
     def find_db(self) -> FindDb:
@@ -83,7 +97,7 @@ class Dispatcher:
             with self._find_db_lock:
                 if self._find_db is None:
                     self._find_db = FindDb(
-                        Path(self.device.target.bundle_name()).stem,
+                        _find_db_target(self.device),
                         [d.path for d in paths.iter_system_db_dirs() if not d.is_file], _user_db_dir(self.device),
                         producer=f"kdbkit {__version__}",
                         warn=lambda key, message: warn_once(key, message, logger=_log))
@@ -110,8 +124,32 @@ class Dispatcher:
 
     def ranked(self, problem: "Problem") -> Iterator[tuple["FindRecord", Solver, str]]:
         """The find-db's ranking for ``problem``, best first, as (record, solver, where)
-        (:func:`kdbkit.runtime.immediate.ranked`)."""
-        return immediate.ranked(self.find_db.load(problem.config()), problem, self.device)
+        (:func:`kdbkit.runtime.immediate.ranked`, which skips the solvers this kdbkit lacks
+        or that do not apply, wherever the ranking came from)."""
+        return immediate.ranked(self.ranking(problem), problem, self.device)
+
+    def ranking(self, problem: "Problem") -> "tuple[list[FindRecord], str] | None":
+        """``problem``'s ranking and where it came from (``user``, ``cluster`` or a system
+        find-db's path), or None. The cluster's comes before the system files' (it was timed on
+        this cluster's devices) and is written through to the user find-db, so it is fetched
+        once per node."""
+        db, config = self.find_db, problem.config()
+        found = db.load_user(config)
+        if found is None and self.shared is not None:
+            records = self.shared.load(problem)
+            if records:
+                db.store(config, records)
+                found = records, "cluster"
+        return found or db.load_system(config)
+
+    def record(self, problem: "Problem", records: "list[FindRecord]", *, share: bool = True) -> None:
+        """Keep the ranking find just made: in the user find-db and, with ``share``, on the
+        cluster (where this process may write); the choice kept for it is forgotten."""
+        config = problem.config()
+        self.find_db.store(config, records)
+        if share and self.shared is not None:
+            self.shared.publish(problem, records)
+        self.forget(config)
 
     def invoker(self, problem: "Problem", solver: Solver | int | str | None = None, *,
                 resolver: Resolver | None = None) -> Invoker:
@@ -158,6 +196,11 @@ class Dispatcher:
         """Close the find-db if it was opened."""
         if self._find_db is not None:
             self._find_db.close()
+
+
+def _find_db_target(device) -> str:
+    """The exact target the find-db's files are named for (``sm_90_132``): rankings are per device."""
+    return Path(device.target.bundle_name()).stem
 
 
 def _user_db_dir(device) -> Path | None:

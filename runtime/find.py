@@ -2,13 +2,16 @@
 
 ``find_solutions`` first asks the find-db: a ranking recorded by an earlier process (or shipped
 beside the bundles) is returned as it is, so a second process with the same problem compiles
-nothing and times nothing. Otherwise each applicable solver's invoker is built (its programs
-resolved through the lookup chain, as any launch) and timed on scratch tensors of the
-problem's shapes, and the ranking is written to the user find-db.
+nothing and times nothing; with a cluster tier, so is one another node found and shared
+(``kdbkit.runtime.shared_rankings``). Otherwise each applicable solver's invoker is built (its
+programs resolved through the lookup chain, as any launch) and timed on scratch tensors of the
+problem's shapes, and the ranking is written to the user find-db and shared with the cluster.
 
 Filtering follows MIOpen's switches with the ``KDB_`` prefix: ``KDB_DEBUG_FIND_ONLY_SOLVER``
 (an id or a name) restricts find to one solver, and each solver's ``KDB_DEBUG_<NAME>=0``
-excludes it. Both narrow what find records, which a warning says.
+excludes it. Both narrow what find records, which a warning says; a narrowed ranking is kept
+in the user find-db only, never shared with the cluster (a debugging switch on one node must
+not choose for every other).
 """
 
 from __future__ import annotations
@@ -41,7 +44,7 @@ class Solution:
     solver: str
     time_ms: float
     workspace: int
-    source: str  # "timed", "user" (the user find-db) or a system find-db's path
+    source: str  # "timed", "user" (the user find-db), "cluster" (shared by another node) or a system find-db's path
 
 
 def find_solutions(handle: "Handle", problem: Problem | str, *, sort_by: str = "time", repeat: int = 3,
@@ -70,7 +73,7 @@ def find_solutions(handle: "Handle", problem: Problem | str, *, sort_by: str = "
         recorded = recorded_solutions(handle, problem)
         if recorded:
             return _sorted(recorded, sort_by)
-    solvers = _candidates(problem, handle.device)
+    solvers, narrowed = _candidates(problem, handle.device)
     scratch = _scratch(handle, problem)
     try:
         timed = [_time(handle, problem, s, scratch, repeat) for s in solvers]
@@ -79,8 +82,7 @@ def find_solutions(handle: "Handle", problem: Problem | str, *, sort_by: str = "
             buffer.free()
     ranked = _sorted(timed, "time")
     records = [FindRecord(s.solver_id, s.solver, rank, s.time_ms, s.workspace) for rank, s in enumerate(ranked)]
-    handle.dispatcher.find_db.store(problem.config(), records)
-    handle.dispatcher.forget(problem.config())  # immediate mode reads the new ranking next time
+    handle.dispatcher.record(problem, records, share=not narrowed)  # immediate mode reads it next time
     return _sorted(timed, sort_by)
 
 
@@ -121,7 +123,8 @@ def run_solution(handle: "Handle", solution: Solution, **tensors: Any) -> None:
     handle.dispatcher.invoker(solution.problem, solver)(**buffers)
 
 
-def _candidates(problem: Problem, device) -> list[Solver]:
+def _candidates(problem: Problem, device) -> tuple[list[Solver], bool]:
+    """The solvers find times for ``problem``, and whether a switch narrowed them."""
     solvers = REGISTRY.for_primitive(problem.primitive)
     only = env.get_str("KDB_DEBUG_FIND_ONLY_SOLVER")
     if only:
@@ -135,7 +138,7 @@ def _candidates(problem: Problem, device) -> list[Solver]:
             raise NoSolverError(f"KDB_DEBUG_FIND_ONLY_SOLVER={only}: {chosen.name} does not apply to {problem}: "
                                 f"{verdict.reason}", "unset it, or choose a solver that applies")
         _warn_narrowed(f"KDB_DEBUG_FIND_ONLY_SOLVER={only}")
-        return [chosen]
+        return [chosen], True
     disabled = [s for s in solvers if not enabled(s)]
     if disabled:
         _warn_narrowed(", ".join(f"{s.switch.name}=0" for s in disabled))
@@ -151,7 +154,7 @@ def _candidates(problem: Problem, device) -> list[Solver]:
     if not applicable:
         raise NoSolverError(f"no solver applies to {problem}: " + "; ".join(trace),
                             "change the layout or type, or re-enable the solvers switched off")
-    return applicable
+    return applicable, bool(disabled)
 
 
 def _warn_narrowed(what: str) -> None:

@@ -9,7 +9,8 @@ therefore sees each kernel source as it was when it first digested it; make a ne
 up edits (a JIT compile always keys what it compiles by the source as it is then).
 
 Its :attr:`Handle.dispatcher` (``kdbkit.runtime.dispatcher``) chooses solvers, makes and keeps
-their invokers and repeat-call plans, and holds the find-db.
+their invokers and repeat-call plans, and holds the find-db; where the chain has a cluster tier,
+it shares find-db rankings on that tier's connection (``kdbkit.runtime.shared_rankings``).
 
 The chain (``kdbkit.runtime.lookup``): memory, then the tiers ``sources`` names, else
 ``KDB_CACHE_SOURCES``, else the default: system bundles (exact ``<arch>_<cu>.kdb``, then
@@ -112,7 +113,8 @@ class Handle:
         self.chain = LookupChain(tiers, backend.load, self.device.name, key_of=context.key)
         if self._user is not None and self._user.writable:  # kdb cache stats keeps its counts beside the cache
             tier_stats.save_at_exit(self._user.folder)
-        self.dispatcher = Dispatcher(backend, self._resolve, asked=self.problem_asked)  # choices, invokers, plans
+        self.dispatcher = Dispatcher(backend, self._resolve, asked=self.problem_asked,  # choices, invokers, plans
+                                     cluster=_cluster_tier(tiers))
         self._asked: dict[ProgramRequest, None] = {}  # every request, in first-asked order
         self._problems: dict[str, None] = {}  # config strings run in immediate mode, in first-asked order
         self._prefetch_key: str | None = None  # the system bundle whose programs the memo lists
@@ -337,3 +339,15 @@ class Handle:
 
     def __exit__(self, *exc) -> None:
         self.close()
+
+
+def _cluster_tier(tiers: Sequence[Source]):
+    """The chain's cluster tier (the built-in ``remote``), whose connection the dispatcher also
+    shares find-db rankings on, so that one outage is one warning; None without one (then
+    nothing of the cluster's is imported)."""
+    remote = next((t for t in tiers if t.name == "remote"), None)
+    if remote is None:
+        return None
+    from kdbkit.runtime.redis_tier import RedisTier
+
+    return remote if isinstance(remote, RedisTier) else None

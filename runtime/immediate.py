@@ -108,7 +108,7 @@ def heuristic(problem: Problem, device: "DeviceInfo",
 def ranked(found: "tuple[list[FindRecord], str] | None", problem: Problem,
            device: "DeviceInfo") -> Iterator[tuple["FindRecord", Solver, str]]:
     """A find-db's ranking for ``problem`` (``found``: its records and where they came from,
-    ``user`` or a system find-db's path, or None), best first, as (record, solver, where). A
+    ``user``, ``cluster`` or a system find-db's path, or None), best first, as (record, solver, where). A
     solver this kdbkit lacks or that no longer applies is skipped with a log line; the rest are
     asked nothing until reached (immediate mode stops at the first). Here rather than in
     ``find``, so that a first call never imports the tuner."""
