@@ -132,6 +132,7 @@ def _results(procs: list[subprocess.Popen]) -> list[dict]:
         if p.returncode != 0:
             raise SystemExit(f"a node failed:\n{err}")
         result = json.loads(out)
+        result["warnings"] = [line for line in err.splitlines() if "warning" in line and "Missing system" not in line]
         if not result["ok"]:
             raise SystemExit(f"a node computed a wrong result: {result}")
         results.append(result)
@@ -167,6 +168,7 @@ def measure(nodes: int, redis_server: str, work: Path) -> dict:
         "alone": {"first_ms": alone["first_ms"], "compiles": alone["compiles"], "compile_ms": alone["compile_ms"]},
         "together": {"first_ms": [r["first_ms"] for r in together], "compiles": compiles, "compile_ms": compile_ms,
                      "compiles_per_node": [r["compiles"] for r in together],
+                     "warnings": sorted({w for r in together for w in r["warnings"]}),
                      "compile_ratio": compiles / alone["compiles"] if alone["compiles"] else None,
                      "compile_ms_ratio": compile_ms / alone["compile_ms"] if alone["compile_ms"] else None},
         "warm_tier": {"first_ms": [r["first_ms"] for r in warm_tier], "median_first_ms": warm_first,
