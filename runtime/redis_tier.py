@@ -35,13 +35,16 @@ class RedisTier(KeyedTier):
     def __init__(self, url: str):
         self.link = RedisLink(url)
         self.url = url
+        self.too_large = 0  # entries not saved for their size (a publisher reports them)
 
     def load(self, name: str) -> bytes | None:
         return self.link.get(PREFIX + name)
 
     def save(self, name: str, data: bytes) -> None:
-        if len(data) <= MAX_ENTRY_BYTES:
-            self.link.set(PREFIX + name, data)
+        if len(data) > MAX_ENTRY_BYTES:
+            self.too_large += 1
+            return
+        self.link.set(PREFIX + name, data)
 
     def remove(self, name: str) -> None:
         self.link.delete(PREFIX + name)
