@@ -33,7 +33,7 @@ def build(
                                        "--cluster, whose workers run one compile per thread."),
     cluster: Optional[str] = typer.Option(None, "--cluster", metavar="ADDRESS", help="Compile on the workers of "
                                           "a Dask scheduler: tcp://HOST:PORT, HOST:PORT or a scheduler file (pip "
-                                          "install 'kdbkit[cluster]'; each worker needs this kdbkit and the "
+                                          "install 'kdbkit\\[cluster]'; each worker needs this kdbkit and the "
                                           "compilers). Bundles are written here. Not for OpenCL targets."),
     stall_timeout: float = typer.Option(600.0, "--stall-timeout", min=1.0, metavar="SECONDS", help="With --cluster: "
                                         "give up the compiles still out when none has finished for this long "
