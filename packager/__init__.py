@@ -5,15 +5,17 @@ tests call (each name is imported the first time it is used: importing this pack
 nothing else):
 
 - :func:`build_bundles` (:mod:`.building`): a catalogue, targets, a shard, a Dask cluster ->
-  bundles, through the one builder (:mod:`.build`: :func:`plan`, :func:`shard`, ``build.build``;
+  bundles (with ``publish=``, the same programs in a cluster cache too: :mod:`.publish`),
+  through the one builder (:mod:`.build`: :func:`plan`, :func:`shard`, ``build.build``;
   :func:`build_bundle` for one target's list of programs, :mod:`.device_build`).
 - :func:`package_bundles` and :func:`install_packages` (:mod:`.distribute`): wheels from
   bundles; the best candidate per device chosen (:func:`scan`, :func:`choose`), verified
   (:func:`verify`) and installed (:func:`install_candidate`).
-- the errors (:mod:`.errors`): :class:`TargetError`, :class:`PackageError`, :class:`CatalogueError`.
+- the errors (:mod:`.errors`): :class:`TargetError`, :class:`PackageError`, :class:`CatalogueError`,
+  :class:`PublishError`.
 
 Modules below: targets (names, the GPU table, compilers), catalogue (what to build), build,
-cluster (Dask), code_object_checks, wheel, select, install, tune.
+cluster (Dask), publish (a cluster cache), code_object_checks, wheel, select, install, tune.
 """
 
 from __future__ import annotations
@@ -23,13 +25,14 @@ import importlib
 _API = {
     "build_bundles": "building", "BuildReport": "building",
     "plan": "build", "shard": "build", "BuildResult": "build", "Job": "build",
-    "compile_workers": "build", "build_bundle": "device_build",
+    "compile_workers": "build", "build_bundle": "device_build", "PublishReport": "publish",
     "package_bundles": "distribute", "Packaged": "distribute", "install_packages": "distribute",
     "InstallReport": "distribute", "bundle_files": "distribute",
     "scan": "select", "choose": "select", "Candidate": "select", "Choice": "select",
     "verify": "install", "install_candidate": "install",
     "read_catalogue": "catalogue", "read_catalogues": "catalogue", "resolve_targets": "targets",
     "TargetError": "errors", "PackageError": "errors", "CatalogueError": "errors",
+    "PublishError": "errors",
 }
 _RENAMED = {"install_candidate": "install"}  # the module's name for it, where another name reads better here
 

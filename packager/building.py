@@ -1,10 +1,12 @@
 """``build_bundles``: the offline build as one call (what ``kdb build``, ``kdb demo`` and the
 tests run): a catalogue's problems (or every program), the targets, an optional shard, and
-where the compiles run (local processes or a Dask cluster) -> bundles and a report.
+where the compiles run (local processes or a Dask cluster) -> bundles and a report; optionally
+what it built published to a cluster cache (:mod:`kdbkit.packager.publish`).
 
 The steps are the builder's (:mod:`kdbkit.packager.build`); this module only puts them in order
 and refuses, before anything compiles, what cannot build: no catalogue, a catalogue naming no
-problem, a cluster with a local worker count, an OpenCL target on a cluster.
+problem, a cluster with a local worker count, an OpenCL target on a cluster, a ``publish``
+destination that is no Redis URL.
 """
 
 from __future__ import annotations
@@ -16,6 +18,7 @@ from typing import Callable, Sequence
 
 from kdbkit.kdb import Target
 from kdbkit.packager import build as builder
+from kdbkit.packager import publish as publishing
 from kdbkit.packager.catalogue import LineError, read_catalogues
 from kdbkit.packager.errors import CatalogueError
 from kdbkit.packager.targets import resolve_targets
@@ -34,6 +37,7 @@ class BuildReport:
     planned: int = 0  # programs in this build (this shard's, with a shard)
     workers: int | None = None  # local compiler processes (None: on a cluster)
     cluster_workers: list[str] = field(default_factory=list)
+    published: publishing.PublishReport | None = None  # with ``publish``: what reached the cluster cache
 
     @property
     def ok(self) -> bool:
@@ -44,6 +48,7 @@ def build_bundles(targets: Sequence[str | Target] = (), *, gpus: Sequence[str] =
                   catalogues: Sequence[str | Path] = (), problems: Sequence[Problem] | None = None,
                   every: bool = False, out: Path = Path("."), shard: tuple[int, int] | None = None,
                   workers: int | None = None, cluster: str | None = None, stall_timeout: float = 600.0,
+                  publish: str | None = None,
                   progress: Callable[[int, int, int], None] | None = None,
                   on_cluster: Callable[[list[str]], None] | None = None,
                   on_skipped: Callable[[list[LineError]], None] | None = None) -> BuildReport:
@@ -61,6 +66,12 @@ def build_bundles(targets: Sequence[str | Target] = (), *, gpus: Sequence[str] =
             compiles run on its workers, the bundles are written here.
         stall_timeout: with ``cluster``, seconds without a finished compile before the rest is
             given up (reported as failures).
+        publish: a cluster cache, ``redis://[user:password@]host:port/db``: every program the
+            build compiled or reused is stored there too, after the bundles are written, by this
+            process (a cluster's workers need no access to it), keyed as a node's lookups key it
+            (:mod:`kdbkit.packager.publish` says which nodes that serves). A server that is down
+            or refuses this user's writes does not fail the build: ``report.published`` says
+            what was not published and why.
         progress: called as (done, total, failed) after each compile.
         on_cluster: called with the cluster's workers once they passed their check.
         on_skipped: called with the catalogue lines that did not parse, before anything compiles.
@@ -71,6 +82,8 @@ def build_bundles(targets: Sequence[str | Target] = (), *, gpus: Sequence[str] =
     Raises:
         CatalogueError: no catalogue (or more than one kind), a catalogue naming no problem, or
             no program for the targets; ``workers`` with ``cluster``.
+        PublishError: ``publish`` is not a Redis URL, or the redis client is missing (before
+            anything compiles).
         TargetError: an unknown or unbuildable target; an OpenCL target with ``cluster``.
         CompilerUnavailableError: no compiler for a target here, or the cluster cannot build.
         OSError: a catalogue file cannot be read.
@@ -82,6 +95,8 @@ def build_bundles(targets: Sequence[str | Target] = (), *, gpus: Sequence[str] =
                              "leave -j out with --cluster: each Dask worker runs one compile per thread")
     if cluster is not None:  # refused before resolving, which would look for the target's local device
         builder.refuse_local_only(t if isinstance(t, Target) else Target.parse(t) for t in targets)
+    if publish is not None:  # a bad destination is refused now, not after the compiles
+        publishing.open_tier(publish).close()
     given = [t for t in targets if isinstance(t, Target)]
     names = [t for t in targets if not isinstance(t, Target)]
     resolved = given + (resolve_targets(names, gpus) if names or gpus or not given else [])
@@ -117,4 +132,10 @@ def build_bundles(targets: Sequence[str | Target] = (), *, gpus: Sequence[str] =
             report.workers = builder.compile_workers(workers)
         report.result = builder.build(planned, compilers, Path(out), parallel=report.workers, executor=executor,
                                       progress=progress, stall_timeout=stall_timeout if executor else None)
+    if publish is not None:  # by this process, once the bundles are written: workers need no access to Redis
+        tier = publishing.open_tier(publish)
+        try:
+            report.published = publishing.publish(tier, planned, report.result, compilers)
+        finally:
+            tier.close()
     return report

@@ -1,4 +1,5 @@
-"""The packager's errors: a build target it cannot build, a package it cannot make or install.
+"""The packager's errors: a build target it cannot build, a package it cannot make or install, a
+cluster cache it cannot publish to.
 
 Both are :class:`~kdbkit.kdb.errors.KdbError`\\ s (a ``problem`` and a ``remedy``, printed by the
 CLI as one line); ``kdbkit.TargetError`` and ``kdbkit.PackageError`` name them too.
@@ -21,3 +22,9 @@ class PackageError(KdbError):
 
 class CatalogueError(KdbError, ValueError):
     """A catalogue that names nothing to build (an empty file, only comments or bad lines)."""
+
+
+class PublishError(KdbError, ValueError):
+    """A ``--publish`` destination refused before anything builds: not a Redis URL, or no redis
+    client to reach it. (A server that is down or read-only is no error: the build goes on and
+    says what it could not publish.)"""

@@ -40,19 +40,20 @@ class RedisLink:
 
     Args:
         url: ``redis://[user:password@]host:port/db`` (``rediss://`` for TLS).
+        timeout_ms: the read time-out (a quarter of it to connect); default ``KDB_REMOTE_TIMEOUT_MS``.
 
     Raises:
         ImportError: no redis client (the ``cluster`` extra).
         ValueError: ``url`` is no Redis URL.
     """
 
-    def __init__(self, url: str):
+    def __init__(self, url: str, timeout_ms: int | None = None):
         import redis  # the cluster extra; imported only where a remote cache is configured
 
         from kdbkit.runtime import env
 
         self.url = url
-        timeout_s = (env.get_int("KDB_REMOTE_TIMEOUT_MS") or 200) / 1000
+        timeout_s = (timeout_ms or env.get_int("KDB_REMOTE_TIMEOUT_MS") or 200) / 1000
         self.errors = redis.RedisError
         self._denied = (redis.exceptions.NoPermissionError, redis.exceptions.ReadOnlyError)
         self.client = redis.Redis.from_url(url, socket_connect_timeout=timeout_s / 4,

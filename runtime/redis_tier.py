@@ -42,12 +42,13 @@ class RedisTier(KeyedTier):
     title = "cluster cache (Redis)"
     immutable = False
 
-    def __init__(self, url: str, signing: EntrySigning | None = None):
-        self.link = RedisLink(url)
+    def __init__(self, url: str, signing: EntrySigning | None = None, timeout_ms: int | None = None):
+        self.link = RedisLink(url, timeout_ms)
         self.url = url
         self._lease: RedisLease | None = None
         self.signing = entry_signing.from_env() if signing is None else signing
         self.writable = self.signing.publishes  # a signing key that cannot be used: readers would refuse what it wrote
+        self.too_large = 0  # entries not saved for their size (a publisher reports them)
 
     def load(self, name: str) -> bytes | None:
         # At most one byte past the cap is read: a planted giant value costs no node its memory or
@@ -60,8 +61,10 @@ class RedisTier(KeyedTier):
         return data
 
     def save(self, name: str, data: bytes) -> None:
-        if len(data) <= MAX_ENTRY_BYTES:
-            self.link.set(PREFIX + name, data)
+        if len(data) > MAX_ENTRY_BYTES:
+            self.too_large += 1
+            return
+        self.link.set(PREFIX + name, data)
 
     def available(self) -> bool:
         return self.link.usable()

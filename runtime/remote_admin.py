@@ -14,6 +14,7 @@ from kdbkit.runtime.redis_link import RedisLink
 
 KINDS = {"kdb:prog:": "programs", "kdb:rank:": "rankings", "kdb:lease:": "compile leases"}
 _BATCH = 500
+ADMIN_TIMEOUT_MS = 5000  # an administrator's listing or clearing may wait; a job's lookup may not
 
 
 class RemoteCacheError(KdbError):
@@ -38,7 +39,7 @@ def link() -> RedisLink:
     if not url:
         raise RemoteCacheError("no cluster cache is configured", "set KDB_REMOTE_CACHE=redis://host:port/0")
     try:
-        made = RedisLink(url)
+        made = RedisLink(url, ADMIN_TIMEOUT_MS)
     except ImportError as exc:
         raise RemoteCacheError(f"the cluster cache needs the redis client ({exc})", "pip install 'kdbkit[cluster]'")
     except ValueError:

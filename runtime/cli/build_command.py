@@ -1,6 +1,6 @@
 """``kdb build``: compile a catalogue's programs for each target into bundles, offline, with
-no GPU (:func:`kdbkit.packager.build_bundles` does the work; this is its command line and
-progress bar)."""
+no GPU, and optionally publish them to a cluster cache (:func:`kdbkit.packager.build_bundles`
+does the work; this is its command line, progress bar and summary)."""
 
 from __future__ import annotations
 
@@ -33,22 +33,29 @@ def build(
                                        "--cluster, whose workers run one compile per thread."),
     cluster: Optional[str] = typer.Option(None, "--cluster", metavar="ADDRESS", help="Compile on the workers of "
                                           "a Dask scheduler: tcp://HOST:PORT, HOST:PORT or a scheduler file (pip "
-                                          "install 'kdbkit[cluster]'; each worker needs this kdbkit and the "
+                                          "install 'kdbkit\\[cluster]'; each worker needs this kdbkit and the "
                                           "compilers). Bundles are written here. Not for OpenCL targets."),
     stall_timeout: float = typer.Option(600.0, "--stall-timeout", min=1.0, metavar="SECONDS", help="With --cluster: "
                                         "give up the compiles still out when none has finished for this long "
                                         "(workers gone), reporting each as failed."),
     shard: Optional[str] = typer.Option(None, "--shard", help="Build only slice I of N (0-based, I/N), for a job "
                                         "runner's array; `kdb db merge` joins the slices' bundles."),
+    publish: Optional[str] = typer.Option(None, "--publish", metavar="URL", help="Also store every program built "
+                                          "(or already built) in the cluster cache at this redis://user:password@"
+                                          "host:port/db URL (user and password optional), where jobs on nodes with "
+                                          "the target's device and this compiler find it instead of compiling (pip "
+                                          "install 'kdbkit\\[cluster]'). Done here once the bundles are written; a "
+                                          "server down or a read-only user does not fail the build."),
     output: Path = typer.Option(Path("."), "-o", "--out", help="Folder for the bundles (created)."),
     as_json: bool = typer.Option(False, "--json", help="Print JSON for scripts."),
 ) -> None:
     """Compile the programs a catalogue needs for each target into bundles (<arch>.kdb), with no GPU.
 
     Example: kdb build --target sm_90_132 --gpu MI300X --all -o bundles
-    (add --cluster tcp://scheduler:8786 to compile on a Dask cluster's workers)
+    (add --cluster tcp://scheduler:8786 to compile on a Dask cluster's workers, --publish
+    redis://cache:6379/0 to warm the cluster cache with what it builds)
     """
-    from kdbkit.packager import build_bundles
+    from kdbkit.packager import PublishError, build_bundles
 
     if bool(catalogue) == every:
         raise typer.BadParameter("give --catalogue FILE (repeatable) or --all", param_hint="--catalogue / --all")
@@ -56,6 +63,13 @@ def build(
         raise typer.BadParameter("-j sets local compiler processes; a --cluster build runs one compile per "
                                  "thread of each Dask worker: leave -j out", param_hint="-j / --cluster")
     part = _shard(shard)
+    if publish is not None:  # a usage error, before anything compiles
+        from kdbkit.packager.publish import open_tier
+
+        try:
+            open_tier(publish).close()
+        except PublishError as exc:
+            raise typer.BadParameter(f"{exc.problem}; {exc.remedy}", param_hint="--publish") from None
 
     def joined(workers: list[str]) -> None:
         if not as_json:
@@ -63,25 +77,39 @@ def build(
 
     with progress_bar(quiet=as_json) as step:
         report = build_bundles(target, gpus=gpu, catalogues=catalogue, every=every, out=output, shard=part,
-                               workers=jobs, cluster=cluster, stall_timeout=stall_timeout, progress=step,
-                               on_cluster=joined, on_skipped=_print_skipped)
+                               workers=jobs, cluster=cluster, stall_timeout=stall_timeout, publish=publish,
+                               progress=step, on_cluster=joined, on_skipped=_print_skipped)
     result, line_errors = report.result, report.skipped_lines
     for failure in result.failures:
         err.print(f"[red]failed[/] {escape(str(failure.job.request))} for {failure.job.bundle}: "
                   f"{escape(failure.message)}")
         if failure.log:
             err.print(escape(failure.log.rstrip()), highlight=False)
+    published = report.published
     if as_json:
         print_json({"bundles": {t: str(p) for t, p in result.bundles.items()}, "compiled": result.compiled,
                     "reused": result.reused, "failed": len(result.failures), "workers": report.workers,
-                    "skipped_lines": [str(e) for e in line_errors]})
+                    "skipped_lines": [str(e) for e in line_errors],
+                    **({"published": published.as_json()} if published is not None else {})})
     else:
         for name, path in result.bundles.items():
             out.print(f"{name}: {escape(str(path))}")
         out.print(f"{result.compiled} compiled, {result.reused} already built, {len(result.failures)} failed, "
                   f"{len(line_errors)} catalogue lines skipped")
+        if published is not None:
+            _print_published(published)
+    if published is not None:  # on stderr, with --json too
+        for why, count in published.not_published.items():
+            err.print(f"[yellow]not published[/] {count} programs to {escape(published.where)}: {escape(why)}")
     if not report.ok:
         raise typer.Exit(1)
+
+
+def _print_published(published) -> None:
+    """How many programs reached the cluster cache, and which nodes they serve."""
+    serves = "; ".join(f"{arch} devices whose compiler is {compiler}" for (arch, compiler) in sorted(published.serves))
+    out.print(f"{published.published} programs published to {escape(published.where)}"
+              + (f", for {escape(serves)}" if serves else ""))
 
 
 def _print_skipped(errors) -> None:

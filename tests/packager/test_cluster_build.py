@@ -91,6 +91,44 @@ def test_kdb_build_cluster_builds_with_a_progress_bar(cluster, offline, tmp_path
                 (j.kernel_name, j.kernel_args) for j in jobs if str(j.bundle) == bundle)
 
 
+@pytest.mark.slow  # a Dask cluster of worker processes
+def test_a_cluster_build_publishes_what_it_collects_keyed_as_a_node_looks_it_up(cluster, tmp_path, capsys):
+    """``--publish`` with ``--cluster``: this process, which collects the workers' results,
+    stores them; a node with an sm_80 device and this NVRTC finds each under the key its own
+    lookup makes (the cluster tier's get, as a handle asks it)."""
+    pytest.importorskip("redis", reason="no redis client: pip install 'kdbkit[cluster]'")
+    from kdbkit.runtime.compilers import LazyCompiler
+    from kdbkit.runtime.lookup import Keys
+    from kdbkit.runtime.program import Steps
+    from kdbkit.runtime.redis_tier import PREFIX, RedisTier
+    from kdbkit.runtime.tier import TierContext
+    from tests.prerequisites import require_redis_server
+    from tests.runtime.redis_server import RedisServer
+
+    require_nvrtc()
+    server = RedisServer(require_redis_server(), tmp_path / "redis")
+    try:
+        catalogue = tmp_path / "model.txt"
+        catalogue.write_text("\n".join(PROBLEMS) + "\n")
+        code = main(["build", "--target", "sm_80_108", "-c", str(catalogue), "--cluster", cluster,
+                     "--publish", server.url, "-o", str(tmp_path / "out")])
+        out = capsys.readouterr().out
+        jobs, compilers = plan(resolve_targets(["sm_80_108"]), [parse_config(p) for p in PROBLEMS])
+        (identity,) = {c.identity() for c in compilers.values()}
+        assert code == 0 and f"{len(jobs)} programs published to {server.url}, for sm_80 devices whose compiler " \
+                             f"is {identity}" in out, out
+        assert len(server.client().keys(PREFIX + "*")) == len(jobs)
+        device = Target.parse("sm_80_108")  # an A100, as the CUDA backend finds it
+        node = RedisTier(server.url)
+        node.attach(TierContext(device, "cubin", Keys(device, KernelSearchPath()), LazyCompiler(device)))
+        with open_bundle(tmp_path / "out" / "sm_80.kdb") as bundle:
+            for job in jobs:
+                assert node.get(job.request, Steps()) == bundle.get(job.kernel_name, job.kernel_args), job.request
+        node.close()
+    finally:
+        server.stop()
+
+
 @pytest.mark.parametrize("address", ["tcp://127.0.0.1:1", "nowhere/scheduler.json"])
 def test_no_scheduler_at_the_address_is_one_line(address, monkeypatch, capsys, tmp_path):
     require_nvrtc()
