@@ -13,6 +13,7 @@
 # PART=compare: bench_network and bench_startup of this tree and of a baseline tree (BASE=<dir>), in turn.
 # PART=suite: the whole test suite with KDB_TEST_BACKEND=cuda; TUNE=1 also tunes the networks'
 # problems alongside (the find-db comes back as $OUT/tuned.fdb, for PART=compare's FDB).
+# PART=cluster: the cluster tier's tests on CUDA and scripts/bench_cluster.py (carry .redis: see there).
 # PART=install only installs (then: export PYTHONPATH=/tmp/site and run a script of scripts/).
 set -uo pipefail
 PART=${PART:-all}
@@ -37,6 +38,24 @@ export PYTHONUNBUFFERED=1 KDB_CUSTOM_CACHE_DIR=$(mktemp -d)
 } > "$OUT/gpu_env.txt" 2>&1
 [ "$PART" = install ] && exit 0
 
+if [ "$PART" = cluster ]; then
+    # The cluster tier on the GPU: a redis-server carried as .redis/ (the binary and the shared
+    # libraries it needs, from the CPU machine: the GPU machine has no package registry), run
+    # through a wrapper so that only it sees those libraries; then the tier's tests with the CUDA
+    # backend and scripts/bench_cluster.py (NODES nodes).
+    mkdir -p /tmp/redis-bin
+    printf '#!/bin/sh\nLD_LIBRARY_PATH=%s exec %s/redis-server "$@"\n' "$PWD/.redis" "$PWD/.redis" > /tmp/redis-bin/redis-server
+    chmod +x /tmp/redis-bin/redis-server
+    export PATH=/tmp/redis-bin:$PATH
+    redis-server --version > "$OUT/redis_version.txt" 2>&1 || { cat "$OUT/redis_version.txt"; exit 1; }
+    echo "== the cluster tier's tests, KDB_TEST_BACKEND=cuda"
+    KDB_TEST_BACKEND=cuda KDB_TEST_REQUIRE=redis-server python3 -m pytest -q -rs -p no:cacheprovider \
+        tests/runtime/test_redis_tier.py tests/runtime/test_cluster_nodes.py tests/runtime/test_shared_rankings.py \
+        tests/runtime/test_entry_signing.py tests/packager/test_publish.py 2>&1 | tee "$OUT/pytest_cluster_cuda.txt" | tail -8
+    echo "== bench_cluster"
+    python3 scripts/bench_cluster.py --nodes "${NODES:-8}" --out "$OUT" 2>&1 | tee "$OUT/bench_cluster.txt" | tail -25
+    exit 0
+fi
 if [ "$PART" = suite ]; then
     if [ -n "${TUNE:-}" ]; then
         python3 scripts/bench_network.py --write-catalogue /tmp/net_catalogue.txt
