@@ -54,6 +54,11 @@ def node() -> None:
     backend = open_backend(device)
     net = demo_network()
     x = np.random.default_rng(0).standard_normal(net.input_shape)
+    barrier = os.environ.get("BENCH_CLUSTER_BARRIER")
+    if barrier:  # set up (imports, device), then start with the others, as separate machines would
+        Path(barrier, f"ready-{os.getpid()}").touch()
+        while not Path(barrier, "go").exists():
+            time.sleep(0.005)
     t0 = time.perf_counter()
     with Handle(backend=backend) as handle:
         net.to_device(handle)
@@ -75,7 +80,8 @@ def node() -> None:
                "compiles": len(compiled), "compile_ms": sum(compiled),
                "hit_ms": {tier: [ms for name, outcome, ms in steps if name == tier and outcome == "hit"]
                           for tier in ("remote", "user")},
-               "jit_ms": compiled, "ok": error < TOLERANCE}, sys.stdout)
+               "jit_ms": compiled,
+               "ok": error < TOLERANCE}, sys.stdout)
 
 
 def _free_port() -> int:
@@ -113,11 +119,13 @@ class Redis:
         self.process.wait(timeout=10)
 
 
-def _start(work: Path, name: str, url: str | None) -> subprocess.Popen:
+def _start(work: Path, name: str, url: str | None, barrier: Path | None = None) -> subprocess.Popen:
     env = {**os.environ, **DRIVER_CACHES_OFF, "KDB_CUSTOM_CACHE_DIR": str(work / name / "cache"),
            "KDB_USER_DB_PATH": str(work / name / "userdb"), "KDB_SYSTEM_DB_PATH": str(work / "no-bundles"),
            "KDB_DISABLE_PREFETCH": "1"}
     env.pop("KDB_REMOTE_CACHE", None)
+    if barrier is not None:
+        env["BENCH_CLUSTER_BARRIER"] = str(barrier)
     if url:
         env["KDB_REMOTE_CACHE"] = url
         env["KDB_REMOTE_TIMEOUT_MS"] = "2000"  # N processes on a few cores: slow is not down
@@ -143,6 +151,20 @@ def _run(*names_urls, work: Path) -> list[dict]:
     return _results([_start(work, name, url) for name, url in names_urls])
 
 
+def _together(nodes: int, url: str, work: Path) -> list[dict]:
+    """N nodes that start their timed run at once: each sets up (Python, the device: what separate
+    machines do each on its own CPUs, which simulated nodes would share) and waits at a barrier."""
+    barrier = work / "barrier"
+    barrier.mkdir()
+    procs = [_start(work, f"together{i}", url, barrier) for i in range(nodes)]
+    while len(list(barrier.glob("ready-*"))) < nodes:
+        if any(p.poll() is not None for p in procs):
+            break  # a node failed: _results says why
+        time.sleep(0.01)
+    (barrier / "go").touch()
+    return _results(procs)
+
+
 def _median(values: list[float]) -> float | None:
     return statistics.median(values) if values else None
 
@@ -153,7 +175,7 @@ def measure(nodes: int, redis_server: str, work: Path) -> dict:
     try:
         alone = _run(("alone", redis.url), work=work)[0]
         redis.flush()
-        together = _run(*((f"together{i}", redis.url) for i in range(nodes)), work=work)
+        together = _together(nodes, redis.url, work)
         warm_tier = [_run((f"warm{i}", redis.url), work=work)[0] for i in range(nodes)]
         # the alone node's user cache is warm: fresh processes on it, without the tier
         local = [_run(("alone", None), work=work)[0] for _ in range(nodes)]
@@ -165,9 +187,11 @@ def measure(nodes: int, redis_server: str, work: Path) -> dict:
     local_first = _median([r["first_ms"] for r in local])
     return {
         "device": alone["device"], "backend": alone["backend"], "nodes": nodes, "programs": alone["programs"],
-        "alone": {"first_ms": alone["first_ms"], "compiles": alone["compiles"], "compile_ms": alone["compile_ms"]},
+        "alone": {"first_ms": alone["first_ms"], "compiles": alone["compiles"], "compile_ms": alone["compile_ms"],
+                  "compile_ms_per_program": sorted(alone["jit_ms"])},
         "together": {"first_ms": [r["first_ms"] for r in together], "compiles": compiles, "compile_ms": compile_ms,
                      "compiles_per_node": [r["compiles"] for r in together],
+                     "compile_ms_per_program": sorted(ms for r in together for ms in r["jit_ms"]),
                      "warnings": sorted({w for r in together for w in r["warnings"]}),
                      "compile_ratio": compiles / alone["compiles"] if alone["compiles"] else None,
                      "compile_ms_ratio": compile_ms / alone["compile_ms"] if alone["compile_ms"] else None},

@@ -143,7 +143,7 @@ def _planted_values(handle, problem):
         "truncated": good[:-5],
         "another problem's ranking": keyed_tier.seal(_digest(handle, STRIDED), _ranking(handle, STRIDED, STRIDED_FIRST)),
         "another problem's payload under this key": sealed([2, "ActivStrided", 0, 0.1, 0], config=STRIDED.config()),
-        "another target's payload under this key": sealed([2, "ActivStrided", 0, 0.1, 0], target="sm_90_132"),
+        "another target's payload under this key": sealed([2, "ActivStrided", 0, 0.1, 0], target=f"{target}_other"),  # never this device's
         "not JSON": keyed_tier.seal(digest, b"\xff\x00 not json"),
         "no records": sealed(),
         "NaN time": sealed([2, "ActivStrided", 0, float("nan"), 0]),
