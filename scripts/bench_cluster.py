@@ -50,6 +50,23 @@ def node() -> None:
     from kdbkit.runtime.demo import TOLERANCE, demo_network
     from kdbkit.runtime.handle import Handle
 
+    import kdbkit.runtime.jit as jit
+
+    # The compiler's own CPU time, beside the JIT step's wall time: simulated nodes share this
+    # machine's cores (on PoCL their kernels run on them too), which separate machines would not.
+    compile_cpu_ms: list[float] = []
+    build_once = jit.build_once
+
+    def timed_build_once(key, leases, recheck, compile_fn, store):
+        def compile_timed():
+            t = time.thread_time()
+            try:
+                return compile_fn()
+            finally:
+                compile_cpu_ms.append((time.thread_time() - t) * 1e3)
+        return build_once(key, leases, recheck, compile_timed, store)
+
+    jit.build_once = timed_build_once
     device = pick_device(None)
     backend = open_backend(device)
     net = demo_network()
@@ -80,7 +97,7 @@ def node() -> None:
                "compiles": len(compiled), "compile_ms": sum(compiled),
                "hit_ms": {tier: [ms for name, outcome, ms in steps if name == tier and outcome == "hit"]
                           for tier in ("remote", "user")},
-               "jit_ms": compiled,
+               "jit_ms": compiled, "compile_cpu_ms": sum(compile_cpu_ms),
                "ok": error < TOLERANCE}, sys.stdout)
 
 
@@ -183,18 +200,22 @@ def measure(nodes: int, redis_server: str, work: Path) -> dict:
         redis.stop()
     compiles = sum(r["compiles"] for r in together)
     compile_ms = sum(r["compile_ms"] for r in together)
+    compile_cpu_ms = sum(r["compile_cpu_ms"] for r in together)
     warm_first = _median([r["first_ms"] for r in warm_tier])
     local_first = _median([r["first_ms"] for r in local])
     return {
         "device": alone["device"], "backend": alone["backend"], "nodes": nodes, "programs": alone["programs"],
         "alone": {"first_ms": alone["first_ms"], "compiles": alone["compiles"], "compile_ms": alone["compile_ms"],
+                  "compile_cpu_ms": alone["compile_cpu_ms"],
                   "compile_ms_per_program": sorted(alone["jit_ms"])},
         "together": {"first_ms": [r["first_ms"] for r in together], "compiles": compiles, "compile_ms": compile_ms,
                      "compiles_per_node": [r["compiles"] for r in together],
                      "compile_ms_per_program": sorted(ms for r in together for ms in r["jit_ms"]),
                      "warnings": sorted({w for r in together for w in r["warnings"]}),
                      "compile_ratio": compiles / alone["compiles"] if alone["compiles"] else None,
-                     "compile_ms_ratio": compile_ms / alone["compile_ms"] if alone["compile_ms"] else None},
+                     "compile_ms_ratio": compile_ms / alone["compile_ms"] if alone["compile_ms"] else None,
+                     "compile_cpu_ms": compile_cpu_ms,
+                     "compile_cpu_ratio": compile_cpu_ms / alone["compile_cpu_ms"] if alone["compile_cpu_ms"] else None},
         "warm_tier": {"first_ms": [r["first_ms"] for r in warm_tier], "median_first_ms": warm_first,
                       "sources": warm_tier[0]["sources"], "compiles": sum(r["compiles"] for r in warm_tier)},
         "local_warm": {"first_ms": [r["first_ms"] for r in local], "median_first_ms": local_first,
@@ -213,11 +234,15 @@ def report(data: dict, out: Path) -> None:
              f"Made by `{data['command']}` at {data['commit']}, {data['host']}, {data['date']}.", "",
              "| measure | value | target |", "|---|---|---|",
              f"| programs of the demo network | {data['programs']} | |",
-             f"| one node alone: compiles, compile time | {data['alone']['compiles']}, "
+             f"| one node alone: compiles, compile steps' wall time | {data['alone']['compiles']}, "
              f"{data['alone']['compile_ms']:.0f} ms | |",
-             f"| {data['nodes']} nodes together, empty tier: compiles, compile time | {data['together']['compiles']}, "
-             f"{data['together']['compile_ms']:.0f} ms ({data['together']['compile_ms_ratio']:.2f}x one node's) "
+             f"| {data['nodes']} nodes together, empty tier: compiles | {data['together']['compiles']} "
+             f"({data['together']['compile_ratio']:.2f}x one node's) | <= {TARGET_COMPILE_RATIO}x |",
+             f"| the same: compilers' CPU time | {data['together']['compile_cpu_ms']:.0f} ms "
+             f"({data['together']['compile_cpu_ratio']:.2f}x one node's {data['alone']['compile_cpu_ms']:.0f} ms) "
              f"| <= {TARGET_COMPILE_RATIO}x |",
+             f"| the same: compile steps' wall time | {data['together']['compile_ms']:.0f} ms "
+             f"({data['together']['compile_ms_ratio']:.2f}x one node's) | |",
              f"| first result, warm tier (median of {data['nodes']} fresh nodes) | "
              f"{data['warm_tier']['median_first_ms']:.1f} ms | |",
              f"| first result, warm local cache (median of {data['nodes']}) | "
