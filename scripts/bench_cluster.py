@@ -139,7 +139,8 @@ class Redis:
 def _start(work: Path, name: str, url: str | None, barrier: Path | None = None) -> subprocess.Popen:
     env = {**os.environ, **DRIVER_CACHES_OFF, "KDB_CUSTOM_CACHE_DIR": str(work / name / "cache"),
            "KDB_USER_DB_PATH": str(work / name / "userdb"), "KDB_SYSTEM_DB_PATH": str(work / "no-bundles"),
-           "KDB_DISABLE_PREFETCH": "1"}
+           "KDB_DISABLE_PREFETCH": "1", "POCL_CACHE_DIR": str(work / name / "pocl")}  # PoCL's scratch: per node
+    (work / name / "pocl").mkdir(parents=True, exist_ok=True)
     env.pop("KDB_REMOTE_CACHE", None)
     if barrier is not None:
         env["BENCH_CLUSTER_BARRIER"] = str(barrier)

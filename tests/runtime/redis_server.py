@@ -9,6 +9,10 @@ import time
 from pathlib import Path
 
 READER, READER_PASSWORD = "reader", "reader-secret"
+BUILDER, BUILDER_PASSWORD = "builder", "builder-secret"
+# README's ACL lines for a deployment's jobs and builders, verbatim
+READER_RIGHTS = ("~kdb:*", "-@all", "+@read", "+ping")
+BUILDER_RIGHTS = ("~kdb:*", "-@all", "+@read", "+@write", "+ping", "+eval", "+evalsha")
 
 
 def free_port() -> int:
@@ -43,8 +47,8 @@ class RedisServer:
                     raise RuntimeError(f"redis-server did not start on port {self.port}")
                 time.sleep(0.05)
         # jobs' user: reads programs, writes nothing (a builder or trusted node uses the default user)
-        self.client().execute_command("ACL", "SETUSER", READER, "on", f">{READER_PASSWORD}", "~kdb:*", "-@all",
-                                      "+@read", "+ping")
+        self.client().execute_command("ACL", "SETUSER", READER, "on", f">{READER_PASSWORD}", *READER_RIGHTS)
+        self.client().execute_command("ACL", "SETUSER", BUILDER, "on", f">{BUILDER_PASSWORD}", *BUILDER_RIGHTS)
 
     @property
     def url(self) -> str:
@@ -53,6 +57,10 @@ class RedisServer:
     @property
     def reader_url(self) -> str:
         return f"redis://{READER}:{READER_PASSWORD}@127.0.0.1:{self.port}/0"
+
+    @property
+    def builder_url(self) -> str:
+        return f"redis://{BUILDER}:{BUILDER_PASSWORD}@127.0.0.1:{self.port}/0"
 
     def client(self):
         import redis

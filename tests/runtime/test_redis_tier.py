@@ -195,3 +195,20 @@ def test_doctor_says_whether_this_user_may_write(node, server, monkeypatch):
         tier.close()
         assert checks["reachable"] == "yes" and checks["writable"].startswith(writable)
         assert server.client().keys("kdb:probe:*") == []  # the probe leaves nothing behind
+
+
+def test_readmes_acl_lines_give_jobs_reads_and_builders_leases_and_writes(node, server):
+    from pathlib import Path
+
+    from tests.runtime.redis_server import BUILDER_RIGHTS, READER_RIGHTS
+
+    readme = (Path(__file__).resolve().parents[2] / "README.md").read_text()
+    assert f"ACL SETUSER kdb-job on >PASSWORD {' '.join(READER_RIGHTS)}" in readme
+    assert f"ACL SETUSER kdb-builder on >PASSWORD {' '.join(BUILDER_RIGHTS)}" in readme
+    builder = node(server.builder_url)
+    tier = next(t for t in builder.sources if t.name == "remote")
+    assert tier.lease() is not None
+    assert _resolve(builder).source == "jit" and tier.link.may_write
+    assert server.client().keys("kdb:lease:*") == []  # taken, renewed by its token, released by it
+    assert len(server.client().keys(PREFIX + "*")) == 1
+    assert _resolve(node(server.reader_url)).source == "remote"
