@@ -158,6 +158,8 @@ def _remote(url: str) -> Source:
     except ValueError as exc:  # the client's own check of the URL (which it does not repeat in full)
         raise CacheSourcesError("KDB_REMOTE_CACHE is not a Redis URL",
                                 "set it to redis://[user:password@]host:port/db") from exc
+    except KdbError as exc:  # KDB_REMOTE_PASSWORD_FILE
+        raise CacheSourcesError(exc.problem, exc.remedy) from exc
 
 
 def _imported(spec: str) -> Source:

@@ -81,6 +81,8 @@ VARIABLES: tuple[EnvVar, ...] = (
            "used programs go first (K, M, G suffixes; 0: no limit). Default: 4G."),
     EnvVar("KDB_REMOTE_CACHE", "str", None, "The cluster cache: redis://[user:password@]host:port/db, asked "
            "after the user cache. Default: unset (none)."),
+    EnvVar("KDB_REMOTE_PASSWORD_FILE", "path", None, "File holding the cluster cache's password (mode 600), for a "
+           "KDB_REMOTE_CACHE URL without one: keeps it out of the environment. Default: unset."),
     EnvVar("KDB_REMOTE_TIMEOUT_MS", "int", 200, "Milliseconds the cluster cache has to answer a read (a quarter "
            "of it to connect) before it is taken to be down. Default: 200."),
     EnvVar("KDB_REMOTE_BACKOFF", "int", 30, "Seconds the cluster cache is left alone after it failed to answer, "

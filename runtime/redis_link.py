@@ -10,11 +10,15 @@ method answers None or False instead of raising when the server fails or refuses
 
 from __future__ import annotations
 
+import os
+import stat
 import threading
 import time
 from typing import Callable, Iterator, TypeVar
 from urllib.parse import urlsplit, urlunsplit
 
+from kdbkit.kdb.errors import KdbError
+from kdbkit.runtime import env
 from kdbkit.runtime.logging_setup import get_logger, warn_once
 
 _log = get_logger("runtime.redis_tier")
@@ -35,6 +39,43 @@ def redacted(url: str) -> str:
     return urlunsplit(parts._replace(netloc=netloc))
 
 
+class RemoteCredentialsError(KdbError):
+    """The file meant to hold the cluster cache's password cannot be used."""
+
+
+MAX_PASSWORD_FILE_BYTES = 4096
+
+
+def _password_from_file() -> dict[str, str]:
+    """``{"password": ...}`` from ``KDB_REMOTE_PASSWORD_FILE`` (a URL without one uses it), or nothing.
+
+    The file must be the user's (or root's) and unreadable by others, as ssh wants of a key: a
+    password others can read is not a secret, and one they can write lets them choose the server's user.
+    """
+    path = env.get_path("KDB_REMOTE_PASSWORD_FILE")
+    if path is None:
+        return {}
+    fix = f"keep the password alone in a file of yours: chmod 600 {path}"
+    try:
+        fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC)
+    except OSError as exc:
+        raise RemoteCredentialsError(f"KDB_REMOTE_PASSWORD_FILE {path} cannot be read ({exc.strerror})", fix) from None
+    try:
+        st = os.fstat(fd)
+        if not stat.S_ISREG(st.st_mode):
+            raise RemoteCredentialsError(f"KDB_REMOTE_PASSWORD_FILE {path} is not a file", fix)
+        if st.st_uid not in (os.getuid(), 0) or st.st_mode & 0o077:
+            raise RemoteCredentialsError(f"KDB_REMOTE_PASSWORD_FILE {path} is open to other users "
+                                         f"(mode {stat.S_IMODE(st.st_mode):o}, owner {st.st_uid})", fix)
+        text = os.read(fd, MAX_PASSWORD_FILE_BYTES + 1)
+    finally:
+        os.close(fd)
+    password = text.decode("utf-8", "replace").strip() if len(text) <= MAX_PASSWORD_FILE_BYTES else ""
+    if not password or "\n" in password:
+        raise RemoteCredentialsError(f"KDB_REMOTE_PASSWORD_FILE {path} holds no password of one line", fix)
+    return {"password": password}
+
+
 class RedisLink:
     """The Redis server at ``url``, as kdbkit uses it.
 
@@ -45,19 +86,19 @@ class RedisLink:
     Raises:
         ImportError: no redis client (the ``cluster`` extra).
         ValueError: ``url`` is no Redis URL.
+        RemoteCredentialsError: ``KDB_REMOTE_PASSWORD_FILE`` cannot be used.
     """
 
     def __init__(self, url: str, timeout_ms: int | None = None):
         import redis  # the cluster extra; imported only where a remote cache is configured
 
-        from kdbkit.runtime import env
-
         self.url = url
         timeout_s = (timeout_ms or env.get_int("KDB_REMOTE_TIMEOUT_MS") or 200) / 1000
         self.errors = redis.RedisError
         self._denied = (redis.exceptions.NoPermissionError, redis.exceptions.ReadOnlyError)
+        extra = {} if urlsplit(url).password is not None else _password_from_file()
         self.client = redis.Redis.from_url(url, socket_connect_timeout=timeout_s / 4,
-                                           socket_timeout=timeout_s, retry_on_timeout=False)
+                                           socket_timeout=timeout_s, retry_on_timeout=False, **extra)
         self.backoff_s = float(env.get_int("KDB_REMOTE_BACKOFF") or 30)
         self._off_until = 0.0
         self.may_write = True  # False once the server refused a write: this user only reads

@@ -36,6 +36,7 @@ def node(isolated, make_handle, monkeypatch, server):
         monkeypatch.setenv("KDB_CUSTOM_CACHE_DIR", str(isolated / f"node{next(count)}"))
         monkeypatch.setenv("KDB_REMOTE_CACHE", url or server.url)
         return make_handle()
+    make.env = monkeypatch.setenv
     return make
 
 
@@ -212,3 +213,22 @@ def test_readmes_acl_lines_give_jobs_reads_and_builders_leases_and_writes(node, 
     assert server.client().keys("kdb:lease:*") == []  # taken, renewed by its token, released by it
     assert len(server.client().keys(PREFIX + "*")) == 1
     assert _resolve(node(server.reader_url)).source == "remote"
+
+
+@pytest.mark.parametrize("mode", [0o600, 0o644])
+def test_a_password_file_keeps_the_password_out_of_the_environment(node, server, isolated, capfd, fresh_log, mode):
+    from tests.runtime.redis_server import READER, READER_PASSWORD
+
+    _resolve(node())  # published by the default user
+    secret = isolated / "redis-password"
+    secret.write_text(READER_PASSWORD + "\n")
+    secret.chmod(mode)
+    node.env("KDB_REMOTE_PASSWORD_FILE", str(secret))
+    reader = node(f"redis://{READER}@127.0.0.1:{server.port}/0")
+    err = capfd.readouterr().err
+    assert READER_PASSWORD not in err and "Traceback" not in err
+    if mode == 0o600:
+        assert _resolve(reader).source == "remote"
+    else:  # others may read it: not a secret; one warning naming the fix, and the job runs without the cluster
+        assert [t.name for t in reader.sources] == ["system", "user", "jit"]
+        assert "open to other users" in err and f"chmod 600 {secret}" in err
