@@ -51,6 +51,8 @@ READ_ONLY = "this user may not write there (a read-only user): publish as a user
 STOPPED = "the server stopped answering while publishing (see the warning above)"
 TOO_LARGE = f"larger than the cluster cache takes ({MAX_ENTRY_BYTES >> 20} MiB)"
 UNREADABLE = "its entry could not be read back from the bundle"
+NO_SIGNER = ("this machine trusts signing keys (KDB_REMOTE_TRUSTED_KEYS) but has none to sign with: readers would "
+             "refuse what it published; set KDB_REMOTE_SIGNING_KEY")
 UNKEYED = "its job was not keyed by this build's plan (made by hand), so its runtime key is unknown"
 
 
@@ -173,7 +175,11 @@ def _publish_one(tier: RedisTier, bundle: Bundle, job: Job, identity: str) -> st
 
 
 def _cannot_write(tier: RedisTier) -> str | None:
-    """Why nothing can be published to ``tier`` now (no answer, or a user that may not write), else None."""
+    """Why nothing can be published to ``tier`` now (no answer, a user that may not write, no usable
+    signing key where keys are trusted), else None."""
+    if not tier.signing.publishes:  # store() would keep nothing
+        return (f"KDB_REMOTE_SIGNING_KEY cannot be used ({tier.signing.signer_problem})" if tier.signing.signer_problem
+                else NO_SIGNER)
     link = tier.link
     try:
         link.client.ping()

@@ -14,7 +14,7 @@ import time
 from typing import Callable
 
 from kdbkit.runtime import env
-from kdbkit.runtime.logging_setup import get_logger
+from kdbkit.runtime.logging_setup import TRACE, get_logger
 
 _log = get_logger(__name__)
 WARN_AFTER_S = 10.0  # a wait this long is worth a warning; shorter ones are ordinary contention
@@ -50,8 +50,9 @@ def wait_for(try_acquire: Callable[[float], bool], *, program: str, lock: str,
             _log.warning("gave up waiting for the compile lock of %s (%s, held by %s) after %.0f s; compiling it "
                          "here as well (KDB_COMPILE_LOCK_WAIT sets the wait)", program, lock, holder(), waited)
             return False
-        _log.trace("waiting for the compile lock of %s (%s): held by %s, waited %.1f s of %.0f s",
-                   program, lock, holder(), waited, bound)
+        if _log.isEnabledFor(TRACE):  # holder() may ask a server: only when the line is written
+            _log.trace("waiting for the compile lock of %s (%s): held by %s, waited %.1f s of %.0f s",
+                       program, lock, holder(), waited, bound)
         if not warned and waited >= warn_after:
             warned = True
             _log.warning("waiting for the compile lock of %s (%s, held by %s) for %.0f s; compiling it here if "

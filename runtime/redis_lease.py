@@ -19,7 +19,7 @@ import threading
 import time
 import uuid
 from contextlib import contextmanager
-from typing import Iterator
+from typing import Callable, Iterator
 
 from kdbkit.runtime import env
 from kdbkit.runtime.lease import CompileLease
@@ -28,7 +28,9 @@ from kdbkit.runtime.program_key import ProgramKey
 from kdbkit.runtime.redis_link import RedisLink
 
 LEASE_PREFIX = "kdb:lease:"
-_POLL_S = 0.02  # how often a waiter looks: a waiting node starts at most this much after the publish
+# How often a waiter looks: first every 20 ms (a node starts at most that much after the publish),
+# then less often, so that thousands of waiting ranks do not flood one server.
+_FIRST_POLL_S, _MOST_POLL_S = 0.02, 0.25
 
 
 def ttl_s() -> int:
@@ -38,8 +40,9 @@ def ttl_s() -> int:
 class RedisLease(CompileLease):
     """The cluster-wide compile lease of the Redis server behind ``link``."""
 
-    def __init__(self, link: RedisLink):
+    def __init__(self, link: RedisLink, published: Callable[[str], str]):
         self.link = link
+        self._published = published  # a key digest -> the name its entry is published under
 
     @contextmanager
     def hold(self, key: ProgramKey) -> Iterator[None]:
@@ -48,13 +51,22 @@ class RedisLease(CompileLease):
         ttl_ms = ttl_s() * 1000
         outcome: list[bool | None] = [None]
 
+        poll = [_FIRST_POLL_S]
+
         def try_take(timeout: float) -> bool:
             deadline = time.monotonic() + timeout
             while True:
                 outcome[0] = self.link.take(name, token, ttl_ms)
-                if outcome[0] is not False or time.monotonic() >= deadline:
-                    return outcome[0] is not False  # taken, or no lease to be had: stop waiting
-                time.sleep(_POLL_S)
+                if outcome[0] is not False:
+                    return True  # taken, or no lease to be had: stop waiting
+                # The holder published and another waiter holds the lease now: no need to queue
+                # behind every waiter, the re-check (without the lease) finds the entry.
+                if self.link.read(self.link.client.exists, self._published(key.digest)):
+                    return True
+                if time.monotonic() >= deadline:
+                    return False
+                time.sleep(poll[0])
+                poll[0] = min(_MOST_POLL_S, poll[0] * 1.5)
 
         wait_for(try_take, program=str(key), lock=f"the cluster lease {name}", holder=lambda: self._holder(name))
         if not outcome[0]:  # the wait's bound passed, or the server cannot give leases: compile without
@@ -73,8 +85,9 @@ class RedisLease(CompileLease):
 
     def _renew(self, name: str, token: str, ttl_ms: int, stop: threading.Event) -> None:
         while not stop.wait(ttl_ms / 3000):
-            if not self.link.renew(name, token, ttl_ms):
-                return  # lost (it expired while this process stalled) or the server is down: nothing to keep
+            if self.link.renew(name, token, ttl_ms) is False:
+                return  # lost: it expired while this process stalled, and someone else may hold it now
+            # None: the link is off for now (its back-off); the next renewal tries again
 
     def _holder(self, name: str) -> str:
         value = self.link.get(name)

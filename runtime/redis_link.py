@@ -95,7 +95,10 @@ class RedisLink:
         self.url = url
         timeout_s = (timeout_ms or env.get_int("KDB_REMOTE_TIMEOUT_MS") or 200) / 1000
         self.errors = redis.RedisError
-        self._denied = (redis.exceptions.NoPermissionError, redis.exceptions.ReadOnlyError)
+        self.denied = (redis.exceptions.NoPermissionError, redis.exceptions.ReadOnlyError)
+        # What a server answers to a write it will not make (out of memory under noeviction, say):
+        # the server is up and reads still work, so it is no outage.
+        self._refused = redis.exceptions.ResponseError
         extra = {} if urlsplit(url).password is not None else _password_from_file()
         self.client = redis.Redis.from_url(url, socket_connect_timeout=timeout_s / 4,
                                            socket_timeout=timeout_s, retry_on_timeout=False, **extra)
@@ -116,7 +119,7 @@ class RedisLink:
         with self._lock:
             self.failures += 1
             self._off_until = time.monotonic() + self.backoff_s
-        # once a process: a server that stays down, or goes down again, is not news every 30 s
+        # once a process: a server that stays down, or goes down again, is not news after each back-off
         warn_once(f"remote-down:{self.url}", f"cluster cache {self.where} is not "
                   f"answering ({type(exc).__name__}: {exc}); going on without it for {self.backoff_s:.0f} s at a time "
                   "(local caches and the JIT serve meanwhile)", logger=_log)
@@ -133,19 +136,34 @@ class RedisLink:
 
     def write(self, command: Callable[..., T], *args, **kwargs) -> T | None:
         """Run a writing command, unless this user may not write or the link is off (then None)."""
+        return self._attempt(command, *args, **kwargs)[1]
+
+    def _attempt(self, command: Callable[..., T], *args, **kwargs) -> tuple[bool, T | None]:
+        """(whether the server ran ``command``, its answer): False where this user may not write,
+        the link is off, or the server failed or refused."""
         if not self.may_write or not self.usable():
-            return None
+            return False, None
         try:
-            return command(*args, **kwargs)
-        except self._denied as exc:
+            return True, command(*args, **kwargs)
+        except self.denied as exc:
             self.may_write = False
             _log.info("cluster cache %s is read-only for this user (%s): reading only", self.where, exc)
+        except self._refused as exc:
+            warn_once(f"remote-refused:{self.url}:{str(exc).split()[0] if str(exc) else ''}", f"cluster cache "
+                      f"{self.where} refused a write ({exc}); what this process compiles may stay out of it "
+                      "(a server full under maxmemory-policy noeviction: see README for an LRU policy)", logger=_log)
         except self.errors as exc:
             self._switch_off(exc)
-        return None
+        return False, None
 
     def get(self, name: str) -> bytes | None:
         return self.read(self.client.get, name)
+
+    def get_capped(self, name: str, cap: int) -> bytes | None:
+        """``name``'s value, or None when absent or unreachable; at most ``cap + 1`` bytes are read,
+        so a value longer than ``cap`` (a planted giant) comes back one byte too long, costing no
+        memory or network: the caller refuses it. GETRANGE of a missing name is empty."""
+        return self.read(self.client.getrange, name, 0, cap) or None
 
     def set(self, name: str, data: bytes, **options) -> bool:
         return bool(self.write(self.client.set, name, data, **options))
@@ -168,20 +186,14 @@ class RedisLink:
     def take(self, name: str, token: str, ttl_ms: int) -> bool | None:
         """Set ``name`` to ``token`` for ``ttl_ms`` if nobody holds it: True taken, False held by
         another, None when the link cannot write (down, off, or a read-only user)."""
-        if not self.may_write or not self.usable():
-            return None
-        try:
-            return bool(self.client.set(name, token, nx=True, px=ttl_ms))
-        except self._denied as exc:
-            self.may_write = False
-            _log.info("cluster cache %s is read-only for this user (%s): reading only", self.where, exc)
-        except self.errors as exc:
-            self._switch_off(exc)
-        return None
+        ran, done = self._attempt(self.client.set, name, token, nx=True, px=ttl_ms)  # done None: held by another
+        return bool(done) if ran else None
 
-    def renew(self, name: str, token: str, ttl_ms: int) -> bool:
-        """Extend ``name``'s expiry if ``token`` still holds it; False when it does not (or the server fails)."""
-        return bool(self.write(self.client.eval, _RENEW, 1, name, token, ttl_ms))
+    def renew(self, name: str, token: str, ttl_ms: int) -> bool | None:
+        """Extend ``name``'s expiry if ``token`` still holds it: True; False when it does not;
+        None when the link cannot say now (off: the next renewal tries again)."""
+        ran, done = self._attempt(self.client.eval, _RENEW, 1, name, token, ttl_ms)
+        return bool(done) if ran else None
 
     def release(self, name: str, token: str) -> None:
         """Free ``name`` if ``token`` holds it (else it expires by itself)."""
@@ -196,7 +208,7 @@ class RedisLink:
             self.client.set(f"kdb:probe:{socket.gethostname()}:{os.getpid()}", b"1", px=2000)
             self.client.delete(f"kdb:probe:{socket.gethostname()}:{os.getpid()}")
             return True, "yes"
-        except self._denied as exc:
+        except self.denied as exc:
             self.may_write = False
             return False, f"no: read-only user ({exc})"
 

@@ -36,6 +36,8 @@ class RedisTier(KeyedTier):
         signing: whether it signs what it publishes and whose entries it loads; None: the
             environment's (:func:`kdbkit.runtime.entry_signing.from_env`), so that a publisher that
             makes its own tier signs as the chain's does.
+        timeout_ms: its read time-out (a publisher's or an administrator's may be longer than a
+            job's); None: ``KDB_REMOTE_TIMEOUT_MS``.
     """
 
     name = "remote"
@@ -53,10 +55,8 @@ class RedisTier(KeyedTier):
     def load(self, name: str) -> bytes | None:
         # At most one byte past the cap is read: a planted giant value costs no node its memory or
         # its network, and is refused as oversized (an empty answer is a missing key).
-        data = self.link.read(self.link.client.getrange, PREFIX + name, 0, MAX_ENTRY_BYTES)
-        if not data:
-            return None
-        if len(data) > MAX_ENTRY_BYTES:
+        data = self.link.get_capped(PREFIX + name, MAX_ENTRY_BYTES)
+        if data is not None and len(data) > MAX_ENTRY_BYTES:
             raise EntryRefused(f"it is larger than the {MAX_ENTRY_BYTES >> 20} MiB an entry may hold")
         return data
 
@@ -78,7 +78,7 @@ class RedisTier(KeyedTier):
         if not self.writable or not self.link.may_write:
             return None
         if self._lease is None:
-            self._lease = RedisLease(self.link)
+            self._lease = RedisLease(self.link, lambda digest: PREFIX + digest)
         return self._lease
 
     def searched(self) -> str:
@@ -87,11 +87,18 @@ class RedisTier(KeyedTier):
     def checks(self) -> list[SourceCheck]:
         try:
             self.link.client.ping()
-            writable, why = self.link.probe_write()
         except self.link.errors as exc:
             return [SourceCheck("reachable", f"NO ({type(exc).__name__}: {exc})", False), *self.signing.checks()]
-        return [SourceCheck("reachable", "yes", True), SourceCheck("readable", "yes", True),
-                SourceCheck("writable", why, True), *self.signing.checks()]
+        try:
+            self.link.client.getrange(PREFIX + "0" * 64, 0, 0)  # as a lookup reads
+            readable = SourceCheck("readable", "yes", True)
+        except self.link.errors as exc:  # a user without the read right: every lookup is a miss
+            readable = SourceCheck("readable", f"NO ({type(exc).__name__}: {exc})", False)
+        try:
+            writable = SourceCheck("writable", self.link.probe_write()[1], True)
+        except self.link.errors as exc:
+            writable = SourceCheck("writable", f"NO ({type(exc).__name__}: {exc})", True)
+        return [SourceCheck("reachable", "yes", True), readable, writable, *self.signing.checks()]
 
     def close(self) -> None:
         self.link.close()

@@ -35,6 +35,7 @@ import math
 import threading
 from typing import TYPE_CHECKING, Sequence
 
+from kdbkit.kdb.version import __version__
 from kdbkit.kdb.find_db import FindRecord
 from kdbkit.runtime import keyed_tier, tier_stats
 from kdbkit.runtime.logging_setup import get_logger, warn_once
@@ -65,14 +66,15 @@ def _prefixed(text: str) -> bytes:
 def registry_version(primitive: str) -> str:
     """The version of ``primitive``'s solvers, as a ranking's key takes it.
 
-    Nothing else identifies a solver registry (solver ids are stable, kdbkit's version says
-    nothing of plug-ins), so it is derived from what a ranking depends on: SHA-256 (first 16 hex
-    digits) over the sorted ``id:name`` of every solver registered for ``primitive``. Nodes with
-    the same solvers share rankings whatever their kdbkit release; a node with a solver more or
-    less finds for itself (a ranking without its new solver would never choose it).
+    Nothing else identifies a solver registry, so it is derived from what a ranking depends on:
+    SHA-256 (first 16 hex digits) over kdbkit's version and the sorted ``id:name`` of every solver
+    registered for ``primitive``. The version is in because a release changes solvers' kernels
+    under the same names, and a ranking timed on other kernels is not this node's (as the user
+    find-db, which lives in a folder per version); a node with a solver more or less finds for
+    itself (a ranking without its new solver would never choose it).
     """
     ids = sorted(f"{s.id}:{s.name}" for s in REGISTRY.for_primitive(primitive))
-    return hashlib.sha256("\n".join(ids).encode()).hexdigest()[:16]
+    return hashlib.sha256("\n".join([f"kdbkit {__version__}", *ids]).encode()).hexdigest()[:16]
 
 
 def ranking_digest(*, primitive: str, config: str, target: str, registry: str) -> str:
@@ -155,14 +157,14 @@ class SharedRankings:
             this process publishes: ``KDB_CACHE_POLICY=readonly`` makes it False).
         target: the exact target the find-db is named for (``sm_90_132``).
 
-    Counters (read by tests and tools): ``hits``, ``misses``, ``refused``, ``published``.
+    Counters (read by tests and tools): ``hits``, ``misses``, ``refused``, ``published``, ``errors`` (the server out of reach).
     """
 
     def __init__(self, tier: "RedisTier", target: str):
         self.tier = tier
         self.link = tier.link
         self.target = target
-        self.hits = self.misses = self.refused = self.published = 0
+        self.hits = self.misses = self.refused = self.published = self.errors = 0
         self._lock = threading.Lock()  # the prefetch worker and the caller may both ask
 
     def _count(self, counter: str) -> None:
@@ -189,11 +191,9 @@ class SharedRankings:
         """The cluster's ranking of ``problem``, or None: absent, the server out of reach, or
         refused (counted, one warning per reason)."""
         config, registry, digest = self._fields(problem)
-        # As the program tier reads: at most one byte past the cap, so a planted giant value costs
-        # no node its memory or its network (GETRANGE of a missing key is empty).
-        data = self.link.read(self.link.client.getrange, PREFIX + digest, 0, MAX_VALUE_BYTES)
-        if not data:
-            self._count("misses")
+        data = self.link.get_capped(PREFIX + digest, MAX_VALUE_BYTES)  # a giant value costs one byte past the cap
+        if data is None:
+            self._count("misses" if self.link.usable() else "errors")  # an outage is no miss
             return None
         payload, why = ((None, f"it is too large (more than {MAX_VALUE_BYTES} bytes)") if len(data) > MAX_VALUE_BYTES
                         else self._unseal(data, digest))

@@ -153,3 +153,16 @@ def test_no_redis_client_is_a_usage_error_naming_the_extra(  # noqa: F811
     code, out, err = _build(kdb, chain_device, catalogue, isolated / "out", server.url)
     assert code == 2 and "pip install 'kdbkit[cluster]'" in " ".join(err.split())
     assert not (isolated / "out").exists()
+
+
+def test_a_builder_that_trusts_keys_but_cannot_sign_publishes_nothing_and_says_so(  # noqa: F811
+        kdb, chain_device, catalogue, cache, server, isolated, monkeypatch):
+    from kdbkit.kdb.signing import write_key_pair
+
+    _, public, _ = write_key_pair(isolated / "keys")
+    monkeypatch.setenv("KDB_REMOTE_TRUSTED_KEYS", str(public))  # and no KDB_REMOTE_SIGNING_KEY
+    code, out, err = _build(kdb, chain_device, catalogue, isolated / "out", server.url)
+    assert code == 0 and (isolated / "out" / chain_device.target.built_bundle_name()).exists(), err
+    (line,) = [line for line in err.splitlines() if "not published" in line]
+    assert "not published 2 programs" in line and "KDB_REMOTE_SIGNING_KEY" in line
+    assert cache.keys(PREFIX + "*") == []
