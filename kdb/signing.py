@@ -227,6 +227,9 @@ def _read(path: Path, private: bool) -> bytes:
         if not stat.S_ISREG(st.st_mode):
             raise SigningKeyError(f"{path} is not a file", f"give the {what} file itself")
         mode = stat.S_IMODE(st.st_mode)
+        if st.st_uid not in (os.getuid(), 0):  # its owner may rewrite it whatever its mode
+            raise SigningKeyError(f"the {what} file {path} belongs to another user (uid {st.st_uid})",
+                                  f"keep a copy of your own: cp {path} ~/ && chmod go-w ~/{os.path.basename(path)}")
         if private and mode & 0o077:  # as ssh: a key others could read or replace is not this user's alone
             raise SigningKeyError(f"the private key {path} may be read or written by other users (mode {mode:04o})",
                                   f"run `chmod 600 {path}`; if others may have copied it, make a new pair "

@@ -14,7 +14,7 @@ import os
 import stat
 import threading
 import time
-from typing import Callable, Iterator, TypeVar
+from typing import Callable, TypeVar
 from urllib.parse import urlsplit, urlunsplit
 
 from kdbkit.kdb.errors import KdbError
@@ -30,12 +30,19 @@ T = TypeVar("T")
 
 
 def redacted(url: str) -> str:
-    """``url`` without its password, for messages."""
-    parts = urlsplit(url)
-    if parts.password is None:
-        return url
-    host = parts.hostname or ""
-    netloc = f"{parts.username or ''}:***@{host}" + (f":{parts.port}" if parts.port else "")
+    """``url`` without its password (in the address or in the query: redis-py takes ``?password=``),
+    for messages; a URL that does not parse is not shown at all."""
+    try:
+        parts = urlsplit(url)
+        password, port = parts.password, parts.port
+    except ValueError:
+        return "(a URL that does not parse)"
+    if parts.query:
+        parts = parts._replace(query="&".join("password=***" if q.lower().startswith("password=") else q
+                                              for q in parts.query.split("&")))
+    if password is None:
+        return urlunsplit(parts)
+    netloc = f"{parts.username or ''}:***@{parts.hostname or ''}" + (f":{port}" if port else "")
     return urlunsplit(parts._replace(netloc=netloc))
 
 
@@ -99,7 +106,8 @@ class RedisLink:
         # What a server answers to a write it will not make (out of memory under noeviction, say):
         # the server is up and reads still work, so it is no outage.
         self._refused = redis.exceptions.ResponseError
-        extra = {} if urlsplit(url).password is not None else _password_from_file()
+        has_password = urlsplit(url).password is not None or "password=" in urlsplit(url).query.lower()
+        extra = {} if has_password else _password_from_file()
         self.client = redis.Redis.from_url(url, socket_connect_timeout=timeout_s / 4,
                                            socket_timeout=timeout_s, retry_on_timeout=False, **extra)
         self.backoff_s = float(env.get_int("KDB_REMOTE_BACKOFF") or 30)
@@ -170,18 +178,6 @@ class RedisLink:
 
     def delete(self, *names: str) -> int:
         return (self.write(self.client.delete, *names) or 0) if names else 0
-
-    def scan(self, pattern: str) -> Iterator[bytes]:
-        """Names matching ``pattern`` (SCAN, never KEYS: a big server is not blocked); stops at a failure."""
-        cursor = 0
-        while True:
-            page = self.read(self.client.scan, cursor, match=pattern, count=1000)
-            if page is None:
-                return
-            cursor, names = page
-            yield from names
-            if cursor == 0:
-                return
 
     def take(self, name: str, token: str, ttl_ms: int) -> bool | None:
         """Set ``name`` to ``token`` for ``ttl_ms`` if nobody holds it: True taken, False held by

@@ -7,6 +7,7 @@ batches; an empty ``clear`` needs the write right, which a job's read-only user 
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from typing import Iterator
 
 from kdbkit.kdb.errors import KdbError
 from kdbkit.runtime import env
@@ -54,10 +55,26 @@ def link() -> RedisLink:
     return made
 
 
+def _names(made: RedisLink, pattern: str) -> Iterator[bytes]:
+    """Names matching ``pattern`` (SCAN, never KEYS, which blocks a big server); a failure raises
+    (an administrator must not be told "0 entries" by a server that refused to list them)."""
+    cursor = 0
+    while True:
+        cursor, names = _answered(made, made.client.scan, cursor, pattern, 1000)
+        yield from names
+        if cursor == 0:
+            return
+
+
+def count_remote(made: RedisLink) -> dict[str, int]:
+    """How many names of each kind the server holds (no sizes: one SCAN pass)."""
+    return {kind: sum(1 for _ in _names(made, prefix + "*")) for prefix, kind in KINDS.items()}
+
+
 def list_remote(made: RedisLink, sample: int = 20) -> RemoteListing:
     listing = RemoteListing(made.where)
     for prefix, kind in KINDS.items():
-        names = list(made.scan(prefix + "*"))
+        names = list(_names(made, prefix + "*"))
         sizes: list[int] = []
         for i in range(0, len(names), _BATCH):
             pipe = made.client.pipeline(transaction=False)
@@ -78,7 +95,7 @@ def clear_remote(made: RedisLink) -> int:
     """
     removed = 0
     for prefix in ("kdb:prog:", "kdb:rank:"):
-        names = list(made.scan(prefix + "*"))
+        names = list(_names(made, prefix + "*"))
         for i in range(0, len(names), _BATCH):
             removed += _answered(made, made.client.delete, *names[i:i + _BATCH])
     return removed
@@ -98,7 +115,7 @@ def _answered(made: RedisLink, command, *args):
     try:
         return command(*args)
     except made.errors as exc:
-        denied = "NOPERM" in str(exc) or "READONLY" in str(exc) or "permission" in str(exc).lower()
+        denied = isinstance(exc, made.denied)
         raise RemoteCacheError(f"cluster cache {made.where} refused: {type(exc).__name__}: {exc}",
                                "use a Redis user with the write right (a builder's), not a job's read-only one"
                                if denied else "check the server and try again") from exc

@@ -2,8 +2,8 @@
 
 Every resolution below memory notes its steps here (the chain), and every write into a tier
 (the JIT, a write-through) notes a put or an error. The counts are the process's, over all its
-handles; a handle's ``close`` (and the process's exit) adds what was noted since the last save to
-``tier-stats.json`` in the user cache folder, so ``kdb cache stats`` shows the tiers of every
+handles; a handle's ``close`` (and the process's exit) appends what was noted since the last save
+to ``tier-stats.jsonl`` in the user cache folder, so ``kdb cache stats`` shows the tiers of every
 process of this user that ran with a writable cache. Latencies are kept as a histogram of
 quarter-octave buckets (a bucket's upper bound is within 19% of any time in it), so files from
 many processes merge exactly and percentiles stay cheap.
@@ -23,7 +23,7 @@ from typing import Iterable
 
 from kdbkit.runtime.program import Step
 
-FILE_NAME = "tier-stats.json"
+FILE_NAME = "tier-stats.jsonl"
 COUNTS = ("hits", "misses", "puts", "refusals", "errors", "compiles")
 # What a step's outcome counts as (anything else, e.g. "loaded", is not a tier's answer).
 _KIND = {"hit": "hits", "miss": "misses", "refused": "refusals", "corrupt": "refusals", "damaged": "errors",
@@ -129,42 +129,61 @@ class ProcessStats:
 PROCESS = ProcessStats()
 
 
+MAX_FILE_BYTES = 1 << 20  # past this, the next save folds the file's records into one
+
+
 def load(folder: Path) -> tuple[dict[str, TierStats], float | None]:
-    """The saved stats in ``folder`` and since when they are kept; empty when there are none or the
-    file is not one of ours (it is then started anew by the next save)."""
+    """The saved stats in ``folder`` and since when they are kept (empty: none). The file holds a
+    record per save, one JSON line each; a line that is not one of ours (torn by a full disk,
+    written by hand) is skipped."""
+    tiers: dict[str, TierStats] = {}
+    since: float | None = None
     try:
-        data = json.loads((folder / FILE_NAME).read_text(encoding="utf-8"))
-        tiers = {str(name): TierStats.from_json(record) for name, record in data["tiers"].items()}
-        since = float(data["since"])
+        text = (folder / FILE_NAME).read_text(encoding="utf-8", errors="replace")
+    except OSError:
         return tiers, since
-    except (OSError, ValueError, KeyError, TypeError, AttributeError):
-        return {}, None
+    for line in text.splitlines():
+        try:
+            record = json.loads(line)
+            parsed = {str(name): TierStats.from_json(data) for name, data in record["tiers"].items()}
+            when = float(record["t"])
+        except (ValueError, KeyError, TypeError, AttributeError):
+            continue
+        for name, stats in parsed.items():
+            tiers.setdefault(name, TierStats()).add(stats)
+        since = when if since is None else min(since, when)
+    return tiers, since
+
+
+def _record(tiers: dict[str, TierStats], when: float) -> bytes:
+    return (json.dumps({"t": when, "tiers": {n: s.to_json() for n, s in sorted(tiers.items())}}) + "\n").encode()
 
 
 def save(folder: Path) -> None:
-    """Add what this process noted since its last save to ``folder``'s file (under a lock; never raises:
-    stats only inform)."""
+    """Append what this process noted since its last save to ``folder``'s file, as one line in
+    one ``O_APPEND`` write (no lock: processes closing handles never wait on each other). Never
+    raises: stats only inform."""
     pending = PROCESS.take_pending()
-    if not pending:
+    if not pending or not folder.is_dir():  # no cache was made here: nothing to report beside
         return
+    path = folder / FILE_NAME
     try:
-        from filelock import FileLock
-
-        from kdbkit.kdb.private_files import make_file_private, make_private_folders
-
-        if not folder.is_dir():
-            return  # no cache was made here: nothing to report beside
-        make_private_folders(folder / "locks")
-        with FileLock(str(folder / "locks" / "tier-stats.lock"), timeout=2):
+        fd = os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600)
+        try:
+            os.write(fd, _record(pending, time.time()))
+            size = os.fstat(fd).st_size
+        finally:
+            os.close(fd)
+        if size > MAX_FILE_BYTES:  # fold the records into one (a save racing this loses its line: counts only)
             tiers, since = load(folder)
-            for name, stats in pending.items():
-                tiers.setdefault(name, TierStats()).add(stats)
             tmp = folder / f".{FILE_NAME}.{os.getpid()}.tmp"
-            tmp.write_text(json.dumps({"since": since or time.time(),
-                                       "tiers": {n: s.to_json() for n, s in sorted(tiers.items())}}), encoding="utf-8")
-            make_file_private(tmp)
-            os.replace(tmp, folder / FILE_NAME)
-    except Exception:  # a full disk or a lock held too long loses some counts, never a job
+            fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600)
+            try:
+                os.write(fd, _record(tiers, since or time.time()))
+            finally:
+                os.close(fd)
+            os.replace(tmp, path)
+    except OSError:  # a full or read-only disk loses some counts, never a job
         pass
 
 

@@ -10,6 +10,7 @@ import typer
 from rich.markup import escape
 from rich.table import Table
 
+from kdbkit.kdb.errors import KdbError
 from kdbkit.runtime import cache_admin, env, paths, remote_admin, tier_stats
 from kdbkit.runtime.cli.output import out, print_json, size
 from kdbkit.runtime.user_cache import LOCKS
@@ -111,13 +112,13 @@ def _tier_table(tiers: dict, since: float | None) -> Table:
 def _remote_summary() -> dict:
     try:
         link = remote_admin.link()
-    except remote_admin.RemoteCacheError as exc:
+    except KdbError as exc:  # not reachable, not a URL, a password file that cannot be used
         return {"error": exc.problem}
     try:
-        listing = remote_admin.list_remote(link, sample=0)
-        return {"where": listing.where, "programs": listing.counts["programs"],
-                "rankings": listing.counts["rankings"], **remote_admin.server_memory(link)}
-    except remote_admin.RemoteCacheError as exc:
+        counts = remote_admin.count_remote(link)
+        return {"where": link.where, "programs": counts["programs"], "rankings": counts["rankings"],
+                **remote_admin.server_memory(link)}
+    except KdbError as exc:
         return {"where": link.where, "error": exc.problem}
     finally:
         link.close()

@@ -21,7 +21,7 @@ def env(as_json: bool = typer.Option(False, "--json", help="Print JSON for scrip
     Example: KDB_DISABLE_JIT=1 kdb env --set
     """
     switches = solver_switches()
-    rows = [_find_only_checked(row) for row in kdb_env.snapshot(extra=switches)]
+    rows = [_password_hidden(_find_only_checked(row)) for row in kdb_env.snapshot(extra=switches)]
     rows = [r for r in rows if r[1] is not None] if only_set else rows
     unknown = kdb_env.unknown_kdb_variables(known=[s.name for s in switches])
     problems = [problem for *_, problem in rows if problem]
@@ -43,6 +43,16 @@ def env(as_json: bool = typer.Option(False, "--json", help="Print JSON for scrip
         err.print(f"[yellow]warning:[/] {escape(problem)}", soft_wrap=True)
     for name in unknown:
         err.print(f"[yellow]warning:[/] {escape(name)} is set but kdbkit does not read it", soft_wrap=True)
+
+
+def _password_hidden(row: tuple) -> tuple:
+    """KDB_REMOTE_CACHE's row with its password (if the URL holds one) shown as ***."""
+    var, raw, parsed, problem = row
+    if var.name == "KDB_REMOTE_CACHE" and raw:
+        from kdbkit.runtime.redis_link import redacted
+
+        return var, redacted(raw), redacted(parsed) if isinstance(parsed, str) else parsed, problem
+    return row
 
 
 def _find_only_checked(row: tuple) -> tuple:

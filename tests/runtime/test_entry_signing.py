@@ -50,6 +50,7 @@ def node(isolated, make_handle, monkeypatch, server, keys, fresh_log):
     def make(signs=None, trusts=(), url=None):
         monkeypatch.setenv("KDB_CUSTOM_CACHE_DIR", str(isolated / f"node{next(count)}"))
         monkeypatch.setenv("KDB_REMOTE_CACHE", url or server.url)
+        monkeypatch.setenv("KDB_REMOTE_TIMEOUT_MS", "5000")  # a loaded CI machine: slow is not down
         key = keys[signs][0] if isinstance(signs, str) else signs
         monkeypatch.setenv("KDB_REMOTE_SIGNING_KEY", str(key or ""))
         pubs = [keys[t][1] if isinstance(t, str) else t for t in trusts]
