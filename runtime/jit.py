@@ -119,7 +119,7 @@ class JitSource(Source):
         # A binary that this very resolution found and could not load is not taken again from the
         # re-check: a tier that cannot forget it (no remove) would otherwise block every compile.
         unloadable = any(s.name == "load" and s.outcome == "unloadable" for s in steps)
-        recheck = (lambda: None) if unloadable else (lambda: self._recheck(request, key))
+        recheck = (lambda: None) if unloadable else (lambda: self._recheck(request, key, identity))
         with steps.time("jit") as t:
             binary, compiled = build_once(key, leases, recheck,
                                           lambda: compiler.compile(request, self.target, source),
@@ -129,16 +129,20 @@ class JitSource(Source):
             _log.info("%s compiled for %s by %s in %.1f ms", request, self.target, identity, steps[-1].ms)
         return binary
 
-    def _recheck(self, request: ProgramRequest, key: ProgramKey) -> bytes | None:
+    def _recheck(self, request: ProgramRequest, key: ProgramKey, identity: str) -> bytes | None:
         """A tier's binary for ``request`` now, if one that can change has it (its steps are not
         the caller's: this resolution already asked each tier once), written through to the
         writable tiers before it, as the chain writes a hit through (another machine published
         it to the cluster tier while this one waited: the user cache keeps it for next time)."""
         for i, tier in enumerate(self.tiers):
             if not tier.immutable and (binary := read(tier, request, Steps())) is not None:
-                for before in self.tiers[:i]:
-                    if before.writable:
-                        write(before, request, binary, key)
+                # The tier keyed its read with the handle's digest of the kernel file; a thread that
+                # read an edited file meanwhile changes it, and the binary must then not be stored
+                # under this compile's key (it is the old text's).
+                if self.keys.key(request, identity) == key:
+                    for before in self.tiers[:i]:
+                        if before.writable:
+                            write(before, request, binary, key)
                 return binary
         return None
 
