@@ -78,6 +78,7 @@ def node() -> None:
             time.sleep(0.005)
     t0 = time.perf_counter()
     with Handle(backend=backend) as handle:
+        handle_ms = (time.perf_counter() - t0) * 1e3
         net.to_device(handle)
         staged = net.input_tensor(handle, x)
         backend.synchronize()
@@ -92,7 +93,8 @@ def node() -> None:
     want = net.reference_forward(x)
     error = float(np.linalg.norm(y - want) / np.linalg.norm(want))
     compiled = [ms for name, outcome, ms in steps if name == "jit" and outcome == "compiled"]
-    json.dump({"device": device.name, "backend": device.backend, "first_ms": first_ms, "programs": len(programs),
+    json.dump({"device": device.name, "backend": device.backend, "first_ms": first_ms, "handle_ms": handle_ms,
+               "programs": len(programs),
                "sources": {src: sum(p.source == src for p in programs) for src in {p.source for p in programs}},
                "compiles": len(compiled), "compile_ms": sum(compiled),
                "hit_ms": {tier: [ms for name, outcome, ms in steps if name == tier and outcome == "hit"]
