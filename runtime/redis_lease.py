@@ -61,7 +61,7 @@ class RedisLease(CompileLease):
                     return True  # taken, or no lease to be had: stop waiting
                 # The holder published and another waiter holds the lease now: no need to queue
                 # behind every waiter, the re-check (without the lease) finds the entry.
-                if self.link.read(self.link.client.exists, self._published(key.digest)):
+                if self.link.read("exists", self._published(key.digest)):
                     return True
                 if time.monotonic() >= deadline:
                     return False

@@ -10,11 +10,11 @@ method answers None or False instead of raising when the server fails or refuses
 
 from __future__ import annotations
 
+import importlib.util
 import os
 import stat
 import threading
 import time
-from typing import Callable, TypeVar
 from urllib.parse import urlsplit, urlunsplit
 
 from kdbkit.kdb.errors import KdbError
@@ -26,7 +26,6 @@ _log = get_logger("runtime.redis_tier")
 # stalled past the lease's expiry must not extend or free the lease someone else took since.
 _RENEW = "if redis.call('get', KEYS[1]) == ARGV[1] then return redis.call('pexpire', KEYS[1], ARGV[2]) end return 0"
 _RELEASE = "if redis.call('get', KEYS[1]) == ARGV[1] then return redis.call('del', KEYS[1]) end return 0"
-T = TypeVar("T")
 
 
 def redacted(url: str) -> str:
@@ -83,8 +82,19 @@ def _password_from_file() -> dict[str, str]:
     return {"password": password}
 
 
+class RemoteSetupError(KdbError):
+    """The redis client could not be made for the URL (raised where the link is used)."""
+
+
+SCHEMES = ("redis", "rediss", "unix")
+
+
 class RedisLink:
     """The Redis server at ``url``, as kdbkit uses it.
+
+    The redis client is imported and made in a background thread (importing it costs tens of
+    milliseconds, which a handle's creation should not wait for): the first command waits for it,
+    by which time a job has usually set up its model. What can be checked at once is checked here.
 
     Args:
         url: ``redis://[user:password@]host:port/db`` (``rediss://`` for TLS).
@@ -97,24 +107,69 @@ class RedisLink:
     """
 
     def __init__(self, url: str, timeout_ms: int | None = None):
-        import redis  # the cluster extra; imported only where a remote cache is configured
-
+        if importlib.util.find_spec("redis") is None:
+            raise ImportError("No module named 'redis'")
+        parts = urlsplit(url)  # a broken address raises ValueError, as the client's own check would
+        if parts.scheme not in SCHEMES or (parts.scheme != "unix" and (not parts.hostname or parts.port == 0)):
+            raise ValueError(f"not a Redis URL: {redacted(url)}")
         self.url = url
         timeout_s = (timeout_ms or env.get_int("KDB_REMOTE_TIMEOUT_MS") or 200) / 1000
-        self.errors = redis.RedisError
-        self.denied = (redis.exceptions.NoPermissionError, redis.exceptions.ReadOnlyError)
-        # What a server answers to a write it will not make (out of memory under noeviction, say):
-        # the server is up and reads still work, so it is no outage.
-        self._refused = redis.exceptions.ResponseError
-        has_password = urlsplit(url).password is not None or "password=" in urlsplit(url).query.lower()
-        extra = {} if has_password else _password_from_file()
-        self.client = redis.Redis.from_url(url, socket_connect_timeout=timeout_s / 4,
-                                           socket_timeout=timeout_s, retry_on_timeout=False, **extra)
+        has_password = parts.password is not None or "password=" in parts.query.lower()
+        options = dict(socket_connect_timeout=timeout_s / 4, socket_timeout=timeout_s, retry_on_timeout=False,
+                       **({} if has_password else _password_from_file()))
         self.backoff_s = float(env.get_int("KDB_REMOTE_BACKOFF") or 30)
         self._off_until = 0.0
         self.may_write = True  # False once the server refused a write: this user only reads
         self.failures = 0  # calls that met an outage (each one a miss or a write not made)
         self._lock = threading.Lock()
+        self._ready = threading.Event()
+        self._made: tuple | None = None  # (client, RedisError, the denied errors, ResponseError)
+        self._failed = ""
+        threading.Thread(target=self._make, args=(url, options), daemon=True, name="kdb-redis-client").start()
+
+    def _make(self, url: str, options: dict) -> None:
+        try:
+            import redis  # the cluster extra; imported only where a remote cache is configured
+
+            client = redis.Redis.from_url(url, **options)
+            # What a server answers to a write it will not make (out of memory under noeviction,
+            # say) is a ResponseError: the server is up and reads still work, so it is no outage.
+            self._made = (client, redis.RedisError, (redis.exceptions.NoPermissionError,
+                                                     redis.exceptions.ReadOnlyError), redis.exceptions.ResponseError)
+        except Exception as exc:  # the client's own refusal of the URL, or a broken installation
+            self._failed = f"{type(exc).__name__}: {redacted(str(exc)) if '://' in str(exc) else exc}"
+        finally:
+            self._ready.set()
+
+    def _part(self, i: int):
+        self._ready.wait()
+        if self._made is None:
+            raise RemoteSetupError(f"the redis client cannot be made for {self.where} ({self._failed})",
+                                   "set KDB_REMOTE_CACHE to redis://[user:password@]host:port/db")
+        return self._made[i]
+
+    @property
+    def client(self):
+        """The redis client (waits for it to be made; RemoteSetupError, one of :attr:`errors`, if it could not)."""
+        return self._part(0)
+
+    @property
+    def errors(self) -> tuple[type[Exception], ...]:
+        """What the server or the client raise: a failure of the link, never of the request."""
+        self._ready.wait()
+        return (RemoteSetupError,) if self._made is None else (self._made[1], RemoteSetupError)
+
+    @property
+    def refused(self) -> tuple[type[Exception], ...]:
+        """What a server raises at a command it will not run (a write out of memory, say)."""
+        self._ready.wait()
+        return () if self._made is None else (self._made[3],)
+
+    @property
+    def denied(self) -> tuple[type[Exception], ...]:
+        """What a server raises at a user without the right."""
+        self._ready.wait()
+        return () if self._made is None else self._made[2]
 
     @property
     def where(self) -> str:
@@ -132,31 +187,31 @@ class RedisLink:
                   f"answering ({type(exc).__name__}: {exc}); going on without it for {self.backoff_s:.0f} s at a time "
                   "(local caches and the JIT serve meanwhile)", logger=_log)
 
-    def read(self, command: Callable[..., T], *args, **kwargs) -> T | None:
-        """``command(*args)``'s answer; None while the link is off or when the server fails."""
+    def read(self, command: str, *args, **kwargs):
+        """The answer to the command named ``command``; None while the link is off or when the server fails."""
         if not self.usable():
             return None
         try:
-            return command(*args, **kwargs)
+            return getattr(self.client, command)(*args, **kwargs)
         except self.errors as exc:
             self._switch_off(exc)
             return None
 
-    def write(self, command: Callable[..., T], *args, **kwargs) -> T | None:
-        """Run a writing command, unless this user may not write or the link is off (then None)."""
+    def write(self, command: str, *args, **kwargs):
+        """Run the writing command named ``command``, unless this user may not write or the link is off (then None)."""
         return self._attempt(command, *args, **kwargs)[1]
 
-    def _attempt(self, command: Callable[..., T], *args, **kwargs) -> tuple[bool, T | None]:
+    def _attempt(self, command: str, *args, **kwargs) -> tuple[bool, object]:
         """(whether the server ran ``command``, its answer): False where this user may not write,
         the link is off, or the server failed or refused."""
         if not self.may_write or not self.usable():
             return False, None
         try:
-            return True, command(*args, **kwargs)
+            return True, getattr(self.client, command)(*args, **kwargs)
         except self.denied as exc:
             self.may_write = False
             _log.info("cluster cache %s is read-only for this user (%s): reading only", self.where, exc)
-        except self._refused as exc:
+        except self.refused as exc:
             warn_once(f"remote-refused:{self.url}:{str(exc).split()[0] if str(exc) else ''}", f"cluster cache "
                       f"{self.where} refused a write ({exc}); what this process compiles may stay out of it "
                       "(a server full under maxmemory-policy noeviction: see README for an LRU policy)", logger=_log)
@@ -165,39 +220,38 @@ class RedisLink:
         return False, None
 
     def get(self, name: str) -> bytes | None:
-        return self.read(self.client.get, name)
+        return self.read("get", name)
 
     def get_capped(self, name: str, cap: int) -> bytes | None:
         """``name``'s value, or None when absent or unreachable; at most ``cap + 1`` bytes are read,
         so a value longer than ``cap`` (a planted giant) comes back one byte too long, costing no
         memory or network: the caller refuses it. GETRANGE of a missing name is empty."""
-        return self.read(self.client.getrange, name, 0, cap) or None
+        return self.read("getrange", name, 0, cap) or None
 
     def set(self, name: str, data: bytes, **options) -> bool:
-        return bool(self.write(self.client.set, name, data, **options))
+        return bool(self.write("set", name, data, **options))
 
     def delete(self, *names: str) -> int:
-        return (self.write(self.client.delete, *names) or 0) if names else 0
+        return (self.write("delete", *names) or 0) if names else 0
 
     def take(self, name: str, token: str, ttl_ms: int) -> bool | None:
         """Set ``name`` to ``token`` for ``ttl_ms`` if nobody holds it: True taken, False held by
         another, None when the link cannot write (down, off, or a read-only user)."""
-        ran, done = self._attempt(self.client.set, name, token, nx=True, px=ttl_ms)  # done None: held by another
+        ran, done = self._attempt("set", name, token, nx=True, px=ttl_ms)  # done None: held by another
         return bool(done) if ran else None
 
     def renew(self, name: str, token: str, ttl_ms: int) -> bool | None:
         """Extend ``name``'s expiry if ``token`` still holds it: True; False when it does not;
         None when the link cannot say now (off: the next renewal tries again)."""
-        ran, done = self._attempt(self.client.eval, _RENEW, 1, name, token, ttl_ms)
+        ran, done = self._attempt("eval", _RENEW, 1, name, token, ttl_ms)
         return bool(done) if ran else None
 
     def release(self, name: str, token: str) -> None:
         """Free ``name`` if ``token`` holds it (else it expires by itself)."""
-        self.write(self.client.eval, _RELEASE, 1, name, token)
+        self.write("eval", _RELEASE, 1, name, token)
 
     def probe_write(self) -> tuple[bool, str]:
         """Whether this user may write, found by writing and deleting a short-lived probe key."""
-        import os
         import socket
 
         try:
@@ -209,7 +263,9 @@ class RedisLink:
             return False, f"no: read-only user ({exc})"
 
     def close(self) -> None:
-        try:
-            self.client.close()
-        except self.errors:
-            pass
+        self._ready.wait()
+        if self._made is not None:
+            try:
+                self._made[0].close()
+            except self._made[1]:
+                pass
