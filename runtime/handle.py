@@ -89,6 +89,10 @@ class Handle:
         from kdbkit.runtime.backends.registry import open_backend, pick_device
 
         self._owns_backend = backend is None
+        if backend is None and env.get_str("KDB_REMOTE_CACHE"):
+            from kdbkit.runtime.redis_link import preload
+
+            preload()  # the redis client's import, beside the device's opening rather than after it
         if backend is None:
             backend = open_backend(pick_device(device))
         self.backend = backend

@@ -40,6 +40,7 @@ from kdbkit.runtime.system_bundles import SystemBundleSearch
 from kdbkit.runtime.tier import (REQUEST_ERRORS, Source, SourceCheck, SourceInfo, TierContext, WritableSource, discard,
                                  failed, searched, write)
 from kdbkit.runtime.user_cache import UserCache, folder_writable
+from kdbkit.runtime.write_behind import WriteBehind
 
 _log = get_logger(__name__)
 __all__ = ["Keys", "LookupChain", "MemorySource", "Source", "SystemBundleSource", "TierContext", "UserCacheSource",
@@ -291,6 +292,7 @@ class LookupChain:
         # A hit below a writable tier is written through to it (a cluster cache's hit into the
         # user cache: the network is paid once per program), keyed as the JIT keys.
         self._key_of = key_of
+        self._writes = WriteBehind()
         self._load = load
         self._device_name = device_name
         # Programs this chain resolved below memory, by the tier that served each ("system",
@@ -367,14 +369,18 @@ class LookupChain:
     def _write_through(self, source: Source, request: ProgramRequest, binary: bytes) -> None:
         before = [t for t in self.sources[:self.sources.index(source)] if t.writable]
         key = self._key_of(request) if before else None
-        if key is not None:
-            for tier in before:
-                write(tier, request, binary, key)
+        if key is not None:  # in the background: the caller has its program (runtime/write_behind.py)
+            self._writes.submit(lambda: [write(tier, request, binary, key) for tier in before])
+
+    def flush(self) -> None:
+        """Wait until every hit so far is written through to the tiers above it."""
+        self._writes.flush()
 
     def describe(self) -> list[SourceInfo]:
         """Each source below memory, in order, as it describes itself."""
         return [source.describe() for source in self.sources]
 
     def close(self) -> None:
+        self._writes.close()  # before the tiers it writes to are closed
         for source in self.sources:
             source.close()

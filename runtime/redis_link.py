@@ -13,6 +13,7 @@ from __future__ import annotations
 import importlib.util
 import os
 import stat
+import sys
 import threading
 import time
 from urllib.parse import urlsplit, urlunsplit
@@ -80,6 +81,26 @@ def _password_from_file() -> dict[str, str]:
     if not password or "\n" in password:
         raise RemoteCredentialsError(f"KDB_REMOTE_PASSWORD_FILE {path} holds no password of one line", fix)
     return {"password": password}
+
+
+_preload_started = False
+
+
+def preload() -> None:
+    """Import the redis client in a background thread (once a process): a link made later finds it
+    imported, or waits for the rest of the import only."""
+    global _preload_started
+    if _preload_started or "redis" in sys.modules:
+        return
+    _preload_started = True
+
+    def load() -> None:
+        try:
+            importlib.import_module("redis")
+        except Exception:  # the link made later says what is wrong with the installation
+            pass
+
+    threading.Thread(target=load, daemon=True, name="kdb-redis-import").start()
 
 
 class RemoteSetupError(KdbError):

@@ -51,6 +51,7 @@ def test_a_program_compiled_on_one_node_is_a_remote_hit_on_another_then_a_local_
     assert _resolve(first).source == "jit"
     second = node()
     assert _resolve(second).source == "remote"
+    second.chain.flush()  # written through in the background (the handle's close waits for it too)
     monkeypatch.setenv("KDB_REMOTE_CACHE", "")  # the same node again, without the cluster: its user cache has it
     from kdbkit.runtime.handle import Handle
 
