@@ -141,3 +141,17 @@ def test_hip_python_calls_doc_is_what_the_script_writes(tmp_path):
     run_script("hip_python_signatures.py", "--out", str(written), cwd=tmp_path, own_folders=False)  # the lines' folder
     assert written.read_text() == (ROOT / "docs" / "hip_python_calls.md").read_text(), (
         "docs/hip_python_calls.md is stale: run python scripts/hip_python_signatures.py")
+
+
+@pytest.mark.slow
+def test_bench_cluster_runs_two_nodes_on_the_default_device(tmp_path):
+    from tests.prerequisites import require_redis_server
+
+    pytest.importorskip("redis", reason="no redis client: pip install 'kdbkit[cluster]'")
+    out = tmp_path / "out"
+    run_script("bench_cluster.py", "--nodes", "2", "--out", str(out), "--redis-server", require_redis_server(),
+               cwd=tmp_path)
+    data = json.loads((out / "bench_cluster.json").read_text())
+    assert data["together"]["compiles"] == data["alone"]["compiles"] == data["programs"] > 0  # compiled once
+    assert set(data["warm_tier"]["sources"]) == {"remote"} and set(data["local_warm"]["sources"]) == {"user"}
+    assert data["warm_tier"]["compiles"] == 0 and (out / "bench_cluster.md").exists()
