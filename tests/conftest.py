@@ -88,3 +88,15 @@ def logging_cmd(monkeypatch):
     yield
     monkeypatch.delenv("KDB_ENABLE_LOGGING_CMD")
     configure_logging(force=True)
+
+
+@pytest.fixture
+def kdb(capsys):
+    """Run ``kdb ARGS...`` in-process; returns (exit code, stdout, stderr)."""
+    from kdbkit.runtime.cli.app import main
+
+    def run(*args):
+        code = main([str(a) for a in args])
+        captured = capsys.readouterr()
+        return code, captured.out, captured.err
+    return run

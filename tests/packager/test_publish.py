@@ -15,22 +15,13 @@ from kdbkit.packager import build_bundles
 from kdbkit.packager import publish as publishing
 from kdbkit.packager.build import plan
 from kdbkit.packager.catalogue import read_catalogue
-from kdbkit.runtime.cli.app import main
 from kdbkit.runtime.redis_tier import PREFIX
-from tests.prerequisites import require_redis_server
 from tests.runtime.chain_fixtures import chain_backend, chain_device, isolated, make_handle  # noqa: F401
-from tests.runtime.redis_server import READER_PASSWORD, RedisServer, free_port
+from tests.runtime.redis_server import READER_PASSWORD, free_port, server  # noqa: F401 (server: a fixture)
 
 pytest.importorskip("redis", reason="no redis client: pip install 'kdbkit[cluster]'")
 CATALOGUE = ("softmax,dir=fwd,algo=accurate,mode=channel,type=fp32,shape=2x4x9x9,xs=324x81x9x1,ys=324x81x9x1,"
              "a=1.0,b=0.0\nkdb driver activ -n 2 -c 4 -H 4 -W 4 -F 1\n")
-
-
-@pytest.fixture(scope="module")
-def server(tmp_path_factory):
-    running = RedisServer(require_redis_server(), tmp_path_factory.mktemp("redis"))
-    yield running
-    running.stop()
 
 
 @pytest.fixture
@@ -46,16 +37,6 @@ def catalogue(isolated):
     path = isolated / "model.txt"
     path.write_text(CATALOGUE)
     return path
-
-
-@pytest.fixture
-def kdb(capsys):
-    """``kdb ARGS...`` in this process: (exit code, stdout, stderr)."""
-    def run(*args):
-        code = main([str(a) for a in args])
-        captured = capsys.readouterr()
-        return code, captured.out, captured.err
-    return run
 
 
 def _build(kdb, chain_device, catalogue, out, url, *more):  # noqa: F811

@@ -8,6 +8,10 @@ import subprocess
 import time
 from pathlib import Path
 
+import pytest
+
+from tests.prerequisites import require_redis_server
+
 READER, READER_PASSWORD = "reader", "reader-secret"
 BUILDER, BUILDER_PASSWORD = "builder", "builder-secret"
 # README's ACL lines for a deployment's jobs and builders, verbatim
@@ -83,3 +87,11 @@ class RedisServer:
         except subprocess.TimeoutExpired:
             self.process.kill()
             self.process.wait()
+
+
+@pytest.fixture(scope="module")
+def server(tmp_path_factory):
+    """A redis-server for the test module (import this fixture into it)."""
+    running = RedisServer(require_redis_server(), tmp_path_factory.mktemp("redis"))
+    yield running
+    running.stop()

@@ -14,21 +14,13 @@ from kdbkit.runtime import entry_signing
 from kdbkit.runtime.keyed_tier import ENVELOPE_MAGIC, SIGNED_MAGIC, seal, unseal
 from kdbkit.runtime.redis_tier import PREFIX, RedisTier
 from kdbkit.runtime.samples import SAMPLES
-from tests.prerequisites import require_redis_server
-from tests.runtime.redis_server import RedisServer
+from tests.runtime.redis_server import server  # noqa: F401 (server: a fixture)
 
 pytest.importorskip("redis", reason="no redis client: pip install 'kdbkit[cluster]'")
 RELU = SAMPLES[0]
 DIGEST = "ab" * 32
 SIGNATURE_AT = len(SIGNED_MAGIC) + 64 + 32 + 16  # magic, digest, hash, key id: then the signature
 BINARY_AT = SIGNATURE_AT + 64
-
-
-@pytest.fixture(scope="module")
-def server(tmp_path_factory):
-    running = RedisServer(require_redis_server(), tmp_path_factory.mktemp("redis"))
-    yield running
-    running.stop()
 
 
 @pytest.fixture(scope="module")

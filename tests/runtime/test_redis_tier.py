@@ -12,18 +12,10 @@ from kdbkit.runtime.redis_link import redacted
 from kdbkit.runtime import redis_tier
 from kdbkit.runtime.redis_tier import PREFIX
 from kdbkit.runtime.samples import SAMPLES
-from tests.prerequisites import require_redis_server
-from tests.runtime.redis_server import READER_PASSWORD, RedisServer, free_port
+from tests.runtime.redis_server import READER_PASSWORD, free_port, server  # noqa: F401 (server: a fixture)
 
 pytest.importorskip("redis", reason="no redis client: pip install 'kdbkit[cluster]'")
 RELU = SAMPLES[0]
-
-
-@pytest.fixture(scope="module")
-def server(tmp_path_factory):
-    running = RedisServer(require_redis_server(), tmp_path_factory.mktemp("redis"))
-    yield running
-    running.stop()
 
 
 @pytest.fixture

@@ -19,9 +19,8 @@ from kdbkit.runtime.immediate import choose
 from kdbkit.runtime.primitives.activation import ActivationMode, ActivationProblem
 from kdbkit.runtime.shared_rankings import PREFIX, encode, ranking_digest, registry_version
 from kdbkit.runtime.tensor import DataType
-from tests.prerequisites import require_redis_server
 from tests.runtime.chain_fixtures import child_env
-from tests.runtime.redis_server import READER_PASSWORD, RedisServer, free_port
+from tests.runtime.redis_server import READER_PASSWORD, free_port, server  # noqa: F401 (server: a fixture)
 
 pytest.importorskip("redis", reason="no redis client: pip install 'kdbkit[cluster]'")
 PACKED = ActivationProblem("fwd", ActivationMode.GELU_ERF, DataType.FP32, (64, 33), (33, 1), (33, 1))
@@ -29,13 +28,6 @@ STRIDED = ActivationProblem("fwd", ActivationMode.RELU, DataType.FP32, (4, 5), (
 # ActivPacked (1) is the heuristic's first choice for PACKED: a ranking putting ActivStrided (2)
 # first shows that immediate mode followed the ranking.
 STRIDED_FIRST = [FindRecord(2, "ActivStrided", 0, 0.1, 0), FindRecord(1, "ActivPacked", 1, 0.2, 0)]
-
-
-@pytest.fixture(scope="module")
-def server(tmp_path_factory):
-    running = RedisServer(require_redis_server(), tmp_path_factory.mktemp("redis"))
-    yield running
-    running.stop()
 
 
 @pytest.fixture
