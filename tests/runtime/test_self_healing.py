@@ -14,7 +14,6 @@ from pathlib import Path
 import pytest
 
 from tests.runtime.chain_fixtures import child_env
-from tests.runtime.cli.conftest import kdb  # noqa: F401  (`kdb ...` in-process)
 
 CHILD = """
 import json
