@@ -20,6 +20,7 @@ from kdbkit.packager.errors import PackageError
 from kdbkit.packager.select import Candidate, Choice, choose, scan
 from kdbkit.packager.targets import find_gpu
 from kdbkit.packager.wheel import package_target, write_package
+from kdbkit.runtime.preflight import DeviceRuntime, runtime_of
 
 _MAKE_PACKAGES = ("build bundles with `kdb build --target <arch>_<cu> -c <catalogue> -o DIR`, then wheels with "
                   "`kdb package DIR -o DIR`, and give that folder")
@@ -142,7 +143,10 @@ def install_packages(source: Path, *, targets: Sequence[str | Target] = (), gpus
     if not source.is_dir():
         raise PackageError(f"{source} is not a folder", "give --from the folder holding the wheels or bundles")
     named = [t if isinstance(t, Target) else Target.parse(t) for t in targets] + [find_gpu(g).target for g in gpus]
-    devices = list(dict.fromkeys(named or _local_targets()))
+    # each device with its driver's runtime: a package whose binaries it cannot load is rejected
+    # (a named target has no driver here; KDB_DEVICE_RUNTIME gives it one)
+    runtimes = {t: runtime_of(t.backend, "") for t in named} if named else _local_runtimes()
+    devices = list(runtimes)
     if not devices:
         raise PackageError("no GPU or OpenCL device found here",
                            "name the GPU to install for with --target or --gpu (kdb targets lists them)")
@@ -150,7 +154,7 @@ def install_packages(source: Path, *, targets: Sequence[str | Target] = (), gpus
     if not candidates:
         raise PackageError(f"{source} holds no kernel package or bundle (no kdbkit_kernels_*.whl, no *.kdb)",
                            _MAKE_PACKAGES)
-    choices = [choose(device, candidates) for device in devices]
+    choices = [choose(device, candidates, runtime=runtimes[device]) for device in devices]
     chosen = list(dict.fromkeys(c.chosen for c in choices if c.chosen is not None))
     for candidate in chosen:  # every check before anything is installed
         installer.verify(candidate, root=source, require_hashes=require_hashes)
@@ -160,7 +164,11 @@ def install_packages(source: Path, *, targets: Sequence[str | Target] = (), gpus
     return report
 
 
-def _local_targets() -> list[Target]:
+def _local_runtimes() -> dict[Target, DeviceRuntime]:
+    """This machine's devices' targets, each with its driver's runtime (the first device of a target says)."""
     from kdbkit.runtime.backends.registry import discover_devices
 
-    return [d.target for d in discover_devices()]
+    runtimes: dict[Target, DeviceRuntime] = {}
+    for d in discover_devices():
+        runtimes.setdefault(d.target, runtime_of(d.backend, d.runtime))
+    return runtimes

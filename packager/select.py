@@ -28,6 +28,7 @@ from kdbkit.kdb.version import __version__
 from kdbkit.packager.wheel import MANIFEST, PACKAGE_PREFIX, Manifest
 from kdbkit.packager.wheel_checks import MAX_TEXT_BYTES
 from kdbkit.runtime.kernel_sources import KernelSearchPath, KernelSourceError
+from kdbkit.runtime.preflight import DeviceRuntime, refusal
 
 
 @dataclass(frozen=True)
@@ -42,6 +43,7 @@ class Candidate:
     sources: dict[str, str] = field(default_factory=dict, hash=False)
     kdbkit: str = ""  # a wheel's supported kdbkit versions
     damaged: str = ""  # why it cannot be read at all
+    compiler: str = ""  # what made its binaries (the driver must load what that compiler makes)
 
 
 @dataclass
@@ -95,7 +97,7 @@ def _wheel(path: Path) -> Candidate:
         return Candidate(path, "wheel", manifest.target, manifest.version,
                          damaged=f"its manifest lists {len(bundles)} bundles, not one <target>.kdb")
     return Candidate(path, "wheel", manifest.target, manifest.version, bundle_target, manifest.sources,
-                     manifest.kdbkit)
+                     manifest.kdbkit, compiler=manifest.compiler)
 
 
 def _bundle(path: Path) -> Candidate:
@@ -106,15 +108,19 @@ def _bundle(path: Path) -> Candidate:
         return Candidate(path, "bundle", damaged=exc.problem)
     if md.target is None or not md.compiler:
         return Candidate(path, "bundle", damaged="names no target or compiler (not written by kdbkit)")
-    return Candidate(path, "bundle", md.target, "", md.target, md.source_digests)
+    return Candidate(path, "bundle", md.target, "", md.target, md.source_digests, compiler=md.compiler)
 
 
-def choose(device: Target, candidates: Iterable[Candidate], *, search_path: KernelSearchPath | None = None) -> Choice:
-    """The best candidate for ``device`` and the reason each other one was not taken."""
+def choose(device: Target, candidates: Iterable[Candidate], *, search_path: KernelSearchPath | None = None,
+           runtime: DeviceRuntime | None = None) -> Choice:
+    """The best candidate for ``device`` and the reason each other one was not taken; with
+    ``runtime`` (the device's driver), one whose binaries that driver cannot load is rejected too."""
     search_path = search_path or KernelSearchPath()
     ranked, rejected = [], []
     for candidate in candidates:
         reason, rank = _fit(device, candidate, search_path)
+        if not reason and runtime is not None:
+            reason = refusal(candidate.compiler, runtime)
         if reason:
             rejected.append((candidate, reason))
         else:

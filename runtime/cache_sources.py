@@ -124,7 +124,8 @@ def _one(entry: SourceEntry, context: TierContext, before: list[Source], policy:
     if not isinstance(entry, str):
         raise CacheSourcesError(f"cache tier {entry!r} is a {type(entry).__name__}, not a name or a Source", _REMEDY)
     if entry == "system":
-        search = SystemBundleSearch(context.target, context.binary_format, paths.iter_system_db_dirs())
+        search = SystemBundleSearch(context.target, context.binary_format, paths.iter_system_db_dirs(),
+                                    context.runtime)
         return SystemBundleSource(search, context.keys)
     if entry == "user":
         if not policy.read_user:

@@ -94,6 +94,7 @@ def search_paths() -> list[Row]:
 
 def devices_and_bundles() -> list[Row]:
     from kdbkit.runtime.backends.registry import binary_format_of, discover_devices
+    from kdbkit.runtime.preflight import runtime_of
     from kdbkit.runtime.system_bundles import bundle_for_device
 
     try:
@@ -103,8 +104,9 @@ def devices_and_bundles() -> list[Row]:
     rows = []
     dirs = paths.system_db_dirs()
     for d in devices:
-        used, trace = bundle_for_device(d.target, binary_format_of(d.backend), dirs)
-        text = f"{d.backend} {d.name}: {d.target}; "
+        runtime = runtime_of(d.backend, d.runtime)
+        used, trace = bundle_for_device(d.target, binary_format_of(d.backend), dirs, runtime)
+        text = f"{d.backend} {d.name}: {d.target}" + (f" ({runtime})" if runtime.version else "") + "; "
         text += f"uses {used.path}" if used else f"missing {d.target.built_bundle_name()} (JIT and user cache only)"
         rows.append(Row("devices", f"#{d.index}", text, True))
         rows += [Row("devices", f"#{d.index} not used", f"{c.path}: {c.reason}", False)

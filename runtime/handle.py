@@ -33,7 +33,7 @@ from pathlib import Path
 from typing import Any, Iterable, Sequence
 
 from kdbkit.kdb.find_db import FindDb
-from kdbkit.runtime import cache_policy, cache_sources, env, kernel_sources, prefetch, startup_memo, tier_stats
+from kdbkit.runtime import cache_policy, cache_sources, env, kernel_sources, preflight, prefetch, startup_memo, tier_stats
 from kdbkit.runtime.backends.base import Backend, DeviceInfo
 from kdbkit.runtime.compilers import Compiler, LazyCompiler
 from kdbkit.runtime.dispatcher import Dispatcher
@@ -103,7 +103,8 @@ class Handle:
         policy = cache_policy.current()
         self.use_cache = policy.read_user
         self._keys = Keys(self.target, self.search_path)
-        context = TierContext(self.target, backend.binary_format, self._keys, self.compiler)
+        context = TierContext(self.target, backend.binary_format, self._keys, self.compiler,
+                              preflight.runtime_of(self.device.backend, self.device.runtime))
         try:
             tiers = cache_sources.assemble(sources, context, policy)
         except BaseException:

@@ -25,6 +25,7 @@ from kdbkit.kdb import Bundle, BundleNotFoundError, KdbError
 from kdbkit.kdb.target import Target
 from kdbkit.runtime.logging_setup import get_logger
 from kdbkit.runtime.paths import SearchDir
+from kdbkit.runtime.preflight import DeviceRuntime, refusal
 
 _log = get_logger(__name__)
 
@@ -49,9 +50,11 @@ class SystemBundleSearch:
             :func:`runtime.paths.iter_system_db_dirs`).
     """
 
-    def __init__(self, target: Target, binary_format: str, dirs: Iterable[SearchDir]):
+    def __init__(self, target: Target, binary_format: str, dirs: Iterable[SearchDir],
+                 runtime: DeviceRuntime | None = None):
         self.target = target
         self.binary_format = binary_format
+        self.runtime = runtime  # the driver's: a bundle it cannot load is rejected, with why
         self.trace: list[Candidate] = []
         self._dirs_iter = iter(dirs)
         self._dirs: list[SearchDir] = []
@@ -88,7 +91,7 @@ class SystemBundleSearch:
             return self._note(Candidate(path, d.origin, "missing"))
         except KdbError as exc:
             return self._note(Candidate(path, d.origin, "rejected", exc.problem))
-        reason = _why_not(bundle, self.target, self.binary_format)
+        reason = _why_not(bundle, self.target, self.binary_format, self.runtime)
         if reason:
             bundle.close()
             return self._note(Candidate(path, d.origin, "rejected", reason))
@@ -139,28 +142,31 @@ class SystemBundleSearch:
             self._exhausted = True
 
 
-def find_system_bundles(target: Target, binary_format: str, dirs: Iterable[SearchDir]) -> tuple[list[Bundle], list[Candidate]]:
-    """Open every bundle that fits ``target``, best first, and the trace of all candidates.
+def find_system_bundles(target: Target, binary_format: str, dirs: Iterable[SearchDir],
+                        runtime: DeviceRuntime | None = None) -> tuple[list[Bundle], list[Candidate]]:
+    """Open every bundle that fits ``target`` (and loads under ``runtime``), best first, and the
+    trace of all candidates.
 
     Returns:
         The accepted bundles (open, read-only; the caller closes them) and the trace.
     """
-    search = SystemBundleSearch(target, binary_format, dirs)
+    search = SystemBundleSearch(target, binary_format, dirs, runtime)
     return search.complete(), search.trace
 
 
-def bundle_for_device(target: Target, binary_format: str, dirs: Iterable[SearchDir]) -> tuple[Candidate | None, list[Candidate]]:
+def bundle_for_device(target: Target, binary_format: str, dirs: Iterable[SearchDir],
+                      runtime: DeviceRuntime | None = None) -> tuple[Candidate | None, list[Candidate]]:
     """Which system bundle a device would use first, and the whole trace (files closed again).
 
     For reports (``kdb devices``, ``kdb doctor``), not for resolution: it opens every candidate.
     """
-    bundles, trace = find_system_bundles(target, binary_format, dirs)
+    bundles, trace = find_system_bundles(target, binary_format, dirs, runtime)
     for b in bundles:
         b.close()
     return next((c for c in trace if c.status == "accepted"), None), trace
 
 
-def _why_not(bundle: Bundle, target: Target, binary_format: str) -> str | None:
+def _why_not(bundle: Bundle, target: Target, binary_format: str, runtime: DeviceRuntime | None = None) -> str | None:
     md = bundle.metadata
     if md.target is None:
         return "the bundle names no target"
@@ -171,4 +177,4 @@ def _why_not(bundle: Bundle, target: Target, binary_format: str) -> str | None:
         return f"holds {md.binary_format or 'unknown'} binaries; this backend loads {binary_format}"
     if not md.compiler:
         return "names no compiler, so its keys cannot be matched (a file written by MIOpen?)"
-    return None
+    return refusal(md.compiler, runtime) or None

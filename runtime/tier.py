@@ -28,6 +28,7 @@ from kdbkit.runtime.program import Step, Steps
 from kdbkit.runtime.program_key import ProgramKey, ProgramRequest
 
 if TYPE_CHECKING:
+    from kdbkit.runtime.preflight import DeviceRuntime
     from kdbkit.runtime.compilers import LazyCompiler
     from kdbkit.runtime.lease import CompileLease
     from kdbkit.runtime.lookup import Keys
@@ -53,6 +54,7 @@ class TierContext(NamedTuple):
     binary_format: str
     keys: "Keys"
     compiler: "LazyCompiler"
+    runtime: "DeviceRuntime | None" = None  # the driver's (system bundles it cannot load are passed over)
 
     def key(self, request: ProgramRequest) -> ProgramKey | None:
         """``request``'s key for the local compiler, as the user cache and the JIT key it

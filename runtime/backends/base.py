@@ -39,6 +39,8 @@ class DeviceInfo:
         target: arch, features and CU count of this device.
         memory_bytes: global memory size.
         driver: driver version string.
+        runtime: the runtime version the driver supports (``CUDA 13.0``), which decides which
+            compilers' binaries it loads (:mod:`kdbkit.runtime.preflight`); "" when unknown.
     """
 
     backend: str
@@ -47,6 +49,7 @@ class DeviceInfo:
     target: Target
     memory_bytes: int
     driver: str = ""
+    runtime: str = ""
 
 
 # Buffer and Kernel are plain base classes, not ABCs: isinstance against an ABC's subclass

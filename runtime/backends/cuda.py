@@ -148,6 +148,7 @@ def _device_info(driver, ordinal: int, nvml: "_NvmlNames") -> DeviceInfo:
         target=Target("cuda", device_arch(driver, dev), (), sms),
         memory_bytes=nv_memory or memory,
         driver=driver_text,
+        runtime=f"CUDA {version // 1000}.{(version % 1000) // 10}",
     )
 
 

@@ -48,6 +48,9 @@ def install(
     gpu: List[str] = typer.Option([], "--gpu", help="Install for a GPU by name (kdb targets lists them). Repeatable."),
     explain: bool = typer.Option(False, "--explain", help="Also say why each other candidate was not taken."),
     dry_run: bool = typer.Option(False, "--dry-run", help="Choose and verify, but install nothing."),
+    check: bool = typer.Option(False, "--check", help="Preflight: say whether each offered package would load on "
+                               "these devices and drivers, and why not (a dry run with --explain; exit 1 where a "
+                               "device gets none). KDB_DEVICE_RUNTIME checks for another machine's driver."),
     require_hashes: bool = typer.Option(False, "--require-hashes", help="Refuse any candidate that no SHA256SUMS "
                                         "in the folder lists (where there is one, an unlisted file is refused "
                                         "anyway)."),
@@ -61,6 +64,8 @@ def install(
     """
     from kdbkit.packager import install_packages
 
+    if check:  # everything a preflight wants to know is what a dry run decides, with every reason
+        dry_run = explain = True
     result = install_packages(source, targets=target, gpus=gpu, dry_run=dry_run, into=into,
                               require_hashes=require_hashes)
     report = [{

@@ -69,14 +69,15 @@ def devices(as_json: bool = typer.Option(False, "--json", help="Print JSON for s
     Example: KDB_DEVICE_CU=110 kdb devices
     """
     from kdbkit.runtime.backends.registry import binary_format_of, discover_devices, no_device_error
+    from kdbkit.runtime.preflight import runtime_of
     from kdbkit.runtime.system_bundles import bundle_for_device
 
     rows = []
     dirs = paths.system_db_dirs()
     for index, d in enumerate(discover_devices()):  # the index --device takes
-        used, trace = bundle_for_device(d.target, binary_format_of(d.backend), dirs)
+        used, trace = bundle_for_device(d.target, binary_format_of(d.backend), dirs, runtime_of(d.backend, d.runtime))
         rows.append({"index": index, "backend": d.backend, "name": d.name, "target": str(d.target),
-                     "cu": d.target.cu, "memory_bytes": d.memory_bytes, "driver": d.driver,
+                     "cu": d.target.cu, "memory_bytes": d.memory_bytes, "driver": d.driver, "runtime": d.runtime,
                      "bundle": str(used.path) if used else None, "wanted": d.target.built_bundle_name(),
                      "rejected": [{"path": str(c.path), "reason": c.reason} for c in trace if c.status == "rejected"]})
     if as_json:

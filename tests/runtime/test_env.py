@@ -28,6 +28,7 @@ EXPECTED = [
     "KDB_REMOTE_SIGNING_KEY", "KDB_REMOTE_TRUSTED_KEYS",  # signed cluster-cache entries (issue 28)
     "KDB_REMOTE_TIMEOUT_MS", "KDB_REMOTE_BACKOFF", "KDB_REMOTE_LEASE_TTL",  # its outage and lease settings
     "KDB_REMOTE_PASSWORD_FILE",  # its password kept out of the environment
+    "KDB_DEVICE_RUNTIME",  # preflight against another machine's driver (issue 29)
     "KDB_COMPILE_LOCK_WAIT",  # the bound on waiting for another compile of a program (issue 27)
 ]
 TRUE = ["1", "on", "yes", "true", "enable", "enabled"]
