@@ -48,9 +48,9 @@ from kdbkit.kdb.target import backend_of_arch, parse_bundle_file_name
 from kdbkit.kdb.version import __version__
 from kdbkit.kdb.writer import write_bundle
 from kdbkit.runtime import paths, private_folder
-from kdbkit.runtime.errors import ExportError, KernelSourceError
+from kdbkit.runtime.errors import ExportError, KernelSourceError, OptionsError
 from kdbkit.runtime.kernel_sources import KernelSearchPath
-from kdbkit.runtime.program_key import key_hasher, parse_key
+from kdbkit.runtime.program_key import ParsedKey, key_hasher, normalise_options, parse_key
 from kdbkit.runtime.user_cache import folder_writable
 
 PRODUCER = f"kdbkit {__version__} (kdb cache export)"
@@ -330,8 +330,8 @@ def _classify(cache: Bundle, target: Target, search_path: KernelSearchPath, comp
             skipped.append(Skipped(file, name, args, "damaged", problem.problem))
             continue
         parsed = parse_key(name, args)
-        if parsed is None or parsed.arch.split(":")[0] != target.arch:
-            skipped.append(Skipped(file, name, args, "not-a-key"))
+        if parsed is None or parsed.arch.split(":")[0] != target.arch or not _normal(parsed.options):
+            skipped.append(Skipped(file, name, args, "not-a-key"))  # no request of the runtime is keyed so
             continue
         digest = digests.get(parsed.kernel_file)
         if digest is None:
@@ -343,15 +343,29 @@ def _classify(cache: Bundle, target: Target, search_path: KernelSearchPath, comp
         if isinstance(digest, KernelSourceError):
             skipped.append(Skipped(file, name, args, "no-source", digest.problem))
             continue
-        made_by = next((c for c in compilers
-                        if key_hasher(parsed.kernel_file, parsed.arch, digest, c).key(parsed.options)[:2] == (name, args)),
-                       None)
+        made_by = next((c for c in compilers if _row(parsed, digest, c) == (name, args)), None)
         if made_by is None:
             skipped.append(Skipped(file, name, args, "stale", f"{parsed.kernel_file} as it is now, compiled by "
                                    f"{' or '.join(compilers) or 'no compiler known here'}"))
         else:
             by_compiler[made_by].append((name, args, parsed.kernel_file, digest))
     return dict(by_compiler)
+
+
+def _normal(options: tuple[str, ...]) -> bool:
+    """Whether ``options`` are in the normal form every request's options take (a row's are,
+    unless an option held a space that its readable key cannot keep)."""
+    try:
+        return normalise_options(options) == options
+    except OptionsError:
+        return False
+
+
+def _row(parsed: ParsedKey, digest: str, compiler: str) -> tuple[str, str]:
+    """The row (name, args) of ``parsed`` with ``digest`` and ``compiler``, as a system lookup keys
+    it (``Keys.key``: the same :func:`key_hasher` over the device's full arch)."""
+    key = key_hasher(parsed.kernel_file, parsed.arch, digest, compiler).key(parsed.options)
+    return key.kernel_name, key.kernel_args
 
 
 def _majority(by_compiler: dict[str, list], here: list[str]) -> str | None:

@@ -157,6 +157,19 @@ def test_another_compiler_s_entries_are_skipped_and_the_bundle_records_the_one_w
     assert report.counts == {"stale": 1}
 
 
+def test_entries_of_a_file_off_the_search_path_or_not_keyed_by_kdbkit_are_skipped(cached, isolated):
+    from kdbkit.kdb import Bundle
+
+    with Bundle.open(_cache_file(isolated), writable=True, wal=True) as b:
+        target, here = b.metadata.target, b.metadata.compiler
+        gone = program_key(ProgramRequest("gone.c"), target=target, compiler=here, source_digest="ab" * 32)
+        b.put(gone.kernel_name, gone.kernel_args, b"a program whose source left the search path")
+        b.put("activ.c.o", f"-mcpu={target.arch} -DN=4", b"a row laid out as MIOpen's")
+    report = export_cache(cached)
+    assert report.counts == {"no-source": 1, "not-a-key": 1}
+    assert {(s.kernel_name, s.reason) for s in report.skipped} == {("gone.c.o", "no-source"), ("activ.c.o", "not-a-key")}
+
+
 @pytest.mark.parametrize("case", ["no cache", "unknown target", "malformed target", "unwritable -o", "files in -o"])
 def test_bad_input_is_one_line_and_exit_1(kdb, cached, isolated, monkeypatch, case):
     args = ["-o", cached]
