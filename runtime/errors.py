@@ -88,6 +88,11 @@ class JitDisabledError(KdbError):
     """A program is in no bundle or cache and ``KDB_DISABLE_JIT`` or ``KDB_CACHE_POLICY`` forbids compiling it."""
 
 
+class ExportError(KdbError):
+    """``kdb cache export`` cannot start: no user cache, an unknown target, an output folder it
+    may not write or that holds files already, a cache folder others may write."""
+
+
 def first_error_line(log: str) -> str:
     """The line of a compiler log that says what failed: the first one naming an error."""
     lines = [line.strip() for line in log.splitlines() if line.strip()]

@@ -187,6 +187,36 @@ class KeyHasher:
         return ProgramKey(self.kernel_name, readable + digest[:32], digest)
 
 
+class ParsedKey(NamedTuple):
+    """What a bundle row's readable key says: the inputs :func:`program_key` takes from the
+    request and the target (the source digest and the compiler are hashed, not readable)."""
+
+    kernel_file: str
+    options: tuple[str, ...]
+    arch: str  # with target features, as keyed: ``gfx90a:xnack-``
+
+
+# The readable part's tail, as KeyHasher.key writes it: " -mcpu=<arch> --kdb-key=<32 hex digits>"
+# (no leading space when there are no options).
+_KEY_TAIL = re.compile(r"(?:^| )-mcpu=(\S+) --kdb-key=[0-9a-f]{32}\Z")
+
+
+def parse_key(kernel_name: str, kernel_args: str) -> ParsedKey | None:
+    """The kernel file, options and arch a row's ``kernel_name`` and ``kernel_args`` name, or
+    None when they are not laid out as :class:`KeyHasher` writes them (a MIOpen row, a damaged
+    one). The inverse of the readable part of a key, so that a key can be computed again from
+    a row (``kdb cache export`` checks each entry against the kernel sources this way); an
+    option holding a space cannot be told apart from two options, and then the key computed
+    again does not match, so such a row is never taken for another."""
+    if not (isinstance(kernel_name, str) and isinstance(kernel_args, str)) or not kernel_name.endswith(".o"):
+        return None
+    m = _KEY_TAIL.search(kernel_args)
+    if m is None or len(kernel_name) <= 2:
+        return None
+    head = kernel_args[:m.start()]
+    return ParsedKey(kernel_name[:-2], tuple(head.split(" ")) if head else (), m.group(1))
+
+
 @functools.lru_cache(maxsize=1024)
 def key_hasher(kernel_file: str, arch: str, source_digest: str, compiler: str) -> KeyHasher:
     """The :class:`KeyHasher` of one file, arch (with features), source digest and compiler.

@@ -63,6 +63,7 @@ _EXPORTS = {
     "JitDisabledError": "kdbkit.runtime.errors", "ProblemError": "kdbkit.runtime.errors",
     "HandleClosedError": "kdbkit.runtime.errors",
     "NoSolverError": "kdbkit.runtime.errors", "NumericsError": "kdbkit.runtime.errors",
+    "ExportError": "kdbkit.runtime.errors",
 }
 
 def _primitive_api() -> dict[str, str]:

@@ -4,7 +4,8 @@ from __future__ import annotations
 
 import os
 import time
-from typing import Optional
+from pathlib import Path
+from typing import List, Optional
 
 import typer
 from rich.markup import escape
@@ -12,10 +13,10 @@ from rich.table import Table
 
 from kdbkit.kdb.errors import KdbError
 from kdbkit.runtime import cache_admin, env, paths, remote_admin, tier_stats
-from kdbkit.runtime.cli.output import out, print_json, size
+from kdbkit.runtime.cli.output import err, fail, out, print_json, size
 from kdbkit.runtime.user_cache import LOCKS
 
-app = typer.Typer(help="Inspect and maintain the user kernel cache (.ukdb).", no_args_is_help=True)
+app = typer.Typer(help="Inspect, maintain and export the user kernel cache (.ukdb).", no_args_is_help=True)
 
 
 @app.command("ls")
@@ -187,3 +188,63 @@ def prune(lock_days: Optional[float] = typer.Option(7.0, "--lock-days", callback
         return
     out.print(f"removed {len(report.removed_files)} file(s) and {report.removed_entries} damaged entr(ies), "
               f"freed {size(report.freed_bytes)}")
+
+
+@app.command("export")
+def export(output: Path = typer.Option(..., "-o", "--out", help="Folder for <arch>.kdb and <arch>_<cu>.fdb (made "
+                                       "if missing; refused if it holds files, unless --force).", show_default=False),
+           target: List[str] = typer.Option([], "--target", help="Export this cached target only (ocl-3f9a1c2b7d10_2, "
+                                            "sm_90, gfx942_304); with a CU count, only that device's find-db. "
+                                            "Repeatable; default: every cached target."),
+           force: bool = typer.Option(False, "--force", help="Write into a folder that holds files, replacing those "
+                                      "this export writes (others are left as they are)."),
+           as_json: bool = typer.Option(False, "--json", help="Print JSON for scripts, listing each skipped entry.")
+           ) -> None:
+    """Turn the user cache and find-db into a bundle and find-db per target, for `kdb package`:
+    run the job once with the JIT, export, package, install everywhere.
+
+    Only entries whose key still matches the kernel sources (KDB_KERNEL_PATH, then kdbkit's) are
+    exported; edited sources, other compilers' entries (a bundle records the compiler with most
+    entries) and damaged entries are skipped, counted by reason. The cluster cache
+    (KDB_REMOTE_CACHE) is keyed by digest alone, with no index of names and options: its
+    programs are exported only once a hit wrote them through to this user cache, as on any node
+    that ran the job.
+
+    Example: kdb cache export -o exported
+    """
+    from kdbkit.runtime.cache_export import REASONS, REMOTE_NOTE, export_cache
+
+    report = export_cache(output, target, force=force)
+    if as_json:
+        print_json(report.as_dict())
+    else:
+        _print_export(report, REASONS, REMOTE_NOTE)
+    if not report.bundles:
+        raise fail(f"nothing exported to {output}: every entry of the cache was skipped "
+                   f"({', '.join(f'{n} {r}' for r, n in report.counts.items()) or 'it holds none'})")
+
+
+def _print_export(report, reasons: dict[str, str], remote_note: str) -> None:
+    for t in report.targets:
+        if t.bundle is None:
+            out.print(f"{t.target}: nothing exported from {escape(t.cache_file.name)}")
+            continue
+        line = f"{t.target}: {t.programs} program(s) -> {escape(str(t.bundle))} (compiler {escape(t.compiler)})"
+        if t.find_dbs:
+            line += f"; {t.rankings} ranking(s) -> {', '.join(escape(str(p)) for p in t.find_dbs)}"
+        out.print(line)
+        if len(t.by_compiler) > 1:
+            others = ", ".join(f"{escape(c)} ({n})" for c, n in t.by_compiler.items() if c != t.compiler)
+            out.print(f"  its cache holds entries of {len(t.by_compiler)} compilers: exported the one with most, "
+                      f"skipped {others}")
+    counts = report.counts
+    if counts:
+        out.print(f"skipped {sum(counts.values())} (--json lists each):")
+        for reason, n in counts.items():
+            out.print(f"  {n:5} {reason}: {escape(reasons[reason])}")
+    if env.get_str("KDB_REMOTE_CACHE"):
+        err.print(f"note: {escape(remote_note)}")
+    if report.bundles:
+        find_dbs = " ".join(f"--find-db {escape(str(p))}" for t in report.targets for p in t.find_dbs)
+        bundles = " ".join(escape(str(p)) for p in report.bundles)
+        out.print(f"next: kdb package {bundles}{' ' + find_dbs if find_dbs else ''} -o wheels")

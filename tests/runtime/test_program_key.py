@@ -117,3 +117,33 @@ def test_a_string_of_options_splits_as_shlex_splits_it(text):
         assert _outcome(text) is OptionsError  # an unbalanced quote or a lone escape
         return
     assert _outcome(text) == _outcome(tokens)
+
+
+@pytest.mark.parametrize("request_, target", [
+    (REQUEST, Target("cuda", "sm_90")),
+    (ProgramRequest("activ.c"), Target("opencl", "ocl-3f9a1c2b7d10")),  # no options
+    (ProgramRequest("lib/k.c", "-DB=2 -DA=1 -O3"), Target("hip", "gfx90a", ("xnack-",), 110)),
+])
+def test_a_key_s_readable_part_parses_back_into_its_inputs(request_, target):
+    from kdbkit.runtime.program_key import parse_key
+
+    key = program_key(request_, **{**BASE, "target": target})
+    parsed = parse_key(key.kernel_name, key.kernel_args)
+    assert parsed == (request_.kernel_file, request_.options, target.full_arch)
+    # ...so that the key can be computed again from a row: what `kdb cache export` checks
+    assert program_key(ProgramRequest(parsed.kernel_file, parsed.options), **{**BASE, "target": target}) == key
+
+
+@pytest.mark.parametrize("name, args", [
+    ("softmax.c", "-mcpu=sm_90 --kdb-key=" + "0" * 32),  # no ".o"
+    (".o", "-mcpu=sm_90 --kdb-key=" + "0" * 32),  # no file
+    ("softmax.c.o", "-DN=4 -mcpu=sm_90"),  # no digest
+    ("softmax.c.o", "-DN=4 -mcpu=sm_90 --kdb-key=" + "0" * 31),  # a digest cut short
+    ("softmax.c.o", "-DN=4-mcpu=sm_90 --kdb-key=" + "0" * 32),  # glued to the options
+    ("softmax.c.o", "-mcpu=gfx90a -O3 -DN=4"),  # MIOpen's own rows
+    ("softmax.c.o", None),
+])
+def test_rows_not_laid_out_as_keys_do_not_parse(name, args):
+    from kdbkit.runtime.program_key import parse_key
+
+    assert parse_key(name, args) is None
