@@ -351,3 +351,13 @@ def test_lock_then_locked_install_in_fresh_environments(tmp_path, wheels):
     done = kdb_in(third, "install", "--locked", tmp_path / "kdbkit.lock", "--from", wheels, ok=False)
     assert done.returncode == 1 and f"kdbkit-kernels-sm_90 {__version__}: wheel sha256 " in done.stderr
     assert _state(third) == before, "something was installed"
+
+
+def test_the_writer_escapes_what_toml_must_and_reads_back_the_same():
+    from kdbkit.packager.lock_file import Lock, LockedPackage, lock_text
+
+    odd = 'nvrtc "13.0" \\ C:\\tmp\n\ttab \x7f é'
+    package = LockedPackage("kdbkit-kernels-sm_90", __version__, "sm_90", ">=0.2", odd, "a" * 64,
+                            {"sm_90.kdb": "b" * 64}, {"sub/dir x.c": "c" * 64, 'q"uote.h': "d" * 64, "plain_h": "e"})
+    parsed = tomllib.loads(lock_text(Lock((package,))))["package"][0]
+    assert parsed["compiler"] == odd and parsed["sources"] == package.sources
