@@ -11,11 +11,15 @@ nothing else):
 - :func:`package_bundles` and :func:`install_packages` (:mod:`.distribute`): wheels from
   bundles; the best candidate per device chosen (:func:`scan`, :func:`choose`), verified
   (:func:`verify`) and installed (:func:`install_candidate`).
+- :func:`lock_environment`, :func:`check_environment` and :func:`install_locked` (:mod:`.lock`):
+  ``kdb lock``, ``kdb doctor --locked`` and ``kdb install --locked``; :func:`read_lock` and
+  :func:`write_lock` (:mod:`.lock_file`) read and write ``kdbkit.lock``.
 - the errors (:mod:`.errors`): :class:`TargetError`, :class:`PackageError`, :class:`CatalogueError`,
-  :class:`PublishError`.
+  :class:`PublishError`, :class:`LockError`.
 
 Modules below: targets (names, the GPU table, compilers), catalogue (what to build), build,
-cluster (Dask), publish (a cluster cache), code_object_checks, wheel, select, install, tune.
+cluster (Dask), publish (a cluster cache), code_object_checks, wheel, select, install, lock,
+lock_file, tune.
 """
 
 from __future__ import annotations
@@ -32,7 +36,9 @@ _API = {
     "verify": "install", "install_candidate": "install",
     "read_catalogue": "catalogue", "read_catalogues": "catalogue", "resolve_targets": "targets",
     "TargetError": "errors", "PackageError": "errors", "CatalogueError": "errors",
-    "PublishError": "errors",
+    "PublishError": "errors", "LockError": "errors",
+    "lock_environment": "lock", "check_environment": "lock", "install_locked": "lock",
+    "read_lock": "lock_file", "write_lock": "lock_file", "Lock": "lock_file", "LockedPackage": "lock_file",
 }
 _RENAMED = {"install_candidate": "install"}  # the module's name for it, where another name reads better here
 

@@ -28,3 +28,9 @@ class PublishError(KdbError, ValueError):
     """A ``--publish`` destination refused before anything builds: not a Redis URL, or no redis
     client to reach it. (A server that is down or read-only is no error: the build goes on and
     says what it could not publish.)"""
+
+
+class LockError(PackageError):
+    """A lock file (``kdbkit.lock``) that cannot be read or written, or an environment or folder
+    of wheels that differs from it: the message names the file, or the package and the first
+    difference."""

@@ -16,8 +16,10 @@ environment as it was:
   integrity, its metadata and every entry's hash.
 
 Wheels are installed through pip into the running environment (``--no-deps``: kdbkit is here,
-and the version range was checked). Bare bundles, with a find-db of the same name beside
-them, are copied into the system db folder (``<sys.prefix>/share/kdbkit/db``) atomically.
+and the version range was checked), each named with its SHA-256 so that pip installs the file
+that was checked and records which wheel it was (``kdb lock`` reads that). Bare bundles, with a
+find-db of the same name beside them, are copied into the system db folder
+(``<sys.prefix>/share/kdbkit/db``) atomically.
 """
 
 from __future__ import annotations
@@ -251,8 +253,23 @@ def _copy_atomically(source: Path, dest: Path) -> None:
 
 
 def _pip_install(candidate: Candidate) -> Installed:
+    pip_install_wheels([candidate.path])
+    return Installed(candidate, "pip", (candidate.path.name,))
+
+
+def pip_install_wheels(wheels: list[Path], digests: list[str] | None = None) -> None:
+    """Install ``wheels`` into this environment with one pip command, each given as a file URL
+    with its SHA-256 (``#sha256=``; ``digests``, else hashed here): pip refuses a file that
+    changed since it was checked, and records the digest in the installed ``direct_url.json``,
+    where ``kdb lock`` reads which wheel a package came from.
+
+    Raises:
+        PackageError: pip is missing or refused (its last output lines in the message).
+    """
+    digests = digests or [sha256_of(w) for w in wheels]
+    urls = [f"{Path(os.path.abspath(w)).as_uri()}#sha256={d}" for w, d in zip(wheels, digests)]
     command = [sys.executable, "-m", "pip", "install", "--no-deps", "--no-index", "--force-reinstall",
-               "--disable-pip-version-check", "--quiet", str(candidate.path)]
+               "--disable-pip-version-check", "--quiet", *urls]
     try:
         run = subprocess.run(command, capture_output=True, text=True)
     except OSError as exc:
@@ -262,6 +279,5 @@ def _pip_install(candidate: Candidate) -> Installed:
         if "No module named pip" in tail:
             raise PackageError(f"pip is not available in {sys.prefix}",
                                "run `python -m ensurepip`, or give bare bundles instead of wheels")
-        raise PackageError(f"pip could not install {candidate.path.name}: {tail}",
+        raise PackageError(f"pip could not install {', '.join(w.name for w in wheels)}: {tail}",
                            "see pip's message; the environment is as it was before")
-    return Installed(candidate, "pip", (candidate.path.name,))

@@ -62,13 +62,15 @@ def scan(folder: Path) -> list[Candidate]:
     found = []
     for path in sorted(folder.rglob("*")):
         if path.suffix == ".whl" and path.name.startswith(PACKAGE_PREFIX.replace("-", "_")):
-            found.append(_wheel(path))
+            found.append(wheel_candidate(path))
         elif path.suffix == ".kdb" and path.is_file():
             found.append(_bundle(path))
     return found
 
 
-def _wheel(path: Path) -> Candidate:
+def wheel_candidate(path: Path) -> Candidate:
+    """What a kernel wheel says about itself (from its manifest alone; nothing else is read), or
+    why it cannot be read (``damaged``)."""
     try:
         with zipfile.ZipFile(path) as archive:
             names = [n for n in archive.namelist() if n.endswith("/" + MANIFEST) and n.count("/") == 1]

@@ -26,7 +26,7 @@ import sys
 import threading
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Iterator
+from typing import Iterable, Iterator
 
 from kdbkit.kdb.version import __version__
 from kdbkit.runtime import env
@@ -121,15 +121,32 @@ def _entry_point_dirs() -> Iterator[SearchDir]:
 
 
 def _scan_entry_points() -> Iterator[SearchDir]:
-    """Folders named by installed kernel packages (entry-point group ``kdbkit.bundles``).
+    """Folders named by installed kernel packages (entry-point group ``kdbkit.bundles``)."""
+    for package in iter_kernel_packages():
+        yield SearchDir(package.folder, f"package {package.dist}")
+
+
+@dataclass(frozen=True)
+class KernelPackage:
+    """An installed kernel package as the runtime finds it: its distribution's name (as the scan
+    spells it), its ``.dist-info`` folder and the import folder holding its bundles."""
+
+    dist: str
+    dist_info: Path
+    folder: Path
+
+
+def iter_kernel_packages(entries: Iterable[str] | None = None) -> Iterator[KernelPackage]:
+    """The kernel packages installed in ``entries`` (default ``sys.path``), in the runtime's order.
 
     Reads each distribution's ``entry_points.txt`` directly instead of through
     ``importlib.metadata``, whose import alone costs far more than the scan: this runs in
     every process that finds no bundle earlier in the search, on the way to its first result.
-    Nothing is imported: a package is data (see :func:`_load_entry_points`).
+    Nothing is imported: a package is data (see :func:`_load_entry_points`). ``kdb lock`` and
+    ``kdb doctor --locked`` read the packages through this too, so they see what the runtime sees.
     """
     seen = set()
-    for entry in sys.path:
+    for entry in sys.path if entries is None else entries:
         try:
             names = sorted(os.listdir(entry or "."))
         except OSError:
@@ -148,10 +165,12 @@ def _scan_entry_points() -> Iterator[SearchDir]:
             except OSError:
                 continue
             if f"[{ENTRY_POINT_GROUP}]" in text:
-                yield from _load_entry_points(text, dist, Path(entry or "."), name)
+                site = Path(entry or ".")
+                for folder in _load_entry_points(text, dist, site, name):
+                    yield KernelPackage(dist, site / name, folder)
 
 
-def _load_entry_points(text: str, dist: str, site: Path, dist_info: str) -> Iterator[SearchDir]:
+def _load_entry_points(text: str, dist: str, site: Path, dist_info: str) -> Iterator[Path]:
     """The folders a distribution's ``kdbkit.bundles`` entry points name, found without importing.
 
     A value names an import folder (``kdbkit_kernels_sm_90``; ``module:bundle_dir`` as packages
@@ -175,7 +194,7 @@ def _load_entry_points(text: str, dist: str, site: Path, dist_info: str) -> Iter
             _log.warning("kernel package %s: entry point %s = %s %s; its bundles are skipped. Reinstall that "
                          "package with `kdb install`.", dist, ep_name, value, why)
             continue
-        yield SearchDir(site.joinpath(*module.split(".")), f"package {dist}")
+        yield site.joinpath(*module.split("."))
 
 
 def _unowned_folder(module: str, site: Path, dist_info: str) -> str:

@@ -26,6 +26,7 @@ from kdbkit.runtime.cli.runtime_commands import devices, resolve
 from kdbkit.runtime.cli.targets_command import targets
 from kdbkit.runtime.cli.build_command import build
 from kdbkit.runtime.cli.package_commands import install, package
+from kdbkit.runtime.cli.lock_command import lock
 from kdbkit.runtime.cli.tune_command import tune
 from kdbkit.runtime.cli.output import err
 
@@ -47,6 +48,7 @@ app.command("targets")(targets)
 app.command("build")(build)
 app.command("package")(package)
 app.command("install")(install)
+app.command("lock")(lock)
 app.command("tune")(tune)
 app.command("doctor")(doctor)
 app.command("demo")(demo)

@@ -12,7 +12,7 @@ import typer
 from rich.markup import escape
 from rich.table import Table
 
-from kdbkit.runtime.cli.output import err, out, print_json
+from kdbkit.runtime.cli.output import err, fail, out, print_json
 
 _RANKS = {0: "exact target", 1: "arch-wide", 2: "arch-wide bundle (its find-db is for another CU count)"}
 
@@ -43,6 +43,9 @@ def package(
 def install(
     source: Path = typer.Option(..., "--from", help="A folder of kernel wheels or bundles (.whl, .kdb), or a local "
                                 "package index; searched recursively.", show_default=False),
+    locked: Optional[Path] = typer.Option(None, "--locked", help="Install exactly the packages a lock file (`kdb "
+                                          "lock` wrote it) names, by name, version and wheel SHA-256, whatever the "
+                                          "local GPUs; on the first difference, nothing.", show_default=False),
     target: List[str] = typer.Option([], "--target", help="Install for this target (sm_90_132, gfx942_304) "
                                      "instead of the local GPUs. Repeatable."),
     gpu: List[str] = typer.Option([], "--gpu", help="Install for a GPU by name (kdb targets lists them). Repeatable."),
@@ -62,6 +65,15 @@ def install(
 
     Example: kdb install --from . --target sm_90_132 --dry-run --explain
     """
+    if locked is not None:
+        given = [flag for flag, on in (("--target", target), ("--gpu", gpu), ("--explain", explain),
+                                       ("--require-hashes", require_hashes), ("--into", into), ("--check", check)) if on]
+        if given:
+            raise fail(f"--locked installs what the lock names; leave out {given[0]}", 2)
+        from kdbkit.runtime.cli.lock_command import install_locked
+
+        install_locked(locked, source, dry_run, as_json)
+        return
     from kdbkit.packager import install_packages
 
     if check:  # everything a preflight wants to know is what a dry run decides, with every reason
