@@ -4,8 +4,8 @@ build runs a compiler whose output depends on the process it runs in
 
 Measured on conv_igemm.c (FP16, sm_80, NVRTC 13.5; docs/reliability.md): 7 compiles in one
 process gave 3 different cubins, 30 first compiles of fresh processes gave 4 (26 the same one),
-42 first compiles of fresh processes without address randomisation gave 1. ptxas orders some
-of its work by memory address, so the bytes follow where its data lies. The child therefore
+and 45 compiles through this module gave 1. ptxas orders some of its work by memory address,
+so the bytes follow where its data lies. The child therefore
 turns address randomisation off for itself (``personality(ADDR_NO_RANDOMIZE)``, as ``setarch -R``
 does) and executes itself again, in a fixed working folder with a fixed environment (only what
 locates Python and the compiler, and a fixed hash seed), so that it allocates the same before
