@@ -9,7 +9,8 @@ a conflict, resolved in favour of the first input and reported. Entries stream f
 inputs to the output in key order, each read by its key; only the keys, which inputs hold them,
 and a training sample are held in memory. Key order makes the output the same whatever the order
 of the inputs (but for a conflict's winner) and the same as one build of the whole writes it: the
-shards of a reproducible build merge into the bytes a one-machine build gives.
+shards of a reproducible build merge into the bytes a one-machine build gives (where no
+dictionary pays, or with ``dictionary=False``: the builder trains none).
 """
 
 from __future__ import annotations

@@ -19,6 +19,7 @@ import pytest
 
 from kdbkit.kdb import KdbError, Target, merge_bundles, open_bundle, write_bundle
 from kdbkit.kdb.reproducible import created_stamp, zip_date_time
+from kdbkit.packager import build_bundles
 from kdbkit.packager.build import build, plan
 from kdbkit.packager.wheel import write_package
 from kdbkit.runtime.compilers import Compiler
@@ -71,6 +72,18 @@ def test_two_builds_in_other_folders_at_other_times_give_identical_bundles_and_w
     assert first == second
     with open_bundle(tmp_path / "a" / "one" / "bundles" / "sm_80.kdb") as bundle:
         assert bundle.metadata.reproducible and bundle.metadata.created == ""  # no time recorded without SOURCE_DATE_EPOCH
+
+
+def test_the_shards_of_a_reproducible_build_merge_into_the_one_machine_bundle(tmp_path):
+    require_amdgcn_clang()
+    (tmp_path / "catalogue.txt").write_text(CATALOGUE)
+    for part, out in (((0, 2), "s0"), ((1, 2), "s1"), (None, "whole")):
+        report = build_bundles(["gfx942"], catalogues=[tmp_path / "catalogue.txt"], out=tmp_path / out, shard=part,
+                               workers=2, reproducible=True)
+        assert report.ok and not report.result.not_reproducible
+    merge_bundles(tmp_path / "gfx942.kdb", [tmp_path / "s1" / "gfx942.kdb", tmp_path / "s0" / "gfx942.kdb"],
+                  dictionary=False)
+    assert (tmp_path / "gfx942.kdb").read_bytes() == (tmp_path / "whole" / "gfx942.kdb").read_bytes()
 
 
 def test_source_date_epoch_is_the_time_recorded_and_a_bad_one_is_refused(monkeypatch):
