@@ -37,7 +37,8 @@ _QUERY = 0xFFFFFFFF  # personality(0xffffffff) reads the persona without changin
 # What the child's environment keeps: where Python and the compiler's libraries are. Nothing
 # else (TMPDIR, HOME, the locale, the folder) may vary its allocations from build to build.
 _KEPT = ("PYTHONPATH", "PYTHONHOME", "LD_LIBRARY_PATH", "LD_PRELOAD", "CUDA_HOME", "CUDA_PATH", "CONDA_PREFIX")
-RANDOMISED = "the address space of the compiler's process could not be fixed (personality refused), so its output may vary"
+RANDOMISED = ("the address space of the compiler's process could not be fixed (personality refused), "
+              "so its output may vary")
 
 
 def child_environment() -> dict[str, str]:

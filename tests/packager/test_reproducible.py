@@ -71,7 +71,7 @@ def test_two_builds_in_other_folders_at_other_times_give_identical_bundles_and_w
     assert sum(name.endswith(".whl") for name in first) == len(TARGETS)
     assert first == second
     with open_bundle(tmp_path / "a" / "one" / "bundles" / "sm_80.kdb") as bundle:
-        assert bundle.metadata.reproducible and bundle.metadata.created == ""  # no time recorded without SOURCE_DATE_EPOCH
+        assert bundle.metadata.reproducible and bundle.metadata.created == ""  # no time without SOURCE_DATE_EPOCH
 
 
 def test_the_shards_of_a_reproducible_build_merge_into_the_one_machine_bundle(tmp_path):
