@@ -72,6 +72,7 @@ class BundleMetadata:
     producer: str = ""
     created: str = ""
     dictionary_size: int = 0
+    reproducible: bool = False  # written by a reproducible build (kdb_meta.reproducible)
     # (kernel file, source digest) of every file the bundle was built from, sorted; empty for
     # bundles written before the manifest existed, user caches and MIOpen's files.
     sources: tuple[tuple[str, str], ...] = ()
@@ -187,7 +188,7 @@ class Bundle:
     def create(cls, path: str | Path, target: Target, *, compiler: str, binary_format: str,
                sources: dict[str, str] | None = None,
                codec: str = "zstd", dictionary: bytes | None = None, wal: bool = False,
-               exist_ok: bool = False) -> "Bundle":
+               exist_ok: bool = False, created: str | None = None, reproducible: bool = False) -> "Bundle":
         """Create a new, empty bundle (or open ``path`` if ``exist_ok`` and it exists).
 
         Args:
@@ -199,6 +200,9 @@ class Bundle:
             dictionary: zstd dictionary used for every blob, or None.
             sources: the kernel-source manifest (file name -> digest) of what it is built from.
             wal: WAL mode (user caches); bundles meant to ship stay in rollback mode.
+            created: the ``created`` field (UTC ISO-8601); None: the current time; ``""``: none.
+            reproducible: mark it written by a reproducible build (``kdb_meta.reproducible``),
+                whose entries a later reproducible build may keep.
         """
         path = Path(path)
         try:
@@ -222,8 +226,13 @@ class Bundle:
                         "cu": "" if target.cu is None else str(target.cu), "compiler": compiler,
                         "binary_format": binary_format, "codec": codec,
                         "hash": "md5" if codec == "bzip2" else _codec.DEFAULT_HASH, "producer": PRODUCER,
-                        "created": _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds"),
                     }
+                    if created is None:
+                        created = _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds")
+                    if created:
+                        meta["created"] = created
+                    if reproducible:
+                        meta["reproducible"] = "1"
                     if sources:
                         meta["sources"] = json.dumps(dict(sorted(sources.items())), separators=(",", ":"))
                     rows = list(meta.items()) + ([("zstd_dict", dictionary)] if dictionary else [])
@@ -634,7 +643,8 @@ def _read_metadata(conn: sqlite3.Connection, path: Path) -> tuple[BundleMetadata
         format_version=version, target=target, compiler=str(meta.get("compiler", "")),
         binary_format=str(meta.get("binary_format", "")), codec=codec, hash=hash_alg,
         producer=str(meta.get("producer", "")), created=str(meta.get("created", "")),
-        dictionary_size=len(dictionary) if dictionary else 0, sources=tuple(sorted(manifest.items())))
+        dictionary_size=len(dictionary) if dictionary else 0, sources=tuple(sorted(manifest.items())),
+        reproducible=meta.get("reproducible") == "1")
     return md, dictionary
 
 

@@ -6,7 +6,11 @@ for the same arch with different CU counts merge into an arch-wide bundle (MIOpe
 packages duplicate identical code objects per CU count; merging removes the copies).
 Identical keys with identical bytes are kept once; identical keys with different bytes are
 a conflict, resolved in favour of the first input and reported. Entries stream from the
-inputs to the output; only keys, digests and a training sample are held in memory.
+inputs to the output in key order, each read by its key; only the keys, which inputs hold them,
+and a training sample are held in memory. Key order makes the output the same whatever the order
+of the inputs (but for a conflict's winner) and the same as one build of the whole writes it: the
+shards of a reproducible build merge into the bytes a one-machine build gives (where no
+dictionary pays, or with ``dictionary=False``: the builder trains none).
 """
 
 from __future__ import annotations
@@ -58,15 +62,15 @@ def merge_bundles(out: str | Path, inputs: list[str | Path], *, allow_mixed_cu: 
             raise BundleWriteError(f"{out} is a folder", f"name the bundle file to write, e.g. "
                                    f"{Path(out) / target.bundle_name()}")
         report = MergeReport(Path(out))
+        holders = _holders(bundles)
         dict_bytes = None
         if dictionary:
-            # A random sample across all inputs, read entry by entry: keys first (cheap), then
-            # only the chosen blobs.
-            keys = [(b, e.kernel_name, e.kernel_args) for b in bundles for e in b.entries()]
-            chosen = training_sample(keys)
-            dict_bytes = choose_dictionary([b.get(n, a) for b, n, a in chosen], total=len(keys))
-        write_bundle(out, target, _unique(bundles, report), compiler=compiler, binary_format=binary_format,
-                     dictionary=dict_bytes or False, sources=_merged_sources(bundles))
+            # A seeded random sample of the keys (cheap), then only the chosen blobs read.
+            chosen = training_sample(sorted(holders))
+            dict_bytes = choose_dictionary([holders[k][0].get(*k) for k in chosen], total=len(holders))
+        write_bundle(out, target, _unique(holders, report), compiler=compiler, binary_format=binary_format,
+                     dictionary=dict_bytes or False, sources=_merged_sources(bundles),
+                     reproducible=all(b.metadata.reproducible for b in bundles))
         return report
     finally:
         for b in bundles:
@@ -87,23 +91,30 @@ def _merged_sources(bundles: list[Bundle]) -> dict[str, str]:
             if all(m.get(name, digest) == digest for m in manifests)}
 
 
-def _all_items(bundles: list[Bundle]) -> Iterator[tuple[str, str, bytes]]:
+def _holders(bundles: list[Bundle]) -> dict[tuple[str, str], list[Bundle]]:
+    """Each key and the inputs holding it, in the inputs' order (the first one wins)."""
+    holders: dict[tuple[str, str], list[Bundle]] = {}
     for bundle in bundles:
-        yield from bundle.items()
+        for e in bundle.entries():
+            holders.setdefault((e.kernel_name, e.kernel_args), []).append(bundle)
+    return holders
 
 
-def _unique(bundles: list[Bundle], report: MergeReport) -> Iterator[tuple[str, str, bytes]]:
-    seen: dict[tuple[str, str], bytes] = {}
-    for name, args, data in _all_items(bundles):
-        key, h = (name, args), hashlib.sha256(data).digest()
-        if key not in seen:
-            seen[key] = h
-            report.entries += 1
-            yield name, args, data
-        elif seen[key] == h:
-            report.duplicates += 1
-        else:
-            report.conflicts.append(key)
+def _unique(holders: dict[tuple[str, str], list[Bundle]], report: MergeReport) -> Iterator[tuple[str, str, bytes]]:
+    """Every key once, in key order, with the first holder's bytes; the others' copies counted
+    as duplicates (same bytes) or conflicts (other bytes). Every copy is read, so a damaged one
+    raises CorruptEntryError before anything is written."""
+    for key in sorted(holders):
+        first, *others = holders[key]
+        data = first.get(*key)
+        h = hashlib.sha256(data).digest()
+        for other in others:
+            if hashlib.sha256(other.get(*key)).digest() == h:
+                report.duplicates += 1
+            else:
+                report.conflicts.append(key)
+        report.entries += 1
+        yield key[0], key[1], data
 
 
 def _common_target(bundles: list[Bundle], allow_mixed_cu: bool):

@@ -19,8 +19,11 @@ Format version 1::
 an arch-wide bundle), ``compiler`` (identity and version, e.g. ``nvrtc 13.0``),
 ``binary_format`` (``cubin``, ``hsaco``, ``ocl-binary``), ``codec`` (``zstd``/``bzip2``),
 ``hash`` (``xxh3_128``/``sha256``/``md5``), ``zstd_dict`` (optional), ``producer`` (``kdbkit 0.1.0``),
-``created`` (UTC ISO-8601), ``sources`` (optional: JSON object of kernel file name -> source
-digest, the manifest of what the bundle was built from; a handle digests just these up front).
+``created`` (UTC ISO-8601; ``SOURCE_DATE_EPOCH``'s time where that is set, absent from a
+reproducible build without it: :mod:`kdbkit.kdb.reproducible`), ``sources`` (optional: JSON object
+of kernel file name -> source digest, the manifest of what the bundle was built from; a handle
+digests just these up front), ``reproducible`` (optional, ``1``: written by a reproducible build;
+added within format 2, which readers that do not know it ignore).
 
 Version 0 is a file written by MIOpen: ``kern_db`` alone, bzip2 blobs, MD5 hashes; it is
 read as is and given a ``kdb_meta`` table if it is ever opened for writing.
@@ -54,7 +57,7 @@ META_DDL = "CREATE TABLE IF NOT EXISTS kdb_meta (key TEXT PRIMARY KEY, value);"
 
 META_KEYS = (
     "format_version", "backend", "arch", "features", "cu", "compiler", "binary_format",
-    "codec", "hash", "zstd_dict", "producer", "created", "sources",
+    "codec", "hash", "zstd_dict", "producer", "created", "sources", "reproducible",
 )
 
 

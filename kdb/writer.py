@@ -11,6 +11,14 @@ temporary name carries the writer's host and pid (``.<name>.<host>-<pid>.<random
 next write into the folder removes those whose writer is provably gone: a pid of this host
 that no longer runs, or, for a name without one (another host's, or an older kdbkit's), a
 file untouched for :data:`STALE_TEMP_S`. A live writer's file is never touched.
+
+The same entries give the same file, byte for byte: rows are inserted in the order given (the
+builder sorts them by key) into a new file, which VACUUM then rebuilds with a fixed page size
+(no free pages, no trace of the batches); the dictionary is trained on a seeded sample with
+fixed parameters; no path or host name is stored; the one clock reading is ``created``, which
+honours ``SOURCE_DATE_EPOCH`` (:mod:`kdbkit.kdb.reproducible`). What else the bytes depend on:
+the SQLite library (its version number is in the file's header) and zstd's (the ``zstandard``
+package's), so a rebuild meant to match uses the same ones.
 """
 
 from __future__ import annotations
@@ -26,6 +34,7 @@ from typing import Iterable, Sequence
 
 from kdbkit.kdb import codec as _codec
 from kdbkit.kdb.bundle import Bundle
+from kdbkit.kdb.reproducible import created_stamp
 from kdbkit.kdb.target import Target
 
 DICT_SIZE = 32 * 1024
@@ -76,7 +85,8 @@ def choose_dictionary(blobs: Sequence[bytes], level: int = _codec.BUNDLE_LEVEL, 
 
 def write_bundle(path: str | Path, target: Target, entries: Iterable[tuple[str, str, bytes]], *, compiler: str,
                  binary_format: str, codec: str = "zstd", dictionary: bool | bytes = True,
-                 level: int = _codec.BUNDLE_LEVEL, sources: dict[str, str] | None = None) -> Path:
+                 level: int = _codec.BUNDLE_LEVEL, sources: dict[str, str] | None = None,
+                 reproducible: bool = False) -> Path:
     """Write a complete bundle to ``path`` atomically.
 
     Args:
@@ -91,9 +101,14 @@ def write_bundle(path: str | Path, target: Target, entries: Iterable[tuple[str, 
         dictionary: True to train one when it pays, False for none, or the bytes of one.
         level: zstd level.
         sources: the kernel-source manifest (file name -> digest) the entries were built from.
+        reproducible: a reproducible build's bundle: no time recorded unless ``SOURCE_DATE_EPOCH``
+            gives one (which is honoured either way), and marked so (``kdb_meta.reproducible``).
 
     Returns:
         The path written.
+
+    Raises:
+        KdbError: ``SOURCE_DATE_EPOCH`` is malformed.
     """
     path = Path(path)
     if dictionary is True and codec == "zstd":
@@ -110,21 +125,25 @@ def write_bundle(path: str | Path, target: Target, entries: Iterable[tuple[str, 
             bundle.put_many(batch)
 
     return _write_atomically(path, target, fill, compiler=compiler, binary_format=binary_format, codec=codec,
-                             dictionary=dict_bytes, sources=sources)
+                             dictionary=dict_bytes, sources=sources, created=created_stamp(reproducible),
+                             reproducible=reproducible)
 
 
 def write_stored_bundle(path: str | Path, target: Target, entries: Iterable[tuple[str, str, _codec.StoredBlob]], *,
-                        compiler: str, binary_format: str, sources: dict[str, str] | None = None) -> Path:
+                        compiler: str, binary_format: str, sources: dict[str, str] | None = None,
+                        reproducible: bool = False) -> Path:
     """Write a complete zstd bundle without dictionary, atomically, from entries already
     encoded by :func:`kdbkit.kdb.codec.encode_for_bundle` (in an offline build's workers: the
-    writer then only inserts rows, so writing does not serialise a parallel build)."""
+    writer then only inserts rows, so writing does not serialise a parallel build).
+    ``reproducible`` as for :func:`write_bundle`; the rows are written in the order given."""
     def fill(bundle: Bundle) -> None:
         it = iter(entries)
         while batch := list(itertools.islice(it, BATCH)):
             bundle.put_stored(batch)
 
     return _write_atomically(Path(path), target, fill, compiler=compiler, binary_format=binary_format, codec="zstd",
-                             dictionary=None, sources=sources)
+                             dictionary=None, sources=sources, created=created_stamp(reproducible),
+                             reproducible=reproducible)
 
 
 def _write_atomically(path: Path, target: Target, fill, **create) -> Path:

@@ -31,6 +31,15 @@ serialised work the workers can share, and capped a wide build's speed-up (scrip
 measures it). A trained dictionary is not used:
 it made bundles 3.5% smaller and needs every binary before the first can be compressed
 (``kdb db merge`` still trains one where it pays).
+
+Reproducible (``reproducible=True``, or ``SOURCE_DATE_EPOCH`` set): the same sources, catalogue
+and compilers give the same bundles, byte for byte, in any folder, at any time. The rows are
+written sorted by key into a new file (always); the bundle records ``SOURCE_DATE_EPOCH``'s time
+or none (:mod:`kdbkit.kdb.reproducible`); a compiler whose output depends on its process
+(NVRTC) compiles each program in a fresh process (:mod:`kdbkit.packager.fresh_compile`); an
+existing bundle's entries are kept only where they were built the same way, and the bundle is
+rewritten where its metadata is not what this build writes. A compiler that never gives the
+same bytes (PoCL) is named in ``BuildResult.not_reproducible``.
 """
 
 from __future__ import annotations
@@ -46,14 +55,16 @@ from typing import Callable, Iterable, Sequence
 
 from kdbkit.kdb import Target
 from kdbkit.kdb.codec import StoredBlob, encode_for_bundle
-from kdbkit.kdb.bundle import Bundle
+from kdbkit.kdb.bundle import Bundle, BundleMetadata
 from kdbkit.kdb.errors import KdbError
+from kdbkit.kdb.reproducible import created_stamp, reproducible_mode
 from kdbkit.kdb.writer import write_stored_bundle
 from kdbkit.kdb.version import __version__
 from kdbkit.packager.catalogue import programs_for
 from kdbkit.packager.code_object_checks import refuse_failing_code_object
 from kdbkit.packager import worker_pool
 from kdbkit.packager.errors import TargetError
+from kdbkit.packager.fresh_compile import compile_fresh
 from kdbkit.packager.targets import builder_of
 from kdbkit.runtime.backends.spec import spec_for
 from kdbkit.runtime.compilers import Compiler
@@ -87,12 +98,14 @@ class Failure:
 
 @dataclass
 class BuildResult:
-    """Per bundle written or left as it was; counts; failures with their logs."""
+    """Per bundle written or left as it was; counts; failures with their logs; in a reproducible
+    build, the bundles that may still differ from another build's, and why."""
 
     bundles: dict[str, Path] = field(default_factory=dict)
     compiled: int = 0
     reused: int = 0
     failures: list[Failure] = field(default_factory=list)
+    not_reproducible: dict[str, str] = field(default_factory=dict)
 
 
 def depends_on_count(request: ProgramRequest) -> bool:
@@ -157,15 +170,17 @@ def builder_identity(compiler: Compiler) -> str:
     return f"kdbkit {__version__}, {compiler.identity()}"
 
 
-def _compile(compiler: Compiler, job: Job, source: KernelSource,
-             expected: str | None = None) -> tuple[StoredBlob | None, KdbError | None]:
-    """(the binary as the bundle stores it, or the error that stopped it) of one job, compiled
-    from ``source`` only if it is the read the job was keyed by; runs in a
-    worker process, maybe on another machine. The worker compresses too (zstd level 19), so that
-    writing the bundles afterwards is only inserts and does not serialise the build.
+def _compile(compiler: Compiler, job: Job, source: KernelSource, expected: str | None = None,
+             fresh: bool = False) -> tuple[StoredBlob | None, KdbError | None, str]:
+    """(the binary as the bundle stores it, or the error that stopped it, and why the binary may
+    differ from another build's or "") of one job, compiled from ``source`` only if it is the read
+    the job was keyed by; runs in a worker process, maybe on another machine. The worker
+    compresses too (zstd level 19), so that writing the bundles afterwards is only inserts and
+    does not serialise the build.
 
     ``expected`` is :func:`builder_identity` where the keys were made: a worker whose kdbkit or
     compiler differs refuses the job rather than store a binary under another compiler's key.
+    ``fresh``: compile in a new process (:func:`~kdbkit.packager.fresh_compile.compile_fresh`).
     """
     try:
         if expected is not None and (here := builder_identity(compiler)) != expected:
@@ -174,12 +189,16 @@ def _compile(compiler: Compiler, job: Job, source: KernelSource,
         if job.source_digest and source.digest != job.source_digest:  # never stored under another text's key
             raise KernelSourceError(f"{job.request.kernel_file} changed after it was keyed (digest {source.digest[:12]}, "
                                     f"keyed {job.source_digest[:12]})", "build again: the plan reads it anew")
-        binary = compiler.compile(job.request, job.bundle, source)
+        note = ""
+        if fresh:
+            binary, note = compile_fresh(compiler, job.request, job.bundle, source)
+        else:
+            binary = compiler.compile(job.request, job.bundle, source)
         if compiler.binary_format == "hsaco":
             refuse_failing_code_object(binary, job.request, job.bundle)
-        return encode_for_bundle(job.kernel_name, job.kernel_args, binary), None
+        return encode_for_bundle(job.kernel_name, job.kernel_args, binary), None, note
     except KdbError as exc:
-        return None, exc
+        return None, exc, ""
 
 
 def refuse_local_only(targets: Iterable[Target], where: str = "on a cluster") -> None:
@@ -227,7 +246,7 @@ def build(jobs: Sequence[Job], compilers: dict[Target, Compiler], out: Path, *, 
           executor: concurrent.futures.Executor | None = None, search_path: KernelSearchPath | None = None,
           progress: Callable[[int, int, int], None] | None = None, stall_timeout: float | None = None,
           file_names: dict[Target, str] | None = None, record_as: dict[Target, Target] | None = None,
-          whole: bool = False) -> BuildResult:
+          whole: bool = False, reproducible: bool = False) -> BuildResult:
     """Compile ``jobs`` into one bundle per target under ``out`` (created), reusing what each
     existing bundle already holds.
 
@@ -246,12 +265,17 @@ def build(jobs: Sequence[Job], compilers: dict[Target, Compiler], out: Path, *, 
         record_as: the target a bundle's metadata names, where not the one its programs were
             compiled for (a test's bundle for another arch, say).
         whole: write nothing unless every job compiled (a device build's contract).
+        reproducible: bundles that another build of the same inputs gives byte for byte (the
+            module's docstring says how); on too where ``SOURCE_DATE_EPOCH`` is set.
 
     Raises:
         TargetError: an OpenCL job with an ``executor``.
+        KdbError: ``SOURCE_DATE_EPOCH`` is malformed (before anything compiles).
     """
     if executor is not None:
         refuse_local_only({job.bundle for job in jobs}, "by another executor")
+    reproducible = reproducible_mode(reproducible)
+    stamp = created_stamp(reproducible)
     out.mkdir(parents=True, exist_ok=True)
     names, recorded = file_names or {}, record_as or {}
     result = BuildResult()
@@ -259,12 +283,19 @@ def build(jobs: Sequence[Job], compilers: dict[Target, Compiler], out: Path, *, 
     for job in jobs:
         by_bundle.setdefault(job.bundle, []).append(job)
     entries: dict[Target, dict[tuple[str, str], StoredBlob]] = {}
-    stale: set[Target] = set()  # bundles holding programs no job wants any more: rewritten
+    # Bundles rewritten even where nothing compiles: holding programs no job wants any more, or,
+    # in a reproducible build, metadata other than this build's (another time, not reproducible).
+    stale: set[Target] = set()
     todo: list[Job] = []
     for target, target_jobs in by_bundle.items():
-        kept = _reusable(out / names.get(target, target.bundle_name()), recorded.get(target, target),
-                         compilers[target].identity())
+        compiler = compilers[target]
+        if reproducible and compiler.determinism != "deterministic":
+            result.not_reproducible.update(_not_reproducible(target, compiler))
+        kept, written = _reusable(out / names.get(target, target.bundle_name()), recorded.get(target, target),
+                                  compiler.identity(), reproducible and compiler.determinism != "deterministic")
         if set(kept) - {(job.kernel_name, job.kernel_args) for job in target_jobs}:
+            stale.add(target)
+        if reproducible and written is not None and (not written.reproducible or written.created != stamp):
             stale.add(target)
         entries[target] = {}
         for job in target_jobs:
@@ -290,16 +321,18 @@ def build(jobs: Sequence[Job], compilers: dict[Target, Compiler], out: Path, *, 
         first = sorted(range(len(todo)), key=lambda i: -size[todo[i].request.kernel_file])
         with worker_pool.submitting(executor):  # the workers this starts ignore Ctrl-C from the first instruction
             for i in first:
-                futures[executor.submit(_compile, compilers[todo[i].bundle], dataclasses.replace(todo[i], source=None),
-                                        sources[todo[i].request.kernel_file], expected[todo[i].bundle])] = i
+                compiler = compilers[todo[i].bundle]
+                futures[executor.submit(_compile, compiler, dataclasses.replace(todo[i], source=None),
+                                        sources[todo[i].request.kernel_file], expected[todo[i].bundle],
+                                        reproducible and compiler.determinism == "fresh-process")] = i
         for future, outcome in _as_completed(futures, stall_timeout):
             job = todo[futures[future]]
-            binary, error, message, log = None, None, "", ""
+            binary, error, message, log, note = None, None, "", "", ""
             if outcome is not None:  # given up: nothing finished for stall_timeout seconds
                 message = outcome
             else:
                 try:
-                    binary, error = future.result()
+                    binary, error, note = future.result()
                 except Exception as exc:  # the worker, not the compiler, failed (lost, killed): the rest goes on
                     message = f"its worker failed ({type(exc).__name__}: {exc})"
                     log = "".join(traceback.format_exception(exc))
@@ -311,6 +344,8 @@ def build(jobs: Sequence[Job], compilers: dict[Target, Compiler], out: Path, *, 
             else:
                 entries[job.bundle][job.kernel_name, job.kernel_args] = binary
                 result.compiled += 1
+                if note:
+                    result.not_reproducible.setdefault(str(job.bundle), f"{job.request.kernel_file}: {note}")
             if progress:
                 progress(done, len(todo), len(result.failures))
     except KeyboardInterrupt:  # Ctrl-C: stop every compile now; nothing has been written yet
@@ -332,7 +367,8 @@ def build(jobs: Sequence[Job], compilers: dict[Target, Compiler], out: Path, *, 
             manifest = {job.request.kernel_file: job.source_digest for job in by_bundle[target]
                         if (job.kernel_name, job.kernel_args) in held and job.source_digest}
             write_stored_bundle(path, recorded.get(target, target), [(n, a, b) for (n, a), b in sorted(held.items())],
-                                compiler=compiler.identity(), binary_format=compiler.binary_format, sources=manifest)
+                                compiler=compiler.identity(), binary_format=compiler.binary_format, sources=manifest,
+                                reproducible=reproducible)
         result.bundles[str(target)] = path
     return result
 
@@ -363,16 +399,31 @@ class _InProcess(concurrent.futures.Executor):
         return future
 
 
-def _reusable(path: Path, target: Target, identity: str) -> dict[tuple[str, str], StoredBlob]:
+def _reusable(path: Path, target: Target, identity: str,
+              reproducible: bool = False) -> tuple[dict[tuple[str, str], StoredBlob], BundleMetadata | None]:
     """What an existing bundle at ``path`` holds that a build for ``target`` with ``identity``
-    may keep: everything, when it was written for that target by that compiler; else nothing."""
+    may keep: everything, when it was written for that target by that compiler (and, where
+    ``reproducible``, by a reproducible build: a compiler whose bytes depend on its process
+    gave them in one of its fresh processes); else nothing. And the bundle's metadata (None
+    where there is no bundle of this build's there)."""
     if not path.exists():
-        return {}
+        return {}, None
     try:
         with Bundle.open(path) as bundle:
             meta = bundle.metadata
             if meta.target != target or meta.compiler != identity:
-                return {}
-            return {(name, args): stored for name, args, stored in bundle.stored_items()}
+                return {}, None
+            if reproducible and not meta.reproducible:
+                return {}, meta
+            return {(name, args): stored for name, args, stored in bundle.stored_items()}, meta
     except KdbError:
-        return {}  # damaged or foreign: rebuilt whole, then replaced atomically
+        return {}, None  # damaged or foreign: rebuilt whole, then replaced atomically
+
+
+def _not_reproducible(target: Target, compiler: Compiler) -> dict[str, str]:
+    """Why a reproducible build's bundle for ``target`` may still differ from another build's."""
+    if compiler.determinism == "none":
+        return {str(target): f"{compiler.name} gives other bytes on every build (docs/reliability.md)"}
+    if compiler.determinism == "unmeasured":
+        return {str(target): f"whether {compiler.name} gives the same bytes twice was never measured"}
+    return {}

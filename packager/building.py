@@ -17,6 +17,7 @@ from pathlib import Path
 from typing import Callable, Sequence
 
 from kdbkit.kdb import Target
+from kdbkit.kdb.reproducible import reproducible_mode
 from kdbkit.packager import build as builder
 from kdbkit.packager import publish as publishing
 from kdbkit.packager.catalogue import LineError, read_catalogues
@@ -48,7 +49,7 @@ def build_bundles(targets: Sequence[str | Target] = (), *, gpus: Sequence[str] =
                   catalogues: Sequence[str | Path] = (), problems: Sequence[Problem] | None = None,
                   every: bool = False, out: Path = Path("."), shard: tuple[int, int] | None = None,
                   workers: int | None = None, cluster: str | None = None, stall_timeout: float = 600.0,
-                  publish: str | None = None,
+                  publish: str | None = None, reproducible: bool = False,
                   progress: Callable[[int, int, int], None] | None = None,
                   on_cluster: Callable[[list[str]], None] | None = None,
                   on_skipped: Callable[[list[LineError]], None] | None = None) -> BuildReport:
@@ -72,6 +73,10 @@ def build_bundles(targets: Sequence[str | Target] = (), *, gpus: Sequence[str] =
             (:mod:`kdbkit.packager.publish` says which nodes that serves). A server that is down
             or refuses this user's writes does not fail the build: ``report.published`` says
             what was not published and why.
+        reproducible: bundles another build of the same sources, catalogue and compilers gives
+            byte for byte, in any folder, at any time (on too where ``SOURCE_DATE_EPOCH`` is set;
+            :mod:`kdbkit.packager.build` says how); ``report.result.not_reproducible`` names the
+            bundles whose compiler cannot promise it.
         progress: called as (done, total, failed) after each compile.
         on_cluster: called with the cluster's workers once they passed their check.
         on_skipped: called with the catalogue lines that did not parse, before anything compiles.
@@ -86,6 +91,7 @@ def build_bundles(targets: Sequence[str | Target] = (), *, gpus: Sequence[str] =
             anything compiles).
         TargetError: an unknown or unbuildable target; an OpenCL target with ``cluster``.
         CompilerUnavailableError: no compiler for a target here, or the cluster cannot build.
+        KdbError: ``SOURCE_DATE_EPOCH`` is set but not a number of seconds (before anything compiles).
         OSError: a catalogue file cannot be read.
     """
     if sum((bool(catalogues), problems is not None, every)) != 1:
@@ -97,6 +103,7 @@ def build_bundles(targets: Sequence[str | Target] = (), *, gpus: Sequence[str] =
         builder.refuse_local_only(t if isinstance(t, Target) else Target.parse(t) for t in targets)
     if publish is not None:  # a bad destination is refused now, not after the compiles
         publishing.open_tier(publish).close()
+    reproducible = reproducible_mode(reproducible)  # a malformed SOURCE_DATE_EPOCH is refused now too
     given = [t for t in targets if isinstance(t, Target)]
     names = [t for t in targets if not isinstance(t, Target)]
     resolved = given + (resolve_targets(names, gpus) if names or gpus or not given else [])
@@ -131,7 +138,8 @@ def build_bundles(targets: Sequence[str | Target] = (), *, gpus: Sequence[str] =
         else:
             report.workers = builder.compile_workers(workers)
         report.result = builder.build(planned, compilers, Path(out), parallel=report.workers, executor=executor,
-                                      progress=progress, stall_timeout=stall_timeout if executor else None)
+                                      progress=progress, stall_timeout=stall_timeout if executor else None,
+                                      reproducible=reproducible)
     if publish is not None:  # by this process, once the bundles are written: workers need no access to Redis
         tier = publishing.open_tier(publish)
         try:

@@ -14,12 +14,19 @@ the runtime locates that folder beside the distribution's ``.dist-info`` and nev
 (runtime/paths.py), and ``kdb install`` refuses a wheel whose generated files differ by one byte
 from what :func:`generated_members` makes, so a kernel package is data and runs no code.
 
-The wheel is written with the ``wheel`` project's :class:`~wheel.wheelfile.WheelFile`, which
-adds each member's SHA-256 to ``RECORD`` and checks them again on every read.
+``RECORD`` lists each member's SHA-256 (the installer reads the wheel with the ``wheel``
+project's :class:`~wheel.wheelfile.WheelFile`, which checks them all).
+
+The same bundle gives the same wheel, byte for byte, on any machine, in any folder, at any time:
+members in a fixed order (the package's files sorted, then the ``.dist-info`` files sorted,
+``RECORD`` last), each dated ``SOURCE_DATE_EPOCH`` where it is set, else 1980-01-01
+(:func:`kdbkit.kdb.reproducible.zip_date_time`), mode 0644, made "on Unix" whatever the
+system, and deflated by Python's zlib (whose version the bytes also depend on).
 """
 
 from __future__ import annotations
 
+import base64
 import hashlib
 import json
 import re
@@ -32,6 +39,7 @@ from pathlib import Path
 from kdbkit.kdb import Target, open_bundle
 from kdbkit.kdb.errors import KdbError
 from kdbkit.kdb.find_db import SYSTEM_SUFFIX, USER_SUFFIX, configs_in, system_file_name
+from kdbkit.kdb.reproducible import zip_date_time
 from kdbkit.kdb.version import __version__
 from kdbkit.packager.errors import PackageError
 
@@ -40,7 +48,6 @@ MANIFEST = "manifest.json"
 MANIFEST_FORMAT = 1
 # The group runtime/paths.py reads, spelled again there: the runtime does not import the packager.
 ENTRY_POINT_GROUP = "kdbkit.bundles"
-_EPOCH = (1980, 1, 1, 0, 0, 0)  # fixed member times: the same inputs give the same members
 
 
 def compatible_versions(version: str = __version__) -> str:
@@ -123,6 +130,7 @@ def write_package(bundle: Path, out: Path, *, find_db: Path | None = None, versi
 
     Raises:
         PackageError: the bundle does not open or names no target, or the find-db does not fit it.
+        KdbError: ``SOURCE_DATE_EPOCH`` is malformed.
     """
     with open_bundle(bundle) as opened:
         md = opened.metadata
@@ -141,21 +149,40 @@ def write_package(bundle: Path, out: Path, *, find_db: Path | None = None, versi
     members = {f"{module}/{f}": data for f, data in files.items()}
     members[f"{module}/{MANIFEST}"] = manifest.to_json().encode()
     members.update(generated_members(target, version, md.compiler))
-    members[f"{dist_info_name(target, version)}/WHEEL"] = wheel_file_text(__version__).encode()
-    from wheel.wheelfile import WheelFile  # deferred: only packaging needs it
-
+    dist_info = dist_info_name(target, version)
+    members[f"{dist_info}/WHEEL"] = wheel_file_text(__version__).encode()
+    # The package's files, then the dist-info's, as the wheel spec wants; RECORD last.
+    ordered = sorted(members, key=lambda name: (name.startswith(f"{dist_info}/"), name))
+    record = f"{dist_info}/RECORD"
+    members[record] = record_text(record, [(name, members[name]) for name in ordered])
+    when = zip_date_time()
     out.mkdir(parents=True, exist_ok=True)
     path = out / wheel_name(target, version)
     with tempfile.TemporaryDirectory(dir=out, prefix=".kdb-package-") as tmp:
-        written = Path(tmp) / path.name  # WheelFile names RECORD after the file: keep the name
-        with WheelFile(written, "w") as wheel:
-            for member, data in members.items():  # dist-info last, as the wheel spec wants
-                info = zipfile.ZipInfo(member, date_time=_EPOCH)
-                info.external_attr = (0o644 | stat.S_IFREG) << 16
-                info.compress_type = zipfile.ZIP_DEFLATED
-                wheel.writestr(info, data)
+        written = Path(tmp) / path.name
+        with zipfile.ZipFile(written, "w") as wheel:
+            for name in [*ordered, record]:
+                wheel.writestr(_member_info(name, when), members[name])
         written.replace(path)
     return path
+
+
+def _member_info(name: str, when: tuple[int, ...]) -> zipfile.ZipInfo:
+    """A member's header: every field fixed, none taken from the clock or the system."""
+    info = zipfile.ZipInfo(name, date_time=when)
+    info.external_attr = (0o644 | stat.S_IFREG) << 16
+    info.create_system = 3  # Unix: zipfile says 0 on Windows, which would change the bytes there
+    info.compress_type = zipfile.ZIP_DEFLATED
+    return info
+
+
+def record_text(record: str, members: list[tuple[str, bytes]]) -> bytes:
+    """``RECORD``: each member's path, ``sha256=`` and its urlsafe base64 digest without padding,
+    and size, one a line in the order given; then RECORD itself with neither."""
+    def line(name: str, data: bytes) -> str:
+        digest = base64.urlsafe_b64encode(hashlib.sha256(data).digest()).rstrip(b"=").decode()
+        return f"{name},sha256={digest},{len(data)}\n"
+    return ("".join(line(name, data) for name, data in members) + f"{record},,\n").encode()
 
 
 def wheel_name(target: Target, version: str) -> str:

@@ -153,7 +153,7 @@ class TimedInProcess(concurrent.futures.Executor):
         except Exception as exc:
             future.set_exception(exc)
         self.times.append(time.perf_counter() - t0)
-        self.jobs.append(args[1])  # _compile(compiler, job, source, expected)
+        self.jobs.append(args[1])  # _compile(compiler, job, source, expected, fresh)
         return future
 
 

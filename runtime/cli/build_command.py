@@ -47,13 +47,18 @@ def build(
                                           "install 'kdbkit\\[cluster]'). Done here once the bundles are written; a "
                                           "server down or a read-only user does not fail the build."),
     output: Path = typer.Option(Path("."), "-o", "--out", help="Folder for the bundles (created)."),
+    reproducible: bool = typer.Option(False, "--reproducible", help="Bundles that another build of the same "
+                                      "sources, catalogue and compilers gives byte for byte: no time recorded "
+                                      "unless SOURCE_DATE_EPOCH gives one (setting it turns this on too), each "
+                                      "NVRTC program compiled in a fresh process."),
     as_json: bool = typer.Option(False, "--json", help="Print JSON for scripts."),
 ) -> None:
     """Compile the programs a catalogue needs for each target into bundles (<arch>.kdb), with no GPU.
 
     Example: kdb build --target sm_90_132 --gpu MI300X --all -o bundles
     (add --cluster tcp://scheduler:8786 to compile on a Dask cluster's workers, --publish
-    redis://cache:6379/0 to warm the cluster cache with what it builds)
+    redis://cache:6379/0 to warm the cluster cache with what it builds, --reproducible for
+    bit-identical rebuilds)
     """
     from kdbkit.packager import PublishError, build_bundles
 
@@ -78,7 +83,7 @@ def build(
     with progress_bar(quiet=as_json) as step:
         report = build_bundles(target, gpus=gpu, catalogues=catalogue, every=every, out=output, shard=part,
                                workers=jobs, cluster=cluster, stall_timeout=stall_timeout, publish=publish,
-                               progress=step, on_cluster=joined, on_skipped=_print_skipped)
+                               reproducible=reproducible, progress=step, on_cluster=joined, on_skipped=_print_skipped)
     result, line_errors = report.result, report.skipped_lines
     for failure in result.failures:
         err.print(f"[red]failed[/] {escape(str(failure.job.request))} for {failure.job.bundle}: "
@@ -89,7 +94,7 @@ def build(
     if as_json:
         print_json({"bundles": {t: str(p) for t, p in result.bundles.items()}, "compiled": result.compiled,
                     "reused": result.reused, "failed": len(result.failures), "workers": report.workers,
-                    "skipped_lines": [str(e) for e in line_errors],
+                    "skipped_lines": [str(e) for e in line_errors], "not_reproducible": result.not_reproducible,
                     **({"published": published.as_json()} if published is not None else {})})
     else:
         for name, path in result.bundles.items():
@@ -98,6 +103,8 @@ def build(
                   f"{len(line_errors)} catalogue lines skipped")
         if published is not None:
             _print_published(published)
+    for name, why in result.not_reproducible.items():  # on stderr, with --json too
+        err.print(f"[yellow]not reproducible[/] {escape(name)}: {escape(why)}")
     if published is not None:  # on stderr, with --json too
         for why, count in published.not_published.items():
             err.print(f"[yellow]not published[/] {count} programs to {escape(published.where)}: {escape(why)}")

@@ -52,6 +52,7 @@ def info(file: Path = FileArg, as_json: bool = typer.Option(False, "--json", hel
         "target": str(md.target) if md.target else None, "backend": md.target.backend if md.target else None,
         "compiler": md.compiler or None, "binary_format": md.binary_format or None, "codec": md.codec,
         "hash": md.hash, "dictionary_bytes": md.dictionary_size, "created": md.created or None,
+        "reproducible": md.reproducible,  # written by `kdb build --reproducible` (or with SOURCE_DATE_EPOCH)
         "entries": st.entries, "raw_bytes": st.raw_bytes, "stored_bytes": st.stored_bytes,
         "file_bytes": st.file_bytes, "ratio": round(st.ratio, 3),
         "kernel_sources": len(md.sources),  # files in its manifest (what it was built from)

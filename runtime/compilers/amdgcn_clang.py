@@ -153,6 +153,7 @@ class AmdgcnClangCompiler(Compiler):
     name = "clang"
     backend = "hip"
     binary_format = "hsaco"
+    determinism = "deterministic"  # the same bytes in any process, folder or time (measured for gfx90a, gfx942)
     arch_pattern = _TARGET_RE
 
     def __init__(self, clang: str | None = None):

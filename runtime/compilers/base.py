@@ -14,6 +14,12 @@ Contracts:
 - ``compile()`` compiles exactly the text of the :class:`KernelSource` it is given (includes
   inlined, no file read again), so the binary matches the digest its key was made from. It
   raises :class:`~kdbkit.runtime.errors.CompileError` with the compiler's log.
+- ``determinism`` says whether the same source, options and target give the same bytes, as
+  measured (docs/reliability.md, "Bit-identical rebuilds"): ``"deterministic"`` (clang);
+  ``"fresh-process"``: only as the first compile of a new process whose address space is not
+  randomised (NVRTC: ptxas's output depends on where its data lies in memory), which a
+  reproducible build arranges (:mod:`kdbkit.packager.fresh_compile`); ``"none"`` (PoCL, whose
+  binaries hold the path of a temporary file); ``"unmeasured"``.
 """
 
 from __future__ import annotations
@@ -27,6 +33,9 @@ from kdbkit.runtime.kernel_sources import KernelSource
 from kdbkit.runtime.program_key import ProgramRequest
 
 
+DETERMINISM = ("deterministic", "fresh-process", "none", "unmeasured")
+
+
 class Compiler(ABC):
     """Compiles kernel sources to binaries of one format, for the targets of one backend."""
 
@@ -34,6 +43,7 @@ class Compiler(ABC):
     backend: ClassVar[str]  # the backend whose devices load its binaries
     binary_format: ClassVar[str]  # "cubin", "hsaco", "ocl-binary": recorded in bundles
     arch_pattern: ClassVar[re.Pattern | None] = None  # the full arches it builds for (None: any of its backend)
+    determinism: ClassVar[str] = "unmeasured"  # one of DETERMINISM (the module's docstring says what each means)
 
     @abstractmethod
     def identity(self) -> str:

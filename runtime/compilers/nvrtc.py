@@ -242,6 +242,11 @@ class NvrtcCompiler(Compiler):
     name = "nvrtc"
     backend = "cuda"
     binary_format = "cubin"
+    # ptxas (inside NVRTC) orders some of its work by memory address: a program compiled twice
+    # in one process, or in two processes with randomised address spaces, can get other
+    # register choices. The first compile of a fresh process without address randomisation is
+    # the same every time (kdbkit.packager.fresh_compile; docs/reliability.md has the figures).
+    determinism = "fresh-process"
     arch_pattern = _ARCH_RE
 
     def identity(self) -> str:

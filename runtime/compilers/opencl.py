@@ -38,6 +38,9 @@ class OpenCLCompiler(Compiler):
     name = "opencl"
     backend = "opencl"
     binary_format = "ocl-binary"
+    # PoCL's binaries hold the path of the temporary file it compiled (in its cache folder, with a
+    # random name) and a build hash over it: two builds never give the same bytes.
+    determinism = "none"
 
     def __init__(self, arch: str):
         try:

@@ -166,7 +166,7 @@ def test_each_job_checks_its_workers_kdbkit_and_compiler(amdgcn_clang):
     compiler = AmdgcnClangCompiler()
     job = Job(Target.parse("gfx942"), ProgramRequest("softmax.c", []), "softmax.c.o", "")
     source = KernelSearchPath().read("softmax.c")
-    binary, error = _compile(compiler, job, source, "kdbkit 0.0.1, clang 1.0.0")
+    binary, error, _ = _compile(compiler, job, source, "kdbkit 0.0.1, clang 1.0.0")
     message = error.problem
     assert binary is None and f"has {builder_identity(compiler)}, not kdbkit 0.0.1, clang 1.0.0" in message
     assert _compile(compiler, job, source, builder_identity(compiler))[0]
