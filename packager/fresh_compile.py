@@ -35,8 +35,10 @@ _MODULE = "kdbkit.packager.fresh_compile"
 ADDR_NO_RANDOMIZE = 0x0040000  # <linux/personality.h>
 _QUERY = 0xFFFFFFFF  # personality(0xffffffff) reads the persona without changing it
 # What the child's environment keeps: where Python and the compiler's libraries are. Nothing
-# else (TMPDIR, HOME, the locale, the folder) may vary its allocations from build to build.
-_KEPT = ("PYTHONPATH", "PYTHONHOME", "LD_LIBRARY_PATH", "LD_PRELOAD", "CUDA_HOME", "CUDA_PATH", "CONDA_PREFIX")
+# else (TMPDIR, HOME, the locale, the folder) may vary its allocations from build to build, and
+# no LD_PRELOAD either: a preloaded library (faketime's, a profiler's) moves every allocation
+# after it, and ptxas's output moved with them (the rebuild test under faketime).
+_KEPT = ("PYTHONPATH", "PYTHONHOME", "LD_LIBRARY_PATH", "CUDA_HOME", "CUDA_PATH", "CONDA_PREFIX")
 RANDOMISED = ("the address space of the compiler's process could not be fixed (personality refused), "
               "so its output may vary")
 
