@@ -27,6 +27,7 @@ from typing import Sequence
 
 from kdbkit.kdb import Target
 from kdbkit.kdb.find_db import SYSTEM_SUFFIX
+from kdbkit.kdb.signing import PublicKey
 from kdbkit.kdb.version import __version__
 from kdbkit.packager import install as installer
 from kdbkit.packager.errors import LockError, PackageError
@@ -281,11 +282,13 @@ def _extra_bundles(locked_files: set[str], targets: Sequence[Target] | None) -> 
             for where, served in extra.items()]
 
 
-def install_locked(lock: Lock, source: Path, *, dry_run: bool = False) -> list[tuple[LockedPackage, Path]]:
+def install_locked(lock: Lock, source: Path, *, dry_run: bool = False,
+                   trusted_keys: Sequence[PublicKey] | None = None) -> list[tuple[LockedPackage, Path]]:
     """Install exactly the locked packages from the wheels in ``source``, or nothing.
 
     Each locked package's wheel is found by name and version and must have the locked SHA-256,
-    then passes every check of ``kdb install``; pip runs once, after all of them.
+    then passes every check of ``kdb install`` (with ``trusted_keys``, its signature too); pip
+    runs once, after all of them.
 
     Returns:
         Each locked package and the wheel it was (or, with ``dry_run``, would be) installed from.
@@ -307,7 +310,7 @@ def install_locked(lock: Lock, source: Path, *, dry_run: bool = False) -> list[t
         if candidate.damaged or package_name(candidate.target) != p.name:
             raise LockError(f"{p.label}: {wheel} is {candidate.damaged or 'another package'}",
                             "the locked wheel itself is damaged: build the packages again and lock again")
-        installer.verify(candidate, root=source)
+        installer.verify(candidate, root=source, trusted_keys=trusted_keys)
     if chosen and not dry_run:
         installer.pip_install_wheels([w for _, w in chosen], [p.wheel_sha256 for p, _ in chosen])
     return chosen

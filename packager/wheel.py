@@ -40,11 +40,13 @@ from kdbkit.kdb import Target, open_bundle
 from kdbkit.kdb.errors import KdbError
 from kdbkit.kdb.find_db import SYSTEM_SUFFIX, USER_SUFFIX, configs_in, system_file_name
 from kdbkit.kdb.reproducible import zip_date_time
+from kdbkit.kdb.signing import Signer, detached_signature
 from kdbkit.kdb.version import __version__
 from kdbkit.packager.errors import PackageError
 
 PACKAGE_PREFIX = "kdbkit-kernels-"
 MANIFEST = "manifest.json"
+SIGNATURE = "manifest.json.sig"  # `kdb package --sign`: the key id and Ed25519 signature over manifest.json's bytes
 MANIFEST_FORMAT = 1
 # The group runtime/paths.py reads, spelled again there: the runtime does not import the packager.
 ENTRY_POINT_GROUP = "kdbkit.bundles"
@@ -125,8 +127,13 @@ def package_target(bundle_target: Target, find_db: Path | None) -> Target:
     return tuned
 
 
-def write_package(bundle: Path, out: Path, *, find_db: Path | None = None, version: str = __version__) -> Path:
+def write_package(bundle: Path, out: Path, *, find_db: Path | None = None, version: str = __version__,
+                  signer: Signer | None = None) -> Path:
     """Write the wheel of ``bundle`` (and ``find_db``) into folder ``out``; return its path.
+
+    With ``signer``, the wheel also holds ``<module>/manifest.json.sig``: the signer's key id and
+    its Ed25519 signature over ``manifest.json``'s exact bytes, which list every data file's
+    SHA-256, so the signature covers them all (``kdb install --trusted-key``, ``KDB_TRUSTED_KEYS``).
 
     Raises:
         PackageError: the bundle does not open or names no target, or the find-db does not fit it.
@@ -148,6 +155,8 @@ def write_package(bundle: Path, out: Path, *, find_db: Path | None = None, versi
                         md.source_digests)
     members = {f"{module}/{f}": data for f, data in files.items()}
     members[f"{module}/{MANIFEST}"] = manifest.to_json().encode()
+    if signer is not None:  # Ed25519 is deterministic: the same key and manifest give the same bytes
+        members[f"{module}/{SIGNATURE}"] = detached_signature(signer, members[f"{module}/{MANIFEST}"])
     members.update(generated_members(target, version, md.compiler))
     dist_info = dist_info_name(target, version)
     members[f"{dist_info}/WHEEL"] = wheel_file_text(__version__).encode()

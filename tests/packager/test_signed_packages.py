@@ -1,0 +1,198 @@
+"""Signed kernel packages: `kdb package --sign` signs each wheel's manifest (which lists every data
+file's SHA-256); `kdb install --trusted-key` (and `--locked` with it) installs only packages one
+of those keys signed, refusing unsigned, tampered and untrusted ones with nothing installed.
+
+Packages are real `kdb package` wheels of small bundles with fake binaries; pip is replaced by a
+recorder, so that what would have been installed is seen without changing this environment.
+"""
+
+from __future__ import annotations
+
+import base64
+import json
+import zipfile
+from pathlib import Path
+
+import pytest
+
+from kdbkit.kdb import Target
+from kdbkit.kdb.signing import read_detached_signature, write_key_pair
+from kdbkit.kdb.version import __version__
+from kdbkit.packager import install as installer
+from kdbkit.packager import install_packages
+from kdbkit.packager.errors import PackageError
+from kdbkit.packager.select import scan
+from kdbkit.packager.wheel import write_package
+from tests.packager.test_packages import _bundle, _rewrite
+
+SM90 = Target.parse("sm_90")
+MODULE = "kdbkit_kernels_sm_90"
+WHEEL = f"{MODULE}-{__version__}-py3-none-any.whl"
+
+
+@pytest.fixture
+def keys(tmp_path):
+    """Two key pairs: (private, public, signer) of the publisher, and of a stranger."""
+    return write_key_pair(tmp_path / "keys"), write_key_pair(tmp_path / "other")
+
+
+@pytest.fixture
+def pip_calls(monkeypatch) -> list:
+    """pip replaced by a recorder: each call's wheels."""
+    calls = []
+    monkeypatch.setattr(installer, "pip_install_wheels", lambda wheels, digests=None: calls.append(list(wheels)))
+    return calls
+
+
+def _signed(tmp_path, signer, folder="w") -> Path:
+    wheel = write_package(_bundle(tmp_path / "b"), tmp_path / folder, signer=signer)
+    installer.write_sums(tmp_path / folder, [wheel])
+    return wheel
+
+
+def _members(wheel: Path) -> dict[str, bytes]:
+    with zipfile.ZipFile(wheel) as archive:
+        return {name: archive.read(name) for name in archive.namelist()}
+
+
+def _install(folder: Path, keys):
+    return install_packages(folder, targets=["sm_90"], trusted_keys=keys)
+
+
+def test_a_signed_wheel_carries_the_signature_over_its_manifest(tmp_path, keys):
+    (_, _, signer), _ = keys
+    wheel = _signed(tmp_path, signer)
+    members = _members(wheel)
+    key_id, signature = read_detached_signature(members[f"{MODULE}/manifest.json.sig"])
+    assert key_id == signer.key_id
+    assert signer.public_key.verifies(members[f"{MODULE}/manifest.json"], signature)
+    manifest = json.loads(members[f"{MODULE}/manifest.json"])
+    assert manifest["files"]["sm_90.kdb"]["size"] == len(members[f"{MODULE}/sm_90.kdb"])
+    # the same key and bundle give the same wheel, byte for byte (Ed25519 is deterministic)
+    again = write_package(_bundle(tmp_path / "b2"), tmp_path / "again", signer=signer)
+    assert again.read_bytes() == wheel.read_bytes()
+    unsigned = write_package(_bundle(tmp_path / "b3"), tmp_path / "unsigned")
+    assert f"{MODULE}/manifest.json.sig" not in _members(unsigned)
+
+
+def test_a_signed_package_installs_under_its_trusted_key(tmp_path, keys, pip_calls):
+    (_, pub, signer), _ = keys
+    _signed(tmp_path, signer)
+    from kdbkit.kdb.signing import load_public_keys
+
+    report = _install(tmp_path / "w", load_public_keys([pub]))
+    assert report.ok and [w.name for w in pip_calls[0]] == [WHEEL]
+    # and a signed package installs where no key is asked for, too
+    assert install_packages(tmp_path / "w", targets=["sm_90"]).ok
+
+
+def _refused(folder: Path, pub: Path, pip_calls, match: str) -> None:
+    from kdbkit.kdb.signing import load_public_keys
+
+    with pytest.raises(PackageError, match=match) as refused:
+        _install(folder, load_public_keys([pub]))
+    assert "\n" not in str(refused.value) and WHEEL in str(refused.value)  # one line, naming the package
+    assert pip_calls == []  # nothing installed
+
+
+def test_an_unsigned_package_is_refused(tmp_path, keys, pip_calls):
+    (_, pub, _), _ = keys
+    write_package(_bundle(tmp_path / "b"), tmp_path / "w")
+    _refused(tmp_path / "w", pub, pip_calls, "kdbkit-kernels-sm_90 is not signed")
+
+
+def test_a_package_signed_by_an_untrusted_key_is_refused(tmp_path, keys, pip_calls):
+    (_, pub, _), (_, _, stranger) = keys
+    _signed(tmp_path, stranger)
+    _refused(tmp_path / "w", pub, pip_calls, f"signed by key {stranger.key_id}, which is not trusted")
+
+
+def _flip(data: bytes, where: int | None = None) -> bytes:
+    i = len(data) // 2 if where is None else where
+    return data[:i] + bytes([data[i] ^ 1]) + data[i + 1:]
+
+
+def _flip_signature(data: bytes) -> bytes:
+    """One bit of the signature changed, the file still in its exact form."""
+    parsed = json.loads(data)
+    raw = base64.b64decode(parsed["signature"])
+    parsed["signature"] = base64.b64encode(_flip(raw, 5)).decode()
+    return (json.dumps(parsed, indent=1, sort_keys=True) + "\n").encode()
+
+
+@pytest.mark.parametrize("member, change, match", [
+    ("sm_90.kdb", _flip, "sm_90.kdb does not match the SHA-256 in its manifest"),
+    ("manifest.json", lambda d: d.replace(b'"nvrtc 13.0"', b'"nvrtc 13.1"'), "signature does not verify"),
+    ("manifest.json.sig", lambda d: _flip_signature(d), "signature does not verify"),
+])
+def test_a_tampered_package_is_refused(tmp_path, keys, pip_calls, member, change, match):
+    """One byte changed (RECORD rewritten to match, as whoever altered it would): refused, nothing installed."""
+    (_, pub, signer), _ = keys
+    wheel = _signed(tmp_path, signer)
+    name = f"{MODULE}/{member}"
+
+    def alter(infos):
+        info, data = infos[name]
+        changed = change(data)
+        assert changed != data
+        return {**infos, name: (info, changed)}
+
+    _rewrite(wheel, alter)
+    (tmp_path / "w" / "SHA256SUMS").unlink()  # else SHA256SUMS catches it first
+    _refused(tmp_path / "w", pub, pip_calls, match)
+
+
+def test_a_signature_in_another_form_is_refused_even_without_trusted_keys(tmp_path, keys):
+    (_, _, signer), _ = keys
+    wheel = _signed(tmp_path, signer)
+    name = f"{MODULE}/manifest.json.sig"
+
+    def reformat(infos):
+        info, data = infos[name]
+        return {**infos, name: (info, json.dumps(json.loads(data)).encode())}  # the same content, other bytes
+
+    _rewrite(wheel, reformat)
+    (tmp_path / "w" / "SHA256SUMS").unlink()
+    with pytest.raises(PackageError, match="is not a signature `kdb package --sign` writes"):
+        installer.verify(scan(tmp_path / "w")[0])
+
+
+def test_a_bare_bundle_is_refused_under_a_trusted_key(tmp_path, keys, pip_calls):
+    (_, pub, _), _ = keys
+    _bundle(tmp_path / "w")
+    from kdbkit.kdb.signing import load_public_keys
+
+    with pytest.raises(PackageError, match="a bare bundle carries no signature"):
+        install_packages(tmp_path / "w", targets=["sm_90"], trusted_keys=load_public_keys([pub]), into=tmp_path / "db")
+    assert not (tmp_path / "db").exists()
+
+
+def test_the_command_line_signs_and_checks(kdb, tmp_path, keys, pip_calls):
+    (key, pub, signer), (_, other_pub, _) = keys
+    bundle = _bundle(tmp_path / "b")
+    code, out, err = kdb("package", bundle, "-o", tmp_path / "w", "--sign", key)
+    assert code == 0, err
+    assert f"signed with key {signer.key_id}" in out
+    code, out, err = kdb("install", "--from", tmp_path / "w", "--target", "sm_90", "--trusted-key", pub)
+    assert code == 0, err
+    assert [w.name for w in pip_calls[0]] == [WHEEL]
+    code, out, err = kdb("install", "--from", tmp_path / "w", "--target", "sm_90", "--trusted-key", other_pub)
+    lines = [line for line in err.strip().splitlines() if line.strip()]
+    assert code == 1 and len(lines) == 1 and "which is not trusted" in lines[0] and WHEEL in lines[0], err
+    assert len(pip_calls) == 1
+
+
+def test_a_locked_install_honours_trusted_keys(kdb, tmp_path, keys, pip_calls):
+    from kdbkit.kdb.signing import load_public_keys
+    from kdbkit.packager.lock import install_locked
+    from kdbkit.packager.lock_file import Lock, LockedPackage
+    from kdbkit.packager.wheel import compatible_versions
+
+    (_, pub, _), (_, _, stranger) = keys
+    wheel = _signed(tmp_path, stranger)
+    locked = Lock((LockedPackage("kdbkit-kernels-sm_90", __version__, "sm_90", compatible_versions(), "nvrtc 13.0",
+                                 installer.sha256_of(wheel), {}, {}),))
+    assert install_locked(locked, tmp_path / "w", dry_run=True)  # no key asked for: installs
+    with pytest.raises(PackageError, match="which is not trusted"):
+        install_locked(locked, tmp_path / "w", trusted_keys=load_public_keys([pub]))
+    assert pip_calls == []
