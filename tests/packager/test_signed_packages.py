@@ -24,6 +24,7 @@ from kdbkit.packager.errors import PackageError
 from kdbkit.packager.select import scan
 from kdbkit.packager.wheel import write_package
 from tests.packager.test_packages import _bundle, _rewrite
+from tests.runtime.chain_fixtures import isolated  # noqa: F401
 
 SM90 = Target.parse("sm_90")
 MODULE = "kdbkit_kernels_sm_90"
@@ -196,3 +197,105 @@ def test_a_locked_install_honours_trusted_keys(kdb, tmp_path, keys, pip_calls):
     with pytest.raises(PackageError, match="which is not trusted"):
         install_locked(locked, tmp_path / "w", trusted_keys=load_public_keys([pub]))
     assert pip_calls == []
+
+
+# --- KDB_TRUSTED_KEYS: the runtime's system bundles only from signed installed packages ---------
+
+def _site(tmp_path, monkeypatch, wheel: Path, name="site") -> Path:
+    """``wheel`` installed by pip into a folder on sys.path, as `kdb install` would install it."""
+    from kdbkit.runtime import paths
+    from tests.packager.test_lock import _pip_into
+
+    folder = tmp_path / name
+    _pip_into(folder, [wheel])
+    monkeypatch.syspath_prepend(str(folder))
+    monkeypatch.setattr(paths, "_entry_points_seen", None)
+    return folder
+
+
+def _search(target=SM90):
+    from kdbkit.runtime import paths
+    from kdbkit.runtime.system_bundles import find_system_bundles
+
+    bundles, trace = find_system_bundles(target, "cubin", paths.iter_system_db_dirs())
+    for b in bundles:
+        b.close()
+    return [(c.path.name, c.origin, c.status, c.reason) for c in trace if c.status != "missing"]
+
+
+def test_trusted_keys_accept_a_signed_installed_package(isolated, tmp_path, keys, monkeypatch):
+    (_, pub, signer), _ = keys
+    _site(tmp_path, monkeypatch, _signed(tmp_path, signer))
+    monkeypatch.setenv("KDB_TRUSTED_KEYS", str(pub))
+    assert _search() == [("sm_90.kdb", "package kdbkit_kernels_sm_90", "accepted", "")]
+
+
+def test_trusted_keys_reject_unsigned_untrusted_and_bare_bundles(isolated, tmp_path, keys, monkeypatch):
+    (_, pub, _), (_, _, stranger) = keys
+    _bundle(isolated / "system")  # a bare bundle in KDB_SYSTEM_DB_PATH
+    _site(tmp_path, monkeypatch, write_package(_bundle(tmp_path / "u"), tmp_path / "unsigned"), "s1")
+    assert [c[2] for c in _search()] == ["accepted", "accepted"]  # unset: both used, nothing checked
+    monkeypatch.setenv("KDB_TRUSTED_KEYS", str(pub))
+    (bare, package) = _search()
+    assert bare[2] == "rejected" and "a bare bundle carries no signature" in bare[3]
+    assert package[2] == "rejected" and "its package is not signed" in package[3]
+
+    monkeypatch.setattr("sys.path", [p for p in __import__("sys").path if not p.endswith("s1")])
+    _site(tmp_path, monkeypatch, write_package(_bundle(tmp_path / "x"), tmp_path / "stranger", signer=stranger), "s2")
+    (_, package) = _search()
+    assert package[2] == "rejected" and f"signed by key {stranger.key_id}, which KDB_TRUSTED_KEYS" in package[3]
+
+
+def test_trusted_keys_reject_an_altered_installed_bundle_or_manifest(isolated, tmp_path, keys, monkeypatch):
+    (_, pub, signer), _ = keys
+    site = _site(tmp_path, monkeypatch, _signed(tmp_path, signer))
+    monkeypatch.setenv("KDB_TRUSTED_KEYS", str(pub))
+    assert _search()[0][2] == "accepted"  # its SHA-256 is remembered now, by the file's stamp
+    bundle = site / MODULE / "sm_90.kdb"
+    data = bundle.read_bytes()
+    bundle.write_bytes(data + b"\0")  # one byte more: SQLite does not mind, the manifest does
+    (found,) = _search()
+    assert found[2] == "rejected" and "SHA-256 is not the one its package's signed manifest.json lists" in found[3]
+    bundle.write_bytes(data)
+    assert _search()[0][2] == "accepted"
+
+    manifest = site / MODULE / "manifest.json"
+    manifest.write_bytes(manifest.read_bytes().replace(b"nvrtc 13.0", b"nvrtc 13.1"))
+    (found,) = _search()
+    assert found[2] == "rejected" and "signature does not verify" in found[3]
+
+
+def test_unusable_trusted_keys_fail_closed_with_one_warning(isolated, tmp_path, keys, monkeypatch, capfd):
+    (_, _, signer), _ = keys
+    _site(tmp_path, monkeypatch, _signed(tmp_path, signer))
+    capfd.readouterr()
+    monkeypatch.setenv("KDB_TRUSTED_KEYS", str(tmp_path / "no-such.pub"))
+    (found,) = _search()
+    _search()
+    assert found[2] == "rejected" and "KDB_TRUSTED_KEYS is unusable" in found[3]
+    warnings = [line for line in capfd.readouterr().err.splitlines() if "KDB_TRUSTED_KEYS is unusable" in line]
+    assert len(warnings) == 1 and "no-such.pub" in warnings[0] and "`kdb keys new -o DIR`" in warnings[0]
+
+
+def test_the_trust_check_costs_little_once_its_digest_is_remembered(isolated, tmp_path, keys, monkeypatch):
+    """The added cost on one bundle: paid per search only with KDB_TRUSTED_KEYS set, and no hashing
+    once the file's digest is remembered (a new process reads it from the startup memo)."""
+    import time
+
+    from kdbkit.runtime import package_trust
+
+    (_, pub, signer), _ = keys
+    site = _site(tmp_path, monkeypatch, _signed(tmp_path, signer))
+    bundle, origin = site / MODULE / "sm_90.kdb", "package kdbkit_kernels_sm_90"
+    assert package_trust.why_untrusted(bundle, origin) == ""  # unset: nothing read
+    monkeypatch.setenv("KDB_TRUSTED_KEYS", str(pub))
+    assert package_trust.why_untrusted(bundle, origin) == ""
+    package_trust._digests.clear()  # as a new process: the memo remembers
+    hashed = []
+    monkeypatch.setattr(package_trust.hashlib, "sha256", lambda *a: hashed.append(a) or __import__("hashlib").sha256())
+    start = time.perf_counter()
+    for _ in range(100):
+        assert package_trust.why_untrusted(bundle, origin) == ""
+    per_check = (time.perf_counter() - start) / 100
+    assert hashed == [] and per_check < 0.005, per_check
+    print(f"trust check per bundle: {per_check * 1e6:.0f} us")
