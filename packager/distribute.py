@@ -59,13 +59,14 @@ def bundle_files(paths: Sequence[Path]) -> list[Path]:
 
 
 def package_bundles(paths: Sequence[Path], out: Path, *, find_dbs: Sequence[Path] = (),
-                    signer: Signer | None = None) -> tuple[list[Packaged], Path]:
+                    signer: Signer | None = None, provenance_host: bool = False) -> tuple[list[Packaged], Path]:
     """Write the wheel of each bundle (with the tuned find-dbs of its arch) into ``out``.
 
     Args:
         paths: bundles, or folders of them; a bundle named twice is packaged once.
         find_dbs: system find-dbs (``<arch>_<cu>.fdb``), each shipped with the bundle of its arch.
         signer: sign each wheel's manifest with this key (``kdb package --sign``).
+        provenance_host: record this machine's host name in each wheel's provenance.
 
     Returns:
         The wheels written, and the ``SHA256SUMS`` file listing them.
@@ -87,7 +88,8 @@ def package_bundles(paths: Sequence[Path], out: Path, *, find_dbs: Sequence[Path
     if unused:
         raise PackageError(f"{unused[0]} fits none of the bundles given (a find-db ships with a bundle of its arch)",
                            "give the bundle it was tuned for, or leave it out")
-    packaged = [Packaged(write_package(bundle, out, find_db=fdb, signer=signer), bundle, fdb) for bundle, fdb in pairs]
+    packaged = [Packaged(write_package(bundle, out, find_db=fdb, signer=signer,
+                                                   provenance_host=provenance_host), bundle, fdb) for bundle, fdb in pairs]
     return packaged, installer.write_sums(out, [p.wheel for p in packaged])
 
 

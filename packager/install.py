@@ -44,6 +44,7 @@ from kdbkit.kdb.signing import PublicKey
 from kdbkit.kdb.verify import verify_bundle
 from kdbkit.packager.select import Candidate
 from kdbkit.packager import wheel_checks as checks
+from kdbkit.packager.provenance import FILE as PROVENANCE
 from kdbkit.packager.wheel import (MANIFEST, SIGNATURE, Manifest, dist_info_name, generated_members, module_name, package_name,
                                    wheel_name)
 from kdbkit.packager.errors import PackageError
@@ -191,6 +192,8 @@ def _verify_wheel_members(candidate: Candidate, wheel, infos: list[zipfile.ZipIn
         raise PackageError(f"{path}: its name, folders and manifest ({manifest.package} {version}) disagree",
                            "rebuild it with `kdb package`; do not rename a kernel wheel")
     for name in manifest.files:
+        if name == PROVENANCE:
+            continue
         if "/" in name or "\\" in name or name.startswith(".") or not name.endswith((".kdb", SYSTEM_SUFFIX)):
             raise PackageError(f"{path}: its manifest lists {name!r}, not a bundle or find-db",
                                "the wheel is unsafe; do not install it")
@@ -204,7 +207,7 @@ def _verify_wheel_members(candidate: Candidate, wheel, infos: list[zipfile.ZipIn
         wheel, path, by_name[signature_name])) if signed else None
     if trusted_keys is not None:
         _check_signed(path, manifest.package, manifest_bytes, signature, trusted_keys)
-    checks.check_sizes(path, infos, set(data))
+    checks.check_sizes(path, infos, {m for m, name in data.items() if name != PROVENANCE})
     for name, expected in [*generated.items(), (f"{dist_info}/WHEEL", None)]:
         checks.check_generated(path, name, checks.read_text_member(wheel, path, by_name[name]), expected)
     with tempfile.TemporaryDirectory() as tmp:

@@ -32,6 +32,7 @@ from kdbkit.kdb.version import __version__
 from kdbkit.packager import install as installer
 from kdbkit.packager.errors import LockError, PackageError
 from kdbkit.packager.lock_file import Lock, LockedPackage
+from kdbkit.packager.provenance import FILE as PROVENANCE
 from kdbkit.packager.select import wheel_candidate
 from kdbkit.packager.wheel import MANIFEST, Manifest, module_name, package_name, wheel_name
 from kdbkit.packager.wheel_checks import MAX_TEXT_BYTES
@@ -122,12 +123,19 @@ def _recorded_wheel_sha256(dist_info: Path) -> str | None:
 
 def _manifest_problem(p: Installed) -> str:
     """Why the installed files are not the ones the package's manifest lists ("" when they are)."""
-    for name in sorted(set(p.files) | set(p.manifest.files)):
+    listed = {name: entry for name, entry in p.manifest.files.items() if name != PROVENANCE}
+    if PROVENANCE in p.manifest.files:  # not locked (the wheel's SHA-256 is), but part of the package
+        try:
+            if installer.sha256_of(p.where.folder / PROVENANCE) != p.manifest.files[PROVENANCE].get("sha256"):
+                return f"{p.where.folder / PROVENANCE} does not match the SHA-256 in its {MANIFEST}"
+        except OSError:
+            return f"{PROVENANCE} is missing from {p.where.folder}"
+    for name in sorted(set(p.files) | set(listed)):
         if name not in p.files:
             return f"{name} is missing from {p.where.folder}"
-        if name not in p.manifest.files:
+        if name not in listed:
             return f"{p.where.folder / name} is not one of the package's files"
-        if p.files[name] != p.manifest.files[name].get("sha256"):
+        if p.files[name] != listed[name].get("sha256"):
             return f"{p.where.folder / name} does not match the SHA-256 in its {MANIFEST}"
     return ""
 

@@ -9,6 +9,7 @@ recorder, so that what would have been installed is seen without changing this e
 from __future__ import annotations
 
 import base64
+import hashlib
 import json
 import zipfile
 from pathlib import Path
@@ -299,3 +300,81 @@ def test_the_trust_check_costs_little_once_its_digest_is_remembered(isolated, tm
     per_check = (time.perf_counter() - start) / 100
     assert hashed == [] and per_check < 0.005, per_check
     print(f"trust check per bundle: {per_check * 1e6:.0f} us")
+
+
+# --- provenance: an in-toto statement in every wheel, covered by the signature ----------------
+
+def test_each_wheel_carries_an_in_toto_provenance_statement_listed_in_its_manifest(tmp_path, keys, monkeypatch):
+    from kdbkit.runtime.kernel_sources import source_digest
+
+    (_, _, signer), _ = keys
+    monkeypatch.setenv("SOURCE_DATE_EPOCH", "1700000000")
+    members = _members(_signed(tmp_path, signer))
+    data = members[f"{MODULE}/provenance.intoto.json"]
+    statement = json.loads(data)
+    bundle_sha = hashlib.sha256(members[f"{MODULE}/sm_90.kdb"]).hexdigest()
+    assert statement["_type"] == "https://in-toto.io/Statement/v1"
+    assert statement["predicateType"] == "https://slsa.dev/provenance/v1"
+    assert statement["subject"] == [{"name": "sm_90.kdb", "digest": {"sha256": bundle_sha}}]
+    definition, run = statement["predicate"]["buildDefinition"], statement["predicate"]["runDetails"]
+    assert definition["externalParameters"] == {"package": "kdbkit-kernels-sm_90", "version": __version__,
+                                                "target": "sm_90"}
+    assert definition["internalParameters"]["compilers"] == ["nvrtc 13.0"]
+    assert "packagingHost" not in definition["internalParameters"]  # only when asked
+    assert definition["resolvedDependencies"] == [
+        {"name": "kernel-source:softmax.c", "digest": {"sha256": source_digest("softmax.c")},
+         "annotations": {"covers": "the source and every file it includes"}}]
+    assert run["builder"]["version"] == {"kdbkit": __version__}
+    assert run["metadata"] == {"startedOn": "2023-11-14T22:13:20Z", "finishedOn": "2023-11-14T22:13:20Z"}
+    manifest = json.loads(members[f"{MODULE}/manifest.json"])  # listed, so the signature covers it
+    assert manifest["files"]["provenance.intoto.json"] == {"sha256": hashlib.sha256(data).hexdigest(),
+                                                           "size": len(data)}
+    hosted = _members(write_package(_bundle(tmp_path / "h"), tmp_path / "hosted", provenance_host=True))
+    assert json.loads(hosted[f"{MODULE}/provenance.intoto.json"])["predicate"]["buildDefinition"][
+        "internalParameters"]["packagingHost"] == __import__("socket").gethostname()
+
+
+def test_a_tampered_provenance_is_refused(tmp_path, keys, pip_calls):
+    (_, pub, signer), _ = keys
+    wheel = _signed(tmp_path, signer)
+    name = f"{MODULE}/provenance.intoto.json"
+
+    def alter(infos):
+        info, data = infos[name]
+        return {**infos, name: (info, data.replace(b"nvrtc 13.0", b"nvrtc 99.9"))}
+
+    _rewrite(wheel, alter)
+    (tmp_path / "w" / "SHA256SUMS").unlink()
+    _refused(tmp_path / "w", pub, pip_calls, "provenance.intoto.json does not match the SHA-256 in its manifest")
+
+
+def test_signed_wheels_are_bit_identical_across_two_packagings(tmp_path, keys, monkeypatch):
+    (_, _, signer), _ = keys
+    monkeypatch.setenv("SOURCE_DATE_EPOCH", "1700000000")
+    bundle = _bundle(tmp_path / "b")
+    first = write_package(bundle, tmp_path / "one", signer=signer).read_bytes()
+    copy = tmp_path / "elsewhere" / "deeper" / bundle.name
+    copy.parent.mkdir(parents=True)
+    copy.write_bytes(bundle.read_bytes())
+    assert write_package(copy, tmp_path / "two", signer=signer).read_bytes() == first
+    monkeypatch.setenv("SOURCE_DATE_EPOCH", "1700000001")  # another recorded time: other bytes
+    assert write_package(bundle, tmp_path / "three", signer=signer).read_bytes() != first
+
+
+def test_package_show_and_db_info_print_the_provenance(kdb, isolated, tmp_path, keys, monkeypatch):
+    (key, _, signer), _ = keys
+    monkeypatch.setenv("SOURCE_DATE_EPOCH", "1700000000")
+    wheel = _signed(tmp_path, signer)
+    code, out, err = kdb("package", "--show", wheel)
+    assert code == 0, err
+    assert f"signed: key {signer.key_id}" in out and "build finished: 2023-11-14T22:13:20Z" in out
+    assert "compilers: nvrtc 13.0" in out and "kernel-source:softmax.c: sha256:" in out
+    code, out, _ = kdb("package", "--show", wheel, "--json")
+    assert json.loads(out)["provenance"]["predicateType"] == "https://slsa.dev/provenance/v1"
+
+    site = _site(tmp_path, monkeypatch, wheel)
+    code, out, err = kdb("db", "info", site / MODULE / "sm_90.kdb")
+    assert code == 0, err
+    assert "provenance (its kernel package's provenance.intoto.json)" in out and "compilers: nvrtc 13.0" in out
+    code, out, _ = kdb("db", "info", tmp_path / "b" / "sm_90.kdb")  # a bundle outside any package
+    assert code == 0 and "provenance: none" in out
