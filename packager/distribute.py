@@ -88,8 +88,8 @@ def package_bundles(paths: Sequence[Path], out: Path, *, find_dbs: Sequence[Path
     if unused:
         raise PackageError(f"{unused[0]} fits none of the bundles given (a find-db ships with a bundle of its arch)",
                            "give the bundle it was tuned for, or leave it out")
-    packaged = [Packaged(write_package(bundle, out, find_db=fdb, signer=signer,
-                                                   provenance_host=provenance_host), bundle, fdb) for bundle, fdb in pairs]
+    packaged = [Packaged(write_package(bundle, out, find_db=fdb, signer=signer, provenance_host=provenance_host),
+                         bundle, fdb) for bundle, fdb in pairs]
     return packaged, installer.write_sums(out, [p.wheel for p in packaged])
 
 

@@ -45,8 +45,8 @@ from kdbkit.kdb.verify import verify_bundle
 from kdbkit.packager.select import Candidate
 from kdbkit.packager import wheel_checks as checks
 from kdbkit.packager.provenance import FILE as PROVENANCE
-from kdbkit.packager.wheel import (MANIFEST, SIGNATURE, Manifest, dist_info_name, generated_members, module_name, package_name,
-                                   wheel_name)
+from kdbkit.packager.wheel import (MANIFEST, SIGNATURE, Manifest, dist_info_name, generated_members, module_name,
+                                   package_name, wheel_name)
 from kdbkit.packager.errors import PackageError
 
 SUMS_FILE = "SHA256SUMS"
