@@ -156,8 +156,10 @@ def write_package(bundle: Path, out: Path, *, find_db: Path | None = None, versi
         configs_in(find_db)  # refuses a file that is not a find-db, naming it
         files[system_file_name(target)] = find_db.read_bytes()
     name, module = package_name(target), module_name(target)
-    files[provenance.FILE] = provenance.statement({f: _sha256(data) for f, data in files.items()}, md, package=name,
-                                                  version=version, target=str(target), host=provenance_host)
+    digests = {f: _sha256(data) for f, data in files.items()}
+    record = provenance.read_build_record(bundle, digests[md.target.bundle_name()])
+    files[provenance.FILE] = provenance.statement(digests, md, package=name, version=version, target=str(target),
+                                                  host=provenance_host, record=record)
     manifest = Manifest(name, version, target, compatible_versions(version), md.compiler,
                         {f: {"sha256": _sha256(data), "size": len(data)} for f, data in sorted(files.items())},
                         md.source_digests)

@@ -378,3 +378,49 @@ def test_package_show_and_db_info_print_the_provenance(kdb, isolated, tmp_path, 
     assert "provenance (its kernel package's provenance.intoto.json)" in out and "compilers: nvrtc 13.0" in out
     code, out, _ = kdb("db", "info", tmp_path / "b" / "sm_90.kdb")  # a bundle outside any package
     assert code == 0 and "provenance: none" in out
+
+
+def test_a_build_record_beside_the_bundle_gives_the_times_and_catalogue(tmp_path, monkeypatch):
+    from kdbkit.packager import provenance
+
+    monkeypatch.delenv("SOURCE_DATE_EPOCH", raising=False)
+    bundle = _bundle(tmp_path / "b")
+    catalogue = provenance.catalogue_digest(["b", "a", "a"])
+    assert catalogue == {"sha256": hashlib.sha256(b"a\nb\n").hexdigest(), "problems": 2}
+    provenance.write_build_record(bundle, "2026-01-01T00:00:00+00:00", "2026-01-01T00:05:00+00:00", catalogue)
+
+    def statement(out):
+        members = _members(write_package(bundle, tmp_path / out))
+        return json.loads(members[f"{MODULE}/provenance.intoto.json"])["predicate"]
+
+    predicate = statement("w1")
+    assert predicate["buildDefinition"]["externalParameters"]["catalogue"] == catalogue
+    assert predicate["runDetails"]["metadata"] == {"startedOn": "2026-01-01T00:00:00+00:00",
+                                                   "finishedOn": "2026-01-01T00:05:00+00:00"}
+    bundle.write_bytes(bundle.read_bytes() + b"\0")  # the bundle changed since: its record is not its own
+    predicate = statement("w2")
+    assert "catalogue" not in predicate["buildDefinition"]["externalParameters"]
+    assert "startedOn" not in predicate["runDetails"]["metadata"]
+
+
+def test_kdb_build_leaves_the_record_that_kdb_package_embeds(tmp_path, keys, monkeypatch):
+    from kdbkit.packager import build_bundles, package_bundles, provenance
+    from tests.packager.test_api import CATALOGUE
+    from tests.prerequisites import require_nvrtc
+
+    require_nvrtc()
+    (_, _, signer), _ = keys
+    monkeypatch.setenv("SOURCE_DATE_EPOCH", "1700000000")
+    (tmp_path / "model.txt").write_text(CATALOGUE)
+    built = build_bundles(["sm_80"], catalogues=[tmp_path / "model.txt"], out=tmp_path / "out", workers=1)
+    bundle = built.result.bundles["sm_80"]
+    assert bundle.with_name("sm_80.kdb.provenance.json").is_file()
+    (packaged,), _ = package_bundles([tmp_path / "out"], tmp_path / "wheels", signer=signer)
+    members = _members(packaged.wheel)
+    predicate = json.loads(members["kdbkit_kernels_sm_80/provenance.intoto.json"])["predicate"]
+    catalogue = predicate["buildDefinition"]["externalParameters"]["catalogue"]
+    assert catalogue["problems"] == 2  # the two lines of the catalogue
+    assert len(catalogue["sha256"]) == 64
+    assert predicate["runDetails"]["metadata"] == {"startedOn": "2023-11-14T22:13:20+00:00",
+                                                   "finishedOn": "2023-11-14T22:13:20+00:00"}
+    assert "kernel-source:" in predicate["buildDefinition"]["resolvedDependencies"][0]["name"]
