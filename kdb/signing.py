@@ -13,7 +13,10 @@ the packager can sign and check packages with it too.
 
 from __future__ import annotations
 
+import base64
+import binascii
 import hashlib
+import json
 import os
 import stat
 from dataclasses import dataclass, field
@@ -253,3 +256,32 @@ def _kind(key: object) -> str:
     """RSA, EC, Ed448, ...: from the class name cryptography gives each key type."""
     name = type(key).__name__.replace("Private", "").replace("Public", "").replace("Key", "")
     return name.lstrip("_") or type(key).__name__
+
+
+DETACHED_FORMAT = 1
+
+
+def detached_signature(signer: Signer, message: bytes) -> bytes:
+    """A detached signature file's bytes (``manifest.json.sig``): the key id and the Ed25519
+    signature over ``message`` (base64), as JSON in one fixed form, so the same key and message
+    give the same bytes (Ed25519 signatures are deterministic)."""
+    return (json.dumps({"format": DETACHED_FORMAT, "key_id": signer.key_id,
+                        "signature": base64.b64encode(signer.sign(message)).decode()}, indent=1, sort_keys=True)
+            + "\n").encode()
+
+
+def read_detached_signature(data: bytes) -> tuple[str, bytes] | None:
+    """The key id and signature a detached signature file holds, or None when its bytes are not
+    exactly what :func:`detached_signature` writes (nothing else is accepted); never raises."""
+    try:
+        parsed = json.loads(data)
+        key, sig_text = parsed["key_id"], parsed["signature"]
+        signature = base64.b64decode(sig_text, validate=True)
+        canonical = (json.dumps({"format": DETACHED_FORMAT, "key_id": key, "signature": sig_text}, indent=1,
+                                sort_keys=True) + "\n").encode()
+    except (ValueError, KeyError, TypeError, binascii.Error):
+        return None
+    if (canonical != data or not isinstance(key, str) or len(key) != KEY_ID_CHARS
+            or any(c not in "0123456789abcdef" for c in key) or len(signature) != SIGNATURE_BYTES):
+        return None
+    return key, signature

@@ -17,8 +17,9 @@ from pathlib import Path
 from typing import Callable, Sequence
 
 from kdbkit.kdb import Target
-from kdbkit.kdb.reproducible import reproducible_mode
+from kdbkit.kdb.reproducible import created_stamp, reproducible_mode
 from kdbkit.packager import build as builder
+from kdbkit.packager import provenance
 from kdbkit.packager import publish as publishing
 from kdbkit.packager.catalogue import LineError, read_catalogues
 from kdbkit.packager.errors import CatalogueError
@@ -137,9 +138,15 @@ def build_bundles(targets: Sequence[str | Target] = (), *, gpus: Sequence[str] =
                 on_cluster(report.cluster_workers)
         else:
             report.workers = builder.compile_workers(workers)
+        started = created_stamp(reproducible)
         report.result = builder.build(planned, compilers, Path(out), parallel=report.workers, executor=executor,
                                       progress=progress, stall_timeout=stall_timeout if executor else None,
                                       reproducible=reproducible)
+    # the build record `kdb package` puts in each package's provenance: when, and from which catalogue
+    finished = created_stamp(reproducible)
+    catalogue = provenance.catalogue_digest(p.config() for p in problems) if problems is not None else None
+    for bundle in dict.fromkeys(report.result.bundles.values()):
+        provenance.write_build_record(Path(bundle), started, finished, catalogue)
     if publish is not None:  # by this process, once the bundles are written: workers need no access to Redis
         tier = publishing.open_tier(publish)
         try:

@@ -14,6 +14,7 @@ from pathlib import Path
 from typing import Sequence
 
 from kdbkit.kdb import Target, open_bundle
+from kdbkit.kdb.signing import PublicKey, Signer
 from kdbkit.kdb.verify import verify_bundle
 from kdbkit.packager import install as installer
 from kdbkit.packager.errors import PackageError
@@ -57,12 +58,15 @@ def bundle_files(paths: Sequence[Path]) -> list[Path]:
     return list(found.values())
 
 
-def package_bundles(paths: Sequence[Path], out: Path, *, find_dbs: Sequence[Path] = ()) -> tuple[list[Packaged], Path]:
+def package_bundles(paths: Sequence[Path], out: Path, *, find_dbs: Sequence[Path] = (),
+                    signer: Signer | None = None, provenance_host: bool = False) -> tuple[list[Packaged], Path]:
     """Write the wheel of each bundle (with the tuned find-dbs of its arch) into ``out``.
 
     Args:
         paths: bundles, or folders of them; a bundle named twice is packaged once.
         find_dbs: system find-dbs (``<arch>_<cu>.fdb``), each shipped with the bundle of its arch.
+        signer: sign each wheel's manifest with this key (``kdb package --sign``).
+        provenance_host: record this machine's host name in each wheel's provenance.
 
     Returns:
         The wheels written, and the ``SHA256SUMS`` file listing them.
@@ -84,7 +88,8 @@ def package_bundles(paths: Sequence[Path], out: Path, *, find_dbs: Sequence[Path
     if unused:
         raise PackageError(f"{unused[0]} fits none of the bundles given (a find-db ships with a bundle of its arch)",
                            "give the bundle it was tuned for, or leave it out")
-    packaged = [Packaged(write_package(bundle, out, find_db=fdb), bundle, fdb) for bundle, fdb in pairs]
+    packaged = [Packaged(write_package(bundle, out, find_db=fdb, signer=signer, provenance_host=provenance_host),
+                         bundle, fdb) for bundle, fdb in pairs]
     return packaged, installer.write_sums(out, [p.wheel for p in packaged])
 
 
@@ -125,7 +130,7 @@ class InstallReport:
 
 def install_packages(source: Path, *, targets: Sequence[str | Target] = (), gpus: Sequence[str] = (),
                      dry_run: bool = False, into: Path | None = None,
-                     require_hashes: bool = False) -> InstallReport:
+                     require_hashes: bool = False, trusted_keys: Sequence[PublicKey] | None = None) -> InstallReport:
     """Install the best package or bundle in ``source`` for each device, all verified first.
 
     Args:
@@ -135,6 +140,8 @@ def install_packages(source: Path, *, targets: Sequence[str | Target] = (), gpus
         into: the folder for bare bundles (default: this environment's ``share/kdbkit/db``).
         require_hashes: refuse a candidate that no ``SHA256SUMS`` in ``source`` lists (where
             there is one, an unlisted candidate is refused anyway).
+        trusted_keys: refuse a chosen candidate whose manifest none of these keys signed (and
+            every bare bundle); None accepts unsigned packages.
 
     Raises:
         PackageError: ``source`` is not a folder or holds no package or bundle; no device; a
@@ -157,7 +164,7 @@ def install_packages(source: Path, *, targets: Sequence[str | Target] = (), gpus
     choices = [choose(device, candidates, runtime=runtimes[device]) for device in devices]
     chosen = list(dict.fromkeys(c.chosen for c in choices if c.chosen is not None))
     for candidate in chosen:  # every check before anything is installed
-        installer.verify(candidate, root=source, require_hashes=require_hashes)
+        installer.verify(candidate, root=source, require_hashes=require_hashes, trusted_keys=trusted_keys)
     report = InstallReport(source, dry_run, choices, named=bool(named))
     if not dry_run:
         report.installed = {c: installer.install(c, db_dir=into) for c in chosen}

@@ -11,7 +11,9 @@ environment as it was:
   (no ``..``, no absolute path, no link), exactly the members ``kdb package`` writes, its
   generated ones byte for byte, each matching its SHA-256 in ``RECORD`` (the wheel project's
   :class:`~wheel.wheelfile.WheelFile` checks them as it reads), and each file its manifest lists
-  matching the manifest's SHA-256 and size, streamed to a temporary file;
+  matching the manifest's SHA-256 and size, streamed to a temporary file; with trusted keys
+  (``--trusted-key``), its ``manifest.json.sig`` verifying under one of them (bare bundles,
+  which carry no signature, are refused then);
 - a bundle (bare, or in a wheel) must pass :func:`kdbkit.kdb.verify.verify_bundle`: SQLite
   integrity, its metadata and every entry's hash.
 
@@ -34,13 +36,17 @@ import zipfile
 import zlib
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Sequence
 
+from kdbkit.kdb import signing
 from kdbkit.kdb.find_db import SYSTEM_SUFFIX
+from kdbkit.kdb.signing import PublicKey
 from kdbkit.kdb.verify import verify_bundle
 from kdbkit.packager.select import Candidate
 from kdbkit.packager import wheel_checks as checks
-from kdbkit.packager.wheel import (MANIFEST, Manifest, dist_info_name, generated_members, module_name, package_name,
-                                   wheel_name)
+from kdbkit.packager.provenance import FILE as PROVENANCE
+from kdbkit.packager.wheel import (MANIFEST, SIGNATURE, Manifest, dist_info_name, generated_members, module_name,
+                                   package_name, wheel_name)
 from kdbkit.packager.errors import PackageError
 
 SUMS_FILE = "SHA256SUMS"
@@ -89,13 +95,16 @@ def read_sums(folder: Path) -> dict[str, str]:
     return sums
 
 
-def verify(candidate: Candidate, *, root: Path | None = None, require_hashes: bool = False) -> None:
+def verify(candidate: Candidate, *, root: Path | None = None, require_hashes: bool = False,
+           trusted_keys: Sequence[PublicKey] | None = None) -> None:
     """Check ``candidate`` as the module docstring says; nothing is installed here.
 
     Args:
         root: the folder the candidates were found in: a ``SHA256SUMS`` there or in any folder
             between it and the candidate must list the candidate (by its path from that folder).
         require_hashes: refuse a candidate no ``SHA256SUMS`` lists, even where there is none.
+        trusted_keys: where given (``--trusted-key``), refuse a wheel whose manifest is not signed
+            by one of these keys, and every bare bundle (it carries no signature).
 
     Raises:
         PackageError: naming the file and what does not match.
@@ -104,10 +113,13 @@ def verify(candidate: Candidate, *, root: Path | None = None, require_hashes: bo
     if candidate.kind == "bundle":  # its find-db is copied with it
         find_db = _find_db_of(candidate.path)
         files += [find_db] if find_db.is_file() else []
+    if trusted_keys is not None and candidate.kind != "wheel":
+        raise PackageError(f"{candidate.path}: a bare bundle carries no signature, and --trusted-key accepts only "
+                           "signed packages", "package it with `kdb package --sign KEY` and install the wheel")
     for file in files:
         _check_listed(file, root, require_hashes)
     if candidate.kind == "wheel":
-        _verify_wheel(candidate)
+        _verify_wheel(candidate, trusted_keys)
     else:
         _verify_bundle_file(candidate.path, candidate.path)
 
@@ -147,7 +159,7 @@ def _find_db_of(bundle: Path) -> Path:
     return bundle.with_name(bundle.name.removesuffix(".kdb") + SYSTEM_SUFFIX)
 
 
-def _verify_wheel(candidate: Candidate) -> None:
+def _verify_wheel(candidate: Candidate, trusted_keys: Sequence[PublicKey] | None = None) -> None:
     from wheel.wheelfile import WheelError, WheelFile
 
     path = candidate.path
@@ -156,14 +168,15 @@ def _verify_wheel(candidate: Candidate) -> None:
             infos = plain.infolist()
         checks.check_sizes(path, infos)  # before WheelFile reads RECORD, or anything else is read
         with WheelFile(path) as wheel:
-            _verify_wheel_members(candidate, wheel, infos)
+            _verify_wheel_members(candidate, wheel, infos, trusted_keys)
     except WheelError as exc:  # a member that does not match RECORD, or no RECORD
         raise PackageError(f"{path}: {exc}", "the wheel is damaged or was altered; do not install it") from None
     except (zipfile.BadZipFile, OSError, EOFError, zlib.error) as exc:
         raise PackageError(f"{path}: not a readable wheel ({exc})", "download or copy it again") from None
 
 
-def _verify_wheel_members(candidate: Candidate, wheel, infos: list[zipfile.ZipInfo]) -> None:
+def _verify_wheel_members(candidate: Candidate, wheel, infos: list[zipfile.ZipInfo],
+                          trusted_keys: Sequence[PublicKey] | None = None) -> None:
     path, module, dist_info = candidate.path, module_name(candidate.target), wheel.dist_info_path
     for info in infos:
         checks.check_member_path(path, info, module, dist_info)
@@ -171,22 +184,30 @@ def _verify_wheel_members(candidate: Candidate, wheel, infos: list[zipfile.ZipIn
     manifest_info = by_name.get(f"{module}/{MANIFEST}")
     if manifest_info is None:
         raise PackageError(f"{path}: no {module}/{MANIFEST}", "rebuild it with `kdb package`")
-    manifest = Manifest.from_json(checks.read_text_member(wheel, path, manifest_info).decode("utf-8", "replace"),
-                                  str(path))
+    manifest_bytes = checks.read_text_member(wheel, path, manifest_info)
+    manifest = Manifest.from_json(manifest_bytes.decode("utf-8", "replace"), str(path))
     target, version = manifest.target, manifest.version
     if (manifest.package != package_name(target) or module_name(target) != module
             or path.name != wheel_name(target, version) or dist_info != dist_info_name(target, version)):
         raise PackageError(f"{path}: its name, folders and manifest ({manifest.package} {version}) disagree",
                            "rebuild it with `kdb package`; do not rename a kernel wheel")
     for name in manifest.files:
+        if name == PROVENANCE:
+            continue
         if "/" in name or "\\" in name or name.startswith(".") or not name.endswith((".kdb", SYSTEM_SUFFIX)):
             raise PackageError(f"{path}: its manifest lists {name!r}, not a bundle or find-db",
                                "the wheel is unsafe; do not install it")
     data = {f"{module}/{name}": name for name in manifest.files}
     generated = generated_members(target, version, manifest.compiler)
-    checks.check_members(path, [info.filename for info in infos],
-                         set(data) | set(generated) | {manifest_info.filename, f"{dist_info}/WHEEL", wheel.record_path})
-    checks.check_sizes(path, infos, set(data))
+    signature_name = f"{module}/{SIGNATURE}"
+    signed = {signature_name} if signature_name in by_name else set()  # optional, but only in its exact form
+    checks.check_members(path, [info.filename for info in infos], set(data) | set(generated) | signed
+                         | {manifest_info.filename, f"{dist_info}/WHEEL", wheel.record_path})
+    signature = checks.check_signature(path, signature_name, checks.read_text_member(
+        wheel, path, by_name[signature_name])) if signed else None
+    if trusted_keys is not None:
+        _check_signed(path, manifest.package, manifest_bytes, signature, trusted_keys)
+    checks.check_sizes(path, infos, {m for m, name in data.items() if name != PROVENANCE})
     for name, expected in [*generated.items(), (f"{dist_info}/WHEEL", None)]:
         checks.check_generated(path, name, checks.read_text_member(wheel, path, by_name[name]), expected)
     with tempfile.TemporaryDirectory() as tmp:
@@ -199,6 +220,23 @@ def _verify_wheel_members(candidate: Candidate, wheel, infos: list[zipfile.ZipIn
                                    "the package was altered; rebuild it with `kdb package`")
             if name.endswith(".kdb"):
                 _verify_bundle_file(copy, f"{path}:{name}")
+
+
+def _check_signed(path: Path, package: str, manifest: bytes, signature: tuple[str, bytes] | None,
+                  trusted_keys: Sequence[PublicKey]) -> None:
+    """Refuse a package whose manifest no trusted key signed (its data files are then checked
+    against the manifest's SHA-256, so the signature covers them)."""
+    trusted = ", ".join(k.key_id for k in trusted_keys) or "none"
+    if signature is None:
+        raise PackageError(f"{path}: {package} is not signed (no {SIGNATURE}), and --trusted-key accepts only signed "
+                           "packages", "ask its publisher for a package made with `kdb package --sign KEY`")
+    key_id, sig = signature
+    if not any(k.key_id == key_id for k in trusted_keys):
+        raise PackageError(f"{path}: {package} is signed by key {key_id}, which is not trusted (trusted: {trusted})",
+                           "pass the signer's public key with --trusted-key, if you trust it")
+    if signing.verify(manifest, sig, trusted_keys, key_id) is None:
+        raise PackageError(f"{path}: {package}'s signature does not verify under key {key_id} (its manifest or "
+                           "signature was altered)", "the package was altered; do not install it")
 
 
 def _verify_bundle_file(path: Path, what) -> None:

@@ -27,10 +27,12 @@ from typing import Sequence
 
 from kdbkit.kdb import Target
 from kdbkit.kdb.find_db import SYSTEM_SUFFIX
+from kdbkit.kdb.signing import PublicKey
 from kdbkit.kdb.version import __version__
 from kdbkit.packager import install as installer
 from kdbkit.packager.errors import LockError, PackageError
 from kdbkit.packager.lock_file import Lock, LockedPackage
+from kdbkit.packager.provenance import FILE as PROVENANCE
 from kdbkit.packager.select import wheel_candidate
 from kdbkit.packager.wheel import MANIFEST, Manifest, module_name, package_name, wheel_name
 from kdbkit.packager.wheel_checks import MAX_TEXT_BYTES
@@ -121,12 +123,19 @@ def _recorded_wheel_sha256(dist_info: Path) -> str | None:
 
 def _manifest_problem(p: Installed) -> str:
     """Why the installed files are not the ones the package's manifest lists ("" when they are)."""
-    for name in sorted(set(p.files) | set(p.manifest.files)):
+    listed = {name: entry for name, entry in p.manifest.files.items() if name != PROVENANCE}
+    if PROVENANCE in p.manifest.files:  # not locked (the wheel's SHA-256 is), but part of the package
+        try:
+            if installer.sha256_of(p.where.folder / PROVENANCE) != p.manifest.files[PROVENANCE].get("sha256"):
+                return f"{p.where.folder / PROVENANCE} does not match the SHA-256 in its {MANIFEST}"
+        except OSError:
+            return f"{PROVENANCE} is missing from {p.where.folder}"
+    for name in sorted(set(p.files) | set(listed)):
         if name not in p.files:
             return f"{name} is missing from {p.where.folder}"
-        if name not in p.manifest.files:
+        if name not in listed:
             return f"{p.where.folder / name} is not one of the package's files"
-        if p.files[name] != p.manifest.files[name].get("sha256"):
+        if p.files[name] != listed[name].get("sha256"):
             return f"{p.where.folder / name} does not match the SHA-256 in its {MANIFEST}"
     return ""
 
@@ -281,11 +290,13 @@ def _extra_bundles(locked_files: set[str], targets: Sequence[Target] | None) -> 
             for where, served in extra.items()]
 
 
-def install_locked(lock: Lock, source: Path, *, dry_run: bool = False) -> list[tuple[LockedPackage, Path]]:
+def install_locked(lock: Lock, source: Path, *, dry_run: bool = False,
+                   trusted_keys: Sequence[PublicKey] | None = None) -> list[tuple[LockedPackage, Path]]:
     """Install exactly the locked packages from the wheels in ``source``, or nothing.
 
     Each locked package's wheel is found by name and version and must have the locked SHA-256,
-    then passes every check of ``kdb install``; pip runs once, after all of them.
+    then passes every check of ``kdb install`` (with ``trusted_keys``, its signature too); pip
+    runs once, after all of them.
 
     Returns:
         Each locked package and the wheel it was (or, with ``dry_run``, would be) installed from.
@@ -307,7 +318,7 @@ def install_locked(lock: Lock, source: Path, *, dry_run: bool = False) -> list[t
         if candidate.damaged or package_name(candidate.target) != p.name:
             raise LockError(f"{p.label}: {wheel} is {candidate.damaged or 'another package'}",
                             "the locked wheel itself is damaged: build the packages again and lock again")
-        installer.verify(candidate, root=source)
+        installer.verify(candidate, root=source, trusted_keys=trusted_keys)
     if chosen and not dry_run:
         installer.pip_install_wheels([w for _, w in chosen], [p.wheel_sha256 for p, _ in chosen])
     return chosen

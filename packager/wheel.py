@@ -5,8 +5,11 @@ A package ``kdbkit-kernels-<arch>[-<cu>]`` holds one import folder, ``kdbkit_ker
 - the bundle (``sm_90.kdb``, or ``sm_90_132.kdb`` for programs built for one CU count);
 - the system find-db tuned for the exact GPU (``sm_90_132.fdb``), when there is one: it is why a
   package carries a CU count, since rankings depend on the device while binaries do not;
+- ``provenance.intoto.json``: an in-toto statement of how it was built (:mod:`.provenance`);
 - ``manifest.json``: the target, the kdbkit versions it works with, the compiler, the SHA-256 and
-  size of every file, and the bundle's kernel-source manifest (what it was built from);
+  size of every file (the provenance's too), and the bundle's kernel-source manifest (what it
+  was built from);
+- ``manifest.json.sig``, where it was signed (``kdb package --sign``): see :func:`write_package`;
 - ``__init__.py`` with ``bundle_dir()``, for a caller who wants the folder from Python.
 
 The entry point in group ``kdbkit.bundles`` names the import folder only (``<module> = <module>``):
@@ -40,11 +43,14 @@ from kdbkit.kdb import Target, open_bundle
 from kdbkit.kdb.errors import KdbError
 from kdbkit.kdb.find_db import SYSTEM_SUFFIX, USER_SUFFIX, configs_in, system_file_name
 from kdbkit.kdb.reproducible import zip_date_time
+from kdbkit.kdb.signing import Signer, detached_signature
 from kdbkit.kdb.version import __version__
+from kdbkit.packager import provenance
 from kdbkit.packager.errors import PackageError
 
 PACKAGE_PREFIX = "kdbkit-kernels-"
 MANIFEST = "manifest.json"
+SIGNATURE = "manifest.json.sig"  # `kdb package --sign`: the key id and Ed25519 signature over manifest.json's bytes
 MANIFEST_FORMAT = 1
 # The group runtime/paths.py reads, spelled again there: the runtime does not import the packager.
 ENTRY_POINT_GROUP = "kdbkit.bundles"
@@ -125,8 +131,15 @@ def package_target(bundle_target: Target, find_db: Path | None) -> Target:
     return tuned
 
 
-def write_package(bundle: Path, out: Path, *, find_db: Path | None = None, version: str = __version__) -> Path:
+def write_package(bundle: Path, out: Path, *, find_db: Path | None = None, version: str = __version__,
+                  signer: Signer | None = None, provenance_host: bool = False) -> Path:
     """Write the wheel of ``bundle`` (and ``find_db``) into folder ``out``; return its path.
+
+    With ``signer``, the wheel also holds ``<module>/manifest.json.sig``: the signer's key id and
+    its Ed25519 signature over ``manifest.json``'s exact bytes, which list every data file's
+    SHA-256, so the signature covers them all (``kdb install --trusted-key``, ``KDB_TRUSTED_KEYS``).
+    Every wheel holds ``<module>/provenance.intoto.json`` (:mod:`kdbkit.packager.provenance`;
+    ``provenance_host`` records this machine's name in it), listed in the manifest.
 
     Raises:
         PackageError: the bundle does not open or names no target, or the find-db does not fit it.
@@ -143,11 +156,17 @@ def write_package(bundle: Path, out: Path, *, find_db: Path | None = None, versi
         configs_in(find_db)  # refuses a file that is not a find-db, naming it
         files[system_file_name(target)] = find_db.read_bytes()
     name, module = package_name(target), module_name(target)
+    digests = {f: _sha256(data) for f, data in files.items()}
+    record = provenance.read_build_record(bundle, digests[md.target.bundle_name()])
+    files[provenance.FILE] = provenance.statement(digests, md, package=name, version=version, target=str(target),
+                                                  host=provenance_host, record=record)
     manifest = Manifest(name, version, target, compatible_versions(version), md.compiler,
                         {f: {"sha256": _sha256(data), "size": len(data)} for f, data in sorted(files.items())},
                         md.source_digests)
     members = {f"{module}/{f}": data for f, data in files.items()}
     members[f"{module}/{MANIFEST}"] = manifest.to_json().encode()
+    if signer is not None:  # Ed25519 is deterministic: the same key and manifest give the same bytes
+        members[f"{module}/{SIGNATURE}"] = detached_signature(signer, members[f"{module}/{MANIFEST}"])
     members.update(generated_members(target, version, md.compiler))
     dist_info = dist_info_name(target, version)
     members[f"{dist_info}/WHEEL"] = wheel_file_text(__version__).encode()

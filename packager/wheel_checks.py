@@ -1,6 +1,7 @@
 """A kernel wheel read as untrusted data: what it may hold, and how much of it is read.
 
-A kernel package is data: its bundle, its find-db, ``manifest.json`` and the members
+A kernel package is data: its bundle, its find-db, ``manifest.json`` (and, signed, exactly one
+``manifest.json.sig`` in the form ``kdb package --sign`` writes) and the members
 :func:`~kdbkit.packager.wheel.generated_members` makes (``__init__.py``, ``METADATA``,
 ``entry_points.txt``), ``WHEEL`` and ``RECORD``. Anything else (a console script, another entry
 point, a ``.pth`` file, a ``.data`` folder, a module of its own, one byte changed in a generated
@@ -24,6 +25,7 @@ from pathlib import Path, PurePosixPath
 from typing import IO
 
 from kdbkit.kdb.find_db import SYSTEM_SUFFIX
+from kdbkit.kdb.signing import read_detached_signature
 from kdbkit.packager.errors import PackageError
 
 MAX_DATA_BYTES = 4 << 30  # a bundle or find-db; larger than any catalogue's bundle seen so far
@@ -105,6 +107,16 @@ def check_generated(path: Path, name: str, data: bytes, expected: bytes | None) 
     if not same:
         raise PackageError(f"{path}: member {name!r} is not the one `kdb package` writes (a kernel package runs "
                            "no code of its own)", _UNSAFE)
+
+
+def check_signature(path: Path, name: str, data: bytes) -> tuple[str, bytes]:
+    """The key id and signature of a ``manifest.json.sig`` member; refuse one that is not exactly
+    what ``kdb package --sign`` writes (a JSON object of its format, key id and base64 signature,
+    in one fixed form)."""
+    parsed = read_detached_signature(data)
+    if parsed is None:
+        raise PackageError(f"{path}: member {name!r} is not a signature `kdb package --sign` writes", _UNSAFE)
+    return parsed
 
 
 def read_text_member(archive: zipfile.ZipFile, path: Path, info: zipfile.ZipInfo) -> bytes:

@@ -103,6 +103,8 @@ VARIABLES: tuple[EnvVar, ...] = (
            "written by find). Default: unset (the per-user folder)."),
     EnvVar("KDB_SYSTEM_DB_PATH", "pathlist", (), f"Folders (or .kdb files) searched in order for system "
            f"bundles, '{os.pathsep}'-separated. Default: unset (the installed packages' folders)."),
+    EnvVar("KDB_TRUSTED_KEYS", "pathlist", (), f"Public keys, '{os.pathsep}'-separated: only system bundles of "
+           "installed kernel packages one of them signed (kdb package --sign) are used. Default: unset (any)."),
     EnvVar("KDB_KERNEL_PATH", "pathlist", (), f"Folders of kernel sources searched before kdbkit's own, "
            f"'{os.pathsep}'-separated (a library's kernels). Default: unset."),
     EnvVar("KDB_DISABLE_JIT", "bool", False, "Never compile at run time: a program in no bundle "

@@ -6,7 +6,8 @@ search folder, then the arch-wide ``<arch>.kdb`` in each; a bundle file named di
 name is neither, ``my-kernels.kdb`` say). A file is accepted only if it
 opens, its metadata names a target that ``T`` accepts (same backend and arch, same CU
 count if it has one, no features the device lacks) and its binaries are of the format the
-backend loads. Every other candidate is rejected with its reason, so a wrong binary is
+backend loads; with ``KDB_TRUSTED_KEYS`` set, it must also come from a kernel package one of
+those keys signed (runtime/package_trust.py). Every other candidate is rejected with its reason, so a wrong binary is
 never loaded and a user can see why a bundle was not used (``kdb devices``, ``kdb doctor``).
 
 The search is lazy: the runtime asks for the i-th accepted bundle only when the ones before
@@ -23,6 +24,7 @@ from typing import Iterable, Iterator
 
 from kdbkit.kdb import Bundle, BundleNotFoundError, KdbError
 from kdbkit.kdb.target import Target
+from kdbkit.runtime import package_trust
 from kdbkit.runtime.logging_setup import get_logger
 from kdbkit.runtime.paths import SearchDir
 from kdbkit.runtime.preflight import DeviceRuntime, refusal
@@ -91,7 +93,8 @@ class SystemBundleSearch:
             return self._note(Candidate(path, d.origin, "missing"))
         except KdbError as exc:
             return self._note(Candidate(path, d.origin, "rejected", exc.problem))
-        reason = _why_not(bundle, self.target, self.binary_format, self.runtime)
+        reason = _why_not(bundle, self.target, self.binary_format, self.runtime) or package_trust.why_untrusted(
+            path, d.origin)
         if reason:
             bundle.close()
             return self._note(Candidate(path, d.origin, "rejected", reason))

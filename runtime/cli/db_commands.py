@@ -45,7 +45,8 @@ def info(file: Path = FileArg, as_json: bool = typer.Option(False, "--json", hel
 
     Example: kdb db info gfx942_304.kdb --json
     """
-    with open_bundle(_one_file(file, "info")) as b:
+    path = _one_file(file, "info")
+    with open_bundle(path) as b:
         md, st = b.metadata, b.stats()
     data = {
         "file": str(file), "format_version": md.format_version, "written_by": md.producer or "unknown",
@@ -57,8 +58,11 @@ def info(file: Path = FileArg, as_json: bool = typer.Option(False, "--json", hel
         "file_bytes": st.file_bytes, "ratio": round(st.ratio, 3),
         "kernel_sources": len(md.sources),  # files in its manifest (what it was built from)
     }
+    statement = _package_provenance(Path(path))
     if as_json:
-        print_json(data)
+        import json
+
+        print_json({**data, "provenance": json.loads(statement) if statement is not None else None})
         return
     table = Table(show_header=False, title=str(file))
     table.add_column(style="bold")
@@ -68,6 +72,35 @@ def info(file: Path = FileArg, as_json: bool = typer.Option(False, "--json", hel
             v = f"{size(v)} ({v} B)"
         table.add_row(k, "-" if v is None else escape(str(v)))
     out.print(table)
+    if statement is None:
+        out.print("provenance: none (the bundle is not inside an installed kernel package that records one)")
+        return
+    from kdbkit.packager.provenance import summary
+
+    out.print("provenance (its kernel package's provenance.intoto.json):")
+    for field, value in summary(statement):
+        out.print(f"  {escape(field)}: {escape(value)}")
+
+
+def _package_provenance(bundle: Path) -> bytes | None:
+    """The provenance statement of the installed kernel package ``bundle`` is in, or None: the
+    folder's ``provenance.intoto.json``, where its ``manifest.json`` lists both with the SHA-256
+    they have (a statement beside a bundle it does not describe is no provenance of it)."""
+    import hashlib
+    import json
+
+    from kdbkit.packager.provenance import FILE
+
+    folder = bundle.parent
+    try:
+        listed = json.loads((folder / "manifest.json").read_bytes())["files"]
+        statement = (folder / FILE).read_bytes()
+        for name, data in ((bundle.name, bundle.read_bytes()), (FILE, statement)):
+            if hashlib.sha256(data).hexdigest() != listed[name]["sha256"]:
+                return None
+        return statement
+    except (OSError, ValueError, KeyError, TypeError):
+        return None
 
 
 @app.command("verify")

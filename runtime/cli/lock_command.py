@@ -40,12 +40,12 @@ def lock(
     out.print(f"{len(locked.packages)} kernel package(s) locked in {escape(str(output))}")
 
 
-def install_locked(lock_path: Path, source: Path, dry_run: bool, as_json: bool) -> None:
+def install_locked(lock_path: Path, source: Path, dry_run: bool, as_json: bool, trusted_keys=None) -> None:
     """``kdb install --locked LOCK --from DIR``."""
     from kdbkit.packager.lock import install_locked as install
     from kdbkit.packager.lock_file import read_lock
 
-    done = install(read_lock(lock_path), source, dry_run=dry_run)
+    done = install(read_lock(lock_path), source, dry_run=dry_run, trusted_keys=trusted_keys)
     if as_json:
         print_json({"dry_run": dry_run, "installed": [] if dry_run else [str(w) for _, w in done],
                     "locked": [{"package": p.name, "version": p.version, "wheel": str(w)} for p, w in done]})

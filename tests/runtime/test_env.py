@@ -26,6 +26,7 @@ EXPECTED = [
     "KDB_CACHE_POLICY", "KDB_CACHE_MAXSIZE",  # what may be read, written, compiled; the cache's bound (issue 27)
     "KDB_REMOTE_CACHE",  # the cluster cache (issue 28)
     "KDB_REMOTE_SIGNING_KEY", "KDB_REMOTE_TRUSTED_KEYS",  # signed cluster-cache entries (issue 28)
+    "KDB_TRUSTED_KEYS",  # system bundles only from signed kernel packages (issue 29)
     "KDB_REMOTE_TIMEOUT_MS", "KDB_REMOTE_BACKOFF", "KDB_REMOTE_LEASE_TTL",  # its outage and lease settings
     "KDB_REMOTE_PASSWORD_FILE",  # its password kept out of the environment
     "KDB_DEVICE_RUNTIME",  # preflight against another machine's driver (issue 29)
