@@ -23,6 +23,7 @@ package's), so a rebuild meant to match uses the same ones.
 
 from __future__ import annotations
 
+import contextlib
 import itertools
 import os
 import random
@@ -222,6 +223,23 @@ def remove_stale_temps(path: Path) -> list[Path]:
         except OSError:
             continue  # gone meanwhile
     return removed
+
+
+def write_file_atomically(path: Path, data: bytes) -> Path:
+    """Write a small file beside a bundle (its build record) as bundles are written: under a
+    temporary name tagged with this writer, put in place whole, the temporaries of killed
+    writers removed first."""
+    remove_stale_temps(path)
+    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.{_writer_tag()}.", suffix=".tmp", dir=path.parent)
+    try:
+        with os.fdopen(fd, "wb") as f:
+            f.write(data)
+        os.replace(tmp, path)
+    except BaseException:
+        with contextlib.suppress(OSError):
+            os.unlink(tmp)
+        raise
+    return path
 
 
 def _naming(exc: OSError, path: Path) -> OSError:

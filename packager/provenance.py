@@ -34,6 +34,7 @@ from typing import Iterable
 
 from kdbkit.kdb.bundle import BundleMetadata
 from kdbkit.kdb.reproducible import source_date_epoch
+from kdbkit.kdb.writer import write_file_atomically
 from kdbkit.kdb.version import __version__
 
 FILE = "provenance.intoto.json"
@@ -56,11 +57,12 @@ def catalogue_digest(configs: Iterable[str]) -> dict:
 def write_build_record(bundle: Path, started: str, finished: str, catalogue: dict | None) -> Path:
     """Write ``<bundle>.provenance.json`` for a bundle just built (times as
     :func:`~kdbkit.kdb.reproducible.created_stamp` gives them, "" for none)."""
-    record = {"format": RECORD_FORMAT, "bundle_sha256": hashlib.sha256(bundle.read_bytes()).hexdigest(),
-              "startedOn": started, "finishedOn": finished, "catalogue": catalogue}
-    path = bundle.with_name(bundle.name + RECORD_SUFFIX)
-    path.write_text(json.dumps(record, indent=1, sort_keys=True) + "\n", encoding="utf-8")
-    return path
+    with open(bundle, "rb") as f:  # in blocks: a bundle may be gigabytes
+        digest = hashlib.file_digest(f, "sha256").hexdigest()
+    record = {"format": RECORD_FORMAT, "bundle_sha256": digest, "startedOn": started, "finishedOn": finished,
+              "catalogue": catalogue}
+    return write_file_atomically(bundle.with_name(bundle.name + RECORD_SUFFIX),
+                                 (json.dumps(record, indent=1, sort_keys=True) + "\n").encode())
 
 
 def read_build_record(bundle: Path, bundle_sha256: str) -> dict | None:

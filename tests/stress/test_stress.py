@@ -185,6 +185,7 @@ def test_kdb_build_killed_again_and_again_then_finishes_cleanly(isolated, stress
     assert done.returncode == 0, done.stderr
     bundle = out / "sm_80.kdb"
     assert verify_bundle(bundle).ok
-    assert sorted(p.name for p in out.iterdir()) == [bundle.name], "a killed build's files were left behind"
+    assert sorted(p.name for p in out.iterdir()) == [bundle.name, bundle.name + ".provenance.json"], \
+        "a killed build's files were left behind (the bundle and its build record are all a build leaves)"
     _report(f"{KILLS} kdb build runs SIGKILLed ({while_writing} while writing): the next build verifies, "
             "nothing left behind")
