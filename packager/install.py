@@ -26,7 +26,6 @@ find-db of the same name beside them, are copied into the system db folder
 
 from __future__ import annotations
 
-import hashlib
 import os
 import shutil
 import subprocess
@@ -39,6 +38,7 @@ from pathlib import Path
 from typing import Sequence
 
 from kdbkit.kdb import signing
+from kdbkit.kdb.file_hash import sha256_of
 from kdbkit.kdb.find_db import SYSTEM_SUFFIX
 from kdbkit.kdb.signing import PublicKey
 from kdbkit.kdb.verify import verify_bundle
@@ -55,14 +55,6 @@ SUMS_FILE = "SHA256SUMS"
 def default_db_dir() -> Path:
     """Where bare bundles go: the folder the runtime searches in this environment."""
     return Path(sys.prefix) / "share" / "kdbkit" / "db"
-
-
-def sha256_of(path: Path) -> str:
-    h = hashlib.sha256()
-    with open(path, "rb") as f:
-        for block in iter(lambda: f.read(1 << 20), b""):
-            h.update(block)
-    return h.hexdigest()
 
 
 def write_sums(folder: Path, files: list[Path]) -> Path:

@@ -26,6 +26,7 @@ from pathlib import Path
 from typing import Sequence
 
 from kdbkit.kdb import Target
+from kdbkit.kdb.file_hash import sha256_of
 from kdbkit.kdb.find_db import SYSTEM_SUFFIX
 from kdbkit.kdb.signing import PublicKey
 from kdbkit.kdb.version import __version__
@@ -84,7 +85,7 @@ def read_installed(where: KernelPackage) -> Installed:
     try:
         for file in sorted(where.folder.iterdir()):
             if file.name.endswith((".kdb", SYSTEM_SUFFIX)) and file.is_file():
-                files[file.name] = installer.sha256_of(file)
+                files[file.name] = sha256_of(file)
     except OSError as exc:
         raise LockError(f"{manifest.package} {manifest.version}: cannot read {exc.filename or where.folder} "
                         f"({exc.strerror or exc})", "make the installed package readable, or reinstall it") from None
@@ -126,7 +127,7 @@ def _manifest_problem(p: Installed) -> str:
     listed = {name: entry for name, entry in p.manifest.files.items() if name != PROVENANCE}
     if PROVENANCE in p.manifest.files:  # not locked (the wheel's SHA-256 is), but part of the package
         try:
-            if installer.sha256_of(p.where.folder / PROVENANCE) != p.manifest.files[PROVENANCE].get("sha256"):
+            if sha256_of(p.where.folder / PROVENANCE) != p.manifest.files[PROVENANCE].get("sha256"):
                 return f"{p.where.folder / PROVENANCE} does not match the SHA-256 in its {MANIFEST}"
         except OSError:
             return f"{PROVENANCE} is missing from {p.where.folder}"
@@ -180,7 +181,7 @@ def _wheel_from(from_dir: Path | None, p: Installed) -> str:
     if not same:
         raise LockError(f"{p.label}: {found[0]} is another build than the one installed (its {MANIFEST} differs)",
                         "give --from the folder it was installed from")
-    digests = sorted({installer.sha256_of(f) for f in same})
+    digests = sorted({sha256_of(f) for f in same})
     if len(digests) > 1:
         raise LockError(f"{p.label}: {from_dir} holds {len(digests)} different {want} with the installed files",
                         "keep only the one it was installed from")
@@ -337,7 +338,7 @@ def _locked_wheel(p: LockedPackage, source: Path) -> Path:
             raise LockError(f"{p.label}: {source} has version {', '.join(others)}, not the locked {p.version}",
                             remedy)
         raise LockError(f"{p.label}: not in {source} (no {want})", remedy)
-    digests = [(installer.sha256_of(f), f) for f in found]
+    digests = [(sha256_of(f), f) for f in found]
     for digest, wheel in digests:
         if digest == p.wheel_sha256:
             return wheel

@@ -33,6 +33,7 @@ from pathlib import Path
 from typing import Iterable
 
 from kdbkit.kdb.bundle import BundleMetadata
+from kdbkit.kdb.file_hash import sha256_of
 from kdbkit.kdb.reproducible import source_date_epoch
 from kdbkit.kdb.writer import write_file_atomically
 from kdbkit.kdb.version import __version__
@@ -57,9 +58,7 @@ def catalogue_digest(configs: Iterable[str]) -> dict:
 def write_build_record(bundle: Path, started: str, finished: str, catalogue: dict | None) -> Path:
     """Write ``<bundle>.provenance.json`` for a bundle just built (times as
     :func:`~kdbkit.kdb.reproducible.created_stamp` gives them, "" for none)."""
-    with open(bundle, "rb") as f:  # in blocks: a bundle may be gigabytes
-        digest = hashlib.file_digest(f, "sha256").hexdigest()
-    record = {"format": RECORD_FORMAT, "bundle_sha256": digest, "startedOn": started, "finishedOn": finished,
+    record = {"format": RECORD_FORMAT, "bundle_sha256": sha256_of(bundle), "startedOn": started, "finishedOn": finished,
               "catalogue": catalogue}
     return write_file_atomically(bundle.with_name(bundle.name + RECORD_SUFFIX),
                                  (json.dumps(record, indent=1, sort_keys=True) + "\n").encode())

@@ -17,12 +17,12 @@ later process pays a ``stat``, two small reads and one Ed25519 verification per 
 
 from __future__ import annotations
 
-import hashlib
 import json
 import os
 import threading
 from pathlib import Path
 
+from kdbkit.kdb.file_hash import sha256_of
 from kdbkit.runtime import env
 from kdbkit.runtime.logging_setup import get_logger, warn_once
 
@@ -134,11 +134,7 @@ def _sha256(path: Path) -> tuple[str, int]:
     if isinstance(remembered, str) and len(remembered) == 64:
         digest = remembered
     else:
-        h = hashlib.sha256()
-        with open(path, "rb") as f:
-            for block in iter(lambda: f.read(1 << 20), b""):
-                h.update(block)
-        digest = h.hexdigest()
+        digest = sha256_of(path)
         memo.put(_MEMO_SECTION, memo_key, digest)
     _digests[key] = digest
     return digest, st.st_size
