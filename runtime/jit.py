@@ -28,7 +28,7 @@ from kdbkit.runtime.logging_setup import get_logger
 from kdbkit.runtime.lookup import Keys
 from kdbkit.runtime.program import Steps
 from kdbkit.runtime.program_key import ProgramKey, ProgramRequest, program_key
-from kdbkit.runtime.tier import Source, SourceInfo, discard, lease_of, read, searched, write
+from kdbkit.runtime.tier import Source, SourceInfo, discard, lease_of, read, searched, write_all
 
 _log = get_logger(__name__)
 
@@ -123,7 +123,7 @@ class JitSource(Source):
         with steps.time("jit") as t:
             binary, compiled = build_once(key, leases, recheck,
                                           lambda: compiler.compile(request, self.target, source),
-                                          lambda binary: self._put(request, binary, key))
+                                          lambda binary: write_all(self.tiers, request, binary, key))
             t.outcome = "compiled" if compiled else "built by another process"
         if compiled:
             _log.info("%s compiled for %s by %s in %.1f ms", request, self.target, identity, steps[-1].ms)
@@ -140,16 +140,9 @@ class JitSource(Source):
                 # read an edited file meanwhile changes it, and the binary must then not be stored
                 # under this compile's key (it is the old text's).
                 if self.keys.key(request, identity) == key:
-                    for before in self.tiers[:i]:
-                        if before.writable:
-                            write(before, request, binary, key)
+                    write_all(self.tiers[:i], request, binary, key)
                 return binary
         return None
-
-    def _put(self, request: ProgramRequest, binary: bytes, key: ProgramKey) -> None:
-        for tier in self.tiers:
-            if tier.writable:
-                write(tier, request, binary, key)
 
     def describe(self) -> SourceInfo:
         if self.forbidden_by:

@@ -38,7 +38,7 @@ from kdbkit.runtime.program import Program, Step, Steps
 from kdbkit.runtime.program_key import KeyHasher, ProgramKey, ProgramRequest, key_hasher
 from kdbkit.runtime.system_bundles import SystemBundleSearch
 from kdbkit.runtime.tier import (REQUEST_ERRORS, Source, SourceCheck, SourceInfo, TierContext, WritableSource, discard,
-                                 failed, searched, write)
+                                 failed, searched, write_all)
 from kdbkit.runtime.user_cache import UserCache, folder_writable
 from kdbkit.runtime.write_behind import WriteBehind
 
@@ -370,7 +370,7 @@ class LookupChain:
         before = [t for t in self.sources[:self.sources.index(source)] if t.writable]
         key = self._key_of(request) if before else None
         if key is not None:  # in the background: the caller has its program (runtime/write_behind.py)
-            self._writes.submit(lambda: [write(tier, request, binary, key) for tier in before])
+            self._writes.submit(lambda: write_all(before, request, binary, key))
 
     def flush(self) -> None:
         """Wait until every hit so far is written through to the tiers above it."""

@@ -18,7 +18,7 @@ from __future__ import annotations
 
 import time
 from abc import ABC, abstractmethod
-from typing import TYPE_CHECKING, ClassVar, NamedTuple
+from typing import TYPE_CHECKING, ClassVar, NamedTuple, Sequence
 
 from kdbkit.kdb import Target
 from kdbkit.runtime import tier_stats
@@ -194,6 +194,14 @@ def searched(source: Source) -> str:
         return source.searched()
     except Exception as exc:
         return f"the tier {source.name} ({type(exc).__name__}: {exc})"
+
+
+def write_all(tiers: Sequence[Source], request: ProgramRequest, binary: bytes, key: ProgramKey) -> None:
+    """:func:`write` ``binary`` into each writable tier of ``tiers`` (a compile's tiers, or the
+    tiers above the one a hit came from)."""
+    for tier in tiers:
+        if tier.writable:
+            write(tier, request, binary, key)
 
 
 def write(source: Source, request: ProgramRequest, binary: bytes, key: ProgramKey) -> None:
