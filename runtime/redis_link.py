@@ -144,7 +144,8 @@ class RedisLink:
         self.failures = 0  # calls that met an outage (each one a miss or a write not made)
         self._lock = threading.Lock()
         self._ready = threading.Event()
-        self._made: tuple | None = None  # (client, RedisError, the denied errors, ResponseError)
+        self._client = None  # made by the background thread, with the redis module it came from
+        self._redis = None
         self._failed = ""
         threading.Thread(target=self._make, args=(url, options), daemon=True, name="kdb-redis-client").start()
 
@@ -152,45 +153,43 @@ class RedisLink:
         try:
             import redis  # the cluster extra; imported only where a remote cache is configured
 
-            client = redis.Redis.from_url(url, **options)
-            # What a server answers to a write it will not make (out of memory under noeviction,
-            # say) is a ResponseError: the server is up and reads still work, so it is no outage.
-            self._made = (client, redis.RedisError, (redis.exceptions.NoPermissionError,
-                                                     redis.exceptions.ReadOnlyError), redis.exceptions.ResponseError)
+            self._client, self._redis = redis.Redis.from_url(url, **options), redis
         except Exception as exc:  # the client's own refusal of the URL, or a broken installation
             self._failed = f"{type(exc).__name__}: {redacted(str(exc)) if '://' in str(exc) else exc}"
         finally:
             self._ready.set()
 
-    def _part(self, i: int):
+    def _module(self):
+        """The redis module once the client is made (waits for it); None if it could not be."""
         self._ready.wait()
-        if self._made is None:
-            raise RemoteSetupError(f"the redis client cannot be made for {self.where} ({self._failed})",
-                                   "set KDB_REMOTE_CACHE to redis://[user:password@]host:port/db")
-        return self._made[i]
+        return self._redis
 
     @property
     def client(self):
         """The redis client (waits for it to be made; RemoteSetupError, one of :attr:`errors`, if it could not)."""
-        return self._part(0)
+        if self._module() is None:
+            raise RemoteSetupError(f"the redis client cannot be made for {self.where} ({self._failed})",
+                                   "set KDB_REMOTE_CACHE to redis://[user:password@]host:port/db")
+        return self._client
 
     @property
     def errors(self) -> tuple[type[Exception], ...]:
         """What the server or the client raise: a failure of the link, never of the request."""
-        self._ready.wait()
-        return (RemoteSetupError,) if self._made is None else (self._made[1], RemoteSetupError)
+        redis = self._module()
+        return (RemoteSetupError,) if redis is None else (redis.RedisError, RemoteSetupError)
 
     @property
     def refused(self) -> tuple[type[Exception], ...]:
-        """What a server raises at a command it will not run (a write out of memory, say)."""
-        self._ready.wait()
-        return () if self._made is None else (self._made[3],)
+        """What a server raises at a command it will not run: a write out of memory under
+        noeviction, say (the server is up and reads still work, so it is no outage)."""
+        redis = self._module()
+        return () if redis is None else (redis.exceptions.ResponseError,)
 
     @property
     def denied(self) -> tuple[type[Exception], ...]:
         """What a server raises at a user without the right."""
-        self._ready.wait()
-        return () if self._made is None else self._made[2]
+        redis = self._module()
+        return () if redis is None else (redis.exceptions.NoPermissionError, redis.exceptions.ReadOnlyError)
 
     @property
     def where(self) -> str:
@@ -284,9 +283,9 @@ class RedisLink:
             return False, f"no: read-only user ({exc})"
 
     def close(self) -> None:
-        self._ready.wait()
-        if self._made is not None:
+        redis = self._module()
+        if redis is not None:
             try:
-                self._made[0].close()
-            except self._made[1]:
+                self._client.close()
+            except redis.RedisError:
                 pass
