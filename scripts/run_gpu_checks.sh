@@ -13,7 +13,7 @@
 # PART=compare: bench_network and bench_startup of this tree and of a baseline tree (BASE=<dir>), in turn.
 # PART=suite: the whole test suite with KDB_TEST_BACKEND=cuda; TUNE=1 also tunes the networks'
 # problems alongside (the find-db comes back as $OUT/tuned.fdb, for PART=compare's FDB).
-# PART=cluster: the cluster tier's tests on CUDA and scripts/bench_cluster.py (carry .redis: see there).
+# PART=cluster: the cluster tier's tests on CUDA and scripts/bench_cluster.py (a redis-server in .whl: see there).
 # PART=install only installs (then: export PYTHONPATH=/tmp/site and run a script of scripts/).
 set -uo pipefail
 PART=${PART:-all}
@@ -39,12 +39,15 @@ export PYTHONUNBUFFERED=1 KDB_CUSTOM_CACHE_DIR=$(mktemp -d)
 [ "$PART" = install ] && exit 0
 
 if [ "$PART" = cluster ]; then
-    # The cluster tier on the GPU: a redis-server carried as .redis/ (the binary and the shared
-    # libraries it needs, from the CPU machine: the GPU machine has no package registry), run
-    # through a wrapper so that only it sees those libraries; then the tier's tests with the CUDA
-    # backend and scripts/bench_cluster.py (NODES nodes).
+    # The cluster tier on the GPU: a redis-server carried in .whl/redis-server/ (the binary and the
+    # shared libraries it needs, from the CPU machine: the GPU machine has no package registry;
+    # make it with: mkdir -p .whl/redis-server && cp /usr/bin/redis-server .whl/redis-server/ &&
+    # ldd /usr/bin/redis-server | awk '/=>/{print $3}' | grep -v -e libc.so -e libm.so -e libstdc |
+    # xargs -I{} cp -L {} .whl/redis-server/), run through a wrapper so that only it sees those
+    # libraries; then the tier's tests with the CUDA backend and scripts/bench_cluster.py (NODES nodes).
+    CARRIED=$PWD/.whl/redis-server
     mkdir -p /tmp/redis-bin
-    printf '#!/bin/sh\nLD_LIBRARY_PATH=%s exec %s/redis-server "$@"\n' "$PWD/.redis" "$PWD/.redis" > /tmp/redis-bin/redis-server
+    printf '#!/bin/sh\nLD_LIBRARY_PATH=%s exec %s/redis-server "$@"\n' "$CARRIED" "$CARRIED" > /tmp/redis-bin/redis-server
     chmod +x /tmp/redis-bin/redis-server
     export PATH=/tmp/redis-bin:$PATH
     redis-server --version > "$OUT/redis_version.txt" 2>&1 || { cat "$OUT/redis_version.txt"; exit 1; }
