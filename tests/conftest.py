@@ -20,6 +20,13 @@ def pytest_configure(config):
     os.environ.setdefault("POCL_CACHE_DIR", str(Path(xdg) / "pocl" / "kcache"))
     os.environ.setdefault("POCL_KERNEL_CACHE", "1")
     Path(os.environ["POCL_CACHE_DIR"]).mkdir(parents=True, exist_ok=True)  # PoCL takes only a folder that exists
+    # hypothesis keeps its example database beside the user's caches, not as a .hypothesis folder
+    # in the checkout (whose top level holds only what the design card lists)
+    try:
+        from hypothesis.configuration import set_hypothesis_home_dir
+    except ImportError:  # the dev extra brings it; without it the fuzz tests say so themselves
+        return
+    set_hypothesis_home_dir(Path(xdg) / "kdbkit-tests" / "hypothesis")
 
 
 def pytest_sessionstart(session):  # after pytest_configure, where pytest's faulthandler plugin reports to stderr
