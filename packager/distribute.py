@@ -9,22 +9,28 @@ any is installed (:mod:`kdbkit.packager.install`).
 
 from __future__ import annotations
 
+import tempfile
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Sequence
 
 from kdbkit.kdb import Target, open_bundle
+from kdbkit.kdb.file_hash import sha256_of
 from kdbkit.kdb.signing import PublicKey, Signer
 from kdbkit.kdb.verify import verify_bundle
 from kdbkit.packager import install as installer
 from kdbkit.packager.errors import PackageError
 from kdbkit.packager.select import Candidate, Choice, choose, scan
 from kdbkit.packager.targets import find_gpu
-from kdbkit.packager.wheel import package_target, write_package
+from kdbkit.packager.wheel import Split, manifest_sha256, package_name, package_target, write_package
 from kdbkit.runtime.preflight import DeviceRuntime, runtime_of
 
 _MAKE_PACKAGES = ("build bundles with `kdb build --target <arch>_<cu> -c <catalogue> -o DIR`, then wheels with "
                   "`kdb package DIR -o DIR`, and give that folder")
+
+
+DEFAULT_MAX_WHEEL_BYTES = 1 << 30  # `kdb package --max-wheel-size`; PyPI's largest per-project file limit
+_SPLIT_TRIES = 4
 
 
 @dataclass(frozen=True)
@@ -34,6 +40,9 @@ class Packaged:
     wheel: Path
     bundle: Path
     find_db: Path | None
+    size: int = 0  # the wheel's bytes
+    part: int = 1  # of `parts` wheels the bundle was split into
+    parts: int = 1
 
 
 def bundle_files(paths: Sequence[Path]) -> list[Path]:
@@ -59,7 +68,8 @@ def bundle_files(paths: Sequence[Path]) -> list[Path]:
 
 
 def package_bundles(paths: Sequence[Path], out: Path, *, find_dbs: Sequence[Path] = (),
-                    signer: Signer | None = None, provenance_host: bool = False) -> tuple[list[Packaged], Path]:
+                    signer: Signer | None = None, provenance_host: bool = False,
+                    max_wheel_bytes: int | None = DEFAULT_MAX_WHEEL_BYTES) -> tuple[list[Packaged], Path]:
     """Write the wheel of each bundle (with the tuned find-dbs of its arch) into ``out``.
 
     Args:
@@ -67,13 +77,16 @@ def package_bundles(paths: Sequence[Path], out: Path, *, find_dbs: Sequence[Path
         find_dbs: system find-dbs (``<arch>_<cu>.fdb``), each shipped with the bundle of its arch.
         signer: sign each wheel's manifest with this key (``kdb package --sign``).
         provenance_host: record this machine's host name in each wheel's provenance.
+        max_wheel_bytes: a bundle whose wheel would be larger is split into parts
+            (:func:`package_in_parts`) whose wheels are not; None or 0: no limit.
 
     Returns:
         The wheels written, and the ``SHA256SUMS`` file listing them.
 
     Raises:
         PackageError: a path that names no bundle, a damaged bundle (as ``kdb db verify`` finds it;
-            nothing is written then), a find-db that fits none of the bundles.
+            nothing is written then), a find-db that fits none of the bundles, a program alone
+            larger than ``max_wheel_bytes``.
         BundleError: a bundle that does not open.
     """
     pairs: list[tuple[Path, Path | None]] = []
@@ -88,9 +101,61 @@ def package_bundles(paths: Sequence[Path], out: Path, *, find_dbs: Sequence[Path
     if unused:
         raise PackageError(f"{unused[0]} fits none of the bundles given (a find-db ships with a bundle of its arch)",
                            "give the bundle it was tuned for, or leave it out")
-    packaged = [Packaged(write_package(bundle, out, find_db=fdb, signer=signer, provenance_host=provenance_host),
-                         bundle, fdb) for bundle, fdb in pairs]
+    packaged = [p for bundle, fdb in pairs
+                for p in package_in_parts(bundle, out, find_db=fdb, max_wheel_bytes=max_wheel_bytes, signer=signer,
+                                          provenance_host=provenance_host)]
     return packaged, installer.write_sums(out, [p.wheel for p in packaged])
+
+
+def package_in_parts(bundle: Path, out: Path, *, find_db: Path | None, max_wheel_bytes: int | None,
+                     **options) -> list[Packaged]:
+    """``bundle``'s wheel, or the wheels of its parts where one wheel would pass ``max_wheel_bytes``.
+
+    Parts are cut by an estimate of their files' sizes (:func:`kdbkit.kdb.split.plan_parts`);
+    the wheels themselves are measured, and a set with one over the limit is cut again finer,
+    a few times, before giving up. The first part carries the find-db.
+
+    Raises:
+        PackageError: a program alone larger than the limit, or no cut that fits.
+    """
+    from kdbkit.kdb.split import SplitError, split_bundle
+
+    overhead = 16 << 10  # manifest, provenance, signature, the zip's own: a guess the measure corrects
+    fixed = (find_db.stat().st_size if find_db is not None else 0) + overhead
+    if not max_wheel_bytes or bundle.stat().st_size + fixed <= max_wheel_bytes:
+        wheel = write_package(bundle, out, find_db=find_db, **options)
+        if not max_wheel_bytes or wheel.stat().st_size <= max_wheel_bytes:
+            return [Packaged(wheel, bundle, find_db, wheel.stat().st_size)]
+        wheel.unlink()
+    whole_sha256 = sha256_of(bundle)
+    with open_bundle(bundle) as opened:
+        target = package_target(opened.metadata.target, find_db)
+    cap = max_wheel_bytes - fixed
+    out.mkdir(parents=True, exist_ok=True)
+    for _ in range(_SPLIT_TRIES):
+        with tempfile.TemporaryDirectory(dir=out, prefix=".kdb-split-") as tmp:
+            try:
+                parts = split_bundle(bundle, Path(tmp), cap)
+            except SplitError as exc:
+                raise PackageError(f"{bundle}: its program {exc.program} alone needs a wheel of about "
+                                   f"{exc.needed + fixed} bytes, more than --max-wheel-size {max_wheel_bytes}",
+                                   f"raise --max-wheel-size to at least {exc.needed + fixed}") from None
+            # the others first: the first part names their manifests' SHA-256
+            others = {i: write_package(part.path, out, split=Split(i, len(parts), bundle, whole_sha256, target),
+                                       **options) for i, part in enumerate(parts[1:], 2)}
+            first = write_package(parts[0].path, out, find_db=find_db, **options, split=Split(
+                1, len(parts), bundle, whole_sha256, target,
+                {package_name(target, i): manifest_sha256(wheel) for i, wheel in others.items()}))
+        written = [Packaged(wheel, bundle, find_db if i == 1 else None, wheel.stat().st_size, i, len(parts))
+                   for i, wheel in sorted({1: first, **others}.items())]
+        largest = max(p.size for p in written)
+        if largest <= max_wheel_bytes:
+            return written
+        for p in written:
+            p.wheel.unlink()
+        cap = int(cap * max_wheel_bytes / largest * 0.97)
+    raise PackageError(f"{bundle}: no split into parts of at most {max_wheel_bytes} bytes was found "
+                       f"(the largest wheel took {largest})", "raise --max-wheel-size")
 
 
 def _refuse_damaged(bundle: Path) -> None:

@@ -15,7 +15,10 @@ environment as it was:
   (``--trusted-key``), its ``manifest.json.sig`` verifying under one of them (bare bundles,
   which carry no signature, are refused then);
 - a bundle (bare, or in a wheel) must pass :func:`kdbkit.kdb.verify.verify_bundle`: SQLite
-  integrity, its metadata and every entry's hash.
+  integrity, its metadata and every entry's hash;
+- a package split by size is installed whole: each of its other parts passes every check above
+  and must be the very part the first one names (by its manifest's SHA-256), and parts an earlier
+  version of the package left are uninstalled after pip installs these.
 
 Wheels are installed through pip into the running environment (``--no-deps``: kdbkit is here,
 and the version range was checked), each named with its SHA-256 so that pip installs the file
@@ -27,6 +30,7 @@ find-db of the same name beside them, are copied into the system db folder
 from __future__ import annotations
 
 import os
+import re
 import shutil
 import subprocess
 import sys
@@ -42,7 +46,7 @@ from kdbkit.kdb.file_hash import sha256_of
 from kdbkit.kdb.find_db import SYSTEM_SUFFIX
 from kdbkit.kdb.signing import PublicKey
 from kdbkit.kdb.verify import verify_bundle
-from kdbkit.packager.select import Candidate
+from kdbkit.packager.select import Candidate, wheel_candidate
 from kdbkit.packager import wheel_checks as checks
 from kdbkit.packager.provenance import FILE as PROVENANCE
 from kdbkit.packager.wheel import (MANIFEST, SIGNATURE, Manifest, dist_info_name, generated_members, module_name,
@@ -101,7 +105,7 @@ def verify(candidate: Candidate, *, root: Path | None = None, require_hashes: bo
     Raises:
         PackageError: naming the file and what does not match.
     """
-    files = [candidate.path]
+    files = list(candidate.wheels)  # a split package's parts are checked, and installed, with it
     if candidate.kind == "bundle":  # its find-db is copied with it
         find_db = _find_db_of(candidate.path)
         files += [find_db] if find_db.is_file() else []
@@ -112,8 +116,24 @@ def verify(candidate: Candidate, *, root: Path | None = None, require_hashes: bo
         _check_listed(file, root, require_hashes)
     if candidate.kind == "wheel":
         _verify_wheel(candidate, trusted_keys)
+        for k, other in enumerate(candidate.others, 2):
+            part = wheel_candidate(other)
+            _check_part(candidate, part, k)
+            _verify_wheel(part, trusted_keys)
     else:
         _verify_bundle_file(candidate.path, candidate.path)
+
+
+def _check_part(first: Candidate, part: Candidate, k: int) -> None:
+    """Refuse a wheel found as part ``k`` of ``first``'s package that says otherwise about itself."""
+    if part.damaged:
+        raise PackageError(f"{part.path}: {part.damaged}", "copy the package's wheels again")
+    said = (part.package, part.part, part.parts, part.version, part.manifest_sha256)
+    name = package_name(first.target, k)
+    if said != (name, k, first.parts, first.version, first.part_manifests.get(name)):
+        raise PackageError(f"{part.path}: not the part {k} of {first.parts} that {first.path.name} names (its "
+                           "manifest's SHA-256 differs: another build's, or altered)",
+                           "install the wheels that one `kdb package` wrote together")
 
 
 def _check_listed(path: Path, root: Path | None, require_hashes: bool) -> None:
@@ -169,7 +189,7 @@ def _verify_wheel(candidate: Candidate, trusted_keys: Sequence[PublicKey] | None
 
 def _verify_wheel_members(candidate: Candidate, wheel, infos: list[zipfile.ZipInfo],
                           trusted_keys: Sequence[PublicKey] | None = None) -> None:
-    path, module, dist_info = candidate.path, module_name(candidate.target), wheel.dist_info_path
+    path, module, dist_info = candidate.path, module_name(candidate.target, candidate.part), wheel.dist_info_path
     for info in infos:
         checks.check_member_path(path, info, module, dist_info)
     by_name = {info.filename: info for info in infos}
@@ -178,9 +198,9 @@ def _verify_wheel_members(candidate: Candidate, wheel, infos: list[zipfile.ZipIn
         raise PackageError(f"{path}: no {module}/{MANIFEST}", "rebuild it with `kdb package`")
     manifest_bytes = checks.read_text_member(wheel, path, manifest_info)
     manifest = Manifest.from_json(manifest_bytes.decode("utf-8", "replace"), str(path))
-    target, version = manifest.target, manifest.version
-    if (manifest.package != package_name(target) or module_name(target) != module
-            or path.name != wheel_name(target, version) or dist_info != dist_info_name(target, version)):
+    target, version, part = manifest.target, manifest.version, manifest.part
+    if (manifest.package != package_name(target, part) or module_name(target, part) != module
+            or path.name != wheel_name(target, version, part) or dist_info != dist_info_name(target, version, part)):
         raise PackageError(f"{path}: its name, folders and manifest ({manifest.package} {version}) disagree",
                            "rebuild it with `kdb package`; do not rename a kernel wheel")
     for name in manifest.files:
@@ -190,7 +210,7 @@ def _verify_wheel_members(candidate: Candidate, wheel, infos: list[zipfile.ZipIn
             raise PackageError(f"{path}: its manifest lists {name!r}, not a bundle or find-db",
                                "the wheel is unsafe; do not install it")
     data = {f"{module}/{name}": name for name in manifest.files}
-    generated = generated_members(target, version, manifest.compiler)
+    generated = generated_members(target, version, manifest.compiler, part, manifest.parts)
     signature_name = f"{module}/{SIGNATURE}"
     signed = {signature_name} if signature_name in by_name else set()  # optional, but only in its exact form
     checks.check_members(path, [info.filename for info in infos], set(data) | set(generated) | signed
@@ -283,8 +303,26 @@ def _copy_atomically(source: Path, dest: Path) -> None:
 
 
 def _pip_install(candidate: Candidate) -> Installed:
-    pip_install_wheels([candidate.path])
-    return Installed(candidate, "pip", (candidate.path.name,))
+    pip_install_wheels(candidate.wheels)
+    _remove_other_parts(candidate)
+    return Installed(candidate, "pip", tuple(w.name for w in candidate.wheels))
+
+
+def _remove_other_parts(candidate: Candidate) -> None:
+    """Uninstall the parts of this target's package past the ones just installed (left by an
+    earlier version split into more): nothing serves a wrong binary through them, but they
+    would be searched, locked and reported as installed."""
+    from packaging.utils import canonicalize_name
+
+    from kdbkit.runtime.paths import iter_kernel_packages
+
+    ours = {canonicalize_name(package_name(candidate.target, k)) for k in range(1, candidate.parts + 1)}
+    first = canonicalize_name(package_name(candidate.target))
+    part = re.compile(re.escape(first) + r"-part\d+")
+    stale = sorted({where.dist for where in iter_kernel_packages()
+                    if canonicalize_name(where.dist) not in ours and part.fullmatch(canonicalize_name(where.dist))})
+    if stale:
+        _pip(["uninstall", "--yes", *stale], f"pip could not uninstall {', '.join(stale)}")
 
 
 def pip_install_wheels(wheels: list[Path], digests: list[str] | None = None) -> None:
@@ -298,8 +336,13 @@ def pip_install_wheels(wheels: list[Path], digests: list[str] | None = None) -> 
     """
     digests = digests or [sha256_of(w) for w in wheels]
     urls = [f"{Path(os.path.abspath(w)).as_uri()}#sha256={d}" for w, d in zip(wheels, digests)]
-    command = [sys.executable, "-m", "pip", "install", "--no-deps", "--no-index", "--force-reinstall",
-               "--disable-pip-version-check", "--quiet", *urls]
+    _pip(["install", "--no-deps", "--no-index", "--force-reinstall", *urls],
+         f"pip could not install {', '.join(w.name for w in wheels)}")
+
+
+def _pip(arguments: list[str], failed: str) -> None:
+    """Run pip in this environment; PackageError with ``failed`` and pip's last lines if it fails."""
+    command = [sys.executable, "-m", "pip", "--disable-pip-version-check", "--quiet", *arguments]
     try:
         run = subprocess.run(command, capture_output=True, text=True)
     except OSError as exc:
@@ -309,5 +352,4 @@ def pip_install_wheels(wheels: list[Path], digests: list[str] | None = None) -> 
         if "No module named pip" in tail:
             raise PackageError(f"pip is not available in {sys.prefix}",
                                "run `python -m ensurepip`, or give bare bundles instead of wheels")
-        raise PackageError(f"pip could not install {', '.join(w.name for w in wheels)}: {tail}",
-                           "see pip's message; the environment is as it was before")
+        raise PackageError(f"{failed}: {tail}", "see pip's message; the environment is as it was before")

@@ -35,7 +35,7 @@ from kdbkit.packager.errors import LockError, PackageError
 from kdbkit.packager.lock_file import Lock, LockedPackage
 from kdbkit.packager.provenance import FILE as PROVENANCE
 from kdbkit.packager.select import wheel_candidate
-from kdbkit.packager.wheel import MANIFEST, Manifest, module_name, package_name, wheel_name
+from kdbkit.packager.wheel import MANIFEST, Manifest, module_of, wheel_name_of
 from kdbkit.packager.wheel_checks import MAX_TEXT_BYTES
 from kdbkit.runtime.paths import KernelPackage, iter_kernel_packages
 
@@ -173,11 +173,11 @@ def _wheel_from(from_dir: Path | None, p: Installed) -> str:
         raise LockError(f"{p.label}: its installation records no wheel SHA-256 ({p.where.dist_info} has no "
                         "direct_url.json with one)", "give the folder of wheels it was installed from: "
                         "`kdb lock --from DIR`, or reinstall it with `kdb install`")
-    want = wheel_name(p.manifest.target, p.manifest.version)
+    want = wheel_name_of(p.manifest.package, p.manifest.version)
     found = sorted(f for f in from_dir.rglob(want) if f.is_file())
     if not found:
         raise LockError(f"{p.label}: {from_dir} holds no {want}", "give --from the folder it was installed from")
-    same = [f for f in found if _wheel_manifest(f, p.manifest.target) == p.manifest_bytes]
+    same = [f for f in found if _wheel_manifest(f, module_of(p.manifest.package)) == p.manifest_bytes]
     if not same:
         raise LockError(f"{p.label}: {found[0]} is another build than the one installed (its {MANIFEST} differs)",
                         "give --from the folder it was installed from")
@@ -188,10 +188,10 @@ def _wheel_from(from_dir: Path | None, p: Installed) -> str:
     return digests[0]
 
 
-def _wheel_manifest(wheel: Path, target: Target) -> bytes | None:
+def _wheel_manifest(wheel: Path, module: str) -> bytes | None:
     try:
         with zipfile.ZipFile(wheel) as archive:
-            info = archive.getinfo(f"{module_name(target)}/{MANIFEST}")
+            info = archive.getinfo(f"{module}/{MANIFEST}")
             if info.file_size > MAX_TEXT_BYTES:
                 return None
             with archive.open(info) as member:
@@ -316,7 +316,7 @@ def install_locked(lock: Lock, source: Path, *, dry_run: bool = False,
     chosen = [(p, _locked_wheel(p, source)) for p in lock.packages]
     for p, wheel in chosen:  # every check before anything is installed
         candidate = wheel_candidate(wheel)
-        if candidate.damaged or package_name(candidate.target) != p.name:
+        if candidate.damaged or candidate.package != p.name:
             raise LockError(f"{p.label}: {wheel} is {candidate.damaged or 'another package'}",
                             "the locked wheel itself is damaged: build the packages again and lock again")
         installer.verify(candidate, root=source, trusted_keys=trusted_keys)
@@ -326,14 +326,13 @@ def install_locked(lock: Lock, source: Path, *, dry_run: bool = False,
 
 
 def _locked_wheel(p: LockedPackage, source: Path) -> Path:
-    target = Target.parse(p.target)
-    want = wheel_name(target, p.version)
+    want, module = wheel_name_of(p.name, p.version), module_of(p.name)
     found = sorted(f for f in source.rglob(want) if f.is_file())
     remedy = "copy the locked wheels into the folder, or lock again after installing these"
     if not found:
         tail = "-py3-none-any.whl"
-        others = sorted({f.name[len(module_name(target)) + 1:-len(tail)]
-                         for f in source.rglob(f"{module_name(target)}-*{tail}")})
+        others = sorted({f.name[len(module) + 1:-len(tail)] for f in source.rglob(f"{module}-*{tail}")
+                         if "-" not in f.name[len(module) + 1:-len(tail)]})
         if others:
             raise LockError(f"{p.label}: {source} has version {', '.join(others)}, not the locked {p.version}",
                             remedy)

@@ -5,7 +5,9 @@
 knows, and only that:
 
 - ``subject``: each data file of the package (bundle, find-db) by name and SHA-256;
-- ``buildDefinition``: the package, version and target; the compiler and its version and the
+- ``buildDefinition``: the package, version and target (and, for one part of a bundle split by
+  size, ``splitFrom``: its part number, the number of parts, the whole bundle's SHA-256); the
+  compiler and its version and the
   binary format (the bundle's metadata); every kernel source the bundle was built from, by the
   digest of its source manifest (SHA-256 of the source and every file it includes);
 - ``runDetails``: the builder (kdbkit, its version; the host only when asked:
@@ -83,7 +85,7 @@ def read_build_record(bundle: Path, bundle_sha256: str) -> dict | None:
 
 
 def statement(data_files: dict[str, str], md: BundleMetadata, *, package: str, version: str, target: str,
-              host: bool = False, record: dict | None = None) -> bytes:
+              host: bool = False, record: dict | None = None, split: dict | None = None) -> bytes:
     """The statement's bytes.
 
     Args:
@@ -91,6 +93,8 @@ def statement(data_files: dict[str, str], md: BundleMetadata, *, package: str, v
         md: the bundle's metadata.
         host: record this machine's host name (the packaging host).
         record: the bundle's build record (:func:`read_build_record`), where there is one.
+        split: for one part of a bundle split by size: its part number, the number of parts and
+            the whole bundle's SHA-256 (``bundleSha256``).
 
     Raises:
         KdbError: ``SOURCE_DATE_EPOCH`` is malformed.
@@ -113,7 +117,8 @@ def statement(data_files: dict[str, str], md: BundleMetadata, *, package: str, v
         "buildDefinition": {
             "buildType": BUILD_TYPE,
             "externalParameters": {"package": package, "version": version, "target": target,
-                                   **({"catalogue": record["catalogue"]} if record and record["catalogue"] else {})},
+                                   **({"catalogue": record["catalogue"]} if record and record["catalogue"] else {}),
+                                   **({"splitFrom": split} if split else {})},
             "internalParameters": internal,
             "resolvedDependencies": [
                 {"name": f"kernel-source:{name}", "digest": {"sha256": digest},
@@ -148,6 +153,9 @@ def summary(data: bytes) -> list[tuple[str, str]]:
         catalogue = definition["externalParameters"].get("catalogue")
         rows.append(("catalogue", f"sha256:{catalogue['sha256']} ({catalogue['problems']} problems)" if catalogue
                      else "not recorded"))
+        split = definition["externalParameters"].get("splitFrom")
+        if split:
+            rows.append(("split", f"part {split['part']} of {split['parts']} of bundle sha256:{split['bundleSha256']}"))
         rows += [(dep["name"], f"sha256:{dep['digest']['sha256']}") for dep in definition["resolvedDependencies"]]
         return rows
     except (ValueError, KeyError, TypeError, AttributeError) as exc:

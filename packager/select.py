@@ -16,6 +16,7 @@ kdbkit versions, and never one built from kernel sources other than the ones ins
 
 from __future__ import annotations
 
+import hashlib
 import zipfile
 import zlib
 from dataclasses import dataclass, field
@@ -44,6 +45,17 @@ class Candidate:
     kdbkit: str = ""  # a wheel's supported kdbkit versions
     damaged: str = ""  # why it cannot be read at all
     compiler: str = ""  # what made its binaries (the driver must load what that compiler makes)
+    package: str = ""  # a wheel's package name, as its manifest says
+    part: int = 1  # a wheel split by size is part `part` of `parts` (kdb package --max-wheel-size)
+    parts: int = 1
+    others: tuple[Path, ...] = ()  # the first part's: the wheels of parts 2..parts, found beside it
+    manifest_sha256: str = ""  # a wheel's
+    part_manifests: dict[str, str] = field(default_factory=dict, hash=False)  # a first part's Manifest.others
+
+    @property
+    def wheels(self) -> list[Path]:
+        """Every wheel installing this candidate takes: itself and its other parts."""
+        return [self.path, *self.others]
 
 
 @dataclass
@@ -58,14 +70,15 @@ class Choice:
 
 def scan(folder: Path) -> list[Candidate]:
     """Every kernel wheel (``kdbkit_kernels_*.whl``) and bundle (``*.kdb``) under ``folder``,
-    sorted by path; a local package index's per-project folders are walked too."""
+    sorted by path; a local package index's per-project folders are walked too. A package split
+    into several wheels is one candidate, its first part's, carrying the others."""
     found = []
     for path in sorted(folder.rglob("*")):
         if path.suffix == ".whl" and path.name.startswith(PACKAGE_PREFIX.replace("-", "_")):
             found.append(wheel_candidate(path))
         elif path.suffix == ".kdb" and path.is_file():
             found.append(_bundle(path))
-    return found
+    return _with_parts(found)
 
 
 def wheel_candidate(path: Path) -> Candidate:
@@ -99,7 +112,38 @@ def wheel_candidate(path: Path) -> Candidate:
         return Candidate(path, "wheel", manifest.target, manifest.version,
                          damaged=f"its manifest lists {len(bundles)} bundles, not one <target>.kdb")
     return Candidate(path, "wheel", manifest.target, manifest.version, bundle_target, manifest.sources,
-                     manifest.kdbkit, compiler=manifest.compiler)
+                     manifest.kdbkit, compiler=manifest.compiler, package=manifest.package, part=manifest.part,
+                     parts=manifest.parts, manifest_sha256=hashlib.sha256(text).hexdigest(),
+                     part_manifests=manifest.others)
+
+
+def _with_parts(found: list[Candidate]) -> list[Candidate]:
+    """Each split package's first part with its other parts attached (``others``), those parts
+    no longer candidates of their own; a first part whose others are not all here, and a part
+    whose first part is not, are damaged, with why."""
+    from dataclasses import replace
+
+    from kdbkit.packager.wheel import package_name
+
+    parts = {(c.package, c.version, c.manifest_sha256): c for c in reversed(found) if c.part > 1 and not c.damaged}
+    out = []
+    for c in found:
+        if c.damaged or c.parts == 1:
+            out.append(c)
+        elif c.part == 1:
+            names = [package_name(c.target, k) for k in range(2, c.parts + 1)]
+            others = [parts.get((name, c.version, c.part_manifests[name])) for name in names]
+            missing = [k for k, o in enumerate(others, 2) if o is None]
+            if missing:
+                out.append(replace(c, damaged=f"part {missing[0]} of its {c.parts} "
+                                              f"({package_name(c.target, missing[0])} {c.version}) is not here"))
+            else:
+                out.append(replace(c, others=tuple(o.path for o in others)))
+    claimed = {(name, c.version, digest) for c in found if not c.damaged for name, digest in c.part_manifests.items()}
+    orphans = [replace(c, damaged=f"part {c.part} of {c.parts} of {package_name(c.target)} {c.version}, whose "
+                                  "first part is not here") for c in found
+               if not c.damaged and c.part > 1 and (c.package, c.version, c.manifest_sha256) not in claimed]
+    return sorted(out + orphans, key=lambda c: c.path)
 
 
 def _bundle(path: Path) -> Candidate:

@@ -12,6 +12,13 @@ A package ``kdbkit-kernels-<arch>[-<cu>]`` holds one import folder, ``kdbkit_ker
 - ``manifest.json.sig``, where it was signed (``kdb package --sign``): see :func:`write_package`;
 - ``__init__.py`` with ``bundle_dir()``, for a caller who wants the folder from Python.
 
+A bundle too large for one wheel is split by size into parts (:mod:`kdbkit.kdb.split`), one
+package each: ``kdbkit-kernels-sm_90-132``, then ``kdbkit-kernels-sm_90-132-part2``, ... Each is a
+complete package of the layout above holding some of the entries; the first also carries the
+find-db, and its manifest gives ``part``, ``parts`` and ``others`` (each other part's name and the
+SHA-256 of its manifest); the others' give ``part`` and ``parts``. An unsplit package's manifest
+has none of these, as before parts existed.
+
 The entry point in group ``kdbkit.bundles`` names the import folder only (``<module> = <module>``):
 the runtime locates that folder beside the distribution's ``.dist-info`` and never imports it
 (runtime/paths.py), and ``kdb install`` refuses a wheel whose generated files differ by one byte
@@ -36,7 +43,7 @@ import re
 import stat
 import tempfile
 import zipfile
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 from kdbkit.kdb import Target, open_bundle
@@ -52,6 +59,7 @@ PACKAGE_PREFIX = "kdbkit-kernels-"
 MANIFEST = "manifest.json"
 SIGNATURE = "manifest.json.sig"  # `kdb package --sign`: the key id and Ed25519 signature over manifest.json's bytes
 MANIFEST_FORMAT = 1
+MAX_PARTS = 999  # a split package's wheels: far more than any target needs, few enough to list
 # The group runtime/paths.py reads, spelled again there: the runtime does not import the packager.
 ENTRY_POINT_GROUP = "kdbkit.bundles"
 
@@ -63,17 +71,37 @@ def compatible_versions(version: str = __version__) -> str:
     return f">={version},<{major}.{minor + 1}"
 
 
-def package_name(target: Target) -> str:
+def package_name(target: Target, part: int = 1) -> str:
     """``kdbkit-kernels-sm_90-132`` for ``sm_90_132``, ``kdbkit-kernels-gfx942`` arch-wide; a
     target feature is spelled out, since a name cannot hold ``:``, ``+`` or a trailing ``-``
-    (``gfx90a:xnack-`` is ``gfx90a-xnack-off``)."""
+    (``gfx90a:xnack-`` is ``gfx90a-xnack-off``). The parts after the first of a split package
+    add ``-part<N>`` (``kdbkit-kernels-sm_90-132-part2``): the first keeps the plain name, so a
+    package's name does not change with the number of its parts."""
     features = "".join(f"-{f[:-1]}-{'on' if f.endswith('+') else 'off'}" for f in target.features)
-    return PACKAGE_PREFIX + target.arch + features + (f"-{target.cu}" if target.cu is not None else "")
+    return (PACKAGE_PREFIX + target.arch + features + (f"-{target.cu}" if target.cu is not None else "")
+            + (f"-part{part}" if part > 1 else ""))
 
 
-def module_name(target: Target) -> str:
-    """The package's import folder: its name with every other character an underscore."""
-    return re.sub(r"[^a-z0-9]+", "_", package_name(target).lower()).strip("_")
+def module_of(package: str) -> str:
+    """A package's import folder: its name with every other character an underscore."""
+    return re.sub(r"[^a-z0-9]+", "_", package.lower()).strip("_")
+
+
+def module_name(target: Target, part: int = 1) -> str:
+    """The import folder of ``target``'s package (or of its ``part``)."""
+    return module_of(package_name(target, part))
+
+
+@dataclass(frozen=True)
+class Split:
+    """A bundle packaged as one part of a larger one (:func:`write_package`)."""
+
+    part: int
+    parts: int
+    whole: Path  # the bundle it was split from, whose build record the parts share
+    whole_sha256: str
+    target: Target  # every part's package is for the first's target (its find-db's GPU, where it has one)
+    others: dict[str, str] | None = None  # the first part's: each other part's package -> its manifest's SHA-256
 
 
 @dataclass(frozen=True)
@@ -87,11 +115,18 @@ class Manifest:
     compiler: str
     files: dict[str, dict]  # name -> {"sha256": hex, "size": bytes}
     sources: dict[str, str]  # kernel file -> digest of the source its bundle was built from
+    part: int = 1  # of a package split into `parts` wheels (kdb package --max-wheel-size)
+    parts: int = 1
+    # The first part's: each other part's package and the SHA-256 of its manifest, which lists
+    # the SHA-256 of its files: the first part (and its signature) vouches for the whole set.
+    others: dict[str, str] = field(default_factory=dict)
 
     def to_json(self) -> str:
+        split = {"part": self.part, "parts": self.parts} if self.parts > 1 else {}  # unsplit: as before splits
+        split.update({"others": self.others} if self.others else {})
         return json.dumps({"format": MANIFEST_FORMAT, "package": self.package, "version": self.version,
                            "target": str(self.target), "kdbkit": self.kdbkit, "compiler": self.compiler,
-                           "files": self.files, "sources": self.sources}, indent=1, sort_keys=True) + "\n"
+                           "files": self.files, "sources": self.sources, **split}, indent=1, sort_keys=True) + "\n"
 
     @classmethod
     def from_json(cls, text: str, where: str) -> "Manifest":
@@ -100,8 +135,17 @@ class Manifest:
             data = json.loads(text)
             if data.get("format") != MANIFEST_FORMAT:
                 raise ValueError(f"format {data.get('format')!r}, this kdbkit reads {MANIFEST_FORMAT}")
-            return cls(str(data["package"]), str(data["version"]), Target.parse(data["target"]), str(data["kdbkit"]),
-                       str(data["compiler"]), dict(data["files"]), dict(data["sources"]))
+            part, parts, others = data.get("part", 1), data.get("parts", 1), data.get("others", {})
+            if not (type(part) is int and type(parts) is int and 1 <= part <= parts <= MAX_PARTS):
+                raise ValueError(f"part {part!r} of {parts!r} is not a part number")
+            target = Target.parse(data["target"])
+            if part == 1 and sorted(others) != sorted(package_name(target, k) for k in range(2, parts + 1)):
+                raise ValueError(f"a first part of {parts} names other parts {sorted(others)}")
+            if part > 1 and others:
+                raise ValueError(f"part {part} names other parts")
+            return cls(str(data["package"]), str(data["version"]), target, str(data["kdbkit"]),
+                       str(data["compiler"]), dict(data["files"]), dict(data["sources"]), part, parts,
+                       {str(k): str(v) for k, v in others.items()})
         except (ValueError, KeyError, TypeError, AttributeError, KdbError) as exc:
             raise PackageError(f"{where}: {MANIFEST} is not a kernel-package manifest ({exc})",
                            "rebuild the package with `kdb package`") from None
@@ -132,8 +176,14 @@ def package_target(bundle_target: Target, find_db: Path | None) -> Target:
 
 
 def write_package(bundle: Path, out: Path, *, find_db: Path | None = None, version: str = __version__,
-                  signer: Signer | None = None, provenance_host: bool = False) -> Path:
+                  signer: Signer | None = None, provenance_host: bool = False, split: Split | None = None) -> Path:
     """Write the wheel of ``bundle`` (and ``find_db``) into folder ``out``; return its path.
+
+    With ``split``, ``bundle`` is one part of a bundle split by size (:mod:`kdbkit.kdb.split`),
+    packaged as part ``split.part`` of ``split.parts`` (:func:`package_name`); the first part
+    carries the find-db, names the SHA-256 of each other part's manifest (so the others are
+    written first), and requires them at the same version, so that pip installs them together
+    too. Each part has its own manifest, provenance and signature.
 
     With ``signer``, the wheel also holds ``<module>/manifest.json.sig``: the signer's key id and
     its Ed25519 signature over ``manifest.json``'s exact bytes, which list every data file's
@@ -151,24 +201,35 @@ def write_package(bundle: Path, out: Path, *, find_db: Path | None = None, versi
         raise PackageError(f"{bundle}: names no target or compiler (not written by kdbkit)",
                        "build it with `kdb build`, or merge it into one that does")
     target = package_target(md.target, find_db)
+    part, parts = (split.part, split.parts) if split else (1, 1)
+    if split is not None:
+        if split.target.arch_wide() != md.target.arch_wide() or (find_db is not None and target != split.target):
+            raise PackageError(f"{bundle}: part {part} is for {md.target}, its package for {split.target}",
+                               "split the bundle with kdbkit.kdb.split and package its parts together")
+        target = split.target
+    if find_db is not None and part > 1:
+        raise PackageError(f"{find_db}: a split package's find-db goes with its first part", "give it to part 1")
     files = {md.target.bundle_name(): bundle.read_bytes()}
     if find_db is not None:
         configs_in(find_db)  # refuses a file that is not a find-db, naming it
         files[system_file_name(target)] = find_db.read_bytes()
-    name, module = package_name(target), module_name(target)
+    name, module = package_name(target, part), module_name(target, part)
     digests = {f: _sha256(data) for f, data in files.items()}
-    record = provenance.read_build_record(bundle, digests[md.target.bundle_name()])
-    files[provenance.FILE] = provenance.statement(digests, md, package=name, version=version, target=str(target),
-                                                  host=provenance_host, record=record)
+    # a part's build record is the whole bundle's, which the build described
+    record = (provenance.read_build_record(split.whole, split.whole_sha256) if split else
+              provenance.read_build_record(bundle, digests[md.target.bundle_name()]))
+    files[provenance.FILE] = provenance.statement(
+        digests, md, package=name, version=version, target=str(target), host=provenance_host, record=record,
+        split={"part": part, "parts": parts, "bundleSha256": split.whole_sha256} if split else None)
     manifest = Manifest(name, version, target, compatible_versions(version), md.compiler,
                         {f: {"sha256": _sha256(data), "size": len(data)} for f, data in sorted(files.items())},
-                        md.source_digests)
+                        md.source_digests, part, parts, dict(split.others or {}) if split else {})
     members = {f"{module}/{f}": data for f, data in files.items()}
     members[f"{module}/{MANIFEST}"] = manifest.to_json().encode()
     if signer is not None:  # Ed25519 is deterministic: the same key and manifest give the same bytes
         members[f"{module}/{SIGNATURE}"] = detached_signature(signer, members[f"{module}/{MANIFEST}"])
-    members.update(generated_members(target, version, md.compiler))
-    dist_info = dist_info_name(target, version)
+    members.update(generated_members(target, version, md.compiler, part, parts))
+    dist_info = dist_info_name(target, version, part)
     members[f"{dist_info}/WHEEL"] = wheel_file_text(__version__).encode()
     # The package's files, then the dist-info's, as the wheel spec wants; RECORD last.
     ordered = sorted(members, key=lambda name: (name.startswith(f"{dist_info}/"), name))
@@ -176,7 +237,7 @@ def write_package(bundle: Path, out: Path, *, find_db: Path | None = None, versi
     members[record] = record_text(record, [(name, members[name]) for name in ordered])
     when = zip_date_time()
     out.mkdir(parents=True, exist_ok=True)
-    path = out / wheel_name(target, version)
+    path = out / wheel_name(target, version, part)
     with tempfile.TemporaryDirectory(dir=out, prefix=".kdb-package-") as tmp:
         written = Path(tmp) / path.name
         with zipfile.ZipFile(written, "w") as wheel:
@@ -184,6 +245,19 @@ def write_package(bundle: Path, out: Path, *, find_db: Path | None = None, versi
                 wheel.writestr(_member_info(name, when), members[name])
         written.replace(path)
     return path
+
+
+def manifest_sha256(wheel: Path) -> str:
+    """The SHA-256 of the manifest a kernel wheel written by :func:`write_package` holds.
+
+    Raises:
+        PackageError: the wheel holds no single manifest.
+    """
+    with zipfile.ZipFile(wheel) as archive:
+        names = [n for n in archive.namelist() if n.endswith("/" + MANIFEST) and n.count("/") == 1]
+        if len(names) != 1:
+            raise PackageError(f"{wheel}: holds {len(names)} {MANIFEST} files, not one", "write it with kdb package")
+        return _sha256(archive.read(names[0]))
 
 
 def _member_info(name: str, when: tuple[int, ...]) -> zipfile.ZipInfo:
@@ -204,12 +278,16 @@ def record_text(record: str, members: list[tuple[str, bytes]]) -> bytes:
     return ("".join(line(name, data) for name, data in members) + f"{record},,\n").encode()
 
 
-def wheel_name(target: Target, version: str) -> str:
-    return f"{module_name(target)}-{version}-py3-none-any.whl"
+def wheel_name(target: Target, version: str, part: int = 1) -> str:
+    return wheel_name_of(package_name(target, part), version)
 
 
-def dist_info_name(target: Target, version: str) -> str:
-    return f"{module_name(target)}-{version}.dist-info"
+def wheel_name_of(package: str, version: str) -> str:
+    return f"{module_of(package)}-{version}-py3-none-any.whl"
+
+
+def dist_info_name(target: Target, version: str, part: int = 1) -> str:
+    return f"{module_name(target, part)}-{version}.dist-info"
 
 
 def wheel_file_text(generator_version: str) -> str:
@@ -218,13 +296,16 @@ def wheel_file_text(generator_version: str) -> str:
             "Root-Is-Purelib: true\nTag: py3-none-any\n")
 
 
-def generated_members(target: Target, version: str, compiler: str) -> dict[str, bytes]:
-    """The members a kernel wheel for ``target`` holds besides its data files, manifest and
-    ``WHEEL``, by their path in the wheel, exactly as :func:`write_package` writes them: the
-    installer compares a wheel's members with these byte for byte."""
-    module, dist_info = module_name(target), dist_info_name(target, version)
+def generated_members(target: Target, version: str, compiler: str, part: int = 1, parts: int = 1) -> dict[str, bytes]:
+    """The members a kernel wheel for ``target`` (part ``part`` of ``parts``) holds besides its
+    data files, manifest and ``WHEEL``, by their path in the wheel, exactly as
+    :func:`write_package` writes them: the installer compares a wheel's members with these byte
+    for byte."""
+    module, dist_info = module_name(target, part), dist_info_name(target, version, part)
+    others = [package_name(target, k) for k in range(2, parts + 1)] if part == 1 else []
     return {f"{module}/__init__.py": _init_py(target).encode(),
-            f"{dist_info}/METADATA": _metadata(package_name(target), version, target, compiler).encode(),
+            f"{dist_info}/METADATA": _metadata(package_name(target, part), version, target, compiler,
+                                               f" (part {part} of {parts})" if parts > 1 else "", others).encode(),
             f"{dist_info}/entry_points.txt": f"[{ENTRY_POINT_GROUP}]\n{module} = {module}\n".encode()}
 
 
@@ -236,7 +317,8 @@ def _init_py(target: Target) -> str:
             "    return os.path.dirname(os.path.abspath(__file__))\n")
 
 
-def _metadata(name: str, version: str, target: Target, compiler: str) -> str:
+def _metadata(name: str, version: str, target: Target, compiler: str, part: str, others: list[str]) -> str:
     return (f"Metadata-Version: 2.1\nName: {name}\nVersion: {version}\n"
-            f"Summary: kdbkit kernel bundle for {target} ({compiler})\n"
-            f"Requires-Dist: kdbkit{compatible_versions(version)}\n")
+            f"Summary: kdbkit kernel bundle for {target} ({compiler}){part}\n"
+            f"Requires-Dist: kdbkit{compatible_versions(version)}\n"
+            + "".join(f"Requires-Dist: {other}=={version}\n" for other in others))

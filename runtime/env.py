@@ -227,8 +227,16 @@ def _parse_int(var: EnvVar, text: str) -> Any:
     return CheckNumerics(number) if var.name == "KDB_CHECK_NUMERICS" else number
 
 
-def _parse_size(var: EnvVar, text: str) -> Any:
-    number, suffix = text.upper().rstrip("IB").rstrip(), ""  # 4G, 4GB and 4GiB alike
+SIZE_SPELLING = "a size in bytes, with an optional K, M, G or T suffix (e.g. 4G; 0: no limit)"
+
+
+def size_in_bytes(text: str) -> int:
+    """``4G``, ``4GB``, ``4GiB`` (all 4 << 30), ``512M``, ``1.5G``, ``100000``: the bytes it says.
+
+    Raises:
+        ValueError: not such a size.
+    """
+    number, suffix = text.strip().upper().rstrip("IB").rstrip(), ""
     if number[-1:] in SIZE_SUFFIXES:
         number, suffix = number[:-1].strip(), number[-1]
     try:
@@ -236,8 +244,15 @@ def _parse_size(var: EnvVar, text: str) -> Any:
     except ValueError:
         value = -1.0
     if not 0 <= value < float(1 << 62) / SIZE_SUFFIXES[suffix]:
-        return _fallback(var, text, "a size in bytes, with an optional K, M, G or T suffix (e.g. 4G; 0: no limit)")
+        raise ValueError(f"{text!r} is not {SIZE_SPELLING}")
     return int(value * SIZE_SUFFIXES[suffix])
+
+
+def _parse_size(var: EnvVar, text: str) -> Any:
+    try:
+        return size_in_bytes(text)
+    except ValueError:
+        return _fallback(var, text, SIZE_SPELLING)
 
 
 def _parse(var: EnvVar, raw: str | None) -> Any:

@@ -412,9 +412,11 @@ def rebuild(targets: list[str], workers: int, work: Path, repeats: int) -> dict:
 # -- 3. sizes --------------------------------------------------------------------------------------
 
 def _sizes_of(bundle_path: str, scratch: str) -> dict:
-    """Raw, written, with-dictionary and bzip2 sizes of one bundle (runs in a worker process)."""
+    """Raw, written, with-dictionary and bzip2 sizes of one bundle, and of the wheel ``kdb
+    package`` makes of each (runs in a worker process)."""
     from kdbkit.kdb import write_bundle
     from kdbkit.kdb.bundle import Bundle
+    from kdbkit.packager.wheel import write_package
 
     with Bundle.open(bundle_path) as bundle:
         meta = bundle.metadata
@@ -426,10 +428,15 @@ def _sizes_of(bundle_path: str, scratch: str) -> dict:
     with Bundle.open(with_dict) as trained:
         dictionary_bytes = trained.metadata.dictionary_size
     bzip2 = write_bundle(scratch_dir / f"bzip2-{name}", meta.target, entries, codec="bzip2", **common)
+
+    def wheel_bytes(bundle: Path, kind: str) -> int:
+        return write_package(bundle, scratch_dir / f"wheels-{kind}-{name}").stat().st_size
+
     return {"programs": len(entries), "raw_bytes": sum(len(b) for _, _, b in entries),
             "written_bytes": os.path.getsize(bundle_path), "dictionary_bytes": dictionary_bytes,
             "dict_file_bytes": with_dict.stat().st_size, "bzip2_bytes": bzip2.stat().st_size,
-            "compiler": meta.compiler}
+            "wheel_bytes": wheel_bytes(Path(bundle_path), "written"), "dict_wheel_bytes": wheel_bytes(with_dict, "dict"),
+            "bzip2_wheel_bytes": wheel_bytes(bzip2, "bzip2"), "compiler": meta.compiler}
 
 
 def sizes(bundle_paths: dict[str, str], workers: int, work: Path) -> dict:
@@ -448,12 +455,34 @@ def sizes(bundle_paths: dict[str, str], workers: int, work: Path) -> dict:
         # What MIOpen's layout would ship: one <arch>_<cu> bundle per count, each holding the
         # same code objects (the programs do not depend on the count).
         row["per_cu_bytes"] = len(row["cu_counts"]) * row["written_bytes"] if gpus else None
+        row["per_cu_wheel_bytes"] = len(row["cu_counts"]) * row["wheel_bytes"] if gpus else None
     total = {k: sum(r[k] for r in rows.values()) for k in ("programs", "raw_bytes", "written_bytes", "dict_file_bytes",
-                                                           "bzip2_bytes")}
+                                                           "bzip2_bytes", "wheel_bytes", "dict_wheel_bytes",
+                                                           "bzip2_wheel_bytes")}
     known = [r for r in rows.values() if r["per_cu_bytes"]]
     total["per_cu_bytes_known_archs"] = sum(r["per_cu_bytes"] for r in known)
     total["written_bytes_known_archs"] = sum(r["written_bytes"] for r in known)
-    return {"per_target": rows, "total": total}
+    total["per_cu_wheel_bytes_known_archs"] = sum(r["per_cu_wheel_bytes"] for r in known)
+    total["wheel_bytes_known_archs"] = sum(r["wheel_bytes"] for r in known)
+    return {"per_target": rows, "total": total, "max_wheel_bytes_default": _default_wheel_limit()}
+
+
+def _default_wheel_limit() -> int:
+    from kdbkit.packager.distribute import DEFAULT_MAX_WHEEL_BYTES
+
+    return DEFAULT_MAX_WHEEL_BYTES
+
+
+def sizes_only(targets: list[str], workers: int, work: Path) -> dict:
+    """The rebuild set built once (not timed) and its sizes measured: ``--sizes-only``."""
+    from kdbkit.packager import build as builder
+    from kdbkit.packager.targets import resolve_targets
+
+    jobs, compilers = builder.plan(resolve_targets(targets))
+    log(f"sizes set: {len(jobs)} programs over {len(targets)} targets, built at -j {workers} ...")
+    built = timed_build(jobs, compilers, work / "rebuild", parallel=workers)
+    log(f"built in {built['wall_s']:.1f} s ({built['compiled']} compiled, {built['failed']} failed); sizes ...")
+    return sizes(built["bundles"], workers, work)
 
 
 # -- report ----------------------------------------------------------------------------------------
@@ -561,7 +590,12 @@ def report(res: dict) -> str:
     if r["first_build"]["failures"]:
         lines += ["", "Failures of the first build: " + "; ".join(
             f"{f['program']} for {f['bundle']}" for f in r["first_build"]["failures"][:10])]
-    lines += ["", "## 3. Bundle sizes (MB), per target of the rebuild set", "",
+    measured = s.get("measured")
+    lines += ["", "## 3. Bundle sizes (MB), per target of the rebuild set", ""]
+    if measured:
+        lines += [f"Sections 3 and 3b: measured by `{measured['command']}` on {measured['date']} "
+                  f"({measured['machine']}), apart from sections 1 and 2; the rebuild set built here once.", ""]
+    lines += [
               "Raw: the binaries as compiled. Written: the arch-wide `<arch>.kdb` as `kdb build` writes it "
               "(zstd 19 compressed by the build's workers, no dictionary). With dict: the same entries through "
               "`write_bundle(..., dictionary=True)`, a trained 32 kB dictionary where it pays (its size counted in; "
@@ -588,7 +622,37 @@ def report(res: dict) -> str:
         lines.append(f"For the arches with known GPUs, one bundle per CU count would take "
                      f"{_mb(tot['per_cu_bytes_known_archs'])} MB against {_mb(tot['written_bytes_known_archs'])} MB "
                      f"arch-wide ({tot['per_cu_bytes_known_archs'] / tot['written_bytes_known_archs']:.2f}x).")
+    if "wheel_bytes" in tot:
+        lines += _package_table(s)
     return "\n".join(lines) + "\n"
+
+
+def _package_table(s: dict) -> list[str]:
+    """The wheels `kdb package` writes of each bundle variant, per target."""
+    tot, limit = s["total"], s.get("max_wheel_bytes_default")
+    lines = ["", "## 3b. Package sizes (MB): the wheel `kdb package` writes, per target", "","Each variant of section 3 packaged as `kdb package` packages it (manifest, provenance, deflate): "
+              "wheel (zstd 19, no dictionary, as `kdb build` writes), with dict, bzip2 (MIOpen's codec), and "
+              "without deduplication across CU counts (one package per CU count of the arch's known GPUs, as "
+              "MIOpen's `miopenkernels-<arch>-<cu>`: count x wheel).", "",
+              "| target | programs | wheel | with dict | bzip2 | wheel/bzip2 | per CU count |",
+              "|---|---:|---:|---:|---:|---:|---:|"]
+    for target, row in s["per_target"].items():
+        lines.append(f"| {target} | {row['programs']} | {_mb(row['wheel_bytes'])} | {_mb(row['dict_wheel_bytes'])} | "
+                     f"{_mb(row['bzip2_wheel_bytes'])} | {row['wheel_bytes'] / row['bzip2_wheel_bytes']:.3f} | "
+                     f"{_mb(row['per_cu_wheel_bytes'])} |")
+    lines += [f"| **all** | {tot['programs']} | {_mb(tot['wheel_bytes'])} | {_mb(tot['dict_wheel_bytes'])} | "
+              f"{_mb(tot['bzip2_wheel_bytes'])} | {tot['wheel_bytes'] / tot['bzip2_wheel_bytes']:.3f} | |", ""]
+    largest = max(s["per_target"].items(), key=lambda kv: kv[1]["wheel_bytes"])
+    lines.append(f"Over all targets the wheels take {tot['wheel_bytes'] / tot['bzip2_wheel_bytes']:.3f} of bzip2's and "
+                 f"{tot['wheel_bytes'] / tot['dict_wheel_bytes']:.3f} of the dictionary's. The largest, {largest[0]}'s, "
+                 f"is {_mb(largest[1]['wheel_bytes'])} MB"
+                 + (f", under `kdb package`'s default limit of {limit / (1 << 30):g} GiB: no target is split "
+                    "(`--max-wheel-size` splits a larger one into parts installed together)." if limit else "."))
+    if tot.get("per_cu_wheel_bytes_known_archs"):
+        lines.append(f"For the arches with known GPUs, one package per CU count would take "
+                     f"{_mb(tot['per_cu_wheel_bytes_known_archs'])} MB against {_mb(tot['wheel_bytes_known_archs'])} MB "
+                     f"arch-wide ({tot['per_cu_wheel_bytes_known_archs'] / tot['wheel_bytes_known_archs']:.2f}x).")
+    return lines
 
 
 def why_missed(t: dict, m: dict, ceiling: dict | None = None) -> str:
@@ -693,6 +757,9 @@ def main() -> None:
     ap.add_argument("--replot", action="store_true", help="redraw the PNG and the report from the JSON in --out")
     ap.add_argument("--ceiling-only", action="store_true", help="measure only the machine's own scaling (seconds) "
                     "and print it")
+    ap.add_argument("--sizes-only", action="store_true", help="build the rebuild set once and measure only its "
+                    "bundle and package sizes, replacing section 3 of the bench_build.json in --out (the other "
+                    "sections keep their own run)")
     args = ap.parse_args()
     if args.ceiling_only:
         print(json.dumps(machine_ceiling(args.jobs or len(os.sched_getaffinity(0))), indent=1))
@@ -703,6 +770,9 @@ def main() -> None:
         (args.out / "bench_build.md").write_text(report(res))
         return
     workers = args.jobs or len(os.sched_getaffinity(0))
+    if args.sizes_only:
+        _sizes_into(args, workers)
+        return
     started = time.perf_counter()
     work = Path(tempfile.mkdtemp(prefix="kdbkit-bench-build-"))
     try:
@@ -729,6 +799,28 @@ def main() -> None:
     (args.out / "bench_build.md").write_text(report(res))
     plot(res, args.out / "bench_build.png")
     log(f"done in {res['elapsed_s']:.0f} s: {args.out / 'bench_build.md'}")
+    print((args.out / "bench_build.md").read_text())
+
+
+def _sizes_into(args, workers: int) -> None:
+    """``--sizes-only``: section 3 measured again, the rest of the report as it was."""
+    path = args.out / "bench_build.json"
+    res = json.loads(path.read_text())
+    notes: list[str] = []
+    targets = args.rebuild_targets.split(",") if args.rebuild_targets else rebuild_targets(args.quick, notes)
+    work = Path(tempfile.mkdtemp(prefix="kdbkit-bench-sizes-"))
+    try:
+        measured = sizes_only(targets, workers, work)
+    finally:
+        shutil.rmtree(work, ignore_errors=True)
+    machine = machine_info()
+    measured["measured"] = {"command": "python scripts/bench_build.py " + " ".join(sys.argv[1:]),
+                            "date": dt.datetime.now().strftime("%Y-%m-%d %H:%M"), "notes": notes,
+                            "machine": f"{machine['cpu_model']}, {machine['usable_cpus']} CPUs"}
+    res["sizes"] = measured
+    path.write_text(json.dumps(res, indent=2))
+    (args.out / "bench_build.md").write_text(report(res))
+    plot(res, args.out / "bench_build.png")
     print((args.out / "bench_build.md").read_text())
 
 

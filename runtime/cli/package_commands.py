@@ -12,7 +12,7 @@ import typer
 from rich.markup import escape
 from rich.table import Table
 
-from kdbkit.runtime.cli.output import err, fail, out, print_json
+from kdbkit.runtime.cli.output import err, fail, out, print_json, size
 
 _RANKS = {0: "exact target", 1: "arch-wide", 2: "arch-wide bundle (its find-db is for another CU count)"}
 
@@ -26,6 +26,10 @@ def package(
     sign: Optional[Path] = typer.Option(None, "--sign", help="Sign each wheel's manifest (which lists every file's "
                                         "SHA-256) with this Ed25519 private key (`kdb keys new -o DIR` makes a "
                                         "pair); `kdb install --trusted-key PUB` checks it.", show_default=False),
+    max_wheel_size: str = typer.Option("1G", "--max-wheel-size", help="Split a bundle whose wheel would be larger "
+                                       "into parts, each a wheel at most this size (kdbkit-kernels-<target>, then "
+                                       "...-part2, ...), installed together: 512M, 1G; 0: never split. PyPI "
+                                       "takes 100M a file unless raised."),
     provenance_host: bool = typer.Option(False, "--provenance-host", help="Record this machine's host name in each "
                                          "wheel's provenance (then wheels differ between machines)."),
     show: Optional[Path] = typer.Option(None, "--show", help="Print a kernel wheel's provenance and signer instead "
@@ -46,14 +50,26 @@ def package(
         return
     if not bundles:
         raise fail("give the bundles to package (or --show WHEEL)", 2)
+    from kdbkit.runtime.env import size_in_bytes
+
+    try:
+        limit = size_in_bytes(max_wheel_size)
+    except ValueError as exc:
+        raise fail(f"--max-wheel-size: {exc}", 2) from None
     signer = load_signer(sign) if sign is not None else None
     packaged, sums = package_bundles(bundles, output, find_dbs=find_db, signer=signer,
-                                     provenance_host=provenance_host)
+                                     provenance_host=provenance_host, max_wheel_bytes=limit or None)
     if as_json:
-        print_json({"wheels": [str(p.wheel) for p in packaged], "sums": str(sums)})
+        print_json({"wheels": [str(p.wheel) for p in packaged],
+                    "packages": [{"wheel": str(p.wheel), "bytes": p.size, "bundle": str(p.bundle), "part": p.part,
+                                  "parts": p.parts, "find_db": str(p.find_db) if p.find_db else None}
+                                 for p in packaged],
+                    "max_wheel_bytes": limit or None, "sums": str(sums)})
         return
     for p in packaged:
-        out.print(f"{escape(str(p.wheel))}  ({escape(p.bundle.name)}{' + ' + escape(p.find_db.name) if p.find_db else ''})")
+        holds = escape(p.bundle.name) + (f", part {p.part} of {p.parts}" if p.parts > 1 else "")
+        holds += " + " + escape(p.find_db.name) if p.find_db else ""
+        out.print(f"{escape(str(p.wheel))}  {size(p.size)}  ({holds})")
     out.print(f"SHA-256 of each: {escape(str(sums))}")
     if signer is not None:
         out.print(f"signed with key {signer.key_id} ({escape(str(sign))})")
@@ -140,6 +156,7 @@ def install(
                               require_hashes=require_hashes, trusted_keys=trusted_keys)
     report = [{
         "device": str(c.device), "chosen": str(c.chosen.path) if c.chosen else None,
+        "parts": [str(p) for p in c.chosen.others] if c.chosen else [],  # a split package's other wheels
         "why": _RANKS[c.rank] if c.chosen else "nothing fits",
         "installed": (None if c.chosen is None or dry_run else result.installed[c.chosen].where),
         "rejected": [{"candidate": str(r.path), "reason": reason} for r, reason in c.rejected],
@@ -157,7 +174,8 @@ def _print(report: list[dict], dry_run: bool, explain: bool, source: Path) -> No
     for col in ("device target", "chosen", "because", "installed"):
         table.add_column(col, overflow="fold")
     for row in report:
-        chosen = Path(row["chosen"]).name if row["chosen"] else "[yellow]none[/]"
+        chosen = escape(Path(row["chosen"]).name) if row["chosen"] else "[yellow]none[/]"
+        chosen += f" (and its {len(row['parts'])} other parts)" if row["parts"] else ""
         done = "-" if row["chosen"] is None else "would install" if dry_run else row["installed"]
         table.add_row(row["device"], chosen, row["why"], escape(str(done)))
     out.print(table)

@@ -16,7 +16,6 @@ import sys
 import numpy as np
 
 import kdbkit
-from kdbkit.kdb import open_bundle
 from kdbkit.runtime.find import find_solutions, recorded_solutions
 from kdbkit.runtime.primitives.activation import ActivationMode, ActivationProblem
 from kdbkit.runtime.program_key import parse_key
@@ -51,18 +50,24 @@ def warm(handle) -> dict:
 
 
 def check(handle) -> dict:
-    """Every program of the device's system bundle resolved on ``handle`` (which must have resolved
-    none yet), counted by the tier that served each; then the job, and where its ranking came from."""
-    bundles = [c.path for c in handle.system_trace if c.status == "accepted"]
-    if not bundles:
-        handle.program("activation.c", ["-DKDB_DTYPE=float"])  # opens the search; raises with JIT off and no bundle
-        bundles = [c.path for c in handle.system_trace if c.status == "accepted"]
-    with open_bundle(bundles[0]) as bundle:
-        keys = [parse_key(e.kernel_name, e.kernel_args) for e in bundle.entries()]
+    """Every program of the device's system bundles (all of them: a package split by size has
+    several) resolved on ``handle`` (which must have resolved none yet), counted by the tier that
+    served each; then the job, and where its ranking came from."""
+    from kdbkit.runtime import paths
+    from kdbkit.runtime.system_bundles import find_system_bundles
+
+    opened, _ = find_system_bundles(handle.target, handle.backend.binary_format, paths.iter_system_db_dirs())
+    bundles = [str(b.path) for b in opened]
+    keys = [parse_key(e.kernel_name, e.kernel_args) for b in opened for e in b.entries()]
+    for b in opened:
+        b.close()
+    if not keys:
+        handle.program("activation.c", ["-DKDB_DTYPE=float"])  # raises with JIT off and no bundle
     by_source = collections.Counter(handle.program(k.kernel_file, k.options).source for k in keys)
     samples = run_samples(handle, seed=0)
     errors = _primitives(handle)
-    return {"target": str(handle.target), "bundle": str(bundles[0]), "entries": len(keys), "by_source": dict(by_source),
+    return {"target": str(handle.target), "bundle": bundles[0] if bundles else "", "bundles": bundles,
+            "entries": len(keys), "by_source": dict(by_source),
             "resolved": handle.resolved_by_source, "samples": [r.source for r in samples],
             "ok": all(r.ok for r in samples) and max(errors.values()) < 1e-5,
             "ranking": sorted({s.source for s in recorded_solutions(handle, RANKED)}),

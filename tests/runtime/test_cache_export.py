@@ -214,11 +214,25 @@ def test_one_target_with_its_cu_count_and_the_cluster_note(kdb, warm, cached, mo
     assert code == 0 and "KDB_REMOTE_CACHE" in out and "through to this user cache" in " ".join(out.split())
 
 
+def _split_limit(bundle: Path, find_db: Path) -> int:
+    """A --max-wheel-size that cuts ``bundle``'s wheel into at least two parts, each of which
+    still holds its largest program and the find-db."""
+    from kdbkit.kdb.split import FILE_OVERHEAD, entry_bytes
+
+    with open_bundle(bundle) as b:
+        sizes = [entry_bytes(e) for e in b.entries()]
+    limit = max(sizes) + FILE_OVERHEAD + find_db.stat().st_size + (32 << 10)
+    assert sum(sizes) > limit, "too few programs to split"
+    return limit
+
+
 @pytest.mark.slow  # a fresh virtual environment, pip, and five processes
-def test_export_after_a_jit_run_package_install_into_a_fresh_venv_and_run_with_jit_off(tmp_path):
+@pytest.mark.parametrize("split", [False, True], ids=["one-wheel", "split-by-size"])
+def test_export_after_a_jit_run_package_install_into_a_fresh_venv_and_run_with_jit_off(tmp_path, split):
     """The issue's CI line, literally: export after a JIT run, package, install into a fresh
     virtual environment, and run with JIT off: every program of the exported package, counted by
-    the tier that served it, comes from "system"."""
+    the tier that served it, comes from "system". Split by size, the package's parts install
+    together and serve every program between them."""
     from tests.packager.test_install_end_to_end import KDB, _env, _fresh_venv, _run
 
     job = [str(Path(export_job.__file__))]
@@ -229,9 +243,13 @@ def test_export_after_a_jit_run_package_install_into_a_fresh_venv_and_run_with_j
     report = json.loads(_run(KDB + ["cache", "export", "-o", str(tmp_path / "exported"), "--json"], first).stdout)
     (done,) = report["targets"]
     assert report["skipped"] == [] and done["programs"] > 0 and len(done["find_dbs"]) == 1
+    limit = _split_limit(Path(done["bundle"]), Path(done["find_dbs"][0])) if split else 0
     packaged = json.loads(_run(KDB + ["package", done["bundle"], "--find-db", done["find_dbs"][0], "-o",
-                                      str(tmp_path / "wheels"), "--json"], first).stdout)
-    (wheel,) = packaged["wheels"]
+                                      str(tmp_path / "wheels"), "--max-wheel-size", str(limit), "--json"],
+                               first).stdout)
+    wheel, *others = packaged["wheels"]
+    assert len(others) >= 1 if split else others == [], packaged
+    assert all(p["bytes"] <= limit for p in packaged["packages"]) if split else True, packaged
 
     python = _fresh_venv(tmp_path / "venv")
     kdb = [str(python)] + KDB[1:]
@@ -239,11 +257,13 @@ def test_export_after_a_jit_run_package_install_into_a_fresh_venv_and_run_with_j
                                        "--json"], _env(tmp_path / "install")).stdout)
     (device,) = installed["devices"]
     assert Path(device["chosen"]) == Path(wheel) and device["installed"] == "pip", device
+    assert device["parts"] == others, device
 
     # A fresh process in the fresh environment: JIT off, an empty cache and find-db.
     second = _env(tmp_path / "second", KDB_DISABLE_JIT="1")
     ran = json.loads(_run([str(python), *job, "check"], second).stdout.splitlines()[-1])
-    assert str(tmp_path / "venv") in ran["bundle"], ran  # served by the package installed there
+    assert len(ran["bundles"]) == 1 + len(others), ran  # one bundle a part
+    assert all(str(tmp_path / "venv") in b for b in ran["bundles"]), ran  # served by the packages installed there
     assert ran["by_source"] == {"system": done["programs"]} == {"system": ran["entries"]}, ran
     assert ran["resolved"] == {"system": done["programs"]} and ran["ok"], ran
     assert ran["choice"] == "find-db" and ran["ranking"] == [str(Path(ran["bundle"]).with_name(
