@@ -137,6 +137,31 @@ def packed_offsets(sizes: Sequence[int]) -> list[int]:
     return offsets
 
 
+def code_object_version(data: bytes, *, what: str = "code object") -> int:
+    """The code object version ``data`` declares (5 for ``EI_ABIVERSION`` 3), from its ELF header alone.
+
+    ROCm's loader refuses a version newer than its release knows (:mod:`kdbkit.runtime.preflight`
+    says which release loads which); the header alone tells it, so judging a bundle reads no
+    section or metadata.
+
+    Raises:
+        BinaryLoadError: not a 64-bit little-endian HSA code object for EM_AMDGPU, or an
+            ``EI_ABIVERSION`` that no code object version this reader knows has.
+    """
+    header = read_elf_header(data, what=what)
+    if header.e_machine != EM_AMDGPU:
+        raise BinaryLoadError(f"{what} is an ELF file for machine {header.e_machine}, "
+                              "not an AMD GPU code object (EM_AMDGPU=224)", _REBUILD)
+    if header.elf_class != 2 or header.osabi != _ELFOSABI_AMDGPU_HSA:
+        raise BinaryLoadError(f"{what} is not a 64-bit HSA code object (ELF class {header.elf_class}, "
+                              f"OS/ABI {header.osabi}; expected 2 and {_ELFOSABI_AMDGPU_HSA})", _REBUILD)
+    version = _ABI_VERSIONS.get(header.abi_version)
+    if version is None:
+        raise BinaryLoadError(f"{what} has EI_ABIVERSION {header.abi_version}, not a code object version "
+                              "this reader knows (v3 to v6: 1 to 4)", _REBUILD)
+    return version
+
+
 def read_code_object(data: bytes, *, what: str = "code object") -> CodeObject:
     """Read ``data``'s sections, symbols and metadata note.
 
@@ -149,17 +174,7 @@ def read_code_object(data: bytes, *, what: str = "code object") -> CodeObject:
             or notes that run past the end, no metadata note, or metadata of the wrong shape.
     """
     data = bytes(data)
-    header = read_elf_header(data, what=what)
-    if header.e_machine != EM_AMDGPU:
-        raise BinaryLoadError(f"{what} is an ELF file for machine {header.e_machine}, "
-                              "not an AMD GPU code object (EM_AMDGPU=224)", _REBUILD)
-    if header.elf_class != 2 or header.osabi != _ELFOSABI_AMDGPU_HSA:
-        raise BinaryLoadError(f"{what} is not a 64-bit HSA code object (ELF class {header.elf_class}, "
-                              f"OS/ABI {header.osabi}; expected 2 and {_ELFOSABI_AMDGPU_HSA})", _REBUILD)
-    version = _ABI_VERSIONS.get(header.abi_version)
-    if version is None:
-        raise BinaryLoadError(f"{what} has EI_ABIVERSION {header.abi_version}, not a code object version "
-                              "this reader knows (v3 to v6: 1 to 4)", _REBUILD)
+    version = code_object_version(data, what=what)
     sections = _sections(data, what)
     symbols = _symbols(data, sections, what)
     metadata = _metadata(data, sections, what)

@@ -15,6 +15,7 @@ import pytest
 from kdbkit.runtime.backends.amdgpu_code_object import (
     CodeObject,
     KernelArg,
+    code_object_version,
     packed_offsets,
     read_code_object,
 )
@@ -80,7 +81,8 @@ def test_code_object_version_comes_from_the_abi_version(version):
     # v6 carries v5's amdhsa.version [1, 2]: only EI_ABIVERSION (4) tells them apart.
     blob = _activation("gfx942", f"-mcode-object-version={version}")
     assert blob[8] == version - 2
-    assert read_code_object(blob).code_object_version == version
+    assert read_code_object(blob).code_object_version == code_object_version(blob) == version
+    assert code_object_version(blob[:64]) == version  # the header alone: what preflight reads
 
 
 @needs_clang
