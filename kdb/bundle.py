@@ -57,6 +57,8 @@ _GET_ENTRY = ("SELECT kernel_name, kernel_args, kernel_blob, kernel_hash, uncomp
 # Every row as stored, from the table (never the index), in rowid order, a batch at a time.
 _ROWS = ("SELECT rowid, kernel_name, kernel_args, kernel_blob, kernel_hash, uncompressed_size FROM kern_db "
          "NOT INDEXED WHERE rowid > ? ORDER BY rowid LIMIT 256")
+_FIRST_ROW = ("SELECT kernel_name, kernel_args, kernel_blob, kernel_hash, uncompressed_size FROM kern_db "
+              "NOT INDEXED ORDER BY rowid LIMIT 1")
 
 
 @dataclass(frozen=True)
@@ -331,6 +333,18 @@ class Bundle:
         """
         for _, name, args, blob, h, size in self._rows():
             yield name, args, self._decode_row(name, args, blob, h, size)
+
+    def first_entry(self) -> tuple[str, str, bytes] | None:
+        """(name, args, decoded bytes) of the row stored first, checked under its key; None when
+        the bundle is empty. One row read, where ``items`` reads a batch: for a look at what a
+        bundle's binaries are (a code object's version, say) without reading the others.
+
+        Raises:
+            CorruptEntryError: the entry fails its check.
+        """
+        with self._lock:
+            row = self._query_one(_FIRST_ROW, ())
+        return None if row is None else (row[0], row[1], self._decode_row(*row))
 
     def checked_rows(self) -> Iterator[tuple[int, str, str, CorruptEntryError | None]]:
         """(rowid, name, args, the entry's problem or None) for every table row: its bytes checked

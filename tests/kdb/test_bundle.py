@@ -71,6 +71,18 @@ def test_entries_and_stats(bundle_path, entries):
     assert sorted(b.items()) == sorted(entries)
 
 
+def test_first_entry_is_the_row_stored_first_checked_under_its_key(tmp_path, target):
+    with Bundle.create(tmp_path / "u.ukdb", target, compiler="c 1", binary_format="cubin") as b:
+        assert b.first_entry() is None
+        b.put_many([("z.o", "-x", b"1" * 100), ("a.o", "-y", b"2" * 100)])  # stored first, though not first by name
+        assert b.first_entry() == ("z.o", "-x", b"1" * 100)
+    conn = sqlite3.connect(tmp_path / "u.ukdb")
+    conn.execute("UPDATE kern_db SET kernel_args = '-w' WHERE kernel_name = 'z.o'")  # bytes of another key now
+    conn.commit()
+    with pytest.raises(KdbError, match=r"z.o \[-w\] is corrupt"):
+        open_bundle(tmp_path / "u.ukdb").first_entry()
+
+
 def test_dictionary_is_trained_when_it_pays(tmp_path, target):
     many = [(f"k{i}.o", f"-DI={i}", fake_binary(i)) for i in range(300)]
     with_dict = write_bundle(tmp_path / "a.kdb", target, many, compiler="c", binary_format="cubin")
