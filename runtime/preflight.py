@@ -10,8 +10,30 @@ arch check covers them. What cannot be judged (an unknown compiler, a driver tha
 version) is not refused: the load itself is the last check, and a binary that does not load is a
 miss with one warning, never a crash.
 
-``KDB_DEVICE_RUNTIME`` (``"CUDA 12.4"``) makes the devices' runtime what it says, to check a
-package against another machine's driver from this one.
+AMD code objects add a second rule: ROCm's loader refuses a code object version newer than its
+release knows, whichever compiler made it (clang-19 writes v5 by default, v6 on request; v6 is
+the version of the generic targets such as ``gfx9-generic``). ``CODE_OBJECT_RELEASES`` holds
+the first ROCm release whose loader takes each version, read from ROCR-Runtime's sources: its
+loader (``loader/executable.cpp``, ``ExecutableImpl::LoadCodeObject``) answers "unsupported code
+object version" above a bound, and ``AmdHsaCode::GetCodeObjectVersion`` (``libamdhsacode/``)
+fails on an ``EI_ABIVERSION`` it does not list. The bound was 3 up to ROCm 4.0 and 4 from 4.1
+(commit 3a08d096, "Implement Target ID Proposal"); v5 came in 5.2 (9265409f, "Add code object
+v5 support", released as "ROCm 5.2.0 updates"), v6 and the generic targets in 6.2 (a93c18dc,
+"[libamdhsacode] Support COV6/Generic Targets"; 6.1's bound is still 5). No release has dropped
+an older version (the bound's lower end is 1 throughout). The HIP runtime's version stands for
+the release: HIP ships in the same ROCm release as the loader and numbers itself after it.
+Code objects older than v4 and versions this table does not list are not judged.
+
+Where the code object version comes from: an AMD bundle's entries all come from one build with
+one compiler, so the first entry's ELF header (``e_ident[EI_ABIVERSION]``; read only where a HIP
+runtime version is known, one entry per bundle) speaks for the bundle (:func:`bundle_code_object_version`);
+an installed bundle and a bare one offered to ``kdb install`` are judged by it. A wheel is judged
+from its manifest alone, which names no version: ``kdb install`` takes a HIP wheel made for this
+kdbkit to hold what kdbkit's builder writes (it refuses any other version), and once installed
+its bundle is judged by its bytes like any other.
+
+``KDB_DEVICE_RUNTIME`` (``"CUDA 12.4"``, ``"HIP 6.1"``) makes the devices' runtime what it says,
+to check a package against another machine's driver from this one.
 """
 
 from __future__ import annotations
@@ -19,11 +41,15 @@ from __future__ import annotations
 import re
 from typing import NamedTuple
 
+from kdbkit.kdb import Bundle, KdbError
 from kdbkit.runtime import env
+from kdbkit.runtime.backends.amdgpu_code_object import code_object_version
 
 _VERSION = re.compile(r"^\s*(CUDA|HIP)\s+(\d+)\.(\d+)", re.IGNORECASE)
 _COMPILER = {"cuda": re.compile(r"^nvrtc (\d+)\.(\d+)"), "hip": re.compile(r"^hiprtc (\d+)\.(\d+)")}
 _NAMES = {"cuda": ("NVRTC", "CUDA", "the NVIDIA driver"), "hip": ("hiprtc", "HIP", "ROCm")}
+# AMD code object version -> the first ROCm release whose loader takes it (sources: module docstring).
+CODE_OBJECT_RELEASES = {4: (4, 1), 5: (5, 2), 6: (6, 2)}
 
 
 class DeviceRuntime(NamedTuple):
@@ -53,10 +79,59 @@ def runtime_of(backend: str, text: str) -> DeviceRuntime:
     return parse_runtime(backend, text)
 
 
-def refusal(compiler: str, runtime: DeviceRuntime | None) -> str:
-    """Why binaries made by ``compiler`` will not load under ``runtime``; "" when they will or it cannot be told."""
+def refusal(compiler: str, runtime: DeviceRuntime | None, *, code_objects: int | None = None) -> str:
+    """Why binaries made by ``compiler`` will not load under ``runtime``; "" when they will or it cannot be told.
+
+    Args:
+        compiler: the bundle's or package's compiler identity (``nvrtc 13.0``, ``hiprtc 6.2``).
+        runtime: the device's; None or a version it did not say: nothing is refused.
+        code_objects: the AMD code object version of its binaries, where known (see
+            :func:`code_object_refusal`).
+    """
     if runtime is None or runtime.version is None:
         return ""
+    return _compiler_refusal(compiler, runtime) or code_object_refusal(code_objects, runtime)
+
+
+def code_object_refusal(version: int | None, runtime: DeviceRuntime | None) -> str:
+    """Why AMD code objects of ``version`` will not load under a HIP ``runtime``; "" when they will
+    or it cannot be told (another backend, an unknown runtime or version)."""
+    if version is None or runtime is None or runtime.backend != "hip" or runtime.version is None:
+        return ""
+    needed = CODE_OBJECT_RELEASES.get(version)
+    if needed is None or runtime.version >= needed:
+        return ""
+    older = [v for v, release in CODE_OBJECT_RELEASES.items() if runtime.version >= release]
+    instead = f", or install a package of code object v{max(older)} or older" if older else ""
+    release = f"ROCm {needed[0]}.{needed[1]}"
+    return (f"holds AMD code object v{version}, which needs {release} or newer to load; this one supports "
+            f"{runtime}: update ROCm to {needed[0]}.{needed[1]} or newer{instead}")
+
+
+def bundle_refusal(bundle: Bundle, runtime: DeviceRuntime | None) -> str:
+    """:func:`refusal` for an open bundle: its compiler, and for AMD binaries the code object
+    version its first entry declares (read only when ``runtime`` is a HIP one that said its version)."""
+    if runtime is None or runtime.version is None:
+        return ""
+    why = _compiler_refusal(bundle.metadata.compiler, runtime)
+    if not why and runtime.backend == "hip":
+        why = code_object_refusal(bundle_code_object_version(bundle), runtime)
+    return why
+
+
+def bundle_code_object_version(bundle: Bundle) -> int | None:
+    """The AMD code object version of ``bundle``'s binaries, from its first entry's ELF header;
+    None for other binaries, an empty bundle, or an entry that does not read (its load says why)."""
+    if bundle.metadata.binary_format != "hsaco":
+        return None
+    try:
+        first = bundle.first_entry()
+        return None if first is None else code_object_version(first[2], what=f"{bundle.path}: {first[0]}")
+    except KdbError:  # a damaged entry or not a code object: not judged here, the load refuses it with why
+        return None
+
+
+def _compiler_refusal(compiler: str, runtime: DeviceRuntime) -> str:
     pattern = _COMPILER.get(runtime.backend)
     m = pattern.match(compiler or "") if pattern else None
     if m is None:

@@ -5,8 +5,9 @@ search folder, then the arch-wide ``<arch>.kdb`` in each; a bundle file named di
 ``KDB_SYSTEM_DB_PATH`` is considered in the pass its name belongs to (the first pass when its
 name is neither, ``my-kernels.kdb`` say). A file is accepted only if it
 opens, its metadata names a target that ``T`` accepts (same backend and arch, same CU
-count if it has one, no features the device lacks) and its binaries are of the format the
-backend loads; with ``KDB_TRUSTED_KEYS`` set, it must also come from a kernel package one of
+count if it has one, no features the device lacks), its binaries are of the format the
+backend loads and the device's driver loads them (runtime/preflight.py: the compiler's version,
+an AMD code object's version); with ``KDB_TRUSTED_KEYS`` set, it must also come from a kernel package one of
 those keys signed (runtime/package_trust.py). Every other candidate is rejected with its reason, so a wrong binary is
 never loaded and a user can see why a bundle was not used (``kdb devices``, ``kdb doctor``).
 
@@ -27,7 +28,7 @@ from kdbkit.kdb.target import Target
 from kdbkit.runtime import package_trust
 from kdbkit.runtime.logging_setup import get_logger
 from kdbkit.runtime.paths import SearchDir
-from kdbkit.runtime.preflight import DeviceRuntime, refusal
+from kdbkit.runtime.preflight import DeviceRuntime, bundle_refusal
 
 _log = get_logger(__name__)
 
@@ -180,4 +181,4 @@ def _why_not(bundle: Bundle, target: Target, binary_format: str, runtime: Device
         return f"holds {md.binary_format or 'unknown'} binaries; this backend loads {binary_format}"
     if not md.compiler:
         return "names no compiler, so its keys cannot be matched (a file written by MIOpen?)"
-    return refusal(md.compiler, runtime) or None
+    return bundle_refusal(bundle, runtime) or None
