@@ -22,6 +22,9 @@ from kdbkit.runtime.backends.amdgpu_code_object import CodeObject, KernelMetadat
 from kdbkit.runtime.backends.elf_notes import TargetStringError, parse_amdgcn_target
 from kdbkit.runtime.errors import CompileError, CompilerUnavailableError
 
+# The one version the builder stores. kdb install takes a HIP package made for this kdbkit to hold
+# it (a manifest names no version: packager/select.py), so change it only with kdbkit's minor
+# version, which a package's kdbkit range ends at.
 CODE_OBJECT_VERSION = 5
 
 

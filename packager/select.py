@@ -26,10 +26,11 @@ from typing import Iterable
 from kdbkit.kdb import Target, open_bundle
 from kdbkit.kdb.errors import KdbError
 from kdbkit.kdb.version import __version__
+from kdbkit.packager.code_object_checks import CODE_OBJECT_VERSION
 from kdbkit.packager.wheel import MANIFEST, PACKAGE_PREFIX, Manifest
 from kdbkit.packager.wheel_checks import MAX_TEXT_BYTES
 from kdbkit.runtime.kernel_sources import KernelSearchPath, KernelSourceError
-from kdbkit.runtime.preflight import DeviceRuntime, refusal
+from kdbkit.runtime.preflight import DeviceRuntime, bundle_code_object_version, refusal
 
 
 @dataclass(frozen=True)
@@ -45,6 +46,7 @@ class Candidate:
     kdbkit: str = ""  # a wheel's supported kdbkit versions
     damaged: str = ""  # why it cannot be read at all
     compiler: str = ""  # what made its binaries (the driver must load what that compiler makes)
+    code_objects: int | None = None  # the AMD code object version of its binaries, where known
     package: str = ""  # a wheel's package name, as its manifest says
     part: int = 1  # a wheel split by size is part `part` of `parts` (kdb package --max-wheel-size)
     parts: int = 1
@@ -111,10 +113,13 @@ def wheel_candidate(path: Path) -> Candidate:
     if bundle_target is None:
         return Candidate(path, "wheel", manifest.target, manifest.version,
                          damaged=f"its manifest lists {len(bundles)} bundles, not one <target>.kdb")
+    # The manifest names no code object version: a HIP wheel made for this kdbkit (_fit checks) holds
+    # what its builder writes, the one version it lets through (runtime/preflight.py says more).
     return Candidate(path, "wheel", manifest.target, manifest.version, bundle_target, manifest.sources,
                      manifest.kdbkit, compiler=manifest.compiler, package=manifest.package, part=manifest.part,
                      parts=manifest.parts, manifest_sha256=hashlib.sha256(text).hexdigest(),
-                     part_manifests=manifest.others)
+                     part_manifests=manifest.others,
+                     code_objects=CODE_OBJECT_VERSION if bundle_target.backend == "hip" else None)
 
 
 def _with_parts(found: list[Candidate]) -> list[Candidate]:
@@ -150,11 +155,13 @@ def _bundle(path: Path) -> Candidate:
     try:
         with open_bundle(path) as bundle:
             md = bundle.metadata
+            code_objects = bundle_code_object_version(bundle)
     except KdbError as exc:
         return Candidate(path, "bundle", damaged=exc.problem)
     if md.target is None or not md.compiler:
         return Candidate(path, "bundle", damaged="names no target or compiler (not written by kdbkit)")
-    return Candidate(path, "bundle", md.target, "", md.target, md.source_digests, compiler=md.compiler)
+    return Candidate(path, "bundle", md.target, "", md.target, md.source_digests, compiler=md.compiler,
+                     code_objects=code_objects)
 
 
 def choose(device: Target, candidates: Iterable[Candidate], *, search_path: KernelSearchPath | None = None,
@@ -166,7 +173,7 @@ def choose(device: Target, candidates: Iterable[Candidate], *, search_path: Kern
     for candidate in candidates:
         reason, rank = _fit(device, candidate, search_path)
         if not reason and runtime is not None:
-            reason = refusal(candidate.compiler, runtime)
+            reason = refusal(candidate.compiler, runtime, code_objects=candidate.code_objects)
         if reason:
             rejected.append((candidate, reason))
         else:
