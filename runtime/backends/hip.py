@@ -94,7 +94,7 @@ def discover() -> list[DeviceInfo]:
     except Exception as e:
         log.debug("no HIP devices: %s", e)
         return []
-    driver = _driver_version(hip)
+    driver, runtime = _driver_version(hip), _runtime_version(hip)
     devices = []
     for ordinal in range(count or 0):
         try:
@@ -108,6 +108,7 @@ def discover() -> list[DeviceInfo]:
                     target=Target("hip", arch, features, int(props.multiProcessorCount)),
                     memory_bytes=int(props.totalGlobalMem),
                     driver=driver,
+                    runtime=runtime,
                 )
             )
         except Exception as e:
@@ -141,6 +142,18 @@ def _driver_version(hip) -> str:
         return f"HIP {hip_call(hip.hipDriverGetVersion, call='hipDriverGetVersion')}"
     except Exception:
         return ""
+
+
+def _runtime_version(hip) -> str:
+    """``HIP <major>.<minor>`` of the HIP runtime, the ROCm release it ships in (preflight judges code
+    objects against it), else ``""``. ``hipRuntimeGetVersion`` gives ``HIP_VERSION``, major * 10^7 +
+    minor * 10^5 + patch since ROCm 4.2; a smaller number is the older major * 100 + minor, not judged."""
+    try:
+        version = int(hip_call(hip.hipRuntimeGetVersion, call="hipRuntimeGetVersion"))
+    except Exception as e:
+        log.debug("no HIP runtime version: %s", getattr(e, "problem", e))
+        return ""
+    return f"HIP {version // 10_000_000}.{version // 100_000 % 100}" if version >= 10_000_000 else ""
 
 
 class HipBuffer(Buffer):

@@ -49,7 +49,7 @@ def discover() -> dict:
     return {
         "devices": [
             {"index": d.index, "name": d.name, "target": d.target.full_arch, "cu": d.target.cu,
-             "memory": d.memory_bytes, "driver": d.driver}
+             "memory": d.memory_bytes, "driver": d.driver, "runtime": d.runtime}
             for d in hip_backend.discover()
         ],
         "props_bytes": props.c_sizeof(),

@@ -69,10 +69,10 @@ def test_discovery_reads_every_device_through_this_binding(runs):
     run = runs("discover", env={"KDB_STANDIN_DEVICES": two})
     assert run.result["devices"] == [
         {"index": 0, "name": "AMD Instinct MI300X", "target": "gfx942:sramecc+:xnack-", "cu": 304,
-         "memory": 206141652992, "driver": "HIP 60443483"},
+         "memory": 206141652992, "driver": "HIP 60443483", "runtime": "HIP 6.4"},
         {"index": 1, "name": "AMD Instinct MI210", "target": "gfx90a:sramecc+:xnack-", "cu": 104,
-         "memory": 68702699520, "driver": "HIP 60443483"},
-    ]
+         "memory": 68702699520, "driver": "HIP 60443483", "runtime": "HIP 6.4"},
+    ]  # the runtime from hipRuntimeGetVersion's 60443483: ROCm 6.4, which preflight judges code objects against
     # The stand-in fills hipDeviceProp_tR0600 as ROCm 6+ lays it out; the binding reads the same size.
     assert {c["struct_bytes"] for c in run.named("hipGetDeviceProperties")} == {run.result["props_bytes"]} == {1472}
     assert run.result["binding"].startswith(f"hip-python {runs.line}")
