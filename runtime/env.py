@@ -126,8 +126,8 @@ VARIABLES: tuple[EnvVar, ...] = (
            "(gfx942, sm_90, gfx90a:xnack-_110). Default: unset (detected)."),
     EnvVar("KDB_DEVICE_CU", "int", None, "Act as if the device had this many compute units, for "
            "offline work. Default: unset (detected)."),
-    EnvVar("KDB_DEVICE_RUNTIME", "str", None, "Act as if the devices' driver ran this version ('CUDA 12.4'), "
-           "to check packages for another machine. Default: unset (detected)."),
+    EnvVar("KDB_DEVICE_RUNTIME", "str", None, "Act as if the devices' driver ran this version ('CUDA 12.4', "
+           "'HIP 6.1'), to check packages for another machine. Default: unset (detected)."),
     EnvVar("KDB_BACKEND", "choices", (), "Look for devices of these backends only: cuda, hip, "
            "opencl, comma-separated. Default: unset (all backends)."),
     EnvVar("KDB_CLI_TRACEBACK", "bool", False, "Let `kdb` show Python tracebacks instead of one-line "
