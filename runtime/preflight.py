@@ -10,27 +10,16 @@ arch check covers them. What cannot be judged (an unknown compiler, a driver tha
 version) is not refused: the load itself is the last check, and a binary that does not load is a
 miss with one warning, never a crash.
 
-AMD code objects add a second rule: ROCm's loader refuses a code object version newer than its
-release knows, whichever compiler made it (clang-19 writes v5 by default, v6 on request; v6 is
-the version of the generic targets such as ``gfx9-generic``). ``CODE_OBJECT_RELEASES`` holds
-the first ROCm release whose loader takes each version, read from ROCR-Runtime's sources: its
-loader (``loader/executable.cpp``, ``ExecutableImpl::LoadCodeObject``) answers "unsupported code
-object version" above a bound, and ``AmdHsaCode::GetCodeObjectVersion`` (``libamdhsacode/``)
-fails on an ``EI_ABIVERSION`` it does not list. The bound was 3 up to ROCm 4.0 and 4 from 4.1
-(commit 3a08d096, "Implement Target ID Proposal"); v5 came in 5.2 (9265409f, "Add code object
-v5 support", released as "ROCm 5.2.0 updates"), v6 and the generic targets in 6.2 (a93c18dc,
-"[libamdhsacode] Support COV6/Generic Targets"; 6.1's bound is still 5). No release has dropped
-an older version (the bound's lower end is 1 throughout). The HIP runtime's version stands for
-the release: HIP ships in the same ROCm release as the loader and numbers itself after it.
-Code objects older than v4 and versions this table does not list are not judged.
-
-Where the code object version comes from: an AMD bundle's entries all come from one build with
-one compiler, so the first entry's ELF header (``e_ident[EI_ABIVERSION]``; read only where a HIP
-runtime version is known, one entry per bundle) speaks for the bundle (:func:`bundle_code_object_version`);
-an installed bundle and a bare one offered to ``kdb install`` are judged by it. A wheel is judged
-from its manifest alone, which names no version: ``kdb install`` takes a HIP wheel made for this
-kdbkit to hold what kdbkit's builder writes (it refuses any other version), and once installed
-its bundle is judged by its bytes like any other.
+AMD code objects add a second rule, whichever compiler made them: ROCm's loader refuses a code
+object version newer than its release knows (``CODE_OBJECT_RELEASES``: v5 needs ROCm 5.2, v6,
+the version of the generic targets such as ``gfx9-generic``, needs 6.2). The HIP runtime's
+version stands for the release: HIP ships in the same ROCm release as the loader and numbers
+itself after it. Where the version comes from: a bundle's entries come from one build with one
+compiler, so its first entry's ELF header (``e_ident[EI_ABIVERSION]``) speaks for it; an
+installed bundle, and a bare one offered to ``kdb install``, is judged by it (the runtime's
+search reads it only where a HIP runtime said its version). A wheel is judged from its manifest
+alone, which names no version: ``kdb install`` takes a HIP wheel made for this kdbkit to hold the
+one version kdbkit's builder stores, and once installed its bundle is judged by its bytes.
 
 ``KDB_DEVICE_RUNTIME`` (``"CUDA 12.4"``, ``"HIP 6.1"``) makes the devices' runtime what it says,
 to check a package against another machine's driver from this one.
@@ -48,7 +37,16 @@ from kdbkit.runtime.backends.amdgpu_code_object import code_object_version
 _VERSION = re.compile(r"^\s*(CUDA|HIP)\s+(\d+)\.(\d+)", re.IGNORECASE)
 _COMPILER = {"cuda": re.compile(r"^nvrtc (\d+)\.(\d+)"), "hip": re.compile(r"^hiprtc (\d+)\.(\d+)")}
 _NAMES = {"cuda": ("NVRTC", "CUDA", "the NVIDIA driver"), "hip": ("hiprtc", "HIP", "ROCm")}
-# AMD code object version -> the first ROCm release whose loader takes it (sources: module docstring).
+# AMD code object version -> the first ROCm release whose loader takes it, read from ROCR-Runtime's
+# sources at each release tag: ExecutableImpl::LoadCodeObject (loader/executable.cpp) answers
+# "unsupported code object version" above a bound, and AmdHsaCode::GetCodeObjectVersion
+# (libamdhsacode/amd_hsa_code.cpp) fails on an EI_ABIVERSION it does not list. The bound was 3 up to
+# ROCm 4.0 and 4 from 4.1 (commit 3a08d096, "Implement Target ID Proposal"); v5 came in 5.2 (9265409f,
+# "Add code object v5 support"; 5.1's bound is 4), v6 with the generic targets in 6.2 (a93c18dc,
+# "[libamdhsacode] Support COV6/Generic Targets"; 6.1's bound is 5). The lower end is 1 in every
+# release read, so no release refuses an older version; v3 and older, and versions not listed here
+# (a v7 to come), are not judged. Generic targets exist only as v6 (LLVM's AMDGPUUsage; llc refuses
+# gfx9-generic with --amdhsa-code-object-version=5), so the v6 row covers them.
 CODE_OBJECT_RELEASES = {4: (4, 1), 5: (5, 2), 6: (6, 2)}
 
 
