@@ -14,10 +14,6 @@
  * Each stage has two mbarriers: "full" (the copies' bytes have landed: the producer's
  * expect_tx and the copies' complete_tx) and "empty" (every consumer warpgroup whose stage the
  * copies fill has finished the multiplies that read it).
- * With GEMM_CLUSTER=2 the blocks run in clusters of two that take tile rows 2i and 2i + 1 of
- * one tile column: each block copies half of B's slice into both blocks' stages (multicast), so
- * B is read from L2 half as often; a stage's empty barrier then waits for all four consumer
- * warpgroups of the cluster.
  *
  * Operands: A is M x K (GEMM_TA=0: K-major) or K x M (GEMM_TA=1: M-major); B is K x N (GEMM_TB=0:
  * N-major) or N x K (GEMM_TB=1: K-major). Tiles are stored as TMA writes them with the 128-byte
@@ -29,12 +25,12 @@
  * Edges: the copies fill what lies past M, N or K with zeros; the epilogue writes only inside C.
  *
  * Options: -DKDB_TYPE_FP16 or -DKDB_TYPE_BF16, -DGEMM_BN=128|192|256, -DGEMM_STAGES=<n>,
- * -DGEMM_TA=0|1, -DGEMM_TB=0|1, -DGEMM_CLUSTER=1|2, --gpu-architecture=sm_90a (wgmma, setmaxnreg).
- * Launch (gemm_tma): blocks of 384 threads, grid (one block per multiprocessor at most, whole
- * clusters, 1, 1), dynamic shared memory GEMM_STAGES * (128 + GEMM_BN) * 128 + 16 KiB (staging)
- * + 2 KiB. map_a and map_b: 3-D tensor maps (cuTensorMapEncodeTiled: 16-bit elements, 128-byte
- * swizzle, zero fill) over (contiguous dimension, rows, batch) with boxes of 64 x 128 (A K-major),
- * 64 x 64 (A M-major, B N-major) or 64 x GEMM_BN / GEMM_CLUSTER (B K-major); a_step, b_step: 1
+ * -DGEMM_TA=0|1, -DGEMM_TB=0|1, --gpu-architecture=sm_90a (wgmma and setmaxnreg).
+ * Launch (gemm_tma): blocks of 384 threads, grid (min(tiles, multiprocessors), 1, 1), dynamic
+ * shared memory GEMM_STAGES * (128 + GEMM_BN) * 128 + 16 KiB (staging) + 2 KiB. map_a and
+ * map_b: 3-D tensor maps (cuTensorMapEncodeTiled: 16-bit elements, 128-byte swizzle, zero fill)
+ * over (contiguous dimension, rows, batch) with boxes of 64 x 128 (A K-major), 64 x 64 (A
+ * M-major, B N-major) or 64 x GEMM_BN (B K-major); a_step, b_step: 1
  * where the operand has a matrix per batch, 0 where one matrix serves every batch (its map's
  * batch dimension is then 1). C: 16-byte aligned, ldc and stride_c even; c_vec: 1 where ldc and
  * stride_c are multiples of 8 (C's rows take 16-byte stores).
@@ -53,16 +49,6 @@
 #endif
 #ifndef GEMM_TB
 #define GEMM_TB 0
-#endif
-#ifndef GEMM_CLUSTER
-#define GEMM_CLUSTER 1
-#endif
-#if GEMM_CLUSTER == 2
-#define TM_CLUSTER_DIMS __cluster_dims__(2, 1, 1)
-#elif GEMM_CLUSTER == 1
-#define TM_CLUSTER_DIMS
-#else
-#error "GEMM_CLUSTER must be 1 or 2"
 #endif
 
 #define TM_BM 128
@@ -162,43 +148,6 @@ __device__ __forceinline__ void tm_load(unsigned int dst, const TmaMap* map, int
                  : "memory");
 }
 
-/* The same box into this shared-memory offset of every block of the cluster (mask: the blocks),
- * completing on the barrier at this offset in each. */
-__device__ __forceinline__ void tm_load_multicast(unsigned int dst, const TmaMap* map, int c0, int c1, int c2,
-                                                  unsigned int bar, unsigned short mask)
-{
-    asm volatile("cp.async.bulk.tensor.3d.shared::cluster.global.tile.mbarrier::complete_tx::bytes.multicast::cluster"
-                 " [%0], [%1, {%2, %3, %4}], [%5], %6;" ::"r"(dst),
-                 "l"((unsigned long long)map), "r"(c0), "r"(c1), "r"(c2), "r"(bar), "h"(mask)
-                 : "memory");
-}
-
-/* An arrival on the barrier at this shared-memory offset in block `rank` of the cluster. */
-__device__ __forceinline__ void tm_bar_arrive_in(unsigned int bar, unsigned int rank)
-{
-    asm volatile("{\n.reg .b32 remote;\nmapa.shared::cluster.u32 remote, %0, %1;\n"
-                 "mbarrier.arrive.release.cluster.shared::cluster.b64 _, [remote];\n}\n" ::"r"(bar),
-                 "r"(rank)
-                 : "memory");
-}
-
-/* Every thread of the cluster meets here (a block's own threads among them). */
-__device__ __forceinline__ void tm_cluster_sync()
-{
-    asm volatile("barrier.cluster.arrive.release;\nbarrier.cluster.wait.acquire;" ::: "memory");
-}
-
-/* A consumer warpgroup is done with a stage: it tells every block whose copies fill that stage. */
-__device__ __forceinline__ void tm_release(unsigned int bar)
-{
-#if GEMM_CLUSTER == 2
-    tm_bar_arrive_in(bar, 0);
-    tm_bar_arrive_in(bar, 1);
-#else
-    tm_bar_arrive(bar);
-#endif
-}
-
 __device__ __forceinline__ unsigned int tm_pack(float lo, float hi)
 {
     return (unsigned int)tc_from_float(lo) | ((unsigned int)tc_from_float(hi) << 16);
@@ -221,20 +170,18 @@ __device__ __forceinline__ void tm_mma(float* d, unsigned long long a, unsigned 
                  : "l"(a), "l"(b), "r"(scale));
 }
 
-/* Work unit `id` -> (row, tile column, batch), in groups of TM_GROUP rows; a row is one tile row,
- * or one cluster's rows with a cluster of 2. */
-#define TM_GROUP (TM_GROUP_M / GEMM_CLUSTER)
+/* Tile number `id` -> (tile row, tile column, batch), in groups of TM_GROUP_M tile rows. */
 __device__ __forceinline__ void tm_tile(int id, int tiles_m, int tiles_n, int* tm, int* tn, int* z)
 {
-    const int per_batch = tiles_m * tiles_n, group = TM_GROUP * tiles_n;
+    const int per_batch = tiles_m * tiles_n, group = TM_GROUP_M * tiles_n;
     *z = id / per_batch;
-    const int r = id - *z * per_batch, first = (r / group) * TM_GROUP, in = r - (r / group) * group;
-    const int rows = min(tiles_m - first, TM_GROUP);
+    const int r = id - *z * per_batch, first = (r / group) * TM_GROUP_M, in = r - (r / group) * group;
+    const int rows = min(tiles_m - first, TM_GROUP_M);
     *tm = first + in % rows;
     *tn = in / rows;
 }
 
-extern "C" __global__ void __launch_bounds__(384, 1) TM_CLUSTER_DIMS
+extern "C" __global__ void __launch_bounds__(384, 1)
 gemm_tma(const __grid_constant__ TmaMap map_a, const __grid_constant__ TmaMap map_b, unsigned short* C, int M, int N,
          int K, int ldc, long stride_c, int c_vec, int batch, int a_step, int b_step, float alpha, float beta)
 {
@@ -245,31 +192,17 @@ gemm_tma(const __grid_constant__ TmaMap map_a, const __grid_constant__ TmaMap ma
     const unsigned int staging = base + GEMM_STAGES * TM_STAGE_BYTES, full = staging + 8 * TM_STAGING_BYTES,
                        empty = full + 8 * GEMM_STAGES;
     const int t = threadIdx.x, warpgroup = t / 128;
-    /* With a cluster of 2, its blocks take tile rows 2i and 2i + 1 of one tile column: each copies
-     * half of B's slice into both (multicast), halving B's reads. Work is counted in cluster rows. */
-#if GEMM_CLUSTER == 2
-    unsigned int rank;
-    asm volatile("mov.u32 %0, %%cluster_ctarank;" : "=r"(rank));
-#else
-    const unsigned int rank = 0;
-#endif
     const int tiles_m = (M + TM_BM - 1) / TM_BM, tiles_n = (N + GEMM_BN - 1) / GEMM_BN;
-    const int rows_c = (tiles_m + GEMM_CLUSTER - 1) / GEMM_CLUSTER;
-    const int units = rows_c * tiles_n * batch, k_steps = (K + TM_BK - 1) / TM_BK;
-    const int first = blockIdx.x / GEMM_CLUSTER, step = gridDim.x / GEMM_CLUSTER;
+    const int tiles = tiles_m * tiles_n * batch, k_steps = (K + TM_BK - 1) / TM_BK;
 
     if (t == 0) {
         for (int s = 0; s < GEMM_STAGES; ++s) {
-            tm_bar_init(full + 8 * s, 1);                 /* the producer's expect_tx */
-            tm_bar_init(empty + 8 * s, 2 * GEMM_CLUSTER); /* each consumer warpgroup of the cluster */
+            tm_bar_init(full + 8 * s, 1);  /* the producer's expect_tx */
+            tm_bar_init(empty + 8 * s, 2); /* one arrival per consumer warpgroup */
         }
         asm volatile("fence.mbarrier_init.release.cluster;" ::: "memory");
     }
-#if GEMM_CLUSTER == 2
-    tm_cluster_sync(); /* the peer's barriers are ready before anything arrives on them */
-#else
     __syncthreads();
-#endif
 
     if (warpgroup == 0) {
         asm volatile("setmaxnreg.dec.sync.aligned.u32 40;");
@@ -277,10 +210,9 @@ gemm_tma(const __grid_constant__ TmaMap map_a, const __grid_constant__ TmaMap ma
             asm volatile("prefetch.tensormap [%0];" ::"l"((unsigned long long)&map_a) : "memory");
             asm volatile("prefetch.tensormap [%0];" ::"l"((unsigned long long)&map_b) : "memory");
             unsigned int stage = 0, phase = 0;
-            for (int id = first; id < units; id += step) {
+            for (int id = blockIdx.x; id < tiles; id += gridDim.x) {
                 int tm, tn, z;
-                tm_tile(id, rows_c, tiles_n, &tm, &tn, &z);
-                tm = tm * GEMM_CLUSTER + rank;
+                tm_tile(id, tiles_m, tiles_n, &tm, &tn, &z);
                 const int m0 = tm * TM_BM, n0 = tn * GEMM_BN, za = z * a_step, zb = z * b_step;
                 for (int ks = 0; ks < k_steps; ++ks) {
                     const int k0 = ks * TM_BK;
@@ -293,16 +225,7 @@ gemm_tma(const __grid_constant__ TmaMap map_a, const __grid_constant__ TmaMap ma
 #else
                     tm_load(as, &map_a, k0, m0, za, bar);
 #endif
-#if GEMM_CLUSTER == 2 && GEMM_TB
-                    /* this block's half of B's rows, to both blocks */
-                    tm_load_multicast(bs + rank * (GEMM_BN / 2) * 128, &map_b, k0, n0 + rank * (GEMM_BN / 2), zb, bar,
-                                      3);
-#elif GEMM_CLUSTER == 2
-#pragma unroll
-                    for (int j = 0; j < GEMM_BN / 64; ++j) /* every other block of 64 columns, to both blocks */
-                        if ((j & 1) == (int)rank)
-                            tm_load_multicast(bs + j * TM_BLOCK_BYTES, &map_b, n0 + 64 * j, k0, zb, bar, 3);
-#elif GEMM_TB
+#if GEMM_TB
                     tm_load(bs, &map_b, k0, n0, zb, bar);
 #else
 #pragma unroll
@@ -324,10 +247,9 @@ gemm_tma(const __grid_constant__ TmaMap map_a, const __grid_constant__ TmaMap ma
         for (int i = 0; i < TM_ACC; ++i)
             d[i] = 0.0f;
         unsigned int stage = 0, phase = 0;
-        for (int id = first; id < units; id += step) {
+        for (int id = blockIdx.x; id < tiles; id += gridDim.x) {
             int tm, tn, z;
-            tm_tile(id, rows_c, tiles_n, &tm, &tn, &z);
-            tm = tm * GEMM_CLUSTER + rank;
+            tm_tile(id, tiles_m, tiles_n, &tm, &tn, &z);
             unsigned int last = 0;
             for (int ks = 0; ks < k_steps; ++ks) {
                 tm_bar_wait(full + 8 * stage, phase);
@@ -349,7 +271,7 @@ gemm_tma(const __grid_constant__ TmaMap map_a, const __grid_constant__ TmaMap ma
                 /* The step before this one has finished reading its stage: hand it back. */
                 asm volatile("wgmma.wait_group.sync.aligned 1;" ::: "memory");
                 if (ks > 0 && wt == 0)
-                    tm_release(empty + 8 * last);
+                    tm_bar_arrive(empty + 8 * last);
                 last = stage;
                 if (++stage == GEMM_STAGES) {
                     stage = 0;
@@ -358,7 +280,7 @@ gemm_tma(const __grid_constant__ TmaMap map_a, const __grid_constant__ TmaMap ma
             }
             asm volatile("wgmma.wait_group.sync.aligned 0;" ::: "memory");
             if (wt == 0)
-                tm_release(empty + 8 * last);
+                tm_bar_arrive(empty + 8 * last);
 
             /* d[4j + 0..1]: row r, columns 8j + 2 (lane % 4) and the next; d[4j + 2..3]: row r + 8. */
             unsigned short* c = C + (long)z * stride_c;
@@ -427,7 +349,4 @@ gemm_tma(const __grid_constant__ TmaMap map_a, const __grid_constant__ TmaMap ma
                 }
         }
     }
-#if GEMM_CLUSTER == 2
-    tm_cluster_sync(); /* no block leaves while its peer may still arrive on its barriers */
-#endif
 }

@@ -112,7 +112,7 @@ def test_the_tensor_maps_follow_each_operands_layout():
     p = problem(300, 200, 72, ta=True, tb=True, batch=3, pad=8, shared_b=True)
     a, b = tma.operand_maps(p, 192)
     assert a == ((300, 72, 3), (2 * 312, 2 * 72 * 312), (64, 64, 1))
-    assert b == ((72, 200, 1), (2 * 80, 2 * 200 * 80), (64, 192 // tma.CLUSTERS[192], 1))  # one B, its size as stride
+    assert b == ((72, 200, 1), (2 * 80, 2 * 200 * 80), (64, 192, 1))  # one B: its own size as batch stride
 
 
 def test_every_tile_shape_fits_the_shared_memory_of_a_block():
@@ -157,22 +157,13 @@ def run_and_check(handle, name: str, p: GemmProblem, seed: int) -> None:
     np.testing.assert_array_equal(out[:, :, p.n:], read(c0)[:, :, p.n:])  # nothing written past N
 
 
-@pytest.fixture(params=[1, 2], ids=["single", "cluster2"])
-def cluster(request, monkeypatch):
-    """Each tile shape built both ways: one block per tile, and clusters of 2 sharing B."""
-    for tile_n in tma.CLUSTERS:
-        monkeypatch.setitem(tma.CLUSTERS, tile_n, request.param)
-    return request.param
-
-
 @pytest.mark.gpu
 @pytest.mark.parametrize("name", TMA_SOLVERS)
 @pytest.mark.parametrize("dtype", [DataType.FP16, DataType.BF16])
 @pytest.mark.parametrize("ta, tb", TRANSPOSITIONS)
-def test_tiles_cut_at_every_edge(sm90_handle, cluster, name, dtype, ta, tb):
-    """M, N, K no multiple of a tile or a K step (3 tile rows: a cluster's second block has
-    none in the last pair), leading dimensions wider than the rows, two batches with their
-    own B, alpha and beta."""
+def test_tiles_cut_at_every_edge(sm90_handle, name, dtype, ta, tb):
+    """M, N, K no multiple of a tile or a K step, leading dimensions wider than the rows,
+    two batches with their own B, alpha and beta."""
     p = problem(300, 333, 77, ta, tb, batch=2, dtype=dtype, pad=8)
     p = GemmProblem(**{**p.__dict__, "alpha": 0.5, "beta": -1.5})
     run_and_check(sm90_handle, name, p, seed=ta * 2 + tb)
@@ -182,7 +173,7 @@ def test_tiles_cut_at_every_edge(sm90_handle, cluster, name, dtype, ta, tb):
 @pytest.mark.parametrize("name", TMA_SOLVERS)
 @pytest.mark.parametrize("ta, tb", TRANSPOSITIONS)
 @pytest.mark.parametrize("beta", [0.0, 0.5])
-def test_more_tiles_than_multiprocessors_and_a_shared_b(sm90_handle, cluster, name, ta, tb, beta):
+def test_more_tiles_than_multiprocessors_and_a_shared_b(sm90_handle, name, ta, tb, beta):
     """Each block walks several tiles (its ring of stages runs on across them), over three
     batches that share one B; whole tiles leave through the staged 16-byte stores (beta 0,
     which never reads C) or the element path (beta 0.5), the edge tiles through the latter."""
