@@ -3,8 +3,8 @@ tensor copies (TMA) into a ring of shared-memory stages, wgmma reading both oper
 one producer warpgroup and two consumers, one persistent block per multiprocessor, whole tiles
 written through shared memory as 16-byte stores. fp16/bf16 with fp32 accumulation, every
 transposition (wgmma reads M- or N-major tiles transposed), any M, N, K (the copies zero-fill
-past the edges), batched and strided, alpha and beta. On an H200 it runs at 0.97-1.06x
-cuBLAS's speed on 4096^3, 8192^3 and BERT-base's shapes (docs/bench_gemm.md).
+past the edges), batched and strided, alpha and beta (docs/bench_gemm.md has its speed beside
+cuBLAS's).
 
 Three tile shapes, one solver each so that find times them all: 128 x 256, 128 x 192 and
 128 x 128. Immediate mode takes the one :func:`tile_n_for` picks from the problem's shape and
