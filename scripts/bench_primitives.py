@@ -12,7 +12,15 @@ so every case runs on several placements (fresh tensors, the earlier ones kept a
 the new ones land elsewhere) and each figure is the median over placements.
 Writes ``<out>/bench_primitives.json``, ``.md`` and ``.png``.
 
+``--set gemm`` runs only the matrix products that issue 30 measures (4096^3 and 8192^3, and
+BERT-base's four linear layers over 32 x 128 tokens, each as x @ W^T), fp16 and bf16, and writes
+``bench_gemm.*``; each row names the solver immediate mode took and kdbkit's error against
+torch.matmul's result. ``--graph N`` times replays of a CUDA graph of N back-to-back calls
+(both libraries alike), so that the host time of a call, which back-to-back small products
+would measure instead of the GPU's, stays out of the figure.
+
     python scripts/bench_primitives.py --out docs            # on the GPU machine
+    python scripts/bench_primitives.py --set gemm --graph 20 --out docs
 """
 
 from __future__ import annotations
@@ -77,6 +85,25 @@ def with_options(program, extra: tuple[str, ...], problem):
     return type(request)(request.kernel_file, (*request.options, *extra))
 
 
+def graphed(fn, calls: int, handle):
+    """A CUDA graph of ``calls`` back-to-back calls of ``fn`` (kdbkit's handle launching on the
+    capture stream while it is captured), and a function that replays it once."""
+    import torch
+
+    stream = torch.cuda.Stream()
+    graph = torch.cuda.CUDAGraph()
+    torch.cuda.synchronize()
+    handle.set_stream(stream)
+    try:
+        with torch.cuda.graph(graph, stream=stream):
+            for _ in range(calls):
+                fn()
+    finally:
+        handle.set_stream(0)
+    torch.cuda.synchronize()
+    return graph.replay
+
+
 def copy_bandwidth(iters: int, blocks: int) -> float:
     """GB/s of a 1 GiB device-to-device copy, counting bytes read plus bytes written."""
     import torch
@@ -139,12 +166,57 @@ def cases(h, torch, kdbkit):
         yield ("tensor add", label, lambda x=x, a2=a2, y=y: kdbkit.op_tensor(h, "add", x, a2, c=y),
                lambda x=x, a2=a2, y=y: torch.add(x, a2, out=y), 3 * n * item, 0)
         if dt != torch.float32:
-            for size in (4096, 8192):
-                A = torch.randn(size, size, device="cuda", dtype=dt)
-                B = torch.randn(size, size, device="cuda", dtype=dt)
-                C = torch.empty(size, size, device="cuda", dtype=dt)
-                yield (f"gemm {size}^3", label, lambda A=A, B=B, C=C: kdbkit.gemm(h, A, B, c=C),
-                       lambda A=A, B=B, C=C: torch.matmul(A, B, out=C), 3 * size * size * item, 2 * size**3)
+            yield from gemm_cases(h, torch, kdbkit, dt, label)
+
+
+# BERT-base's linear layers over batch 32 x sequence 128 = 4096 tokens: (name, in, out)
+BERT_LINEARS = (("attention output 768x768", 768, 768), ("FFN up 768x3072", 768, 3072),
+                ("FFN down 3072x768", 3072, 768), ("QKV 768x2304", 768, 2304))
+
+
+def gemm_cases(h, torch, kdbkit, dt, label):
+    """The products issue 30 measures: square ones (A @ B, both row-major), and BERT-base's
+    linear layers as PyTorch runs them (x @ W^T, W stored out x in: kdbkit's trans_b)."""
+    item = torch.finfo(dt).bits // 8
+    for size in (4096, 8192):
+        A = torch.randn(size, size, device="cuda", dtype=dt)
+        B = torch.randn(size, size, device="cuda", dtype=dt)
+        C = torch.empty(size, size, device="cuda", dtype=dt)
+        yield (f"gemm {size}^3", label, lambda A=A, B=B, C=C: kdbkit.gemm(h, A, B, c=C),
+               lambda A=A, B=B, C=C: torch.matmul(A, B, out=C), 3 * size * size * item, 2 * size**3,
+               gemm_extra(h, kdbkit, A, B, C, False))
+    tokens = 32 * 128
+    for name, k, n in BERT_LINEARS:
+        x = torch.randn(tokens, k, device="cuda", dtype=dt)
+        w = torch.randn(n, k, device="cuda", dtype=dt) / k**0.5
+        y = torch.empty(tokens, n, device="cuda", dtype=dt)
+        yield (f"gemm BERT {name}", label, lambda x=x, w=w, y=y: kdbkit.gemm(h, x, w, trans_b=True, c=y),
+               lambda x=x, w=w, y=y: torch.matmul(x, w.t(), out=y), (tokens * k + n * k + tokens * n) * item,
+               2 * tokens * n * k, gemm_extra(h, kdbkit, x, w, y, True))
+
+
+def gemm_extra(h, kdbkit, a, b, c, trans_b: bool):
+    """A GEMM case's extra report: the solver immediate mode takes, and kdbkit's result against
+    torch.matmul's (relative Frobenius error), computed once, before the timing."""
+
+    def check() -> dict:
+        import torch
+
+        from kdbkit.runtime.immediate import choose
+        from kdbkit.runtime.primitives.gemm import GemmProblem
+        from kdbkit.runtime.tensor import DataType
+
+        m, k = a.shape
+        n = b.shape[0] if trans_b else b.shape[1]
+        dtype = DataType.FP16 if a.dtype == torch.float16 else DataType.BF16
+        problem = GemmProblem(dtype, m, n, k, False, trans_b, 1, a.stride(0), b.stride(0), c.stride(0))
+        c.fill_(float("nan"))  # every element must be written
+        kdbkit.gemm(h, a, b, trans_b=trans_b, c=c)
+        ref = torch.matmul(a.float(), (b.t() if trans_b else b).float())
+        error = float((c.float() - ref).norm() / ref.norm())
+        return {"solver": choose(h, problem).solver.name, "rel_error": error}
+
+    return check
 
 
 def host_cost_us(h, torch, kdbkit, calls: int = 400) -> dict:
@@ -182,6 +254,11 @@ def main() -> int:
     parser.add_argument("--placements", type=int, default=3, help="fresh tensors per case; the median is reported")
     parser.add_argument("--only", default="", help="run only the cases whose 'name type' contains this text "
                         "(e.g. 'max pool 3x3/2 fp16', for a profiler); the report files are not written")
+    parser.add_argument("--set", choices=("all", "gemm"), default="all",
+                        help="gemm: only the matrix products, reported as bench_gemm.*")
+    parser.add_argument("--graph", type=int, default=0, metavar="N",
+                        help="time replays of a CUDA graph of N calls (0: back-to-back eager calls)")
+    parser.add_argument("--commit", default="", help="the commit measured (default: git rev-parse HEAD, if any)")
     args = parser.parse_args()
     import torch
 
@@ -196,12 +273,16 @@ def main() -> int:
             sys.exit(f"kdbkit's default device is {h.device.name} ({h.device.backend}), not a CUDA GPU")
         copy_gbs = copy_bandwidth(args.iters, args.blocks)
         print(f"device-to-device copy: {copy_gbs:.0f} GB/s on {h.device.name}", flush=True)
-        host = {} if args.only else host_cost_us(h, torch, kdbkit)
+        host = {} if args.only or args.set == "gemm" else host_cost_us(h, torch, kdbkit)
         print("host time per call, tiny problems: " + ", ".join(f"{k} {v:.1f} us" for k, v in host.items()),
               flush=True)
         runs, keep = {}, []  # keep: every placement's tensors stay allocated, so the next ones land elsewhere
+        extras = {}  # (name, type) -> a case's extra report (the GEMM cases': solver, error)
         for placement in range(args.placements):
-            for name, label, ours, theirs, nbytes, flops in cases(h, torch, kdbkit):
+            chosen = cases(h, torch, kdbkit) if args.set == "all" else \
+                (case for dt, label in ((torch.float16, "fp16"), (torch.bfloat16, "bf16"))
+                 for case in gemm_cases(h, torch, kdbkit, dt, label))
+            for name, label, ours, theirs, nbytes, flops, *extra in chosen:
                 if args.only not in f"{name} {label}":
                     continue
                 keep.append((ours, theirs))
@@ -209,11 +290,23 @@ def main() -> int:
                 ours()
                 torch.cuda.synchronize()  # the first call resolves the program (JIT into the user cache)
                 resolve_s = time.perf_counter() - started
+                if extra and placement == 0:
+                    extras.setdefault((name, label), {}).update(extra[0]())
+                calls = 1
+                if args.graph:
+                    try:
+                        ours, theirs, calls = graphed(ours, args.graph, h), graphed(theirs, args.graph, h), args.graph
+                    except Exception as e:  # a call that cannot be captured: timed eagerly, and said so
+                        print(f"{name} {label}: no CUDA graph ({type(e).__name__}: {e}); timing eager calls",
+                              flush=True)
+                        extras.setdefault((name, label), {})["eager"] = True
                 t_ours, t_torch, ratios = timed_pair(ours, theirs, iters=args.iters, blocks=args.blocks)
+                t_ours, t_torch = t_ours / calls, t_torch / calls
                 runs.setdefault((name, label), []).append((t_ours, t_torch, ratios, resolve_s, nbytes, flops))
-                print(f"placement {placement}: {name:24s} {label}: kdbkit {t_ours:8.4f} ms  torch {t_torch:8.4f} ms  "
+                print(f"placement {placement}: {name:32s} {label}: kdbkit {t_ours:8.4f} ms  torch {t_torch:8.4f} ms  "
                       f"x{statistics.median(ratios):5.3f}", flush=True)
-        rows = [summary_row(name, label, found, copy_gbs) for (name, label), found in runs.items()]
+        rows = [{**summary_row(name, label, found, copy_gbs), **extras.get((name, label), {})}
+                for (name, label), found in runs.items()]
         for row in rows:
             flops = "kdbkit_tflops" in row
             share = (f"{row['kdbkit_copy_share']:.0%} of copy (torch {row['torch_copy_share']:.0%})" if not flops
@@ -222,13 +315,26 @@ def main() -> int:
             print(f"{row['primitive']:24s} {row['type']}: kdbkit {row['kdbkit_ms']:8.4f} ms  torch {row['torch_ms']:8.4f} "
                   f"ms  x{row['speedup_vs_torch']:5.3f} [{q1:.3f}, {q3:.3f}]  {share}", flush=True)
     result = {"device": h.device.name, "copy_gbs": copy_gbs, "host_us_per_call": host, "iters": args.iters,
-              "blocks": args.blocks, "placements": args.placements,
-              "torch": torch.__version__, "kdbkit": kdbkit.__version__, "rows": rows}
+              "blocks": args.blocks, "placements": args.placements, "graph_calls": args.graph,
+              "commit": args.commit or git_commit(), "torch": torch.__version__, "kdbkit": kdbkit.__version__,
+              "rows": rows}
     if args.only:
         return 0
-    (out / "bench_primitives.json").write_text(json.dumps(result, indent=1))
-    write_report(result, out)
+    stem = "bench_primitives" if args.set == "all" else "bench_gemm"
+    (out / f"{stem}.json").write_text(json.dumps(result, indent=1))
+    write_report(result, out, stem)
     return 0
+
+
+def git_commit() -> str:
+    """This checkout's commit, or "" outside a git checkout (a copy on the GPU machine)."""
+    import subprocess
+
+    try:
+        return subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True,
+                              cwd=Path(__file__).parent, timeout=10).stdout.strip()
+    except (OSError, subprocess.SubprocessError):
+        return ""
 
 
 def summary_row(name: str, label: str, runs: list, copy_gbs: float) -> dict:
@@ -253,20 +359,30 @@ def summary_row(name: str, label: str, runs: list, copy_gbs: float) -> dict:
     return row
 
 
-def write_report(result: dict, out: Path) -> None:
-    lines = [f"# Primitives against PyTorch on {result['device']}", "",
-             ("Written by `python scripts/bench_primitives.py` (one run: both libraries on the same tensors, "
-              f"median of {result['blocks']} blocks of {result['iters']} back-to-back calls, CUDA events, the two "
+def write_report(result: dict, out: Path, stem: str = "bench_primitives") -> None:
+    graph = result.get("graph_calls", 0)
+    calls = (f"replays of a CUDA graph of {graph} back-to-back calls" if graph else "back-to-back calls")
+    commit = f" at commit {result['commit']}" if result.get("commit") else ""
+    lines = [f"# {'Primitives' if stem == 'bench_primitives' else 'Matrix products'} against PyTorch on "
+             f"{result['device']}", "",
+             (f"Written by `python scripts/bench_primitives.py{' --set gemm' if stem == 'bench_gemm' else ''}"
+              f"{f' --graph {graph}' if graph else ''}`{commit} (one run: both libraries on the same tensors, "
+              f"median of {result['blocks']} blocks of {result['iters']} {calls}, CUDA events, the two "
               f"libraries' blocks alternating, then the median over {result.get('placements', 1)} placements of "
               "fresh tensors; the bracket holds the quartiles of the per-pair ratios, and the last column each "
               "placement's speedup). "
               f"Device-to-device copy in the same run: {result['copy_gbs']:.0f} GB/s (bytes read + written). "
               f"PyTorch {result['torch']}, kdbkit {result['kdbkit']}."), "",
-             "Host time per call on tiny problems (what a call costs the CPU; back-to-back calls of a "
-             "primitive whose kernel is shorter than this measure the host, not the GPU): "
-             + ", ".join(f"{k} {v:.1f} µs" for k, v in result.get("host_us_per_call", {}).items()) + ".", "",
-             "| primitive | type | kdbkit ms | torch ms | torch / kdbkit | kdbkit | torch | per placement |",
-             "|---|---|---|---|---|---|---|---|"]
+             *(["Host time per call on tiny problems (what a call costs the CPU; back-to-back calls of a "
+                "primitive whose kernel is shorter than this measure the host, not the GPU): "
+                + ", ".join(f"{k} {v:.1f} µs" for k, v in result["host_us_per_call"].items()) + ".", ""]
+               if result.get("host_us_per_call") else []),
+             *(["The solver column is immediate mode's choice; the error is kdbkit's result against "
+                "torch.matmul's fp32 result (relative Frobenius norm), on C poisoned with NaN first.", ""]
+               if stem == "bench_gemm" else []),
+             "| primitive | type | kdbkit ms | torch ms | torch / kdbkit | kdbkit | torch | per placement |"
+             + (" solver | error |" if stem == "bench_gemm" else ""),
+             "|---|---|---|---|---|---|---|---|" + ("---|---|" if stem == "bench_gemm" else "")]
     for r in result["rows"]:
         if "kdbkit_tflops" in r:
             ours, theirs = f"{r['kdbkit_tflops']:.0f} TFLOP/s", f"{r['torch_tflops']:.0f} TFLOP/s"
@@ -275,8 +391,10 @@ def write_report(result: dict, out: Path) -> None:
         q1, q3 = r["speedup_quartiles"]
         each = " ".join(f"{v:.3f}" for v in r.get("placement_speedups", []))
         lines.append(f"| {r['primitive']} | {r['type']} | {r['kdbkit_ms']:.4f} | {r['torch_ms']:.4f} | "
-                     f"{r['speedup_vs_torch']:.3f} [{q1:.3f}, {q3:.3f}] | {ours} | {theirs} | {each} |")
-    (out / "bench_primitives.md").write_text("\n".join(lines) + "\n")
+                     f"{r['speedup_vs_torch']:.3f} [{q1:.3f}, {q3:.3f}] | {ours} | {theirs} | {each} |"
+                     + (f" {r.get('solver', '')} | {r.get('rel_error', float('nan')):.1e} |"
+                        if stem == "bench_gemm" else ""))
+    (out / f"{stem}.md").write_text("\n".join(lines) + "\n")
     try:
         import matplotlib
 
@@ -295,7 +413,7 @@ def write_report(result: dict, out: Path) -> None:
     ax.set_title(f"kdbkit primitives vs PyTorch, {result['device']}")
     ax.invert_yaxis()
     fig.tight_layout()
-    fig.savefig(out / "bench_primitives.png", dpi=110)
+    fig.savefig(out / f"{stem}.png", dpi=110)
 
 
 if __name__ == "__main__":

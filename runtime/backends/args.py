@@ -3,12 +3,15 @@
 A launch takes device buffers and NumPy scalars. The scalar's dtype fixes the width the
 kernel receives (``np.int32(n)`` for an ``int`` parameter, ``np.float32(a)`` for ``float``);
 plain Python numbers are refused because their width would be a guess, and a wrong guess
-shifts every later parameter without any error from the driver.
+shifts every later parameter without any error from the driver. A backend that declares the
+``param_blocks`` capability (CUDA) also takes a :class:`ParamBlock`: a struct passed by value,
+such as the 128-byte tensor map a TMA kernel declares as a ``__grid_constant__`` parameter.
 """
 
 from __future__ import annotations
 
 import ctypes
+from dataclasses import dataclass
 from typing import Any, Sequence
 
 import numpy as np
@@ -17,13 +20,37 @@ from kdbkit.runtime.backends.base import Buffer
 from kdbkit.runtime.errors import LaunchArgumentError, TransferError
 
 
-def check_launch_args(kernel_name: str, args: Sequence[Any], buffer_type: type[Buffer]) -> None:
+@dataclass(frozen=True)
+class ParamBlock:
+    """A kernel parameter passed by value as raw bytes: a struct the kernel declares, such as a
+    ``CUtensorMap`` (128 bytes, 64-byte aligned) taken as a ``__grid_constant__`` parameter.
+
+    Attributes:
+        data: the struct's bytes, exactly as the kernel's parameter holds them.
+        align: its alignment, a power of two from 8 to 256: the driver places each parameter
+            by the kernel's own layout, and the host copy is aligned the same way.
+    """
+
+    data: bytes
+    align: int = 8
+
+    def __post_init__(self) -> None:
+        if self.align < 8 or self.align > 256 or self.align & (self.align - 1):
+            raise LaunchArgumentError(f"a parameter block's alignment must be a power of two in 8..256, "
+                                      f"not {self.align}")
+        if not self.data:
+            raise LaunchArgumentError("a parameter block holds no bytes")
+
+
+def check_launch_args(kernel_name: str, args: Sequence[Any], buffer_type: type[Buffer], *,
+                      blocks: bool = False) -> None:
     """Refuse arguments a backend cannot pass with a known width.
 
     Args:
         kernel_name: for the message.
         args: the launch arguments.
         buffer_type: the backend's own buffer class (a buffer of another backend is refused).
+        blocks: whether the backend passes :class:`ParamBlock` arguments (``param_blocks``).
 
     Raises:
         LaunchArgumentError: naming the argument's position, its type and the fix.
@@ -32,6 +59,11 @@ def check_launch_args(kernel_name: str, args: Sequence[Any], buffer_type: type[B
         if isinstance(arg, buffer_type):
             if getattr(arg, "freed", False):
                 raise LaunchArgumentError(f"{kernel_name}: argument {i} is a buffer that was already freed")
+            continue
+        if isinstance(arg, ParamBlock):
+            if not blocks:
+                raise LaunchArgumentError(f"{kernel_name}: argument {i} is a {len(arg.data)}-byte parameter block, "
+                                          "which only a backend with the param_blocks capability (CUDA) passes")
             continue
         if isinstance(arg, Buffer):
             raise LaunchArgumentError(
@@ -47,24 +79,38 @@ def check_launch_args(kernel_name: str, args: Sequence[Any], buffer_type: type[B
         )
 
 
-def pack_launch_slots(args: Sequence[Any], buffer_type: type[Buffer]) -> ctypes.Array:
-    """Every argument in its own 8-byte slot of one C buffer: a buffer's device address, or a
-    scalar's bytes from the slot's start (for drivers that take a pointer to each value).
+def pack_launch_slots(args: Sequence[Any], buffer_type: type[Buffer]) -> tuple[ctypes.Array, list[int]]:
+    """Every argument in its own slot of one C buffer, for drivers that take a pointer to each
+    value: a buffer's device address or a scalar's bytes in 8 bytes from the slot's start, a
+    :class:`ParamBlock`'s bytes in a slot of its size rounded up to 8 and aligned as it asks.
+
+    Returns:
+        The buffer and each argument's byte offset in it (every offset a multiple of 8).
 
     Raises:
         LaunchArgumentError: a scalar wider than 8 bytes.
     """
-    slots = []
+    pieces, offsets, end, widest = [], [], 0, 8
     for i, a in enumerate(args):
         if isinstance(a, buffer_type):
-            slots.append(int(a.ptr).to_bytes(8, "little"))
-            continue
-        raw = a.tobytes()
-        if len(raw) > 8:
-            raise LaunchArgumentError(f"argument {i} is a {len(raw)}-byte {a.dtype} scalar; kernels take at most 8")
-        slots.append(raw.ljust(8, b"\0"))
-    raw = b"".join(slots)
-    return ctypes.create_string_buffer(raw, max(len(raw), 8))
+            raw, align = int(a.ptr).to_bytes(8, "little"), 8
+        elif isinstance(a, ParamBlock):
+            raw, align = a.data, a.align
+        else:
+            raw, align = a.tobytes(), 8
+            if len(raw) > 8:
+                raise LaunchArgumentError(f"argument {i} is a {len(raw)}-byte {a.dtype} scalar; kernels take at most 8")
+        end = -(-end // align) * align
+        pieces.append(raw)
+        offsets.append(end)
+        end += -(-len(raw) // 8) * 8
+        widest = max(widest, align)
+    # ctypes aligns its buffers to 16 at most: ask for `widest` more and start where it is aligned.
+    holder = ctypes.create_string_buffer(max(end, 8) + widest)
+    shift = -ctypes.addressof(holder) % widest
+    for raw, offset in zip(pieces, offsets):
+        ctypes.memmove(ctypes.addressof(holder) + shift + offset, raw, len(raw))
+    return holder, [shift + offset for offset in offsets]
 
 
 def scalar_ctype(value: np.generic) -> Any:

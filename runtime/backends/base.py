@@ -84,7 +84,8 @@ class Backend(ABC):
     name: str  # "cuda" | "hip" | "opencl"
     binary_format: str  # "cubin", "hsaco", "ocl-binary": recorded in bundles, checked on load
     # Optional abilities, declared (names from kdbkit.runtime.backends.spec.CAPABILITIES, as the
-    # backend's spec lists them), never found by hasattr: "streams", "occupancy", "wrap".
+    # backend's spec lists them), never found by hasattr: "streams", "occupancy", "wrap",
+    # "param_blocks", "tensor_maps".
     capabilities: frozenset[str] = frozenset()
     device: DeviceInfo
     closed: bool = False  # set by close(): callers check it to refuse work (HandleClosedError)

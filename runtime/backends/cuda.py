@@ -23,7 +23,7 @@ from typing import Any, Sequence
 import numpy as np
 
 from kdbkit.kdb.target import Target
-from kdbkit.runtime.backends.args import check_host_out, check_launch_args, pack_launch_slots
+from kdbkit.runtime.backends.args import ParamBlock, check_host_out, check_launch_args, pack_launch_slots
 from kdbkit.runtime.backends.base import (
     Backend,
     BackendUnavailableError,
@@ -348,14 +348,15 @@ class CudaBackend(Backend):
         """``cuLaunchKernel`` with ``kernelParams``: an array of pointers to each argument's bytes."""
         if not isinstance(kernel, CudaKernel):
             raise LaunchArgumentError(f"{kernel!r} was not loaded by the CUDA backend")
-        check_launch_args(kernel.name, args, CudaBuffer)
-        # One C buffer with an 8-byte slot per argument holding its bytes (a device pointer is 8
-        # bytes, a scalar at most 8, little-endian from the slot's start); the driver copies
-        # them during the call, so they only need to outlive it. One buffer, not one per
-        # argument: building the arguments was a large share of a launch's host time.
-        holders = pack_launch_slots(args, CudaBuffer)
+        check_launch_args(kernel.name, args, CudaBuffer, blocks=True)
+        # One C buffer with a slot per argument holding its bytes (a device pointer is 8 bytes,
+        # a scalar at most 8, little-endian from the slot's start; a parameter block its own
+        # size, aligned as it asks); the driver copies them during the call, so they only need
+        # to outlive it. One buffer, not one per argument: building the arguments was a large
+        # share of a launch's host time.
+        holders, offsets = pack_launch_slots(args, CudaBuffer)
         base = ctypes.addressof(holders)
-        pointers = (ctypes.c_void_p * max(len(args), 1))(*range(base, base + 8 * len(args), 8))
+        pointers = (ctypes.c_void_p * max(len(args), 1))(*(base + o for o in offsets))
         self._activate()
         self._allow_shared(kernel, shared_bytes)
         _check(
@@ -388,13 +389,13 @@ class CudaBackend(Backend):
         (the driver refuses a grid whose groups could not all be resident at once)."""
         if not isinstance(kernel, CudaKernel):
             raise LaunchArgumentError(f"{kernel!r} was not loaded by the CUDA backend")
-        check_launch_args(kernel.name, [a for a in args if a is not None], CudaBuffer)
-        slots = [i for i, a in enumerate(args) if a is None]
-        holders = pack_launch_slots([CudaBuffer(self, 0, 0, owned=False) if a is None else a for a in args],
-                                    CudaBuffer)
-        words = (ctypes.c_uint64 * max(len(args), 1)).from_buffer(holders)
+        check_launch_args(kernel.name, [a for a in args if a is not None], CudaBuffer, blocks=True)
+        holders, offsets = pack_launch_slots([CudaBuffer(self, 0, 0, owned=False) if a is None else a for a in args],
+                                             CudaBuffer)
+        slots = [offsets[i] // 8 for i, a in enumerate(args) if a is None]  # the run-time buffers' words
+        words = (ctypes.c_uint64 * (len(holders) // 8)).from_buffer(holders)
         base = ctypes.addressof(holders)
-        pointers = (ctypes.c_void_p * max(len(args), 1))(*range(base, base + 8 * len(args), 8))
+        pointers = (ctypes.c_void_p * max(len(args), 1))(*(base + o for o in offsets))
         params = ctypes.addressof(pointers) if args else 0
         dims = (*(int(g) for g in grid), *(int(b) for b in block))
         self._activate()
@@ -429,6 +430,43 @@ class CudaBackend(Backend):
         return int(_check(self._drv.cuOccupancyMaxActiveBlocksPerMultiprocessor(
             kernel.function, int(block_threads), int(shared_bytes)),
             f"cuOccupancyMaxActiveBlocksPerMultiprocessor({kernel.name})", self._drv, LaunchError))
+
+    def tensor_map(self, address: int, element_bytes: int, dims: Sequence[int], strides: Sequence[int],
+                   box: Sequence[int]) -> ParamBlock:
+        """A TMA tensor map (``cuTensorMapEncodeTiled``) over device memory at ``address``, with
+        the 128-byte swizzle and zero fill past the edges, as a kernel's by-value parameter.
+
+        Args:
+            address: the tensor's first element (16-byte aligned).
+            element_bytes: 1, 2, 4 or 8 (the map only moves bits; zero fill is all-zero bits).
+            dims: elements along each dimension, the contiguous one first (1 to 5 of them).
+            strides: bytes between consecutive indices of each dimension after the first
+                (multiples of 16).
+            box: the elements one copy moves along each dimension (at most 256 each; the
+                first at most 128 bytes, the swizzle's span).
+
+        Raises:
+            LaunchArgumentError: the driver refused the map (its message names why).
+        """
+        drv = self._drv
+        types = {1: "UINT8", 2: "UINT16", 4: "UINT32", 8: "UINT64"}
+        if element_bytes not in types or not 1 <= len(dims) <= 5 or len(strides) != len(dims) - 1 \
+                or len(box) != len(dims):
+            raise LaunchArgumentError(f"tensor map: {element_bytes}-byte elements, dims {tuple(dims)}, strides "
+                                      f"{tuple(strides)}, box {tuple(box)} do not describe a tensor of 1 to 5 "
+                                      "dimensions")
+        kind = getattr(drv.CUtensorMapDataType, f"CU_TENSOR_MAP_DATA_TYPE_{types[element_bytes]}")
+        self._activate()
+        encoded = _check(drv.cuTensorMapEncodeTiled(
+            kind, len(dims), int(address), [drv.cuuint64_t(int(d)) for d in dims],
+            [drv.cuuint64_t(int(s)) for s in strides], [drv.cuuint32_t(int(b)) for b in box],
+            [drv.cuuint32_t(1)] * len(dims), drv.CUtensorMapInterleave.CU_TENSOR_MAP_INTERLEAVE_NONE,
+            drv.CUtensorMapSwizzle.CU_TENSOR_MAP_SWIZZLE_128B,
+            drv.CUtensorMapL2promotion.CU_TENSOR_MAP_L2_PROMOTION_L2_256B,
+            drv.CUtensorMapFloatOOBfill.CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE),
+            f"cuTensorMapEncodeTiled(dims={tuple(dims)}, strides={tuple(strides)}, box={tuple(box)})", drv,
+            LaunchArgumentError)
+        return ParamBlock(ctypes.string_at(encoded.getPtr(), 128), 64)
 
     def wrap(self, ptr: int, nbytes: int) -> Buffer:
         """Another library's device memory (a PyTorch or CuPy tensor's), used in place, never freed here."""

@@ -28,6 +28,8 @@ CAPABILITIES = {
     "streams": "launches go to a stream the caller picks (Handle.set_stream; the backend's `stream`)",
     "occupancy": "an occupancy calculator: `resident_groups(kernel, block_threads, shared_bytes)`",
     "wrap": "wraps a foreign device pointer as a non-owning buffer: `wrap(ptr, nbytes)` (PyTorch, CuPy)",
+    "param_blocks": "passes a struct by value as a launch argument (`ParamBlock`: a tensor map, say)",
+    "tensor_maps": "encodes TMA tensor maps: `tensor_map(address, element_bytes, dims, strides, box)` (sm_90+)",
 }
 
 
@@ -107,7 +109,7 @@ BACKENDS: tuple[BackendSpec, ...] = (
         machine_local=False,
         install_remedy="install the CUDA extra (pip install 'kdbkit[cuda]') and an NVIDIA driver",
         compiler_remedy="pip install 'kdbkit[cuda]'",
-        capabilities=frozenset({"streams", "occupancy", "wrap"})),
+        capabilities=frozenset({"streams", "occupancy", "wrap", "param_blocks", "tensor_maps"})),
     BackendSpec(
         "hip", "hsaco",
         discoverer="kdbkit.runtime.backends.hip:discover",

@@ -155,3 +155,11 @@ def test_bench_cluster_runs_two_nodes_on_the_default_device(tmp_path):
     assert data["together"]["compiles"] == data["alone"]["compiles"] == data["programs"] > 0  # compiled once
     assert set(data["warm_tier"]["sources"]) == {"remote"} and set(data["local_warm"]["sources"]) == {"user"}
     assert data["warm_tier"]["compiles"] == 0 and (out / "bench_cluster.md").exists()
+
+
+@pytest.mark.gpu
+def test_bench_primitives_gemm_set_in_a_graph_on_cuda(tmp_path):
+    require_cuda_and_torch()
+    done = run_script("bench_primitives.py", "--set", "gemm", "--graph", "2", "--only", "attention output 768x768 bf16",
+                      "--iters", "2", "--blocks", "1", "--placements", "1", "--out", str(tmp_path / "out"), cwd=tmp_path)
+    assert "placement 0: gemm BERT attention output 768x768" in done.stdout and "no CUDA graph" not in done.stdout

@@ -105,5 +105,7 @@ def _parse_int(f: dict[str, str], key: str, text: str) -> int:
 
 
 def catalogue() -> list[GemmProblem]:
-    """One problem per compile-time specialisation (the type)."""
-    return [GemmProblem(t, 16, 16, 16, lda=16, ldb=16, ldc=16) for t in DataType]
+    """One problem per compile-time specialisation: the type, and the transpositions (the TMA
+    kernels are built for each pair; the other kernels take them as launch arguments)."""
+    return [GemmProblem(t, 16, 16, 16, ta, tb, lda=16, ldb=16, ldc=16) for t in DataType
+            for ta in (False, True) for tb in (False, True)]

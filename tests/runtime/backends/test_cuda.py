@@ -244,3 +244,34 @@ def test_gpu_a_launcher_takes_new_buffers_each_run_and_refuses_freed_ones(cuda_b
         with pytest.raises(LaunchArgumentError, match="already freed"):
             run(x, y)
         y.free()
+
+
+@pytest.mark.gpu
+def test_gpu_a_struct_passed_by_value_reaches_the_kernel(cuda_backend):
+    """A 128-byte, 64-byte-aligned struct (a tensor map's shape) between scalars and buffers,
+    through launch and through a launcher: every word arrives, and the arguments after it too."""
+    from kdbkit.runtime.backends.args import ParamBlock
+
+    text = """
+    struct __align__(64) Block { unsigned long long word[16]; };
+    extern "C" __global__ void echo(int first, const __grid_constant__ Block block, unsigned long long* out, int last)
+    {
+        const int i = threadIdx.x;
+        if (i < 16) out[i] = block.word[i] + (unsigned long long)first;
+        if (i == 16) out[16] = (unsigned long long)last;
+    }
+    """
+    module = cuda_backend.load(compile_text(cuda_backend.device.target, text, name="echo.cu"))
+    words = np.arange(1, 17, dtype=np.uint64) * np.uint64(0x0101_0101_0101)
+    block = ParamBlock(words.tobytes(), 64)
+    out = cuda_backend.alloc(17 * 8)
+    cuda_backend.launch(module.function("echo"), (1, 1, 1), (32, 1, 1), [np.int32(5), block, out, np.int32(-3)])
+    got = cuda_backend.to_host(out, np.empty(17, np.uint64))
+    np.testing.assert_array_equal(got[:16], words + np.uint64(5))
+    assert got[16] == np.uint64(2**64 - 3)
+    run = cuda_backend.launcher(module.function("echo"), (1, 1, 1), (32, 1, 1), [np.int32(7), block, None, np.int32(9)])
+    run(out)
+    got = cuda_backend.to_host(out, np.empty(17, np.uint64))
+    np.testing.assert_array_equal(got[:16], words + np.uint64(7))
+    assert got[16] == 9
+    out.free()

@@ -17,7 +17,7 @@ from kdbkit.packager.errors import TargetError
 from kdbkit.runtime.errors import BackendUnavailableError, ProblemError
 
 # What each capability promises a backend class has (see spec.CAPABILITIES).
-METHODS = {"occupancy": "resident_groups", "wrap": "wrap"}
+METHODS = {"occupancy": "resident_groups", "wrap": "wrap", "tensor_maps": "tensor_map"}
 
 
 def test_one_spec_per_arch_spelling_in_discovery_order():
@@ -41,7 +41,7 @@ def test_each_backend_class_is_what_its_spec_declares(spec):
 
 
 def test_capabilities_and_specs_refuse_unknown_names():
-    assert set(CAPABILITIES) == {"streams", "occupancy", "wrap"}
+    assert set(CAPABILITIES) == {"streams", "occupancy", "wrap", "param_blocks", "tensor_maps"}
     with pytest.raises(ValueError, match="unknown backend capability 'stream'"):
         spec_for("cuda").has("stream")
     with pytest.raises(ValueError, match="unknown capabilities"):

@@ -132,19 +132,27 @@ def test_solver_choice_config_and_bad_input(handle):
     assert parse_config(problem.config()) == problem
     choice = choose(handle, problem)
     if handle.device.backend == "cuda":  # the GPU run: the H100 has tensor cores
-        assert choice.solver.name == "GemmTensorCore"  # A transposed: not wgmma's
-        assert choice.trace[0] == "GemmWgmma: rejected, A is transposed"
+        hopper = handle.device.target.arch_facts.has("wgmma")
+        if hopper:  # the TMA kernels take any transposition; 64 x 32 fits the narrowest tile best
+            assert choice.solver.name == "GemmTma128x128"
+            assert choice.trace[0].startswith("GemmTma128x256: applies, passed over: 128 x 128 tiles fit")
+        else:
+            assert choice.solver.name == "GemmTensorCore"
+            assert choice.trace[0].startswith("GemmTma128x256: rejected, wgmma and TMA need an sm_90 GPU")
+            assert choice.trace[3] == "GemmWgmma: rejected, wgmma needs an sm_90 GPU (this is " \
+                f"{handle.device.target.arch})"
         fp32 = choose(handle, GemmProblem(DataType.FP32, 4, 4, 4, lda=4, ldb=4, ldc=4))
-        assert fp32.solver.name == "GemmTiled" and fp32.trace[1] == "GemmTensorCore: rejected, fp32 is not fp16 or bf16"
-        assert fp32.trace[2] == "GemmBlocked: applies, passed over: its 128 x 128 tiles would be 100% empty (M 4, N 4)"
+        assert fp32.solver.name == "GemmTiled" and fp32.trace[4] == "GemmTensorCore: rejected, fp32 is not fp16 or bf16"
+        assert fp32.trace[5] == "GemmBlocked: applies, passed over: its 128 x 128 tiles would be 100% empty (M 4, N 4)"
         assert choose(handle, GemmProblem(DataType.FP32, 512, 256, 64, lda=64, ldb=256, ldc=256)).solver.name == \
             "GemmBlocked"
         whole = choose(handle, GemmProblem(DataType.BF16, 256, 384, 128, lda=128, ldb=384, ldc=384))
-        assert whole.solver.name == ("GemmWgmma" if handle.device.target.arch == "sm_90" else "GemmTensorCore")
+        assert whole.solver.name.startswith("GemmTma" if hopper else "GemmTensorCore")
     else:
         assert choice.solver.name == "GemmBlocked"  # 64 x 32 of its 128 x 128 tile: an eighth, enough
-        assert choice.trace[0].startswith("GemmWgmma: rejected, wgmma needs an sm_90 GPU")
-        assert choice.trace[1].startswith("GemmTensorCore: rejected, tensor cores through mma.sync are CUDA only")
+        assert choice.trace[0].startswith("GemmTma128x256: rejected, wgmma and TMA need an sm_90 GPU")
+        assert choice.trace[3].startswith("GemmWgmma: rejected, wgmma needs an sm_90 GPU")
+        assert choice.trace[4].startswith("GemmTensorCore: rejected, tensor cores through mma.sync are CUDA only")
         with pytest.raises(NoSolverError, match="GemmTensorCore does not apply"):
             kdbkit.gemm(handle, np.ones((4, 4), np.float16), np.ones((4, 4), np.float16), solver="GemmTensorCore")
     with pytest.raises(ProblemError, match="op\\(a\\) is 2x3 but op\\(b\\) is 4x2"):
