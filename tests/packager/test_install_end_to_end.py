@@ -24,8 +24,8 @@ KDB = [sys.executable, "-c", "import sys; from kdbkit.runtime.cli.app import mai
 
 def _env(tmp_path: Path, **extra: str) -> dict[str, str]:
     env = {k: v for k, v in os.environ.items() if k not in KDB_VARS_TO_CLEAR and not k.startswith("KDB_")}
-    env.update(KDB_CUSTOM_CACHE_DIR=str(tmp_path / "cache"), KDB_USER_DB_PATH=str(tmp_path / "userdb"),
-               KDB_BACKEND="opencl", **extra)
+    env.update({"KDB_CUSTOM_CACHE_DIR": str(tmp_path / "cache"), "KDB_USER_DB_PATH": str(tmp_path / "userdb"),
+                "KDB_BACKEND": "opencl", **extra})  # PoCL unless the caller names another
     return env
 
 

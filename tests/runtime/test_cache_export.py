@@ -176,7 +176,7 @@ def test_bad_input_is_one_line_and_exit_1(kdb, cached, isolated, monkeypatch, ca
     if case == "no cache":
         monkeypatch.setenv("KDB_CUSTOM_CACHE_DIR", str(isolated / "nothing-here"))
     elif case == "unknown target":
-        args += ["--target", "sm_90_132"]
+        args += ["--target", "sm_88_1"]  # an arch no chain device is (the GPU machine's chain device is sm_90_132)
     elif case == "malformed target":
         args += ["--target", "not a target"]
     elif case == "unwritable -o":
@@ -188,7 +188,7 @@ def test_bad_input_is_one_line_and_exit_1(kdb, cached, isolated, monkeypatch, ca
     code, out, err = kdb("cache", "export", *args)
     assert code == 1 and not out and "Traceback" not in err
     assert len(err.strip().splitlines()) == 1 and err.startswith("error: "), err
-    expected = {"no cache": "no user cache in", "unknown target": "no user cache for target sm_90_132",
+    expected = {"no cache": "no user cache in", "unknown target": "no user cache for target sm_88_1",
                 "malformed target": "malformed target", "unwritable -o": "is a file",
                 "files in -o": "already holds 1 file(s) (notes.txt)"}[case]
     assert expected in err
@@ -228,7 +228,7 @@ def _split_limit(bundle: Path, find_db: Path) -> int:
 
 @pytest.mark.slow  # a fresh virtual environment, pip, and five processes
 @pytest.mark.parametrize("split", [False, True], ids=["one-wheel", "split-by-size"])
-def test_export_after_a_jit_run_package_install_into_a_fresh_venv_and_run_with_jit_off(tmp_path, split):
+def test_export_after_a_jit_run_package_install_into_a_fresh_venv_and_run_with_jit_off(tmp_path, split, chain_device):
     """The issue's CI line, literally: export after a JIT run, package, install into a fresh
     virtual environment, and run with JIT off: every program of the exported package, counted by
     the tier that served it, comes from "system". Split by size, the package's parts install
@@ -236,7 +236,8 @@ def test_export_after_a_jit_run_package_install_into_a_fresh_venv_and_run_with_j
     from tests.packager.test_install_end_to_end import KDB, _env, _fresh_venv, _run
 
     job = [str(Path(export_job.__file__))]
-    first = _env(tmp_path / "first")  # KDB_BACKEND=opencl: PoCL, the chain tests' device
+    backend = {"KDB_BACKEND": chain_device.backend}  # the chain tests' device: PoCL in CI, CUDA on the GPU machine
+    first = _env(tmp_path / "first", **backend)
     warm = json.loads(_run([sys.executable, *job, "warm"], first).stdout.splitlines()[-1])
     assert warm["ok"] and set(warm["resolved"]) == {"jit"}, warm
 
@@ -254,13 +255,13 @@ def test_export_after_a_jit_run_package_install_into_a_fresh_venv_and_run_with_j
     python = _fresh_venv(tmp_path / "venv")
     kdb = [str(python)] + KDB[1:]
     installed = json.loads(_run(kdb + ["install", "--from", str(tmp_path / "wheels"), "--target", warm["target"],
-                                       "--json"], _env(tmp_path / "install")).stdout)
+                                       "--json"], _env(tmp_path / "install", **backend)).stdout)
     (device,) = installed["devices"]
     assert Path(device["chosen"]) == Path(wheel) and device["installed"] == "pip", device
     assert device["parts"] == others, device
 
     # A fresh process in the fresh environment: JIT off, an empty cache and find-db.
-    second = _env(tmp_path / "second", KDB_DISABLE_JIT="1")
+    second = _env(tmp_path / "second", KDB_DISABLE_JIT="1", **backend)
     ran = json.loads(_run([str(python), *job, "check"], second).stdout.splitlines()[-1])
     assert len(ran["bundles"]) == 1 + len(others), ran  # one bundle a part
     assert all(str(tmp_path / "venv") in b for b in ran["bundles"]), ran  # served by the packages installed there
