@@ -30,6 +30,9 @@ _MAKE_PACKAGES = ("build bundles with `kdb build --target <arch>_<cu> -c <catalo
 
 
 DEFAULT_MAX_WHEEL_BYTES = 1 << 30  # `kdb package --max-wheel-size`; PyPI's largest per-project file limit
+# A wheel's bytes besides its bundle and find-db (manifest, provenance, signature, the zip's own):
+# a guess that decides where to cut; the wheels written are measured.
+PACKAGE_OVERHEAD = 16 << 10
 _SPLIT_TRIES = 4
 
 
@@ -120,8 +123,7 @@ def package_in_parts(bundle: Path, out: Path, *, find_db: Path | None, max_wheel
     """
     from kdbkit.kdb.split import SplitError, split_bundle
 
-    overhead = 16 << 10  # manifest, provenance, signature, the zip's own: a guess the measure corrects
-    fixed = (find_db.stat().st_size if find_db is not None else 0) + overhead
+    fixed = (find_db.stat().st_size if find_db is not None else 0) + PACKAGE_OVERHEAD
     if not max_wheel_bytes or bundle.stat().st_size + fixed <= max_wheel_bytes:
         wheel = write_package(bundle, out, find_db=find_db, **options)
         if not max_wheel_bytes or wheel.stat().st_size <= max_wheel_bytes:
