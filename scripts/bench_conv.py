@@ -19,7 +19,7 @@ import json
 import sys
 from pathlib import Path
 
-from bench_primitives import timed_pair
+from bench_primitives import git_commit, timed_pair
 
 BATCH = 32
 
@@ -79,6 +79,7 @@ def main() -> int:
     parser.add_argument("--models", default="resnet50,mobilenet_v2")
     parser.add_argument("--layers", type=int, default=None,
                         help="only each model's first N layers (a check of the script; the report says so)")
+    parser.add_argument("--commit", default="", help="the commit measured (default: git rev-parse HEAD, if any)")
     parser.add_argument("--find", action="store_true",
                         help="run find for each layer first (as cuDNN's benchmark mode searches), writing "
                              "bench_conv_find.*; default: immediate mode's choice, bench_conv.*")
@@ -148,7 +149,7 @@ def main() -> int:
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
     result = {"device": torch.cuda.get_device_name(), "batch": BATCH, "iters": args.iters, "blocks": args.blocks,
-              "mode": "find" if args.find else "immediate", "layers": args.layers,
+              "mode": "find" if args.find else "immediate", "layers": args.layers, "commit": args.commit or git_commit(),
               "torch": torch.__version__, "cudnn": torch.backends.cudnn.version(), "kdbkit": kdbkit.__version__,
               "summary": summary, "rows": rows}
     stem = "bench_conv_find" if args.find else "bench_conv"
@@ -159,7 +160,9 @@ def main() -> int:
 
 def write_report(result: dict, out: Path, stem: str) -> None:
     lines = [f"# Convolution against PyTorch (cuDNN) on {result['device']}", "",
-             (f"Written by `python scripts/bench_conv.py` (batch {result['batch']}; cuDNN {result['cudnn']} in "
+             (f"Written by `python scripts/bench_conv.py`"
+              + (f" at commit {result['commit']}" if result.get("commit") else "")
+              + f" (batch {result['batch']}; cuDNN {result['cudnn']} in "
               f"benchmark mode, TF32 off; kdbkit's solver from {result['mode']} mode; median of "
               f"{result['blocks']} blocks of {result['iters']} calls, the libraries' blocks alternating). "
               "Sums weight each layer by how often the model runs it."
