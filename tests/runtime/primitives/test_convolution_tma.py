@@ -103,6 +103,26 @@ def test_immediate_mode_prefers_the_tma_kernels_on_sm90():
     assert heuristic(conv(k=256, direction="B"), sm90(), ()).solver.name == "ConvImplicitGemmTensorCore"
 
 
+def test_a_pointwise_nchw_convolution_is_a_batched_gemm():
+    """y[n] (K x HW) = w (K x C) x[n] (C x HW): the TMA GEMM's program and tiles, no staging."""
+    p = conv(c=256, k=64, hw=(56, 56), n=32, f=(1, 1), pad=(0, 0), layout="NCHW")
+    gemm = tma.as_gemm(p)
+    assert (gemm.m, gemm.n, gemm.k, gemm.batch) == (64, 3136, 256, 32)
+    assert (gemm.lda, gemm.ldb, gemm.ldc, gemm.stride_a, gemm.stride_b, gemm.stride_c) == \
+        (256, 3136, 3136, 0, 256 * 3136, 64 * 3136)
+    (request,) = REGISTRY.find("ConvTma128x256").programs(p)
+    assert request.kernel_file == "gemm_tma.cu" and "-DGEMM_TA=0" in request.options
+    assert REGISTRY.find("ConvTma128x256").workspace(p) == 0
+    # 64 output channels fill half of a 128-row tile either way: the narrower pixel tile wastes less
+    assert [name for name in TMA_SOLVERS if REGISTRY.find(name).suits(p, sm90())] == ["ConvTma128x128"]
+    assert "the GEMM's 128 x 128 tiles fit" in REGISTRY.find("ConvTma128x256").suits(p, sm90()).reason
+    assert "runs as a GEMM of 128 x 256 or 128 x 128" in REGISTRY.find("ConvTma128x64").suits(p, sm90()).reason
+    assert REGISTRY.find("ConvTma128x64").programs(p)[0].kernel_file == "conv_tma.cu"  # staged instead
+    assert tma.as_gemm(conv(c=256, k=64, hw=(14, 14), f=(1, 1), pad=(0, 0), layout="NCHW")) is None  # 196 pixels
+    assert tma.as_gemm(conv(c=256, k=64, hw=(56, 56), f=(1, 1), pad=(0, 0), stride=(2, 2), layout="NCHW")) is None
+    assert tma.as_gemm(conv(c=256, k=64, hw=(56, 56), f=(1, 1), pad=(0, 0))) is None  # NHWC: the im2col kernel
+
+
 def test_the_workspace_holds_the_nchw_staging():
     p = conv(c=64, k=32, hw=(9, 9), n=2, layout="NCHW")
     assert REGISTRY.find("ConvTma128x64").workspace(p) == 2 * (2 * 64 * 81 + 32 * 64 * 9 + 2 * 32 * 81)
@@ -122,6 +142,8 @@ CASES = [
     (2, 32, 15, 15, 48, (1, 1), (0, 0), (2, 2), (1, 1)),  # a strided 1 x 1 projection
     (2, 16, 7, 8, 64, (7, 7), (3, 3), (1, 1), (1, 1)),  # a filter as large as the image
     (8, 64, 30, 30, 512, (3, 3), (1, 1), (1, 1), (1, 1)),  # 57 x 2..8 tiles: more than the multiprocessors
+    (3, 48, 8, 12, 72, (1, 1), (0, 0), (1, 1), (1, 1)),  # NCHW: the batched GEMM (96 pixels, 48-deep)
+    (2, 64, 14, 14, 256, (1, 1), (0, 0), (1, 1), (1, 1)),  # NCHW: 196 pixels, rows not 16-byte aligned: staged
 ]
 
 

@@ -7,9 +7,12 @@ pipeline (kernels/tma_wgmma.h). Output pixels by output channels, 128 x 256, 128
 64 tiles, one solver each so that find times them all; immediate mode takes the one whose tiles
 waste least over the waves (as GemmTma does).
 
-Channels-last tensors go as they are. NCHW ones are staged: x and the weights moved
-channels-last into a workspace (conv_gemm.c's transposes), the kernel's channels-last output
-moved back into y. x's channels must be a multiple of 8 (the copies step in 16 bytes); a first
+Channels-last tensors go as they are. An NCHW 1 x 1 convolution at stride 1 without padding
+is a batched GEMM, y[n] (K x HW) = w (K x C) x[n] (C x HW): it runs through the TMA GEMM's
+kernel (gemm_tma.cu, GemmTma's invoker) on the tensors as they are, where H W is a multiple of
+8 (x's rows 16-byte aligned) and the solver's tile is 256 or 128 wide. Other NCHW ones are
+staged: x and the weights moved channels-last into a workspace (conv_gemm.c's transposes), the
+kernel's channels-last output moved back into y. x's channels must be a multiple of 8 (the copies step in 16 bytes); a first
 layer's 3 go to the mma.sync kernel (ConvImplicitGemmTensorCore).
 
 The tensor maps hold the tensors' addresses, so they are encoded on the host for each pair of x
@@ -21,6 +24,8 @@ from __future__ import annotations
 import numpy as np
 
 from kdbkit.runtime.primitives.convolution.problem import ConvProblem
+from kdbkit.runtime.primitives.gemm.problem import GemmProblem
+from kdbkit.runtime.primitives.gemm.solvers import tma as gemm_tma
 from kdbkit.runtime.primitives.convolution.solvers.common import INT_MAX
 from kdbkit.runtime.primitives.convolution.solvers.igemm_tc import transposer, widener
 from kdbkit.runtime.program_key import ProgramRequest
@@ -93,6 +98,22 @@ def device_units(device) -> int:
     return device.target.cu or 132
 
 
+# The TMA GEMM solver that runs a 1 x 1 NCHW convolution for each conv tile width that has one.
+GEMMS = {256: gemm_tma.GemmTma(), 128: gemm_tma.GemmTma128x128()}
+
+
+def as_gemm(problem: ConvProblem) -> GemmProblem | None:
+    """A 1 x 1, stride 1, unpadded NCHW convolution as the batched GEMM y[n] = w x[n] (K x C by
+    C x HW, w shared by every image), or None where it is not one or x's rows (H W values) are
+    not 16-byte aligned for the tensor copies."""
+    n, c, h, w = problem.x_shape
+    if problem.layout != "NCHW" or problem.filter != (1, 1) or problem.stride != (1, 1) or problem.pad != (0, 0) \
+            or problem.groups != 1 or (h * w) % 8 or c % 8:
+        return None
+    k, hw = problem.out_channels, h * w
+    return GemmProblem(problem.dtype, k, hw, c, False, False, n, c, hw, hw, 0, c * hw, k * hw)
+
+
 class ConvTma(Solver):
     """The 128 x 256 tile; subclasses set ``tile_n``."""
 
@@ -129,12 +150,25 @@ class ConvTma(Solver):
         m, _ = gemm_shape(problem)
         if max(n * h * w * c, m * k, k * c * problem.filter[0] * problem.filter[1]) > INT_MAX:
             return not_applicable("sizes exceed the kernel's int arguments")
+        gemm = as_gemm(problem) if self.tile_n in GEMMS else None
+        if gemm is not None:
+            return GEMMS[self.tile_n].is_applicable(gemm, device)
         if problem.layout == "NCHW" and max(n, k) > 65535:
             return not_applicable("NCHW staging transposes one matrix per image, at most 65535")
         return APPLIES
 
     def suits(self, problem: ConvProblem, device):
         units = device_units(device)
+        gemm = as_gemm(problem)
+        if gemm is not None:  # the GEMM's tiles: output channels by pixels
+            if self.tile_n not in GEMMS:
+                return not_applicable(f"a 1 x 1 NCHW convolution runs as a GEMM of 128 x 256 or 128 x 128 tiles "
+                                      f"(ConvTma128x{self.tile_n} stages it channels-last instead)")
+            best = max(GEMMS, key=lambda n: (round(gemm_tma.tile_efficiency(gemm, n, units), 3), n))
+            if best == self.tile_n:
+                return APPLIES
+            return not_applicable(f"the GEMM's 128 x {best} tiles fit this 1 x 1 convolution better on {units} "
+                                  "multiprocessors")
         best = tile_n_for(problem, units)
         if best == self.tile_n:
             return APPLIES
@@ -143,7 +177,7 @@ class ConvTma(Solver):
                               f"{tile_efficiency(problem, self.tile_n, units):.0%})")
 
     def workspace(self, problem: ConvProblem) -> int:
-        if problem.layout == "NHWC":
+        if problem.layout == "NHWC" or (self.tile_n in GEMMS and as_gemm(problem) is not None):
             return 0
         d = problem.descs()
         moved_w = d["w"].numel if problem.filter != (1, 1) else 0
@@ -152,12 +186,29 @@ class ConvTma(Solver):
     def programs(self, problem: ConvProblem):
         if problem.dtype not in (DataType.FP16, DataType.BF16):
             return []
+        gemm = as_gemm(problem) if self.tile_n in GEMMS else None
+        if gemm is not None:
+            return GEMMS[self.tile_n].programs(gemm)
         kernel = ProgramRequest("conv_tma.cu", (*problem.dtype.options, f"-DCONV_BN={self.tile_n}",
                                                 f"-DCONV_STAGES={STAGES[self.tile_n]}", ARCH_OPTION))
         return [kernel, ProgramRequest("conv_gemm.c", problem.dtype.options)]  # the NCHW staging
 
     def solution(self, problem: ConvProblem, device):
         tile_n = self.tile_n
+        gemm = as_gemm(problem) if tile_n in GEMMS else None
+        if gemm is not None:
+            gemm_solution = GEMMS[tile_n].solution(gemm, device)
+
+            def gemm_invoker_factory(programs, context):
+                multiply = gemm_solution.invoker_factory(programs, context)
+
+                def forward_gemm(x, w, y):
+                    multiply(w, x, y)  # y[n] = w x[n]
+
+                forward_gemm.workspace = ()
+                return forward_gemm
+
+            return Solution(self.programs(problem), gemm_invoker_factory)
 
         def invoker_factory(programs, context):
             p, backend = problem, context.backend
