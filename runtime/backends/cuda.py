@@ -505,7 +505,8 @@ class CudaBackend(Backend):
         kind = getattr(drv.CUtensorMapDataType, f"CU_TENSOR_MAP_DATA_TYPE_{types[element_bytes]}")
         self._activate()
         what = (f"cuTensorMapEncodeIm2col(dims={tuple(dims)}, strides={tuple(strides)}, lower={tuple(lower)}, "
-                f"upper={tuple(upper)}, channels={channels}, pixels={pixels}, element strides={tuple(element_strides)})")
+                f"upper={tuple(upper)}, channels={channels}, pixels={pixels}, "
+                f"element strides={tuple(element_strides)})")
         encoded = _check(drv.cuTensorMapEncodeIm2col(
             kind, len(dims), int(address), [drv.cuuint64_t(int(d)) for d in dims],
             [drv.cuuint64_t(int(s)) for s in strides], [int(v) for v in lower], [int(v) for v in upper],

@@ -12,8 +12,9 @@ is a batched GEMM, y[n] (K x HW) = w (K x C) x[n] (C x HW): it runs through the 
 kernel (gemm_tma.cu, GemmTma's invoker) on the tensors as they are, where H W is a multiple of
 8 (x's rows 16-byte aligned) and the solver's tile is 256 or 128 wide. Other NCHW ones are
 staged: x and the weights moved channels-last into a workspace (conv_gemm.c's transposes), the
-kernel's channels-last output moved back into y. x's channels must be a multiple of 8 (the copies step in 16 bytes); a first
-layer's 3 go to the mma.sync kernel (ConvImplicitGemmTensorCore).
+kernel's channels-last output moved back into y. x's channels must be a multiple of 8 (the
+copies step in 16 bytes); a first layer's 3 go to the mma.sync kernel
+(ConvImplicitGemmTensorCore).
 
 The tensor maps hold the tensors' addresses, so they are encoded on the host for each pair of x
 and w buffers an invoker meets (the most recent 32 pairs, with their launches).
