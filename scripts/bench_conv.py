@@ -5,8 +5,10 @@ CUDA GPU: the solver immediate mode chose (or, with --find, the one find ranked 
 one's time and TFLOP/s, and per model, direction, type and layout the sum of the layers'
 times weighted by how often each occurs.
 Both libraries run on the same PyTorch tensors (NCHW and channels-last), timed like
-bench_primitives (CUDA events around back-to-back calls, blocks alternating). Writes
-``<out>/bench_conv.json``, ``.md`` and ``.png`` (``bench_conv_find.*`` with --find).
+bench_primitives (CUDA events around back-to-back calls, blocks alternating; ``--graph N``:
+replays of a CUDA graph of N calls, so that layers shorter than a call's host time time the
+GPU, not the host). Writes ``<out>/bench_conv.json``, ``.md`` and ``.png``
+(``bench_conv_find.*`` with --find; ``_graph`` before the suffix with --graph).
 
     python scripts/bench_conv.py --out docs            # on the GPU machine
     python scripts/bench_conv.py --out /tmp/bc --layers 2 --types fp32 --directions F --iters 1 --blocks 1  # a check
@@ -19,7 +21,7 @@ import json
 import sys
 from pathlib import Path
 
-from bench_primitives import timed_pair
+from bench_primitives import git_commit, graphed, timed_pair
 
 BATCH = 32
 
@@ -79,6 +81,9 @@ def main() -> int:
     parser.add_argument("--models", default="resnet50,mobilenet_v2")
     parser.add_argument("--layers", type=int, default=None,
                         help="only each model's first N layers (a check of the script; the report says so)")
+    parser.add_argument("--graph", type=int, default=0, metavar="N",
+                        help="time replays of a CUDA graph of N calls (0: back-to-back eager calls)")
+    parser.add_argument("--commit", default="", help="the commit measured (default: git rev-parse HEAD, if any)")
     parser.add_argument("--find", action="store_true",
                         help="run find for each layer first (as cuDNN's benchmark mode searches), writing "
                              "bench_conv_find.*; default: immediate mode's choice, bench_conv.*")
@@ -127,7 +132,19 @@ def main() -> int:
                                 find_solutions(h, problem)  # recorded: choose takes the find-db's best
                             solver = choose(h, problem).solver.name
                             ours, theirs = calls[direction]
+                            repeats = 1
+                            if args.graph:
+                                ours(), theirs()  # resolved (compiled, maps encoded; cuDNN's search) before the capture
+                                torch.cuda.synchronize()
+                                try:
+                                    ours, theirs = graphed(ours, args.graph, h), graphed(theirs, args.graph, h)
+                                    repeats = args.graph
+                                except Exception as e:  # a call that cannot be captured: timed eagerly, and said so
+                                    print(f"{name}: no CUDA graph ({type(e).__name__}: {e}); timing eager calls",
+                                          flush=True)
+                                    ours, theirs = calls[direction]
                             t_ours, t_torch, ratios = timed_pair(ours, theirs, iters=args.iters, blocks=args.blocks)
+                            t_ours, t_torch = t_ours / repeats, t_torch / repeats
                             row = {"model": model, "type": label, "layout": layout, "direction": direction,
                                    "layer": name, "count": count, "key": problem.config(), "solver": solver,
                                    "kdbkit_ms": t_ours, "torch_ms": t_torch, "speedup_vs_torch": t_torch / t_ours,
@@ -148,10 +165,11 @@ def main() -> int:
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
     result = {"device": torch.cuda.get_device_name(), "batch": BATCH, "iters": args.iters, "blocks": args.blocks,
-              "mode": "find" if args.find else "immediate", "layers": args.layers,
+              "mode": "find" if args.find else "immediate", "layers": args.layers, "graph_calls": args.graph,
+              "commit": args.commit or git_commit(),
               "torch": torch.__version__, "cudnn": torch.backends.cudnn.version(), "kdbkit": kdbkit.__version__,
               "summary": summary, "rows": rows}
-    stem = "bench_conv_find" if args.find else "bench_conv"
+    stem = ("bench_conv_find" if args.find else "bench_conv") + ("_graph" if args.graph else "")
     (out / f"{stem}.json").write_text(json.dumps(result, indent=1))
     write_report(result, out, stem)
     return 0
@@ -159,9 +177,13 @@ def main() -> int:
 
 def write_report(result: dict, out: Path, stem: str) -> None:
     lines = [f"# Convolution against PyTorch (cuDNN) on {result['device']}", "",
-             (f"Written by `python scripts/bench_conv.py` (batch {result['batch']}; cuDNN {result['cudnn']} in "
+             (f"Written by `python scripts/bench_conv.py`"
+              + (f" at commit {result['commit']}" if result.get("commit") else "")
+              + f" (batch {result['batch']}; cuDNN {result['cudnn']} in "
               f"benchmark mode, TF32 off; kdbkit's solver from {result['mode']} mode; median of "
-              f"{result['blocks']} blocks of {result['iters']} calls, the libraries' blocks alternating). "
+              f"{result['blocks']} blocks of {result['iters']} "
+              + (f"replays of a CUDA graph of {result['graph_calls']} calls" if result.get("graph_calls") else "calls")
+              + ", the libraries' blocks alternating). "
               "Sums weight each layer by how often the model runs it."
               + (f" **Only each model's first {result['layers']} layers.**" if result.get("layers") else "")), "",
              "| model, type, layout, direction | kdbkit ms | torch ms | torch / kdbkit |", "|---|---|---|---|"]

@@ -468,6 +468,55 @@ class CudaBackend(Backend):
             LaunchArgumentError)
         return ParamBlock(ctypes.string_at(encoded.getPtr(), 128), 64)
 
+    def tensor_map_im2col(self, address: int, element_bytes: int, dims: Sequence[int], strides: Sequence[int],
+                          lower: Sequence[int], upper: Sequence[int], channels: int, pixels: int,
+                          element_strides: Sequence[int]) -> ParamBlock:
+        """A TMA tensor map in im2col mode (``cuTensorMapEncodeIm2col``) over a channels-last
+        tensor at ``address``, with the 128-byte swizzle and zero fill past the edges, as a
+        kernel's by-value parameter. A copy through it moves ``channels`` channels of
+        ``pixels`` pixels, walked from the copy's coordinates through the bounding box
+        (``lower`` .. the tensor's far edge plus ``upper``) in steps of ``element_strides``.
+
+        Args:
+            address: the tensor's first element (16-byte aligned).
+            element_bytes: 1, 2, 4 or 8.
+            dims: elements along each dimension, channels first (3 to 5 of them: C, W, (H, (D,)) N).
+            strides: bytes between consecutive indices of each dimension after the first
+                (multiples of 16).
+            lower, upper: the bounding box's corners along the spatial dimensions, innermost
+                first (W, H, D): -pad, and pad - dilation x (filter - 1), for a convolution;
+                within [-128, 127] for a 4-D tensor.
+            channels: channels a copy moves per pixel (at most 128 bytes of them, the swizzle's span).
+            pixels: pixels a copy moves (at most 1024).
+            element_strides: the traversal's step along each dimension (1 for channels and
+                images; a convolution's strides along W, H), each 1 to 8.
+
+        Raises:
+            LaunchArgumentError: the driver refused the map (its message names why).
+        """
+        drv = self._drv
+        types = {1: "UINT8", 2: "UINT16", 4: "UINT32", 8: "UINT64"}
+        spatial = len(dims) - 2
+        if element_bytes not in types or not 3 <= len(dims) <= 5 or len(strides) != len(dims) - 1 \
+                or len(lower) != spatial or len(upper) != spatial or len(element_strides) != len(dims):
+            raise LaunchArgumentError(f"im2col tensor map: {element_bytes}-byte elements, dims {tuple(dims)}, strides "
+                                      f"{tuple(strides)}, corners {tuple(lower)} {tuple(upper)}, element strides "
+                                      f"{tuple(element_strides)} do not describe a tensor of 3 to 5 dimensions")
+        kind = getattr(drv.CUtensorMapDataType, f"CU_TENSOR_MAP_DATA_TYPE_{types[element_bytes]}")
+        self._activate()
+        what = (f"cuTensorMapEncodeIm2col(dims={tuple(dims)}, strides={tuple(strides)}, lower={tuple(lower)}, "
+                f"upper={tuple(upper)}, channels={channels}, pixels={pixels}, "
+                f"element strides={tuple(element_strides)})")
+        encoded = _check(drv.cuTensorMapEncodeIm2col(
+            kind, len(dims), int(address), [drv.cuuint64_t(int(d)) for d in dims],
+            [drv.cuuint64_t(int(s)) for s in strides], [int(v) for v in lower], [int(v) for v in upper],
+            int(channels), int(pixels), [drv.cuuint32_t(int(e)) for e in element_strides],
+            drv.CUtensorMapInterleave.CU_TENSOR_MAP_INTERLEAVE_NONE,
+            drv.CUtensorMapSwizzle.CU_TENSOR_MAP_SWIZZLE_128B,
+            drv.CUtensorMapL2promotion.CU_TENSOR_MAP_L2_PROMOTION_L2_256B,
+            drv.CUtensorMapFloatOOBfill.CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE), what, drv, LaunchArgumentError)
+        return ParamBlock(ctypes.string_at(encoded.getPtr(), 128), 64)
+
     def wrap(self, ptr: int, nbytes: int) -> Buffer:
         """Another library's device memory (a PyTorch or CuPy tensor's), used in place, never freed here."""
         return CudaBuffer(self, int(ptr), int(nbytes), owned=False)

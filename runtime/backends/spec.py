@@ -29,7 +29,8 @@ CAPABILITIES = {
     "occupancy": "an occupancy calculator: `resident_groups(kernel, block_threads, shared_bytes)`",
     "wrap": "wraps a foreign device pointer as a non-owning buffer: `wrap(ptr, nbytes)` (PyTorch, CuPy)",
     "param_blocks": "passes a struct by value as a launch argument (`ParamBlock`: a tensor map, say)",
-    "tensor_maps": "encodes TMA tensor maps: `tensor_map(address, element_bytes, dims, strides, box)` (sm_90+)",
+    "tensor_maps": "encodes TMA tensor maps: `tensor_map(address, element_bytes, dims, strides, box)` and "
+                   "`tensor_map_im2col(...)` (sm_90+)",
 }
 
 

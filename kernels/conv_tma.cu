@@ -1,0 +1,110 @@
+/* conv_tma.cu: forward convolution on Hopper as an implicit GEMM fed by tensor copies (TMA),
+ * warp-specialised and persistent like gemm_tma.cu, whose pieces it shares (tma_wgmma.h).
+ *
+ * y (N x Ho x Wo x K, channels-last) = x (N x H x W x C, channels-last) convolved with w (K x R x
+ * S x C), fp16 or bf16 in, fp32 accumulation. The GEMM: M = N Ho Wo output pixels, N = K output
+ * channels, the reduction over the R S filter taps and C channels, 64 channels a step:
+ *   - A, 128 pixels x 64 channels of one tap: one im2col tensor copy. Its map walks the output
+ *     pixels in order (W, then H, then N) over the bounding box of the filter's top-left corner
+ *     (from -pad to the far edge + pad - dilation x (filter - 1)) in steps of the stride; the
+ *     copy starts at a tile's first pixel's corner (stride x (ho, wo) - pad) and each pixel
+ *     moves by the tap's offset (dilation x (r, s)). Pixels in the padding, channels past C
+ *     and pixels past the last image arrive as zeros.
+ *   - B, TM_BN output channels x 64 channels of one tap: a tile copy of w seen as a 3-D tensor
+ *     (C, R S, K), so that channels past C are zeros here too and no step spans two taps.
+ * Both land as K-major tiles (one 128-byte row of 64 channels per pixel or output channel,
+ * 128-byte swizzle), the layout wgmma reads untransposed; the rest (barriers, the ring of
+ * stages, the consumers' loop, the epilogue writing y as a row-major M x K matrix) is the
+ * GEMM's.
+ *
+ * Options: -DKDB_TYPE_FP16 or -DKDB_TYPE_BF16, -DCONV_BN=64|128|256, -DCONV_STAGES=<n>,
+ * --gpu-architecture=sm_90a.
+ * Launch (conv_fwd_tma): blocks of 384 threads, grid (min(tiles, multiprocessors), 1, 1),
+ * dynamic shared memory CONV_STAGES * (128 + CONV_BN) * 128 + 16 KiB (staging) + 2 KiB. map_x:
+ * 4-D im2col map (cuTensorMapEncodeIm2col) over (C, W, H, N), 64 channels by 128 pixels, element
+ * strides (1, stride_w, stride_h, 1), corners (-pad_w, -pad_h) and (pad_w - dil_w (S - 1), pad_h -
+ * dil_h (R - 1)); map_w: 3-D tile map over (C, R S, K), box (64, 1, CONV_BN); both 16-bit
+ * elements, 128-byte swizzle, zero fill. y: 16-byte aligned, K even; y_vec: 1 where K is a
+ * multiple of 8 (16-byte stores). Sizes, strides, padding and dilation are arguments.
+ */
+#if !defined(__CUDACC__) && !defined(__CUDACC_RTC__)
+#error "conv_tma.cu is CUDA only"
+#endif
+
+#if !defined(CONV_BN) || !defined(CONV_STAGES)
+#error "conv_tma.cu needs -DCONV_BN (64, 128 or 256) and -DCONV_STAGES"
+#endif
+
+#define TM_BN CONV_BN
+#define TM_STAGES CONV_STAGES
+#define TM_TA 0 /* both tiles K-major: channels contiguous */
+#define TM_TB 0
+#include "tma_wgmma.h"
+
+extern "C" __global__ void __launch_bounds__(384, 1)
+conv_fwd_tma(const __grid_constant__ TmaMap map_x, const __grid_constant__ TmaMap map_w, unsigned short* y, int M,
+             int K, int C, int Ho, int Wo, int S, int pad_h, int pad_w, int stride_h, int stride_w, int dil_h,
+             int dil_w, int taps, int y_vec)
+{
+    extern __shared__ __align__(16) unsigned char tm_raw[];
+    /* Swizzled tiles start on 1024 bytes: the launch asks for 2 KiB more than the stages,
+     * which also holds the barriers. */
+    const unsigned int raw = tm_smem(tm_raw), base = (raw + 1023u) & ~1023u;
+    const unsigned int staging = base + CONV_STAGES * TM_STAGE_BYTES, full = staging + 8 * TM_STAGING_BYTES,
+                       empty = full + 8 * CONV_STAGES;
+    const int t = threadIdx.x, warpgroup = t / 128;
+    const int tiles_m = (M + TM_BM - 1) / TM_BM, tiles_n = (K + CONV_BN - 1) / CONV_BN, tiles = tiles_m * tiles_n;
+    const int c_steps = (C + TM_BK - 1) / TM_BK, k_steps = taps * c_steps;
+
+    tm_init_barriers(full, empty);
+
+    if (warpgroup == 0) {
+        asm volatile("setmaxnreg.dec.sync.aligned.u32 40;");
+        if (t == 0) {
+            asm volatile("prefetch.tensormap [%0];" ::"l"((unsigned long long)&map_x) : "memory");
+            asm volatile("prefetch.tensormap [%0];" ::"l"((unsigned long long)&map_w) : "memory");
+            const int plane = Ho * Wo;
+            unsigned int stage = 0, phase = 0;
+            for (int id = blockIdx.x; id < tiles; id += gridDim.x) {
+                int tm, tn, z;
+                tm_tile(id, tiles_m, tiles_n, &tm, &tn, &z);
+                /* The tile's first output pixel and the top-left corner of its filter window. */
+                const int m0 = tm * TM_BM, n = m0 / plane, ho = (m0 - n * plane) / Wo, wo = m0 - n * plane - ho * Wo;
+                const int h0 = ho * stride_h - pad_h, w0 = wo * stride_w - pad_w, k0 = tn * CONV_BN;
+                int r = 0, s = 0, c0 = 0;
+                for (int ks = 0; ks < k_steps; ++ks) {
+                    const unsigned int bar = full + 8 * stage, as = base + stage * TM_STAGE_BYTES, bs = as + TM_A_BYTES;
+                    tm_bar_wait(empty + 8 * stage, phase ^ 1); /* a fresh barrier passes parity 1 */
+                    tm_bar_expect(bar, TM_STAGE_BYTES);        /* boxes past the edges count whole, zero-filled */
+                    tm_load_im2col(as, &map_x, c0, w0, h0, n, (unsigned short)(s * dil_w), (unsigned short)(r * dil_h),
+                                   bar);
+                    tm_load(bs, &map_w, c0, r * S + s, k0, bar);
+                    tm_next_stage(stage, phase);
+                    /* the next step: 64 channels on, or the next tap */
+                    c0 += TM_BK;
+                    if (c0 >= C) {
+                        c0 = 0;
+                        if (++s == S) {
+                            s = 0;
+                            ++r;
+                        }
+                    }
+                }
+            }
+        }
+    } else {
+        asm volatile("setmaxnreg.inc.sync.aligned.u32 232;");
+        const int half = warpgroup - 1, wt = t % 128, warp = wt / 32, lane = t % 32;
+        float d[TM_ACC];
+#pragma unroll
+        for (int i = 0; i < TM_ACC; ++i)
+            d[i] = 0.0f;
+        unsigned int stage = 0, phase = 0;
+        for (int id = blockIdx.x; id < tiles; id += gridDim.x) {
+            int tm, tn, z;
+            tm_tile(id, tiles_m, tiles_n, &tm, &tn, &z);
+            tm_consume(d, base, full, empty, stage, phase, k_steps, half, wt);
+            tm_store(d, y, tm, tn, M, K, K, y_vec, 1.0f, 0.0f, staging, half, warp, lane);
+        }
+    }
+}

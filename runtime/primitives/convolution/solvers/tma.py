@@ -1,0 +1,281 @@
+"""ConvTma (ids 33-35): forward convolution of fp16/bf16 tensors on Hopper as an implicit GEMM
+fed by tensor copies (kernels/conv_tma.cu): x's pixels through TMA's im2col mode (padding,
+strides and dilation walked by the copy engine, zeros where a window leaves the image), the
+filter through a tile copy, both into the ring of shared-memory stages that wgmma reads, one
+producer and two consumer warpgroups, one persistent block per multiprocessor: gemm_tma.cu's
+pipeline (kernels/tma_wgmma.h). Output pixels by output channels, 128 x 256, 128 x 128 or 128 x
+64 tiles, one solver each so that find times them all; immediate mode takes the one whose tiles
+waste least over the waves (as GemmTma does).
+
+Channels-last tensors go as they are. An NCHW 1 x 1 convolution at stride 1 without padding
+is a batched GEMM, y[n] (K x HW) = w (K x C) x[n] (C x HW): it runs through the TMA GEMM's
+kernel (gemm_tma.cu, GemmTma's invoker) on the tensors as they are, where H W is a multiple of
+8 (x's rows 16-byte aligned) and the solver's tile is 256 or 128 wide. Other NCHW ones are
+staged: x and the weights moved channels-last into a workspace (conv_gemm.c's transposes), the
+kernel's channels-last output moved back into y. x's channels must be a multiple of 8 (the
+copies step in 16 bytes); a first layer's 3 go to the mma.sync kernel
+(ConvImplicitGemmTensorCore).
+
+The tensor maps hold the tensors' addresses, so they are encoded on the host for each pair of x
+and w buffers an invoker meets (the most recent 32 pairs, with their launches).
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from kdbkit.runtime.primitives.convolution.problem import ConvProblem
+from kdbkit.runtime.primitives.gemm.problem import GemmProblem
+from kdbkit.runtime.primitives.gemm.solvers import tma as gemm_tma
+from kdbkit.runtime.primitives.convolution.solvers.common import INT_MAX
+from kdbkit.runtime.primitives.convolution.solvers.igemm_tc import transposer, widener
+from kdbkit.runtime.program_key import ProgramRequest
+from kdbkit.runtime.solver import APPLIES, Solution, Solver, aligned16, fallback_invoker, not_applicable
+from kdbkit.runtime.tensor import DataType
+
+TILE_M, STEP, THREADS, PIXELS = 128, 64, 384, 128
+# tile N -> shared-memory stages: as many as fit 227 KiB beside the epilogue's staging
+STAGES = {256: 4, 128: 6, 64: 8}
+STAGING = 8 * 2048
+# A multiprocessor's throughput on each tile shape relative to 128 x 256 when every one has
+# work: narrower tiles read more bytes of A per multiply-add (guesses until find's rankings say more).
+TILE_SPEED = {256: 1.0, 128: 0.92, 64: 0.7}
+ARCH_OPTION = "--gpu-architecture=sm_90a"
+CACHED_PAIRS = 32
+CORNER = range(-128, 128)  # a 4-D im2col map's bounding-box corners
+
+
+def shared_bytes(tile_n: int) -> int:
+    """Dynamic shared memory of a launch: stages, the epilogue's staging, 2 KiB to align them
+    to 1024 bytes and hold the barriers."""
+    return STAGES[tile_n] * (TILE_M + tile_n) * STEP * 2 + STAGING + 2048
+
+
+def gemm_shape(problem: ConvProblem) -> tuple[int, int]:
+    """(M, N) of the implicit GEMM: output pixels, output channels."""
+    n, (ho, wo) = problem.x_shape[0], problem.out_hw
+    return n * ho * wo, problem.out_channels
+
+
+def tiles(problem: ConvProblem, tile_n: int) -> int:
+    m, n = gemm_shape(problem)
+    return -(-m // TILE_M) * -(-n // tile_n)
+
+
+def tile_efficiency(problem: ConvProblem, tile_n: int, units: int) -> float:
+    """The share of the tile slots over the waves that hold y's own elements, times the tile
+    shape's relative speed."""
+    m, n = gemm_shape(problem)
+    slots = -(-tiles(problem, tile_n) // units) * units
+    return m * n / (slots * TILE_M * tile_n) * TILE_SPEED[tile_n]
+
+
+def tile_n_for(problem: ConvProblem, units: int) -> int:
+    """The tile width immediate mode takes: the best :func:`tile_efficiency`, wider on a tie."""
+    return max(STAGES, key=lambda n: (round(tile_efficiency(problem, n, units), 3), n))
+
+
+def corners(problem: ConvProblem) -> tuple[tuple[int, int], tuple[int, int]]:
+    """The im2col map's bounding-box corners, (W, H): -pad, and pad - dilation x (filter - 1)."""
+    (ph, pw), (fy, fx), (dh, dw) = problem.pad, problem.filter, problem.dilation
+    return (-pw, -ph), (pw - dw * (fx - 1), ph - dh * (fy - 1))
+
+
+def input_map(problem: ConvProblem) -> tuple:
+    """tensor_map_im2col's arguments after the address and element size, for x channels-last."""
+    n, c, h, w = problem.x_shape
+    lower, upper = corners(problem)
+    sh, sw = problem.stride
+    return (c, w, h, n), (2 * c, 2 * w * c, 2 * h * w * c), lower, upper, STEP, PIXELS, (1, sw, sh, 1)
+
+
+def filter_map(problem: ConvProblem, tile_n: int) -> tuple:
+    """tensor_map's (dims, byte strides, box) for the KYXC weights as (C, Y X, K)."""
+    c, (fy, fx), k = problem.x_shape[1], problem.filter, problem.out_channels
+    return (c, fy * fx, k), (2 * c, 2 * fy * fx * c), (STEP, 1, tile_n)
+
+
+def device_units(device) -> int:
+    return device.target.cu or 132
+
+
+# The TMA GEMM solver that runs a 1 x 1 NCHW convolution for each conv tile width that has one.
+GEMMS = {256: gemm_tma.GemmTma(), 128: gemm_tma.GemmTma128x128()}
+
+
+def as_gemm(problem: ConvProblem) -> GemmProblem | None:
+    """A 1 x 1, stride 1, unpadded NCHW convolution as the batched GEMM y[n] = w x[n] (K x C by
+    C x HW, w shared by every image), or None where it is not one or x's rows (H W values) are
+    not 16-byte aligned for the tensor copies."""
+    n, c, h, w = problem.x_shape
+    if problem.layout != "NCHW" or problem.filter != (1, 1) or problem.stride != (1, 1) or problem.pad != (0, 0) \
+            or problem.groups != 1 or (h * w) % 8 or c % 8:
+        return None
+    k, hw = problem.out_channels, h * w
+    return GemmProblem(problem.dtype, k, hw, c, False, False, n, c, hw, hw, 0, c * hw, k * hw)
+
+
+class ConvTma(Solver):
+    """The 128 x 256 tile; subclasses set ``tile_n``."""
+
+    id = 33
+    name = "ConvTma128x256"
+    primitive = "conv"
+    backends = ("cuda",)
+    tile_n = 256
+
+    def builds_for(self, target) -> bool:
+        return target.arch_facts.has("wgmma")
+
+    def is_applicable(self, problem: ConvProblem, device):
+        if not device.target.arch_facts.has("wgmma"):
+            return not_applicable(f"wgmma and TMA need an sm_90 GPU (this is {device.target.arch})")
+        if problem.dtype not in (DataType.FP16, DataType.BF16):
+            return not_applicable(f"{problem.dtype.label} is not fp16 or bf16")
+        if problem.direction != "F":
+            return not_applicable("it computes the forward direction only")
+        if problem.groups != 1:
+            return not_applicable(f"it takes one group, not {problem.groups}")
+        n, c, h, w = problem.x_shape
+        k = problem.out_channels
+        if c % 8:
+            return not_applicable(f"x's {c} channels are not a multiple of 8 (tensor copies step in 16 bytes)")
+        if k % 2:
+            return not_applicable(f"its {k} output channels are odd (y is written two channels at a time)")
+        if max(problem.stride) > 8:
+            return not_applicable(f"stride {problem.stride}: the im2col copy steps at most 8 pixels")
+        lower, upper = corners(problem)
+        if any(v not in CORNER for v in (*lower, *upper)):
+            return not_applicable(f"pad {problem.pad} with a {problem.filter} filter dilated {problem.dilation} "
+                                  "puts the im2col window's corners beyond -128..127")
+        m, _ = gemm_shape(problem)
+        if max(n * h * w * c, m * k, k * c * problem.filter[0] * problem.filter[1]) > INT_MAX:
+            return not_applicable("sizes exceed the kernel's int arguments")
+        gemm = as_gemm(problem) if self.tile_n in GEMMS else None
+        if gemm is not None:
+            return GEMMS[self.tile_n].is_applicable(gemm, device)
+        if problem.layout == "NCHW" and max(n, k) > 65535:
+            return not_applicable("NCHW staging transposes one matrix per image, at most 65535")
+        return APPLIES
+
+    def suits(self, problem: ConvProblem, device):
+        units = device_units(device)
+        gemm = as_gemm(problem)
+        if gemm is not None:  # the GEMM's tiles: output channels by pixels
+            if self.tile_n not in GEMMS:
+                return not_applicable(f"a 1 x 1 NCHW convolution runs as a GEMM of 128 x 256 or 128 x 128 tiles "
+                                      f"(ConvTma128x{self.tile_n} stages it channels-last instead)")
+            best = max(GEMMS, key=lambda n: (round(gemm_tma.tile_efficiency(gemm, n, units), 3), n))
+            if best == self.tile_n:
+                return APPLIES
+            return not_applicable(f"the GEMM's 128 x {best} tiles fit this 1 x 1 convolution better on {units} "
+                                  "multiprocessors")
+        best = tile_n_for(problem, units)
+        if best == self.tile_n:
+            return APPLIES
+        return not_applicable(f"128 x {best} tiles fit this shape better on {units} multiprocessors "
+                              f"({tile_efficiency(problem, best, units):.0%} against "
+                              f"{tile_efficiency(problem, self.tile_n, units):.0%})")
+
+    def workspace(self, problem: ConvProblem) -> int:
+        if problem.layout == "NHWC" or (self.tile_n in GEMMS and as_gemm(problem) is not None):
+            return 0
+        d = problem.descs()
+        moved_w = d["w"].numel if problem.filter != (1, 1) else 0
+        return (d["x"].numel + moved_w + d["y"].numel) * problem.dtype.itemsize
+
+    def programs(self, problem: ConvProblem):
+        if problem.dtype not in (DataType.FP16, DataType.BF16):
+            return []
+        gemm = as_gemm(problem) if self.tile_n in GEMMS else None
+        if gemm is not None:
+            return GEMMS[self.tile_n].programs(gemm)
+        kernel = ProgramRequest("conv_tma.cu", (*problem.dtype.options, f"-DCONV_BN={self.tile_n}",
+                                                f"-DCONV_STAGES={STAGES[self.tile_n]}", ARCH_OPTION))
+        return [kernel, ProgramRequest("conv_gemm.c", problem.dtype.options)]  # the NCHW staging
+
+    def solution(self, problem: ConvProblem, device):
+        tile_n = self.tile_n
+        gemm = as_gemm(problem) if tile_n in GEMMS else None
+        if gemm is not None:
+            gemm_solution = GEMMS[tile_n].solution(gemm, device)
+
+            def gemm_invoker_factory(programs, context):
+                multiply = gemm_solution.invoker_factory(programs, context)
+
+                def forward_gemm(x, w, y):
+                    multiply(w, x, y)  # y[n] = w x[n]
+
+                forward_gemm.workspace = ()
+                return forward_gemm
+
+            return Solution(self.programs(problem), gemm_invoker_factory)
+
+        def invoker_factory(programs, context):
+            p, backend = problem, context.backend
+            kernel = programs[0].function("conv_fwd_tma")
+            (n, c, h, w_), k, (ho, wo), (fy, fx) = p.x_shape, p.out_channels, p.out_hw, p.filter
+            m = n * ho * wo
+            grid = (min(tiles(p, tile_n), device_units(context.device)), 1, 1)
+            scalars = [np.int32(v) for v in (m, k, c, ho, wo, fx, *p.pad, *p.stride, *p.dilation, fy * fx,
+                                             k % 8 == 0)]
+            x_map, w_map = input_map(p), filter_map(p, tile_n)
+            launches: dict = {}
+            unaligned = fallback_invoker(context, problem, "ConvImplicitGemmTensorCore")
+
+            def multiply(x, w, y):
+                key = (int(x.ptr), int(w.ptr))
+                launch = launches.get(key)
+                if launch is None:
+                    if len(launches) >= CACHED_PAIRS:
+                        del launches[next(iter(launches))]  # the oldest pair
+                    launch = launches[key] = backend.launcher(
+                        kernel, grid, (THREADS, 1, 1),
+                        [backend.tensor_map_im2col(key[0], 2, *x_map), backend.tensor_map(key[1], 2, *w_map), None,
+                         *scalars], shared_bytes(tile_n))
+                launch(y)
+
+            if p.layout == "NHWC":
+                def forward(x, w, y):
+                    if not aligned16(x, w, y):  # tensor maps and 16-byte stores need aligned tensors
+                        unaligned(x, w, y)
+                        return
+                    multiply(x, w, y)
+
+                forward.workspace = ()
+                return forward
+
+            # NCHW: x and w moved channels-last, the kernel's output moved back
+            moves, d, item = programs[1], p.descs(), p.dtype.itemsize
+            transpose = transposer(context, moves, p.dtype)
+            x_in, y_out = transpose(n, c, h * w_), transpose(n, ho * wo, k)
+            x_nhwc, y_nhwc = backend.alloc(d["x"].numel * item), backend.alloc(d["y"].numel * item)
+            w_in = widener(context, moves, (k, c, fy, fx), c, d["w"].strides) if (fy, fx) != (1, 1) else None
+            w_kyxc = backend.alloc(d["w"].numel * item) if w_in is not None else None
+
+            def forward_nchw(x, w, y):
+                if w_in is None and not aligned16(w):  # the weights' tensor map reads w itself
+                    unaligned(x, w, y)
+                    return
+                x_in(x, x_nhwc)
+                if w_in is not None:
+                    w_in(w, w_kyxc)
+                multiply(x_nhwc, w if w_kyxc is None else w_kyxc, y_nhwc)
+                y_out(y_nhwc, y)
+
+            forward_nchw.workspace = tuple(b for b in (x_nhwc, y_nhwc, w_kyxc) if b is not None)
+            return forward_nchw
+
+        return Solution(self.programs(problem), invoker_factory)
+
+
+class ConvTma128x128(ConvTma):
+    id = 34
+    name = "ConvTma128x128"
+    tile_n = 128
+
+
+class ConvTma128x64(ConvTma):
+    id = 35
+    name = "ConvTma128x64"
+    tile_n = 64

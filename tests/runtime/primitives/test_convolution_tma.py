@@ -1,0 +1,198 @@
+"""Hopper's forward convolution (ConvTma*, kernels/conv_tma.cu): its programs compile offline for
+sm_90a, the gates, the tile choice and the tensor maps' arguments need no GPU; on an sm_90 GPU
+(KDB_TEST_BACKEND=cuda with PyTorch) every tile shape and type in both layouts against PyTorch
+in float64, on tiles cut at every edge: odd sizes, strides, dilation, uneven padding, channels
+not a multiple of the 64-channel step, output channels not a multiple of the tile or of 8, more
+tiles than multiprocessors."""
+
+from __future__ import annotations
+
+import pytest
+
+from kdbkit.kdb.target import Target
+from kdbkit.runtime.backends.base import DeviceInfo
+from kdbkit.runtime.primitives.convolution import ConvProblem
+from kdbkit.runtime.primitives.convolution.solvers import tma
+from kdbkit.runtime.solver import REGISTRY
+from kdbkit.runtime.tensor import DataType
+
+TMA_SOLVERS = ("ConvTma128x256", "ConvTma128x128", "ConvTma128x64")
+
+
+def sm90(cu: int = 132) -> DeviceInfo:
+    return DeviceInfo("cuda", 0, "an sm_90 device", Target.parse(f"sm_90_{cu}"), 80 << 30)
+
+
+def conv(c=64, k=64, hw=(9, 9), n=2, f=(3, 3), pad=(1, 1), stride=(1, 1), dilation=(1, 1), layout="NHWC",
+         dtype=DataType.FP16, direction="F", groups=1) -> ConvProblem:
+    return ConvProblem(direction, dtype, layout, (n, c, *hw), k, f, pad, stride, dilation, groups)
+
+
+# ---------------------------------------------------------------- no GPU needed
+
+
+@pytest.mark.parametrize("name", TMA_SOLVERS)
+@pytest.mark.parametrize("dtype", [DataType.FP16, DataType.BF16])
+def test_every_program_compiles_offline_for_sm90a(name, dtype):
+    from tests.prerequisites import require_nvrtc
+
+    require_nvrtc()
+    from kdbkit.runtime.backends.elf_notes import cubin_arch
+    from kdbkit.runtime.compilers.nvrtc import NvrtcCompiler
+
+    from ..conftest import compile_file
+
+    request, staging = REGISTRY.find(name).programs(conv(dtype=dtype))
+    assert staging.kernel_file == "conv_gemm.c"
+    cubin = compile_file(Target.parse("sm_90"), request.kernel_file, *request.options, compiler=NvrtcCompiler())
+    assert cubin_arch(cubin) == "sm_90" and b"\0conv_fwd_tma\0" in cubin
+
+
+def test_the_gates_name_what_the_copies_cannot_take():
+    solver = REGISTRY.find("ConvTma128x256")
+
+    def reason(device=None, **change):
+        verdict = solver.is_applicable(conv(**change), device or sm90())
+        return "" if verdict else verdict.reason
+
+    assert reason() == reason(layout="NCHW") == reason(dtype=DataType.BF16) == ""
+    assert reason(c=24, k=10, stride=(2, 3), dilation=(2, 1), pad=(3, 0)) == ""
+    assert "sm_90 GPU (this is sm_80)" in reason(DeviceInfo("cuda", 0, "an A100", Target.parse("sm_80_108"), 1 << 30))
+    assert "fp32 is not fp16 or bf16" in reason(dtype=DataType.FP32)
+    assert "forward direction only" in reason(direction="B")
+    assert "one group, not 2" in reason(groups=2)
+    assert "3 channels are not a multiple of 8" in reason(c=3)
+    assert "7 output channels are odd" in reason(k=7)
+    assert "steps at most 8 pixels" in reason(stride=(9, 1), hw=(20, 20))
+    assert "beyond -128..127" in reason(pad=(0, 130), hw=(9, 9))
+    assert "beyond -128..127" in reason(f=(1, 3), dilation=(1, 70), pad=(0, 0), hw=(200, 200))
+
+
+def test_the_im2col_map_walks_the_filters_top_left_corner():
+    """Corners (W, H) from -pad to pad - dilation x (filter - 1); element strides (1, sw, sh, 1)."""
+    p = conv(c=24, k=10, hw=(13, 11), n=3, f=(5, 3), pad=(2, 0), stride=(2, 1), dilation=(1, 2))
+    dims, strides, lower, upper, channels, pixels, steps = tma.input_map(p)
+    assert dims == (24, 11, 13, 3) and strides == (48, 48 * 11, 48 * 11 * 13)
+    assert lower == (0, -2) and upper == (0 - 2 * 2, 2 - 4) and (channels, pixels) == (64, 128)
+    assert steps == (1, 1, 2, 1)
+    assert tma.filter_map(p, 64) == ((24, 15, 10), (48, 48 * 15), (64, 1, 64))
+
+
+@pytest.mark.parametrize("k, expected", [(64, 64), (128, 128), (256, 256), (2048, 256)])
+def test_the_tile_follows_the_output_channels(k, expected):
+    p = conv(c=64, k=k, hw=(56, 56), n=32)
+    assert tma.tile_n_for(p, 132) == expected
+    chosen = [name for name in TMA_SOLVERS if REGISTRY.find(name).suits(p, sm90())]
+    assert chosen == [f"ConvTma128x{expected}"]
+
+
+def test_every_tile_shape_fits_the_shared_memory_of_a_block():
+    assert all(tma.shared_bytes(n) <= 227 * 1024 for n in tma.STAGES)
+
+
+def test_immediate_mode_prefers_the_tma_kernels_on_sm90():
+    from kdbkit.runtime.immediate import heuristic
+
+    assert heuristic(conv(k=256, hw=(56, 56), n=32), sm90(), ()).solver.name == "ConvTma128x256"
+    assert heuristic(conv(k=256, layout="NCHW", hw=(56, 56), n=32), sm90(), ()).solver.name == "ConvTma128x256"
+    first_layer = heuristic(conv(c=3, k=64, f=(7, 7), pad=(3, 3), stride=(2, 2), hw=(224, 224)), sm90(), ())
+    assert first_layer.solver.name == "ConvImplicitGemmTensorCore"
+    assert "ConvTma128x256: rejected, x's 3 channels are not a multiple of 8" in first_layer.trace[1]
+    a100 = DeviceInfo("cuda", 0, "an A100", Target.parse("sm_80_108"), 80 << 30)
+    assert heuristic(conv(k=256), a100, ()).solver.name == "ConvImplicitGemmTensorCore"
+    assert heuristic(conv(k=256, direction="B"), sm90(), ()).solver.name == "ConvImplicitGemmTensorCore"
+
+
+def test_a_pointwise_nchw_convolution_is_a_batched_gemm():
+    """y[n] (K x HW) = w (K x C) x[n] (C x HW): the TMA GEMM's program and tiles, no staging."""
+    p = conv(c=256, k=64, hw=(56, 56), n=32, f=(1, 1), pad=(0, 0), layout="NCHW")
+    gemm = tma.as_gemm(p)
+    assert (gemm.m, gemm.n, gemm.k, gemm.batch) == (64, 3136, 256, 32)
+    assert (gemm.lda, gemm.ldb, gemm.ldc, gemm.stride_a, gemm.stride_b, gemm.stride_c) == \
+        (256, 3136, 3136, 0, 256 * 3136, 64 * 3136)
+    (request,) = REGISTRY.find("ConvTma128x256").programs(p)
+    assert request.kernel_file == "gemm_tma.cu" and "-DGEMM_TA=0" in request.options
+    assert REGISTRY.find("ConvTma128x256").workspace(p) == 0
+    # 64 output channels fill half of a 128-row tile either way: the narrower pixel tile wastes less
+    assert [name for name in TMA_SOLVERS if REGISTRY.find(name).suits(p, sm90())] == ["ConvTma128x128"]
+    assert "the GEMM's 128 x 128 tiles fit" in REGISTRY.find("ConvTma128x256").suits(p, sm90()).reason
+    assert "runs as a GEMM of 128 x 256 or 128 x 128" in REGISTRY.find("ConvTma128x64").suits(p, sm90()).reason
+    assert REGISTRY.find("ConvTma128x64").programs(p)[0].kernel_file == "conv_tma.cu"  # staged instead
+    assert tma.as_gemm(conv(c=256, k=64, hw=(14, 14), f=(1, 1), pad=(0, 0), layout="NCHW")) is None  # 196 pixels
+    assert tma.as_gemm(conv(c=256, k=64, hw=(56, 56), f=(1, 1), pad=(0, 0), stride=(2, 2), layout="NCHW")) is None
+    assert tma.as_gemm(conv(c=256, k=64, hw=(56, 56), f=(1, 1), pad=(0, 0))) is None  # NHWC: the im2col kernel
+
+
+def test_the_workspace_holds_the_nchw_staging():
+    p = conv(c=64, k=32, hw=(9, 9), n=2, layout="NCHW")
+    assert REGISTRY.find("ConvTma128x64").workspace(p) == 2 * (2 * 64 * 81 + 32 * 64 * 9 + 2 * 32 * 81)
+    assert REGISTRY.find("ConvTma128x64").workspace(conv(f=(1, 1), pad=(0, 0), layout="NCHW")) == \
+        2 * (2 * 64 * 81 + 2 * 64 * 81)  # a 1 x 1 filter's KCYX is KYXC already
+    assert REGISTRY.find("ConvTma128x64").workspace(conv()) == 0
+
+
+# ---------------------------------------------------------------- on an sm_90 GPU
+
+# (N, C, H, W, K, filter, pad, stride, dilation)
+CASES = [
+    (2, 64, 9, 9, 64, (3, 3), (1, 1), (1, 1), (1, 1)),  # a whole step of channels, 162 pixels: two tiles
+    (3, 24, 13, 11, 10, (5, 3), (2, 0), (2, 1), (1, 2)),  # 24 channels, 10 outputs (not 8s), uneven everything
+    (1, 72, 20, 17, 130, (3, 3), (1, 2), (2, 2), (1, 1)),  # 72 channels: two steps, the second mostly zeros
+    (4, 128, 9, 9, 200, (3, 3), (2, 2), (1, 1), (2, 2)),  # dilation 2, pad 2
+    (2, 32, 15, 15, 48, (1, 1), (0, 0), (2, 2), (1, 1)),  # a strided 1 x 1 projection
+    (2, 16, 7, 8, 64, (7, 7), (3, 3), (1, 1), (1, 1)),  # a filter as large as the image
+    (8, 64, 30, 30, 512, (3, 3), (1, 1), (1, 1), (1, 1)),  # 57 x 2..8 tiles: more than the multiprocessors
+    (3, 48, 8, 12, 72, (1, 1), (0, 0), (1, 1), (1, 1)),  # NCHW: the batched GEMM (96 pixels, 48-deep)
+    (2, 64, 14, 14, 256, (1, 1), (0, 0), (1, 1), (1, 1)),  # NCHW: 196 pixels, rows not 16-byte aligned: staged
+]
+
+
+@pytest.fixture
+def sm90_torch(handle):
+    torch = pytest.importorskip("torch", reason="PyTorch is not installed (the GPU machine has it)")
+    if handle.device.backend != "cuda" or not handle.device.target.arch_facts.has("wgmma") \
+            or not torch.cuda.is_available():
+        pytest.skip("the TMA convolution needs an sm_90 GPU (KDB_TEST_BACKEND=cuda on the H100/H200 machine)")
+    return handle, torch
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("name", TMA_SOLVERS)
+@pytest.mark.parametrize("layout", ["NHWC", "NCHW"])
+@pytest.mark.parametrize("dtype", ["fp16", "bf16"])
+@pytest.mark.parametrize("case", CASES, ids=["x".join(map(str, c[:5])) for c in CASES])
+def test_tiles_cut_at_every_edge(sm90_torch, name, layout, dtype, case):
+    import kdbkit
+
+    handle, torch = sm90_torch
+    n, c, h, w, k, f, pad, stride, dilation = case
+    tdtype = {"fp16": torch.float16, "bf16": torch.bfloat16}[dtype]
+    fmt = torch.channels_last if layout == "NHWC" else torch.contiguous_format
+    gen = torch.Generator(device="cuda").manual_seed(hash(case) % 1000)
+    x = torch.randn(n, c, h, w, device="cuda", dtype=tdtype, generator=gen).to(memory_format=fmt)
+    wt = (torch.randn(k, c, *f, device="cuda", dtype=tdtype, generator=gen) / (c * f[0] * f[1]) ** 0.5).to(
+        memory_format=fmt)
+    ref = torch.nn.functional.conv2d(x.double(), wt.double(), None, stride, pad, dilation)
+    y = torch.full(ref.shape, float("nan"), device="cuda", dtype=tdtype).to(memory_format=fmt)  # poisoned
+    for _ in range(2):  # the second call reuses the encoded tensor maps and launch
+        out = kdbkit.convolution_forward(handle, x, wt, pad=pad, stride=stride, dilation=dilation, y=y, solver=name)
+        assert out.data_ptr() == y.data_ptr()
+        assert torch.isfinite(y).all(), "an output element was not written"
+        err = float((y.double() - ref).norm() / ref.norm())
+        assert err < 1e-2, f"{name} {layout} {dtype}: relative error {err:.2e}"
+
+
+@pytest.mark.gpu
+def test_immediate_mode_takes_the_tma_kernel_on_new_tensors(sm90_torch):
+    import kdbkit
+    from kdbkit.runtime.immediate import choose
+
+    handle, torch = sm90_torch
+    for _ in range(3):  # new buffers each call: new tensor maps
+        x = torch.randn(4, 64, 14, 14, device="cuda", dtype=torch.float16).to(memory_format=torch.channels_last)
+        wt = (torch.randn(128, 64, 3, 3, device="cuda", dtype=torch.float16) / 24).to(
+            memory_format=torch.channels_last)
+        y = kdbkit.convolution_forward(handle, x, wt, pad=1)
+        ref = torch.nn.functional.conv2d(x.double(), wt.double(), None, 1, 1)
+        assert float((y.double() - ref).norm() / ref.norm()) < 1e-2
+    assert choose(handle, conv(c=64, k=128, hw=(14, 14), n=4)).solver.name.startswith("ConvTma")
