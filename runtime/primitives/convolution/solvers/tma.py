@@ -99,6 +99,45 @@ def device_units(device) -> int:
     return device.target.cu or 132
 
 
+def kernel_request(dtype: DataType, tile_n: int) -> ProgramRequest:
+    """conv_tma.cu for ``dtype`` and a 128 x ``tile_n`` tile."""
+    return ProgramRequest("conv_tma.cu", (*dtype.options, f"-DCONV_BN={tile_n}", f"-DCONV_STAGES={STAGES[tile_n]}",
+                                          ARCH_OPTION))
+
+
+def scalars(problem: ConvProblem) -> list:
+    """conv_fwd_tma's int arguments after y for the channels-last forward ``problem``: M, K, C,
+    Ho, Wo, S, the pads, strides and dilations (H, W), the taps, and y_vec (K a multiple of 8)."""
+    (n, c), k, (ho, wo), (fy, fx) = problem.x_shape[:2], problem.out_channels, problem.out_hw, problem.filter
+    return [np.int32(v) for v in (n * ho * wo, k, c, ho, wo, fx, *problem.pad, *problem.stride, *problem.dilation,
+                                  fy * fx, k % 8 == 0)]
+
+
+def multiplier(context, program, problem: ConvProblem, tile_n: int):
+    """``multiply(x, w, y)``: conv_fwd_tma (from the loaded conv_tma.cu ``program``) computing
+    the forward ``problem`` on 16-byte aligned channels-last x, KYXC w and channels-last y. The
+    tensor maps hold the addresses: they are encoded with a launch for each (x, w) pair met,
+    the most recent :data:`CACHED_PAIRS` kept."""
+    backend, kernel = context.backend, program.function("conv_fwd_tma")
+    grid = (min(tiles(problem, tile_n), device_units(context.device)), 1, 1)
+    args, x_map, w_map = scalars(problem), input_map(problem), filter_map(problem, tile_n)
+    launches: dict = {}
+
+    def multiply(x, w, y):
+        key = (int(x.ptr), int(w.ptr))
+        launch = launches.get(key)
+        if launch is None:
+            if len(launches) >= CACHED_PAIRS:
+                del launches[next(iter(launches))]  # the oldest pair
+            launch = launches[key] = backend.launcher(
+                kernel, grid, (THREADS, 1, 1),
+                [backend.tensor_map_im2col(key[0], 2, *x_map), backend.tensor_map(key[1], 2, *w_map), None, *args],
+                shared_bytes(tile_n))
+        launch(y)
+
+    return multiply
+
+
 # The TMA GEMM solver that runs a 1 x 1 NCHW convolution for each conv tile width that has one.
 GEMMS = {256: gemm_tma.GemmTma(), 128: gemm_tma.GemmTma128x128()}
 
@@ -190,9 +229,7 @@ class ConvTma(Solver):
         gemm = as_gemm(problem) if self.tile_n in GEMMS else None
         if gemm is not None:
             return GEMMS[self.tile_n].programs(gemm)
-        kernel = ProgramRequest("conv_tma.cu", (*problem.dtype.options, f"-DCONV_BN={self.tile_n}",
-                                                f"-DCONV_STAGES={STAGES[self.tile_n]}", ARCH_OPTION))
-        return [kernel, ProgramRequest("conv_gemm.c", problem.dtype.options)]  # the NCHW staging
+        return [kernel_request(problem.dtype, self.tile_n), ProgramRequest("conv_gemm.c", problem.dtype.options)]
 
     def solution(self, problem: ConvProblem, device):
         tile_n = self.tile_n
@@ -213,27 +250,9 @@ class ConvTma(Solver):
 
         def invoker_factory(programs, context):
             p, backend = problem, context.backend
-            kernel = programs[0].function("conv_fwd_tma")
             (n, c, h, w_), k, (ho, wo), (fy, fx) = p.x_shape, p.out_channels, p.out_hw, p.filter
-            m = n * ho * wo
-            grid = (min(tiles(p, tile_n), device_units(context.device)), 1, 1)
-            scalars = [np.int32(v) for v in (m, k, c, ho, wo, fx, *p.pad, *p.stride, *p.dilation, fy * fx,
-                                             k % 8 == 0)]
-            x_map, w_map = input_map(p), filter_map(p, tile_n)
-            launches: dict = {}
+            multiply = multiplier(context, programs[0], p, tile_n)
             unaligned = fallback_invoker(context, problem, "ConvImplicitGemmTensorCore")
-
-            def multiply(x, w, y):
-                key = (int(x.ptr), int(w.ptr))
-                launch = launches.get(key)
-                if launch is None:
-                    if len(launches) >= CACHED_PAIRS:
-                        del launches[next(iter(launches))]  # the oldest pair
-                    launch = launches[key] = backend.launcher(
-                        kernel, grid, (THREADS, 1, 1),
-                        [backend.tensor_map_im2col(key[0], 2, *x_map), backend.tensor_map(key[1], 2, *w_map), None,
-                         *scalars], shared_bytes(tile_n))
-                launch(y)
 
             if p.layout == "NHWC":
                 def forward(x, w, y):
