@@ -210,6 +210,8 @@ def test_the_tensor_core_solver_says_what_it_takes():
     assert "not backward weights" in verdict(direction="W").reason
     strided = ConvProblem("B", DataType.FP16, "NHWC", (2, 64, 9, 9), 64, (3, 3), (1, 1), (2, 2))
     assert "stride 1 only, not (2, 2)" in solver.is_applicable(strided, h100).reason
+    wide_pad = ConvProblem("B", DataType.FP16, "NHWC", (2, 64, 9, 9), 64, (1, 1), (1, 1))  # p' = 0 - 1
+    assert "pad (1, 1) beyond dilation x (filter - 1)" in solver.is_applicable(wide_pad, h100).reason  # not raised
     assert "one group, not 2" in verdict(groups=2).reason
     assert "must be even" in verdict(k=63).reason
     assert solver.workspace(ConvProblem("F", DataType.FP16, "NCHW", (2, 64, 9, 9), 64, (3, 3), (1, 1))) == \

@@ -34,17 +34,27 @@ def program(problem: ConvProblem) -> ProgramRequest | None:
     return ProgramRequest("conv_igemm_tc.cu", problem.dtype.options)
 
 
+def flipped_pad(problem: ConvProblem) -> tuple[int, int]:
+    """p' (H, W) = dilation x (filter - 1) - pad: dy's padding in the forward convolution that
+    computes backward data at stride 1, negative where the pad is wider than the dilated
+    filter (no such forward convolution: a gate checks this before :func:`as_forward`)."""
+    (fy, fx), (dh, dw), (ph, pw) = problem.filter, problem.dilation, problem.pad
+    return dh * (fy - 1) - ph, dw * (fx - 1) - pw
+
+
 def as_forward(problem: ConvProblem) -> ConvProblem:
     """The NHWC forward convolution the tensor-core kernel computes for ``problem``: itself
     (forward), or (backward data at stride 1) dy convolved with the flipped weights, K input
-    channels to C, padded by dilation x (filter - 1) - pad."""
+    channels to C, padded by :func:`flipped_pad`.
+
+    Raises:
+        ProblemError: backward data whose flipped pad is negative.
+    """
     forward = dataclasses.replace(problem, direction="F", layout="NHWC")
     if problem.direction == "F":
         return forward
-    (fy, fx), (dh, dw) = problem.filter, problem.dilation
-    n, c = problem.x_shape[:2]
-    return dataclasses.replace(forward, x_shape=problem.y_shape, out_channels=c,
-                               pad=(dh * (fy - 1) - problem.pad[0], dw * (fx - 1) - problem.pad[1]))
+    c = problem.x_shape[1]
+    return dataclasses.replace(forward, x_shape=problem.y_shape, out_channels=c, pad=flipped_pad(problem))
 
 
 def widened_channels(problem: ConvProblem) -> int:
@@ -127,7 +137,7 @@ class ConvImplicitGemmTensorCore(Solver):
         if problem.direction == "B":
             if problem.stride != (1, 1):
                 return not_applicable(f"it computes backward data at stride 1 only, not {problem.stride}")
-            if min(as_forward(problem).pad) < 0:
+            if min(flipped_pad(problem)) < 0:  # before as_forward, which refuses a negative pad
                 return not_applicable(f"backward data with a pad {problem.pad} beyond dilation x (filter - 1)")
         computed = as_forward(problem)
         if computed.out_channels % 2:
