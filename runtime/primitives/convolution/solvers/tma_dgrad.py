@@ -1,0 +1,159 @@
+"""ConvTmaBwdData (ids 36-38): backward data of fp16/bf16 tensors at stride 1 on Hopper through
+the TMA forward kernel (kernels/conv_tma.cu, ConvTma's pipeline). At stride 1, dx is the
+forward convolution of dy with the weights transposed and flipped, padded by dilation x
+(filter - 1) - pad on each side:
+
+    dx[n, c, i, j] = sum over k, a, b of dy[n, k, i - p'_h + d_h a, j - p'_w + d_w b] w'[c, k, a, b],
+    w'[c, k, a, b] = w[k, c, Y-1-a, X-1-b],  p' = d (filter - 1) - p
+
+(substituting a = Y-1-r gives dy[n, k, i + p_h - d_h r, ...] w[k, c, r, ...], the gradient of
+y[n, k, i', j'] = sum x[n, c, i' - p_h + d_h r, ...] w[k, c, r, ...]; the output is H x W since
+Ho + 2 p' - d (Y - 1) = H + 2 p - d (Y - 1) + d (Y - 1) - 2 p). That is
+:func:`igemm_tc.as_forward` (p' is :func:`igemm_tc.flipped_pad`), which the mma.sync solver
+computes too. Each call moves w into the
+workspace as that forward's KYXC weights (C x Y x X x K, conv_gemm.c's conv_flip_weights, read
+through w's strides: either layout), then runs conv_fwd_tma with dy as its input. NCHW dy and
+dx are staged channels-last as the forward solver stages x and y. Output pixels by dx's
+channels, 128 x 256, 128 x 128 or 128 x 64 tiles (one solver each, the forward's choice of
+tile on that forward problem). A stride above 1 is not applicable yet: the convolution of dy
+would need dy dilated by the stride or one convolution per stride phase.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from kdbkit.runtime.primitives.convolution.problem import ConvProblem
+from kdbkit.runtime.primitives.convolution.solvers import tma
+from kdbkit.runtime.primitives.convolution.solvers.common import INT_MAX
+from kdbkit.runtime.primitives.convolution.solvers.igemm_tc import as_forward, flipped_pad, transposer
+from kdbkit.runtime.program_key import ProgramRequest
+from kdbkit.runtime.solver import APPLIES, Solution, Solver, aligned16, fallback_invoker, launcher_1d, not_applicable
+from kdbkit.runtime.tensor import DataType
+
+
+def flip_arguments(problem: ConvProblem) -> list:
+    """conv_flip_weights's int arguments: K, C, Y, X and w's strides (K, C, Y, X order)."""
+    (k, c, fy, fx), strides = problem.w_shape, problem.descs()["w"].strides
+    return [np.int32(v) for v in (k, c, fy, fx, *strides)]
+
+
+class ConvTmaBwdData(Solver):
+    """The 128 x 256 tile; subclasses set ``tile_n``."""
+
+    id = 36
+    name = "ConvTmaBwdData128x256"
+    primitive = "conv"
+    backends = ("cuda",)
+    tile_n = 256
+
+    def builds_for(self, target) -> bool:
+        return target.arch_facts.has("wgmma")
+
+    def is_applicable(self, problem: ConvProblem, device):
+        if not device.target.arch_facts.has("wgmma"):
+            return not_applicable(f"wgmma and TMA need an sm_90 GPU (this is {device.target.arch})")
+        if problem.dtype not in (DataType.FP16, DataType.BF16):
+            return not_applicable(f"{problem.dtype.label} is not fp16 or bf16")
+        if problem.direction != "B":
+            return not_applicable("it computes backward data only")
+        if problem.groups != 1:
+            return not_applicable(f"it takes one group, not {problem.groups}")
+        if problem.stride != (1, 1):
+            return not_applicable(f"backward data at stride {problem.stride} is not implemented yet: only at stride 1 "
+                                  "is it a forward convolution of dy (a strided one needs dy dilated or split by "
+                                  "stride phase)")
+        pad = flipped_pad(problem)
+        if min(pad) < 0:
+            return not_applicable(f"pad {problem.pad} is wider than dilation x (filter - 1): the forward convolution "
+                                  f"of dy would need a negative pad {pad}")
+        n, c, h, w = problem.x_shape
+        k = problem.out_channels
+        if k % 8:
+            return not_applicable(f"dy's {k} channels are not a multiple of 8 (tensor copies step in 16 bytes)")
+        if c % 2:
+            return not_applicable(f"dx's {c} channels are odd (dx is written two channels at a time)")
+        lower, upper = tma.corners(as_forward(problem))
+        if any(v not in tma.CORNER for v in (*lower, *upper)):
+            return not_applicable(f"pad {problem.pad} with a {problem.filter} filter dilated {problem.dilation} "
+                                  f"pads dy by {pad}: the im2col window's corners (W, H) {lower} and {upper} "
+                                  "leave -128..127")
+        ho, wo = problem.out_hw
+        if max(n * h * w * c, n * ho * wo * k, k * c * problem.filter[0] * problem.filter[1]) > INT_MAX:
+            return not_applicable("sizes exceed the kernel's int arguments")
+        if problem.layout == "NCHW" and max(n, k) > 65535:
+            return not_applicable("NCHW staging transposes one matrix per image, at most 65535")
+        return APPLIES
+
+    def suits(self, problem: ConvProblem, device):
+        units, computed = tma.device_units(device), as_forward(problem)
+        best = tma.tile_n_for(computed, units)
+        if best == self.tile_n:
+            return APPLIES
+        return not_applicable(f"128 x {best} tiles fit this shape better on {units} multiprocessors "
+                              f"({tma.tile_efficiency(computed, best, units):.0%} against "
+                              f"{tma.tile_efficiency(computed, self.tile_n, units):.0%})")
+
+    def workspace(self, problem: ConvProblem) -> int:
+        """The flipped weights; NCHW: dy and dx channels-last too."""
+        d = problem.descs()
+        staged = d["y"].numel + d["x"].numel if problem.layout == "NCHW" else 0
+        return (d["w"].numel + staged) * problem.dtype.itemsize
+
+    def programs(self, problem: ConvProblem):
+        if problem.dtype not in (DataType.FP16, DataType.BF16):
+            return []
+        # conv_gemm.c: the weights' flip and the NCHW staging
+        return [tma.kernel_request(problem.dtype, self.tile_n), ProgramRequest("conv_gemm.c", problem.dtype.options)]
+
+    def solution(self, problem: ConvProblem, device):
+        tile_n = self.tile_n
+
+        def invoker_factory(programs, context):
+            p, backend, computed = problem, context.backend, as_forward(problem)
+            (n, c, h, w_), k, (ho, wo) = p.x_shape, p.out_channels, p.out_hw
+            d, item, moves = p.descs(), p.dtype.itemsize, programs[1]
+            multiply = tma.multiplier(context, programs[0], computed, tile_n)
+            flip = launcher_1d(context, moves.function("conv_flip_weights"), d["w"].numel,
+                               [None, None, *flip_arguments(p)], max_groups=1 << 16)
+            flipped = backend.alloc(d["w"].numel * item)  # C x Y x X x K: the forward's KYXC
+            unaligned = fallback_invoker(context, problem, "ConvImplicitGemmTensorCore")
+
+            if p.layout == "NHWC":
+                def backward_data(dy, w, dx):
+                    if not aligned16(dy, dx):  # dy's tensor map and dx's 16-byte stores (w is read by the flip)
+                        unaligned(dy, w, dx)
+                        return
+                    flip(w, flipped)
+                    multiply(dy, flipped, dx)
+
+                backward_data.workspace = (flipped,)
+                return backward_data
+
+            # NCHW: dy moved channels-last, the kernel's channels-last dx moved back
+            transpose = transposer(context, moves, p.dtype)
+            dy_in, dx_out = transpose(n, k, ho * wo), transpose(n, h * w_, c)
+            dy_nhwc, dx_nhwc = backend.alloc(d["y"].numel * item), backend.alloc(d["x"].numel * item)
+
+            def backward_data_nchw(dy, w, dx):
+                flip(w, flipped)
+                dy_in(dy, dy_nhwc)
+                multiply(dy_nhwc, flipped, dx_nhwc)
+                dx_out(dx_nhwc, dx)
+
+            backward_data_nchw.workspace = (flipped, dy_nhwc, dx_nhwc)
+            return backward_data_nchw
+
+        return Solution(self.programs(problem), invoker_factory)
+
+
+class ConvTmaBwdData128x128(ConvTmaBwdData):
+    id = 37
+    name = "ConvTmaBwdData128x128"
+    tile_n = 128
+
+
+class ConvTmaBwdData128x64(ConvTmaBwdData):
+    id = 38
+    name = "ConvTmaBwdData128x64"
+    tile_n = 64
