@@ -6,10 +6,11 @@ NumPy reference; and the whole chain short of the tensor cores: conv_gemm.c's co
 run on the chain device (PoCL in CI) from either layout, then conv_fwd_tma emulated in NumPy
 from the very arguments the invoker launches it with (its scalars and both tensor maps: the
 im2col copy's walk of the bounding box, its zero fill, the weights' tiles), against the
-reference's backward data. On an sm_90 GPU (KDB_TEST_BACKEND=cuda with PyTorch): every tile
-shape, type and layout against PyTorch in float64 on odd sizes, dilation 2, padding 0/1/2 (H
-and W padded differently), 24/72/130 channels of dx, dy's channels not a multiple of the
-64-channel step, more tiles than multiprocessors, and new weights on the second call."""
+reference's backward data; an NCHW 1 x 1 one's batched GEMM on the reference. On an sm_90 GPU
+(KDB_TEST_BACKEND=cuda with PyTorch): every tile shape, type and layout against PyTorch in
+float64 on odd sizes, dilation 2, padding 0/1/2 (H and W padded differently), 24/72/130
+channels of dx, dy's channels not a multiple of the 64-channel step, 1 x 1 filters (the GEMM
+and the staged path), more tiles than multiprocessors, and new weights on the second call."""
 
 from __future__ import annotations
 
@@ -254,6 +255,40 @@ def test_the_workspace_holds_the_flipped_weights_and_the_nchw_staging():
     assert solver.programs(dgrad(dtype=DataType.FP32)) == []
 
 
+def test_a_pointwise_nchw_backward_data_is_a_batched_gemm():
+    """dx[n] (C x HW) = w^T (C x K) dy[n] (K x HW): the GEMM's own descriptions of A, B and C
+    laid over w's, dy's and dx's NCHW memory give the reference's backward data."""
+    from numpy.lib.stride_tricks import as_strided
+
+    from kdbkit.runtime.reference.gemm import gemm as reference_gemm
+
+    p = dgrad(c=48, k=64, hw=(8, 12), n=3, f=(1, 1), pad=(0, 0), layout="NCHW")
+    gemm = tma_dgrad.as_gemm(p)
+    assert (gemm.m, gemm.n, gemm.k, gemm.batch, gemm.trans_a, gemm.trans_b) == (48, 96, 64, 3, True, False)
+    rng = np.random.default_rng(5)
+    wt, dy = rng.standard_normal(p.w_shape), rng.standard_normal(p.y_shape)
+    t = gemm.tensors()
+
+    def view(flat, desc):
+        return as_strided(flat, desc.shape, tuple(8 * s for s in desc.strides))
+
+    dx = reference_gemm(view(wt.ravel(), t["a"]), view(dy.ravel(), t["b"]), trans_a=True)
+    assert t["c"].shape == (3, 48, 96) and t["c"].strides == (48 * 96, 96, 1)  # dx packed NCHW
+    np.testing.assert_allclose(dx.reshape(p.x_shape), ref.backward_data(dy, wt, p.x_shape), rtol=1e-12, atol=1e-12)
+
+    big = REGISTRY.find("ConvTmaBwdData128x256")
+    (request,) = big.programs(p)
+    assert request.kernel_file == "gemm_tma.cu" and {"-DGEMM_TA=1", "-DGEMM_TB=0"} <= set(request.options)
+    assert big.workspace(p) == 0 and big.is_applicable(p, sm90())
+    assert [name for name in SOLVERS if REGISTRY.find(name).suits(p, sm90())] == ["ConvTmaBwdData128x128"]
+    assert "runs as a GEMM of 128 x 256 or 128 x 128" in REGISTRY.find("ConvTmaBwdData128x64").suits(p, sm90()).reason
+    assert REGISTRY.find("ConvTmaBwdData128x64").programs(p)[0].kernel_file == "conv_tma.cu"  # staged instead
+    assert tma_dgrad.as_gemm(dgrad(c=256, hw=(14, 14), f=(1, 1), pad=(0, 0), layout="NCHW")) is None  # 196 pixels
+    assert tma_dgrad.as_gemm(dgrad(c=20, hw=(8, 8), f=(1, 1), pad=(0, 0), layout="NCHW")) is None  # w's rows of 20
+    assert tma_dgrad.as_gemm(dgrad(c=48, hw=(8, 12), f=(1, 1), pad=(0, 0))) is None  # NHWC: the im2col kernel
+    assert tma_dgrad.as_gemm(dgrad(c=48, hw=(8, 12), f=(1, 1), pad=(0, 0), stride=(2, 2), layout="NCHW")) is None
+
+
 @pytest.mark.parametrize("c, expected", [(64, 64), (128, 128), (256, 256), (2048, 256)])
 def test_the_tile_follows_dxs_channels(c, expected):
     p = dgrad(c=c, k=64, hw=(56, 56), n=32)
@@ -289,7 +324,8 @@ CASES = [
     (2, 64, 7, 9, 128, (3, 3), (0, 0), (1, 1)),  # pad 0: dy 5 x 7 padded by 2
     (2, 40, 9, 9, 24, (3, 3), (2, 2), (1, 1)),  # pad 2 with a 3 x 3: dy unpadded (p' = 0)
     (4, 128, 9, 9, 200, (3, 3), (1, 2), (2, 1)),  # dilation on H: p' = (3, 0)
-    (2, 48, 8, 12, 64, (1, 1), (0, 0), (1, 1)),  # 1 x 1: the flip is a transpose
+    (2, 48, 8, 12, 64, (1, 1), (0, 0), (1, 1)),  # 1 x 1: NCHW the batched GEMM (96 pixels); NHWC a flip
+    (2, 256, 14, 14, 64, (1, 1), (0, 0), (1, 1)),  # 1 x 1, 196 pixels: rows not 16-byte aligned, staged
     (2, 16, 7, 8, 64, (7, 7), (3, 3), (1, 1)),  # a filter as large as the image
     (8, 512, 30, 30, 64, (3, 3), (1, 1), (1, 1)),  # 57 x 2..8 tiles: more than the multiprocessors
 ]
