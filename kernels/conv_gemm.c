@@ -174,3 +174,40 @@ KDB_KERNEL void conv_pad_channels(const KDB_GLOBAL kdb_data_t* src, KDB_GLOBAL k
         KDB_STORE(dst, e, c < C ? KDB_LOAD(src, (long)n * s0 + (long)c * s1 + (long)h * s2 + (long)v * s3) : 0.0f);
     }
 }
+
+/* Backward data at stride s > 1 by output phase (ConvTmaBwdDataStrided): along each axis, the
+ * rows h = s i + a of dx (phase a) are a stride-1 correlation of dy with the taps r = r0 + s t
+ * (t < T, r0 = (a + pad) mod s) of the filter, flipped. */
+
+/* dst[c][u][v][k] = src[k][c][r0h + sh (Th-1-u)][r0w + sw (Tw-1-v)] (src through its strides,
+ * KCYX or KYXC): one phase's sub-filter, flipped, as the KYXC weights of that phase's forward
+ * convolution of dy (its "input channels" K, its "output channels" C). A 1 x 1 filter's one
+ * phase (Th = Tw = 1, r0 = 0) is w transposed. */
+KDB_KERNEL void conv_phase_weights(const KDB_GLOBAL kdb_data_t* src, KDB_GLOBAL kdb_data_t* dst, int K, int C,
+                                   int s0, int s1, int s2, int s3, int r0h, int r0w, int sh, int sw, int Th, int Tw)
+{
+    const long total = (long)K * C * Th * Tw;
+    for (long e = KDB_GLOBAL_ID_X; e < total; e += (long)KDB_LOCAL_SIZE_X * KDB_NUM_GROUPS_X) {
+        const int k = (int)(e % K), v = (int)(e / K % Tw), u = (int)(e / ((long)K * Tw) % Th);
+        const int c = (int)(e / ((long)K * Tw * Th));
+        const int r = r0h + sh * (Th - 1 - u), q = r0w + sw * (Tw - 1 - v);
+        KDB_STORE(dst, e, KDB_LOAD(src, (long)k * s0 + (long)c * s1 + (long)r * s2 + (long)q * s3));
+    }
+}
+
+/* dx[n, c, a + sh i, b + sw j] = src[n][i][j][c] (packed N x Hp x Wp x C, the phase's forward
+ * output) for i < Hp, j < Wp; 0 where live is 0 (a phase whose sub-filter has no tap: src is
+ * not read). dx through its strides (N, C, H, W order); elements in (n, i, j, c) order, so
+ * src is read along its rows and a channels-last dx written in runs of C. One launch per
+ * phase: together they write every element of dx once. */
+KDB_KERNEL void conv_phase_scatter(const KDB_GLOBAL kdb_data_t* src, KDB_GLOBAL kdb_data_t* dx, int N, int C, int Hp,
+                                   int Wp, int a, int b, int sh, int sw, int xs0, int xs1, int xs2, int xs3, int live)
+{
+    const long total = (long)N * Hp * Wp * C;
+    for (long e = KDB_GLOBAL_ID_X; e < total; e += (long)KDB_LOCAL_SIZE_X * KDB_NUM_GROUPS_X) {
+        const int c = (int)(e % C), j = (int)(e / C % Wp), i = (int)(e / ((long)C * Wp) % Hp);
+        const int n = (int)(e / ((long)C * Wp * Hp));
+        const float value = live ? KDB_LOAD(src, e) : 0.0f;
+        KDB_STORE(dx, (long)n * xs0 + (long)c * xs1 + (long)(a + sh * i) * xs2 + (long)(b + sw * j) * xs3, value);
+    }
+}

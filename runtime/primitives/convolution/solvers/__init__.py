@@ -2,11 +2,13 @@
 ConvDirect, 21 ConvIm2colGemm, 22 ConvImplicitGemmTensorCore, 23 ConvWrwImplicitGemmTensorCore
 (both in igemm_tc), 24 ConvDepthwise, 25 ConvImplicitGemmMfma, 27 ConvWinogradF2x3, 28
 ConvImplicitGemm (26 is the bias's, ConvBias), 33-35 ConvTma128x256/128x128/128x64 (tma),
-36-38 ConvTmaBwdData128x256/128x128/128x64 (tma_dgrad).
+36-38 ConvTmaBwdData128x256/128x128/128x64 (tma_dgrad), 39-41
+ConvTmaBwdDataStrided128x256/128x128/128x64 (tma_sdgrad).
 Immediate mode tries the depthwise kernels first (depthwise forward and backward data), then
 Hopper's TMA + wgmma kernels (sm_90, fp16/bf16, the tile that wastes least: forward, then
-backward data at stride 1), then the matrix-unit implicit GEMMs (CUDA tensor cores, fp16/bf16:
-forward and backward data at stride 1, backward weights; AMD MFMA on gfx90a/gfx942: NHWC
+backward data at stride 1, then at a larger stride, one forward convolution per output phase),
+then the matrix-unit implicit GEMMs (CUDA tensor cores, fp16/bf16: forward and backward data
+at stride 1, backward weights; AMD MFMA on gfx90a/gfx942: NHWC
 forward), then the implicit GEMM on the general cores (every direction, layout, type and group
 count), then the matrix multiply over im2col (one group), then Winograd F(2 x 2, 3 x 3) (3 x 3
 forward at stride 1: find ranks it where it is faster), then the direct solver, which takes every convolution."""
@@ -21,10 +23,14 @@ from kdbkit.runtime.primitives.convolution.solvers.im2col import ConvIm2colGemm
 from kdbkit.runtime.primitives.convolution.solvers.tma import ConvTma, ConvTma128x64, ConvTma128x128
 from kdbkit.runtime.primitives.convolution.solvers.tma_dgrad import (ConvTmaBwdData, ConvTmaBwdData128x64,
                                                                      ConvTmaBwdData128x128)
+from kdbkit.runtime.primitives.convolution.solvers.tma_sdgrad import (ConvTmaBwdDataStrided,
+                                                                      ConvTmaBwdDataStrided128x64,
+                                                                      ConvTmaBwdDataStrided128x128)
 from kdbkit.runtime.primitives.convolution.solvers.winograd import ConvWinogradF2x3
 from kdbkit.runtime.solver import REGISTRY
 
 SOLVERS = (ConvDepthwise, ConvTma, ConvTma128x128, ConvTma128x64, ConvTmaBwdData, ConvTmaBwdData128x128,
-           ConvTmaBwdData128x64, ConvImplicitGemmTensorCore, ConvWrwImplicitGemmTensorCore, ConvImplicitGemmMfma,
+           ConvTmaBwdData128x64, ConvTmaBwdDataStrided, ConvTmaBwdDataStrided128x128, ConvTmaBwdDataStrided128x64,
+           ConvImplicitGemmTensorCore, ConvWrwImplicitGemmTensorCore, ConvImplicitGemmMfma,
            ConvImplicitGemm, ConvIm2colGemm, ConvWinogradF2x3, ConvDirect)
 REGISTRY.register_all(SOLVERS)

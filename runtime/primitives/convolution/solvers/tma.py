@@ -118,9 +118,17 @@ def multiplier(context, program, problem: ConvProblem, tile_n: int):
     the forward ``problem`` on 16-byte aligned channels-last x, KYXC w and channels-last y. The
     tensor maps hold the addresses: they are encoded with a launch for each (x, w) pair met,
     the most recent :data:`CACHED_PAIRS` kept."""
+    return map_multiplier(context, program, tiles(problem, tile_n), tile_n, scalars(problem), input_map(problem),
+                          filter_map(problem, tile_n))
+
+
+def map_multiplier(context, program, tile_count: int, tile_n: int, args: list, x_map: tuple, w_map: tuple):
+    """:func:`multiplier` from conv_fwd_tma's arguments themselves (its scalars, the
+    :func:`input_map` and :func:`filter_map` tuples, its ``tile_count`` tiles): for a forward
+    convolution that no ConvProblem describes, as a stride phase's of backward data, padded
+    differently before and after."""
     backend, kernel = context.backend, program.function("conv_fwd_tma")
-    grid = (min(tiles(problem, tile_n), device_units(context.device)), 1, 1)
-    args, x_map, w_map = scalars(problem), input_map(problem), filter_map(problem, tile_n)
+    grid = (min(tile_count, device_units(context.device)), 1, 1)
     launches: dict = {}
 
     def multiply(x, w, y):

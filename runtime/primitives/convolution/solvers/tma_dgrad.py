@@ -19,8 +19,8 @@ Channels-last tensors go as they are; NCHW dy and dx are staged channels-last as
 solver stages x and y. An NCHW 1 x 1 one without padding is the batched GEMM dx[n] (C x HW) =
 w^T (C x K) dy[n] (K x HW): it runs through GemmTma's invoker (A transposed, on the tensors as
 they are) where H W and C are multiples of 8 and the tile is 256 or 128 wide, as the forward's
-1 x 1 convolutions do. A stride above 1 is not applicable yet: the convolution of dy would need
-dy dilated by the stride or one convolution per stride phase.
+1 x 1 convolutions do. A stride above 1 is ConvTmaBwdDataStrided's (tma_sdgrad: one forward
+convolution per output phase).
 """
 
 from __future__ import annotations
@@ -79,9 +79,8 @@ class ConvTmaBwdData(Solver):
         if problem.groups != 1:
             return not_applicable(f"it takes one group, not {problem.groups}")
         if problem.stride != (1, 1):
-            return not_applicable(f"backward data at stride {problem.stride} is not implemented yet: only at stride 1 "
-                                  "is it a forward convolution of dy (a strided one needs dy dilated or split by "
-                                  "stride phase)")
+            return not_applicable(f"stride {problem.stride} is ConvTmaBwdDataStrided's (one forward convolution of "
+                                  "dy per output phase): only at stride 1 is it one forward convolution of dy")
         pad = flipped_pad(problem)
         if min(pad) < 0:
             return not_applicable(f"pad {problem.pad} is wider than dilation x (filter - 1): the forward convolution "
