@@ -122,7 +122,13 @@ def test_every_program_compiles_offline_for_sm90a(name, dtype):
 # (N, C, H, W, K, filter, pad, stride, tile): small enough to emulate; C 24/72/130
 EMULATED = [(2, 24, 9, 11, 16, (1, 1), (0, 0), (2, 2), 64),  # ResNet's downsample, odd H and W
             (1, 130, 7, 8, 72, (1, 1), (0, 0), (3, 3), 256),  # stride 3: 8 of 9 phases zeros; 72 = 64 + 8 deep
-            (2, 72, 6, 5, 8, (1, 1), (0, 0), (2, 3), 128)]  # each axis its own stride
+            (2, 72, 6, 5, 8, (1, 1), (0, 0), (2, 3), 128),  # each axis its own stride
+            (2, 24, 9, 11, 16, (3, 3), (1, 1), (2, 2), 64),  # ResNet's 3 x 3 / 2: phase 1 two taps, odd sizes
+            (1, 130, 8, 7, 72, (3, 3), (1, 1), (2, 2), 256),  # 130 columns, 72 = 64 + 8 deep
+            (1, 72, 10, 11, 24, (3, 3), (0, 0), (3, 3), 128),  # stride 3 unpadded: one tap per phase
+            (2, 24, 11, 9, 8, (5, 3), (2, 1), (2, 3), 64),  # each axis its own filter, pad and stride
+            (1, 24, 8, 10, 8, (2, 2), (0, 0), (3, 3), 64),  # phase 2 of each axis has no tap: zeros
+            (1, 24, 7, 9, 8, (1, 1), (1, 1), (2, 2), 64)]  # a padded 1 x 1: p' = -1, the corner at +1
 
 
 @pytest.mark.parametrize("layout", ["NHWC", "NCHW"])
@@ -199,6 +205,11 @@ def test_the_gates_name_what_they_refuse():
 
     assert reason() == reason(layout="NCHW") == reason(dtype=DataType.BF16) == reason(stride=(3, 1)) == ""
     assert reason(c=130, k=72, hw=(13, 11), stride=(3, 3)) == ""
+    assert reason(f=(3, 3), pad=(1, 1)) == reason(f=(7, 7), pad=(3, 3), hw=(224, 224)) == ""
+    assert reason(f=(5, 3), pad=(2, 1), stride=(2, 3)) == reason(f=(1, 1), pad=(1, 1)) == ""
+    # a 259-tap filter at stride 2: phase 0 has 130 taps, dy padded by p' = 129 (corner -129)
+    assert "phase (0, 0)'s im2col window corners (W, H) (0, -129)" in reason(f=(259, 1), hw=(300, 9))
+    assert reason(f=(255, 1), hw=(300, 9)) == ""  # 128 taps: p' = 127
     assert "sm_90 GPU (this is sm_80)" in reason(DeviceInfo("cuda", 0, "an A100", Target.parse("sm_80_108"), 1 << 30))
     assert "fp32 is not fp16 or bf16" in reason(dtype=DataType.FP32)
     assert "backward data only" in reason(direction="F") and "backward data only" in reason(direction="W")
@@ -230,9 +241,12 @@ def test_the_tile_follows_dxs_channels(c, expected):
 def test_immediate_mode_tries_it_for_strided_backward_data_on_sm90():
     from kdbkit.runtime.immediate import heuristic
 
-    for layout in ("NHWC", "NCHW"):  # ResNet-50's downsample of stage 3
+    for layout in ("NHWC", "NCHW"):  # ResNet-50's downsample of stage 3 and its 3 x 3 / 2
         chosen = heuristic(dgrad(c=512, k=1024, hw=(28, 28), n=32, layout=layout), sm90(), ())
         assert chosen.solver.name.startswith("ConvTmaBwdDataStrided128x"), chosen.trace
+        chosen = heuristic(dgrad(c=128, k=128, hw=(56, 56), n=32, f=(3, 3), pad=(1, 1), layout=layout), sm90(), ())
+        assert chosen.solver.name.startswith("ConvTmaBwdDataStrided128x"), chosen.trace
+    assert heuristic(dgrad(f=(3, 3), pad=(1, 1), dilation=(2, 2)), sm90(), ()).solver.name == "ConvImplicitGemm"
     trace = "\n".join(heuristic(dgrad(c=512, k=1024, hw=(28, 28), n=32), sm90(), ()).trace)
     assert "ConvTmaBwdData128x256: rejected, stride (2, 2) is ConvTmaBwdDataStrided's" in trace
     assert heuristic(dgrad(stride=(1, 1)), sm90(), ()).solver.name.startswith("ConvTmaBwdData128x")
@@ -249,6 +263,14 @@ CASES = [
     (1, 130, 13, 10, 72, (1, 1), (0, 0), (3, 3)),  # 130 columns (2-channel stores); 72 deep
     (2, 64, 9, 8, 128, (1, 1), (0, 0), (2, 3)),
     (8, 256, 28, 28, 512, (1, 1), (0, 0), (2, 2)),  # ResNet's downsample: more tiles than multiprocessors
+    (1, 24, 7, 9, 16, (1, 1), (1, 1), (2, 2)),  # a padded 1 x 1: p' = -1, the im2col corner at +1
+    (2, 24, 9, 11, 64, (3, 3), (1, 1), (2, 2)),  # ResNet's 3 x 3 / 2 on odd sizes
+    (2, 130, 14, 13, 72, (3, 3), (1, 1), (2, 2)),
+    (2, 72, 10, 11, 24, (3, 3), (0, 0), (3, 3)),  # stride 3 unpadded
+    (2, 40, 11, 9, 16, (5, 3), (2, 1), (2, 3)),  # each axis its own filter, pad and stride
+    (1, 24, 8, 10, 8, (2, 2), (0, 0), (3, 3)),  # phases without taps: zeros
+    (2, 16, 17, 17, 64, (7, 7), (3, 3), (2, 2)),  # a stem-like 7 x 7 / 2 (dx's 16 channels)
+    (8, 128, 56, 56, 128, (3, 3), (1, 1), (2, 2)),  # ResNet-50's stage 2 entry, more tiles than multiprocessors
 ]
 
 

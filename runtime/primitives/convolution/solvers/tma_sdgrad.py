@@ -164,9 +164,6 @@ class ConvTmaBwdDataStrided(Solver):
         if problem.dilation != (1, 1):
             return not_applicable(f"dilation {problem.dilation} at stride {problem.stride}: a stride phase's taps "
                                   "need not step evenly (only dilation 1 is split by phase)")
-        if problem.filter != (1, 1) or problem.pad != (0, 0):
-            return not_applicable(f"a {problem.filter} filter padded {problem.pad} at stride {problem.stride} is "
-                                  "not enabled yet: only 1 x 1 unpadded (one phase)")
         n, c, h, w = problem.x_shape
         k, (ho, wo) = problem.out_channels, problem.out_hw
         if k % 8:
