@@ -157,6 +157,10 @@ EXPECTED_LAYOUTS = {
     **{name: [(0, 8), (8, 8), (16, 8), *((24 + 4 * i, 4) for i in range(29))] for name in ("conv_dw_fwd", "conv_dw_bwd_data")},
     "conv_flip_weights": [(0, 8), (8, 8), *((16 + 4 * i, 4) for i in range(8))],  # two tensors, K C Y X, 4 strides
     "conv_pad_channels": [(0, 8), (8, 8), *((16 + 4 * i, 4) for i in range(9))],  # two tensors, N C H W Cp, 4 strides
+    # two tensors; K C, 4 strides, r0 (H, W), strides, taps (H, W)
+    "conv_phase_weights": [(0, 8), (8, 8), *((16 + 4 * i, 4) for i in range(12))],
+    # two tensors; N C Hp Wp, a b, strides, dx's 4 strides, live
+    "conv_phase_scatter": [(0, 8), (8, 8), *((16 + 4 * i, 4) for i in range(13))],
     # gemm.c: A, B, C; M, N, K, lda, ldb, ldc; three long batch strides; trans_a, trans_b, alpha, beta
     **{name: [(0, 8), (8, 8), (16, 8), *((24 + 4 * i, 4) for i in range(6)), (48, 8), (56, 8), (64, 8),
               *((72 + 4 * i, 4) for i in range(4))] for name in ("gemm_tiled", "gemm_blocked")},
@@ -173,7 +177,7 @@ EXPECTED_LDS = {  # static LDS bytes at the default options
     "bn_fwd_infer": 0, "bn_fwd_train": 256 * 4, "bn_bwd": 256 * 4, "bn_fwd_infer_planes": 0, "bn_train_partial": 256 * 4, "bn_train_partial_vec": 256 * 4, "bn_train_finalize": 0,
     "gemm_tiled": 2 * 16 * 17 * 4,  # two padded TILE x (TILE + 1) float tiles
     "conv_fwd_direct": 0, "conv_bwd_data_direct": 0, "conv_bwd_weights_direct": 256 * 4,  # CONV_WRW_BLOCK floats
-    "conv_im2col": 0, "conv_col2im": 0, "conv_dy_by_channel": 0, "conv_transpose": 32 * 33 * 4, "conv_flip_weights": 0, "conv_pad_channels": 0, "conv_dw_fwd": 0, "conv_dw_bwd_data": 0, "conv_bias_fwd": 0, "wino_filter": 0, "wino_input": 0, "wino_output": 0,
+    "conv_im2col": 0, "conv_col2im": 0, "conv_dy_by_channel": 0, "conv_transpose": 32 * 33 * 4, "conv_flip_weights": 0, "conv_pad_channels": 0, "conv_phase_weights": 0, "conv_phase_scatter": 0, "conv_dw_fwd": 0, "conv_dw_bwd_data": 0, "conv_bias_fwd": 0, "wino_filter": 0, "wino_input": 0, "wino_output": 0,
     "conv_bias_bwd": 256 * 4,
     **{name: 2 * 2 * 8 * 132 * 4 for name in ("conv_fwd_igemm", "conv_bwd_data_igemm", "conv_wrw_igemm")},
     "conv_igemm_wrw_finish": 0,  # (two double-buffered 8 x 132 float tiles: A's and B's)
