@@ -177,37 +177,77 @@ KDB_KERNEL void conv_pad_channels(const KDB_GLOBAL kdb_data_t* src, KDB_GLOBAL k
 
 /* Backward data at stride s > 1 by output phase (ConvTmaBwdDataStrided): along each axis, the
  * rows h = s i + a of dx (phase a) are a stride-1 correlation of dy with the taps r = r0 + s t
- * (t < T, r0 = (a + pad) mod s) of the filter, flipped. */
+ * (t < T, r0 = (a + pad) mod s) of the filter, flipped. Phases go H's outer, W's inner. */
 
-/* dst[c][u][v][k] = src[k][c][r0h + sh (Th-1-u)][r0w + sw (Tw-1-v)] (src through its strides,
- * KCYX or KYXC): one phase's sub-filter, flipped, as the KYXC weights of that phase's forward
- * convolution of dy (its "input channels" K, its "output channels" C). A 1 x 1 filter's one
- * phase (Th = Tw = 1, r0 = 0) is w transposed. */
-KDB_KERNEL void conv_phase_weights(const KDB_GLOBAL kdb_data_t* src, KDB_GLOBAL kdb_data_t* dst, int K, int C,
-                                   int s0, int s1, int s2, int s3, int r0h, int r0w, int sh, int sw, int Th, int Tw)
+/* T: how many of an axis's Y taps phase a reads (r0 = (a + pad) mod s, r0 + s t < Y). */
+KDB_DEVICE_FN int conv_phase_taps(int a, int pad, int s, int Y)
 {
-    const long total = (long)K * C * Th * Tw;
+    const int r0 = (a + pad) % s;
+    return r0 < Y ? (Y - r0 + s - 1) / s : 0;
+}
+
+/* The phases' sub-filters, flipped, one after another in phase order, each the KYXC weights of
+ * its forward convolution of dy (its "input channels" K, "output channels" C): phase (a, b)'s
+ * block is C x Th x Tw x K, dst[c][u][v][k] = src[k][c][r0h + sh (Th-1-u)][r0w + sw (Tw-1-v)].
+ * Every tap lies in exactly one phase of each axis (r mod s = r0), so the blocks hold K C Y X
+ * elements in all; phases with no tap have an empty block. src through its strides (KCYX or
+ * KYXC); read in its own order. A 1 x 1 filter's one block (phase (0, 0) unpadded) is w
+ * transposed. */
+KDB_KERNEL void conv_phase_weights(const KDB_GLOBAL kdb_data_t* src, KDB_GLOBAL kdb_data_t* dst, int K, int C, int Y,
+                                   int X, int s0, int s1, int s2, int s3, int ph, int pw, int sh, int sw)
+{
+    const long total = (long)K * C * Y * X;
     for (long e = KDB_GLOBAL_ID_X; e < total; e += (long)KDB_LOCAL_SIZE_X * KDB_NUM_GROUPS_X) {
-        const int k = (int)(e % K), v = (int)(e / K % Tw), u = (int)(e / ((long)K * Tw) % Th);
-        const int c = (int)(e / ((long)K * Tw * Th));
-        const int r = r0h + sh * (Th - 1 - u), q = r0w + sw * (Tw - 1 - v);
-        KDB_STORE(dst, e, KDB_LOAD(src, (long)k * s0 + (long)c * s1 + (long)r * s2 + (long)q * s3));
+        const int q = (int)(e % X), r = (int)(e / X % Y), c = (int)(e / ((long)X * Y) % C);
+        const int k = (int)(e / ((long)X * Y * C));
+        /* the phases whose r0 are r mod s and q mod s; t = r / s */
+        const int a = ((r - ph) % sh + sh) % sh, b = ((q - pw) % sw + sw) % sw;
+        const int th = conv_phase_taps(a, ph, sh, Y), tw = conv_phase_taps(b, pw, sw, X);
+        int before_h = 0, before_w = 0; /* taps of the earlier phases of each axis */
+        for (int i = 0; i < a; ++i)
+            before_h += conv_phase_taps(i, ph, sh, Y);
+        for (int j = 0; j < b; ++j)
+            before_w += conv_phase_taps(j, pw, sw, X);
+        const long block = (long)C * K * ((long)before_h * X + (long)th * before_w);
+        const int u = th - 1 - r / sh, v = tw - 1 - q / sw;
+        KDB_STORE(dst, block + (((long)c * th + u) * tw + v) * K + k,
+                  KDB_LOAD(src, (long)k * s0 + (long)c * s1 + (long)r * s2 + (long)q * s3));
     }
 }
 
-/* dx[n, c, a + sh i, b + sw j] = src[n][i][j][c] (packed N x Hp x Wp x C, the phase's forward
- * output) for i < Hp, j < Wp; 0 where live is 0 (a phase whose sub-filter has no tap: src is
- * not read). dx through its strides (N, C, H, W order); elements in (n, i, j, c) order, so
- * src is read along its rows and a channels-last dx written in runs of C. One launch per
- * phase: together they write every element of dx once. */
-KDB_KERNEL void conv_phase_scatter(const KDB_GLOBAL kdb_data_t* src, KDB_GLOBAL kdb_data_t* dx, int N, int C, int Hp,
-                                   int Wp, int a, int b, int sh, int sw, int xs0, int xs1, int xs2, int xs3, int live)
+/* dx[n, c, h, v] = the output of phase (h mod sh, v mod sw) at pixel (h / sh, v / sw), or 0
+ * where that phase has no tap. src holds the phases with taps one after another in phase
+ * order, each packed N x Hp x Wp x C (Hp = ceil((H - a) / sh)) and starting on a multiple of
+ * `align` elements (the tensor copies' 16-byte alignment, with room). dx through its strides
+ * (N, C, H, W order), elements in (n, h, v, c) order: a channels-last dx written along its
+ * memory, src read in runs of C. Every element of dx written once. */
+KDB_KERNEL void conv_phase_scatter(const KDB_GLOBAL kdb_data_t* src, KDB_GLOBAL kdb_data_t* dx, int N, int C, int H,
+                                   int W, int Y, int X, int ph, int pw, int sh, int sw, int xs0, int xs1, int xs2,
+                                   int xs3, int align)
 {
-    const long total = (long)N * Hp * Wp * C;
+    const long total = (long)N * C * H * W;
     for (long e = KDB_GLOBAL_ID_X; e < total; e += (long)KDB_LOCAL_SIZE_X * KDB_NUM_GROUPS_X) {
-        const int c = (int)(e % C), j = (int)(e / C % Wp), i = (int)(e / ((long)C * Wp) % Hp);
-        const int n = (int)(e / ((long)C * Wp * Hp));
-        const float value = live ? KDB_LOAD(src, e) : 0.0f;
-        KDB_STORE(dx, (long)n * xs0 + (long)c * xs1 + (long)(a + sh * i) * xs2 + (long)(b + sw * j) * xs3, value);
+        const int c = (int)(e % C), v = (int)(e / C % W), h = (int)(e / ((long)C * W) % H);
+        const int n = (int)(e / ((long)C * W * H));
+        const int a = h % sh, b = v % sw;
+        float value = 0.0f;
+        if (conv_phase_taps(a, ph, sh, Y) > 0 && conv_phase_taps(b, pw, sw, X) > 0) {
+            long offset = 0; /* the live phases before (a, b), each rounded up to align */
+            for (int i = 0; i < sh && i < H; ++i) {
+                for (int j = 0; j < sw && j < W; ++j) {
+                    if (i == a && j == b)
+                        break;
+                    if (conv_phase_taps(i, ph, sh, Y) > 0 && conv_phase_taps(j, pw, sw, X) > 0) {
+                        const long size = (long)N * ((H - i + sh - 1) / sh) * ((W - j + sw - 1) / sw) * C;
+                        offset += (size + align - 1) / align * align;
+                    }
+                }
+                if (i == a)
+                    break;
+            }
+            const int hp = (H - a + sh - 1) / sh, wp = (W - b + sw - 1) / sw;
+            value = KDB_LOAD(src, offset + (((long)n * hp + h / sh) * wp + v / sw) * C + c);
+        }
+        KDB_STORE(dx, (long)n * xs0 + (long)c * xs1 + (long)h * xs2 + (long)v * xs3, value);
     }
 }

@@ -157,10 +157,10 @@ EXPECTED_LAYOUTS = {
     **{name: [(0, 8), (8, 8), (16, 8), *((24 + 4 * i, 4) for i in range(29))] for name in ("conv_dw_fwd", "conv_dw_bwd_data")},
     "conv_flip_weights": [(0, 8), (8, 8), *((16 + 4 * i, 4) for i in range(8))],  # two tensors, K C Y X, 4 strides
     "conv_pad_channels": [(0, 8), (8, 8), *((16 + 4 * i, 4) for i in range(9))],  # two tensors, N C H W Cp, 4 strides
-    # two tensors; K C, 4 strides, r0 (H, W), strides, taps (H, W)
+    # two tensors; K C Y X, 4 strides, pads, strides
     "conv_phase_weights": [(0, 8), (8, 8), *((16 + 4 * i, 4) for i in range(12))],
-    # two tensors; N C Hp Wp, a b, strides, dx's 4 strides, live
-    "conv_phase_scatter": [(0, 8), (8, 8), *((16 + 4 * i, 4) for i in range(13))],
+    # two tensors; N C H W Y X, pads, strides, dx's 4 strides, align
+    "conv_phase_scatter": [(0, 8), (8, 8), *((16 + 4 * i, 4) for i in range(15))],
     # gemm.c: A, B, C; M, N, K, lda, ldb, ldc; three long batch strides; trans_a, trans_b, alpha, beta
     **{name: [(0, 8), (8, 8), (16, 8), *((24 + 4 * i, 4) for i in range(6)), (48, 8), (56, 8), (64, 8),
               *((72 + 4 * i, 4) for i in range(4))] for name in ("gemm_tiled", "gemm_blocked")},

@@ -150,27 +150,26 @@ def test_the_phase_kernels_and_the_kernels_arguments_compute_dx(handle, layout, 
 
     be = handle.backend
     program = handle.program("conv_gemm.c", p.dtype.options)
-    w_buffer = be.to_device(w_memory)
-    dx_buffer = be.to_device(np.full((n, h, w, c), np.nan, np.float16))
+    weights = launcher_1d(handle, program.function("conv_phase_weights"), wt.size,
+                          [None, None, *tma_sdgrad.weight_arguments(p)], max_groups=1 << 16)
+    scatter = launcher_1d(handle, program.function("conv_phase_scatter"), n * c * h * w,
+                          [None, None, *tma_sdgrad.scatter_arguments(p, tma_sdgrad.channels_last_strides(p.x_shape))],
+                          max_groups=1 << 16)
+    subs = be.alloc(wt.nbytes)
+    weights(be.to_device(w_memory), subs)
+    subs_host = be.to_host(subs, np.empty(wt.size, np.float16)).astype(np.float64)
+    offsets = tma_sdgrad.output_offsets(p)
+    outs = np.full(offsets[-1], np.nan, np.float16)  # the gaps between phases too: never read
     dy_nhwc = dy.transpose(0, 2, 3, 1).astype(np.float64)
-    strides = tma_sdgrad.channels_last_strides(p.x_shape)
-    for phase in tma_sdgrad.phases(p):
-        pixels = n * phase.h.rows * phase.w.rows * c
-        scatter = launcher_1d(handle, program.function("conv_phase_scatter"), pixels,
-                              [None, None, *tma_sdgrad.scatter_arguments(p, phase, strides)], max_groups=1 << 16)
-        if not phase.live:
-            scatter(dx_buffer, dx_buffer)
+    for phase, offset in zip(tma_sdgrad.phases(p), offsets):
+        if offset is None:
             continue
-        taps = phase.h.taps * phase.w.taps
-        weights = launcher_1d(handle, program.function("conv_phase_weights"), k * c * taps,
-                              [None, None, *tma_sdgrad.weight_arguments(p, phase)], max_groups=1 << 16)
-        sub = be.alloc(k * c * taps * 2)
-        weights(w_buffer, sub)
-        sub_host = be.to_host(sub, np.empty(k * c * taps, np.float16)).astype(np.float64)
-        y = emulate_conv_fwd_tma(dy_nhwc, sub_host, tma_sdgrad.phase_scalars(p, phase),
+        start, size = tma_sdgrad.weight_offset(p, phase), k * c * phase.h.taps * phase.w.taps
+        y = emulate_conv_fwd_tma(dy_nhwc, subs_host[start:start + size], tma_sdgrad.phase_scalars(p, phase),
                                  tma_sdgrad.phase_input_map(p, phase), tma_sdgrad.phase_filter_map(p, phase, tile_n))
-        out = be.to_device(y.astype(np.float16))  # the phase's N x Hp x Wp x C (fp16, as the kernel writes)
-        scatter(out, dx_buffer)
+        outs[offset:offset + y.size] = y.ravel()  # the phase's N x Hp x Wp x C, in fp16 as the kernel writes
+    dx_buffer = be.to_device(np.full((n, h, w, c), np.nan, np.float16))
+    scatter(be.to_device(outs), dx_buffer)
     dx = be.to_host(dx_buffer, np.empty((n, h, w, c), np.float16)).transpose(0, 3, 1, 2).astype(np.float64)
     assert np.isfinite(dx).all(), "an element of dx was not written"
     expected = ref.backward_data(dy, wt, p.x_shape, pad, stride)
@@ -178,22 +177,42 @@ def test_the_phase_kernels_and_the_kernels_arguments_compute_dx(handle, layout, 
 
 
 def test_the_scatter_writes_through_dxs_strides(handle):
-    """conv_phase_scatter into an NCHW dx directly (its strides, not the solver's staging)."""
-    p = dgrad(c=6, k=8, hw=(7, 5), n=2, stride=(2, 3), layout="NCHW")
+    """conv_phase_scatter into an NCHW dx directly (its strides, not the solver's staging), from
+    phases at their offsets, a phase without taps (the 2 x 2 filter's phase 2 at stride 3) zeros."""
+    p = dgrad(c=6, k=8, hw=(7, 8), n=2, f=(2, 2), stride=(2, 3), layout="NCHW")
     be = handle.backend
     program = handle.program("conv_gemm.c", p.dtype.options)
-    dx = np.full(p.x_shape, np.nan, np.float16)
-    dx_buffer = be.to_device(dx)
+    offsets = tma_sdgrad.output_offsets(p)
+    outs = np.full(offsets[-1], np.nan, np.float16)
     expected = np.zeros(p.x_shape)
     rng = np.random.default_rng(1)
-    for phase in tma_sdgrad.phases(p):
+    live = 0
+    for phase, offset in zip(tma_sdgrad.phases(p), offsets):
+        if offset is None:
+            assert phase.w.a == 2
+            continue
+        live += 1
         src = rng.standard_normal((2, phase.h.rows, phase.w.rows, 6)).astype(np.float16)
-        scatter = launcher_1d(handle, program.function("conv_phase_scatter"), src.size,
-                              [None, None, *tma_sdgrad.scatter_arguments(p, phase, p.descs()["x"].strides)])
-        scatter(be.to_device(src), dx_buffer)
-        if phase.live:
-            expected[:, :, phase.h.a::2, phase.w.a::3] = src.transpose(0, 3, 1, 2)
+        outs[offset:offset + src.size] = src.ravel()
+        expected[:, :, phase.h.a::2, phase.w.a::3] = src.transpose(0, 3, 1, 2)
+    assert live == 4 and all(o % tma_sdgrad.PHASE_ALIGN == 0 for o in offsets if o is not None)
+    scatter = launcher_1d(handle, program.function("conv_phase_scatter"), 2 * 6 * 7 * 8,
+                          [None, None, *tma_sdgrad.scatter_arguments(p, p.descs()["x"].strides)])
+    dx = np.full(p.x_shape, np.nan, np.float16)
+    dx_buffer = be.to_device(dx)
+    scatter(be.to_device(outs), dx_buffer)
     np.testing.assert_array_equal(be.to_host(dx_buffer, dx).astype(np.float64), expected)
+
+
+def test_the_weights_blocks_follow_the_phases():
+    """conv_phase_weights's blocks, phase after phase, hold every tap once: a 3 x 3 / 2 pad 1
+    gives 1, 2, 2 and 4 taps, and a 2 x 2 / 3 an empty block for each axis's phase 2."""
+    p = dgrad(c=4, k=8, f=(3, 3), pad=(1, 1))
+    blocks = [(tma_sdgrad.weight_offset(p, ph), ph.h.taps * ph.w.taps) for ph in tma_sdgrad.phases(p)]
+    assert blocks == [(0, 1), (32, 2), (96, 2), (160, 4)]  # C K = 32 elements a tap
+    q = dgrad(c=4, k=8, f=(2, 2), stride=(3, 3), hw=(8, 8))
+    assert [tma_sdgrad.weight_offset(q, ph) for ph in tma_sdgrad.phases(q)] == [0, 32, 64, 64, 96, 128, 128, 128,
+                                                                                   128]
 
 
 def test_the_gates_name_what_they_refuse():
@@ -224,9 +243,12 @@ def test_the_gates_name_what_they_refuse():
 def test_the_workspace_holds_the_live_phases_and_the_nchw_staging():
     solver = REGISTRY.find("ConvTmaBwdDataStrided128x64")
     one = dgrad(c=64, k=32, hw=(9, 9), n=2)  # phase (0, 0): 5 x 5
-    assert solver.workspace(one) == 2 * (32 * 64 + 2 * 25 * 64)
+    assert solver.workspace(one) == 2 * (32 * 64 + 2 * 25 * 64)  # 3,200 elements: a multiple of 128
     assert solver.workspace(dgrad(c=64, k=32, hw=(9, 9), n=2, layout="NCHW")) == \
         2 * (32 * 64 + 2 * 25 * 64 + 2 * 32 * 25 + 2 * 64 * 81)
+    three = dgrad(c=6, k=8, hw=(7, 7), n=1, f=(3, 3), pad=(1, 1))  # phases of 4 x 4, 4 x 3, 3 x 4, 3 x 3 pixels
+    assert tma_sdgrad.output_offsets(three) == [0, 128, 256, 384, 512]  # 96, 72, 72 and 54 elements, rounded
+    assert solver.workspace(three) == 2 * (8 * 6 * 9 + 512)
     assert solver.programs(dgrad(dtype=DataType.FP32)) == []
 
 

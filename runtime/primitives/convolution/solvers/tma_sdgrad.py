@@ -8,16 +8,19 @@ of dy per output phase. Along an axis of stride s, pad p and filter Y (dilation 
 
 that is the correlation of dy with the phase's sub-filter flipped, w'[u] = w[r0 + s (T-1-u)],
 padded by p' = T - 1 - q before and by whatever makes its output Hp = ceil((H - a) / s) rows
-after (the im2col map's upper corner; dy's rows past Ho arrive as zeros). Each call, for each
-phase (a, b) of both axes: conv_gemm.c's conv_phase_weights writes that phase's sub-filter as
-the forward's KYXC weights (C x Th x Tw x K, read through w's strides: either layout),
-conv_fwd_tma computes the phase into a packed N x Hp x Wp x C workspace (dy as it is: the
-kernel's epilogue writes rows of a packed matrix, so it cannot write dx's pixels s apart), and
-conv_phase_scatter moves it to dx[:, :, a::s, b::s]; a phase with no tap (a 1 x 1 filter's
-every phase but (0, 0) when unpadded) is written as zeros by the scatter alone. A 1 x 1
-unpadded filter at stride s (ResNet's downsamples) is one phase: dx[s p, s q] = w^T dy[p, q],
-the GEMM over dy's pixels, then the scatter; bytes moved beyond the GEMM's own: the phase's
-output written and read once (dx's size / s^2 each way) and dx written once, zeros included.
+after (the im2col map's upper corner; dy's rows past Ho arrive as zeros). Each call:
+conv_gemm.c's conv_phase_weights writes every phase's sub-filter, one block after another, as
+the KYXC weights of its forward convolution (C x Th x Tw x K; one pass over w through its
+strides: either layout); conv_fwd_tma computes each phase with taps into its own packed N x Hp
+x Wp x C part of a workspace (dy as it is: the kernel's epilogue writes rows of a packed
+matrix, so it cannot write dx's pixels s apart); conv_phase_scatter writes all of dx in one
+pass from those parts, zeros for a phase with no tap (a 1 x 1 filter's every phase but (0, 0)
+when unpadded). So 2 + (phases with taps) launches. A 1 x 1 unpadded filter at stride s
+(ResNet's downsamples) is one phase: dx[s p, s q] = w^T dy[p, q], the GEMM over dy's pixels,
+then the scatter; bytes moved beyond the GEMM's own: the phase's output written and read once
+(dx's size / s^2 each way) and dx written once, zeros included. A k x k filter's phases
+together write and read dx's size once more than a kernel writing dx directly would, and each
+reads dy (from L2 where it fits).
 
 Channels-last tensors go as they are; NCHW dy is staged channels-last and dx scattered
 channels-last then moved back (conv_gemm.c's transposes, as ConvTmaBwdData stages them).
@@ -105,24 +108,53 @@ def phase_filter_map(problem: ConvProblem, phase: Phase, tile_n: int) -> tuple:
 
 
 def phase_tiles(problem: ConvProblem, phase: Phase, tile_n: int) -> int:
+    """conv_fwd_tma's tiles over the phase's N Hp Wp x C output."""
     m = problem.x_shape[0] * phase.h.rows * phase.w.rows
     return -(-m // tma.TILE_M) * -(-problem.x_shape[1] // tile_n)
 
 
-def weight_arguments(problem: ConvProblem, phase: Phase) -> list:
-    """conv_phase_weights's int arguments: K, C, w's strides (K, C, Y, X order), r0 (H, W), the
-    strides, the taps (H, W)."""
+# A phase's output starts on a multiple of this many elements of the workspace: its tensor
+# map's and stores' 16-byte alignment, with room (conv_phase_scatter's `align`).
+PHASE_ALIGN = 128
+
+
+def weight_offset(problem: ConvProblem, phase: Phase) -> int:
+    """Where conv_phase_weights puts the phase's block (elements): after the blocks of every
+    earlier phase (a' < a: all their taps; a' = a, b' < b), phases past H or W included."""
+    (fy, fx), (ph, pw), (sh, sw) = problem.filter, problem.pad, problem.stride
     k, c = problem.out_channels, problem.x_shape[1]
-    return [np.int32(v) for v in (k, c, *problem.descs()["w"].strides, phase.h.r0, phase.w.r0, *problem.stride,
-                                  phase.h.taps, phase.w.taps)]
+    taps_h = [a.taps for a in axis_phases(sh, fy, ph, sh)]  # every phase of the axis: size >= stride
+    taps_w = [b.taps for b in axis_phases(sw, fx, pw, sw)]
+    return c * k * (sum(taps_h[:phase.h.a]) * fx + phase.h.taps * sum(taps_w[:phase.w.a]))
 
 
-def scatter_arguments(problem: ConvProblem, phase: Phase, dx_strides) -> list:
-    """conv_phase_scatter's int arguments: N, C, Hp, Wp, a, b, the strides, dx's strides (N, C,
-    H, W order), live."""
+def output_offsets(problem: ConvProblem) -> list[int | None]:
+    """Where each of :func:`phases` writes its output in the workspace (elements, None for a
+    phase without taps), and last the workspace's size: conv_phase_scatter's walk."""
     n, c = problem.x_shape[:2]
-    return [np.int32(v) for v in (n, c, phase.h.rows, phase.w.rows, phase.h.a, phase.w.a, *problem.stride,
-                                  *dx_strides, phase.live)]
+    offsets, at = [], 0
+    for phase in phases(problem):
+        if not phase.live:
+            offsets.append(None)
+            continue
+        offsets.append(at)
+        at += -(-n * phase.h.rows * phase.w.rows * c // PHASE_ALIGN) * PHASE_ALIGN
+    return [*offsets, at]
+
+
+def weight_arguments(problem: ConvProblem) -> list:
+    """conv_phase_weights's int arguments: K, C, Y, X, w's strides (K, C, Y, X order), the pads,
+    the strides."""
+    k, c = problem.out_channels, problem.x_shape[1]
+    return [np.int32(v) for v in (k, c, *problem.filter, *problem.descs()["w"].strides, *problem.pad,
+                                  *problem.stride)]
+
+
+def scatter_arguments(problem: ConvProblem, dx_strides) -> list:
+    """conv_phase_scatter's int arguments: N, C, H, W, Y, X, the pads, the strides, dx's strides
+    (N, C, H, W order), :data:`PHASE_ALIGN`."""
+    return [np.int32(v) for v in (*problem.x_shape, *problem.filter, *problem.pad, *problem.stride, *dx_strides,
+                                  PHASE_ALIGN)]
 
 
 def channels_last_strides(shape) -> tuple[int, int, int, int]:
@@ -193,11 +225,10 @@ class ConvTmaBwdDataStrided(Solver):
                               f"{tma.tile_efficiency(shape, self.tile_n, units):.0%})")
 
     def workspace(self, problem: ConvProblem) -> int:
-        """Each live phase's sub-filter and output; NCHW: dy and dx channels-last too."""
-        k, (n, c) = problem.out_channels, problem.x_shape[:2]
-        elements = sum(k * c * p.h.taps * p.w.taps + n * p.h.rows * p.w.rows * c for p in phases(problem) if p.live)
+        """The phases' sub-filters (w's size) and outputs; NCHW: dy and dx channels-last too."""
+        d = problem.descs()
+        elements = d["w"].numel + output_offsets(problem)[-1]
         if problem.layout == "NCHW":
-            d = problem.descs()
             elements += d["y"].numel + d["x"].numel
         return elements * problem.dtype.itemsize
 
@@ -216,35 +247,31 @@ class ConvTmaBwdDataStrided(Solver):
             d, item, moves = p.descs(), p.dtype.itemsize, programs[1]
             nhwc = p.layout == "NHWC"
             dx_strides = d["x"].strides if nhwc else channels_last_strides(p.x_shape)
-            weights, scatter = moves.function("conv_phase_weights"), moves.function("conv_phase_scatter")
-            steps = []  # per phase: (weights launch, its buffer, multiply, output buffer, scatter launch)
-            for phase in phases(p):
-                pixels = n * phase.h.rows * phase.w.rows * c
-                scatter_phase = launcher_1d(context, scatter, pixels,
-                                            [None, None, *scatter_arguments(p, phase, dx_strides)], max_groups=1 << 16)
-                if not phase.live:
-                    steps.append((None, None, None, None, scatter_phase))
+            # two launches for every phase: its sub-filter (from w) and its output (into dx)
+            flip = launcher_1d(context, moves.function("conv_phase_weights"), d["w"].numel,
+                               [None, None, *weight_arguments(p)], max_groups=1 << 16)
+            scatter = launcher_1d(context, moves.function("conv_phase_scatter"), d["x"].numel,
+                                  [None, None, *scatter_arguments(p, dx_strides)], max_groups=1 << 16)
+            subs, offsets = backend.alloc(d["w"].numel * item), output_offsets(p)
+            outs = backend.alloc(offsets[-1] * item)
+            steps = []  # per phase with taps: multiply, its sub-filter, its output (views of subs and outs)
+            for phase, offset in zip(phases(p), offsets):
+                if offset is None:
                     continue
                 taps = phase.h.taps * phase.w.taps
-                sub = backend.alloc(k * c * taps * item)
-                out = backend.alloc(pixels * item)
-                flip = launcher_1d(context, weights, k * c * taps, [None, None, *weight_arguments(p, phase)],
-                                   max_groups=1 << 16)
+                sub = backend.wrap(int(subs.ptr) + weight_offset(p, phase) * item, k * c * taps * item)
+                out = backend.wrap(int(outs.ptr) + offset * item, n * phase.h.rows * phase.w.rows * c * item)
                 multiply = tma.map_multiplier(context, programs[0], phase_tiles(p, phase, tile_n), tile_n,
                                               phase_scalars(p, phase), phase_input_map(p, phase),
                                               phase_filter_map(p, phase, tile_n))
-                steps.append((flip, sub, multiply, out, scatter_phase))
-            buffers = tuple(b for step in steps for b in (step[1], step[3]) if b is not None)
+                steps.append((multiply, sub, out))
             unaligned = fallback_invoker(context, problem, "ConvImplicitGemm")
 
             def run_phases(dy_nhwc, w, dx_nhwc):
-                for flip, sub, multiply, out, scatter_phase in steps:
-                    if flip is None:
-                        scatter_phase(dx_nhwc, dx_nhwc)  # zeros: the source is not read
-                        continue
-                    flip(w, sub)
+                flip(w, subs)
+                for multiply, sub, out in steps:
                     multiply(dy_nhwc, sub, out)
-                    scatter_phase(out, dx_nhwc)
+                scatter(outs, dx_nhwc)
 
             if nhwc:
                 def backward_data(dy, w, dx):
@@ -253,7 +280,7 @@ class ConvTmaBwdDataStrided(Solver):
                         return
                     run_phases(dy, w, dx)
 
-                backward_data.workspace = buffers
+                backward_data.workspace = (subs, outs)
                 return backward_data
 
             # NCHW: dy moved channels-last, dx scattered channels-last and moved back
@@ -266,7 +293,7 @@ class ConvTmaBwdDataStrided(Solver):
                 run_phases(dy_nhwc, w, dx_nhwc)
                 dx_out(dx_nhwc, dx)
 
-            backward_data_nchw.workspace = (*buffers, dy_nhwc, dx_nhwc)
+            backward_data_nchw.workspace = (subs, outs, dy_nhwc, dx_nhwc)
             return backward_data_nchw
 
         return Solution(self.programs(problem), invoker_factory)
