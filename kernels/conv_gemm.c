@@ -219,35 +219,40 @@ KDB_KERNEL void conv_phase_weights(const KDB_GLOBAL kdb_data_t* src, KDB_GLOBAL 
  * where that phase has no tap. src holds the phases with taps one after another in phase
  * order, each packed N x Hp x Wp x C (Hp = ceil((H - a) / sh)) and starting on a multiple of
  * `align` elements (the tensor copies' 16-byte alignment, with room). dx through its strides
- * (N, C, H, W order), elements in (n, h, v, c) order: a channels-last dx written along its
- * memory, src read in runs of C. Every element of dx written once. */
+ * (N, C, H, W order). Every element of dx written once. Launch: blocks of CONV_SCATTER_X x
+ * CONV_SCATTER_Y, grid (1, any, 1): each row of a block takes a pixel (n, h, v) of dx, grid-
+ * stride, finds its phase and offset once (int arithmetic: N H W and the workspace fit an
+ * int, as the solver's gate says), then walks its C channels CONV_SCATTER_X at a time, so a
+ * channels-last dx is written, and src read, along memory. */
+#define CONV_SCATTER_X 64
+#define CONV_SCATTER_Y 4
 KDB_KERNEL void conv_phase_scatter(const KDB_GLOBAL kdb_data_t* src, KDB_GLOBAL kdb_data_t* dx, int N, int C, int H,
                                    int W, int Y, int X, int ph, int pw, int sh, int sw, int xs0, int xs1, int xs2,
                                    int xs3, int align)
 {
-    const long total = (long)N * C * H * W;
-    for (long e = KDB_GLOBAL_ID_X; e < total; e += (long)KDB_LOCAL_SIZE_X * KDB_NUM_GROUPS_X) {
-        const int c = (int)(e % C), v = (int)(e / C % W), h = (int)(e / ((long)C * W) % H);
-        const int n = (int)(e / ((long)C * W * H));
+    const int pixels = N * H * W;
+    for (int p = KDB_GROUP_ID_Y * CONV_SCATTER_Y + KDB_LOCAL_ID_Y; p < pixels;
+         p += KDB_NUM_GROUPS_Y * CONV_SCATTER_Y) {
+        const int v = p % W, h = p / W % H, n = p / (W * H);
         const int a = h % sh, b = v % sw;
-        float value = 0.0f;
-        if (conv_phase_taps(a, ph, sh, Y) > 0 && conv_phase_taps(b, pw, sw, X) > 0) {
-            long offset = 0; /* the live phases before (a, b), each rounded up to align */
-            for (int i = 0; i < sh && i < H; ++i) {
-                for (int j = 0; j < sw && j < W; ++j) {
-                    if (i == a && j == b)
-                        break;
-                    if (conv_phase_taps(i, ph, sh, Y) > 0 && conv_phase_taps(j, pw, sw, X) > 0) {
-                        const long size = (long)N * ((H - i + sh - 1) / sh) * ((W - j + sw - 1) / sw) * C;
-                        offset += (size + align - 1) / align * align;
-                    }
-                }
-                if (i == a)
-                    break;
-            }
-            const int hp = (H - a + sh - 1) / sh, wp = (W - b + sw - 1) / sw;
-            value = KDB_LOAD(src, offset + (((long)n * hp + h / sh) * wp + v / sw) * C + c);
+        const long out = (long)n * xs0 + (long)h * xs2 + (long)v * xs3;
+        if (conv_phase_taps(a, ph, sh, Y) == 0 || conv_phase_taps(b, pw, sw, X) == 0) {
+            for (int c = KDB_LOCAL_ID_X; c < C; c += CONV_SCATTER_X)
+                KDB_STORE(dx, out + (long)c * xs1, 0.0f);
+            continue;
         }
-        KDB_STORE(dx, (long)n * xs0 + (long)c * xs1 + (long)h * xs2 + (long)v * xs3, value);
+        int offset = 0; /* the phases with taps before (a, b), each rounded up to align */
+        for (int i = 0; i <= a; ++i) {
+            for (int j = 0; j < (i == a ? b : (sw < W ? sw : W)); ++j) {
+                if (conv_phase_taps(i, ph, sh, Y) > 0 && conv_phase_taps(j, pw, sw, X) > 0) {
+                    const int size = N * ((H - i + sh - 1) / sh) * ((W - j + sw - 1) / sw) * C;
+                    offset += (size + align - 1) / align * align;
+                }
+            }
+        }
+        const int hp = (H - a + sh - 1) / sh, wp = (W - b + sw - 1) / sw;
+        const long in = offset + ((long)(n * hp + h / sh) * wp + v / sw) * C;
+        for (int c = KDB_LOCAL_ID_X; c < C; c += CONV_SCATTER_X)
+            KDB_STORE(dx, out + (long)c * xs1, KDB_LOAD(src, in + c));
     }
 }

@@ -152,9 +152,7 @@ def test_the_phase_kernels_and_the_kernels_arguments_compute_dx(handle, layout, 
     program = handle.program("conv_gemm.c", p.dtype.options)
     weights = launcher_1d(handle, program.function("conv_phase_weights"), wt.size,
                           [None, None, *tma_sdgrad.weight_arguments(p)], max_groups=1 << 16)
-    scatter = launcher_1d(handle, program.function("conv_phase_scatter"), n * c * h * w,
-                          [None, None, *tma_sdgrad.scatter_arguments(p, tma_sdgrad.channels_last_strides(p.x_shape))],
-                          max_groups=1 << 16)
+    scatter = tma_sdgrad.scatter_launcher(handle, program, p, tma_sdgrad.channels_last_strides(p.x_shape))
     subs = be.alloc(wt.nbytes)
     weights(be.to_device(w_memory), subs)
     subs_host = be.to_host(subs, np.empty(wt.size, np.float16)).astype(np.float64)
@@ -196,8 +194,7 @@ def test_the_scatter_writes_through_dxs_strides(handle):
         outs[offset:offset + src.size] = src.ravel()
         expected[:, :, phase.h.a::2, phase.w.a::3] = src.transpose(0, 3, 1, 2)
     assert live == 4 and all(o % tma_sdgrad.PHASE_ALIGN == 0 for o in offsets if o is not None)
-    scatter = launcher_1d(handle, program.function("conv_phase_scatter"), 2 * 6 * 7 * 8,
-                          [None, None, *tma_sdgrad.scatter_arguments(p, p.descs()["x"].strides)])
+    scatter = tma_sdgrad.scatter_launcher(handle, program, p, p.descs()["x"].strides)
     dx = np.full(p.x_shape, np.nan, np.float16)
     dx_buffer = be.to_device(dx)
     scatter(be.to_device(outs), dx_buffer)

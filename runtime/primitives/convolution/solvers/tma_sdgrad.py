@@ -157,6 +157,19 @@ def scatter_arguments(problem: ConvProblem, dx_strides) -> list:
                                   PHASE_ALIGN)]
 
 
+# conv_phase_scatter's block: CONV_SCATTER_X channels by CONV_SCATTER_Y pixels (conv_gemm.c)
+SCATTER_BLOCK = (64, 4, 1)
+
+
+def scatter_launcher(context, program, problem: ConvProblem, dx_strides):
+    """``scatter(outputs, dx)``: conv_phase_scatter (from the loaded conv_gemm.c ``program``)
+    writing all of dx from the phases' outputs, a row of each block per pixel (grid-stride)."""
+    n, _, h, w = problem.x_shape
+    rows = min(-(-n * h * w // SCATTER_BLOCK[1]), 65535)
+    return context.backend.launcher(program.function("conv_phase_scatter"), (1, rows, 1), SCATTER_BLOCK,
+                                    [None, None, *scatter_arguments(problem, dx_strides)])
+
+
 def channels_last_strides(shape) -> tuple[int, int, int, int]:
     n, c, h, w = shape
     return h * w * c, 1, w * c, c
@@ -209,7 +222,8 @@ class ConvTmaBwdDataStrided(Solver):
             if any(v not in tma.CORNER for v in (*lower, *upper)):
                 return not_applicable(f"phase ({phase.h.a}, {phase.w.a})'s im2col window corners (W, H) {lower} and "
                                       f"{upper} leave -128..127")
-        if max(n * h * w * c, n * ho * wo * k, k * c * problem.filter[0] * problem.filter[1]) > INT_MAX:
+        if max(n * h * w * c, n * ho * wo * k, k * c * problem.filter[0] * problem.filter[1],
+               output_offsets(problem)[-1]) > INT_MAX:
             return not_applicable("sizes exceed the kernel's int arguments")
         if problem.layout == "NCHW" and max(n, k) > 65535:
             return not_applicable("NCHW staging transposes one matrix per image, at most 65535")
@@ -250,8 +264,7 @@ class ConvTmaBwdDataStrided(Solver):
             # two launches for every phase: its sub-filter (from w) and its output (into dx)
             flip = launcher_1d(context, moves.function("conv_phase_weights"), d["w"].numel,
                                [None, None, *weight_arguments(p)], max_groups=1 << 16)
-            scatter = launcher_1d(context, moves.function("conv_phase_scatter"), d["x"].numel,
-                                  [None, None, *scatter_arguments(p, dx_strides)], max_groups=1 << 16)
+            scatter = scatter_launcher(context, moves, p, dx_strides)
             subs, offsets = backend.alloc(d["w"].numel * item), output_offsets(p)
             outs = backend.alloc(offsets[-1] * item)
             steps = []  # per phase with taps: multiply, its sub-filter, its output (views of subs and outs)
