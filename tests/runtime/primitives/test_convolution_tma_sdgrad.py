@@ -96,6 +96,23 @@ def test_the_phases_of_resnets_strided_layers():
                                                   tma_sdgrad.AxisPhase(1, 1, 1, 0, -1)]  # no phase 2: H = 2
 
 
+@pytest.mark.parametrize("f, pad, hw", [((3, 3), (1, 1), (9, 11)), ((5, 3), (2, 0), (13, 7)), ((1, 1), (0, 0), (8, 8)),
+                                         ((3, 3), (0, 0), (7, 6)), ((7, 7), (3, 3), (12, 10))])
+def test_at_stride_one_the_phase_is_conv_tma_bwd_datas_forward(f, pad, hw):
+    """Stride 1 is one phase: its launch arguments are exactly those ConvTmaBwdData gives
+    conv_fwd_tma (passed on the H200 at 58b2d1e), and its weights block is conv_flip_weights's."""
+    from kdbkit.runtime.primitives.convolution.solvers.igemm_tc import as_forward
+
+    p = dgrad(c=24, k=16, hw=hw, n=3, f=f, pad=pad, stride=(1, 1))
+    (phase,) = tma_sdgrad.phases(p)
+    forward = as_forward(p)
+    assert [int(v) for v in tma_sdgrad.phase_scalars(p, phase)] == [int(v) for v in tma.scalars(forward)]
+    assert tma_sdgrad.phase_input_map(p, phase) == tma.input_map(forward)
+    assert tma_sdgrad.phase_filter_map(p, phase, 128) == tma.filter_map(forward, 128)
+    assert tma_sdgrad.weight_offset(p, phase) == 0 and tma_sdgrad.output_offsets(p) == [0, -(-3 * 24 * hw[0] * hw[1]
+                                                                                            // 128) * 128]
+
+
 @pytest.mark.parametrize("name", SOLVERS)
 @pytest.mark.parametrize("dtype", [DataType.FP16, DataType.BF16])
 def test_every_program_compiles_offline_for_sm90a(name, dtype):
