@@ -162,27 +162,42 @@ def as_gemm(problem: ConvProblem) -> GemmProblem | None:
     return GemmProblem(problem.dtype, k, hw, c, False, False, n, c, hw, hw, 0, c * hw, k * hw)
 
 
-class ConvTma(Solver):
-    """The 128 x 256 tile; subclasses set ``tile_n``."""
+class TmaConvSolver(Solver):
+    """What every convolution on conv_fwd_tma shares: sm_90 only, fp16/bf16, one direction
+    (``direction``, named in ``computes`` when refused), one group."""
 
-    id = 33
-    name = "ConvTma128x256"
     primitive = "conv"
     backends = ("cuda",)
-    tile_n = 256
+    direction = "F"
+    computes = "the forward direction only"
 
     def builds_for(self, target) -> bool:
         return target.arch_facts.has("wgmma")
 
-    def is_applicable(self, problem: ConvProblem, device):
+    def shared_gate(self, problem: ConvProblem, device):
+        """The refusal the gates above give ``problem``, or None where they pass."""
         if not device.target.arch_facts.has("wgmma"):
             return not_applicable(f"wgmma and TMA need an sm_90 GPU (this is {device.target.arch})")
         if problem.dtype not in (DataType.FP16, DataType.BF16):
             return not_applicable(f"{problem.dtype.label} is not fp16 or bf16")
-        if problem.direction != "F":
-            return not_applicable("it computes the forward direction only")
+        if problem.direction != self.direction:
+            return not_applicable(f"it computes {self.computes}")
         if problem.groups != 1:
             return not_applicable(f"it takes one group, not {problem.groups}")
+        return None
+
+
+class ConvTma(TmaConvSolver):
+    """The 128 x 256 tile; subclasses set ``tile_n``."""
+
+    id = 33
+    name = "ConvTma128x256"
+    tile_n = 256
+
+    def is_applicable(self, problem: ConvProblem, device):
+        refused = self.shared_gate(problem, device)
+        if refused is not None:
+            return refused
         n, c, h, w = problem.x_shape
         k = problem.out_channels
         if c % 8:

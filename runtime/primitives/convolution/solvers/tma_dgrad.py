@@ -34,7 +34,7 @@ from kdbkit.runtime.primitives.convolution.solvers.igemm_tc import as_forward, f
 from kdbkit.runtime.primitives.gemm.problem import GemmProblem
 from kdbkit.runtime.primitives.gemm.solvers import tma as gemm_tma
 from kdbkit.runtime.program_key import ProgramRequest
-from kdbkit.runtime.solver import APPLIES, Solution, Solver, aligned16, fallback_invoker, launcher_1d, not_applicable
+from kdbkit.runtime.solver import APPLIES, Solution, aligned16, fallback_invoker, launcher_1d, not_applicable
 from kdbkit.runtime.tensor import DataType
 
 
@@ -57,27 +57,18 @@ def flip_arguments(problem: ConvProblem) -> list:
     return [np.int32(v) for v in (k, c, fy, fx, *strides)]
 
 
-class ConvTmaBwdData(Solver):
+class ConvTmaBwdData(tma.TmaConvSolver):
     """The 128 x 256 tile; subclasses set ``tile_n``."""
 
     id = 36
     name = "ConvTmaBwdData128x256"
-    primitive = "conv"
-    backends = ("cuda",)
     tile_n = 256
-
-    def builds_for(self, target) -> bool:
-        return target.arch_facts.has("wgmma")
+    direction, computes = "B", "backward data only"
 
     def is_applicable(self, problem: ConvProblem, device):
-        if not device.target.arch_facts.has("wgmma"):
-            return not_applicable(f"wgmma and TMA need an sm_90 GPU (this is {device.target.arch})")
-        if problem.dtype not in (DataType.FP16, DataType.BF16):
-            return not_applicable(f"{problem.dtype.label} is not fp16 or bf16")
-        if problem.direction != "B":
-            return not_applicable("it computes backward data only")
-        if problem.groups != 1:
-            return not_applicable(f"it takes one group, not {problem.groups}")
+        refused = self.shared_gate(problem, device)
+        if refused is not None:
+            return refused
         if problem.stride != (1, 1):
             return not_applicable(f"stride {problem.stride} is ConvTmaBwdDataStrided's (one forward convolution of "
                                   "dy per output phase): only at stride 1 is it one forward convolution of dy")
