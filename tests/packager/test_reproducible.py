@@ -5,10 +5,10 @@ only entries built the same way; merged shards and wheels do not depend on order
 
 from __future__ import annotations
 
+import glob
 import hashlib
 import os
 import random
-import shutil
 import subprocess
 import sys
 import time
@@ -38,6 +38,13 @@ def _digests(root: Path) -> dict[str, str]:
             for p in sorted(root.rglob("*")) if p.is_file()}
 
 
+def _libfaketime() -> str | None:
+    """libfaketime, to preload itself: the ``faketime`` wrapper opens a named semaphore after its
+    own pid, and one left in /dev/shm by a killed run fails the next wrapper given that pid."""
+    found = sorted(glob.glob("/usr/lib/*/faketime/libfaketime.so.1") + glob.glob("/usr/lib/faketime/libfaketime.so.1"))
+    return found[0] if found else None
+
+
 def _build_and_package(where: Path, later: bool) -> dict[str, str]:
     """``kdb build --reproducible`` and ``kdb package`` in a child process run from ``where``, with
     its own TMPDIR; ``later``: its clock 400 days ahead (faketime), or at least 2 s later."""
@@ -45,16 +52,16 @@ def _build_and_package(where: Path, later: bool) -> dict[str, str]:
     (where / "catalogue.txt").write_text(CATALOGUE)
     env = {**os.environ, "TMPDIR": str(where / "tmp")}
     env.pop("SOURCE_DATE_EPOCH", None)
-    prefix = []
     if later:
-        if shutil.which("faketime"):
-            prefix = ["faketime", "-f", "+400d"]
+        library = _libfaketime()
+        if library:
+            env.update(LD_PRELOAD=library, FAKETIME="+400d")
         else:
             time.sleep(2.1)  # past a zip timestamp's 2-second step
     build_args = ["build", *(a for t in TARGETS for a in ("--target", t)), "-c", "catalogue.txt", "-o", "bundles",
                   "-j", "2", "--reproducible"]
     for args in (build_args, ["package", "bundles", "-o", "wheels"]):
-        run = subprocess.run([*prefix, sys.executable, "-c", KDB, *args], cwd=where, env=env, capture_output=True,
+        run = subprocess.run([sys.executable, "-c", KDB, *args], cwd=where, env=env, capture_output=True,
                              text=True, timeout=600)
         assert run.returncode == 0, run.stdout + run.stderr
         assert "not reproducible" not in run.stderr, run.stderr
