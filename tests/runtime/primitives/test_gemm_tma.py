@@ -115,6 +115,28 @@ def test_the_tensor_maps_follow_each_operands_layout():
     assert b == ((72, 200, 1), (2 * 80, 2 * 200 * 80), (64, 192, 1))  # one B: its own size as batch stride
 
 
+def test_a_launch_is_made_once_per_operand_pair_and_the_oldest_pairs_go_first():
+    """The launches the TMA GEMM and convolutions keep by their operands' addresses (a tensor map
+    holds one): a pair met again reuses its launch; past CACHED_PAIRS pairs the oldest is made anew."""
+
+    class Buffer:
+        def __init__(self, ptr):
+            self.ptr = ptr
+
+    made = []
+    launches = tma.OperandLaunches(lambda a, b: made.append((a, b)) or (a, b))
+    assert launches.get(Buffer(16), Buffer(32)) == (16, 32)
+    assert launches.get(Buffer(16), Buffer(32)) == (16, 32) and made == [(16, 32)]
+    assert launches.get(Buffer(32), Buffer(16)) == (32, 16) and len(made) == 2  # the order of a pair counts
+    for i in range(tma.CACHED_PAIRS):
+        launches.get(Buffer(1000 + i), Buffer(0))
+    assert len(made) == 2 + tma.CACHED_PAIRS
+    launches.get(Buffer(1000 + tma.CACHED_PAIRS - 1), Buffer(0))  # among the most recent: kept
+    assert len(made) == 2 + tma.CACHED_PAIRS
+    launches.get(Buffer(16), Buffer(32))  # the oldest, dropped: made again
+    assert made[-1] == (16, 32) and len(made) == 3 + tma.CACHED_PAIRS
+
+
 def test_every_tile_shape_fits_the_shared_memory_of_a_block():
     assert all(tma.shared_bytes(n) <= 227 * 1024 for n in tma.STAGES)
 

@@ -33,22 +33,22 @@ from kdbkit.runtime.program_key import ProgramRequest
 from kdbkit.runtime.solver import APPLIES, Solution, Solver, aligned16, fallback_invoker, not_applicable
 from kdbkit.runtime.tensor import DataType
 
-TILE_M, STEP, THREADS, PIXELS = 128, 64, 384, 128
+# The pipeline's shape is tma_wgmma.h's, which the GEMM shares: its tile height, K step, threads
+# and arch option.
+TILE_M, STEP, THREADS, ARCH_OPTION = gemm_tma.TILE_M, gemm_tma.STEP, gemm_tma.THREADS, gemm_tma.ARCH_OPTION
+PIXELS = 128  # the im2col copy's pixels a stage: the tile's rows
 # tile N -> shared-memory stages: as many as fit 227 KiB beside the epilogue's staging
 STAGES = {256: 4, 128: 6, 64: 8}
-STAGING = 8 * 2048
 # A multiprocessor's throughput on each tile shape relative to 128 x 256 when every one has
 # work: narrower tiles read more bytes of A per multiply-add (guesses until find's rankings say more).
 TILE_SPEED = {256: 1.0, 128: 0.92, 64: 0.7}
-ARCH_OPTION = "--gpu-architecture=sm_90a"
-CACHED_PAIRS = 32
 CORNER = range(-128, 128)  # a 4-D im2col map's bounding-box corners
 
 
 def shared_bytes(tile_n: int) -> int:
     """Dynamic shared memory of a launch: stages, the epilogue's staging, 2 KiB to align them
     to 1024 bytes and hold the barriers."""
-    return STAGES[tile_n] * (TILE_M + tile_n) * STEP * 2 + STAGING + 2048
+    return gemm_tma.shared_bytes(tile_n, STAGES)
 
 
 def gemm_shape(problem: ConvProblem) -> tuple[int, int]:
@@ -117,7 +117,7 @@ def multiplier(context, program, problem: ConvProblem, tile_n: int):
     """``multiply(x, w, y)``: conv_fwd_tma (from the loaded conv_tma.cu ``program``) computing
     the forward ``problem`` on 16-byte aligned channels-last x, KYXC w and channels-last y. The
     tensor maps hold the addresses: they are encoded with a launch for each (x, w) pair met,
-    the most recent :data:`CACHED_PAIRS` kept."""
+    the most recent :data:`~kdbkit.runtime.primitives.gemm.solvers.tma.CACHED_PAIRS` kept."""
     return map_multiplier(context, program, tiles(problem, tile_n), tile_n, scalars(problem), input_map(problem),
                           filter_map(problem, tile_n))
 
@@ -129,19 +129,13 @@ def map_multiplier(context, program, tile_count: int, tile_n: int, args: list, x
     differently before and after."""
     backend, kernel = context.backend, program.function("conv_fwd_tma")
     grid = (min(tile_count, device_units(context.device)), 1, 1)
-    launches: dict = {}
+    launches = gemm_tma.OperandLaunches(lambda x, w: backend.launcher(
+        kernel, grid, (THREADS, 1, 1),
+        [backend.tensor_map_im2col(x, 2, *x_map), backend.tensor_map(w, 2, *w_map), None, *args],
+        shared_bytes(tile_n)))
 
     def multiply(x, w, y):
-        key = (int(x.ptr), int(w.ptr))
-        launch = launches.get(key)
-        if launch is None:
-            if len(launches) >= CACHED_PAIRS:
-                del launches[next(iter(launches))]  # the oldest pair
-            launch = launches[key] = backend.launcher(
-                kernel, grid, (THREADS, 1, 1),
-                [backend.tensor_map_im2col(key[0], 2, *x_map), backend.tensor_map(key[1], 2, *w_map), None, *args],
-                shared_bytes(tile_n))
-        launch(y)
+        launches.get(x, w)(y)
 
     return multiply
 

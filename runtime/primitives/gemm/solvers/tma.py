@@ -38,10 +38,31 @@ ARCH_OPTION = "--gpu-architecture=sm_90a"  # wgmma and setmaxnreg exist only in 
 CACHED_PAIRS = 32  # (A, B) buffer pairs whose tensor maps and launch an invoker keeps
 
 
-def shared_bytes(tile_n: int) -> int:
-    """Dynamic shared memory of a launch: the stages, the epilogue's staging, then 2 KiB to
-    align them to 1024 bytes and hold the barriers."""
-    return STAGES[tile_n] * (TILE_M + tile_n) * STEP * 2 + STAGING + 2048
+def shared_bytes(tile_n: int, stages: dict[int, int] = STAGES) -> int:
+    """Dynamic shared memory of a launch of a kernel on tma_wgmma.h's pipeline (``stages``: its
+    stages per tile width): the stages, the epilogue's staging, then 2 KiB to align them to
+    1024 bytes and hold the barriers."""
+    return stages[tile_n] * (TILE_M + tile_n) * STEP * 2 + STAGING + 2048
+
+
+class OperandLaunches:
+    """An invoker's launches by the addresses of its two TMA operands (a tensor map holds its
+    tensor's address): ``make(a, b)`` encodes the maps and the launch for a pair first met; the
+    most recent :data:`CACHED_PAIRS` pairs are kept, the oldest dropped first."""
+
+    def __init__(self, make):
+        self._make = make
+        self._launches: dict = {}
+
+    def get(self, a, b):
+        """The launch for the buffers ``a`` and ``b``, made the first time their pair is met."""
+        key = (int(a.ptr), int(b.ptr))
+        launch = self._launches.get(key)
+        if launch is None:
+            if len(self._launches) >= CACHED_PAIRS:
+                del self._launches[next(iter(self._launches))]  # the oldest pair
+            launch = self._launches[key] = self._make(*key)
+        return launch
 
 
 def tiles(problem: GemmProblem, tile_n: int) -> int:
@@ -125,23 +146,17 @@ class GemmTma(Solver):
                        *(np.int32(v) for v in (c_vec, p.batch, p.stride_a != 0, p.stride_b != 0)),
                        np.float32(p.alpha), np.float32(p.beta)]
             map_a, map_b = operand_maps(p, tile_n)
-            launches: dict = {}
+            launches = OperandLaunches(lambda a, b: backend.launcher(
+                kernel, grid, (THREADS, 1, 1),
+                [backend.tensor_map(a, 2, *map_a), backend.tensor_map(b, 2, *map_b), None, *scalars],
+                shared_bytes(tile_n)))
             fallback = fallback_invoker(context, problem, "GemmTensorCore")  # the mma.sync kernels
 
             def run(a, b, c):
                 if not aligned16(a, b, c):  # tensor maps need 16-byte aligned operands
                     fallback(a, b, c)
                     return
-                key = (int(a.ptr), int(b.ptr))
-                launch = launches.get(key)
-                if launch is None:
-                    if len(launches) >= CACHED_PAIRS:
-                        del launches[next(iter(launches))]  # the oldest pair
-                    launch = launches[key] = backend.launcher(
-                        kernel, grid, (THREADS, 1, 1),
-                        [backend.tensor_map(key[0], 2, *map_a), backend.tensor_map(key[1], 2, *map_b), None, *scalars],
-                        shared_bytes(tile_n))
-                launch(c)
+                launches.get(a, b)(c)
 
             return run
 
