@@ -5,12 +5,28 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
+from kdbkit.kdb.target import Target
+from kdbkit.runtime.backends.base import DeviceInfo
 from tests.runtime.chain_fixtures import chain_backend, chain_device, isolated, make_handle  # noqa: F401
 
 
 @pytest.fixture
 def handle(make_handle):  # noqa: F811
     return make_handle()
+
+
+def sm90(cu: int = 132) -> DeviceInfo:
+    """An H100's or H200's description, for the sm_90 solvers' gates and choices without the card."""
+    return DeviceInfo("cuda", 0, "an sm_90 device", Target.parse(f"sm_90_{cu}"), 80 << 30)
+
+
+@pytest.fixture
+def sm90_torch(handle):
+    torch = pytest.importorskip("torch", reason="PyTorch is not installed (the GPU machine has it)")
+    if handle.device.backend != "cuda" or not handle.device.target.arch_facts.has("wgmma") \
+            or not torch.cuda.is_available():
+        pytest.skip("the TMA convolution needs an sm_90 GPU (KDB_TEST_BACKEND=cuda on the H100/H200 machine)")
+    return handle, torch
 
 
 def to_bf16_bits(a: np.ndarray) -> np.ndarray:

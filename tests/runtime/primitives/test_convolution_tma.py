@@ -15,12 +15,9 @@ from kdbkit.runtime.primitives.convolution import ConvProblem
 from kdbkit.runtime.primitives.convolution.solvers import tma
 from kdbkit.runtime.solver import REGISTRY
 from kdbkit.runtime.tensor import DataType
+from .conftest import sm90
 
 TMA_SOLVERS = ("ConvTma128x256", "ConvTma128x128", "ConvTma128x64")
-
-
-def sm90(cu: int = 132) -> DeviceInfo:
-    return DeviceInfo("cuda", 0, "an sm_90 device", Target.parse(f"sm_90_{cu}"), 80 << 30)
 
 
 def conv(c=64, k=64, hw=(9, 9), n=2, f=(3, 3), pad=(1, 1), stride=(1, 1), dilation=(1, 1), layout="NHWC",
@@ -147,15 +144,6 @@ CASES = [
     (3, 48, 8, 12, 72, (1, 1), (0, 0), (1, 1), (1, 1)),  # NCHW: the batched GEMM (96 pixels, 48-deep)
     (2, 64, 14, 14, 256, (1, 1), (0, 0), (1, 1), (1, 1)),  # NCHW: 196 pixels, rows not 16-byte aligned: staged
 ]
-
-
-@pytest.fixture
-def sm90_torch(handle):
-    torch = pytest.importorskip("torch", reason="PyTorch is not installed (the GPU machine has it)")
-    if handle.device.backend != "cuda" or not handle.device.target.arch_facts.has("wgmma") \
-            or not torch.cuda.is_available():
-        pytest.skip("the TMA convolution needs an sm_90 GPU (KDB_TEST_BACKEND=cuda on the H100/H200 machine)")
-    return handle, torch
 
 
 @pytest.mark.gpu

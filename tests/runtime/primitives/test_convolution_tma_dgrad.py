@@ -25,12 +25,9 @@ from kdbkit.runtime.primitives.convolution.solvers.igemm_tc import as_forward, f
 from kdbkit.runtime.reference import convolution as ref
 from kdbkit.runtime.solver import REGISTRY, launcher_1d
 from kdbkit.runtime.tensor import DataType
+from .conftest import sm90
 
 SOLVERS = ("ConvTmaBwdData128x256", "ConvTmaBwdData128x128", "ConvTmaBwdData128x64")
-
-
-def sm90(cu: int = 132) -> DeviceInfo:
-    return DeviceInfo("cuda", 0, "an sm_90 device", Target.parse(f"sm_90_{cu}"), 80 << 30)
 
 
 def dgrad(c=64, k=64, hw=(9, 9), n=2, f=(3, 3), pad=(1, 1), stride=(1, 1), dilation=(1, 1), layout="NHWC",
@@ -328,15 +325,6 @@ CASES = [
     (2, 16, 7, 8, 64, (7, 7), (3, 3), (1, 1)),  # a filter as large as the image
     (8, 512, 30, 30, 64, (3, 3), (1, 1), (1, 1)),  # 57 x 2..8 tiles: more than the multiprocessors
 ]
-
-
-@pytest.fixture
-def sm90_torch(handle):
-    torch = pytest.importorskip("torch", reason="PyTorch is not installed (the GPU machine has it)")
-    if handle.device.backend != "cuda" or not handle.device.target.arch_facts.has("wgmma") \
-            or not torch.cuda.is_available():
-        pytest.skip("the TMA convolution needs an sm_90 GPU (KDB_TEST_BACKEND=cuda on the H100/H200 machine)")
-    return handle, torch
 
 
 @pytest.mark.gpu

@@ -22,13 +22,10 @@ from kdbkit.runtime.reference import convolution as ref
 from kdbkit.runtime.solver import REGISTRY, launcher_1d
 from kdbkit.runtime.tensor import DataType
 
-from .test_convolution_tma_dgrad import emulate_conv_fwd_tma, sm90_torch  # noqa: F401 (a fixture)
+from .test_convolution_tma_dgrad import emulate_conv_fwd_tma
+from .conftest import sm90
 
 SOLVERS = ("ConvTmaBwdDataStrided128x256", "ConvTmaBwdDataStrided128x128", "ConvTmaBwdDataStrided128x64")
-
-
-def sm90(cu: int = 132) -> DeviceInfo:
-    return DeviceInfo("cuda", 0, "an sm_90 device", Target.parse(f"sm_90_{cu}"), 80 << 30)
 
 
 def dgrad(c=64, k=64, hw=(9, 9), n=2, f=(1, 1), pad=(0, 0), stride=(2, 2), dilation=(1, 1), layout="NHWC",
@@ -315,7 +312,7 @@ CASES = [
 @pytest.mark.parametrize("layout", ["NHWC", "NCHW"])
 @pytest.mark.parametrize("dtype", ["fp16", "bf16"])
 @pytest.mark.parametrize("case", CASES, ids=["x".join(map(str, c[:5])) + f"-s{c[7][0]}{c[7][1]}" for c in CASES])
-def test_strided_backward_data_matches_pytorch(sm90_torch, name, layout, dtype, case):  # noqa: F811
+def test_strided_backward_data_matches_pytorch(sm90_torch, name, layout, dtype, case):
     import kdbkit
 
     handle, torch = sm90_torch
@@ -340,7 +337,7 @@ def test_strided_backward_data_matches_pytorch(sm90_torch, name, layout, dtype, 
 
 
 @pytest.mark.gpu
-def test_immediate_mode_takes_it_on_new_tensors(sm90_torch):  # noqa: F811
+def test_immediate_mode_takes_it_on_new_tensors(sm90_torch):
     import kdbkit
     from kdbkit.runtime.immediate import choose
 
