@@ -264,6 +264,11 @@ class Bundle:
             CorruptEntryError: the entry does not decode or its hash does not match.
             CorruptBundleError: SQLite reports the file damaged.
         """
+        row = self._row_of(kernel_name, kernel_args)
+        return None if row is None else self._decode(kernel_name, kernel_args, row[2], row[3], row[4])
+
+    def _row_of(self, kernel_name: str, kernel_args: str) -> tuple | None:
+        """The row the index gives the key, proven to be that key's (None: no such entry)."""
         try:
             with self._lock:
                 row = self._query_one(_GET_ENTRY, (kernel_name, kernel_args))
@@ -271,12 +276,10 @@ class Bundle:
             if isinstance(exc.__cause__, UnicodeDecodeError):  # this row's text: the entry, not the file
                 raise self._corrupt(kernel_name, kernel_args, "its row holds text that is not UTF-8") from exc
             raise
-        if row is None:
-            return None
-        if row[0] != kernel_name or row[1] != kernel_args:
+        if row is not None and (row[0] != kernel_name or row[1] != kernel_args):
             raise self._corrupt(kernel_name, kernel_args, f"the index leads to the row of {row[0]!r} [{row[1]!r}] "
                                                           "(a damaged index)")
-        return self._decode(kernel_name, kernel_args, row[2], row[3], row[4])
+        return row
 
     def warm_up(self) -> None:
         """Do the one-time work of a first lookup now: SQLite prepares the lookup statement
@@ -472,9 +475,27 @@ class Bundle:
         and the default hash give their stored bytes, others their data encoded again."""
         as_stored = self._takes_stored()
         for _, name, args, blob, h, size in self._rows():
-            data = self._decode_row(name, args, blob, h, size)
-            yield name, args, (_codec.StoredBlob(name, args, bytes(blob), size, str(h).lower()) if as_stored
-                               else _codec.encode_for_bundle(name, args, data))
+            yield name, args, self._stored(name, args, blob, h, size, self._decode_row(name, args, blob, h, size),
+                                           as_stored)
+
+    def stored_item(self, kernel_name: str, kernel_args: str) -> "_codec.StoredBlob | None":
+        """One entry as :meth:`stored_items` gives it, looked up by its key (None: no such entry).
+
+        Raises:
+            CorruptEntryError: the entry does not decode, its hash does not match, or the index
+                leads its key to another row.
+        """
+        row = self._row_of(kernel_name, kernel_args)
+        if row is None:
+            return None
+        data = self._decode(kernel_name, kernel_args, row[2], row[3], row[4])
+        return self._stored(kernel_name, kernel_args, row[2], row[3], row[4], data, self._takes_stored())
+
+    @staticmethod
+    def _stored(name: str, args: str, blob, h, size, data: bytes, as_stored: bool) -> "_codec.StoredBlob":
+        """A checked entry in :meth:`put_stored`'s form: its row as it is, or ``data`` encoded again."""
+        return (_codec.StoredBlob(name, args, bytes(blob), size, str(h).lower()) if as_stored
+                else _codec.encode_for_bundle(name, args, data))
 
     def _takes_stored(self) -> bool:
         """Whether this bundle stores entries exactly as :func:`encode_for_bundle` makes them."""

@@ -94,14 +94,12 @@ def split_bundle(path: Path, out: Path, max_bytes: int) -> list[Part]:
     """
     with open_bundle(path) as bundle:
         md = bundle.metadata
-        keys = plan_parts(list(bundle.entries()), max_bytes)
-        part_of = {key: i for i, part in enumerate(keys) for key in part}
         written = []
-        for i, part in enumerate(keys):
+        for i, part in enumerate(plan_parts(list(bundle.entries()), max_bytes)):
             folder = out / str(i + 1)
             folder.mkdir(parents=True, exist_ok=True)
-            mine = ((name, args, stored) for name, args, stored in bundle.stored_items()
-                    if part_of[(name, args)] == i)
+            # each entry read (and checked) once, by its key, in the part's key order
+            mine = ((name, args, bundle.stored_item(name, args)) for name, args in part)
             written.append(Part(write_stored_bundle(folder / path.name, md.target, mine, compiler=md.compiler,
                                                     binary_format=md.binary_format, sources=md.source_digests or None,
                                                     reproducible=md.reproducible), len(part)))
