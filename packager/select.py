@@ -19,7 +19,7 @@ from __future__ import annotations
 import hashlib
 import zipfile
 import zlib
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Iterable
 
@@ -27,7 +27,7 @@ from kdbkit.kdb import Target, open_bundle
 from kdbkit.kdb.errors import KdbError
 from kdbkit.kdb.version import __version__
 from kdbkit.packager.code_object_checks import CODE_OBJECT_VERSION
-from kdbkit.packager.wheel import MANIFEST, PACKAGE_PREFIX, Manifest
+from kdbkit.packager.wheel import MANIFEST, PACKAGE_PREFIX, Manifest, package_name
 from kdbkit.packager.wheel_checks import MAX_TEXT_BYTES
 from kdbkit.runtime.kernel_sources import KernelSearchPath, KernelSourceError
 from kdbkit.runtime.preflight import DeviceRuntime, bundle_code_object_version, refusal
@@ -126,10 +126,6 @@ def _with_parts(found: list[Candidate]) -> list[Candidate]:
     """Each split package's first part with its other parts attached (``others``), those parts
     no longer candidates of their own; a first part whose others are not all here, and a part
     whose first part is not, are damaged, with why."""
-    from dataclasses import replace
-
-    from kdbkit.packager.wheel import package_name
-
     parts = {(c.package, c.version, c.manifest_sha256): c for c in reversed(found) if c.part > 1 and not c.damaged}
     out = []
     for c in found:
