@@ -3,8 +3,10 @@ ConvDirect, 21 ConvIm2colGemm, 22 ConvImplicitGemmTensorCore, 23 ConvWrwImplicit
 (both in igemm_tc), 24 ConvDepthwise, 25 ConvImplicitGemmMfma, 27 ConvWinogradF2x3, 28
 ConvImplicitGemm (26 is the bias's, ConvBias), 33-35 ConvTma128x256/128x128/128x64 (tma),
 36-38 ConvTmaBwdData128x256/128x128/128x64 (tma_dgrad), 39-41
-ConvTmaBwdDataStrided128x256/128x128/128x64 (tma_sdgrad).
-Immediate mode tries the depthwise kernels first (depthwise forward and backward data), then
+ConvTmaBwdDataStrided128x256/128x128/128x64 (tma_sdgrad), 48 ConvGroupedTensorCore (grouped_tc).
+Immediate mode tries the grouped tensor-core kernel first (forward, fp16/bf16, more than one
+group: ResNeXt's grouped and MobileNet's depthwise convolutions on sm_80+), then the depthwise
+kernels (depthwise forward and backward data, every type), then
 Hopper's TMA + wgmma kernels (sm_90, fp16/bf16, the tile that wastes least: forward, then
 backward data at stride 1, then at a larger stride, one forward convolution per output phase),
 then the matrix-unit implicit GEMMs (CUDA tensor cores, fp16/bf16: forward and backward data
@@ -15,6 +17,7 @@ forward at stride 1: find ranks it where it is faster), then the direct solver, 
 
 from kdbkit.runtime.primitives.convolution.solvers.depthwise import ConvDepthwise
 from kdbkit.runtime.primitives.convolution.solvers.direct import ConvDirect
+from kdbkit.runtime.primitives.convolution.solvers.grouped_tc import ConvGroupedTensorCore
 from kdbkit.runtime.primitives.convolution.solvers.igemm import ConvImplicitGemm
 from kdbkit.runtime.primitives.convolution.solvers.igemm_mfma import ConvImplicitGemmMfma
 from kdbkit.runtime.primitives.convolution.solvers.igemm_tc import (ConvImplicitGemmTensorCore,
@@ -29,7 +32,7 @@ from kdbkit.runtime.primitives.convolution.solvers.tma_sdgrad import (ConvTmaBwd
 from kdbkit.runtime.primitives.convolution.solvers.winograd import ConvWinogradF2x3
 from kdbkit.runtime.solver import REGISTRY
 
-SOLVERS = (ConvDepthwise, ConvTma, ConvTma128x128, ConvTma128x64, ConvTmaBwdData, ConvTmaBwdData128x128,
+SOLVERS = (ConvGroupedTensorCore, ConvDepthwise, ConvTma, ConvTma128x128, ConvTma128x64, ConvTmaBwdData, ConvTmaBwdData128x128,
            ConvTmaBwdData128x64, ConvTmaBwdDataStrided, ConvTmaBwdDataStrided128x128, ConvTmaBwdDataStrided128x64,
            ConvImplicitGemmTensorCore, ConvWrwImplicitGemmTensorCore, ConvImplicitGemmMfma,
            ConvImplicitGemm, ConvIm2colGemm, ConvWinogradF2x3, ConvDirect)

@@ -1,0 +1,247 @@
+/* conv_grouped_tc.cu: forward grouped convolution (depthwise included) of NHWC tensors on the
+ * tensor cores (mma.sync m16n8k8, sm_80+), fp16 or bf16 in, fp32 accumulation.
+ *
+ * Groups of cg input and kg output channels are too narrow for a GEMM tile, so `f` neighbouring
+ * groups are taken as one "supergroup" of CG = f cg inputs and KG = f kg outputs, both multiples
+ * of 8, whose weights are block-diagonal (zeros across groups): f = 2 for ResNeXt's 4 channels a
+ * group, 8 for a depthwise convolution. The zeros cost multiplies, never memory traffic, and
+ * these layers are memory-bound.
+ *
+ * A block takes an output tile of one image: TH x TW positions by SGB supergroups (KS = SGB KG
+ * output channels). It copies the tile's input window (the halo: every pixel the tile's filters
+ * touch, its CS = SGB CG channels, zeros outside the image) and the supergroups' weights,
+ * expanded to [k][tap][CG], into shared memory once; each input element is read once per tile.
+ * Then each warp takes units of MU m16 tiles of positions by one supergroup: for each tap and
+ * 8 channels, A's 16 x 8 fragment comes straight out of the halo by ldmatrix (each lane names
+ * its position's pixel: no im2col), B's KG x 8 out of the weights, MU x NT mma.sync each. The
+ * sums go through a shared output tile to y: 16-byte stores along the channels (NHWC), or
+ * along the rows of each output channel (out_nchw).
+ *
+ * Options: -DKDB_TYPE_FP16 or -DKDB_TYPE_BF16 (required).
+ * Arguments: x (NHWC, 16-byte aligned, C a multiple of 8), w (read through its strides, or as
+ *   packed KYXC rows with 16-byte copies when w_rows), y, conv_shape.h's CONV_SHAPE_ARGS, then
+ *   out_nchw (y packed NCHW, else NHWC), f, TH, TW, SGB, w_rows.
+ * Kernels: conv_grouped_fwd_k8/k16/k32/k64, by KG.
+ * Launch: 128 threads, grid (ceil(Ho / TH) ceil(Wo / TW), G / (f SGB), N), dynamic shared
+ *   memory as grouped_tc.py's shared_bytes (the halo, the weights and the output tile).
+ */
+#if !defined(__CUDACC__) && !defined(__CUDACC_RTC__)
+#error "conv_grouped_tc.cu is CUDA only (tensor cores through mma.sync)"
+#endif
+
+#include "tc_types.h"
+#include "conv_shape.h"
+
+#define GC_THREADS 128
+#define GC_WARPS (GC_THREADS / 32)
+#define GC_MMA "mma.sync.aligned.m16n8k8.row.col.f32." TC_TYPE "." TC_TYPE ".f32"
+
+__device__ __forceinline__ unsigned int gc_smem(const void* p)
+{
+    return (unsigned int)__cvta_generic_to_shared(p);
+}
+
+/* 16 bytes from global to shared, or 16 zeros where !valid (nothing is read then). */
+__device__ __forceinline__ void gc_copy16(void* shared, const void* global, bool valid)
+{
+    asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;" ::"r"(gc_smem(shared)), "l"(global),
+                 "r"(valid ? 16 : 0));
+}
+
+/* Rows of shared memory padded by 16 bytes where their count of 16-byte pieces is even, so that
+ * the 8 rows an ldmatrix reads fall in different banks. */
+__device__ __forceinline__ int gc_padded(int halves)
+{
+    return halves + ((halves / 8) % 2 == 0 ? 8 : 0);
+}
+
+template <int NT>
+__device__ __forceinline__ void gc_load_b(unsigned int (&fb)[NT], unsigned int address)
+{
+    if (NT == 1)
+        asm volatile("ldmatrix.sync.aligned.m8n8.x1.shared.b16 {%0}, [%1];" : "=r"(fb[0]) : "r"(address));
+    else if (NT == 2)
+        asm volatile("ldmatrix.sync.aligned.m8n8.x2.shared.b16 {%0, %1}, [%2];"
+                     : "=r"(fb[0]), "=r"(fb[NT > 1 ? 1 : 0])
+                     : "r"(address));
+    else
+        asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0, %1, %2, %3}, [%4];"
+                     : "=r"(fb[0]), "=r"(fb[NT > 1 ? 1 : 0]), "=r"(fb[NT > 2 ? 2 : 0]), "=r"(fb[NT > 3 ? 3 : 0])
+                     : "r"(address));
+}
+
+/* NT: KG / 8, the supergroup's n8 tiles (1, 2, 4 or 8). */
+template <int NT>
+__device__ __forceinline__ void conv_grouped_body(const unsigned short* __restrict__ x,
+                                                  const unsigned short* __restrict__ w,
+                                                  unsigned short* __restrict__ y, int N, int C, int H, int W, int K,
+                                                  int Ho, int Wo, int Y, int X, int ph, int pw, int sh, int sw,
+                                                  int dlh, int dlw, int G, int ws0, int ws1, int ws2, int ws3,
+                                                  int out_nchw, int f, int TH, int TW, int SGB, int w_rows)
+{
+    constexpr int MU = NT >= 8 ? 1 : 2; /* m16 tiles a unit: A's fragments serve NT mma, B's MU */
+    constexpr int KG = 8 * NT;
+    extern __shared__ __align__(16) unsigned short gc_tiles[];
+    const int cg = C / G, kg = K / G, CG = f * cg;
+    const int CS = SGB * CG, KS = SGB * KG, TAPS = Y * X, P = TH * TW, MROWS = (P + 15) / 16 * 16;
+    const int HH = (TH - 1) * sh + (Y - 1) * dlh + 1, WW = (TW - 1) * sw + (X - 1) * dlw + 1;
+    const int PIX = gc_padded(CS), WROW = gc_padded(TAPS * CG);
+    const int OROW = out_nchw ? MROWS + 8 : KS + 8; /* the output tile's rows: [k][p] or [p][k] */
+    unsigned short* halo = gc_tiles;
+    unsigned short* wts = halo + HH * WW * PIX;
+    unsigned short* out = wts + KS * WROW;
+
+    const int tiles_w = (Wo + TW - 1) / TW;
+    const int i0 = (int)(blockIdx.x / tiles_w) * TH, j0 = (int)(blockIdx.x % tiles_w) * TW;
+    const int c0 = blockIdx.y * CS, k0 = blockIdx.y * KS, n = blockIdx.z;
+    const int h0 = i0 * sh - ph, v0 = j0 * sw - pw;
+    const int t = threadIdx.x, lane = t % 32, warp = t / 32;
+
+    /* The halo: HH x WW pixels of CS channels, 16 bytes a copy. */
+    {
+        const int pieces = CS / 8, total = HH * WW * pieces;
+        const unsigned short* xn = x + (long)n * H * W * C + c0;
+        for (int e = t; e < total; e += GC_THREADS) {
+            const int q = e % pieces, pix = e / pieces, hh = pix / WW, ww = pix - hh * WW;
+            const int h = h0 + hh, v = v0 + ww;
+            const bool inside = h >= 0 && h < H && v >= 0 && v < W;
+            gc_copy16(halo + pix * PIX + 8 * q, inside ? xn + ((long)h * W + v) * C + 8 * q : x, inside);
+        }
+    }
+    /* The weights, [k][tap][CG]: packed KYXC rows copied as they are (f = 1), else each (k, tap)
+     * row built from its group's cg weights and zeros elsewhere, 8 channels a store. */
+    if (w_rows) {
+        const int pieces = TAPS * CG / 8;
+        for (int e = t; e < KS * pieces; e += GC_THREADS) {
+            const int q = e % pieces, k = e / pieces;
+            gc_copy16(wts + k * WROW + 8 * q, w + (long)(k0 + k) * TAPS * CG + 8 * q, true);
+        }
+    } else {
+        for (int e = t; e < KS * TAPS; e += GC_THREADS) {
+            const int tap = e % TAPS, k = e / TAPS, a = tap / X, b = tap - a * X;
+            const int first = (k % KG) / kg * cg; /* k's group's channels within the supergroup */
+            const unsigned short* src = w + (long)(k0 + k) * ws0 + (long)a * ws2 + (long)b * ws3;
+            for (int q = 0; q < CG; q += 8) {
+                unsigned int packed[4];
+#pragma unroll
+                for (int u = 0; u < 8; u += 2) {
+                    const int c = q + u - first;
+                    const unsigned int lo = c >= 0 && c < cg ? src[(long)c * ws1] : 0;
+                    const unsigned int hi = c + 1 >= 0 && c + 1 < cg ? src[(long)(c + 1) * ws1] : 0;
+                    packed[u / 2] = lo | (hi << 16);
+                }
+                *(uint4*)(wts + k * WROW + tap * CG + q) = make_uint4(packed[0], packed[1], packed[2], packed[3]);
+            }
+        }
+    }
+    asm volatile("cp.async.commit_group;");
+    asm volatile("cp.async.wait_group 0;");
+    __syncthreads();
+
+    const int group = lane >> 2, tig = lane & 3;
+    const int mgroups = (MROWS / 16 + MU - 1) / MU, units = mgroups * SGB;
+    for (int u = warp; u < units; u += GC_WARPS) {
+        const int sg = u % SGB, mg = u / SGB;
+        /* This lane's A row (ldmatrix.x2: lanes 0-15 name rows 0-15 of the m16 tile) for each of
+         * the unit's tiles: its position's pixel at tap (0, 0). Rows past the tile repeat its
+         * last position (their sums are never stored). */
+        unsigned int a_row[MU];
+#pragma unroll
+        for (int mu = 0; mu < MU; ++mu) {
+            const int p = min((mg * MU + mu) * 16 + lane % 16, P - 1), ti = p / TW, tj = p - ti * TW;
+            a_row[mu] = gc_smem(halo + (ti * sh * WW + tj * sw) * PIX + sg * CG);
+        }
+        /* B: lanes 8 q .. 8 q + 7 name the rows of n8 tile q (two loads of four for NT = 8). */
+        const unsigned int b_row = gc_smem(wts + (sg * KG + (lane / 8) % (NT < 4 ? NT : 4) * 8 + lane % 8) * WROW);
+        float acc[MU][NT][4];
+#pragma unroll
+        for (int mu = 0; mu < MU; ++mu)
+#pragma unroll
+            for (int j = 0; j < NT; ++j)
+#pragma unroll
+                for (int e = 0; e < 4; ++e)
+                    acc[mu][j][e] = 0.0f;
+        for (int a = 0; a < Y; ++a)
+            for (int b = 0; b < X; ++b) {
+                const unsigned int a_tap = 2 * (a * dlh * WW + b * dlw) * PIX, b_tap = 2 * (a * X + b) * CG;
+                for (int q = 0; q < CG; q += 8) {
+                    unsigned int fa[MU][2], fb[NT];
+#pragma unroll
+                    for (int mu = 0; mu < MU; ++mu)
+                        asm volatile("ldmatrix.sync.aligned.m8n8.x2.shared.b16 {%0, %1}, [%2];"
+                                     : "=r"(fa[mu][0]), "=r"(fa[mu][1])
+                                     : "r"(a_row[mu] + a_tap + 2 * q));
+                    if (NT == 8) {
+                        unsigned int lo[4], hi[4];
+                        gc_load_b<4>(lo, b_row + b_tap + 2 * q);
+                        gc_load_b<4>(hi, b_row + b_tap + 2 * q + 2 * 32 * WROW);
+#pragma unroll
+                        for (int j = 0; j < 4; ++j) {
+                            fb[j] = lo[j];
+                            fb[(j + 4) % NT] = hi[j];
+                        }
+                    } else {
+                        gc_load_b<NT>(fb, b_row + b_tap + 2 * q);
+                    }
+#pragma unroll
+                    for (int mu = 0; mu < MU; ++mu)
+#pragma unroll
+                        for (int j = 0; j < NT; ++j)
+                            asm(GC_MMA " {%0, %1, %2, %3}, {%4, %5}, {%6}, {%0, %1, %2, %3};"
+                                : "+f"(acc[mu][j][0]), "+f"(acc[mu][j][1]), "+f"(acc[mu][j][2]), "+f"(acc[mu][j][3])
+                                : "r"(fa[mu][0]), "r"(fa[mu][1]), "r"(fb[j]));
+                }
+            }
+        /* Into the output tile, rounded to the type. */
+#pragma unroll
+        for (int mu = 0; mu < MU; ++mu) {
+            if ((mg * MU + mu) * 16 >= MROWS)
+                continue;
+#pragma unroll
+            for (int j = 0; j < NT; ++j)
+#pragma unroll
+                for (int half = 0; half < 2; ++half) {
+                    const int r = (mg * MU + mu) * 16 + group + 8 * half, c = sg * KG + 8 * j + 2 * tig;
+                    const unsigned short lo = tc_from_float(acc[mu][j][2 * half]);
+                    const unsigned short hi = tc_from_float(acc[mu][j][2 * half + 1]);
+                    if (out_nchw) {
+                        out[c * OROW + r] = lo;
+                        out[(c + 1) * OROW + r] = hi;
+                    } else {
+                        *(unsigned int*)(out + r * OROW + c) = (unsigned int)lo | ((unsigned int)hi << 16);
+                    }
+                }
+        }
+    }
+    __syncthreads();
+    if (out_nchw) {
+        /* Each output channel's positions along y's rows. */
+        for (int e = t; e < KS * P; e += GC_THREADS) {
+            const int k = e / P, p = e - k * P, ti = p / TW, tj = p - ti * TW, i = i0 + ti, j = j0 + tj;
+            if (i < Ho && j < Wo)
+                y[(((long)n * K + k0 + k) * Ho + i) * Wo + j] = out[k * OROW + p];
+        }
+        return;
+    }
+    /* Each position's KS channels, 16 bytes a store. */
+    const int pieces = KS / 8;
+    for (int e = t; e < P * pieces; e += GC_THREADS) {
+        const int p = e / pieces, q = e - p * pieces, ti = p / TW, tj = p - ti * TW, i = i0 + ti, j = j0 + tj;
+        if (i < Ho && j < Wo)
+            *(uint4*)(y + (((long)n * Ho + i) * Wo + j) * K + k0 + 8 * q) = *(const uint4*)(out + p * OROW + 8 * q);
+    }
+}
+
+#define GC_KERNEL(NAME, NT)                                                                                  \
+    extern "C" __global__ void __launch_bounds__(GC_THREADS)                                                 \
+    NAME(const unsigned short* __restrict__ x, const unsigned short* __restrict__ w,                       \
+         unsigned short* __restrict__ y, CONV_SHAPE_ARGS, int out_nchw, int f, int TH, int TW, int SGB, int w_rows) \
+    {                                                                                                        \
+        conv_grouped_body<NT>(x, w, y, N, C, H, W, K, Ho, Wo, Y, X, ph, pw, sh, sw, dlh, dlw, G, ws0, ws1, ws2, \
+                              ws3, out_nchw, f, TH, TW, SGB, w_rows);                                         \
+    }
+
+GC_KERNEL(conv_grouped_fwd_k8, 1)
+GC_KERNEL(conv_grouped_fwd_k16, 2)
+GC_KERNEL(conv_grouped_fwd_k32, 4)
+GC_KERNEL(conv_grouped_fwd_k64, 8)

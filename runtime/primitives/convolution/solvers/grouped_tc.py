@@ -1,0 +1,168 @@
+"""ConvGroupedTensorCore (id 48): forward grouped convolution, depthwise included, of fp16/bf16
+tensors on NVIDIA tensor cores (conv_grouped_tc.cu, mma.sync m16n8k8, sm_80+): ResNeXt's
+3 x 3 convolutions of 32 groups, MobileNet's depthwise ones. Groups narrower than 8 channels
+are merged into supergroups of 8 (block-diagonal weights, zeros across the groups); a block
+reads its output tile's input window once into shared memory and every warp's fragments come
+out of it by ldmatrix. NHWC tensors go as they are; an NCHW x is staged channels-last in a
+workspace by conv_gemm.c's tiled transpose and the kernel writes the NCHW output itself."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+
+from kdbkit.runtime.primitives.convolution.problem import ConvProblem
+from kdbkit.runtime.primitives.convolution.solvers.common import INT_MAX, shape_args
+from kdbkit.runtime.primitives.convolution.solvers.igemm_tc import tensor_core_refusal, transposer
+from kdbkit.runtime.program_key import ProgramRequest
+from kdbkit.runtime.solver import APPLIES, Solution, Solver, aligned16, fallback_invoker, not_applicable
+
+THREADS = 128  # conv_grouped_tc.cu's GC_THREADS
+SHARED_MAX = 163 * 1024  # a block's dynamic shared memory on sm_80 (sm_90 allows 227 KiB)
+SHARED_BUDGET = 72 * 1024  # three blocks a multiprocessor where the tile allows
+WIDTHS = (8, 16, 32, 64)  # the supergroups' output channels, one kernel each
+KERNELS = {kg: f"conv_grouped_fwd_k{kg}" for kg in WIDTHS}
+
+
+def merge(problem: ConvProblem) -> int | None:
+    """f, the groups a supergroup takes: the fewest whose input and output channels are both
+    multiples of 8, at most 64 of each; None where no f divides the groups."""
+    g = problem.groups
+    cg, kg = problem.x_shape[1] // g, problem.out_channels // g
+    for f in (1, 2, 4, 8):
+        if (f * cg) % 8 == 0 and (f * kg) % 8 == 0:
+            return f if g % f == 0 and f * cg <= 64 and f * kg in WIDTHS else None
+    return None
+
+
+def _padded(halves: int) -> int:
+    return halves + (8 if (halves // 8) % 2 == 0 else 0)  # conv_grouped_tc.cu's gc_padded
+
+
+@dataclass(frozen=True)
+class Plan:
+    f: int  # groups a supergroup
+    th: int  # output tile: rows
+    tw: int  # and columns
+    sgb: int  # supergroups a block
+    shared: int  # bytes of dynamic shared memory
+
+    def grid(self, problem: ConvProblem) -> tuple[int, int, int]:
+        ho, wo = problem.out_hw
+        return (-(-ho // self.th) * -(-wo // self.tw), problem.groups // (self.f * self.sgb), problem.x_shape[0])
+
+
+def shared_bytes(problem: ConvProblem, f: int, th: int, tw: int, sgb: int) -> int:
+    """The halo, the weights and the output tile, as conv_grouped_tc.cu lays them out."""
+    g, (fy, fx), (sh, sw), (dh, dw) = problem.groups, problem.filter, problem.stride, problem.dilation
+    cs, ks = sgb * f * problem.x_shape[1] // g, sgb * f * problem.out_channels // g
+    hh, ww = (th - 1) * sh + (fy - 1) * dh + 1, (tw - 1) * sw + (fx - 1) * dw + 1
+    rows = -(-th * tw // 16) * 16
+    out = ks * (rows + 8) if problem.layout == "NCHW" else rows * (ks + 8)
+    return 2 * (hh * ww * _padded(cs) + ks * _padded(fy * fx * cs // sgb) + out)
+
+
+def _divisors(n: int) -> list[int]:
+    return [d for d in range(1, n + 1) if n % d == 0]
+
+
+def plan(problem: ConvProblem, units: int = 132) -> Plan | None:
+    """The tile: about 128 output positions (64 strided) in rows of at most 16, cut evenly; then
+    as many supergroups a block as keep it within SHARED_BUDGET (at most 128 channels) while the
+    grid still gives each of the ``units`` multiprocessors two blocks; smaller tiles where none
+    fits. None where even one row of one supergroup exceeds a block's shared memory."""
+    f = merge(problem)
+    if f is None:
+        return None
+    n, (ho, wo) = problem.x_shape[0], problem.out_hw
+    g = problem.groups // f
+    cg, kg = f * problem.x_shape[1] // problem.groups, f * problem.out_channels // problem.groups
+    tw = -(-wo // -(-wo // 16))
+    target = 128 if problem.stride == (1, 1) else 64
+    th0 = max(1, min(ho, target // tw))
+    while True:
+        th = -(-ho // -(-ho // th0))
+        tiles = -(-ho // th) * -(-wo // tw) * n
+        fits = [d for d in _divisors(g) if d * cg <= 128 and d * kg <= 128
+                and shared_bytes(problem, f, th, tw, d) <= SHARED_BUDGET]
+        if fits:
+            filled = [d for d in fits if tiles * (g // d) >= 2 * units]
+            d = max(filled) if filled else min(fits)
+            return Plan(f, th, tw, d, shared_bytes(problem, f, th, tw, d))
+        if th0 == 1:
+            break
+        th0 = max(1, th0 // 2)
+    if shared_bytes(problem, f, 1, tw, 1) <= SHARED_MAX:
+        return Plan(f, 1, tw, 1, shared_bytes(problem, f, 1, tw, 1))
+    return None
+
+
+class ConvGroupedTensorCore(Solver):
+    id = 48
+    name = "ConvGroupedTensorCore"
+    primitive = "conv"
+    backends = ("cuda",)
+
+    def builds_for(self, target) -> bool:
+        return target.arch_facts.has("mma.sync")  # for fp16/bf16
+
+    def is_applicable(self, problem: ConvProblem, device):
+        refusal = tensor_core_refusal(problem, device)
+        if refusal is not None:
+            return refusal
+        if problem.direction != "F":
+            return not_applicable("it computes the forward direction only")
+        g = problem.groups
+        if g == 1:
+            return not_applicable("it takes grouped convolutions, not one group")
+        cg, kg = problem.x_shape[1] // g, problem.out_channels // g
+        if merge(problem) is None:
+            return not_applicable(f"groups of {cg} input and {kg} output channels ({g} groups) merge into no "
+                                  "supergroup of 8, 16, 32 or 64 output and at most 64 input channels")
+        if plan(problem) is None:
+            return not_applicable(f"a {problem.filter[0]} x {problem.filter[1]} filter's window and weights exceed "
+                                  "a block's shared memory")
+        n, c, h, w = problem.x_shape
+        if max(n * h * w * c, n * problem.out_hw[0] * problem.out_hw[1] * problem.out_channels) > INT_MAX:
+            return not_applicable("sizes exceed the kernel's int arguments")
+        if n > 65535 or problem.groups > 65535:
+            return not_applicable(f"its grid takes at most 65535 images and groups, not {n} and {g}")
+        return APPLIES
+
+    def workspace(self, problem: ConvProblem) -> int:
+        return problem.descs()["x"].numel * problem.dtype.itemsize if problem.layout == "NCHW" else 0
+
+    def programs(self, problem: ConvProblem):
+        return [ProgramRequest("conv_grouped_tc.cu", problem.dtype.options),
+                ProgramRequest("conv_gemm.c", problem.dtype.options)]
+
+    def solution(self, problem: ConvProblem, device):
+        def invoker_factory(programs, context):
+            chosen = plan(problem, context.device.target.cu or 132)
+            kg = chosen.f * problem.out_channels // problem.groups
+            nchw = problem.layout == "NCHW"
+            w_rows = int(chosen.f == 1 and not nchw)  # packed KYXC rows, as the kernel keeps them
+            backend = context.backend
+            fast = backend.launcher(programs[0].function(KERNELS[kg]), chosen.grid(problem), (THREADS, 1, 1),
+                                    [None, None, None, *shape_args(problem),
+                                     *(np.int32(v) for v in (nchw, chosen.f, chosen.th, chosen.tw, chosen.sgb,
+                                                             w_rows))], shared_bytes=chosen.shared)
+            n, c, h, w = problem.x_shape
+            staged = backend.alloc(self.workspace(problem)) if nchw else None
+            into = transposer(context, programs[1], problem.dtype)(n, c, h * w) if nchw else None
+            unaligned = fallback_invoker(context, problem, "ConvImplicitGemm")
+
+            def forward(x, w, y):
+                if not aligned16(*([] if nchw else [x]), *([w] if w_rows else []), *([] if nchw else [y])):
+                    unaligned(x, w, y)
+                    return
+                if into is not None:
+                    into(x, staged)
+                    x = staged
+                fast(x, w, y)
+
+            forward.workspace = (staged,)
+            return forward
+
+        return Solution(self.programs(problem), invoker_factory)

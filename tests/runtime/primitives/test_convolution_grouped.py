@@ -1,0 +1,158 @@
+"""The grouped tensor-core convolution (ConvGroupedTensorCore, kernels/conv_grouped_tc.cu): its
+program compiles offline for sm_80 and sm_90, the gates, the supergroups and the tile plan need no
+GPU; on a CUDA GPU (KDB_TEST_BACKEND=cuda with PyTorch) every group width, depthwise included,
+both layouts and types against PyTorch in float64: odd sizes, strides, dilation, uneven padding,
+tiles cut at every edge."""
+
+from __future__ import annotations
+
+import pytest
+
+from kdbkit.kdb.target import Target
+from kdbkit.runtime.backends.base import DeviceInfo
+from kdbkit.runtime.primitives.convolution import ConvProblem
+from kdbkit.runtime.primitives.convolution.solvers import grouped_tc
+from kdbkit.runtime.solver import REGISTRY
+from kdbkit.runtime.tensor import DataType
+from .conftest import sm90
+
+NAME = "ConvGroupedTensorCore"
+
+
+def conv(c=128, k=None, hw=(56, 56), n=32, f=(3, 3), pad=(1, 1), stride=(1, 1), dilation=(1, 1), layout="NHWC",
+         dtype=DataType.FP16, direction="F", groups=32) -> ConvProblem:
+    return ConvProblem(direction, dtype, layout, (n, c, *hw), c if k is None else k, f, pad, stride, dilation, groups)
+
+
+# ---------------------------------------------------------------- no GPU needed
+
+
+@pytest.mark.parametrize("arch", ["sm_80", "sm_90"])
+@pytest.mark.parametrize("dtype", [DataType.FP16, DataType.BF16])
+def test_the_program_compiles_offline(arch, dtype):
+    from tests.prerequisites import require_nvrtc
+
+    require_nvrtc()
+    from kdbkit.runtime.backends.elf_notes import cubin_arch
+    from kdbkit.runtime.compilers.nvrtc import NvrtcCompiler
+
+    from ..conftest import compile_file
+
+    request, staging = REGISTRY.find(NAME).programs(conv(dtype=dtype))
+    assert staging.kernel_file == "conv_gemm.c"
+    cubin = compile_file(Target.parse(arch), request.kernel_file, *request.options, compiler=NvrtcCompiler())
+    assert cubin_arch(cubin) == arch
+    assert all(f"\0{name}\0".encode() in cubin for name in grouped_tc.KERNELS.values())
+
+
+@pytest.mark.parametrize("c, k, groups, expected", [
+    (128, 128, 32, 2),  # ResNeXt's 4 channels a group: pairs
+    (256, 256, 32, 1), (512, 512, 32, 1), (1024, 1024, 32, 1),  # 8, 16, 32 a group as they are
+    (96, 96, 96, 8),  # depthwise: 8 channels a supergroup
+    (96, 192, 96, 8),  # depthwise, 2 outputs a channel: 8 in, 16 out
+    (40, 80, 4, None),  # 10 in, 20 out a group: four make 40 and 80, no kernel's width
+    (48, 48, 4, None),  # 12 a group: pairs of 24, no kernel's width
+    (48, 48, 3, 1),  # 16 a group: as they are
+])
+def test_narrow_groups_merge_into_supergroups_of_8(c, k, groups, expected):
+    assert grouped_tc.merge(conv(c=c, k=k, groups=groups)) == expected
+
+
+def test_the_gates_name_what_the_kernel_cannot_take():
+    solver = REGISTRY.find(NAME)
+
+    def reason(device=None, **change):
+        verdict = solver.is_applicable(conv(**change), device or sm90())
+        return "" if verdict else verdict.reason
+
+    a100 = DeviceInfo("cuda", 0, "an A100", Target.parse("sm_80_108"), 80 << 30)
+    assert reason() == reason(layout="NCHW") == reason(dtype=DataType.BF16) == reason(device=a100) == ""
+    assert reason(c=96, groups=96, stride=(2, 2)) == "" and reason(c=13 * 8, groups=13 * 8) == ""
+    assert "fp32 is not fp16 or bf16" in reason(dtype=DataType.FP32)
+    assert "forward direction only" in reason(direction="B")
+    assert "not one group" in reason(groups=1)
+    assert "supergroup" in reason(c=36, groups=12)  # 3 a group: 8 groups do not divide 12
+    assert "supergroup" in reason(c=256, k=256, groups=2)  # 128 a group: wider than 64
+    assert "shared memory" in reason(c=1024, f=(11, 11), pad=(5, 5), hw=(20, 20))
+    sm75 = DeviceInfo("cuda", 0, "a T4", Target.parse("sm_75_40"), 16 << 30)
+    assert "mma.sync" in reason(device=sm75)
+
+
+def test_every_plan_fits_and_covers_the_groups():
+    for problem in [conv(), conv(c=256, stride=(2, 2)), conv(c=1024, hw=(7, 7)), conv(c=96, groups=96, hw=(112, 112),
+                    stride=(2, 2)), conv(c=960, groups=960, hw=(7, 7)), conv(c=40, groups=5, hw=(9, 13), n=1)]:
+        p = grouped_tc.plan(problem)
+        g = problem.groups // p.f
+        assert g % p.sgb == 0 and p.shared <= grouped_tc.SHARED_BUDGET
+        assert p.shared == grouped_tc.shared_bytes(problem, p.f, p.th, p.tw, p.sgb)
+        tiles, slabs, images = p.grid(problem)
+        ho, wo = problem.out_hw
+        assert tiles * p.th * p.tw >= ho * wo and slabs * p.sgb * p.f == problem.groups and images == problem.x_shape[0]
+
+
+def test_immediate_mode_takes_it_for_resnext_and_depthwise_layers():
+    from kdbkit.runtime.immediate import heuristic
+
+    for problem in (conv(), conv(c=1024, hw=(14, 14), stride=(2, 2), layout="NCHW"),
+                    conv(c=144, groups=144, dtype=DataType.BF16)):
+        assert heuristic(problem, sm90(), ()).solver.name == NAME
+    assert heuristic(conv(c=144, groups=144, dtype=DataType.FP32), sm90(), ()).solver.name == "ConvDepthwise"
+
+
+def test_the_workspace_holds_an_nchw_input_staged():
+    assert REGISTRY.find(NAME).workspace(conv(layout="NCHW", n=2, hw=(9, 9))) == 2 * 2 * 128 * 81
+    assert REGISTRY.find(NAME).workspace(conv()) == 0
+
+
+# ---------------------------------------------------------------- on a CUDA GPU
+
+# (N, C, H, W, K, groups, filter, pad, stride, dilation)
+CASES = [
+    (2, 128, 13, 11, 128, 32, (3, 3), (1, 1), (1, 1), (1, 1)),  # ResNeXt's 4 a group: pairs, odd sizes
+    (3, 256, 15, 9, 256, 32, (3, 3), (1, 1), (2, 2), (1, 1)),  # 8 a group, strided
+    (2, 512, 9, 9, 512, 32, (3, 3), (1, 1), (1, 1), (1, 1)),  # 16 a group
+    (2, 1024, 7, 7, 1024, 32, (3, 3), (1, 1), (1, 1), (1, 1)),  # 32 a group, the last stage
+    (1, 1024, 14, 14, 1024, 32, (3, 3), (1, 1), (2, 2), (1, 1)),  # 32 a group, strided
+    (2, 96, 19, 17, 96, 96, (3, 3), (1, 1), (2, 2), (1, 1)),  # depthwise, strided, odd sizes
+    (2, 40, 23, 30, 40, 40, (5, 5), (2, 2), (1, 1), (1, 1)),  # depthwise 5 x 5 (40 channels: 5 supergroups)
+    (2, 24, 12, 12, 48, 24, (3, 3), (2, 0), (1, 2), (2, 1)),  # 2 outputs a channel, uneven pad, dilation
+    (2, 64, 10, 10, 128, 4, (3, 3), (1, 1), (1, 1), (1, 1)),  # 16 in, 32 out a group
+    (2, 256, 6, 6, 512, 8, (1, 1), (0, 0), (1, 1), (1, 1)),  # 32 in, 64 out a group: two n32 loads
+    (4, 128, 40, 40, 128, 32, (3, 3), (1, 1), (1, 1), (1, 1)),  # more tiles than multiprocessors
+]
+
+
+@pytest.fixture
+def tensor_core_torch(handle):
+    torch = pytest.importorskip("torch", reason="PyTorch is not installed (the GPU machine has it)")
+    if handle.device.backend != "cuda" or not handle.device.target.arch_facts.has("mma.sync") \
+            or not torch.cuda.is_available():
+        pytest.skip("needs an sm_80+ GPU (KDB_TEST_BACKEND=cuda on the GPU machine)")
+    return handle, torch
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("layout", ["NHWC", "NCHW"])
+@pytest.mark.parametrize("dtype", ["fp16", "bf16"])
+@pytest.mark.parametrize("case", CASES, ids=["x".join(map(str, c[:6])) for c in CASES])
+def test_matches_pytorch(tensor_core_torch, layout, dtype, case):
+    import kdbkit
+
+    handle, torch = tensor_core_torch
+    n, c, h, w, k, groups, f, pad, stride, dilation = case
+    tdtype = {"fp16": torch.float16, "bf16": torch.bfloat16}[dtype]
+    fmt = torch.channels_last if layout == "NHWC" else torch.contiguous_format
+    gen = torch.Generator(device="cuda").manual_seed(sum(case[:6]))
+    x = torch.randn(n, c, h, w, device="cuda", dtype=tdtype, generator=gen).to(memory_format=fmt)
+    cg = c // groups
+    wt = (torch.randn(k, cg, *f, device="cuda", dtype=tdtype, generator=gen) / (cg * f[0] * f[1]) ** 0.5).to(
+        memory_format=fmt)
+    ref = torch.nn.functional.conv2d(x.double(), wt.double(), None, stride, pad, dilation, groups)
+    y = torch.full(ref.shape, float("nan"), device="cuda", dtype=tdtype).to(memory_format=fmt)  # poisoned
+    for _ in range(2):
+        out = kdbkit.convolution_forward(handle, x, wt, pad=pad, stride=stride, dilation=dilation, groups=groups,
+                                         y=y, solver=NAME)
+        assert out.data_ptr() == y.data_ptr()
+        assert torch.isfinite(y).all(), "an output element was not written"
+        err = float((y.double() - ref).norm() / ref.norm())
+        assert err < 1e-2, f"{layout} {dtype}: relative error {err:.2e}"
