@@ -18,10 +18,11 @@
  * along the rows of each output channel (out_nchw).
  *
  * Options: -DKDB_TYPE_FP16 or -DKDB_TYPE_BF16 (required).
- * Arguments: x (NHWC, 16-byte aligned, C a multiple of 8), w (read through its strides, or as
- *   packed KYXC rows with 16-byte copies when w_rows), y, conv_shape.h's CONV_SHAPE_ARGS, then
- *   out_nchw (y packed NCHW, else NHWC), f, TH, TW, SGB, w_rows.
- * Kernels: conv_grouped_fwd_k8/k16/k32/k64, by KG.
+ * Arguments: x (NHWC, 16-byte aligned, C a multiple of 8), w (packed K x Y X x CG rows, 16-byte
+ *   aligned: the user's KYXC weights where f = 1, else conv_grouped_weights's expansion), y,
+ *   conv_shape.h's CONV_SHAPE_ARGS (the strides are not read), then out_nchw (y packed NCHW,
+ *   else NHWC), f, TH, TW (TH TW <= GC_THREADS), SGB.
+ * Kernels: conv_grouped_fwd_k8/k16/k32/k64, by KG; conv_grouped_weights (1-D, any grid).
  * Launch: 128 threads, grid (ceil(Ho / TH) ceil(Wo / TW), G / (f SGB), N), dynamic shared
  *   memory as grouped_tc.py's shared_bytes (the halo, the weights and the output tile).
  */
@@ -32,7 +33,7 @@
 #include "tc_types.h"
 #include "conv_shape.h"
 
-#define GC_THREADS 128
+#define GC_THREADS 256
 #define GC_WARPS (GC_THREADS / 32)
 #define GC_MMA "mma.sync.aligned.m16n8k8.row.col.f32." TC_TYPE "." TC_TYPE ".f32"
 
@@ -77,9 +78,9 @@ __device__ __forceinline__ void conv_grouped_body(const unsigned short* __restri
                                                   unsigned short* __restrict__ y, int N, int C, int H, int W, int K,
                                                   int Ho, int Wo, int Y, int X, int ph, int pw, int sh, int sw,
                                                   int dlh, int dlw, int G, int ws0, int ws1, int ws2, int ws3,
-                                                  int out_nchw, int f, int TH, int TW, int SGB, int w_rows)
+                                                  int out_nchw, int f, int TH, int TW, int SGB)
 {
-    constexpr int MU = NT >= 8 ? 1 : 2; /* m16 tiles a unit: A's fragments serve NT mma, B's MU */
+    constexpr int MU = NT >= 8 ? 1 : NT == 4 ? 2 : 4; /* m16 tiles a unit: A's fragments serve NT mma, B's MU */
     constexpr int KG = 8 * NT;
     extern __shared__ __align__(16) unsigned short gc_tiles[];
     const int cg = C / G, kg = K / G, CG = f * cg;
@@ -97,41 +98,34 @@ __device__ __forceinline__ void conv_grouped_body(const unsigned short* __restri
     const int h0 = i0 * sh - ph, v0 = j0 * sw - pw;
     const int t = threadIdx.x, lane = t % 32, warp = t / 32;
 
-    /* The halo: HH x WW pixels of CS channels, 16 bytes a copy. */
+    /* The halo: HH x WW pixels of CS channels, 16 bytes a copy: thread t copies piece t % pieces
+     * of pixels t / pieces + s (GC_THREADS / pieces), walked without a division per copy. */
     {
-        const int pieces = CS / 8, total = HH * WW * pieces;
-        const unsigned short* xn = x + (long)n * H * W * C + c0;
-        for (int e = t; e < total; e += GC_THREADS) {
-            const int q = e % pieces, pix = e / pieces, hh = pix / WW, ww = pix - hh * WW;
-            const int h = h0 + hh, v = v0 + ww;
-            const bool inside = h >= 0 && h < H && v >= 0 && v < W;
-            gc_copy16(halo + pix * PIX + 8 * q, inside ? xn + ((long)h * W + v) * C + 8 * q : x, inside);
-        }
-    }
-    /* The weights, [k][tap][CG]: packed KYXC rows copied as they are (f = 1), else each (k, tap)
-     * row built from its group's cg weights and zeros elsewhere, 8 channels a store. */
-    if (w_rows) {
-        const int pieces = TAPS * CG / 8;
-        for (int e = t; e < KS * pieces; e += GC_THREADS) {
-            const int q = e % pieces, k = e / pieces;
-            gc_copy16(wts + k * WROW + 8 * q, w + (long)(k0 + k) * TAPS * CG + 8 * q, true);
-        }
-    } else {
-        for (int e = t; e < KS * TAPS; e += GC_THREADS) {
-            const int tap = e % TAPS, k = e / TAPS, a = tap / X, b = tap - a * X;
-            const int first = (k % KG) / kg * cg; /* k's group's channels within the supergroup */
-            const unsigned short* src = w + (long)(k0 + k) * ws0 + (long)a * ws2 + (long)b * ws3;
-            for (int q = 0; q < CG; q += 8) {
-                unsigned int packed[4];
-#pragma unroll
-                for (int u = 0; u < 8; u += 2) {
-                    const int c = q + u - first;
-                    const unsigned int lo = c >= 0 && c < cg ? src[(long)c * ws1] : 0;
-                    const unsigned int hi = c + 1 >= 0 && c + 1 < cg ? src[(long)(c + 1) * ws1] : 0;
-                    packed[u / 2] = lo | (hi << 16);
+        const int pieces = CS / 8, step = GC_THREADS / pieces, q = t % pieces;
+        const unsigned short* xn = x + (long)n * H * W * C + c0 + 8 * q;
+        int pix = t / pieces, hh = pix / WW, ww = pix - hh * WW;
+        const int step_h = step / WW, step_w = step - step_h * WW;
+        if (t < step * pieces)
+            for (; pix < HH * WW; pix += step) {
+                const int h = h0 + hh, v = v0 + ww;
+                const bool inside = h >= 0 && h < H && v >= 0 && v < W;
+                gc_copy16(halo + pix * PIX + 8 * q, inside ? xn + ((long)h * W + v) * C : x, inside);
+                hh += step_h;
+                ww += step_w;
+                if (ww >= WW) {
+                    ww -= WW;
+                    ++hh;
                 }
-                *(uint4*)(wts + k * WROW + tap * CG + q) = make_uint4(packed[0], packed[1], packed[2], packed[3]);
             }
+    }
+    /* The weights, packed [k][tap][CG] rows (the user's KYXC where f = 1, else
+     * conv_grouped_weights's), 16 bytes a copy. */
+    {
+        const int pieces = TAPS * CG / 8;
+        const unsigned short* wk = w + (long)k0 * TAPS * CG;
+        for (int e = t; e < KS * pieces; e += GC_THREADS) {
+            const int k = e / pieces, q = e - k * pieces;
+            gc_copy16(wts + k * WROW + 8 * q, wk + (long)e * 8, true);
         }
     }
     asm volatile("cp.async.commit_group;");
@@ -215,30 +209,57 @@ __device__ __forceinline__ void conv_grouped_body(const unsigned short* __restri
     }
     __syncthreads();
     if (out_nchw) {
-        /* Each output channel's positions along y's rows. */
-        for (int e = t; e < KS * P; e += GC_THREADS) {
-            const int k = e / P, p = e - k * P, ti = p / TW, tj = p - ti * TW, i = i0 + ti, j = j0 + tj;
-            if (i < Ho && j < Wo)
+        /* Each output channel's positions along y's rows: thread t takes position t % P of
+         * channels t / P + s (GC_THREADS / P). */
+        const int step = GC_THREADS / P, p = t % P, ti = p / TW, tj = p - ti * TW, i = i0 + ti, j = j0 + tj;
+        if (t < step * P && i < Ho && j < Wo)
+            for (int k = t / P; k < KS; k += step)
                 y[(((long)n * K + k0 + k) * Ho + i) * Wo + j] = out[k * OROW + p];
-        }
         return;
     }
-    /* Each position's KS channels, 16 bytes a store. */
-    const int pieces = KS / 8;
-    for (int e = t; e < P * pieces; e += GC_THREADS) {
-        const int p = e / pieces, q = e - p * pieces, ti = p / TW, tj = p - ti * TW, i = i0 + ti, j = j0 + tj;
+    /* Each position's KS channels, 16 bytes a store: thread t stores piece t % pieces of
+     * positions t / pieces + s (GC_THREADS / pieces). */
+    const int pieces = KS / 8, step = GC_THREADS / pieces, q = t % pieces;
+    if (t >= step * pieces)
+        return;
+    int p = t / pieces, ti = p / TW, tj = p - ti * TW;
+    const int step_i = step / TW, step_j = step - step_i * TW;
+    for (; p < P; p += step) {
+        const int i = i0 + ti, j = j0 + tj;
         if (i < Ho && j < Wo)
             *(uint4*)(y + (((long)n * Ho + i) * Wo + j) * K + k0 + 8 * q) = *(const uint4*)(out + p * OROW + 8 * q);
+        ti += step_i;
+        tj += step_j;
+        if (tj >= TW) {
+            tj -= TW;
+            ++ti;
+        }
+    }
+}
+
+/* wp (K x Y X x f cg, packed) = w's weights (read through its strides, K x cg x Y x X) placed
+ * at their group's channels of the supergroup, zeros elsewhere: the rows conv_grouped_fwd_*
+ * copies where f > 1 or w is not packed KYXC. One thread an element of wp. */
+extern "C" __global__ void conv_grouped_weights(const unsigned short* __restrict__ w, unsigned short* __restrict__ wp,
+                                                int K, int G, int cg, int f, int Y, int X, int ws0, int ws1, int ws2,
+                                                int ws3)
+{
+    const int CG = f * cg, kg = K / G, KG = f * kg;
+    const long total = (long)K * Y * X * CG;
+    for (long e = blockIdx.x * (long)blockDim.x + threadIdx.x; e < total; e += (long)blockDim.x * gridDim.x) {
+        const int c = (int)(e % CG), tap = (int)(e / CG % (Y * X)), k = (int)(e / ((long)CG * Y * X));
+        const int a = tap / X, b = tap - a * X, ci = c - (k % KG) / kg * cg; /* the channel within k's group */
+        wp[e] = ci >= 0 && ci < cg ? w[(long)k * ws0 + (long)ci * ws1 + (long)a * ws2 + (long)b * ws3] : 0;
     }
 }
 
 #define GC_KERNEL(NAME, NT)                                                                                  \
     extern "C" __global__ void __launch_bounds__(GC_THREADS)                                                 \
     NAME(const unsigned short* __restrict__ x, const unsigned short* __restrict__ w,                       \
-         unsigned short* __restrict__ y, CONV_SHAPE_ARGS, int out_nchw, int f, int TH, int TW, int SGB, int w_rows) \
+         unsigned short* __restrict__ y, CONV_SHAPE_ARGS, int out_nchw, int f, int TH, int TW, int SGB)        \
     {                                                                                                        \
         conv_grouped_body<NT>(x, w, y, N, C, H, W, K, Ho, Wo, Y, X, ph, pw, sh, sw, dlh, dlw, G, ws0, ws1, ws2, \
-                              ws3, out_nchw, f, TH, TW, SGB, w_rows);                                         \
+                              ws3, out_nchw, f, TH, TW, SGB);                                         \
     }
 
 GC_KERNEL(conv_grouped_fwd_k8, 1)
