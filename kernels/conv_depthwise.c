@@ -52,6 +52,102 @@ KDB_KERNEL void conv_dw_fwd(const KDB_GLOBAL kdb_data_t* x, const KDB_GLOBAL kdb
     }
 }
 
+#define CONV_DW_THREADS 256
+#define CONV_DW_MAX_TAPS 25 /* filters up to 5 x 5 keep their sums (backward weights) or weights in registers */
+#define CONV_DW_TILE_FLOATS 8192 /* the tiled forward's shared memory (32 KiB): the halo, then the weights */
+
+/* Forward, tiled: a group takes TH x TW output positions of CB channels of one image (grid:
+ * ceil(Ho / TH) ceil(Wo / TW) tiles, ceil(C / CB) slabs, N) and first copies their input window
+ * (the halo, zeros outside the image) and their weights into shared memory, so that each input
+ * element is read from memory once per tile, not once per tap. The halo is held in the layout's
+ * order: [pixel][CB] when channels_fastest (NHWC: CB divides CONV_DW_THREADS, and a thread keeps
+ * one channel, its weights in registers, the group's threads reading neighbouring channels),
+ * else [CB][pixel] (NCHW: TH TW <= CONV_DW_THREADS, a thread keeps one position, neighbouring
+ * threads reading neighbouring columns). The host picks tiles whose halo and weights fit
+ * CONV_DW_TILE_FLOATS (conv's depthwise.py). */
+KDB_KERNEL void conv_dw_fwd_tiled(const KDB_GLOBAL kdb_data_t* x, const KDB_GLOBAL kdb_data_t* w,
+                                  KDB_GLOBAL kdb_data_t* y, CONV_SHAPE_ARGS, int channels_fastest, int TH, int TW,
+                                  int CB)
+{
+    KDB_SHARED(float, tile, CONV_DW_TILE_FLOATS);
+    const int t = KDB_LOCAL_ID_X, taps = Y * X, P = TH * TW;
+    const int HH = (TH - 1) * sh + (Y - 1) * dlh + 1, WW = (TW - 1) * sw + (X - 1) * dlw + 1, pixels = HH * WW;
+    const int tiles_w = (Wo + TW - 1) / TW;
+    const int i0 = KDB_GROUP_ID_X / tiles_w * TH, j0 = KDB_GROUP_ID_X % tiles_w * TW;
+    const int c0 = KDB_GROUP_ID_Y * CB, n = KDB_GROUP_ID_Z, h0 = i0 * sh - ph, v0 = j0 * sw - pw;
+    const int halo = pixels * CB;
+    /* Element e of the halo is tile[e] in either order. */
+    for (int e = t; e < halo; e += CONV_DW_THREADS) {
+        const int c = channels_fastest ? e % CB : e / pixels, pix = channels_fastest ? e / CB : e - c * pixels;
+        const int hh = pix / WW, h = h0 + hh, v = v0 + pix - hh * WW, ch = c0 + c;
+        float value = 0.0f;
+        if (ch < C && h >= 0 && h < H && v >= 0 && v < W)
+            value = KDB_LOAD(x, (long)n * xs0 + (long)ch * xs1 + (long)h * xs2 + (long)v * xs3);
+        tile[e] = value;
+    }
+    for (int e = t; e < CB * taps; e += CONV_DW_THREADS) {
+        const int c = e / taps, tap = e - c * taps, a = tap / X;
+        tile[halo + e] = c0 + c < C ? KDB_LOAD(w, (long)(c0 + c) * ws0 + (long)a * ws2 + (long)(tap - a * X) * ws3)
+                                    : 0.0f;
+    }
+    KDB_BARRIER;
+    const int tap_h = dlh * WW, tap_w = dlw; /* a tap's step in pixels: down a filter row, along it */
+    if (channels_fastest) {
+        const int c = t % CB, step = CONV_DW_THREADS / CB;
+        float wc[CONV_DW_MAX_TAPS];
+        KDB_UNROLL for (int e = 0; e < CONV_DW_MAX_TAPS; ++e) {
+            if (e >= taps)
+                break;
+            wc[e] = tile[halo + c * taps + e];
+        }
+        if (c0 + c >= C)
+            return;
+        int p = t / CB, ti = p / TW, tj = p - ti * TW;
+        const int step_i = step / TW, step_j = step - step_i * TW;
+        for (; p < P; p += step) {
+            const int i = i0 + ti, j = j0 + tj;
+            if (i < Ho && j < Wo) {
+                const int base = ti * sh * WW + tj * sw;
+                float acc = 0.0f;
+                int a = 0, b = 0;
+                KDB_UNROLL for (int e = 0; e < CONV_DW_MAX_TAPS; ++e) {
+                    if (e >= taps)
+                        break;
+                    acc += tile[(base + a * tap_h + b * tap_w) * CB + c] * wc[e];
+                    const int wrap = ++b == X; /* the next filter row: no division per tap */
+                    b = wrap ? 0 : b;
+                    a += wrap;
+                }
+                if (taps > CONV_DW_MAX_TAPS) /* larger filters: their other taps' weights from the tile */
+                    for (int e = CONV_DW_MAX_TAPS; e < taps; ++e) {
+                        const int fa = e / X, fb = e - fa * X;
+                        acc += tile[(base + fa * tap_h + fb * tap_w) * CB + c] * tile[halo + c * taps + e];
+                    }
+                KDB_STORE(y, (long)n * ys0 + (long)(c0 + c) * ys1 + (long)i * ys2 + (long)j * ys3, acc);
+            }
+            ti += step_i;
+            tj += step_j;
+            if (tj >= TW) {
+                tj -= TW;
+                ++ti;
+            }
+        }
+        return;
+    }
+    const int step = CONV_DW_THREADS / P, p = t % P, ti = p / TW, tj = p - ti * TW, i = i0 + ti, j = j0 + tj;
+    if (t >= step * P || i >= Ho || j >= Wo)
+        return;
+    const int base = ti * sh * WW + tj * sw;
+    for (int c = t / P; c < CB && c0 + c < C; c += step) {
+        const int at = c * pixels + base;
+        float acc = 0.0f;
+        for (int a = 0; a < Y; ++a)
+            for (int b = 0; b < X; ++b)
+                acc += tile[at + a * tap_h + b * tap_w] * tile[halo + c * taps + a * X + b];
+        KDB_STORE(y, (long)n * ys0 + (long)(c0 + c) * ys1 + (long)i * ys2 + (long)j * ys3, acc);
+    }
+}
+
 /* dx[n, c, h, v] = sum over the taps of dy at the output whose window puts that tap on (h, v). */
 KDB_KERNEL void conv_dw_bwd_data(const KDB_GLOBAL kdb_data_t* dy, const KDB_GLOBAL kdb_data_t* w,
                                  KDB_GLOBAL kdb_data_t* dx, CONV_SHAPE_ARGS, int channels_fastest)
@@ -77,9 +173,6 @@ KDB_KERNEL void conv_dw_bwd_data(const KDB_GLOBAL kdb_data_t* dy, const KDB_GLOB
         KDB_STORE(dx, (long)n * xs0 + (long)c * xs1 + (long)h * xs2 + (long)v * xs3, acc);
     }
 }
-
-#define CONV_DW_THREADS 256
-#define CONV_DW_MAX_TAPS 25 /* filters up to 5 x 5 keep their sums in registers */
 
 /* partial[k][s][tap] = the sum over slice s of the output positions of dy[n, k, i, j] times
  * x[n, k, i * sh - ph + a * dlh, j * sw - pw + b * dlw], tap = a X + b: every tap of a channel

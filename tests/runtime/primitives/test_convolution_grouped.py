@@ -11,7 +11,7 @@ import pytest
 from kdbkit.kdb.target import Target
 from kdbkit.runtime.backends.base import DeviceInfo
 from kdbkit.runtime.primitives.convolution import ConvProblem
-from kdbkit.runtime.primitives.convolution.solvers import grouped_tc
+from kdbkit.runtime.primitives.convolution.solvers import depthwise, grouped_tc
 from kdbkit.runtime.solver import REGISTRY
 from kdbkit.runtime.tensor import DataType
 from .conftest import sm90
@@ -159,3 +159,48 @@ def test_matches_pytorch(tensor_core_torch, layout, dtype, case):
         assert torch.isfinite(y).all(), "an output element was not written"
         err = float((y.double() - ref).norm() / ref.norm())
         assert err < 1e-2, f"{layout} {dtype}: relative error {err:.2e}"
+
+
+# ---------------------------------------------------------------- ConvDepthwise's tiled forward (any backend)
+
+
+@pytest.mark.parametrize("layout", ["NHWC", "NCHW"])
+@pytest.mark.parametrize("c, hw, f, pad, stride, dilation", [
+    (40, (33, 21), (5, 5), (2, 2), (1, 1), (1, 1)),  # a slab of 32 channels and a cut one, rows cut by the tiles
+    (24, (17, 19), (3, 3), (1, 0), (2, 2), (1, 1)),  # strided, uneven pad
+    (6, (12, 9), (3, 2), (2, 1), (1, 2), (2, 1)),  # dilation, a non-square filter, few channels
+    (3, (9, 9), (7, 7), (3, 3), (1, 1), (1, 1)),  # 49 taps: past the 25 kept in registers
+])
+def test_the_tiled_depthwise_forward_matches_the_reference(handle, layout, c, hw, f, pad, stride, dilation):
+    import numpy as np
+
+    import kdbkit
+    from kdbkit.runtime.reference import convolution as ref
+
+    from .test_convolution import _channels_last, _from_channels_last
+
+    problem = ConvProblem("F", DataType.FP32, layout, (2, c, *hw), c, f, pad, stride, dilation, c)
+    assert depthwise.tile(problem) is not None
+    rng = np.random.default_rng(c)
+    x = rng.standard_normal((2, c, *hw)).astype(np.float32)
+    wt = rng.standard_normal((c, 1, *f)).astype(np.float32)
+    geometry = {"pad": pad, "stride": stride, "dilation": dilation, "groups": c, "solver": "ConvDepthwise"}
+    if layout == "NHWC":
+        be = handle.backend
+        y = _from_channels_last(be, kdbkit.convolution_forward(handle, _channels_last(be, x), _channels_last(be, wt),
+                                                               **geometry))
+    else:
+        y = kdbkit.convolution_forward(handle, x, wt, **geometry)
+    np.testing.assert_allclose(y, ref.forward(x, wt, pad, stride, dilation, c), rtol=1e-5, atol=1e-4)
+
+
+def test_the_depthwise_tiles_fit_the_shared_memory():
+    for layout in ("NHWC", "NCHW"):
+        for c, hw, s in ((32, 112, 1), (96, 112, 2), (960, 7, 1), (3, 9, 1)):
+            p = conv(c=c, groups=c, hw=(hw, hw), stride=(s, s), layout=layout, dtype=DataType.FP32)
+            th, tw, cb = depthwise.tile(p)
+            (fy, fx), (ho, wo) = p.filter, p.out_hw
+            halo = ((th - 1) * s + fy) * ((tw - 1) * s + fx)
+            assert cb * (halo + fy * fx) <= depthwise.TILE_FLOATS and th <= ho and tw <= wo
+            assert depthwise.THREADS % cb == 0 if layout == "NHWC" else th * tw <= depthwise.THREADS
+    assert depthwise.tile(conv(c=64, groups=64, f=(61, 61), pad=(30, 30), hw=(64, 64), layout="NHWC")) is None

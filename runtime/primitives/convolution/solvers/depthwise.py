@@ -1,5 +1,8 @@
 """ConvDepthwise (id 24): depthwise convolution (groups = C = K, one filter per channel),
-memory-bound (conv_depthwise.c). Forward and backward data: a thread per element written, in
+memory-bound (conv_depthwise.c). Forward: tiles of output positions by channels, each copying
+its input window and weights into shared memory first (conv_dw_fwd_tiled; :func:`tile`), so
+that an input element is read once per tile, not once per tap; a filter whose window fits no
+tile, a thread per element (conv_dw_fwd). Backward data: a thread per element written, in
 the layout's memory order, its index found once, then the filter's taps. Backward weights
 (filters up to 25 taps): blocks of channels by slices of the output positions, every tap of a
 channel summed from one read of dy, the slices' sums added in a fixed order by conv_igemm.c's
@@ -14,7 +17,45 @@ from kdbkit.runtime.primitives.convolution.solvers.common import fits_int_argume
 from kdbkit.runtime.program_key import ProgramRequest
 from kdbkit.runtime.solver import Solution, Solver, launcher_1d, not_applicable
 
-THREADS, MAX_TAPS = 256, 25  # conv_depthwise.c's CONV_DW_THREADS, CONV_DW_MAX_TAPS
+THREADS, MAX_TAPS, TILE_FLOATS = 256, 25, 8192  # conv_depthwise.c's CONV_DW_THREADS, _MAX_TAPS, _TILE_FLOATS
+
+
+def _even(size: int, most: int) -> int:
+    """The largest piece at most ``most`` that cuts ``size`` into equal-count pieces."""
+    return -(-size // -(-size // most))
+
+
+def tile(problem: ConvProblem) -> tuple[int, int, int] | None:
+    """(TH, TW, CB) of conv_dw_fwd_tiled: NHWC, 32 channels (fewer for fewer, a power of two) by
+    about 64 positions in rows of at most 16; NCHW, up to 256 positions in rows of at most 32 by
+    enough channels for about 8 outputs a thread. Smaller where the halo and the weights would
+    exceed TILE_FLOATS; None where even one position of one channel does."""
+    (ho, wo), (fy, fx), (sh, sw), (dh, dw) = problem.out_hw, problem.filter, problem.stride, problem.dilation
+    c = problem.x_shape[1]
+    if problem.x_shape[0] > 65535:  # the grid's third dimension
+        return None
+
+    def floats(th, tw, cb):
+        return cb * (((th - 1) * sh + (fy - 1) * dh + 1) * ((tw - 1) * sw + (fx - 1) * dw + 1) + fy * fx)
+
+    if problem.layout == "NHWC":
+        cb = min(32, 1 << (c - 1).bit_length())
+        tw = _even(wo, 16)
+        th = _even(ho, max(1, 64 // tw))
+    else:
+        tw = _even(wo, 32)
+        th = _even(ho, max(1, THREADS // tw))
+        cb = max(1, min(c, 8 * THREADS // (th * tw)))
+    while floats(th, tw, cb) > TILE_FLOATS:
+        if th > 1:
+            th = _even(ho, th // 2)
+        elif tw > 1:
+            tw = _even(wo, tw // 2)
+        elif cb > 1 and problem.layout == "NCHW":
+            cb //= 2
+        else:
+            return None
+    return th, tw, cb
 
 
 def program(problem: ConvProblem) -> ProgramRequest:
@@ -60,6 +101,15 @@ class ConvDepthwise(Solver):
         def invoker_factory(programs, context):
             prog = programs[0]
             order = np.int32(problem.layout == "NHWC")
+            chosen = tile(problem) if problem.direction == "F" else None
+            if chosen is not None:
+                th, tw, cb = chosen
+                n, k, ho, wo = problem.y_shape
+                grid = (-(-ho // th) * -(-wo // tw), -(-k // cb), n)
+                tiled = context.backend.launcher(prog.function("conv_dw_fwd_tiled"), grid, (THREADS, 1, 1),
+                                                 [None, None, None, *shape_args(problem), order,
+                                                  *(np.int32(v) for v in chosen)])
+                return lambda x, w, y: tiled(x, w, y)
             if problem.direction == "F":
                 n, k, ho, wo = problem.y_shape
                 fast = launcher_1d(context, prog.function("conv_dw_fwd"), n * k * ho * wo,
