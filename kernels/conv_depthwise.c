@@ -65,9 +65,9 @@ KDB_KERNEL void conv_dw_fwd(const KDB_GLOBAL kdb_data_t* x, const KDB_GLOBAL kdb
  * else [CB][pixel] (NCHW: TH TW <= CONV_DW_THREADS, a thread keeps one position, neighbouring
  * threads reading neighbouring columns). The host picks tiles whose halo and weights fit
  * CONV_DW_TILE_FLOATS (conv's depthwise.py). */
-KDB_KERNEL void conv_dw_fwd_tiled(const KDB_GLOBAL kdb_data_t* x, const KDB_GLOBAL kdb_data_t* w,
-                                  KDB_GLOBAL kdb_data_t* y, CONV_SHAPE_ARGS, int channels_fastest, int TH, int TW,
-                                  int CB)
+KDB_KERNEL void KDB_BOUNDS(CONV_DW_THREADS, 4)
+conv_dw_fwd_tiled(const KDB_GLOBAL kdb_data_t* x, const KDB_GLOBAL kdb_data_t* w, KDB_GLOBAL kdb_data_t* y,
+                  CONV_SHAPE_ARGS, int channels_fastest, int TH, int TW, int CB)
 {
     KDB_SHARED(float, tile, CONV_DW_TILE_FLOATS);
     const int t = KDB_LOCAL_ID_X, taps = Y * X, P = TH * TW;
@@ -76,14 +76,22 @@ KDB_KERNEL void conv_dw_fwd_tiled(const KDB_GLOBAL kdb_data_t* x, const KDB_GLOB
     const int i0 = KDB_GROUP_ID_X / tiles_w * TH, j0 = KDB_GROUP_ID_X % tiles_w * TW;
     const int c0 = KDB_GROUP_ID_Y * CB, n = KDB_GROUP_ID_Z, h0 = i0 * sh - ph, v0 = j0 * sw - pw;
     const int halo = pixels * CB;
-    /* Element e of the halo is tile[e] in either order. */
-    for (int e = t; e < halo; e += CONV_DW_THREADS) {
-        const int c = channels_fastest ? e % CB : e / pixels, pix = channels_fastest ? e / CB : e - c * pixels;
-        const int hh = pix / WW, h = h0 + hh, v = v0 + pix - hh * WW, ch = c0 + c;
-        float value = 0.0f;
-        if (ch < C && h >= 0 && h < H && v >= 0 && v < W)
-            value = KDB_LOAD(x, (long)n * xs0 + (long)ch * xs1 + (long)h * xs2 + (long)v * xs3);
-        tile[e] = value;
+    /* Element e of the halo is tile[e] in either order; 8 loads issued before their stores, so
+     * that a thread waits for memory once per 8 elements, not once per element. */
+    for (int e0 = t; e0 < halo; e0 += 8 * CONV_DW_THREADS) {
+        float value[8];
+        KDB_UNROLL for (int u = 0; u < 8; ++u) {
+            const int e = e0 + u * CONV_DW_THREADS;
+            const int c = channels_fastest ? e % CB : e / pixels, pix = channels_fastest ? e / CB : e - c * pixels;
+            const int hh = pix / WW, h = h0 + hh, v = v0 + pix - hh * WW, ch = c0 + c;
+            value[u] = e < halo && ch < C && h >= 0 && h < H && v >= 0 && v < W
+                           ? KDB_LOAD(x, (long)n * xs0 + (long)ch * xs1 + (long)h * xs2 + (long)v * xs3)
+                           : 0.0f;
+        }
+        KDB_UNROLL for (int u = 0; u < 8; ++u) {
+            if (e0 + u * CONV_DW_THREADS < halo)
+                tile[e0 + u * CONV_DW_THREADS] = value[u];
+        }
     }
     for (int e = t; e < CB * taps; e += CONV_DW_THREADS) {
         const int c = e / taps, tap = e - c * taps, a = tap / X;

@@ -85,9 +85,12 @@ def test_every_plan_fits_and_covers_the_groups():
         g = problem.groups // p.f
         assert g % p.sgb == 0 and p.shared <= grouped_tc.SHARED_BUDGET
         assert p.shared == grouped_tc.shared_bytes(problem, p.f, p.th, p.tw, p.sgb)
-        tiles, slabs, images = p.grid(problem)
         ho, wo = problem.out_hw
-        assert tiles * p.th * p.tw >= ho * wo and slabs * p.sgb * p.f == problem.groups and images == problem.x_shape[0]
+        tiles = -(-ho // p.th) * -(-wo // p.tw)
+        assert tiles * p.th * p.tw >= ho * wo and p.th * p.tw <= grouped_tc.THREADS
+        assert p.tiles(problem) == tiles * g // p.sgb * problem.x_shape[0]
+        blocks, _, _ = p.grid(problem, 132)
+        assert 132 <= blocks <= min(p.tiles(problem), 4 * 132) or blocks == p.tiles(problem)
 
 
 def test_immediate_mode_takes_it_for_resnext_and_depthwise_layers():

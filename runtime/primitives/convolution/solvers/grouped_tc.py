@@ -25,6 +25,8 @@ THREADS = 256  # conv_grouped_tc.cu's GC_THREADS
 SHARED_MAX = 163 * 1024  # a block's dynamic shared memory on sm_80 (sm_90 allows 227 KiB)
 SHARED_BUDGET = 72 * 1024  # three blocks a multiprocessor where the tile allows
 WIDTHS = (8, 16, 32, 64)  # the supergroups' output channels, one kernel each
+REGISTERS = {8: 64, 16: 80, 32: 104, 64: 104}  # each kernel's registers a thread, about (ptxas, sm_90)
+SHARED_SM = 228 * 1024  # a multiprocessor's shared memory (sm_90; an A100's 164 KiB fits fewer blocks)
 KERNELS = {kg: f"conv_grouped_fwd_k{kg}" for kg in WIDTHS}
 
 
@@ -51,19 +53,28 @@ class Plan:
     sgb: int  # supergroups a block
     shared: int  # bytes of dynamic shared memory
 
-    def grid(self, problem: ConvProblem) -> tuple[int, int, int]:
+    def tiles(self, problem: ConvProblem) -> int:
+        """Output tiles: positions by slabs of supergroups by images."""
         ho, wo = problem.out_hw
-        return (-(-ho // self.th) * -(-wo // self.tw), problem.groups // (self.f * self.sgb), problem.x_shape[0])
+        return -(-ho // self.th) * -(-wo // self.tw) * problem.groups // (self.f * self.sgb) * problem.x_shape[0]
+
+    def grid(self, problem: ConvProblem, units: int = 132) -> tuple[int, int, int]:
+        """The persistent blocks: as many as fit on the ``units`` multiprocessors at once (by
+        shared memory and registers), at most one a tile."""
+        kg = self.f * problem.out_channels // problem.groups
+        resident = max(1, min(65536 // (THREADS * REGISTERS[kg]), SHARED_SM // (self.shared + 1024)))
+        return (min(self.tiles(problem), resident * units), 1, 1)
 
 
 def shared_bytes(problem: ConvProblem, f: int, th: int, tw: int, sgb: int) -> int:
-    """The halo, the weights and the output tile, as conv_grouped_tc.cu lays them out."""
+    """Two stages of the halo and the weights, then the output tile, as conv_grouped_tc.cu lays
+    them out."""
     g, (fy, fx), (sh, sw), (dh, dw) = problem.groups, problem.filter, problem.stride, problem.dilation
     cs, ks = sgb * f * problem.x_shape[1] // g, sgb * f * problem.out_channels // g
     hh, ww = (th - 1) * sh + (fy - 1) * dh + 1, (tw - 1) * sw + (fx - 1) * dw + 1
     rows = -(-th * tw // 16) * 16
     out = ks * (rows + 8) if problem.layout == "NCHW" else rows * (ks + 8)
-    return 2 * (hh * ww * _padded(cs) + ks * _padded(fy * fx * cs // sgb) + out)
+    return 2 * (2 * (hh * ww * _padded(cs) + ks * _padded(fy * fx * cs // sgb)) + out)
 
 
 def expanded_weights(problem: ConvProblem) -> int:
@@ -156,7 +167,8 @@ class ConvGroupedTensorCore(Solver):
             kg = chosen.f * problem.out_channels // problem.groups
             nchw = problem.layout == "NCHW"
             backend, prog, item = context.backend, programs[0], problem.dtype.itemsize
-            fast = backend.launcher(prog.function(KERNELS[kg]), chosen.grid(problem), (THREADS, 1, 1),
+            fast = backend.launcher(prog.function(KERNELS[kg]), chosen.grid(problem, context.device.target.cu or 132),
+                                    (THREADS, 1, 1),
                                     [None, None, None, *shape_args(problem),
                                      *(np.int32(v) for v in (nchw, chosen.f, chosen.th, chosen.tw, chosen.sgb))],
                                     shared_bytes=chosen.shared)
