@@ -20,11 +20,11 @@
  * along the rows of each output channel (out_nchw).
  *
  * Options: -DKDB_TYPE_FP16 or -DKDB_TYPE_BF16 (required).
- * Arguments: x (NHWC, 16-byte aligned, C a multiple of 8), w (packed K x Y X x CG rows, 16-byte
- *   aligned: the user's KYXC weights where f = 1, else conv_grouped_weights's expansion), y,
- *   conv_shape.h's CONV_SHAPE_ARGS (the strides are not read), then out_nchw (y packed NCHW,
- *   else NHWC), f, TH, TW (TH TW <= GC_THREADS), SGB.
- * Kernels: conv_grouped_fwd_k8/k16/k32/k64, by KG; conv_grouped_weights (1-D, any grid).
+ * Arguments: x (NHWC, 16-byte aligned, C a multiple of 8), w (through its strides, or packed
+ *   KYXC and 16-byte aligned where w_rows: f = 1), y, conv_shape.h's CONV_SHAPE_ARGS (x's and
+ *   y's strides are not read), then out_nchw (y packed NCHW, else NHWC), f, TH, TW (TH TW <=
+ *   GC_THREADS), SGB, w_rows.
+ * Kernels: conv_grouped_fwd_k8/k16/k32/k64, by KG.
  * Launch: GC_THREADS threads, a 1-D grid of persistent blocks (at most the tiles: ceil(Ho / TH)
  *   ceil(Wo / TW) x G / (f SGB) x N), dynamic shared memory as grouped_tc.py's shared_bytes
  *   (two stages of the halo and the weights, the output tile).
@@ -81,7 +81,7 @@ __device__ __forceinline__ void conv_grouped_body(const unsigned short* __restri
                                                   unsigned short* __restrict__ y, int N, int C, int H, int W, int K,
                                                   int Ho, int Wo, int Y, int X, int ph, int pw, int sh, int sw,
                                                   int dlh, int dlw, int G, int ws0, int ws1, int ws2, int ws3,
-                                                  int out_nchw, int f, int TH, int TW, int SGB)
+                                                  int out_nchw, int f, int TH, int TW, int SGB, int w_rows)
 {
     constexpr int MU = NT >= 8 ? 1 : NT == 4 ? 2 : 4; /* m16 tiles a unit: A's fragments serve NT mma, B's MU */
     constexpr int KG = 8 * NT;
@@ -93,18 +93,22 @@ __device__ __forceinline__ void conv_grouped_body(const unsigned short* __restri
     const int OROW = out_nchw ? MROWS + 8 : KS + 8; /* the output tile's rows: [k][p] or [p][k] */
     const int STAGE = HH * WW * PIX + KS * WROW;       /* a stage: the halo, then the weights */
     unsigned short* out = gc_tiles + 2 * STAGE;
-    const int tiles_w = (Wo + TW - 1) / TW, tiles_hw = (Ho + TH - 1) / TH * tiles_w, slabs = G / (f * SGB);
-    const int total = tiles_hw * slabs * N;
+    const int tiles_w = (Wo + TW - 1) / TW, tiles_hw = (Ho + TH - 1) / TH * tiles_w;
+    const int total = tiles_hw * N * (G / (f * SGB));
     const int t = threadIdx.x, lane = t % 32, warp = t / 32;
 
-    /* Tile `id`'s halo (HH x WW pixels of CS channels) and weights (packed [k][tap][CG] rows: the
-     * user's KYXC where f = 1, else conv_grouped_weights's) into stage `buf` by cp.async, 16
-     * bytes a copy; thread t copies piece t % pieces of pixels t / pieces + s (GC_THREADS /
-     * pieces), walked without a division per copy. */
+    /* Tile `id` = (position tile, image, slab of supergroups), the slab slowest so that a block's
+     * tiles mostly share their weights. Its halo (HH x WW pixels of CS channels) into stage `buf`
+     * by cp.async, 16 bytes a copy (thread t copies piece t % pieces of pixels t / pieces + s
+     * (GC_THREADS / pieces), walked without a division per copy), and its weights as [k][tap][CG]
+     * rows where the stage holds another slab's: the user's packed KYXC rows by cp.async
+     * (w_rows), else each row built from its group's cg weights (read through w's strides) and
+     * zeros elsewhere, 8 channels a store. */
+    int slab_of[2] = {-1, -1};
     auto stage = [&](int buf, int id) {
         unsigned short* halo = gc_tiles + buf * STAGE;
         unsigned short* wts = halo + HH * WW * PIX;
-        const int sp = id % tiles_hw, slab = id / tiles_hw % slabs, n = id / (tiles_hw * slabs);
+        const int sp = id % tiles_hw, n = id / tiles_hw % N, slab = id / (tiles_hw * N);
         const int h0 = sp / tiles_w * TH * sh - ph, v0 = sp % tiles_w * TW * sw - pw;
         const int pieces = CS / 8, step = GC_THREADS / pieces, q = t % pieces;
         const unsigned short* xn = x + (long)n * H * W * C + slab * CS + 8 * q;
@@ -122,11 +126,37 @@ __device__ __forceinline__ void conv_grouped_body(const unsigned short* __restri
                     ++hh;
                 }
             }
-        const int wpieces = TAPS * CG / 8;
-        const unsigned short* wk = w + (long)slab * KS * TAPS * CG;
-        for (int e = t; e < KS * wpieces; e += GC_THREADS) {
-            const int k = e / wpieces;
-            gc_copy16(wts + k * WROW + 8 * (e - k * wpieces), wk + (long)e * 8, true);
+        if ((buf ? slab_of[1] : slab_of[0]) == slab)
+            return;
+        if (buf)
+            slab_of[1] = slab;
+        else
+            slab_of[0] = slab;
+        const int k0 = slab * KS;
+        if (w_rows) {
+            const int wpieces = TAPS * CG / 8;
+            const unsigned short* wk = w + (long)k0 * TAPS * CG;
+            for (int e = t; e < KS * wpieces; e += GC_THREADS) {
+                const int k = e / wpieces;
+                gc_copy16(wts + k * WROW + 8 * (e - k * wpieces), wk + (long)e * 8, true);
+            }
+            return;
+        }
+        for (int e = t; e < KS * TAPS; e += GC_THREADS) {
+            const int tap = e % TAPS, k = e / TAPS, a = tap / X, b = tap - a * X;
+            const int first = (k % KG) / kg * cg; /* k's group's channels within the supergroup */
+            const unsigned short* src = w + (long)(k0 + k) * ws0 + (long)a * ws2 + (long)b * ws3;
+            for (int c8 = 0; c8 < CG; c8 += 8) {
+                unsigned int packed[4];
+#pragma unroll
+                for (int u = 0; u < 8; u += 2) {
+                    const int c = c8 + u - first;
+                    const unsigned int lo = c >= 0 && c < cg ? src[(long)c * ws1] : 0;
+                    const unsigned int hi = c + 1 >= 0 && c + 1 < cg ? src[(long)(c + 1) * ws1] : 0;
+                    packed[u / 2] = lo | (hi << 16);
+                }
+                *(uint4*)(wts + k * WROW + tap * CG + c8) = make_uint4(packed[0], packed[1], packed[2], packed[3]);
+            }
         }
     };
 
@@ -144,7 +174,7 @@ __device__ __forceinline__ void conv_grouped_body(const unsigned short* __restri
         __syncthreads();
         const unsigned short* halo = gc_tiles + buf * STAGE;
         const unsigned short* wts = halo + HH * WW * PIX;
-        const int sp = id % tiles_hw, slab = id / tiles_hw % slabs, n = id / (tiles_hw * slabs);
+        const int sp = id % tiles_hw, n = id / tiles_hw % N, slab = id / (tiles_hw * N);
         const int i0 = sp / tiles_w * TH, j0 = sp % tiles_w * TW, k0 = slab * KS;
         const int group = lane >> 2, tig = lane & 3;
         const int mgroups = (MROWS / 16 + MU - 1) / MU, units = mgroups * SGB;
@@ -253,29 +283,13 @@ __device__ __forceinline__ void conv_grouped_body(const unsigned short* __restri
     asm volatile("cp.async.wait_group 0;");
 }
 
-/* wp (K x Y X x f cg, packed) = w's weights (read through its strides, K x cg x Y x X) placed
- * at their group's channels of the supergroup, zeros elsewhere: the rows conv_grouped_fwd_*
- * copies where f > 1 or w is not packed KYXC. One thread an element of wp. */
-extern "C" __global__ void conv_grouped_weights(const unsigned short* __restrict__ w, unsigned short* __restrict__ wp,
-                                                int K, int G, int cg, int f, int Y, int X, int ws0, int ws1, int ws2,
-                                                int ws3)
-{
-    const int CG = f * cg, kg = K / G, KG = f * kg;
-    const long total = (long)K * Y * X * CG;
-    for (long e = blockIdx.x * (long)blockDim.x + threadIdx.x; e < total; e += (long)blockDim.x * gridDim.x) {
-        const int c = (int)(e % CG), tap = (int)(e / CG % (Y * X)), k = (int)(e / ((long)CG * Y * X));
-        const int a = tap / X, b = tap - a * X, ci = c - (k % KG) / kg * cg; /* the channel within k's group */
-        wp[e] = ci >= 0 && ci < cg ? w[(long)k * ws0 + (long)ci * ws1 + (long)a * ws2 + (long)b * ws3] : 0;
-    }
-}
-
 #define GC_KERNEL(NAME, NT)                                                                                  \
     extern "C" __global__ void __launch_bounds__(GC_THREADS)                                                 \
     NAME(const unsigned short* __restrict__ x, const unsigned short* __restrict__ w,                       \
-         unsigned short* __restrict__ y, CONV_SHAPE_ARGS, int out_nchw, int f, int TH, int TW, int SGB)        \
+         unsigned short* __restrict__ y, CONV_SHAPE_ARGS, int out_nchw, int f, int TH, int TW, int SGB, int w_rows)\
     {                                                                                                        \
         conv_grouped_body<NT>(x, w, y, N, C, H, W, K, Ho, Wo, Y, X, ph, pw, sh, sw, dlh, dlw, G, ws0, ws1, ws2, \
-                              ws3, out_nchw, f, TH, TW, SGB);                                         \
+                              ws3, out_nchw, f, TH, TW, SGB, w_rows);                                         \
     }
 
 GC_KERNEL(conv_grouped_fwd_k8, 1)
