@@ -11,8 +11,6 @@
  * output channels). It copies the tile's input window (the halo: every pixel the tile's filters
  * touch, its CS = SGB CG channels, zeros outside the image) and the supergroups' weights,
  * expanded to [k][tap][CG], into shared memory once; each input element is read once per tile.
- * Blocks are persistent, two stages deep: the next tile's copies fly while this one computes
- * (a block that waited for its own copies left the memory idle between tiles).
  * Then each warp takes units of MU m16 tiles of positions by one supergroup: for each tap and
  * 8 channels, A's 16 x 8 fragment comes straight out of the halo by ldmatrix (each lane names
  * its position's pixel: no im2col), B's KG x 8 out of the weights, MU x NT mma.sync each. The
@@ -20,14 +18,13 @@
  * along the rows of each output channel (out_nchw).
  *
  * Options: -DKDB_TYPE_FP16 or -DKDB_TYPE_BF16 (required).
- * Arguments: x (NHWC, 16-byte aligned, C a multiple of 8), w (through its strides, or packed
- *   KYXC and 16-byte aligned where w_rows: f = 1), y, conv_shape.h's CONV_SHAPE_ARGS (x's and
- *   y's strides are not read), then out_nchw (y packed NCHW, else NHWC), f, TH, TW (TH TW <=
- *   GC_THREADS), SGB, w_rows.
- * Kernels: conv_grouped_fwd_k8/k16/k32/k64, by KG.
- * Launch: GC_THREADS threads, a 1-D grid of persistent blocks (at most the tiles: ceil(Ho / TH)
- *   ceil(Wo / TW) x G / (f SGB) x N), dynamic shared memory as grouped_tc.py's shared_bytes
- *   (two stages of the halo and the weights, the output tile).
+ * Arguments: x (NHWC, 16-byte aligned, C a multiple of 8), w (packed K x Y X x CG rows, 16-byte
+ *   aligned: the user's KYXC weights where f = 1, else conv_grouped_weights's expansion), y,
+ *   conv_shape.h's CONV_SHAPE_ARGS (the strides are not read), then out_nchw (y packed NCHW,
+ *   else NHWC), f, TH, TW (TH TW <= GC_THREADS), SGB.
+ * Kernels: conv_grouped_fwd_k8/k16/k32/k64, by KG; conv_grouped_weights (1-D, any grid).
+ * Launch: 128 threads, grid (ceil(Ho / TH) ceil(Wo / TW), G / (f SGB), N), dynamic shared
+ *   memory as grouped_tc.py's shared_bytes (the halo, the weights and the output tile).
  */
 #if !defined(__CUDACC__) && !defined(__CUDACC_RTC__)
 #error "conv_grouped_tc.cu is CUDA only (tensor cores through mma.sync)"
@@ -81,7 +78,7 @@ __device__ __forceinline__ void conv_grouped_body(const unsigned short* __restri
                                                   unsigned short* __restrict__ y, int N, int C, int H, int W, int K,
                                                   int Ho, int Wo, int Y, int X, int ph, int pw, int sh, int sw,
                                                   int dlh, int dlw, int G, int ws0, int ws1, int ws2, int ws3,
-                                                  int out_nchw, int f, int TH, int TW, int SGB, int w_rows)
+                                                  int out_nchw, int f, int TH, int TW, int SGB)
 {
     constexpr int MU = NT >= 8 ? 1 : NT == 4 ? 2 : 4; /* m16 tiles a unit: A's fragments serve NT mma, B's MU */
     constexpr int KG = 8 * NT;
@@ -91,27 +88,21 @@ __device__ __forceinline__ void conv_grouped_body(const unsigned short* __restri
     const int HH = (TH - 1) * sh + (Y - 1) * dlh + 1, WW = (TW - 1) * sw + (X - 1) * dlw + 1;
     const int PIX = gc_padded(CS), WROW = gc_padded(TAPS * CG);
     const int OROW = out_nchw ? MROWS + 8 : KS + 8; /* the output tile's rows: [k][p] or [p][k] */
-    const int STAGE = HH * WW * PIX + KS * WROW;       /* a stage: the halo, then the weights */
-    unsigned short* out = gc_tiles + 2 * STAGE;
-    const int tiles_w = (Wo + TW - 1) / TW, tiles_hw = (Ho + TH - 1) / TH * tiles_w;
-    const int total = tiles_hw * N * (G / (f * SGB));
+    unsigned short* halo = gc_tiles;
+    unsigned short* wts = halo + HH * WW * PIX;
+    unsigned short* out = wts + KS * WROW;
+
+    const int tiles_w = (Wo + TW - 1) / TW;
+    const int i0 = (int)(blockIdx.x / tiles_w) * TH, j0 = (int)(blockIdx.x % tiles_w) * TW;
+    const int c0 = blockIdx.y * CS, k0 = blockIdx.y * KS, n = blockIdx.z;
+    const int h0 = i0 * sh - ph, v0 = j0 * sw - pw;
     const int t = threadIdx.x, lane = t % 32, warp = t / 32;
 
-    /* Tile `id` = (position tile, image, slab of supergroups), the slab slowest so that a block's
-     * tiles mostly share their weights. Its halo (HH x WW pixels of CS channels) into stage `buf`
-     * by cp.async, 16 bytes a copy (thread t copies piece t % pieces of pixels t / pieces + s
-     * (GC_THREADS / pieces), walked without a division per copy), and its weights as [k][tap][CG]
-     * rows where the stage holds another slab's: the user's packed KYXC rows by cp.async
-     * (w_rows), else each row built from its group's cg weights (read through w's strides) and
-     * zeros elsewhere, 8 channels a store. */
-    int slab_of[2] = {-1, -1};
-    auto stage = [&](int buf, int id) {
-        unsigned short* halo = gc_tiles + buf * STAGE;
-        unsigned short* wts = halo + HH * WW * PIX;
-        const int sp = id % tiles_hw, n = id / tiles_hw % N, slab = id / (tiles_hw * N);
-        const int h0 = sp / tiles_w * TH * sh - ph, v0 = sp % tiles_w * TW * sw - pw;
+    /* The halo: HH x WW pixels of CS channels, 16 bytes a copy: thread t copies piece t % pieces
+     * of pixels t / pieces + s (GC_THREADS / pieces), walked without a division per copy. */
+    {
         const int pieces = CS / 8, step = GC_THREADS / pieces, q = t % pieces;
-        const unsigned short* xn = x + (long)n * H * W * C + slab * CS + 8 * q;
+        const unsigned short* xn = x + (long)n * H * W * C + c0 + 8 * q;
         int pix = t / pieces, hh = pix / WW, ww = pix - hh * WW;
         const int step_h = step / WW, step_w = step - step_h * WW;
         if (t < step * pieces)
@@ -126,170 +117,149 @@ __device__ __forceinline__ void conv_grouped_body(const unsigned short* __restri
                     ++hh;
                 }
             }
-        if ((buf ? slab_of[1] : slab_of[0]) == slab)
-            return;
-        if (buf)
-            slab_of[1] = slab;
-        else
-            slab_of[0] = slab;
-        const int k0 = slab * KS;
-        if (w_rows) {
-            const int wpieces = TAPS * CG / 8;
-            const unsigned short* wk = w + (long)k0 * TAPS * CG;
-            for (int e = t; e < KS * wpieces; e += GC_THREADS) {
-                const int k = e / wpieces;
-                gc_copy16(wts + k * WROW + 8 * (e - k * wpieces), wk + (long)e * 8, true);
-            }
-            return;
+    }
+    /* The weights, packed [k][tap][CG] rows (the user's KYXC where f = 1, else
+     * conv_grouped_weights's), 16 bytes a copy. */
+    {
+        const int pieces = TAPS * CG / 8;
+        const unsigned short* wk = w + (long)k0 * TAPS * CG;
+        for (int e = t; e < KS * pieces; e += GC_THREADS) {
+            const int k = e / pieces, q = e - k * pieces;
+            gc_copy16(wts + k * WROW + 8 * q, wk + (long)e * 8, true);
         }
-        for (int e = t; e < KS * TAPS; e += GC_THREADS) {
-            const int tap = e % TAPS, k = e / TAPS, a = tap / X, b = tap - a * X;
-            const int first = (k % KG) / kg * cg; /* k's group's channels within the supergroup */
-            const unsigned short* src = w + (long)(k0 + k) * ws0 + (long)a * ws2 + (long)b * ws3;
-            for (int c8 = 0; c8 < CG; c8 += 8) {
-                unsigned int packed[4];
-#pragma unroll
-                for (int u = 0; u < 8; u += 2) {
-                    const int c = c8 + u - first;
-                    const unsigned int lo = c >= 0 && c < cg ? src[(long)c * ws1] : 0;
-                    const unsigned int hi = c + 1 >= 0 && c + 1 < cg ? src[(long)(c + 1) * ws1] : 0;
-                    packed[u / 2] = lo | (hi << 16);
-                }
-                *(uint4*)(wts + k * WROW + tap * CG + c8) = make_uint4(packed[0], packed[1], packed[2], packed[3]);
-            }
-        }
-    };
-
-    /* Persistent blocks: each takes tiles blockIdx.x, + gridDim.x, ..., the next one's copies in
-     * flight while this one computes (two stages). */
-    int buf = 0;
-    if (blockIdx.x < total)
-        stage(0, blockIdx.x);
+    }
     asm volatile("cp.async.commit_group;");
-    for (int id = blockIdx.x; id < total; id += gridDim.x, buf ^= 1) {
-        if (id + gridDim.x < total)
-            stage(buf ^ 1, id + gridDim.x);
-        asm volatile("cp.async.commit_group;");
-        asm volatile("cp.async.wait_group 1;");
-        __syncthreads();
-        const unsigned short* halo = gc_tiles + buf * STAGE;
-        const unsigned short* wts = halo + HH * WW * PIX;
-        const int sp = id % tiles_hw, n = id / tiles_hw % N, slab = id / (tiles_hw * N);
-        const int i0 = sp / tiles_w * TH, j0 = sp % tiles_w * TW, k0 = slab * KS;
-        const int group = lane >> 2, tig = lane & 3;
-        const int mgroups = (MROWS / 16 + MU - 1) / MU, units = mgroups * SGB;
-        for (int u = warp; u < units; u += GC_WARPS) {
-            const int sg = u % SGB, mg = u / SGB;
-            /* This lane's A row (ldmatrix.x2: lanes 0-15 name rows 0-15 of the m16 tile) for each of
-             * the unit's tiles: its position's pixel at tap (0, 0). Rows past the tile repeat its
-             * last position (their sums are never stored). */
-            unsigned int a_row[MU];
+    asm volatile("cp.async.wait_group 0;");
+    __syncthreads();
+
+    const int group = lane >> 2, tig = lane & 3;
+    const int mgroups = (MROWS / 16 + MU - 1) / MU, units = mgroups * SGB;
+    for (int u = warp; u < units; u += GC_WARPS) {
+        const int sg = u % SGB, mg = u / SGB;
+        /* This lane's A row (ldmatrix.x2: lanes 0-15 name rows 0-15 of the m16 tile) for each of
+         * the unit's tiles: its position's pixel at tap (0, 0). Rows past the tile repeat its
+         * last position (their sums are never stored). */
+        unsigned int a_row[MU];
 #pragma unroll
-            for (int mu = 0; mu < MU; ++mu) {
-                const int p = min((mg * MU + mu) * 16 + lane % 16, P - 1), ti = p / TW, tj = p - ti * TW;
-                a_row[mu] = gc_smem(halo + (ti * sh * WW + tj * sw) * PIX + sg * CG);
-            }
-            /* B: lanes 8 q .. 8 q + 7 name the rows of n8 tile q (two loads of four for NT = 8). */
-            const unsigned int b_row = gc_smem(wts + (sg * KG + (lane / 8) % (NT < 4 ? NT : 4) * 8 + lane % 8) * WROW);
-            float acc[MU][NT][4];
-#pragma unroll
-            for (int mu = 0; mu < MU; ++mu)
-#pragma unroll
-                for (int j = 0; j < NT; ++j)
-#pragma unroll
-                    for (int e = 0; e < 4; ++e)
-                        acc[mu][j][e] = 0.0f;
-            for (int a = 0; a < Y; ++a)
-                for (int b = 0; b < X; ++b) {
-                    const unsigned int a_tap = 2 * (a * dlh * WW + b * dlw) * PIX, b_tap = 2 * (a * X + b) * CG;
-                    for (int q = 0; q < CG; q += 8) {
-                        unsigned int fa[MU][2], fb[NT];
-#pragma unroll
-                        for (int mu = 0; mu < MU; ++mu)
-                            asm volatile("ldmatrix.sync.aligned.m8n8.x2.shared.b16 {%0, %1}, [%2];"
-                                         : "=r"(fa[mu][0]), "=r"(fa[mu][1])
-                                         : "r"(a_row[mu] + a_tap + 2 * q));
-                        if (NT == 8) {
-                            unsigned int lo[4], hi[4];
-                            gc_load_b<4>(lo, b_row + b_tap + 2 * q);
-                            gc_load_b<4>(hi, b_row + b_tap + 2 * q + 2 * 32 * WROW);
-#pragma unroll
-                            for (int j = 0; j < 4; ++j) {
-                                fb[j] = lo[j];
-                                fb[(j + 4) % NT] = hi[j];
-                            }
-                        } else {
-                            gc_load_b<NT>(fb, b_row + b_tap + 2 * q);
-                        }
-#pragma unroll
-                        for (int mu = 0; mu < MU; ++mu)
-#pragma unroll
-                            for (int j = 0; j < NT; ++j)
-                                asm(GC_MMA " {%0, %1, %2, %3}, {%4, %5}, {%6}, {%0, %1, %2, %3};"
-                                    : "+f"(acc[mu][j][0]), "+f"(acc[mu][j][1]), "+f"(acc[mu][j][2]), "+f"(acc[mu][j][3])
-                                    : "r"(fa[mu][0]), "r"(fa[mu][1]), "r"(fb[j]));
-                    }
-                }
-            /* Into the output tile, rounded to the type. */
-#pragma unroll
-            for (int mu = 0; mu < MU; ++mu) {
-                if ((mg * MU + mu) * 16 >= MROWS)
-                    continue;
-#pragma unroll
-                for (int j = 0; j < NT; ++j)
-#pragma unroll
-                    for (int half = 0; half < 2; ++half) {
-                        const int r = (mg * MU + mu) * 16 + group + 8 * half, c = sg * KG + 8 * j + 2 * tig;
-                        const unsigned short lo = tc_from_float(acc[mu][j][2 * half]);
-                        const unsigned short hi = tc_from_float(acc[mu][j][2 * half + 1]);
-                        if (out_nchw) {
-                            out[c * OROW + r] = lo;
-                            out[(c + 1) * OROW + r] = hi;
-                        } else {
-                            *(unsigned int*)(out + r * OROW + c) = (unsigned int)lo | ((unsigned int)hi << 16);
-                        }
-                    }
-            }
+        for (int mu = 0; mu < MU; ++mu) {
+            const int p = min((mg * MU + mu) * 16 + lane % 16, P - 1), ti = p / TW, tj = p - ti * TW;
+            a_row[mu] = gc_smem(halo + (ti * sh * WW + tj * sw) * PIX + sg * CG);
         }
-        __syncthreads();
-        if (out_nchw) {
-            /* Each output channel's positions along y's rows: thread t takes position t % P of
-             * channels t / P + s (GC_THREADS / P). */
-            const int step = GC_THREADS / P, p = t % P, ti = p / TW, tj = p - ti * TW, i = i0 + ti, j = j0 + tj;
-            if (t < step * P && i < Ho && j < Wo)
-                for (int k = t / P; k < KS; k += step)
-                    y[(((long)n * K + k0 + k) * Ho + i) * Wo + j] = out[k * OROW + p];
-        } else {
-            /* Each position's KS channels, 16 bytes a store: thread t stores piece t % pieces of
-             * positions t / pieces + s (GC_THREADS / pieces). */
-            const int pieces = KS / 8, step = GC_THREADS / pieces, q = t % pieces;
-            int p = t / pieces, ti = p / TW, tj = p - ti * TW;
-            const int step_i = step / TW, step_j = step - step_i * TW;
-            if (t < step * pieces)
-                for (; p < P; p += step) {
-                    const int i = i0 + ti, j = j0 + tj;
-                    if (i < Ho && j < Wo)
-                        *(uint4*)(y + (((long)n * Ho + i) * Wo + j) * K + k0 + 8 * q) =
-                            *(const uint4*)(out + p * OROW + 8 * q);
-                    ti += step_i;
-                    tj += step_j;
-                    if (tj >= TW) {
-                        tj -= TW;
-                        ++ti;
+        /* B: lanes 8 q .. 8 q + 7 name the rows of n8 tile q (two loads of four for NT = 8). */
+        const unsigned int b_row = gc_smem(wts + (sg * KG + (lane / 8) % (NT < 4 ? NT : 4) * 8 + lane % 8) * WROW);
+        float acc[MU][NT][4];
+#pragma unroll
+        for (int mu = 0; mu < MU; ++mu)
+#pragma unroll
+            for (int j = 0; j < NT; ++j)
+#pragma unroll
+                for (int e = 0; e < 4; ++e)
+                    acc[mu][j][e] = 0.0f;
+        for (int a = 0; a < Y; ++a)
+            for (int b = 0; b < X; ++b) {
+                const unsigned int a_tap = 2 * (a * dlh * WW + b * dlw) * PIX, b_tap = 2 * (a * X + b) * CG;
+                for (int q = 0; q < CG; q += 8) {
+                    unsigned int fa[MU][2], fb[NT];
+#pragma unroll
+                    for (int mu = 0; mu < MU; ++mu)
+                        asm volatile("ldmatrix.sync.aligned.m8n8.x2.shared.b16 {%0, %1}, [%2];"
+                                     : "=r"(fa[mu][0]), "=r"(fa[mu][1])
+                                     : "r"(a_row[mu] + a_tap + 2 * q));
+                    if (NT == 8) {
+                        unsigned int lo[4], hi[4];
+                        gc_load_b<4>(lo, b_row + b_tap + 2 * q);
+                        gc_load_b<4>(hi, b_row + b_tap + 2 * q + 2 * 32 * WROW);
+#pragma unroll
+                        for (int j = 0; j < 4; ++j) {
+                            fb[j] = lo[j];
+                            fb[(j + 4) % NT] = hi[j];
+                        }
+                    } else {
+                        gc_load_b<NT>(fb, b_row + b_tap + 2 * q);
+                    }
+#pragma unroll
+                    for (int mu = 0; mu < MU; ++mu)
+#pragma unroll
+                        for (int j = 0; j < NT; ++j)
+                            asm(GC_MMA " {%0, %1, %2, %3}, {%4, %5}, {%6}, {%0, %1, %2, %3};"
+                                : "+f"(acc[mu][j][0]), "+f"(acc[mu][j][1]), "+f"(acc[mu][j][2]), "+f"(acc[mu][j][3])
+                                : "r"(fa[mu][0]), "r"(fa[mu][1]), "r"(fb[j]));
+                }
+            }
+        /* Into the output tile, rounded to the type. */
+#pragma unroll
+        for (int mu = 0; mu < MU; ++mu) {
+            if ((mg * MU + mu) * 16 >= MROWS)
+                continue;
+#pragma unroll
+            for (int j = 0; j < NT; ++j)
+#pragma unroll
+                for (int half = 0; half < 2; ++half) {
+                    const int r = (mg * MU + mu) * 16 + group + 8 * half, c = sg * KG + 8 * j + 2 * tig;
+                    const unsigned short lo = tc_from_float(acc[mu][j][2 * half]);
+                    const unsigned short hi = tc_from_float(acc[mu][j][2 * half + 1]);
+                    if (out_nchw) {
+                        out[c * OROW + r] = lo;
+                        out[(c + 1) * OROW + r] = hi;
+                    } else {
+                        *(unsigned int*)(out + r * OROW + c) = (unsigned int)lo | ((unsigned int)hi << 16);
                     }
                 }
         }
     }
-    asm volatile("cp.async.wait_group 0;");
+    __syncthreads();
+    if (out_nchw) {
+        /* Each output channel's positions along y's rows: thread t takes position t % P of
+         * channels t / P + s (GC_THREADS / P). */
+        const int step = GC_THREADS / P, p = t % P, ti = p / TW, tj = p - ti * TW, i = i0 + ti, j = j0 + tj;
+        if (t < step * P && i < Ho && j < Wo)
+            for (int k = t / P; k < KS; k += step)
+                y[(((long)n * K + k0 + k) * Ho + i) * Wo + j] = out[k * OROW + p];
+        return;
+    }
+    /* Each position's KS channels, 16 bytes a store: thread t stores piece t % pieces of
+     * positions t / pieces + s (GC_THREADS / pieces). */
+    const int pieces = KS / 8, step = GC_THREADS / pieces, q = t % pieces;
+    if (t >= step * pieces)
+        return;
+    int p = t / pieces, ti = p / TW, tj = p - ti * TW;
+    const int step_i = step / TW, step_j = step - step_i * TW;
+    for (; p < P; p += step) {
+        const int i = i0 + ti, j = j0 + tj;
+        if (i < Ho && j < Wo)
+            *(uint4*)(y + (((long)n * Ho + i) * Wo + j) * K + k0 + 8 * q) = *(const uint4*)(out + p * OROW + 8 * q);
+        ti += step_i;
+        tj += step_j;
+        if (tj >= TW) {
+            tj -= TW;
+            ++ti;
+        }
+    }
+}
+
+/* wp (K x Y X x f cg, packed) = w's weights (read through its strides, K x cg x Y x X) placed
+ * at their group's channels of the supergroup, zeros elsewhere: the rows conv_grouped_fwd_*
+ * copies where f > 1 or w is not packed KYXC. One thread an element of wp. */
+extern "C" __global__ void conv_grouped_weights(const unsigned short* __restrict__ w, unsigned short* __restrict__ wp,
+                                                int K, int G, int cg, int f, int Y, int X, int ws0, int ws1, int ws2,
+                                                int ws3)
+{
+    const int CG = f * cg, kg = K / G, KG = f * kg;
+    const long total = (long)K * Y * X * CG;
+    for (long e = blockIdx.x * (long)blockDim.x + threadIdx.x; e < total; e += (long)blockDim.x * gridDim.x) {
+        const int c = (int)(e % CG), tap = (int)(e / CG % (Y * X)), k = (int)(e / ((long)CG * Y * X));
+        const int a = tap / X, b = tap - a * X, ci = c - (k % KG) / kg * cg; /* the channel within k's group */
+        wp[e] = ci >= 0 && ci < cg ? w[(long)k * ws0 + (long)ci * ws1 + (long)a * ws2 + (long)b * ws3] : 0;
+    }
 }
 
 #define GC_KERNEL(NAME, NT)                                                                                  \
     extern "C" __global__ void __launch_bounds__(GC_THREADS)                                                 \
     NAME(const unsigned short* __restrict__ x, const unsigned short* __restrict__ w,                       \
-         unsigned short* __restrict__ y, CONV_SHAPE_ARGS, int out_nchw, int f, int TH, int TW, int SGB, int w_rows)\
+         unsigned short* __restrict__ y, CONV_SHAPE_ARGS, int out_nchw, int f, int TH, int TW, int SGB)        \
     {                                                                                                        \
         conv_grouped_body<NT>(x, w, y, N, C, H, W, K, Ho, Wo, Y, X, ph, pw, sh, sw, dlh, dlw, G, ws0, ws1, ws2, \
-                              ws3, out_nchw, f, TH, TW, SGB, w_rows);                                         \
+                              ws3, out_nchw, f, TH, TW, SGB);                                         \
     }
 
 GC_KERNEL(conv_grouped_fwd_k8, 1)

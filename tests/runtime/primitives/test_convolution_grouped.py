@@ -85,12 +85,10 @@ def test_every_plan_fits_and_covers_the_groups():
         g = problem.groups // p.f
         assert g % p.sgb == 0 and p.shared <= grouped_tc.SHARED_BUDGET
         assert p.shared == grouped_tc.shared_bytes(problem, p.f, p.th, p.tw, p.sgb)
+        tiles, slabs, images = p.grid(problem)
         ho, wo = problem.out_hw
-        tiles = -(-ho // p.th) * -(-wo // p.tw)
         assert tiles * p.th * p.tw >= ho * wo and p.th * p.tw <= grouped_tc.THREADS
-        assert p.tiles(problem) == tiles * g // p.sgb * problem.x_shape[0]
-        blocks, _, _ = p.grid(problem, 132)
-        assert 132 <= blocks <= min(p.tiles(problem), 4 * 132) or blocks == p.tiles(problem)
+        assert slabs * p.sgb * p.f == problem.groups and images == problem.x_shape[0]
 
 
 def test_immediate_mode_takes_it_for_resnext_and_depthwise_layers():
@@ -103,8 +101,11 @@ def test_immediate_mode_takes_it_for_resnext_and_depthwise_layers():
 
 
 def test_the_workspace_holds_an_nchw_input_staged():
-    assert REGISTRY.find(NAME).workspace(conv(layout="NCHW", n=2, hw=(9, 9))) == 2 * 2 * 128 * 81  # x staged NHWC
-    assert REGISTRY.find(NAME).workspace(conv()) == 0
+    # x staged channels-last, and the weights expanded: pairs of 4-channel groups to 8 channels
+    assert REGISTRY.find(NAME).workspace(conv(layout="NCHW", n=2, hw=(9, 9))) == 2 * (2 * 128 * 81 + 128 * 9 * 8)
+    assert REGISTRY.find(NAME).workspace(conv()) == 2 * 128 * 9 * 8
+    assert REGISTRY.find(NAME).workspace(conv(c=256)) == 0  # 8 a group: the user's KYXC weights as they are
+    assert REGISTRY.find(NAME).workspace(conv(c=256, layout="NCHW", n=1, hw=(4, 4))) == 2 * (256 * 16 + 256 * 9 * 8)
 
 
 # ---------------------------------------------------------------- on a CUDA GPU

@@ -4,8 +4,9 @@ tensors on NVIDIA tensor cores (conv_grouped_tc.cu, mma.sync m16n8k8, sm_80+): R
 are merged into supergroups of 8 (block-diagonal weights, zeros across the groups); a block
 reads its output tile's input window once into shared memory and every warp's fragments come
 out of it by ldmatrix. NHWC tensors go as they are; an NCHW x is staged channels-last in a
-workspace by conv_gemm.c's tiled transpose and the kernel writes the NCHW output itself. Blocks
-are persistent and two stages deep (the next tile's window in flight while one computes)."""
+workspace by conv_gemm.c's tiled transpose and the kernel writes the NCHW output itself. The
+weights are copied as 16-byte rows: the user's packed KYXC ones where no groups merge, else
+expanded (zeros across the groups) into a workspace by conv_grouped_weights on each call."""
 
 from __future__ import annotations
 
@@ -17,14 +18,13 @@ from kdbkit.runtime.primitives.convolution.problem import ConvProblem
 from kdbkit.runtime.primitives.convolution.solvers.common import INT_MAX, shape_args
 from kdbkit.runtime.primitives.convolution.solvers.igemm_tc import tensor_core_refusal, transposer
 from kdbkit.runtime.program_key import ProgramRequest
-from kdbkit.runtime.solver import APPLIES, Solution, Solver, aligned16, fallback_invoker, not_applicable
+from kdbkit.runtime.solver import (APPLIES, Solution, Solver, aligned16, fallback_invoker, launcher_1d,
+                                   not_applicable)
 
 THREADS = 256  # conv_grouped_tc.cu's GC_THREADS
 SHARED_MAX = 163 * 1024  # a block's dynamic shared memory on sm_80 (sm_90 allows 227 KiB)
-SHARED_BUDGET = 100 * 1024  # two blocks a multiprocessor at least
+SHARED_BUDGET = 72 * 1024  # three blocks a multiprocessor where the tile allows
 WIDTHS = (8, 16, 32, 64)  # the supergroups' output channels, one kernel each
-REGISTERS = {8: 64, 16: 80, 32: 104, 64: 104}  # each kernel's registers a thread, about (ptxas, sm_90)
-SHARED_SM = 228 * 1024  # a multiprocessor's shared memory (sm_90; an A100's 164 KiB fits fewer blocks)
 KERNELS = {kg: f"conv_grouped_fwd_k{kg}" for kg in WIDTHS}
 
 
@@ -51,28 +51,28 @@ class Plan:
     sgb: int  # supergroups a block
     shared: int  # bytes of dynamic shared memory
 
-    def tiles(self, problem: ConvProblem) -> int:
-        """Output tiles: positions by slabs of supergroups by images."""
+    def grid(self, problem: ConvProblem) -> tuple[int, int, int]:
         ho, wo = problem.out_hw
-        return -(-ho // self.th) * -(-wo // self.tw) * problem.groups // (self.f * self.sgb) * problem.x_shape[0]
-
-    def grid(self, problem: ConvProblem, units: int = 132) -> tuple[int, int, int]:
-        """The persistent blocks: as many as fit on the ``units`` multiprocessors at once (by
-        shared memory and registers), at most one a tile."""
-        kg = self.f * problem.out_channels // problem.groups
-        resident = max(1, min(65536 // (THREADS * REGISTERS[kg]), SHARED_SM // (self.shared + 1024)))
-        return (min(self.tiles(problem), resident * units), 1, 1)
+        return (-(-ho // self.th) * -(-wo // self.tw), problem.groups // (self.f * self.sgb), problem.x_shape[0])
 
 
 def shared_bytes(problem: ConvProblem, f: int, th: int, tw: int, sgb: int) -> int:
-    """Two stages of the halo and the weights, then the output tile, as conv_grouped_tc.cu lays
-    them out."""
+    """The halo, the weights and the output tile, as conv_grouped_tc.cu lays them out."""
     g, (fy, fx), (sh, sw), (dh, dw) = problem.groups, problem.filter, problem.stride, problem.dilation
     cs, ks = sgb * f * problem.x_shape[1] // g, sgb * f * problem.out_channels // g
     hh, ww = (th - 1) * sh + (fy - 1) * dh + 1, (tw - 1) * sw + (fx - 1) * dw + 1
     rows = -(-th * tw // 16) * 16
     out = ks * (rows + 8) if problem.layout == "NCHW" else rows * (ks + 8)
-    return 2 * (2 * (hh * ww * _padded(cs) + ks * _padded(fy * fx * cs // sgb)) + out)
+    return 2 * (hh * ww * _padded(cs) + ks * _padded(fy * fx * cs // sgb) + out)
+
+
+def expanded_weights(problem: ConvProblem) -> int:
+    """The elements of the weights conv_grouped_weights writes (K x Y X x f cg), or 0 where the
+    kernel reads the user's: packed KYXC rows already (NHWC, f = 1)."""
+    f = merge(problem)
+    if f == 1 and problem.layout == "NHWC":
+        return 0
+    return problem.out_channels * problem.filter[0] * problem.filter[1] * f * problem.x_shape[1] // problem.groups
 
 
 def _divisors(n: int) -> list[int]:
@@ -143,7 +143,8 @@ class ConvGroupedTensorCore(Solver):
         return APPLIES
 
     def workspace(self, problem: ConvProblem) -> int:
-        return problem.descs()["x"].numel * problem.dtype.itemsize if problem.layout == "NCHW" else 0
+        staged = problem.descs()["x"].numel if problem.layout == "NCHW" else 0
+        return (staged + expanded_weights(problem)) * problem.dtype.itemsize
 
     def programs(self, problem: ConvProblem):
         return [ProgramRequest("conv_grouped_tc.cu", problem.dtype.options),
@@ -154,27 +155,34 @@ class ConvGroupedTensorCore(Solver):
             chosen = plan(problem, context.device.target.cu or 132)
             kg = chosen.f * problem.out_channels // problem.groups
             nchw = problem.layout == "NCHW"
-            w_rows = int(chosen.f == 1 and not nchw)  # packed KYXC rows, as the kernel keeps them
             backend, prog, item = context.backend, programs[0], problem.dtype.itemsize
-            fast = backend.launcher(prog.function(KERNELS[kg]), chosen.grid(problem, context.device.target.cu or 132),
-                                    (THREADS, 1, 1), [None, None, None, *shape_args(problem), *(np.int32(v) for v in (
-                                        nchw, chosen.f, chosen.th, chosen.tw, chosen.sgb, w_rows))],
+            fast = backend.launcher(prog.function(KERNELS[kg]), chosen.grid(problem), (THREADS, 1, 1),
+                                    [None, None, None, *shape_args(problem),
+                                     *(np.int32(v) for v in (nchw, chosen.f, chosen.th, chosen.tw, chosen.sgb))],
                                     shared_bytes=chosen.shared)
             n, c, h, w = problem.x_shape
+            wide = expanded_weights(problem)
+            weights = backend.alloc(wide * item) if wide else None
+            expand = launcher_1d(context, prog.function("conv_grouped_weights"), wide, [None, None, *(
+                np.int32(v) for v in (problem.out_channels, problem.groups, c // problem.groups, chosen.f,
+                                      *problem.filter, *problem.descs()["w"].strides))]) if wide else None
             staged = backend.alloc(problem.descs()["x"].numel * item) if nchw else None
             into = transposer(context, programs[1], problem.dtype)(n, c, h * w) if nchw else None
             unaligned = fallback_invoker(context, problem, "ConvImplicitGemm")
 
             def forward(x, w, y):
-                if not aligned16(*([] if nchw else [x, y]), *([w] if w_rows else [])):
+                if not aligned16(*([] if nchw else [x, y]), *([] if expand else [w])):
                     unaligned(x, w, y)
                     return
+                if expand is not None:
+                    expand(w, weights)
+                    w = weights
                 if into is not None:
                     into(x, staged)
                     x = staged
                 fast(x, w, y)
 
-            forward.workspace = (staged,)
+            forward.workspace = (staged, weights)
             return forward
 
         return Solution(self.programs(problem), invoker_factory)
