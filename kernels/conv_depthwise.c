@@ -156,6 +156,96 @@ conv_dw_fwd_tiled(const KDB_GLOBAL kdb_data_t* x, const KDB_GLOBAL kdb_data_t* w
     }
 }
 
+#define CONV_DW_RUN 4 /* neighbouring outputs of a row a thread of the direct forward kernels computes */
+
+/* Forward, NHWC packed, C a multiple of KDB_VEC, x and y 16-byte aligned: a thread takes one
+ * 16-byte vector of channels (KDB_VEC) at CONV_DW_RUN neighbouring outputs of a row, reading x
+ * straight from memory (a warp's neighbouring threads read neighbouring vectors of a pixel;
+ * the taps' overlapping reads, of neighbouring runs and rows, hit the cache), the group's
+ * weights for its channels first copied into shared memory as [tap][channel]. A group takes
+ * `lanes` channel vectors (grid y: ceil(C / KDB_VEC / lanes)) of CONV_DW_THREADS / lanes runs
+ * (grid x over N Ho ceil(Wo / CONV_DW_RUN) runs); at most CONV_DW_TILE_FLOATS weights. */
+KDB_KERNEL void KDB_BOUNDS(CONV_DW_THREADS, 4)
+conv_dw_fwd_nhwc_vec(const KDB_GLOBAL kdb_vec4u* x, const KDB_GLOBAL kdb_data_t* w, KDB_GLOBAL kdb_vec4u* y,
+                     CONV_SHAPE_ARGS, int lanes)
+{
+    KDB_SHARED(float, wts, CONV_DW_TILE_FLOATS);
+    const int t = KDB_LOCAL_ID_X, taps = Y * X, CV = C / KDB_VEC, width = lanes * KDB_VEC;
+    const int cv0 = KDB_GROUP_ID_Y * lanes, c0 = cv0 * KDB_VEC;
+    for (int e = t; e < taps * width; e += CONV_DW_THREADS) {
+        const int tap = e / width, c = c0 + e - tap * width, a = tap / X;
+        wts[e] = c < C ? KDB_LOAD(w, (long)c * ws0 + (long)a * ws2 + (long)(tap - a * X) * ws3) : 0.0f;
+    }
+    KDB_BARRIER;
+    const int lane = t % lanes, cv = cv0 + lane, runs = (Wo + CONV_DW_RUN - 1) / CONV_DW_RUN;
+    const long r = (long)KDB_GROUP_ID_X * (CONV_DW_THREADS / lanes) + t / lanes;
+    if (t >= CONV_DW_THREADS / lanes * lanes || cv >= CV || r >= (long)N * Ho * runs)
+        return;
+    const int jr = (int)(r % runs), i = (int)(r / runs % Ho), n = (int)(r / ((long)runs * Ho));
+    const int j0 = jr * CONV_DW_RUN;
+    float acc[CONV_DW_RUN][KDB_VEC];
+    KDB_UNROLL for (int q = 0; q < CONV_DW_RUN; ++q)
+        KDB_UNROLL for (int u = 0; u < KDB_VEC; ++u) acc[q][u] = 0.0f;
+    for (int a = 0; a < Y; ++a) {
+        const int h = i * sh - ph + a * dlh;
+        if (h < 0 || h >= H)
+            continue;
+        const KDB_GLOBAL kdb_vec4u* row = x + ((long)n * H + h) * W * CV + cv;
+        for (int b = 0; b < X; ++b) {
+            float wv[KDB_VEC];
+            KDB_UNROLL for (int u = 0; u < KDB_VEC; ++u) wv[u] = wts[(a * X + b) * width + lane * KDB_VEC + u];
+            KDB_UNROLL for (int q = 0; q < CONV_DW_RUN; ++q) {
+                const int v = (j0 + q) * sw - pw + b * dlw;
+                if (v >= 0 && v < W) {
+                    float xv[KDB_VEC];
+                    kdb_unpack(row[(long)v * CV], xv);
+                    KDB_UNROLL for (int u = 0; u < KDB_VEC; ++u) acc[q][u] += xv[u] * wv[u];
+                }
+            }
+        }
+    }
+    KDB_UNROLL for (int q = 0; q < CONV_DW_RUN; ++q) {
+        if (j0 + q < Wo)
+            y[(((long)n * Ho + i) * Wo + j0 + q) * CV + cv] = kdb_pack(acc[q]);
+    }
+}
+
+/* Forward, any strides (NCHW in practice): a thread takes CONV_DW_RUN neighbouring outputs of a
+ * row of one channel, neighbouring threads the next runs of the row (1-D grid over N C Ho
+ * ceil(Wo / CONV_DW_RUN), grid-stride), x read straight from memory (the taps' overlapping reads
+ * hit the cache). */
+KDB_KERNEL void KDB_BOUNDS(CONV_DW_THREADS, 4)
+conv_dw_fwd_rows(const KDB_GLOBAL kdb_data_t* x, const KDB_GLOBAL kdb_data_t* w, KDB_GLOBAL kdb_data_t* y,
+                 CONV_SHAPE_ARGS)
+{
+    const int runs = (Wo + CONV_DW_RUN - 1) / CONV_DW_RUN;
+    const long total = (long)N * C * Ho * runs;
+    for (long e = KDB_GLOBAL_ID_X; e < total; e += (long)KDB_LOCAL_SIZE_X * KDB_NUM_GROUPS_X) {
+        const int jr = (int)(e % runs), i = (int)(e / runs % Ho), c = (int)(e / ((long)runs * Ho) % C);
+        const int n = (int)(e / ((long)runs * Ho * C)), j0 = jr * CONV_DW_RUN;
+        const KDB_GLOBAL kdb_data_t* plane = x + (long)n * xs0 + (long)c * xs1;
+        float acc[CONV_DW_RUN];
+        KDB_UNROLL for (int q = 0; q < CONV_DW_RUN; ++q) acc[q] = 0.0f;
+        for (int a = 0; a < Y; ++a) {
+            const int h = i * sh - ph + a * dlh;
+            if (h < 0 || h >= H)
+                continue;
+            for (int b = 0; b < X; ++b) {
+                const float wv = KDB_LOAD(w, (long)c * ws0 + (long)a * ws2 + (long)b * ws3);
+                KDB_UNROLL for (int q = 0; q < CONV_DW_RUN; ++q) {
+                    const int v = (j0 + q) * sw - pw + b * dlw;
+                    if (v >= 0 && v < W)
+                        acc[q] += KDB_LOAD(plane, (long)h * xs2 + (long)v * xs3) * wv;
+                }
+            }
+        }
+        KDB_UNROLL for (int q = 0; q < CONV_DW_RUN; ++q) {
+            if (j0 + q < Wo)
+                KDB_STORE(y, (long)n * ys0 + (long)c * ys1 + (long)i * ys2 + (long)(j0 + q) * ys3, acc[q]);
+        }
+    }
+}
+
 /* dx[n, c, h, v] = sum over the taps of dy at the output whose window puts that tap on (h, v). */
 KDB_KERNEL void conv_dw_bwd_data(const KDB_GLOBAL kdb_data_t* dy, const KDB_GLOBAL kdb_data_t* w,
                                  KDB_GLOBAL kdb_data_t* dx, CONV_SHAPE_ARGS, int channels_fastest)

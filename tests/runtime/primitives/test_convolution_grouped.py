@@ -162,9 +162,10 @@ def test_matches_pytorch(tensor_core_torch, layout, dtype, case):
         assert err < 1e-2, f"{layout} {dtype}: relative error {err:.2e}"
 
 
-# ---------------------------------------------------------------- ConvDepthwise's tiled forward (any backend)
+# ---------------------------------------------------------------- ConvDepthwise's forward kernels (any backend)
 
 
+@pytest.mark.parametrize("kernel", ["direct", "tiled"])
 @pytest.mark.parametrize("layout", ["NHWC", "NCHW"])
 @pytest.mark.parametrize("c, hw, f, pad, stride, dilation", [
     (40, (33, 21), (5, 5), (2, 2), (1, 1), (1, 1)),  # a slab of 32 channels and a cut one, rows cut by the tiles
@@ -172,7 +173,10 @@ def test_matches_pytorch(tensor_core_torch, layout, dtype, case):
     (6, (12, 9), (3, 2), (2, 1), (1, 2), (2, 1)),  # dilation, a non-square filter, few channels
     (3, (9, 9), (7, 7), (3, 3), (1, 1), (1, 1)),  # 49 taps: past the 25 kept in registers
 ])
-def test_the_tiled_depthwise_forward_matches_the_reference(handle, layout, c, hw, f, pad, stride, dilation):
+def test_the_depthwise_forward_matches_the_reference(handle, monkeypatch, kernel, layout, c, hw, f, pad, stride,
+                                                    dilation):
+    """Each forward kernel: NHWC's vectors of channels (40 and 24 channels: vectors of 4 floats;
+    6 and 3 fall back to the tiles), NCHW's runs of rows, and the tiles."""
     import numpy as np
 
     import kdbkit
@@ -180,8 +184,10 @@ def test_the_tiled_depthwise_forward_matches_the_reference(handle, layout, c, hw
 
     from .test_convolution import _channels_last, _from_channels_last
 
+    monkeypatch.setitem(depthwise.PREFERRED, layout, kernel)
     problem = ConvProblem("F", DataType.FP32, layout, (2, c, *hw), c, f, pad, stride, dilation, c)
-    assert depthwise.tile(problem) is not None
+    expected = {("direct", "NHWC"): "vec" if c % 4 == 0 else "tiled", ("direct", "NCHW"): "rows"}
+    assert depthwise.forward_kernel(problem) == expected.get((kernel, layout), "tiled")
     rng = np.random.default_rng(c)
     x = rng.standard_normal((2, c, *hw)).astype(np.float32)
     wt = rng.standard_normal((c, 1, *f)).astype(np.float32)

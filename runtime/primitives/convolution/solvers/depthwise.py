@@ -1,8 +1,9 @@
 """ConvDepthwise (id 24): depthwise convolution (groups = C = K, one filter per channel),
-memory-bound (conv_depthwise.c). Forward: tiles of output positions by channels, each copying
-its input window and weights into shared memory first (conv_dw_fwd_tiled; :func:`tile`), so
-that an input element is read once per tile, not once per tap; a filter whose window fits no
-tile, a thread per element (conv_dw_fwd). Backward data: a thread per element written, in
+memory-bound (conv_depthwise.c). Forward (:func:`forward_kernel`): NHWC, a thread a 16-byte
+vector of channels by a run of 4 outputs of a row (conv_dw_fwd_nhwc_vec); NCHW, a thread a run
+of 4 outputs of a row (conv_dw_fwd_rows); or tiles of output positions by channels, each
+copying its input window and weights into shared memory first (conv_dw_fwd_tiled; :func:`tile`);
+or a thread per element (conv_dw_fwd). Backward data: a thread per element written, in
 the layout's memory order, its index found once, then the filter's taps. Backward weights
 (filters up to 25 taps): blocks of channels by slices of the output positions, every tap of a
 channel summed from one read of dy, the slices' sums added in a fixed order by conv_igemm.c's
@@ -15,7 +16,7 @@ import numpy as np
 from kdbkit.runtime.primitives.convolution.problem import ConvProblem
 from kdbkit.runtime.primitives.convolution.solvers.common import fits_int_arguments, shape_args
 from kdbkit.runtime.program_key import ProgramRequest
-from kdbkit.runtime.solver import Solution, Solver, launcher_1d, not_applicable
+from kdbkit.runtime.solver import Solution, Solver, aligned16, launcher_1d, not_applicable
 
 THREADS, MAX_TAPS, TILE_FLOATS = 256, 25, 8192  # conv_depthwise.c's CONV_DW_THREADS, _MAX_TAPS, _TILE_FLOATS
 
@@ -23,6 +24,27 @@ THREADS, MAX_TAPS, TILE_FLOATS = 256, 25, 8192  # conv_depthwise.c's CONV_DW_THR
 def _even(size: int, most: int) -> int:
     """The largest piece at most ``most`` that cuts ``size`` into equal-count pieces."""
     return -(-size // -(-size // most))
+
+
+# The forward kernel each layout prefers: "direct" (NHWC: conv_dw_fwd_nhwc_vec, a 16-byte vector
+# of channels by a run of outputs; NCHW: conv_dw_fwd_rows, a run of a row) or "tiled"
+# (conv_dw_fwd_tiled); docs/performance.md has the measurements that chose them.
+PREFERRED = {"NHWC": "direct", "NCHW": "direct"}
+RUN = 4  # conv_depthwise.c's CONV_DW_RUN
+
+
+def forward_kernel(problem: ConvProblem) -> str:
+    """The forward's kernel: "vec" (NHWC, C a multiple of the 16-byte vector's elements, their
+    weights within TILE_FLOATS), "rows", "tiled" (where :func:`tile` finds a tile) or "plain"."""
+    if PREFERRED[problem.layout] == "direct":
+        if problem.layout == "NCHW":
+            return "rows"
+        vec = 16 // problem.dtype.itemsize
+        c = problem.x_shape[1]
+        if c % vec == 0 and problem.filter[0] * problem.filter[1] * min(c, 32 * vec) <= TILE_FLOATS \
+                and -(-c // (32 * vec)) <= 65535:
+            return "vec"
+    return "tiled" if tile(problem) is not None else "plain"
 
 
 def tile(problem: ConvProblem) -> tuple[int, int, int] | None:
@@ -101,14 +123,34 @@ class ConvDepthwise(Solver):
         def invoker_factory(programs, context):
             prog = programs[0]
             order = np.int32(problem.layout == "NHWC")
-            chosen = tile(problem) if problem.direction == "F" else None
-            if chosen is not None:
-                th, tw, cb = chosen
-                n, k, ho, wo = problem.y_shape
+            kernel = forward_kernel(problem) if problem.direction == "F" else None
+            n, k, ho, wo = problem.y_shape
+            tiled = None
+            if kernel in ("vec", "tiled") and tile(problem) is not None:
+                th, tw, cb = tile(problem)
                 grid = (-(-ho // th) * -(-wo // tw), -(-k // cb), n)
                 tiled = context.backend.launcher(prog.function("conv_dw_fwd_tiled"), grid, (THREADS, 1, 1),
                                                  [None, None, None, *shape_args(problem), order,
-                                                  *(np.int32(v) for v in chosen)])
+                                                  *(np.int32(v) for v in (th, tw, cb))])
+            if kernel == "vec":
+                lanes = min(problem.x_shape[1] // (16 // problem.dtype.itemsize), 32)
+                runs = n * ho * -(-wo // RUN)
+                grid = (-(-runs // (THREADS // lanes)), -(-problem.x_shape[1] // (16 // problem.dtype.itemsize) // lanes),
+                        1)
+                vec = context.backend.launcher(prog.function("conv_dw_fwd_nhwc_vec"), grid, (THREADS, 1, 1),
+                                               [None, None, None, *shape_args(problem), np.int32(lanes)])
+                general = tiled or launcher_1d(context, prog.function("conv_dw_fwd"), n * k * ho * wo,
+                                               [None, None, None, *shape_args(problem), order], max_groups=1 << 16)
+
+                def forward(x, w, y):
+                    (vec if aligned16(x, y) else general)(x, w, y)
+
+                return forward
+            if kernel == "rows":
+                rows = launcher_1d(context, prog.function("conv_dw_fwd_rows"), n * k * ho * -(-wo // RUN),
+                                   [None, None, None, *shape_args(problem)], max_groups=1 << 16)
+                return lambda x, w, y: rows(x, w, y)
+            if kernel == "tiled":
                 return lambda x, w, y: tiled(x, w, y)
             if problem.direction == "F":
                 n, k, ho, wo = problem.y_shape
