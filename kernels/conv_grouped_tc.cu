@@ -244,10 +244,10 @@ extern "C" __global__ void conv_grouped_weights(const unsigned short* __restrict
                                                 int K, int G, int cg, int f, int Y, int X, int ws0, int ws1, int ws2,
                                                 int ws3)
 {
-    const int CG = f * cg, kg = K / G, KG = f * kg;
-    const long total = (long)K * Y * X * CG;
-    for (long e = blockIdx.x * (long)blockDim.x + threadIdx.x; e < total; e += (long)blockDim.x * gridDim.x) {
-        const int c = (int)(e % CG), tap = (int)(e / CG % (Y * X)), k = (int)(e / ((long)CG * Y * X));
+    const int CG = f * cg, kg = K / G, KG = f * kg, taps = Y * X;
+    const int total = K * taps * CG; /* small: the solver checks the weights' sizes */
+    for (int e = blockIdx.x * blockDim.x + threadIdx.x; e < total; e += blockDim.x * gridDim.x) {
+        const int c = e % CG, tap = e / CG % taps, k = e / (CG * taps);
         const int a = tap / X, b = tap - a * X, ci = c - (k % KG) / kg * cg; /* the channel within k's group */
         wp[e] = ci >= 0 && ci < cg ? w[(long)k * ws0 + (long)ci * ws1 + (long)a * ws2 + (long)b * ws3] : 0;
     }

@@ -98,6 +98,8 @@ def test_immediate_mode_takes_it_for_resnext_and_depthwise_layers():
                     conv(c=144, groups=144, dtype=DataType.BF16)):
         assert heuristic(problem, sm90(), ()).solver.name == NAME
     assert heuristic(conv(c=144, groups=144, dtype=DataType.FP32), sm90(), ()).solver.name == "ConvDepthwise"
+    strided = heuristic(conv(c=144, groups=144, stride=(2, 2)), sm90(), ())
+    assert strided.solver.name == "ConvDepthwise" and "faster on strided depthwise" in strided.trace[0]
 
 
 def test_the_workspace_holds_an_nchw_input_staged():

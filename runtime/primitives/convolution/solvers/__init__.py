@@ -5,8 +5,9 @@ ConvImplicitGemm (26 is the bias's, ConvBias), 33-35 ConvTma128x256/128x128/128x
 36-38 ConvTmaBwdData128x256/128x128/128x64 (tma_dgrad), 39-41
 ConvTmaBwdDataStrided128x256/128x128/128x64 (tma_sdgrad), 48 ConvGroupedTensorCore (grouped_tc).
 Immediate mode tries the grouped tensor-core kernel first (forward, fp16/bf16, more than one
-group: ResNeXt's grouped and MobileNet's depthwise convolutions on sm_80+), then the depthwise
-kernels (depthwise forward and backward data, every type), then
+group: ResNeXt's grouped and MobileNet's depthwise convolutions on sm_80+; strided depthwise
+ones it passes to the next), then the depthwise kernels (depthwise forward and backward data,
+every type), then
 Hopper's TMA + wgmma kernels (sm_90, fp16/bf16, the tile that wastes least: forward, then
 backward data at stride 1, then at a larger stride, one forward convolution per output phase),
 then the matrix-unit implicit GEMMs (CUDA tensor cores, fp16/bf16: forward and backward data

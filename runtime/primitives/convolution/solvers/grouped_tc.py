@@ -136,10 +136,19 @@ class ConvGroupedTensorCore(Solver):
             return not_applicable(f"a {problem.filter[0]} x {problem.filter[1]} filter's window and weights exceed "
                                   "a block's shared memory")
         n, c, h, w = problem.x_shape
-        if max(n * h * w * c, n * problem.out_hw[0] * problem.out_hw[1] * problem.out_channels) > INT_MAX:
+        if max(n * h * w * c, n * problem.out_hw[0] * problem.out_hw[1] * problem.out_channels,
+               problem.out_channels * problem.filter[0] * problem.filter[1] * 64) > INT_MAX:
             return not_applicable("sizes exceed the kernel's int arguments")
         if n > 65535 or problem.groups > 65535:
             return not_applicable(f"its grid takes at most 65535 images and groups, not {n} and {g}")
+        return APPLIES
+
+    def suits(self, problem: ConvProblem, device):
+        depthwise = problem.groups == problem.x_shape[1] == problem.out_channels
+        if depthwise and problem.stride != (1, 1):
+            # a strided depthwise convolution reads 4 inputs an output: ConvDepthwise's direct kernels
+            # measured faster there (docs/performance.md)
+            return not_applicable("ConvDepthwise's direct kernels are faster on strided depthwise convolutions")
         return APPLIES
 
     def workspace(self, problem: ConvProblem) -> int:
