@@ -83,7 +83,7 @@ __device__ __forceinline__ void conv_grouped_body(const unsigned short* __restri
     constexpr int MU = NT >= 8 ? 1 : NT == 4 ? 2 : 4; /* m16 tiles a unit: A's fragments serve NT mma, B's MU */
     constexpr int KG = 8 * NT;
     extern __shared__ __align__(16) unsigned short gc_tiles[];
-    const int cg = C / G, kg = K / G, CG = f * cg;
+    const int cg = C / G, CG = f * cg;
     const int CS = SGB * CG, KS = SGB * KG, TAPS = Y * X, P = TH * TW, MROWS = (P + 15) / 16 * 16;
     const int HH = (TH - 1) * sh + (Y - 1) * dlh + 1, WW = (TW - 1) * sw + (X - 1) * dlw + 1;
     const int PIX = gc_padded(CS), WROW = gc_padded(TAPS * CG);
