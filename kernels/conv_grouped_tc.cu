@@ -11,9 +11,10 @@
  * output channels). It copies the tile's input window (the halo: every pixel the tile's filters
  * touch, its CS = SGB CG channels, zeros outside the image) and the supergroups' weights,
  * expanded to [k][tap][CG], into shared memory once; each input element is read once per tile.
- * Then each warp takes units of MU m16 tiles of positions by one supergroup: for each tap and
- * 8 channels, A's 16 x 8 fragment comes straight out of the halo by ldmatrix (each lane names
- * its position's pixel: no im2col), B's KG x 8 out of the weights, MU x NT mma.sync each. The
+ * Then each warp takes units of MU m16 tiles of positions by one supergroup: for each 16 of
+ * the reduction (two taps' 8 channels where CG = 8), A's 16 x 16 fragment comes straight out
+ * of the halo by ldmatrix (each lane names its position's pixel and tap: no im2col), B's
+ * KG x 16 out of the weights, MU x NT mma.sync each. The
  * sums go through a shared output tile to y: 16-byte stores along the channels (NHWC), or
  * along the rows of each output channel (out_nchw).
  *
@@ -35,7 +36,7 @@
 
 #define GC_THREADS 256
 #define GC_WARPS (GC_THREADS / 32)
-#define GC_MMA "mma.sync.aligned.m16n8k8.row.col.f32." TC_TYPE "." TC_TYPE ".f32"
+#define GC_MMA "mma.sync.aligned.m16n8k16.row.col.f32." TC_TYPE "." TC_TYPE ".f32"
 
 __device__ __forceinline__ unsigned int gc_smem(const void* p)
 {
@@ -56,21 +57,6 @@ __device__ __forceinline__ int gc_padded(int halves)
     return halves + ((halves / 8) % 2 == 0 ? 8 : 0);
 }
 
-template <int NT>
-__device__ __forceinline__ void gc_load_b(unsigned int (&fb)[NT], unsigned int address)
-{
-    if (NT == 1)
-        asm volatile("ldmatrix.sync.aligned.m8n8.x1.shared.b16 {%0}, [%1];" : "=r"(fb[0]) : "r"(address));
-    else if (NT == 2)
-        asm volatile("ldmatrix.sync.aligned.m8n8.x2.shared.b16 {%0, %1}, [%2];"
-                     : "=r"(fb[0]), "=r"(fb[NT > 1 ? 1 : 0])
-                     : "r"(address));
-    else
-        asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0, %1, %2, %3}, [%4];"
-                     : "=r"(fb[0]), "=r"(fb[NT > 1 ? 1 : 0]), "=r"(fb[NT > 2 ? 2 : 0]), "=r"(fb[NT > 3 ? 3 : 0])
-                     : "r"(address));
-}
-
 /* NT: KG / 8, the supergroup's n8 tiles (1, 2, 4 or 8). */
 template <int NT>
 __device__ __forceinline__ void conv_grouped_body(const unsigned short* __restrict__ x,
@@ -86,11 +72,13 @@ __device__ __forceinline__ void conv_grouped_body(const unsigned short* __restri
     const int cg = C / G, CG = f * cg;
     const int CS = SGB * CG, KS = SGB * KG, TAPS = Y * X, P = TH * TW, MROWS = (P + 15) / 16 * 16;
     const int HH = (TH - 1) * sh + (Y - 1) * dlh + 1, WW = (TW - 1) * sw + (X - 1) * dlw + 1;
-    const int PIX = gc_padded(CS), WROW = gc_padded(TAPS * CG);
+    /* weight rows: the reduction rounded up to whole k16 steps (zeros), then 16 bytes of padding */
+    const int PIX = gc_padded(CS), WLEN = (TAPS * CG + 15) / 16 * 16, WROW = WLEN + 8;
     const int OROW = out_nchw ? MROWS + 8 : KS + 8; /* the output tile's rows: [k][p] or [p][k] */
     unsigned short* halo = gc_tiles;
     unsigned short* wts = halo + HH * WW * PIX;
     unsigned short* out = wts + KS * WROW;
+    unsigned short* zero = out + (out_nchw ? KS : MROWS) * OROW; /* 8 zeros: A's rows past the last tap */
 
     const int tiles_w = (Wo + TW - 1) / TW;
     const int i0 = (int)(blockIdx.x / tiles_w) * TH, j0 = (int)(blockIdx.x % tiles_w) * TW;
@@ -128,25 +116,44 @@ __device__ __forceinline__ void conv_grouped_body(const unsigned short* __restri
             gc_copy16(wts + k * WROW + 8 * q, wk + (long)e * 8, true);
         }
     }
+    if (t < 8)
+        zero[t] = 0;
+    if (WLEN != TAPS * CG)
+        for (int k = t; k < KS; k += GC_THREADS)
+            *(uint4*)(wts + k * WROW + TAPS * CG) = make_uint4(0, 0, 0, 0);
     asm volatile("cp.async.commit_group;");
     asm volatile("cp.async.wait_group 0;");
     __syncthreads();
 
     const int group = lane >> 2, tig = lane & 3;
+    /* The reduction r = tap CG + channel (w's KYXC order) 16 at a time: m16n8k16 steps, A's
+     * matrices 0-1 (lanes 0-15) at r, 2-3 (lanes 16-31) at r + 8: 8 channels of one tap, so a
+     * step takes two taps where CG = 8; past the last tap A reads zeros (B's weights there are
+     * whatever follows the row, times zero). This lane's first (tap row, tap column, channel). */
+    const int steps = (TAPS * CG + 15) / 16, r_lane = 8 * (lane / 16);
+    const int first_tap = r_lane / CG, first_c = r_lane - first_tap * CG;
     const int mgroups = (MROWS / 16 + MU - 1) / MU, units = mgroups * SGB;
+    const unsigned int zero_row = gc_smem(zero);
+    int row_mg = -1;
+    unsigned int a_row[MU];
     for (int u = warp; u < units; u += GC_WARPS) {
         const int sg = u % SGB, mg = u / SGB;
-        /* This lane's A row (ldmatrix.x2: lanes 0-15 name rows 0-15 of the m16 tile) for each of
-         * the unit's tiles: its position's pixel at tap (0, 0). Rows past the tile repeat its
-         * last position (their sums are never stored). */
-        unsigned int a_row[MU];
+        /* This lane's A row for each of the unit's m16 tiles (lanes 0-15 and 16-31 both name rows
+         * 0-15): its position's pixel at tap (0, 0), found again only where the tiles change. Rows
+         * past the tile repeat its last position (their sums are never stored). */
+        if (mg != row_mg) {
+            row_mg = mg;
 #pragma unroll
-        for (int mu = 0; mu < MU; ++mu) {
-            const int p = min((mg * MU + mu) * 16 + lane % 16, P - 1), ti = p / TW, tj = p - ti * TW;
-            a_row[mu] = gc_smem(halo + (ti * sh * WW + tj * sw) * PIX + sg * CG);
+            for (int mu = 0; mu < MU; ++mu) {
+                const int p = min((mg * MU + mu) * 16 + lane % 16, P - 1), ti = p / TW, tj = p - ti * TW;
+                a_row[mu] = gc_smem(halo + (ti * sh * WW + tj * sw) * PIX);
+            }
         }
-        /* B: lanes 8 q .. 8 q + 7 name the rows of n8 tile q (two loads of four for NT = 8). */
-        const unsigned int b_row = gc_smem(wts + (sg * KG + (lane / 8) % (NT < 4 ? NT : 4) * 8 + lane % 8) * WROW);
+        const unsigned int a_sg = 2 * sg * CG;
+        /* B: lanes 8 q .. 8 q + 7 name rows of n8 tile q / 2 at r + 8 (q % 2): one x2 load per
+         * tile for NT = 1, one x4 load per pair of tiles else. */
+        const unsigned int b_row =
+            gc_smem(wts + (sg * KG + (NT == 1 ? 0 : lane / 16) * 8 + lane % 8) * WROW + 8 * ((lane / 8) % 2));
         float acc[MU][NT][4];
 #pragma unroll
         for (int mu = 0; mu < MU; ++mu)
@@ -155,37 +162,41 @@ __device__ __forceinline__ void conv_grouped_body(const unsigned short* __restri
 #pragma unroll
                 for (int e = 0; e < 4; ++e)
                     acc[mu][j][e] = 0.0f;
-        for (int a = 0; a < Y; ++a)
-            for (int b = 0; b < X; ++b) {
-                const unsigned int a_tap = 2 * (a * dlh * WW + b * dlw) * PIX, b_tap = 2 * (a * X + b) * CG;
-                for (int q = 0; q < CG; q += 8) {
-                    unsigned int fa[MU][2], fb[NT];
+        int ta = first_tap / X, tb = first_tap - (first_tap / X) * X, c = first_c;
+        for (int step = 0; step < steps; ++step) {
+            const bool live = ta < Y;
+            const unsigned int a_off = a_sg + 2 * ((ta * dlh * WW + tb * dlw) * PIX + c);
+            unsigned int fa[MU][4], fb[NT][2];
 #pragma unroll
-                    for (int mu = 0; mu < MU; ++mu)
-                        asm volatile("ldmatrix.sync.aligned.m8n8.x2.shared.b16 {%0, %1}, [%2];"
-                                     : "=r"(fa[mu][0]), "=r"(fa[mu][1])
-                                     : "r"(a_row[mu] + a_tap + 2 * q));
-                    if (NT == 8) {
-                        unsigned int lo[4], hi[4];
-                        gc_load_b<4>(lo, b_row + b_tap + 2 * q);
-                        gc_load_b<4>(hi, b_row + b_tap + 2 * q + 2 * 32 * WROW);
+            for (int mu = 0; mu < MU; ++mu)
+                asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0, %1, %2, %3}, [%4];"
+                             : "=r"(fa[mu][0]), "=r"(fa[mu][1]), "=r"(fa[mu][2]), "=r"(fa[mu][3])
+                             : "r"(live ? a_row[mu] + a_off : zero_row));
+            if (NT == 1) {
+                asm volatile("ldmatrix.sync.aligned.m8n8.x2.shared.b16 {%0, %1}, [%2];"
+                             : "=r"(fb[0][0]), "=r"(fb[0][1])
+                             : "r"(b_row + 32 * step));
+            } else {
 #pragma unroll
-                        for (int j = 0; j < 4; ++j) {
-                            fb[j] = lo[j];
-                            fb[(j + 4) % NT] = hi[j];
-                        }
-                    } else {
-                        gc_load_b<NT>(fb, b_row + b_tap + 2 * q);
-                    }
-#pragma unroll
-                    for (int mu = 0; mu < MU; ++mu)
-#pragma unroll
-                        for (int j = 0; j < NT; ++j)
-                            asm(GC_MMA " {%0, %1, %2, %3}, {%4, %5}, {%6}, {%0, %1, %2, %3};"
-                                : "+f"(acc[mu][j][0]), "+f"(acc[mu][j][1]), "+f"(acc[mu][j][2]), "+f"(acc[mu][j][3])
-                                : "r"(fa[mu][0]), "r"(fa[mu][1]), "r"(fb[j]));
-                }
+                for (int j = 0; j < NT; j += 2)
+                    asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0, %1, %2, %3}, [%4];"
+                                 : "=r"(fb[j][0]), "=r"(fb[j][1]), "=r"(fb[(j + 1) % NT][0]), "=r"(fb[(j + 1) % NT][1])
+                                 : "r"(b_row + 32 * step + 2 * 8 * j * WROW));
             }
+#pragma unroll
+            for (int mu = 0; mu < MU; ++mu)
+#pragma unroll
+                for (int j = 0; j < NT; ++j)
+                    asm(GC_MMA " {%0, %1, %2, %3}, {%4, %5, %6, %7}, {%8, %9}, {%0, %1, %2, %3};"
+                        : "+f"(acc[mu][j][0]), "+f"(acc[mu][j][1]), "+f"(acc[mu][j][2]), "+f"(acc[mu][j][3])
+                        : "r"(fa[mu][0]), "r"(fa[mu][1]), "r"(fa[mu][2]), "r"(fa[mu][3]), "r"(fb[j][0]),
+                          "r"(fb[j][1]));
+            for (c += 16; c >= CG; c -= CG)
+                if (++tb == X) {
+                    tb = 0;
+                    ++ta;
+                }
+        }
         /* Into the output tile, rounded to the type. */
 #pragma unroll
         for (int mu = 0; mu < MU; ++mu) {

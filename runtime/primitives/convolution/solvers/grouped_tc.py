@@ -1,5 +1,5 @@
 """ConvGroupedTensorCore (id 48): forward grouped convolution, depthwise included, of fp16/bf16
-tensors on NVIDIA tensor cores (conv_grouped_tc.cu, mma.sync m16n8k8, sm_80+): ResNeXt's
+tensors on NVIDIA tensor cores (conv_grouped_tc.cu, mma.sync m16n8k16, sm_80+): ResNeXt's
 3 x 3 convolutions of 32 groups, MobileNet's depthwise ones. Groups narrower than 8 channels
 are merged into supergroups of 8 (block-diagonal weights, zeros across the groups); a block
 reads its output tile's input window once into shared memory and every warp's fragments come
@@ -63,7 +63,8 @@ def shared_bytes(problem: ConvProblem, f: int, th: int, tw: int, sgb: int) -> in
     hh, ww = (th - 1) * sh + (fy - 1) * dh + 1, (tw - 1) * sw + (fx - 1) * dw + 1
     rows = -(-th * tw // 16) * 16
     out = ks * (rows + 8) if problem.layout == "NCHW" else rows * (ks + 8)
-    return 2 * (hh * ww * _padded(cs) + ks * _padded(fy * fx * cs // sgb) + out)
+    weights = ks * (-(-fy * fx * cs // sgb // 16) * 16 + 8)  # rows of whole k16 steps, then 16 bytes
+    return 2 * (hh * ww * _padded(cs) + weights + out + 8)  # and 8 zeros
 
 
 def expanded_weights(problem: ConvProblem) -> int:
