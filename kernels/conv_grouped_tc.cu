@@ -1,5 +1,5 @@
 /* conv_grouped_tc.cu: forward grouped convolution (depthwise included) of NHWC tensors on the
- * tensor cores (mma.sync m16n8k8, sm_80+), fp16 or bf16 in, fp32 accumulation.
+ * tensor cores (mma.sync m16n8k16, sm_80+), fp16 or bf16 in, fp32 accumulation.
  *
  * Groups of cg input and kg output channels are too narrow for a GEMM tile, so `f` neighbouring
  * groups are taken as one "supergroup" of CG = f cg inputs and KG = f kg outputs, both multiples
