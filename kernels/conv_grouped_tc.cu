@@ -4,8 +4,8 @@
  * Groups of cg input and kg output channels are too narrow for a GEMM tile, so `f` neighbouring
  * groups are taken as one "supergroup" of CG = f cg inputs and KG = f kg outputs, both multiples
  * of 8, whose weights are block-diagonal (zeros across groups): f = 2 for ResNeXt's 4 channels a
- * group, 8 for a depthwise convolution. The zeros cost multiplies, never memory traffic, and
- * these layers are memory-bound.
+ * group, 8 for a depthwise convolution. The zeros cost multiplies, never memory traffic, and the
+ * tensor cores are not what bounds these layers.
  *
  * A block takes an output tile of one image: TH x TW positions by SGB supergroups (KS = SGB KG
  * output channels). It copies the tile's input window (the halo: every pixel the tile's filters
@@ -14,9 +14,9 @@
  * Then each warp takes units of MU m16 tiles of positions by one supergroup: for each 16 of
  * the reduction (two taps' 8 channels where CG = 8), A's 16 x 16 fragment comes straight out
  * of the halo by ldmatrix (each lane names its position's pixel and tap: no im2col), B's
- * KG x 16 out of the weights, MU x NT mma.sync each. The
- * sums go through a shared output tile to y: 16-byte stores along the channels (NHWC), or
- * along the rows of each output channel (out_nchw).
+ * KG x 16 out of the weights, MU x NT mma.sync each. The sums go through a shared output tile
+ * to y: 16-byte stores along the channels (NHWC), or along the rows of each output channel
+ * (out_nchw).
  *
  * Options: -DKDB_TYPE_FP16 or -DKDB_TYPE_BF16 (required).
  * Arguments: x (NHWC, 16-byte aligned, C a multiple of 8), w (packed K x Y X x CG rows, 16-byte
@@ -24,8 +24,9 @@
  *   conv_shape.h's CONV_SHAPE_ARGS (the strides are not read), then out_nchw (y packed NCHW,
  *   else NHWC), f, TH, TW (TH TW <= GC_THREADS), SGB.
  * Kernels: conv_grouped_fwd_k8/k16/k32/k64, by KG; conv_grouped_weights (1-D, any grid).
- * Launch: 128 threads, grid (ceil(Ho / TH) ceil(Wo / TW), G / (f SGB), N), dynamic shared
- *   memory as grouped_tc.py's shared_bytes (the halo, the weights and the output tile).
+ * Launch: GC_THREADS (256) threads, grid (ceil(Ho / TH) ceil(Wo / TW), G / (f SGB), N), dynamic
+ *   shared memory as grouped_tc.py's shared_bytes (the halo, the weights, the output tile and
+ *   8 zeros).
  */
 #if !defined(__CUDACC__) && !defined(__CUDACC_RTC__)
 #error "conv_grouped_tc.cu is CUDA only (tensor cores through mma.sync)"
