@@ -32,7 +32,7 @@ def _set_intro(result: dict) -> str:
     if result.get("set") != "problems":
         return ""
     cap = result["elements_cap"]
-    return (f" The set: distinct problems from {len(result['networks'])} networks ({', '.join(result['networks'])}; "
+    return (f"The set: distinct problems from {len(result['networks'])} networks ({', '.join(result['networks'])}; "
             "scripts/conv_problems.py), each at a batch from "
             f"{', '.join(map(str, result['batches']))}, halved until x and y together hold at most "
             f"{cap:,} elements ({cap * 4 / 2 ** 30:.0f} GiB in fp32), so that every direction's tensors stay "
@@ -54,8 +54,8 @@ def write_report(result: dict, out: Path, stem: str) -> None:
               + (f" (batch {result['batch']}; " if not is_set else " (")
               + f"cuDNN {result['cudnn']} in benchmark mode, TF32 off; kdbkit's solver from {result['mode']} mode; "
               + _timing(result).replace("the blocks", "the libraries' blocks") + "). "
-              + ("Sums weight each layer by how often the model runs it." if not is_set else "")
-              + _set_intro(result) + _subset(result)), ""]
+              + ("Sums weight each layer by how often the model runs it." if not is_set else _set_intro(result))
+              + _subset(result)), ""]
     if is_set:
         lines += ["| set, type, layout, direction | problems | kdbkit ms | torch ms | torch / kdbkit (summed) | lowest "
                   "| lowest problem | below 0.3x | below 0.8x | failed |", "|---|---|---|---|---|---|---|---|---|---|"]
@@ -118,8 +118,8 @@ def write_compare_report(result: dict, out: Path, stem: str) -> None:
               "user find-db of this run's own (installed bundles' find-dbs still read), then find's ranking; the two "
               "solvers timed the same way, " + _timing(result) + "; one solver, timed once, where both pick it). "
               "immediate / find above 1 means immediate mode's choice is slower; issue 30 asks for at most 1.10."
-              + (" Sums weight each layer by how often the model runs it." if not is_set else "")
-              + _set_intro(result) + _subset(result)), "",
+              + (" Sums weight each layer by how often the model runs it." if not is_set else " " + _set_intro(result))
+              + _subset(result)), "",
              "| model, type, layout, direction | problems | immediate ms | find ms | immediate / find (summed) | "
              "worst | worst problem | above 1.10 | other solver | failed |",
              "|---|---|---|---|---|---|---|---|---|---|"]
