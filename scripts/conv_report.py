@@ -118,7 +118,7 @@ def write_compare_report(result: dict, out: Path, stem: str) -> None:
               "user find-db of this run's own (installed bundles' find-dbs still read), then find's ranking; the two "
               "solvers timed the same way, " + _timing(result) + "; one solver, timed once, where both pick it). "
               "immediate / find above 1 means immediate mode's choice is slower; issue 30 asks for at most 1.10."
-              + (" Sums weight each layer by how often the model runs it." if not is_set else " " + _set_intro(result))
+              + (" " + _set_intro(result) if is_set else " Sums weight each layer by how often the model runs it.")
               + _subset(result)), "",
              "| model, type, layout, direction | problems | immediate ms | find ms | immediate / find (summed) | "
              "worst | worst problem | above 1.10 | other solver | failed |",
