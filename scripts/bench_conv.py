@@ -13,7 +13,7 @@ GPU, not the host). Writes ``<out>/bench_conv.json``, ``.md`` and ``.png``
 (``bench_conv_find.*`` with --find; ``_graph`` before the suffix with --graph).
 
 ``--set problems`` runs the benchmark set of scripts/conv_problems.py instead (over 300
-problems of fourteen networks, batches 1 to 256, each problem's memory capped; forward only
+problems of fifteen networks, batches 1 to 256, each problem's memory capped; forward only
 unless --directions says more) and writes ``bench_conv_set*``: per type, layout and direction
 the summed ratio, the lowest problem's ratio and how many fall below 0.3x and 0.8x.
 ``--compare-find`` times, for each problem, immediate mode's choice (made before find, with a
@@ -106,6 +106,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--graph", type=_count(0), default=0, metavar="N",
                         help="time replays of a CUDA graph of N calls (0: back-to-back eager calls)")
     parser.add_argument("--commit", default="", help="the commit measured (default: git rev-parse HEAD, if any)")
+    parser.add_argument("--merge", nargs="+", metavar="JSON", default=None,
+                        help="no measuring: the reports of these runs' JSON files (stopped runs' too) together, "
+                             "written into --out (a set split over several calls with --only)")
     mode = parser.add_mutually_exclusive_group()
     mode.add_argument("--find", action="store_true",
                       help="run find for each layer first (as cuDNN's benchmark mode searches), writing "
@@ -131,13 +134,64 @@ def selected(args) -> list[tuple[str, list]]:
     return [(model, [c for c in layers if args.only in f"{model} {c.name}"]) for model, layers in chosen]
 
 
+def stem_for(chosen_set: str, mode: str, graph: int) -> str:
+    """The report files' name: bench_conv[_set][_find|_compare][_graph]."""
+    return ("bench_conv_set" if chosen_set == "problems" else "bench_conv") + \
+        {"find": "_find", "compare-find": "_compare"}.get(mode, "") + ("_graph" if graph else "")
+
+
+def mode_of(args) -> str:
+    return "find" if args.find else "compare-find" if args.compare_find else "immediate"
+
+
 def stem_of(args) -> str:
-    return ("bench_conv_set" if args.set == "problems" else "bench_conv") + \
-        ("_find" if args.find else "_compare" if args.compare_find else "") + ("_graph" if args.graph else "")
+    return stem_for(args.set, mode_of(args), args.graph)
+
+
+def _bad(message: str) -> int:
+    print(f"{Path(sys.argv[0]).name}: error: {message}", file=sys.stderr)
+    return 2
+
+
+def merge(paths: list[str], out: Path) -> int:
+    """One report of several runs of the same mode and set: their rows together, the summary
+    made again, the first run's settings (the commits, devices and subsets of all listed)."""
+    runs = []
+    for path in paths:
+        try:
+            run = json.loads(Path(path).read_text())
+        except (OSError, ValueError) as e:
+            return _bad(f"--merge: cannot read {path} ({e})")
+        if not isinstance(run, dict) or not isinstance(run.get("rows"), list) or "mode" not in run:
+            return _bad(f"--merge: {path} is not a JSON file bench_conv.py wrote")
+        runs.append(run)
+        kinds = {(r.get("mode"), r.get("set"), r.get("graph_calls")) for r in runs}
+        if len(kinds) > 1:
+            return _bad(f"--merge: {path} is another kind of run (mode, set, graph calls: {sorted(kinds, key=str)})")
+    result = dict(runs[0])
+    result["rows"] = [row for run in runs for row in run["rows"]]
+    for key in ("device", "commit"):
+        result[key] = ", ".join(dict.fromkeys(str(run.get(key, "")) for run in runs))
+    result["merged"] = [{"file": str(path), "commit": run.get("commit"), "layers": run.get("layers"),
+                         "only": run.get("only"), "rows": len(run["rows"]), "stopped": bool(run.get("partial"))}
+                        for path, run in zip(paths, runs)]
+    result.update(layers=None, only="")
+    result.pop("partial", None)
+    result["summary"] = summarise(result["rows"], result["mode"] == "compare-find")
+    result["failed"] = sum("error" in r for r in result["rows"])
+    stem = stem_for(result.get("set"), result["mode"], result.get("graph_calls"))
+    out.mkdir(parents=True, exist_ok=True)
+    (out / f"{stem}.json").write_text(json.dumps(result, indent=1))
+    (write_compare_report if result["mode"] == "compare-find" else write_report)(result, out, stem)
+    print(f"{len(result['rows'])} rows of {len(runs)} runs: {out / stem}.md")
+    return 0
 
 
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
+    if args.merge:
+        return merge(args.merge, Path(args.out))
+    args.commit = args.commit or git_commit()
     if args.compare_find:
         # Immediate mode must not read a ranking find made (in this run or an earlier one):
         # this process's user find-db is a fresh folder (installed bundles' find-dbs still count).
@@ -152,7 +206,9 @@ def main(argv: list[str] | None = None) -> int:
         sys.exit("no CUDA GPU for PyTorch: run this on the GPU machine")
     torch.backends.cudnn.benchmark = True
     torch.backends.cudnn.allow_tf32 = False  # fp32 against fp32, not TF32
-    rows = []
+    out = Path(args.out)
+    out.mkdir(parents=True, exist_ok=True)
+    stem, rows = stem_of(args), []
     with kdbkit.Handle() as h:
         if h.device.backend != "cuda":
             sys.exit(f"kdbkit's default device is {h.device.name} ({h.device.backend}), not a CUDA GPU")
@@ -161,29 +217,34 @@ def main(argv: list[str] | None = None) -> int:
                 for layout in ("NCHW", "NHWC"):
                     for layer in layers:
                         rows += measure_layer(h, torch, kdbkit, args, model, label, layout, layer)
-        device = torch.cuda.get_device_name()
-    failed = [r for r in rows if "error" in r]
-    result = {"device": device, "batch": BATCH if args.set == "models" else "per problem",
-              "iters": args.iters, "blocks": args.blocks,
-              "mode": "find" if args.find else "compare-find" if args.compare_find else "immediate",
-              "set": args.set, "layers": args.layers, "only": args.only, "graph_calls": args.graph,
-              "commit": args.commit or git_commit(), "torch": torch.__version__,
-              "cudnn": torch.backends.cudnn.version(), "kdbkit": kdbkit.__version__,
-              "summary": summarise(rows, args.compare_find), "failed": len(failed), "rows": rows}
-    if args.set == "problems":
-        result.update(networks=list(SET_NETWORKS), batches=sorted(SET_BATCHES), elements_cap=SET_ELEMENTS_CAP)
+                        # the rows so far, kept should the run be stopped (a time limit)
+                        (out / f"{stem}.json").write_text(json.dumps(result_of(args, torch, kdbkit, rows, True)))
+    result = result_of(args, torch, kdbkit, rows, False)
     for key, s in result["summary"].items():
         print(f"sum {key}: " + ", ".join(f"{k} {v:.3f}" if isinstance(v, float) else f"{k} {v}"
                                          for k, v in s.items()))
-    out = Path(args.out)
-    out.mkdir(parents=True, exist_ok=True)
-    stem = stem_of(args)
     (out / f"{stem}.json").write_text(json.dumps(result, indent=1))
     (write_compare_report if args.compare_find else write_report)(result, out, stem)
+    failed = [r for r in rows if "error" in r]
     if failed:
         print(f"{len(failed)} of {len(rows)} measurements failed (their rows say why)", file=sys.stderr)
         return 1
     return 0
+
+
+def result_of(args, torch, kdbkit, rows: list[dict], partial: bool) -> dict:
+    """The run's JSON: its settings, the summary and every row (``partial``: the run is not over)."""
+    result = {"device": torch.cuda.get_device_name(), "batch": BATCH if args.set == "models" else "per problem",
+              "iters": args.iters, "blocks": args.blocks, "mode": mode_of(args), "set": args.set,
+              "layers": args.layers, "only": args.only, "graph_calls": args.graph, "commit": args.commit,
+              "torch": torch.__version__,
+              "cudnn": torch.backends.cudnn.version(), "kdbkit": kdbkit.__version__,
+              "summary": summarise(rows, args.compare_find), "failed": sum("error" in r for r in rows), "rows": rows}
+    if partial:
+        result["partial"] = True
+    if args.set == "problems":
+        result.update(networks=list(SET_NETWORKS), batches=sorted(SET_BATCHES), elements_cap=SET_ELEMENTS_CAP)
+    return result
 
 
 def operands(torch, layer, dt, fmt, directions: str) -> dict:

@@ -23,6 +23,11 @@ def _subset(result: dict) -> str:
                  else f" **Only each model's first {result['layers']} layers.**")
     if result.get("only"):
         text += f" **Only the layers whose name contains '{result['only']}'.**"
+    if result.get("merged"):
+        text += " Rows of " + str(len(result["merged"])) + " runs: " + "; ".join(
+            f"{m['file']} ({m['rows']} rows, commit {m['commit']}"
+            + (f", first {m['layers']}" if m.get("layers") else "") + (f", only '{m['only']}'" if m.get("only") else "")
+            + (", **stopped before its end**" if m.get("stopped") else "") + ")" for m in result["merged"]) + "."
     if result.get("failed"):
         text += f" **{result['failed']} measurements failed: their rows say why.**"
     return text

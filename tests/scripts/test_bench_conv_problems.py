@@ -194,3 +194,30 @@ def test_the_compare_report_gives_immediate_over_find(scripts, tmp_path):
     text = (tmp_path / "bench_conv_set_compare.md").read_text()
     assert "| set fp16 NHWC F | 4 | 3.55 | 3.00 | 1.183 | 1.50 | vgg16 layer 2 | 1 | 2 | 1 |" in text
     assert "| set | fp16 | NHWC | F | vgg16 layer 2 | 8 | 1 | A (heuristic) | B | 1.5000 | 1.0000 | 1.50 |" in text
+
+
+def test_merge_reports_runs_split_over_calls(scripts, tmp_path):
+    """A set split over several calls (--only), one of them stopped by a time limit, reported as one."""
+    bench_conv, cp, _ = scripts
+    import json
+
+    extra = dict(set="problems", batch="per problem", networks=list(cp.SET_NETWORKS), batches=sorted(cp.SET_BATCHES),
+                 elements_cap=cp.SET_ELEMENTS_CAP, graph_calls=5)
+    first, second = _rows("set", [0.5, 2.0], compared=False), _rows("set", [0.25], compared=False)
+    (tmp_path / "a.json").write_text(json.dumps(_result(first, {}, only="vgg16", **extra)))
+    (tmp_path / "b.json").write_text(json.dumps(_result(second, {}, only="unet", partial=True, commit="def", **extra)))
+    done = subprocess.run([sys.executable, str(SCRIPTS / "bench_conv.py"), "--merge", str(tmp_path / "a.json"),
+                           str(tmp_path / "b.json"), "--out", str(tmp_path / "out")], capture_output=True, text=True,
+                          timeout=120)
+    assert done.returncode == 0, done.stderr
+    merged = json.loads((tmp_path / "out" / "bench_conv_set_graph.json").read_text())
+    assert len(merged["rows"]) == 3 and merged["commit"] == "abc, def" and "partial" not in merged
+    s = merged["summary"]["set fp16 NHWC F"]
+    assert (s["problems"], s["below_0_3"], s["min_speedup"]) == (3, 1, 0.25)
+    text = (tmp_path / "out" / "bench_conv_set_graph.md").read_text()
+    assert "only 'unet', **stopped before its end**" in text and "| set fp16 NHWC F | 3 |" in text
+    (tmp_path / "c.json").write_text(json.dumps(_result(first, {}, mode="compare-find", **extra)))
+    done = subprocess.run([sys.executable, str(SCRIPTS / "bench_conv.py"), "--merge", str(tmp_path / "a.json"),
+                           str(tmp_path / "c.json"), str(tmp_path / "missing.json")], capture_output=True, text=True,
+                          timeout=120)
+    assert done.returncode == 2 and len(done.stderr.strip().splitlines()) == 1 and "another kind" in done.stderr
