@@ -221,8 +221,7 @@ def main(argv: list[str] | None = None) -> int:
                         (out / f"{stem}.json").write_text(json.dumps(result_of(args, torch, kdbkit, rows, True)))
     result = result_of(args, torch, kdbkit, rows, False)
     for key, s in result["summary"].items():
-        print(f"sum {key}: " + ", ".join(f"{k} {v:.3f}" if isinstance(v, float) else f"{k} {v}"
-                                         for k, v in s.items()))
+        print(summary_line(key, s))
     (out / f"{stem}.json").write_text(json.dumps(result, indent=1))
     (write_compare_report if args.compare_find else write_report)(result, out, stem)
     failed = [r for r in rows if "error" in r]
@@ -230,6 +229,18 @@ def main(argv: list[str] | None = None) -> int:
         print(f"{len(failed)} of {len(rows)} measurements failed (their rows say why)", file=sys.stderr)
         return 1
     return 0
+
+
+def summary_line(key: str, s: dict) -> str:
+    if "kdbkit_ms" in s:
+        return (f"sum {key}: kdbkit {s['kdbkit_ms']:.2f} ms, torch {s['torch_ms']:.2f} ms, x{s['speedup_vs_torch']:.3f}"
+                f" (lowest x{s['min_speedup']:.2f}: {s['min_layer']}; {s['below_0_3']} below 0.3x, {s['below_0_8']} "
+                f"below 0.8x, {s['failed']} failed, of {s['problems']})")
+    if "immediate_ms" in s:
+        return (f"sum {key}: immediate {s['immediate_ms']:.2f} ms, find {s['find_ms']:.2f} ms, immediate/find "
+                f"x{s['immediate_over_find']:.3f} (worst x{s['worst_immediate_over_find']:.2f}: {s['worst_layer']}; "
+                f"{s['above_1_1']} above 1.10, {s['failed']} failed, of {s['problems']})")
+    return f"sum {key}: all {s['problems']} failed"
 
 
 def result_of(args, torch, kdbkit, rows: list[dict], partial: bool) -> dict:
