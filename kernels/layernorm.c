@@ -140,8 +140,13 @@ KDB_KERNEL void layernorm_bwd_weight(const KDB_GLOBAL kdb_data_t* x, const KDB_G
 #ifndef LANES_VECS
 #define LANES_VECS 4
 #endif
+#ifdef LANES_GROUPS
+#define LN_LANES_BOUNDS KDB_BOUNDS(BLOCK, LANES_GROUPS)
+#else
+#define LN_LANES_BOUNDS
+#endif
 
-KDB_KERNEL void layernorm_fwd_lanes(const KDB_GLOBAL kdb_vec4u* x, const KDB_GLOBAL kdb_vec4u* weight,
+KDB_KERNEL void LN_LANES_BOUNDS layernorm_fwd_lanes(const KDB_GLOBAL kdb_vec4u* x, const KDB_GLOBAL kdb_vec4u* weight,
                                     const KDB_GLOBAL kdb_vec4u* bias, KDB_GLOBAL kdb_vec4u* y,
                                     KDB_GLOBAL float* mean, KDB_GLOBAL float* rstd, int rows, int inner, int affine,
                                     float eps, int lanes)

@@ -310,7 +310,9 @@ KDB_KERNEL void softmax_fwd_rows(const KDB_GLOBAL kdb_data_t* x, KDB_GLOBAL kdb_
 /* fp32 rows of up to 4 vectors a thread: registers capped so that 4 groups fit a multiprocessor
  * on CUDA (71 -> 64 registers, no spills; softmax of 1024-element fp32 rows on the H100 187 ->
  * 180 us, 95% -> 99% of copy). 16-bit types spill under the cap (100 -> 110 us): no cap. */
-#if defined(KDB_TYPE_FP16) || defined(KDB_TYPE_BF16) || LANES_VECS != 4
+#if defined(LANES_GROUPS)
+#define SM_LANES_BOUNDS KDB_BOUNDS(BLOCK, LANES_GROUPS)
+#elif defined(KDB_TYPE_FP16) || defined(KDB_TYPE_BF16) || LANES_VECS != 4
 #define SM_LANES_BOUNDS
 #else
 #define SM_LANES_BOUNDS KDB_BOUNDS(BLOCK, 4)
