@@ -306,12 +306,6 @@ KDB_KERNEL void softmax_fwd_rows(const KDB_GLOBAL kdb_data_t* x, KDB_GLOBAL kdb_
 #ifndef LANES_VECS
 #define LANES_VECS 4
 #endif
-/* -DLANES_PREFETCH=0: a row's vectors are read at the top of its iteration, not during the
- * previous row's reductions, so they share registers with the floats they become (for a
- * covering grid, where a group takes one row set and there is no next row to read). */
-#ifndef LANES_PREFETCH
-#define LANES_PREFETCH 1
-#endif
 
 /* fp32 rows of up to 4 vectors a thread: registers capped so that 4 groups fit a multiprocessor
  * on CUDA (71 -> 64 registers, no spills; softmax of 1024-element fp32 rows on the H100 187 ->
@@ -338,7 +332,6 @@ softmax_fwd_lanes(const KDB_GLOBAL kdb_vec4u* x, KDB_GLOBAL kdb_vec4u* y, SM_GEO
     /* The next row's vectors are read while this one's reductions run (a group takes several
      * rows: the solver sizes the grid to the GPU), so the loads of a thread never stop. */
     kdb_vec4u q[LANES_VECS];
-#if LANES_PREFETCH
     {
         const int r = KDB_GROUP_ID_X * per_group + KDB_LOCAL_ID_X / lanes;
         const long xb = r < rows ? sm_base(r, channel_mode, C, H, W, xs0, xs1, xs2, xs3) / KDB_VEC : 0;
@@ -347,20 +340,10 @@ softmax_fwd_lanes(const KDB_GLOBAL kdb_vec4u* x, KDB_GLOBAL kdb_vec4u* y, SM_GEO
             if (r < rows && SM_LANE_VEC(k) < vecs)
                 q[k] = x[xb + SM_LANE_VEC(k)];
     }
-#endif
     /* The loop's trip count is the same for the whole group: every thread reaches the reductions. */
     for (int first = KDB_GROUP_ID_X * per_group; first < rows; first += step) {
         const int r = first + KDB_LOCAL_ID_X / lanes, live = r < rows;
         const long yb = live ? sm_base(r, channel_mode, C, H, W, ys0, ys1, ys2, ys3) / KDB_VEC : 0;
-#if !LANES_PREFETCH
-        {
-            const long xb = live ? sm_base(r, channel_mode, C, H, W, xs0, xs1, xs2, xs3) / KDB_VEC : 0;
-#pragma unroll
-            for (int k = 0; k < LANES_VECS; ++k)
-                if (live && SM_LANE_VEC(k) < vecs)
-                    q[k] = x[xb + SM_LANE_VEC(k)];
-        }
-#endif
         /* Each element converted to float once and its exponential taken once: on 16-bit types
          * the conversions and exponentials, not memory, were the limit. */
         float f[LANES_VECS * KDB_VEC], m = -3.402823466e38f;
@@ -371,7 +354,6 @@ softmax_fwd_lanes(const KDB_GLOBAL kdb_vec4u* x, KDB_GLOBAL kdb_vec4u* y, SM_GEO
                 for (int e = 0; e < KDB_VEC; ++e)
                     m = KDB_FMAXF(m, f[k * KDB_VEC + e]);
             }
-#if LANES_PREFETCH
         {
             const int rn = r + step;
             const long xn = rn < rows ? sm_base(rn, channel_mode, C, H, W, xs0, xs1, xs2, xs3) / KDB_VEC : 0;
@@ -380,7 +362,6 @@ softmax_fwd_lanes(const KDB_GLOBAL kdb_vec4u* x, KDB_GLOBAL kdb_vec4u* y, SM_GEO
                 if (rn < rows && SM_LANE_VEC(k) < vecs)
                     q[k] = x[xn + SM_LANE_VEC(k)];
         }
-#endif
         m = algorithm != 0 ? kdb_lanes_reduce(m, lanes, 0, scratch) : 0.0f;
         float sum = 0.0f;
 #pragma unroll
