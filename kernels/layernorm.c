@@ -140,6 +140,12 @@ KDB_KERNEL void layernorm_bwd_weight(const KDB_GLOBAL kdb_data_t* x, const KDB_G
 #ifndef LANES_VECS
 #define LANES_VECS 4
 #endif
+/* 16-bit rows of up to 4 vectors a thread: registers capped on CUDA so that 3 groups fit a
+ * multiprocessor (89 -> 80 registers, no spills), for more reads in flight (an H200: 82-83% ->
+ * 84-85% of copy, docs/performance.md). -DLANES_GROUPS=<g> sets another cap. */
+#if !defined(LANES_GROUPS) && LANES_VECS == 4 && (defined(KDB_TYPE_FP16) || defined(KDB_TYPE_BF16))
+#define LANES_GROUPS 3
+#endif
 #ifdef LANES_GROUPS
 #define LN_LANES_BOUNDS KDB_BOUNDS(BLOCK, LANES_GROUPS)
 #else

@@ -100,3 +100,29 @@ def test_tensor_add_s_launch_follows_the_card():
     add = TensorOpProblem("add", DataType.FP32, shape, strides, shape, strides, strides)
     h100, h200 = (launches(OpTensorPacked(), add, d)["op_tensor_vec"] for d in (H100, H200))
     assert residents(H100, h100) == 6 and h200[2] == 0
+
+
+def test_the_batch_norm_meeting_costs_more_vectors_on_a_faster_memory():
+    from kdbkit.runtime.primitives.batchnorm.solvers.persistent import ROUND_COST, round_cost, team_plan
+
+    assert abs(round_cost(H100) - ROUND_COST) <= 8  # measured there
+    assert round_cost(H200) > round_cost(H100) > round_cost(A100) and round_cost(UNKNOWN) == ROUND_COST
+
+    def resident(chunk, members):  # 132 multiprocessors of 227 KiB, 4 groups each at most (registers)
+        return 132 * min(4, 227 * 1024 // ((2 * chunk + members) * 16 + 1024))
+
+    vectors = 32 * 112 * 112 // 8  # ResNet-50's first norm, fp16
+    for device in (H100, H200):
+        members, chunk, teams = team_plan(vectors, 64, resident, meeting=round_cost(device))
+        assert members * chunk >= vectors and members * teams <= resident(chunk, members)
+    # A meeting dear enough makes the plan take fewer rounds of channels (more, larger chunks).
+    cheap, dear = (team_plan(vectors, 64, resident, meeting=m) for m in (1, 1 << 20))
+    assert -(-64 // dear[2]) <= -(-64 // cheap[2])
+
+
+def test_the_row_kernels_grid_follows_the_multiprocessor_count():
+    from kdbkit.runtime.primitives.lanes import lanes_groups
+
+    rows = 1 << 16
+    assert lanes_groups(rows, 32, 132)[0] > lanes_groups(rows, 32, 108)[0]  # a persistent grid per unit
+    assert lanes_groups(rows, 64, 132) == lanes_groups(rows, 64, 108)  # runs across warps: a group per row set
