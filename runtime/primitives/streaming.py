@@ -53,8 +53,3 @@ def groups_in_flight(device: DeviceInfo, group_bytes: int, step_ns: float) -> in
         return None
     return max(1, math.ceil(rate * step_ns / group_bytes))
 
-
-def unit_threads(device: DeviceInfo, default: int = 2048) -> int:
-    """The most threads a compute unit holds (``default``, an NVIDIA multiprocessor's since
-    sm_75 except sm_86/89's 1536, where the driver does not say)."""
-    return device.memory.threads_per_unit or default
