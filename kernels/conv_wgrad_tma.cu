@@ -18,7 +18,9 @@
  *   - of dy: a tile copy of dy seen as (K, N Ho Wo, 1), box 64 x 64;
  *   - of x: an im2col copy, 64 channels of 64 output pixels walked as conv_tma.cu's map walks
  *     them (from the step's first pixel's window corner, moved by the tap's offset; zeros in
- *     the padding, past C and past the last image).
+ *     the padding, past C and past the last image); or, x_plain (a 1 x 1 filter at stride 1
+ *     unpadded: x is the matrix N H W x C), a tile copy as dy's (the copy engine moves tiles
+ *     faster than im2col boxes).
  * WG_NCHW 1 (NCHW x and dy, a 1 x 1 filter at stride 1 unpadded): dw (K x C) = sum over n of
  * dy[n] (K x HW) x[n]^T (HW x C); both operands K-major tiles of (HW, rows, N) tile maps
  * (rows K or C), the reduction's steps ceil(HW / 64) per image (zeros past HW).
@@ -29,7 +31,7 @@
  * dynamic shared memory WG_STAGES * (128 + WG_BN) * 128 + 16 KiB + 2 KiB (conv_tma.cu's). map_dy,
  * map_x: 16-bit elements, 128-byte swizzle, zero fill. WG_NCHW 0: map_dy tiled over (K, N Ho
  * Wo, 1) box (64, 64, 1); map_x im2col over (C, W, H, N), 64 channels by 64 pixels, conv_tma.cu's
- * corners and element strides. WG_NCHW 1: tiled over (HW, K, N) and (HW, C, N), boxes (64, 128,
+ * corners and element strides (x_plain: tiled over (C, N H W, 1), box (64, 64, 1)). WG_NCHW 1: tiled over (HW, K, N) and (HW, C, N), boxes (64, 128,
  * 1) for A's and (64, WG_BN, 1) for B's. ws: slices x M x N floats. M, N: the GEMM's rows and
  * columns (even); steps: the reduction's 64-pixel steps.
  */
@@ -55,7 +57,7 @@
 extern "C" __global__ void __launch_bounds__(384, 1)
 conv_wgrad_tma(const __grid_constant__ TmaMap map_dy, const __grid_constant__ TmaMap map_x, float* ws, int M, int N,
                int steps, int slices, int swap, int c_chunks, int S, int plane, int Wo, int pad_h, int pad_w,
-               int stride_h, int stride_w, int dil_h, int dil_w, int hw_steps)
+               int stride_h, int stride_w, int dil_h, int dil_w, int hw_steps, int x_plain)
 {
     extern __shared__ __align__(16) unsigned char tm_raw[];
     const unsigned int raw = tm_smem(tm_raw), base = (raw + 1023u) & ~1023u;
@@ -95,7 +97,9 @@ conv_wgrad_tma(const __grid_constant__ TmaMap map_dy, const __grid_constant__ Tm
                         /* A's two blocks of 64 rows, then B's WG_BN / 64 blocks of 64 columns */
                         const unsigned int dst = j < 2 ? as + j * TM_BLOCK_BYTES : bs + (j - 2) * TM_BLOCK_BYTES;
                         const int block = j < 2 ? tm * 2 + j : tn * (WG_BN / 64) + j - 2;
-                        if ((j < 2) == (swap != 0)) { /* a chunk of x: one tap's 64 channels */
+                        if ((j < 2) == (swap != 0) && x_plain) { /* 64 channels of x read as a matrix */
+                            tm_load(dst, &map_x, block * 64, p0, 0, bar);
+                        } else if ((j < 2) == (swap != 0)) { /* a chunk of x: one tap's 64 channels */
                             const int tap = block / c_chunks, c0 = (block - tap * c_chunks) * TM_BK;
                             const int r = tap / S, s = tap - r * S;
                             tm_load_im2col(dst, &map_x, c0, w0, h0, n, (unsigned short)(s * dil_w),
@@ -140,17 +144,18 @@ conv_wgrad_tma(const __grid_constant__ TmaMap map_dy, const __grid_constant__ Tm
 }
 
 /* dw[k][c][r][s] (through strides s0..s3, K C Y X order) = the sum over the slabs, in order,
- * of the GEMM's element for (k, tap r S + s, c): row k, column (tap c_chunks + c / 64) 64 + c %
- * 64 (swap 0), or the transpose (swap 1). Grid-stride, any launch; the walk puts the GEMM's
+ * of the GEMM's element for (k, tap r S + s, c): row k, column tap col_tap + c (col_tap: a
+ * tap's columns, c_chunks x 64, or C where conv_wgrad_columns packed the taps' channels) of
+ * `cols` (swap 0), or the transpose (swap 1). Grid-stride, any launch; the walk puts the GEMM's
  * columns innermost so that neighbouring threads read neighbouring floats. */
 extern "C" __global__ void conv_wgrad_reduce(const float* __restrict__ ws, unsigned short* __restrict__ dw, int K,
-                                             int C, int R, int S, int c_chunks, int slices, int swap, int s0, int s1,
-                                             int s2, int s3)
+                                             int C, int R, int S, int col_tap, int cols, int slices, int swap, int s0,
+                                             int s1, int s2, int s3)
 {
-    const long total = (long)K * C * R * S, cols = (long)R * S * c_chunks * 64, slab = (long)K * cols;
+    const long total = (long)K * C * R * S, slab = (long)K * cols;
     for (long e = blockIdx.x * (long)blockDim.x + threadIdx.x; e < total; e += (long)blockDim.x * gridDim.x) {
         int k, c, tap;
-        if (swap) { /* rows the chunks' channels, columns k */
+        if (swap) { /* rows the columns of dw's taps, columns k */
             k = (int)(e % K);
             const long rest = e / K;
             c = (int)(rest % C);
@@ -161,11 +166,44 @@ extern "C" __global__ void conv_wgrad_reduce(const float* __restrict__ ws, unsig
             tap = (int)(rest % (R * S));
             k = (int)(rest / (R * S));
         }
-        const long col = (long)tap * c_chunks * 64 + c, at = swap ? col * K + k : (long)k * cols + col;
+        const long col = (long)tap * col_tap + c, at = swap ? col * K + k : (long)k * cols + col;
         float sum = 0.0f;
         for (int z = 0; z < slices; ++z)
             sum += ws[z * slab + at];
         const int r = tap / S, s = tap - r * S;
         dw[(long)k * s0 + (long)c * s1 + (long)r * s2 + (long)s * s3] = tc_from_float(sum);
+    }
+}
+
+/* x's receptive fields packed channels-last: col[n][ho][wo][j] = x[n, c, ho sh - ph + r dh,
+ * wo sw - pw + s dw] for j = (r S + s) C + c < R S C, zeros in the padding and for j up to
+ * `width` (8 `groups`): the 1 x 1 convolution whose backward weights are dw with its taps'
+ * channels packed, for an x of few channels (a first layer's 3), where 64-channel chunks per
+ * tap would be mostly zeros. x through its element strides (either layout); each thread one
+ * 16-byte group of 8 columns. */
+extern "C" __global__ void conv_wgrad_columns(const unsigned short* __restrict__ x, uint4* __restrict__ col, int N,
+                                              int C, int H, int W, int Ho, int Wo, int R, int S, int ph, int pw,
+                                              int sh, int sw, int dh, int dw, int xs0, int xs1, int xs2, int xs3,
+                                              int groups)
+{
+    const long total = (long)N * Ho * Wo * groups;
+    for (long e = blockIdx.x * (long)blockDim.x + threadIdx.x; e < total; e += (long)blockDim.x * gridDim.x) {
+        const int g = (int)(e % groups);
+        const long p = e / groups;
+        const int wo = (int)(p % Wo), ho = (int)(p / Wo % Ho), n = (int)(p / ((long)Wo * Ho));
+        unsigned int v[4];
+#pragma unroll
+        for (int i = 0; i < 8; ++i) {
+            const int j = g * 8 + i, tap = j / C, c = j - tap * C, r = tap / S, s = tap - r * S;
+            const int h = ho * sh - ph + r * dh, w = wo * sw - pw + s * dw;
+            const unsigned short value = tap < R * S && h >= 0 && h < H && w >= 0 && w < W
+                                             ? x[(long)n * xs0 + (long)c * xs1 + (long)h * xs2 + (long)w * xs3]
+                                             : (unsigned short)0;
+            if (i % 2 == 0)
+                v[i / 2] = value;
+            else
+                v[i / 2] |= (unsigned int)value << 16;
+        }
+        col[e] = make_uint4(v[0], v[1], v[2], v[3]);
     }
 }

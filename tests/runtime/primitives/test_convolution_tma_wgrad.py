@@ -73,7 +73,7 @@ def test_the_gates_name_what_they_refuse():
     assert "fp32 is not fp16 or bf16" in reason(dtype=DataType.FP32)
     assert "backward weights only" in reason(direction="F") and "backward weights only" in reason(direction="B")
     assert "one group, not 2" in reason(groups=2)
-    assert "x's 3 channels are not a multiple of 8" in reason(c=3)
+    assert reason(c=3, f=(7, 7), pad=(3, 3), stride=(2, 2)) == reason(c=5, stride=(9, 1), hw=(20, 20)) == ""  # packed
     assert "dy's 20 channels are not a multiple of 8" in reason(k=20)
     assert "steps at most 8 pixels" in reason(stride=(9, 1), hw=(20, 20))
     assert "beyond -128..127" in reason(dilation=(70, 1), pad=(0, 0), hw=(200, 200))
@@ -107,11 +107,24 @@ def test_immediate_mode_takes_the_cheapest_tile(c, k, hw, f, expected):
 def test_immediate_mode_falls_back_where_it_cannot_run():
     from kdbkit.runtime.immediate import heuristic
 
-    first = heuristic(wgrad(c=3, k=64, hw=(224, 224), f=(7, 7), pad=(3, 3), stride=(2, 2)), sm90(), ())
-    assert first.solver.name == "ConvWrwImplicitGemmTensorCore"
-    assert "ConvTmaBwdWeights128x256: rejected, x's 3 channels" in "\n".join(first.trace)
+    far = heuristic(wgrad(stride=(9, 1), hw=(20, 20)), sm90(), ())
+    assert far.solver.name == "ConvWrwImplicitGemmTensorCore"
+    assert "ConvTmaBwdWeights128x256: rejected, stride (9, 1)" in "\n".join(far.trace)
     a100 = DeviceInfo("cuda", 0, "an A100", Target.parse("sm_80_108"), 80 << 30)
     assert heuristic(wgrad(), a100, ()).solver.name == "ConvWrwImplicitGemmTensorCore"
+
+
+def test_a_first_layer_packs_its_taps():
+    """3 channels x 7 x 7 taps = 147 columns, padded to 152: a 1 x 1 convolution over 112 x 112
+    receptive fields, its 3 chunks of 64 columns on the tiles' rows (K = 64 the other side)."""
+    from kdbkit.runtime.immediate import heuristic
+
+    p = wgrad(c=3, k=64, hw=(224, 224), n=32, f=(7, 7), pad=(3, 3), stride=(2, 2))
+    q = tma_wgrad.computed(p)
+    assert tma_wgrad.packed_taps(p) and q.x_shape == (32, 152, 112, 112) and q.filter == (1, 1)
+    assert tma_wgrad.plan(p, 64, 132).swap and tma_wgrad.gemm_sides(p) == (64, 192, 32 * 112 * 112 // 64)
+    assert heuristic(p, sm90(), ()).solver.name.startswith("ConvTmaBwdWeights")
+    assert REGISTRY.find("ConvTmaBwdWeights128x64").workspace(p) >= 2 * 32 * 112 * 112 * 152
 
 
 def test_the_workspace_holds_the_slabs_and_the_nchw_staging():
@@ -140,17 +153,38 @@ def walk(start, count, dims, lower, upper, steps):
     return np.array(out).T
 
 
+def emulate_columns(problem: ConvProblem, x: np.ndarray) -> np.ndarray:
+    """conv_wgrad_columns in NumPy from its arguments: x (NCHW) -> the packed receptive fields,
+    N x Ho x Wo x width, column (r X + s) C + c."""
+    (n, c, h, w, ho, wo, fy, fx, ph, pw, sh, sw, dh, dw_, *strides, groups) = (
+        int(v) for v in tma_wgrad.columns_arguments(problem))
+    layout = problem.descs()["x"].strides
+    assert tuple(strides) == layout and x.shape == (n, c, h, w)
+    col = np.zeros((n, ho, wo, groups * 8))
+    for j in range(min(groups * 8, fy * fx * c)):
+        tap, cc = divmod(j, c)
+        r, s = divmod(tap, fx)
+        for i in range(ho):
+            for jj in range(wo):
+                hh, vv = i * sh - ph + r * dh, jj * sw - pw + s * dw_
+                if 0 <= hh < h and 0 <= vv < w:
+                    col[:, i, jj, j] = x[:, cc, hh, vv]
+    return col
+
+
 def emulate(problem: ConvProblem, x: np.ndarray, dy: np.ndarray, tile_n: int, units: int = 132) -> np.ndarray:
     """conv_wgrad_tma then conv_wgrad_reduce in NumPy from the invoker's arguments: dw packed in
     the problem's layout (as a K x C x Y x X view). x and dy as the kernel reads them (NCHW in
     place, else channels-last)."""
     p = tma_wgrad.plan(problem, tile_n, units)
-    (m, n_cols, steps, slices, swap, c_chunks, s_taps, plane, wo, pad_h, pad_w, sh, sw, dh, dw_, hw_steps) = (
-        int(v) for v in tma_wgrad.scalars(problem, p))
+    (m, n_cols, steps, slices, swap, c_chunks, s_taps, plane, wo, pad_h, pad_w, sh, sw, dh, dw_, hw_steps,
+     plain) = (int(v) for v in tma_wgrad.scalars(problem, p))
+    assert plain == tma_wgrad.plain_x(problem)
     assert (m, n_cols, steps, slices, swap) == (p.m, p.n, p.steps, p.slices, p.swap)
     map_dy, map_x = tma_wgrad.operand_maps(problem, p, tile_n)
-    k, c = problem.out_channels, problem.x_shape[1]
-    taps = problem.filter[0] * problem.filter[1]
+    q = tma_wgrad.computed(problem)  # the convolution the kernel computes (x's taps packed, or problem)
+    k, c = q.out_channels, q.x_shape[1]
+    taps = q.filter[0] * q.filter[1]
     cols = taps * c_chunks * 64
     assert {m, n_cols} == {k, cols} or (m, n_cols) == ((cols, k) if swap else (k, cols))
 
@@ -167,6 +201,14 @@ def emulate(problem: ConvProblem, x: np.ndarray, dy: np.ndarray, tile_n: int, un
             b[:part.stop - part.start, :c] = x[img].reshape(c, hw)[:, part].T
             return a, b
         (kd, pixels, _), _, box = map_dy
+        if plain:  # x as the matrix pixels x C, tiles of 64 x 64 (zeros past either edge)
+            (cx, px, _), _, box_x = map_x
+            assert (kd, box, box_x, px, taps) == (k, (64, 64, 1), (64, 64, 1), pixels, 1)
+            p0 = ks * 64
+            a, b = np.zeros((64, k)), np.zeros((64, cols))
+            a[:min(64, pixels - p0)] = dy.reshape(pixels, k)[p0:p0 + 64]
+            b[:min(64, pixels - p0), :cx] = x.reshape(pixels, cx)[p0:p0 + 64]
+            return a, b
         (cx, wx, hx, nx), _, lower, upper, channels, count, element = map_x
         assert (kd, box, channels, count, element) == (k, (64, 64, 1), 64, 64, (1, sw, sh, 1))
         p0 = ks * 64
@@ -193,14 +235,16 @@ def emulate(problem: ConvProblem, x: np.ndarray, dy: np.ndarray, tile_n: int, un
             acc += a.T @ b
         ws[z] = acc.T if swap else acc
     # conv_wgrad_reduce
-    kw, cw, fy, fx, chunks_r, slices_r, swap_r, *strides = (int(v) for v in tma_wgrad.reduce_arguments(problem, p))
-    assert (kw, cw, fy * fx, chunks_r, slices_r, swap_r) == (k, c, taps, c_chunks, slices, swap)
+    kw, cw, fy, fx, col_tap, cols_r, slices_r, swap_r, *strides = (
+        int(v) for v in tma_wgrad.reduce_arguments(problem, p))
+    assert (kw, cw, (fy, fx), cols_r, slices_r, swap_r) == (k, problem.x_shape[1], problem.filter, cols, slices, swap)
+    c, taps = cw, fy * fx
     flat = ws.reshape(slices, -1)
     memory = np.full(k * c * taps, np.nan)
     for kk in range(k):
         for cc in range(c):
             for tap in range(taps):
-                col = tap * c_chunks * 64 + cc
+                col = tap * col_tap + cc
                 at = col * k + kk if swap else kk * cols + col
                 r, s = divmod(tap, fx)
                 memory[kk * strides[0] + cc * strides[1] + r * strides[2] + s * strides[3]] = flat[:, at].sum()
@@ -214,7 +258,9 @@ EMULATED = [(4, 24, 15, 17, 16, (3, 3), (1, 1), (1, 1), (1, 1), 64, 40),  # 1020
             (3, 16, 17, 15, 136, (5, 3), (2, 0), (2, 1), (1, 2), 128, 60),  # strides, each axis its own; K past 128
             (2, 8, 11, 10, 16, (7, 7), (3, 3), (2, 2), (1, 1), 256, 3),  # 7 x 7 / 2: many taps, 8 channels
             (3, 16, 4, 6, 24, (1, 1), (0, 0), (1, 1), (1, 1), 64, 5),  # 1 x 1: NCHW in place (24 pixels)
-            (2, 200, 3, 5, 8, (1, 1), (0, 0), (1, 1), (1, 1), 64, 7)]  # 1 x 1 NCHW 15 pixels: staged
+            (2, 200, 3, 5, 8, (1, 1), (0, 0), (1, 1), (1, 1), 64, 7),  # 1 x 1 NCHW 15 pixels: staged
+            (2, 3, 13, 12, 16, (7, 7), (3, 3), (2, 2), (1, 1), 64, 20),  # a first layer: 3 channels, taps packed
+            (1, 5, 9, 8, 8, (3, 2), (1, 0), (1, 3), (2, 1), 128, 9)]  # 5 channels, 30 columns padded to 32
 
 
 @pytest.mark.parametrize("layout", ["NHWC", "NCHW"])
@@ -228,8 +274,8 @@ def test_the_kernels_arguments_compute_dw(layout, case):
     x = rng.standard_normal(p.x_shape)
     dy = rng.standard_normal(p.y_shape)
     direct = tma_wgrad.direct_nchw(p)
-    dw = emulate(p, x if direct else x.transpose(0, 2, 3, 1), dy if direct else dy.transpose(0, 2, 3, 1), tile_n,
-                 units)
+    x_read = emulate_columns(p, x) if tma_wgrad.packed_taps(p) else x if direct else x.transpose(0, 2, 3, 1)
+    dw = emulate(p, x_read, dy if direct else dy.transpose(0, 2, 3, 1), tile_n, units)
     expected = ref.backward_weights(dy, x, p.w_shape, pad, stride, dilation)
     np.testing.assert_allclose(dw, expected, rtol=1e-9, atol=1e-9)
 
@@ -254,6 +300,8 @@ CASES = [
     (1, 136, 10, 17, 72, (3, 3), (2, 2), (1, 1), (2, 2)),  # batch 1; dilation 2, pad 2; 136 = 2 x 64 + 8
     (2, 64, 15, 13, 136, (3, 3), (1, 1), (2, 2), (1, 1)),  # stride 2, odd sizes; K past 128
     (2, 16, 23, 19, 64, (7, 7), (3, 3), (2, 2), (1, 1)),  # 7 x 7 / 2
+    (3, 3, 29, 31, 64, (7, 7), (3, 3), (2, 2), (1, 1)),  # a first layer: 3 channels, taps packed
+    (2, 5, 11, 9, 16, (3, 3), (1, 1), (1, 1), (2, 1)),  # 5 channels: 45 columns padded to 48
     (2, 48, 8, 12, 64, (1, 1), (0, 0), (1, 1), (1, 1)),  # 1 x 1: NCHW in place (96 pixels)
     (3, 256, 14, 14, 40, (1, 1), (0, 0), (1, 1), (1, 1)),  # 1 x 1, 196 pixels: NCHW staged; the transpose
     (2, 64, 13, 15, 256, (1, 1), (0, 0), (2, 2), (1, 1)),  # 1 x 1 / 2 (a downsample)

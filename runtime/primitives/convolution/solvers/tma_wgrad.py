@@ -17,8 +17,11 @@ solver each so that find times them all) whose plan costs least.
 Channels-last tensors go as they are. An NCHW 1 x 1 convolution at stride 1 without padding
 reads NCHW x and dy in place (dw = sum over n of dy[n] x[n]^T, K-major tiles of 64 pixels of
 one image; H W a multiple of 8 for the copies' 16-byte rows); other NCHW ones are staged
-channels-last (conv_gemm.c's transposes, as the forward stages them). x's channels and dy's
-must be multiples of 8 (16-byte copies); a first layer's 3 go to ConvWrwImplicitGemmTensorCore.
+channels-last (conv_gemm.c's transposes, as the forward stages them). dy's channels must be
+a multiple of 8 (16-byte copies). Where x's are not (a first layer's 3), 64-channel chunks per
+tap would be mostly zeros: conv_wgrad_columns writes x's receptive fields packed channels-last
+instead (the taps' channels side by side, padded to a multiple of 8) and the kernel computes
+that 1 x 1 convolution's backward weights, whose columns the reduction maps back to dw's taps.
 """
 
 from __future__ import annotations
@@ -44,7 +47,10 @@ PIXELS = 64  # the im2col copy's pixels: one reduction step
 # comparison between plans matters): wgmma's sustained multiply-add rate, the bytes a
 # multiprocessor's copies and stores move through L2, and the device memory's bandwidth that
 # the reduction's pass reads the slabs at.
-SM_FLOPS, SM_BYTES, MEMORY_BYTES = 5.0e12, 80e9, 3.0e12
+SM_FLOPS, L2_BYTES, MEMORY_BYTES = 5.0e12, 4.5e12, 3.0e12
+# The bytes a multiprocessor's im2col copies deliver a second: far fewer than tile copies (its
+# boxes of 64 pixels walk the image pixel by pixel), so the model keeps them on the narrow side.
+IM2COL_BYTES = 20e9
 ITEM_START = 0.5e-6  # an item's pipeline fill not hidden behind the previous item's epilogue
 REDUCE_START = 2e-6  # a second launch
 
@@ -75,26 +81,53 @@ def direct_nchw(problem: ConvProblem) -> bool:
             and problem.pad == (0, 0) and (h * w) % 8 == 0)
 
 
+def packed_taps(problem: ConvProblem) -> bool:
+    """x's channels are not a multiple of 8 (and x is not read in place): its receptive fields
+    go packed channels-last through conv_wgrad_columns."""
+    return problem.x_shape[1] % 8 != 0 and not direct_nchw(problem)
+
+
+def computed(problem: ConvProblem) -> ConvProblem:
+    """The convolution conv_wgrad_tma computes: ``problem``, or where its taps are packed the
+    1 x 1 one over x's receptive fields (N x R S C padded to 8 x Ho x Wo, channels-last)."""
+    if not packed_taps(problem):
+        return problem
+    n, c = problem.x_shape[:2]
+    width = -(-c * problem.filter[0] * problem.filter[1] // 8) * 8
+    return dataclasses.replace(problem, layout="NHWC", x_shape=(n, width, *problem.out_hw), filter=(1, 1),
+                               pad=(0, 0), stride=(1, 1), dilation=(1, 1))
+
+
+def plain_x(problem: ConvProblem) -> bool:
+    """The computed convolution is 1 x 1 at stride 1 unpadded on channels-last x: x is the
+    matrix N H W x C, read by tile copies (faster than im2col boxes)."""
+    q = computed(problem)
+    return not direct_nchw(problem) and q.filter == (1, 1) and q.stride == (1, 1) and q.pad == (0, 0)
+
+
 def chunks(problem: ConvProblem) -> int:
-    """x's channels in 64-channel chunks: each tap's columns of the GEMM."""
-    return -(-problem.x_shape[1] // STEP)
+    """x's channels (of the computed convolution) in 64-channel chunks: each tap's columns of the GEMM."""
+    return -(-computed(problem).x_shape[1] // STEP)
 
 
 def gemm_sides(problem: ConvProblem) -> tuple[int, int, int]:
     """(K, columns, steps): dw's rows, the GEMM's columns (each tap's chunks of 64 channels),
     and the reduction's steps of 64 pixels (per image where x is read NCHW)."""
     n, _, h, w = problem.x_shape
-    (ho, wo), (fy, fx) = problem.out_hw, problem.filter
+    (ho, wo), (fy, fx) = problem.out_hw, computed(problem).filter
     steps = n * -(-h * w // STEP) if direct_nchw(problem) else -(-n * ho * wo // STEP)
     return problem.out_channels, fy * fx * chunks(problem) * STEP, steps
 
 
-def item_seconds(tile_n: int, steps: int) -> float:
-    """The model's time of one work item of ``steps`` steps on a 128 x ``tile_n`` tile."""
+def item_seconds(tile_n: int, steps: int, active: int, im2col_rows: int) -> float:
+    """The model's time of one work item of ``steps`` steps on a 128 x ``tile_n`` tile while
+    ``active`` multiprocessors share L2's bandwidth, ``im2col_rows`` of the tile's rows and
+    columns coming through im2col copies."""
     multiply = TILE_M * tile_n * STEP * 2 / SM_FLOPS
-    load = (TILE_M + tile_n) * STEP * 2 / SM_BYTES
-    store = TILE_M * tile_n * 4 / SM_BYTES
-    return steps * max(multiply, load) + store + ITEM_START
+    load = (TILE_M + tile_n) * STEP * 2 * active / L2_BYTES
+    im2col = im2col_rows * STEP * 2 / IM2COL_BYTES
+    store = TILE_M * tile_n * 4 * active / L2_BYTES
+    return steps * max(multiply, load, im2col) + store + ITEM_START
 
 
 @functools.lru_cache(maxsize=1024)
@@ -105,13 +138,16 @@ def plan(problem: ConvProblem, tile_n: int, units: int) -> Plan:
     k, cols, steps = gemm_sides(problem)
     weights = problem.w_shape[0] * problem.w_shape[1] * problem.filter[0] * problem.filter[1]
     best = None
+    im2col = not direct_nchw(problem) and not plain_x(problem)
     for swap in (False, True):
         m, n = (cols, k) if swap else (k, cols)
         tiles = -(-m // TILE_M) * -(-n // tile_n)
+        im2col_rows = (TILE_M if swap else tile_n) if im2col else 0
         # enough slices to give every multiprocessor four items, never an empty slice
         for slices in range(1, min(steps, -(-4 * units // tiles)) + 1):
             waves = -(-tiles * slices // units)
-            seconds = waves * item_seconds(tile_n, -(-steps // slices)) + REDUCE_START \
+            active = min(tiles * slices, units)
+            seconds = waves * item_seconds(tile_n, -(-steps // slices), active, im2col_rows) + REDUCE_START \
                 + (4 * slices * m * n + 2 * weights) / MEMORY_BYTES
             if best is None or seconds < best.cost * (1 - 1e-9):
                 best = Plan(direct_nchw(problem), swap, m, n, steps, slices, seconds)
@@ -130,16 +166,19 @@ def kernel_request(dtype: DataType, tile_n: int, direct: bool) -> ProgramRequest
 
 def scalars(problem: ConvProblem, p: Plan) -> list:
     """conv_wgrad_tma's int arguments after ws: M, N, steps, slices, swap, x's chunks, S, the
-    output plane Ho Wo, Wo, the pads, strides and dilations (H, W), and each image's steps."""
-    n, _, h, w = problem.x_shape
-    (ho, wo), fx = problem.out_hw, problem.filter[1]
+    output plane Ho Wo, Wo, the pads, strides and dilations (H, W), each image's steps, and
+    whether x is read as a matrix (:func:`plain_x`)."""
+    q = computed(problem)
+    n, _, h, w = q.x_shape
+    (ho, wo), fx = q.out_hw, q.filter[1]
     return [np.int32(v) for v in (p.m, p.n, p.steps, p.slices, p.swap, chunks(problem), fx, ho * wo, wo,
-                                  *problem.pad, *problem.stride, *problem.dilation, -(-h * w // STEP))]
+                                  *q.pad, *q.stride, *q.dilation, -(-h * w // STEP), plain_x(problem))]
 
 
 def operand_maps(problem: ConvProblem, p: Plan, tile_n: int) -> tuple[tuple, tuple]:
     """The arguments after the address and element size of dy's map (tensor_map) and x's
-    (tensor_map_im2col channels-last; tensor_map where NCHW is read in place)."""
+    (tensor_map_im2col channels-last; tensor_map where NCHW is read in place or x is a matrix)."""
+    plain, problem = plain_x(problem), computed(problem)
     n, c, h, w = problem.x_shape
     k, (ho, wo) = problem.out_channels, problem.out_hw
     if p.direct:
@@ -147,6 +186,9 @@ def operand_maps(problem: ConvProblem, p: Plan, tile_n: int) -> tuple[tuple, tup
         return (((h * w, k, n), (2 * h * w, 2 * k * h * w), (STEP, rows_dy, 1)),
                 ((h * w, c, n), (2 * h * w, 2 * c * h * w), (STEP, rows_x, 1)))
     pixels = n * ho * wo
+    if plain:
+        return (((k, pixels, 1), (2 * k, 2 * k * pixels), (STEP, PIXELS, 1)),
+                ((c, pixels, 1), (2 * c, 2 * c * pixels), (STEP, PIXELS, 1)))
     lower, upper = tma.corners(problem)
     sh, sw = problem.stride
     return (((k, pixels, 1), (2 * k, 2 * k * pixels), (STEP, PIXELS, 1)),
@@ -154,9 +196,19 @@ def operand_maps(problem: ConvProblem, p: Plan, tile_n: int) -> tuple[tuple, tup
 
 
 def reduce_arguments(problem: ConvProblem, p: Plan) -> list:
-    """conv_wgrad_reduce's int arguments after dw: K, C, Y, X, x's chunks, slices, swap, dw's strides."""
+    """conv_wgrad_reduce's int arguments after dw: K, C, Y, X, a tap's columns (C packed, else
+    its chunks' 64 each), the GEMM's columns, slices, swap, dw's strides."""
     (k, c, fy, fx), strides = problem.w_shape, problem.descs()["w"].strides
-    return [np.int32(v) for v in (k, c, fy, fx, chunks(problem), p.slices, p.swap, *strides)]
+    col_tap = c if packed_taps(problem) else chunks(problem) * STEP
+    return [np.int32(v) for v in (k, c, fy, fx, col_tap, p.m if p.swap else p.n, p.slices, p.swap, *strides)]
+
+
+def columns_arguments(problem: ConvProblem) -> list:
+    """conv_wgrad_columns's int arguments after x and col: N, C, H, W, Ho, Wo, Y, X, the pads,
+    strides and dilations (H, W), x's strides, and the packed row's groups of 8 columns."""
+    return [np.int32(v) for v in (*problem.x_shape, *problem.out_hw, *problem.filter, *problem.pad, *problem.stride,
+                                  *problem.dilation, *problem.descs()["x"].strides,
+                                  computed(problem).x_shape[1] // 8)]
 
 
 class ConvTmaBwdWeights(tma.TmaConvSolver):
@@ -173,19 +225,18 @@ class ConvTmaBwdWeights(tma.TmaConvSolver):
             return refused
         n, c, h, w = problem.x_shape
         k = problem.out_channels
-        if c % 8:
-            return not_applicable(f"x's {c} channels are not a multiple of 8 (tensor copies step in 16 bytes)")
         if k % 8:
             return not_applicable(f"dy's {k} channels are not a multiple of 8 (tensor copies step in 16 bytes)")
-        if max(problem.stride) > 8:
+        packed = packed_taps(problem)
+        if max(problem.stride) > 8 and not packed:
             return not_applicable(f"stride {problem.stride}: the im2col copy steps at most 8 pixels")
         lower, upper = tma.corners(problem)
-        if not direct_nchw(problem) and any(v not in tma.CORNER for v in (*lower, *upper)):
+        if not direct_nchw(problem) and not packed and any(v not in tma.CORNER for v in (*lower, *upper)):
             return not_applicable(f"pad {problem.pad} with a {problem.filter} filter dilated {problem.dilation} "
                                   "puts the im2col window's corners beyond -128..127")
         ho, wo = problem.out_hw
         _, cols, _ = gemm_sides(problem)
-        if max(n * h * w * c, n * ho * wo * k, k * cols) > INT_MAX:
+        if max(n * h * w * c, n * ho * wo * k, k * cols, n * ho * wo * computed(problem).x_shape[1]) > INT_MAX:
             return not_applicable("sizes exceed the kernel's int arguments")
         if problem.layout == "NCHW" and not direct_nchw(problem) and max(n, k, c) > 65535:
             return not_applicable("NCHW staging transposes one matrix per image, at most 65535")
@@ -201,10 +252,14 @@ class ConvTmaBwdWeights(tma.TmaConvSolver):
                               f"{costs[best] * 1e6:.0f} us against {costs[self.tile_n] * 1e6:.0f} us)")
 
     def workspace(self, problem: ConvProblem) -> int:
-        """The slabs; NCHW staged: x and dy channels-last too."""
+        """The slabs; NCHW staged: x and dy channels-last too; x's packed receptive fields."""
         p = plan(problem, self.tile_n, 132)
         d = problem.descs()
-        staged = d["x"].numel + d["y"].numel if problem.layout == "NCHW" and not p.direct else 0
+        staged = d["y"].numel if problem.layout == "NCHW" and not p.direct else 0
+        if packed_taps(problem):
+            staged += computed(problem).descs()["x"].numel
+        elif problem.layout == "NCHW" and not p.direct:
+            staged += d["x"].numel
         return 4 * p.slices * p.m * p.n + staged * problem.dtype.itemsize
 
     def programs(self, problem: ConvProblem):
@@ -228,7 +283,7 @@ class ConvTmaBwdWeights(tma.TmaConvSolver):
             grid = (min(p.items(tile_n), units), 1, 1)
             args = scalars(pr, p)
             map_dy, map_x = operand_maps(pr, p, tile_n)
-            x_map = backend.tensor_map if p.direct else backend.tensor_map_im2col
+            x_map = backend.tensor_map if p.direct or plain_x(pr) else backend.tensor_map_im2col
             launches = gemm_tma.OperandLaunches(lambda dy, x: backend.launcher(
                 kernel.function("conv_wgrad_tma"), grid, (THREADS, 1, 1),
                 [backend.tensor_map(dy, 2, *map_dy), x_map(x, 2, *map_x), ws, *args], tma.shared_bytes(tile_n)))
@@ -237,32 +292,38 @@ class ConvTmaBwdWeights(tma.TmaConvSolver):
                                  [ws, None, *reduce_arguments(pr, p)], max_groups=1 << 16)
             unaligned = fallback_invoker(context, problem, "ConvWrwImplicitGemmTensorCore")
 
-            if moves is None:  # channels-last, or NCHW read in place
-                def backward_weights(dy, x, dw):
-                    if not aligned16(dy, x):  # tensor maps need 16-byte aligned tensors
-                        unaligned(dy, x, dw)
-                        return
-                    launches.get(dy, x)()
-                    reduce(dw)
-
-                backward_weights.workspace = (ws,)
-                return backward_weights
-
-            # NCHW staged: x and dy moved channels-last
+            # What the kernel reads where it cannot read x or dy as they are: x's packed receptive
+            # fields, or NCHW x and dy moved channels-last.
             (n, c, h, w_), k, (ho, wo) = pr.x_shape, pr.out_channels, pr.out_hw
             d, item = pr.descs(), pr.dtype.itemsize
-            transpose = transposer(context, moves, pr.dtype)
-            x_in, dy_in = transpose(n, c, h * w_), transpose(n, k, ho * wo)
-            x_nhwc, dy_nhwc = backend.alloc(d["x"].numel * item), backend.alloc(d["y"].numel * item)
+            x_in = dy_in = x_staged = dy_staged = None
+            if packed_taps(pr):
+                x_staged = backend.alloc(computed(pr).descs()["x"].numel * item)
+                x_in = launcher_1d(context, kernel.function("conv_wgrad_columns"),
+                                   computed(pr).descs()["x"].numel // 8, [None, None, *columns_arguments(pr)],
+                                   max_groups=1 << 16)
+            if moves is not None:
+                transpose = transposer(context, moves, pr.dtype)
+                dy_in, dy_staged = transpose(n, k, ho * wo), backend.alloc(d["y"].numel * item)
+                if x_in is None:
+                    x_in, x_staged = transpose(n, c, h * w_), backend.alloc(d["x"].numel * item)
 
-            def backward_weights_nchw(dy, x, dw):
-                x_in(x, x_nhwc)
-                dy_in(dy, dy_nhwc)
-                launches.get(dy_nhwc, x_nhwc)()
+            def backward_weights(dy, x, dw):
+                # tensor maps need 16-byte aligned tensors (the staging reads any)
+                if not aligned16(*(t for t, moved in ((dy, dy_in), (x, x_in)) if moved is None)):
+                    unaligned(dy, x, dw)
+                    return
+                if x_in is not None:
+                    x_in(x, x_staged)
+                    x = x_staged
+                if dy_in is not None:
+                    dy_in(dy, dy_staged)
+                    dy = dy_staged
+                launches.get(dy, x)()
                 reduce(dw)
 
-            backward_weights_nchw.workspace = (ws, x_nhwc, dy_nhwc)
-            return backward_weights_nchw
+            backward_weights.workspace = tuple(b for b in (ws, x_staged, dy_staged) if b is not None)
+            return backward_weights
 
         return Solution(self.programs(problem), invoker_factory)
 
