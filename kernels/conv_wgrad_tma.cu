@@ -177,33 +177,42 @@ extern "C" __global__ void conv_wgrad_reduce(const float* __restrict__ ws, unsig
 
 /* x's receptive fields packed channels-last: col[n][ho][wo][j] = x[n, c, ho sh - ph + r dh,
  * wo sw - pw + s dw] for j = (r S + s) C + c < R S C, zeros in the padding and for j up to
- * `width` (8 `groups`): the 1 x 1 convolution whose backward weights are dw with its taps'
+ * `width` (a multiple of 8): the 1 x 1 convolution whose backward weights are dw with its taps'
  * channels packed, for an x of few channels (a first layer's 3), where 64-channel chunks per
- * tap would be mostly zeros. x through its element strides (either layout); each thread one
- * 16-byte group of 8 columns. */
-extern "C" __global__ void conv_wgrad_columns(const unsigned short* __restrict__ x, uint4* __restrict__ col, int N,
-                                              int C, int H, int W, int Ho, int Wo, int R, int S, int ph, int pw,
-                                              int sh, int sw, int dh, int dw, int xs0, int xs1, int xs2, int xs3,
-                                              int groups)
+ * tap would be mostly zeros. A block builds the rows of `pixels` consecutive output pixels in
+ * shared memory (a thread per pixel and tap, x read through its element strides: either
+ * layout), then writes them out as one contiguous run of 16-byte stores. Launch: 256 threads,
+ * dynamic shared memory pixels x width x 2 bytes, any grid. */
+extern "C" __global__ void __launch_bounds__(256)
+conv_wgrad_columns(const unsigned short* __restrict__ x, unsigned short* __restrict__ col, int N, int C, int H, int W,
+                   int Ho, int Wo, int R, int S, int ph, int pw, int sh, int sw, int dh, int dw, int xs0, int xs1,
+                   int xs2, int xs3, int width, int pixels)
 {
-    const long total = (long)N * Ho * Wo * groups;
-    for (long e = blockIdx.x * (long)blockDim.x + threadIdx.x; e < total; e += (long)blockDim.x * gridDim.x) {
-        const int g = (int)(e % groups);
-        const long p = e / groups;
-        const int wo = (int)(p % Wo), ho = (int)(p / Wo % Ho), n = (int)(p / ((long)Wo * Ho));
-        unsigned int v[4];
-#pragma unroll
-        for (int i = 0; i < 8; ++i) {
-            const int j = g * 8 + i, tap = j / C, c = j - tap * C, r = tap / S, s = tap - r * S;
+    extern __shared__ __align__(16) unsigned short wg_rows[];
+    const long total = (long)N * Ho * Wo;
+    const int taps = R * S, used = taps * C;
+    for (long p0 = blockIdx.x * (long)pixels; p0 < total; p0 += (long)gridDim.x * pixels) {
+        const int count = (int)min((long)pixels, total - p0);
+        for (int it = threadIdx.x; it < pixels * taps; it += blockDim.x) {
+            const int i = it % pixels, tap = it / pixels, r = tap / S, s = tap - r * S;
+            unsigned short* row = wg_rows + i * width + tap * C;
+            const long p = p0 + i;
+            const int wo = (int)(p % Wo), ho = (int)(p / Wo % Ho), n = (int)(p / ((long)Wo * Ho));
             const int h = ho * sh - ph + r * dh, w = wo * sw - pw + s * dw;
-            const unsigned short value = tap < R * S && h >= 0 && h < H && w >= 0 && w < W
-                                             ? x[(long)n * xs0 + (long)c * xs1 + (long)h * xs2 + (long)w * xs3]
-                                             : (unsigned short)0;
-            if (i % 2 == 0)
-                v[i / 2] = value;
-            else
-                v[i / 2] |= (unsigned int)value << 16;
+            const bool inside = i < count && h >= 0 && h < H && w >= 0 && w < W;
+            const unsigned short* from = x + (long)n * xs0 + (long)h * xs2 + (long)w * xs3;
+            for (int c = 0; c < C; ++c)
+                row[c] = inside ? from[(long)c * xs1] : (unsigned short)0;
         }
-        col[e] = make_uint4(v[0], v[1], v[2], v[3]);
+        for (int it = threadIdx.x; it < pixels * (width - used); it += blockDim.x) { /* the padding columns */
+            const int i = it / (width - used);
+            wg_rows[i * width + used + it - i * (width - used)] = 0;
+        }
+        __syncthreads();
+        const uint4* from = (const uint4*)wg_rows;
+        uint4* to = (uint4*)(col + p0 * width);
+        for (int v = threadIdx.x; v < count * width / 8; v += blockDim.x)
+            to[v] = from[v];
+        __syncthreads(); /* the rows are read out before the next pixels overwrite them */
     }
 }

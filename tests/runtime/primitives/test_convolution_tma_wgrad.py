@@ -156,12 +156,13 @@ def walk(start, count, dims, lower, upper, steps):
 def emulate_columns(problem: ConvProblem, x: np.ndarray) -> np.ndarray:
     """conv_wgrad_columns in NumPy from its arguments: x (NCHW) -> the packed receptive fields,
     N x Ho x Wo x width, column (r X + s) C + c."""
-    (n, c, h, w, ho, wo, fy, fx, ph, pw, sh, sw, dh, dw_, *strides, groups) = (
+    (n, c, h, w, ho, wo, fy, fx, ph, pw, sh, sw, dh, dw_, *strides, width, pixels) = (
         int(v) for v in tma_wgrad.columns_arguments(problem))
     layout = problem.descs()["x"].strides
-    assert tuple(strides) == layout and x.shape == (n, c, h, w)
-    col = np.zeros((n, ho, wo, groups * 8))
-    for j in range(min(groups * 8, fy * fx * c)):
+    assert tuple(strides) == layout and x.shape == (n, c, h, w) and width % 8 == 0 and width >= fy * fx * c
+    assert 1 <= pixels <= 64 and pixels * width * 2 <= tma_wgrad.COLUMN_BYTES
+    col = np.zeros((n, ho, wo, width))
+    for j in range(fy * fx * c):
         tap, cc = divmod(j, c)
         r, s = divmod(tap, fx)
         for i in range(ho):

@@ -9,8 +9,8 @@ split into slices, one work item per tile and slice, walked by one persistent bl
 multiprocessor; each item writes its fp32 sums to its own slab of a workspace and
 conv_wgrad_reduce adds the slabs in a fixed order into dw (either layout, through its strides):
 deterministic, where atomic adds would make the last bits depend on the order blocks finish.
-:func:`plan` picks the GEMM's orientation (dw or its transpose on the 128-row tiles: the larger
-side there) and the slice count from a cost model of the waves of items, the epilogue's fp32
+:func:`plan` picks the GEMM's orientation (dw or its transpose on the 128-row tiles) and the
+slice count from a cost model of the waves of items, the epilogue's fp32
 stores and the reduction's pass; immediate mode takes the tile width (256, 128 or 64, one
 solver each so that find times them all) whose plan costs least.
 
@@ -43,16 +43,15 @@ from kdbkit.runtime.tensor import DataType
 TILE_M, STEP, THREADS = tma.TILE_M, tma.STEP, tma.THREADS
 STAGES = tma.STAGES  # the forward's stages per tile width: the same shared-memory layout
 PIXELS = 64  # the im2col copy's pixels: one reduction step
-# The cost model's rates for one multiprocessor (an H100's or H200's, roughly; only the
-# comparison between plans matters): wgmma's sustained multiply-add rate, the bytes a
-# multiprocessor's copies and stores move through L2, and the device memory's bandwidth that
-# the reduction's pass reads the slabs at.
-SM_FLOPS, L2_BYTES, MEMORY_BYTES = 5.0e12, 4.5e12, 3.0e12
-# The bytes a multiprocessor's im2col copies deliver a second: far fewer than tile copies (its
-# boxes of 64 pixels walk the image pixel by pixel), so the model keeps them on the narrow side.
-IM2COL_BYTES = 20e9
+# The cost model's rates (fitted to scripts/sweep_wgrad.py's timings of every plan of
+# ResNet-50's layers on an H200, docs/performance.md; only the comparison between plans
+# matters): a multiprocessor's sustained wgmma rate, the bytes its copies bring in a second,
+# L2's bandwidth shared by the busy multiprocessors, the bytes of its epilogue's fp32 stores a
+# second, and the device memory's bandwidth that the reduction's pass reads the slabs at.
+SM_FLOPS, SM_BYTES, L2_BYTES, STORE_BYTES, MEMORY_BYTES = 3.0e12, 40e9, 8e12, 80e9, 3.0e12
 ITEM_START = 0.5e-6  # an item's pipeline fill not hidden behind the previous item's epilogue
 REDUCE_START = 2e-6  # a second launch
+COLUMN_BYTES = 32 << 10  # conv_wgrad_columns's shared memory: a block's packed rows
 
 
 @dataclasses.dataclass(frozen=True)
@@ -119,15 +118,13 @@ def gemm_sides(problem: ConvProblem) -> tuple[int, int, int]:
     return problem.out_channels, fy * fx * chunks(problem) * STEP, steps
 
 
-def item_seconds(tile_n: int, steps: int, active: int, im2col_rows: int) -> float:
+def item_seconds(tile_n: int, steps: int, active: int) -> float:
     """The model's time of one work item of ``steps`` steps on a 128 x ``tile_n`` tile while
-    ``active`` multiprocessors share L2's bandwidth, ``im2col_rows`` of the tile's rows and
-    columns coming through im2col copies."""
+    ``active`` multiprocessors share L2's bandwidth."""
     multiply = TILE_M * tile_n * STEP * 2 / SM_FLOPS
-    load = (TILE_M + tile_n) * STEP * 2 * active / L2_BYTES
-    im2col = im2col_rows * STEP * 2 / IM2COL_BYTES
-    store = TILE_M * tile_n * 4 * active / L2_BYTES
-    return steps * max(multiply, load, im2col) + store + ITEM_START
+    load = (TILE_M + tile_n) * STEP * 2 / min(SM_BYTES, L2_BYTES / active)
+    store = TILE_M * tile_n * 4 / STORE_BYTES
+    return steps * max(multiply, load) + store + ITEM_START
 
 
 @functools.lru_cache(maxsize=1024)
@@ -138,16 +135,14 @@ def plan(problem: ConvProblem, tile_n: int, units: int) -> Plan:
     k, cols, steps = gemm_sides(problem)
     weights = problem.w_shape[0] * problem.w_shape[1] * problem.filter[0] * problem.filter[1]
     best = None
-    im2col = not direct_nchw(problem) and not plain_x(problem)
     for swap in (False, True):
         m, n = (cols, k) if swap else (k, cols)
         tiles = -(-m // TILE_M) * -(-n // tile_n)
-        im2col_rows = (TILE_M if swap else tile_n) if im2col else 0
         # enough slices to give every multiprocessor four items, never an empty slice
         for slices in range(1, min(steps, -(-4 * units // tiles)) + 1):
             waves = -(-tiles * slices // units)
             active = min(tiles * slices, units)
-            seconds = waves * item_seconds(tile_n, -(-steps // slices), active, im2col_rows) + REDUCE_START \
+            seconds = waves * item_seconds(tile_n, -(-steps // slices), active) + REDUCE_START \
                 + (4 * slices * m * n + 2 * weights) / MEMORY_BYTES
             if best is None or seconds < best.cost * (1 - 1e-9):
                 best = Plan(direct_nchw(problem), swap, m, n, steps, slices, seconds)
@@ -203,12 +198,19 @@ def reduce_arguments(problem: ConvProblem, p: Plan) -> list:
     return [np.int32(v) for v in (k, c, fy, fx, col_tap, p.m if p.swap else p.n, p.slices, p.swap, *strides)]
 
 
+def column_pixels(problem: ConvProblem) -> int:
+    """The output pixels whose packed rows a block of conv_wgrad_columns builds at a time: at
+    most 64, their rows within 32 KiB of shared memory."""
+    return max(1, min(64, COLUMN_BYTES // (2 * computed(problem).x_shape[1])))
+
+
 def columns_arguments(problem: ConvProblem) -> list:
     """conv_wgrad_columns's int arguments after x and col: N, C, H, W, Ho, Wo, Y, X, the pads,
-    strides and dilations (H, W), x's strides, and the packed row's groups of 8 columns."""
+    strides and dilations (H, W), x's strides, the packed row's width and the pixels a block
+    builds at a time."""
     return [np.int32(v) for v in (*problem.x_shape, *problem.out_hw, *problem.filter, *problem.pad, *problem.stride,
-                                  *problem.dilation, *problem.descs()["x"].strides,
-                                  computed(problem).x_shape[1] // 8)]
+                                  *problem.dilation, *problem.descs()["x"].strides, computed(problem).x_shape[1],
+                                  column_pixels(problem))]
 
 
 class ConvTmaBwdWeights(tma.TmaConvSolver):
@@ -299,9 +301,11 @@ class ConvTmaBwdWeights(tma.TmaConvSolver):
             x_in = dy_in = x_staged = dy_staged = None
             if packed_taps(pr):
                 x_staged = backend.alloc(computed(pr).descs()["x"].numel * item)
-                x_in = launcher_1d(context, kernel.function("conv_wgrad_columns"),
-                                   computed(pr).descs()["x"].numel // 8, [None, None, *columns_arguments(pr)],
-                                   max_groups=1 << 16)
+                pixels = column_pixels(pr)
+                blocks = min(-(-n * ho * wo // pixels), 1 << 16)
+                x_in = backend.launcher(kernel.function("conv_wgrad_columns"), (blocks, 1, 1), (256, 1, 1),
+                                        [None, None, *columns_arguments(pr)],
+                                        shared_bytes=pixels * computed(pr).x_shape[1] * 2)
             if moves is not None:
                 transpose = transposer(context, moves, pr.dtype)
                 dy_in, dy_staged = transpose(n, k, ho * wo), backend.alloc(d["y"].numel * item)
