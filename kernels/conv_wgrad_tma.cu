@@ -152,19 +152,22 @@ extern "C" __global__ void conv_wgrad_reduce(const float* __restrict__ ws, unsig
                                              int C, int R, int S, int col_tap, int cols, int slices, int swap, int s0,
                                              int s1, int s2, int s3)
 {
-    const long total = (long)K * C * R * S, slab = (long)K * cols;
-    for (long e = blockIdx.x * (long)blockDim.x + threadIdx.x; e < total; e += (long)blockDim.x * gridDim.x) {
+    /* int indices (dw's and a slab's sizes are ints): 64-bit divisions would cost more than the
+     * pass's memory traffic */
+    const int total = K * C * R * S, taps = R * S;
+    const long slab = (long)K * cols;
+    for (int e = blockIdx.x * blockDim.x + threadIdx.x; e < total; e += blockDim.x * gridDim.x) {
         int k, c, tap;
         if (swap) { /* rows the columns of dw's taps, columns k */
-            k = (int)(e % K);
-            const long rest = e / K;
-            c = (int)(rest % C);
-            tap = (int)(rest / C);
+            k = e % K;
+            const int rest = e / K;
+            c = rest % C;
+            tap = rest / C;
         } else {
-            c = (int)(e % C);
-            const long rest = e / C;
-            tap = (int)(rest % (R * S));
-            k = (int)(rest / (R * S));
+            c = e % C;
+            const int rest = e / C;
+            tap = rest % taps;
+            k = rest / taps;
         }
         const long col = (long)tap * col_tap + c, at = swap ? col * K + k : (long)k * cols + col;
         float sum = 0.0f;
@@ -180,27 +183,28 @@ extern "C" __global__ void conv_wgrad_reduce(const float* __restrict__ ws, unsig
  * `width` (a multiple of 8): the 1 x 1 convolution whose backward weights are dw with its taps'
  * channels packed, for an x of few channels (a first layer's 3), where 64-channel chunks per
  * tap would be mostly zeros. A block builds the rows of `pixels` consecutive output pixels in
- * shared memory (a thread per pixel and tap, x read through its element strides: either
- * layout), then writes them out as one contiguous run of 16-byte stores. Launch: 256 threads,
- * dynamic shared memory pixels x width x 2 bytes, any grid. */
+ * shared memory (blockDim / pixels threads per pixel, each every so many taps; x read through
+ * its element strides: either layout), then writes them out as one contiguous run of 16-byte
+ * stores. Int indices: N Ho Wo x width is an int (the solver's gate). Launch: 256 threads,
+ * pixels <= 256, dynamic shared memory pixels x width x 2 bytes, any grid. */
 extern "C" __global__ void __launch_bounds__(256)
 conv_wgrad_columns(const unsigned short* __restrict__ x, unsigned short* __restrict__ col, int N, int C, int H, int W,
                    int Ho, int Wo, int R, int S, int ph, int pw, int sh, int sw, int dh, int dw, int xs0, int xs1,
                    int xs2, int xs3, int width, int pixels)
 {
     extern __shared__ __align__(16) unsigned short wg_rows[];
-    const long total = (long)N * Ho * Wo;
-    const int taps = R * S, used = taps * C;
-    for (long p0 = blockIdx.x * (long)pixels; p0 < total; p0 += (long)gridDim.x * pixels) {
-        const int count = (int)min((long)pixels, total - p0);
-        for (int it = threadIdx.x; it < pixels * taps; it += blockDim.x) {
-            const int i = it % pixels, tap = it / pixels, r = tap / S, s = tap - r * S;
-            unsigned short* row = wg_rows + i * width + tap * C;
-            const long p = p0 + i;
-            const int wo = (int)(p % Wo), ho = (int)(p / Wo % Ho), n = (int)(p / ((long)Wo * Ho));
+    const int total = N * Ho * Wo, taps = R * S, used = taps * C, lanes = blockDim.x / pixels;
+    const int i = threadIdx.x % pixels, lane = threadIdx.x / pixels;
+    for (int p0 = blockIdx.x * pixels; p0 < total; p0 += gridDim.x * pixels) {
+        const int count = min(pixels, total - p0), p = p0 + i;
+        const int wo = p % Wo, ho = p / Wo % Ho, n = p / (Wo * Ho);
+        const unsigned short* image = x + (long)n * xs0;
+        for (int tap = lane; lane < lanes && tap < taps; tap += lanes) {
+            const int r = tap / S, s = tap - r * S;
             const int h = ho * sh - ph + r * dh, w = wo * sw - pw + s * dw;
             const bool inside = i < count && h >= 0 && h < H && w >= 0 && w < W;
-            const unsigned short* from = x + (long)n * xs0 + (long)h * xs2 + (long)w * xs3;
+            const unsigned short* from = image + (long)h * xs2 + (long)w * xs3;
+            unsigned short* row = wg_rows + i * width + tap * C;
             for (int c = 0; c < C; ++c)
                 row[c] = inside ? from[(long)c * xs1] : (unsigned short)0;
         }
@@ -210,7 +214,7 @@ conv_wgrad_columns(const unsigned short* __restrict__ x, unsigned short* __restr
         }
         __syncthreads();
         const uint4* from = (const uint4*)wg_rows;
-        uint4* to = (uint4*)(col + p0 * width);
+        uint4* to = (uint4*)(col + (long)p0 * width);
         for (int v = threadIdx.x; v < count * width / 8; v += blockDim.x)
             to[v] = from[v];
         __syncthreads(); /* the rows are read out before the next pixels overwrite them */
