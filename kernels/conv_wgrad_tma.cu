@@ -147,11 +147,31 @@ conv_wgrad_tma(const __grid_constant__ TmaMap map_dy, const __grid_constant__ Tm
  * of the GEMM's element for (k, tap r S + s, c): row k, column tap col_tap + c (col_tap: a
  * tap's columns, c_chunks x 64, or C where conv_wgrad_columns packed the taps' channels) of
  * `cols` (swap 0), or the transpose (swap 1). Grid-stride, any launch; the walk puts the GEMM's
- * columns innermost so that neighbouring threads read neighbouring floats. */
+ * columns innermost so that neighbouring threads read neighbouring floats. vec: 8 channels a
+ * thread, two 16-byte loads a slab and one 16-byte store (swap 0, C, col_tap and the strides
+ * but s1 multiples of 8, s1 = 1, dw 16-byte aligned: channels-last weights, or any 1 x 1). */
 extern "C" __global__ void conv_wgrad_reduce(const float* __restrict__ ws, unsigned short* __restrict__ dw, int K,
                                              int C, int R, int S, int col_tap, int cols, int slices, int swap, int s0,
-                                             int s1, int s2, int s3)
+                                             int s1, int s2, int s3, int vec)
 {
+    if (vec) {
+        const int total = K * C * R * S / 8, taps = R * S, groups = C / 8;
+        const long slab = (long)K * cols;
+        for (int e = blockIdx.x * blockDim.x + threadIdx.x; e < total; e += blockDim.x * gridDim.x) {
+            const int c = e % groups * 8, rest = e / groups, tap = rest % taps, k = rest / taps;
+            const float4* at = (const float4*)(ws + (long)k * cols + (long)tap * col_tap + c);
+            float4 a = make_float4(0.0f, 0.0f, 0.0f, 0.0f), b = a;
+            for (int z = 0; z < slices; ++z) {
+                const float4 u = at[z * slab / 4], v = at[z * slab / 4 + 1];
+                a.x += u.x, a.y += u.y, a.z += u.z, a.w += u.w;
+                b.x += v.x, b.y += v.y, b.z += v.z, b.w += v.w;
+            }
+            const int r = tap / S, s = tap - r * S;
+            *(uint4*)(dw + (long)k * s0 + c + (long)r * s2 + (long)s * s3) =
+                make_uint4(tm_pack(a.x, a.y), tm_pack(a.z, a.w), tm_pack(b.x, b.y), tm_pack(b.z, b.w));
+        }
+        return;
+    }
     /* int indices (dw's and a slab's sizes are ints): 64-bit divisions would cost more than the
      * pass's memory traffic */
     const int total = K * C * R * S, taps = R * S;
@@ -183,7 +203,7 @@ extern "C" __global__ void conv_wgrad_reduce(const float* __restrict__ ws, unsig
  * `width` (a multiple of 8): the 1 x 1 convolution whose backward weights are dw with its taps'
  * channels packed, for an x of few channels (a first layer's 3), where 64-channel chunks per
  * tap would be mostly zeros. A block builds the rows of `pixels` consecutive output pixels in
- * shared memory (blockDim / pixels threads per pixel, each every so many taps; x read through
+ * shared memory (blockDim / pixels threads per pixel, each every so many filter rows; x read through
  * its element strides: either layout), then writes them out as one contiguous run of 16-byte
  * stores. Int indices: N Ho Wo x width is an int (the solver's gate). Launch: 256 threads,
  * pixels <= 256, dynamic shared memory pixels x width x 2 bytes, any grid. */
@@ -199,14 +219,16 @@ conv_wgrad_columns(const unsigned short* __restrict__ x, unsigned short* __restr
         const int count = min(pixels, total - p0), p = p0 + i;
         const int wo = p % Wo, ho = p / Wo % Ho, n = p / (Wo * Ho);
         const unsigned short* image = x + (long)n * xs0;
-        for (int tap = lane; lane < lanes && tap < taps; tap += lanes) {
-            const int r = tap / S, s = tap - r * S;
-            const int h = ho * sh - ph + r * dh, w = wo * sw - pw + s * dw;
-            const bool inside = i < count && h >= 0 && h < H && w >= 0 && w < W;
-            const unsigned short* from = image + (long)h * xs2 + (long)w * xs3;
-            unsigned short* row = wg_rows + i * width + tap * C;
-            for (int c = 0; c < C; ++c)
-                row[c] = inside ? from[(long)c * xs1] : (unsigned short)0;
+        for (int r = lane; lane < lanes && r < R; r += lanes) { /* a filter row's S taps */
+            const int h = ho * sh - ph + r * dh;
+            const bool row_inside = i < count && h >= 0 && h < H;
+            unsigned short* row = wg_rows + i * width + r * S * C;
+            for (int s = 0, w = wo * sw - pw; s < S; ++s, w += dw, row += C) {
+                const bool inside = row_inside && w >= 0 && w < W;
+                const unsigned short* from = image + (long)h * xs2 + (long)w * xs3;
+                for (int c = 0; c < C; ++c)
+                    row[c] = inside ? from[(long)c * xs1] : (unsigned short)0;
+            }
         }
         for (int it = threadIdx.x; it < pixels * (width - used); it += blockDim.x) { /* the padding columns */
             const int i = it / (width - used);

@@ -127,6 +127,19 @@ def test_a_first_layer_packs_its_taps():
     assert REGISTRY.find("ConvTmaBwdWeights128x64").workspace(p) >= 2 * 32 * 112 * 112 * 152
 
 
+def test_the_reduction_takes_8_channels_a_thread_where_dw_has_them_contiguous():
+    def vectors(**change):
+        p = wgrad(**change)
+        return tma_wgrad.reduces_in_vectors(p, dataclasses.replace(tma_wgrad.plan(p, 128, 132), swap=False))
+
+    assert vectors() and vectors(f=(1, 1), pad=(0, 0), layout="NCHW")  # KYXC; a 1 x 1's KCYX
+    assert not vectors(layout="NCHW")  # KCYX 3 x 3: channels 9 apart
+    assert not vectors(c=3, f=(7, 7), pad=(3, 3))  # packed taps: 3 channels
+    p = wgrad(c=64, k=256, hw=(56, 56), n=32, f=(1, 1), pad=(0, 0))
+    assert not tma_wgrad.reduces_in_vectors(p, dataclasses.replace(tma_wgrad.plan(p, 64, 132), swap=True))
+    assert [int(v) for v in tma_wgrad.reduce_arguments(wgrad(), tma_wgrad.plan(wgrad(), 64, 132), True)][-1] == 1
+
+
 def test_the_workspace_holds_the_slabs_and_the_nchw_staging():
     solver = REGISTRY.find("ConvTmaBwdWeights128x64")
     p = wgrad(c=64, k=32)
@@ -236,8 +249,9 @@ def emulate(problem: ConvProblem, x: np.ndarray, dy: np.ndarray, tile_n: int, un
             acc += a.T @ b
         ws[z] = acc.T if swap else acc
     # conv_wgrad_reduce
-    kw, cw, fy, fx, col_tap, cols_r, slices_r, swap_r, *strides = (
+    kw, cw, fy, fx, col_tap, cols_r, slices_r, swap_r, *strides, vec = (
         int(v) for v in tma_wgrad.reduce_arguments(problem, p))
+    assert vec == 0  # the 8-channel walk sums the same elements (tested on the GPU)
     assert (kw, cw, (fy, fx), cols_r, slices_r, swap_r) == (k, problem.x_shape[1], problem.filter, cols, slices, swap)
     c, taps = cw, fy * fx
     flat = ws.reshape(slices, -1)

@@ -190,12 +190,23 @@ def operand_maps(problem: ConvProblem, p: Plan, tile_n: int) -> tuple[tuple, tup
             ((c, w, h, n), (2 * c, 2 * w * c, 2 * h * w * c), lower, upper, STEP, PIXELS, (1, sw, sh, 1)))
 
 
-def reduce_arguments(problem: ConvProblem, p: Plan) -> list:
+def reduce_arguments(problem: ConvProblem, p: Plan, vec: bool = False) -> list:
     """conv_wgrad_reduce's int arguments after dw: K, C, Y, X, a tap's columns (C packed, else
-    its chunks' 64 each), the GEMM's columns, slices, swap, dw's strides."""
+    its chunks' 64 each), the GEMM's columns, slices, swap, dw's strides, and ``vec`` (8
+    channels a thread: only where :func:`reduces_in_vectors`)."""
     (k, c, fy, fx), strides = problem.w_shape, problem.descs()["w"].strides
     col_tap = c if packed_taps(problem) else chunks(problem) * STEP
-    return [np.int32(v) for v in (k, c, fy, fx, col_tap, p.m if p.swap else p.n, p.slices, p.swap, *strides)]
+    return [np.int32(v) for v in (k, c, fy, fx, col_tap, p.m if p.swap else p.n, p.slices, p.swap, *strides, vec)]
+
+
+def reduces_in_vectors(problem: ConvProblem, p: Plan) -> bool:
+    """conv_wgrad_reduce can take 8 channels a thread (given a 16-byte aligned dw): dw's rows in
+    its GEMM's rows (swap 0), channels contiguous in dw (channels-last weights, or a 1 x 1
+    filter), the channel count and the other strides multiples of 8."""
+    (_, c, fy, fx), (s0, s1, s2, s3) = problem.w_shape, problem.descs()["w"].strides
+    col_tap = c if packed_taps(problem) else chunks(problem) * STEP
+    steps = (s2 if fy > 1 else 0, s3 if fx > 1 else 0)  # a stride never stepped along needs no alignment
+    return not p.swap and s1 == 1 and all(v % 8 == 0 for v in (c, col_tap, s0, *steps))
 
 
 def column_pixels(problem: ConvProblem) -> int:
@@ -290,8 +301,15 @@ class ConvTmaBwdWeights(tma.TmaConvSolver):
                 kernel.function("conv_wgrad_tma"), grid, (THREADS, 1, 1),
                 [backend.tensor_map(dy, 2, *map_dy), x_map(x, 2, *map_x), ws, *args], tma.shared_bytes(tile_n)))
             weights = pr.w_shape[0] * pr.w_shape[1] * pr.filter[0] * pr.filter[1]
-            reduce = launcher_1d(context, kernel.function("conv_wgrad_reduce"), weights,
-                                 [ws, None, *reduce_arguments(pr, p)], max_groups=1 << 16)
+            reduce_any = launcher_1d(context, kernel.function("conv_wgrad_reduce"), weights,
+                                     [ws, None, *reduce_arguments(pr, p)], max_groups=1 << 16)
+            reduce_vec = launcher_1d(context, kernel.function("conv_wgrad_reduce"), weights // 8,
+                                     [ws, None, *reduce_arguments(pr, p, True)], max_groups=1 << 16) \
+                if reduces_in_vectors(pr, p) else None
+
+            def reduce(dw):
+                (reduce_vec if reduce_vec is not None and aligned16(dw) else reduce_any)(dw)
+
             unaligned = fallback_invoker(context, problem, "ConvWrwImplicitGemmTensorCore")
 
             # What the kernel reads where it cannot read x or dy as they are: x's packed receptive
