@@ -6,8 +6,8 @@
  * is small. Its columns are 64-channel chunks: chunk j is tap j / c_chunks, channels 64 (j %
  * c_chunks)..., so every 64-wide block of a tile is one copy of one tap and no block spans two
  * taps (channels past C arrive as zeros). The GEMM is computed in either orientation (swap 0:
- * rows the K output channels, columns the chunks; swap 1: the transpose), the larger side on
- * the 128-row tiles. The reduction is split: work item i is tile i % tiles over slice i / tiles
+ * rows the K output channels, columns the chunks; swap 1: the transpose), as the solver's plan
+ * says. The reduction is split: work item i is tile i % tiles over slice i / tiles
  * of the reduction's 64-pixel steps (items of one slice run side by side, reading the same
  * pixels from L2); each item writes its fp32 sums to its slab of the workspace, ws[slice][row]
  * [column], and conv_wgrad_reduce adds the slabs in order (deterministic: no atomics) into dw,
@@ -31,9 +31,12 @@
  * dynamic shared memory WG_STAGES * (128 + WG_BN) * 128 + 16 KiB + 2 KiB (conv_tma.cu's). map_dy,
  * map_x: 16-bit elements, 128-byte swizzle, zero fill. WG_NCHW 0: map_dy tiled over (K, N Ho
  * Wo, 1) box (64, 64, 1); map_x im2col over (C, W, H, N), 64 channels by 64 pixels, conv_tma.cu's
- * corners and element strides (x_plain: tiled over (C, N H W, 1), box (64, 64, 1)). WG_NCHW 1: tiled over (HW, K, N) and (HW, C, N), boxes (64, 128,
- * 1) for A's and (64, WG_BN, 1) for B's. ws: slices x M x N floats. M, N: the GEMM's rows and
- * columns (even); steps: the reduction's 64-pixel steps.
+ * corners and element strides (x_plain: tiled over (C, N H W, 1), box (64, 64, 1)). WG_NCHW 1:
+ * tiled over (HW, K, N) and (HW, C, N), boxes (64, 128, 1) for A's and (64, WG_BN, 1) for B's.
+ * ws: slices x M x N floats. M, N: the GEMM's rows and columns (even); steps: the reduction's
+ * 64-pixel steps.
+ * Beside it in the program: conv_wgrad_reduce (the slabs into dw) and conv_wgrad_columns (x's
+ * receptive fields packed, for an x of few channels), each described where it is defined.
  */
 #if !defined(__CUDACC__) && !defined(__CUDACC_RTC__)
 #error "conv_wgrad_tma.cu is CUDA only"
@@ -90,7 +93,8 @@ conv_wgrad_tma(const __grid_constant__ TmaMap map_dy, const __grid_constant__ Tm
                     tm_load(bs, swap ? &map_dy : &map_x, hw0, tn * WG_BN, n, bar);
 #else
                     /* The step's first output pixel and the top-left corner of its window. */
-                    const int p0 = ks * TM_BK, n = p0 / plane, ho = (p0 - n * plane) / Wo, wo = p0 - n * plane - ho * Wo;
+                    const int p0 = ks * TM_BK, n = p0 / plane, ho = (p0 - n * plane) / Wo;
+                    const int wo = p0 - n * plane - ho * Wo;
                     const int h0 = ho * stride_h - pad_h, w0 = wo * stride_w - pad_w;
 #pragma unroll
                     for (int j = 0; j < 2 + WG_BN / 64; ++j) {

@@ -88,8 +88,7 @@ def main() -> int:
                             end.synchronize()
                             samples.append(start.elapsed_time(end) * 1000 / CALLS)
                         us = sorted(samples)[2]
-                        times.append({"tile_n": tile_n, "swap": swap, "slices": slices, "us": us,
-                                      "model_us": None})
+                        times.append({"tile_n": tile_n, "swap": swap, "slices": slices, "us": us})
             forced.clear()
             model = chosen[best_n]
             mine = next((t["us"] for t in times if (t["tile_n"], t["swap"], t["slices"]) ==

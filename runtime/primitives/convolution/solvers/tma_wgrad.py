@@ -1,8 +1,9 @@
 """ConvTmaBwdWeights (ids 42-44): backward weights of fp16/bf16 tensors on Hopper through tensor
 copies (TMA) and wgmma (kernels/conv_wgrad_tma.cu, on tma_wgmma.h's pipeline, as ConvTma's
 forward): dw = dy^T im2col(x), the N Ho Wo output pixels the reduction. x's pixels come
-through TMA's im2col mode (padding, strides and dilation walked by the copy engine), dy through
-tile copies, both as MN-major tiles that wgmma reads transposed.
+through TMA's im2col mode (padding, strides and dilation walked by the copy engine; tile copies
+where a 1 x 1 filter at stride 1 makes x a plain matrix), dy through tile copies, both as
+MN-major tiles that wgmma reads transposed.
 
 The output (K by the taps' channels) is small and the reduction long, so the reduction is
 split into slices, one work item per tile and slice, walked by one persistent block per
@@ -10,9 +11,10 @@ multiprocessor; each item writes its fp32 sums to its own slab of a workspace an
 conv_wgrad_reduce adds the slabs in a fixed order into dw (either layout, through its strides):
 deterministic, where atomic adds would make the last bits depend on the order blocks finish.
 :func:`plan` picks the GEMM's orientation (dw or its transpose on the 128-row tiles) and the
-slice count from a cost model of the waves of items, the epilogue's fp32
-stores and the reduction's pass; immediate mode takes the tile width (256, 128 or 64, one
-solver each so that find times them all) whose plan costs least.
+slice count from a cost model of the waves of items, the epilogue's fp32 stores and the
+reduction's pass (its rates fitted to the card's timings of every plan); immediate mode takes
+the tile width (256, 128 or 64, one solver each so that find times them all) whose plan costs
+least.
 
 Channels-last tensors go as they are. An NCHW 1 x 1 convolution at stride 1 without padding
 reads NCHW x and dy in place (dw = sum over n of dy[n] x[n]^T, K-major tiles of 64 pixels of
