@@ -3,10 +3,12 @@ ConvDirect, 21 ConvIm2colGemm, 22 ConvImplicitGemmTensorCore, 23 ConvWrwImplicit
 (both in igemm_tc), 24 ConvDepthwise, 25 ConvImplicitGemmMfma, 27 ConvWinogradF2x3, 28
 ConvImplicitGemm (26 is the bias's, ConvBias), 33-35 ConvTma128x256/128x128/128x64 (tma),
 36-38 ConvTmaBwdData128x256/128x128/128x64 (tma_dgrad), 39-41
-ConvTmaBwdDataStrided128x256/128x128/128x64 (tma_sdgrad).
+ConvTmaBwdDataStrided128x256/128x128/128x64 (tma_sdgrad), 42-44
+ConvTmaBwdWeights128x256/128x128/128x64 (tma_wgrad).
 Immediate mode tries the depthwise kernels first (depthwise forward and backward data), then
 Hopper's TMA + wgmma kernels (sm_90, fp16/bf16, the tile that wastes least: forward, then
-backward data at stride 1, then at a larger stride, one forward convolution per output phase),
+backward data at stride 1, then at a larger stride, one forward convolution per output phase,
+then backward weights, the reduction over the pixels split into fp32 slabs summed in order),
 then the matrix-unit implicit GEMMs (CUDA tensor cores, fp16/bf16: forward and backward data
 at stride 1, backward weights; AMD MFMA on gfx90a/gfx942: NHWC
 forward), then the implicit GEMM on the general cores (every direction, layout, type and group
@@ -26,11 +28,14 @@ from kdbkit.runtime.primitives.convolution.solvers.tma_dgrad import (ConvTmaBwdD
 from kdbkit.runtime.primitives.convolution.solvers.tma_sdgrad import (ConvTmaBwdDataStrided,
                                                                       ConvTmaBwdDataStrided128x64,
                                                                       ConvTmaBwdDataStrided128x128)
+from kdbkit.runtime.primitives.convolution.solvers.tma_wgrad import (ConvTmaBwdWeights, ConvTmaBwdWeights128x64,
+                                                                     ConvTmaBwdWeights128x128)
 from kdbkit.runtime.primitives.convolution.solvers.winograd import ConvWinogradF2x3
 from kdbkit.runtime.solver import REGISTRY
 
 SOLVERS = (ConvDepthwise, ConvTma, ConvTma128x128, ConvTma128x64, ConvTmaBwdData, ConvTmaBwdData128x128,
            ConvTmaBwdData128x64, ConvTmaBwdDataStrided, ConvTmaBwdDataStrided128x128, ConvTmaBwdDataStrided128x64,
+           ConvTmaBwdWeights, ConvTmaBwdWeights128x128, ConvTmaBwdWeights128x64,
            ConvImplicitGemmTensorCore, ConvWrwImplicitGemmTensorCore, ConvImplicitGemmMfma,
            ConvImplicitGemm, ConvIm2colGemm, ConvWinogradF2x3, ConvDirect)
 REGISTRY.register_all(SOLVERS)
