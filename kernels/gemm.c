@@ -84,17 +84,8 @@ KDB_KERNEL void KDB_BOUNDS(IG_THREADS, 2)
         rb += IG_BK; \
     } while (0)
     IG_PIPELINE((K + IG_BK - 1) / IG_BK, GB_LOAD, GB_ADVANCE);
-    KDB_UNROLL for (int e = 0; e < 8; ++e) {
-        const int m = IG_ROW(e);
-        if (m >= M)
-            continue;
-        KDB_UNROLL for (int f = 0; f < 8; ++f) {
-            const int n = IG_COL(f);
-            if (n < N) {
-                const long o = batch * stride_c + (long)m * ldc + n;
-                /* beta == 0 never reads C: it may hold NaNs */
-                KDB_STORE(C, o, beta == 0.0f ? alpha * acc[e * 8 + f] : alpha * acc[e * 8 + f] + beta * KDB_LOAD(C, o));
-            }
-        }
-    }
+    /* beta == 0 never reads C: it may hold NaNs */
+#define GB_ROW(m) ((m) < M ? batch * stride_c + (long)(m) * ldc : -1L)
+#define GB_STORE(o, v) KDB_STORE(C, o, beta == 0.0f ? alpha * (v) : alpha * (v) + beta * KDB_LOAD(C, o))
+    IG_EPILOGUE(GB_ROW, N, 1, GB_STORE);
 }

@@ -3,8 +3,8 @@
  * threads with 8 x 8 sums each in fp32, the reduction 8 at a time through two shared buffers
  * (one barrier a step), four 16-byte shared reads per 64 FMAs. A kernel supplies how its
  * operands' elements are found (LOAD: into ga and gb, per IG_LOAD_SLOT's places) and how the
- * reduction index moves on (ADVANCE); this file does the rest. Plain macros: CUDA, HIP and
- * OpenCL alike (kdb_compat.h). */
+ * reduction index moves on (ADVANCE), and where its results go (IG_EPILOGUE's row offsets and
+ * store); this file does the rest. Plain macros: CUDA, HIP and OpenCL alike (kdb_compat.h). */
 #ifndef IGEMM_CORE_H
 #define IGEMM_CORE_H
 #include "kdb_compat.h"
@@ -76,20 +76,46 @@
         }                                         \
     } while (0)
 
-/* This thread's result rows and columns: ty*4 + (e & 3) + 64 (e >> 2), likewise tx. */
-#define IG_ROW(e) (m0 + ty * 4 + ((e) & 3) + ((e) >> 2) * 64)
-#define IG_COL(e) (n0 + tx * 4 + ((e) & 3) + ((e) >> 2) * 64)
-
-/* The kernel's opening: the two double-buffered shared tiles, this thread's index (tx, ty its
- * place in the 16 x 16 grid of 8 x 8 results), the block's first row m0 and column n0, the
- * zeroed sums and the registers a step's loads go to. */
+/* The kernel's opening: the two double-buffered shared tiles (one array, which IG_EPILOGUE
+ * reuses), the result rows' offsets, this thread's index (tx, ty its place in the 16 x 16 grid
+ * of 8 x 8 results), the block's first row m0 and column n0, the zeroed sums and the registers
+ * a step's loads go to. */
 #define IG_SETUP                                                         \
-    KDB_SHARED(float, As, 2 * IG_TILE);                                  \
-    KDB_SHARED(float, Bs, 2 * IG_TILE);                                  \
+    KDB_SHARED(float, Sm, 4 * IG_TILE);                                  \
+    KDB_SHARED(long, Rb, IG_BM);                                         \
+    KDB_SHARED_PTR(float) const As = Sm;                                 \
+    KDB_SHARED_PTR(float) const Bs = Sm + 2 * IG_TILE;                   \
     const int t = KDB_LOCAL_ID_X, tx = t & 15, ty = t >> 4;             \
     const int m0 = KDB_GROUP_ID_X * IG_BM, n0 = KDB_GROUP_ID_Y * IG_BN;  \
     float acc[64];                                                       \
     KDB_UNROLL for (int e = 0; e < 64; ++e) acc[e] = 0.0f;                \
     float ga[4], gb[4]
+
+/* The results out through shared memory, a 64 x 64 quarter of the tile at a time, so that a
+ * warp writes 32 neighbours along whichever of rows and columns is contiguous: columns when
+ * colstride is 1, else rows. ROWBASE(m) is row m's offset (a long; negative: no such row),
+ * column n adds n * colstride; STORE(offset, value) writes one; columns from ncols on are not
+ * written. Every thread of the block must get here (barriers). */
+#define IG_OUT_LD (IG_BM / 2 + 1) /* a quarter's shared row: a column's reads spread over the banks */
+#define IG_EPILOGUE(ROWBASE, ncols, colstride, STORE)                                                  \
+    do {                                                                                               \
+        if (t < IG_BM)                                                                                 \
+            Rb[t] = ROWBASE(m0 + t);                                                                   \
+        const int cf_ = (colstride) == 1;                                                              \
+        KDB_UNROLL for (int p_ = 0; p_ < 4; ++p_) {                                                    \
+            KDB_BARRIER;                                                                               \
+            KDB_UNROLL for (int i_ = 0; i_ < 4; ++i_)                                                  \
+                KDB_UNROLL for (int j_ = 0; j_ < 4; ++j_)                                              \
+                    Sm[(ty * 4 + i_) * IG_OUT_LD + tx * 4 + j_] = acc[((p_ >> 1) * 4 + i_) * 8 + (p_ & 1) * 4 + j_]; \
+            KDB_BARRIER;                                                                               \
+            KDB_UNROLL for (int j_ = 0; j_ < 16; ++j_) {                                               \
+                const int r_ = cf_ ? (t >> 6) + 4 * j_ : t & 63, c_ = cf_ ? t & 63 : (t >> 6) + 4 * j_; \
+                const long rb_ = Rb[(p_ >> 1) * 64 + r_];                                              \
+                const int n_ = n0 + (p_ & 1) * 64 + c_;                                                \
+                if (rb_ >= 0 && n_ < (ncols))                                                          \
+                    STORE(rb_ + (long)n_ * (colstride), Sm[r_ * IG_OUT_LD + c_]);                      \
+            }                                                                                          \
+        }                                                                                              \
+    } while (0)
 
 #endif /* IGEMM_CORE_H */

@@ -57,16 +57,14 @@ def test_every_direction_matches_the_reference(handle, solver, dtype, case):
     x = store(rng.standard_normal((n, c, h, w)))
     wt = store(rng.standard_normal((k, c // groups, *filt)))
     geometry = {"pad": pad, "stride": stride, "dilation": dilation, "groups": groups}
-    forward_only = solver == "ConvWinogradF2x3"
     y = kdbkit.convolution_forward(handle, x, wt, dtype=dtype, solver=solver, **geometry)
     expected = ref.forward(read(x), read(wt), pad, stride, dilation, groups)
     np.testing.assert_allclose(read(y), expected, **_tolerance(tol, expected))
     dy = store(rng.standard_normal(expected.shape))
-    dx = kdbkit.convolution_backward_data(handle, dy, wt, x.shape, dtype=dtype,
-                                          solver=None if forward_only else solver, **geometry)
+    dx = kdbkit.convolution_backward_data(handle, dy, wt, x.shape, dtype=dtype, solver=solver, **geometry)
     expected = ref.backward_data(read(dy), read(wt), x.shape, pad, stride, dilation, groups)
     np.testing.assert_allclose(read(dx), expected, **_tolerance(tol, expected))
-    wrw_solver = None if solver == "ConvWinogradF2x3" else solver  # forward only
+    wrw_solver = None if solver == "ConvWinogradF2x3" else solver  # forward and backward data only
     dw = kdbkit.convolution_backward_weights(handle, dy, x, wt.shape, dtype=dtype, solver=wrw_solver, **geometry)
     expected = ref.backward_weights(read(dy), read(x), wt.shape, pad, stride, dilation, groups)
     np.testing.assert_allclose(read(dw), expected, **_tolerance(tol, expected))
@@ -104,17 +102,46 @@ def test_channels_last_tensors_in_every_direction(handle, solver, groups, filt, 
     assert y.desc.strides == (ho * wo * k, 1, wo * k, k)
     np.testing.assert_allclose(_from_channels_last(be, y), expected, rtol=1e-5, atol=1e-5)
     dy = rng.standard_normal(expected.shape).astype(np.float32)
-    backward = {**geometry, "solver": None if solver == "ConvWinogradF2x3" else solver}  # forward only
-    dx = kdbkit.convolution_backward_data(handle, _channels_last(be, dy), _channels_last(be, wt), x.shape, **backward)
+    dx = kdbkit.convolution_backward_data(handle, _channels_last(be, dy), _channels_last(be, wt), x.shape, **geometry)
     np.testing.assert_allclose(_from_channels_last(be, dx),
                                ref.backward_data(dy, wt, x.shape, pads, stride, (1, 1), groups), rtol=1e-5, atol=1e-5)
-    wrw = {**geometry, "solver": None if solver == "ConvWinogradF2x3" else solver}
+    wrw = {**geometry, "solver": None if solver == "ConvWinogradF2x3" else solver}  # not backward weights
     dw = kdbkit.convolution_backward_weights(handle, _channels_last(be, dy), _channels_last(be, x), wt.shape, **wrw)
     np.testing.assert_allclose(_from_channels_last(be, dw),
                                ref.backward_weights(dy, x, wt.shape, pads, stride, (1, 1), groups), rtol=1e-4,
                                atol=1e-4)
     for tensor in (y, dx, dw):
         tensor.buffer.free()
+
+
+@pytest.mark.parametrize("channels_last", [False, True])
+def test_split_reductions_of_forward_and_backward_data_match_the_reference(handle, channels_last):
+    """Few output positions over a long reduction: the implicit GEMM splits forward and
+    backward data at stride 1 in slices that its finish kernel adds (the tile count is set from
+    the device's multiprocessors so that the split is taken on any device)."""
+    from kdbkit.runtime.primitives.convolution.solvers.igemm import split_slices
+
+    be, cu = handle.backend, handle.target.cu or 132
+    n, c, h, w, k = max(1, cu // 2), 130, 8, 16, 20
+    geometry = {"pad": (1, 1), "stride": (1, 1), "solver": "ConvImplicitGemm"}
+    layout = "NHWC" if channels_last else "NCHW"
+    for direction, (cin, cout) in (("F", (c, k)), ("B", (k, c))):
+        problem = ConvProblem(direction, DataType.FP32, layout, (n, cin, h, w), cout, (3, 3), (1, 1), (1, 1))
+        assert split_slices(problem, cu)[0] > 1
+    rng = np.random.default_rng(11)
+    x = rng.standard_normal((n, c, h, w)).astype(np.float32)
+    wt = rng.standard_normal((k, c, 3, 3)).astype(np.float32)
+    put = (lambda a: _channels_last(be, a)) if channels_last else (lambda a: a)
+    get = (lambda t: _from_channels_last(be, t)) if channels_last else (lambda t: t)
+    y = kdbkit.convolution_forward(handle, put(x), put(wt), **geometry)
+    expected = ref.forward(x, wt, (1, 1), (1, 1), (1, 1), 1)
+    np.testing.assert_allclose(get(y), expected, **_tolerance(1e-4, expected))
+    # backward data with the roles swapped: 20 input channels, 130 output channels
+    wb = rng.standard_normal((c, k, 3, 3)).astype(np.float32)
+    dy = rng.standard_normal((n, c, h, w)).astype(np.float32)
+    dx = kdbkit.convolution_backward_data(handle, put(dy), put(wb), (n, k, h, w), **geometry)
+    expected = ref.backward_data(dy, wb, (n, k, h, w), (1, 1), (1, 1), (1, 1), 1)
+    np.testing.assert_allclose(get(dx), expected, **_tolerance(1e-4, expected))
 
 
 def test_the_config_string_is_miopens_key():

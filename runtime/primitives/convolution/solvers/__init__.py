@@ -9,9 +9,11 @@ Hopper's TMA + wgmma kernels (sm_90, fp16/bf16, the tile that wastes least: forw
 backward data at stride 1, then at a larger stride, one forward convolution per output phase),
 then the matrix-unit implicit GEMMs (CUDA tensor cores, fp16/bf16: forward and backward data
 at stride 1, backward weights; AMD MFMA on gfx90a/gfx942: NHWC
-forward), then the implicit GEMM on the general cores (every direction, layout, type and group
-count), then the matrix multiply over im2col (one group), then Winograd F(2 x 2, 3 x 3) (3 x 3
-forward at stride 1: find ranks it where it is faster), then the direct solver, which takes every convolution."""
+forward), then Winograd F(2 x 2, 3 x 3) (fp32 3 x 3 at stride 1, forward and backward data,
+where its cost model says it beats the implicit GEMM; else it applies for find), then the
+implicit GEMM on the general cores (every direction, layout, type and group count; forward and
+backward data split their reduction when their tiles would not fill the GPU), then the matrix
+multiply over im2col (one group), then the direct solver, which takes every convolution."""
 
 from kdbkit.runtime.primitives.convolution.solvers.depthwise import ConvDepthwise
 from kdbkit.runtime.primitives.convolution.solvers.direct import ConvDirect
@@ -31,6 +33,6 @@ from kdbkit.runtime.solver import REGISTRY
 
 SOLVERS = (ConvDepthwise, ConvTma, ConvTma128x128, ConvTma128x64, ConvTmaBwdData, ConvTmaBwdData128x128,
            ConvTmaBwdData128x64, ConvTmaBwdDataStrided, ConvTmaBwdDataStrided128x128, ConvTmaBwdDataStrided128x64,
-           ConvImplicitGemmTensorCore, ConvWrwImplicitGemmTensorCore, ConvImplicitGemmMfma,
-           ConvImplicitGemm, ConvIm2colGemm, ConvWinogradF2x3, ConvDirect)
+           ConvImplicitGemmTensorCore, ConvWrwImplicitGemmTensorCore, ConvImplicitGemmMfma, ConvWinogradF2x3,
+           ConvImplicitGemm, ConvIm2colGemm, ConvDirect)
 REGISTRY.register_all(SOLVERS)

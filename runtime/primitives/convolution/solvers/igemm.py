@@ -33,16 +33,52 @@ def product(problem: ConvProblem) -> tuple[int, int, int]:
             "W": (kg, cg * fy * fx, n * ho * wo)}[problem.direction]
 
 
-def wrw_slices(problem: ConvProblem, units: int) -> tuple[int, int]:
-    """(slices, slice length) for backward weights: about two blocks per multiprocessor, at
-    least 256 positions a slice, the partial sums within WORKSPACE_LIMIT."""
+# The slice-count model's rates, an H100's (only their ratio matters): the FMAs a
+# multiprocessor sustains in this kernel, and the memory speed the partial sums move at.
+SM_FLOPS, BANDWIDTH = 30e12 / 132, 2.5e12
+FIXED_STEPS = 8  # a block's start and its results' way out, in reduction steps
+
+
+def best_slices(problem: ConvProblem, units: int, most: int) -> tuple[int, int]:
+    """(slices, slice length) of the reduction that finish soonest by a model: the blocks run
+    in waves of two a multiprocessor (the kernel's occupancy), each wave as long as a block's
+    slice and its fixed cost, plus the partial sums written and read again; at most ``most`` slices, each at
+    least 32 steps long. Few tiles then take many slices; a count that would leave a last
+    wave nearly empty loses to one that fills its waves."""
     rows, cols, r = product(problem)
-    tiles = -(-rows // TILE) * -(-cols // TILE) * problem.groups
-    most = max(1, min(-(-r // 256), WORKSPACE_LIMIT // (4 * rows * cols * problem.groups),
-                      MAX_GRID_YZ // problem.groups))
-    slices = max(1, min(-(-2 * units // tiles), most))
-    length = -(-(-(-r // slices)) // STEP) * STEP
+    tiles, slots = -(-rows // TILE) * -(-cols // TILE) * problem.groups, 2 * units
+    step = 2 * 2 * TILE * TILE * STEP / SM_FLOPS  # a wave's step: each multiprocessor's two blocks
+    slab = 4 * rows * cols * problem.groups / BANDWIDTH * 2
+    best, cost = 1, None
+    for s in range(1, max(1, min(most, -(-r // (32 * STEP)))) + 1):
+        length = -(-(-(-r // s)) // STEP) * STEP
+        if s > 1 and -(-r // length) < s:
+            continue
+        t = -(-tiles * s // slots) * (length // STEP + FIXED_STEPS) * step + (s * slab if s > 1 else 0.0)
+        if cost is None or t < cost:
+            best, cost = s, t
+    length = -(-(-(-r // best)) // STEP) * STEP
     return -(-r // length), length
+
+
+def split_slices(problem: ConvProblem, units: int) -> tuple[int, int]:
+    """(slices, slice length) for forward and backward data: split only at stride 1 (backward
+    data's phases are one GEMM each) and where the tiles take less than one wave."""
+    rows, cols, r = product(problem)
+    whole = -(-r // STEP) * STEP
+    tiles = -(-rows // TILE) * -(-cols // TILE) * problem.groups
+    if (problem.direction == "B" and problem.stride != (1, 1)) or tiles >= 2 * units:
+        return 1, whole
+    most = min(8, WORKSPACE_LIMIT // (4 * rows * cols * problem.groups), MAX_GRID_YZ // problem.groups)
+    return best_slices(problem, units, most)
+
+
+def wrw_slices(problem: ConvProblem, units: int) -> tuple[int, int]:
+    """(slices, slice length) for backward weights: :func:`best_slices`, the partial sums
+    within WORKSPACE_LIMIT."""
+    rows, cols, r = product(problem)
+    most = max(1, min(WORKSPACE_LIMIT // (4 * rows * cols * problem.groups), MAX_GRID_YZ // problem.groups))
+    return best_slices(problem, units, most)
 
 
 class ConvImplicitGemm(Solver):
@@ -80,10 +116,9 @@ class ConvImplicitGemm(Solver):
         return APPLIES
 
     def workspace(self, problem: ConvProblem) -> int:
-        if problem.direction != "W":
-            return 0
         rows, cols, _ = product(problem)
-        return 4 * rows * cols * problem.groups * wrw_slices(problem, 132)[0]
+        slices = (wrw_slices if problem.direction == "W" else split_slices)(problem, 132)[0]
+        return 0 if slices == 1 else 4 * rows * cols * problem.groups * slices
 
     def programs(self, problem: ConvProblem):
         return [program(problem)]
@@ -95,16 +130,44 @@ class ConvImplicitGemm(Solver):
             cfast = np.int32(problem.layout == "NHWC")
             args = [None, None, None, *shape_args(problem), cfast]
             tiles = (-(-rows // TILE), -(-cols // TILE))
-            if problem.direction == "F":
-                fast = context.backend.launcher(prog.function("conv_fwd_igemm"), (*tiles, problem.groups),
-                                                (THREADS, 1, 1), args)
-                return lambda x, w, y: fast(x, w, y)
-            if problem.direction == "B":
-                phases = problem.stride[0] * problem.stride[1]
-                fast = context.backend.launcher(prog.function("conv_bwd_data_igemm"), (*tiles, problem.groups * phases),
-                                                (THREADS, 1, 1), args)
-                return lambda dy, w, dx: fast(dy, w, dx)
-            slices, length = wrw_slices(problem, context.device.target.cu or 132)
+            units = context.device.target.cu or 132
+            if problem.direction in "FB":
+                slices, length = split_slices(problem, units)
+                phases = problem.stride[0] * problem.stride[1] if problem.direction == "B" else 1
+                name = "conv_fwd_igemm" if problem.direction == "F" else "conv_bwd_data_igemm"
+                fast = context.backend.launcher(prog.function(name), (*tiles, problem.groups * phases * slices),
+                                                (THREADS, 1, 1), [*args, None, np.int32(length), np.int32(slices)])
+                if slices == 1:  # partial is not read: the output stands in for it
+                    if problem.direction == "F":
+                        return lambda x, w, y: fast(x, w, y, y)
+                    return lambda dy, w, dx: fast(dy, w, dx, dx)
+                partial = context.backend.alloc(4 * rows * cols * problem.groups * slices)
+                (n, c, h, w), (ho, wo) = problem.x_shape, problem.out_hw
+                plane, width, cols_g = (ho * wo, wo, problem.out_channels // problem.groups) \
+                    if problem.direction == "F" else (h * w, w, c // problem.groups)
+                strides = problem.descs()["y" if problem.direction == "F" else "x"].strides
+                finish = launcher_1d(context, prog.function("conv_igemm_split_finish"), rows * cols * problem.groups,
+                                     [partial, None, *(np.int32(v) for v in (rows, cols_g, problem.groups, slices,
+                                                                             plane, width, *strides))],
+                                     max_groups=1 << 16)
+
+                def split(a, b, out):
+                    fast(a, b, out, partial)
+                    finish(out)
+
+                if problem.direction == "F":
+                    def split_forward(x, w, y):
+                        split(x, w, y)
+
+                    split_forward.workspace = (partial,)
+                    return split_forward
+
+                def split_backward_data(dy, w, dx):
+                    split(dy, w, dx)
+
+                split_backward_data.workspace = (partial,)
+                return split_backward_data
+            slices, length = wrw_slices(problem, units)
             partial = context.backend.alloc(4 * rows * cols * problem.groups * slices)
             multiply = context.backend.launcher(prog.function("conv_wrw_igemm"), (*tiles, problem.groups * slices),
                                                 (THREADS, 1, 1), [*args, np.int32(length), np.int32(slices)])
