@@ -19,7 +19,8 @@
  * Results leave through shared memory (IG_EPILOGUE): a warp writes 32 neighbours of y, dx or
  * the partial sums along whichever axis is contiguous.
  *
- * Options: the element type (kdb_data.h).
+ * Options: the element type (kdb_data.h); the tile (igemm_core.h's IG_BM x IG_BN: 128 x 128,
+ *   64 x 256 or 256 x 64); -DIG_TF32 (ConvImplicitGemmTf32).
  * Arguments: the tensors, conv_shape.h's CONV_SHAPE_ARGS, cfast; forward and backward data
  *   then partial (fp32, slices x the product; read only when slices > 1), and each direction
  *   the slice length (a multiple of IG_BK) and the slice count.
@@ -79,14 +80,17 @@ KDB_KERNEL void KDB_BOUNDS(IG_THREADS, 2)
      * B = w: the reduction fastest, as weights lie in either layout. */
     IG_LOAD_SLOT(!cfast, t, ka, ma);
     IG_LOAD_SLOT(0, t, kb, nb);
-    long xo[4];
-    int hb[4], vb[4], wk[4];
-    KDB_UNROLL for (int q = 0; q < 4; ++q) {
-        const int m = m0 + ma + 32 * q, k = n0 + nb + 32 * q;
+    long xo[IG_QA];
+    int hb[IG_QA], vb[IG_QA], wk[IG_QB];
+    KDB_UNROLL for (int q = 0; q < IG_QA; ++q) {
+        const int m = m0 + ma + 32 * q;
         const int n = m / plane, i = m % plane / Wo, j = m % Wo;
         hb[q] = m < M ? i * sh - ph : IG_FAR;
         vb[q] = j * sw - pw;
         xo[q] = (long)n * xs0 + (long)(g * cg) * xs1 + (long)hb[q] * xs2 + (long)vb[q] * xs3;
+    }
+    KDB_UNROLL for (int q = 0; q < IG_QB; ++q) {
+        const int k = n0 + nb + 32 * q;
         wk[q] = k < kg ? (g * kg + k) * ws0 : -1;
     }
     /* r's digits: (a, b, c) when cfast, else (c, a, b). */
@@ -99,14 +103,14 @@ KDB_KERNEL void KDB_BOUNDS(IG_THREADS, 2)
     do {                                                                                             \
         const int c_ = cfast ? a2 : a0, dh_ = (cfast ? a0 : a1) * dlh, dv_ = (cfast ? a1 : a2) * dlw; \
         const int off_ = c_ * xs1 + dh_ * xs2 + dv_ * xs3;                                           \
-        KDB_UNROLL for (int q = 0; q < 4; ++q) {                                                     \
+        KDB_UNROLL for (int q = 0; q < IG_QA; ++q) {                                                 \
             const int h_ = hb[q] + dh_, v_ = vb[q] + dv_;                                            \
             ga[q] = ra < r_end && (unsigned)h_ < (unsigned)H && (unsigned)v_ < (unsigned)W            \
                         ? KDB_LOAD(x, xo[q] + off_)                                                  \
                         : 0.0f;                                                                      \
         }                                                                                            \
         const int wr_ = (cfast ? b2 : b0) * ws1 + (cfast ? b0 : b1) * ws2 + (cfast ? b1 : b2) * ws3;  \
-        KDB_UNROLL for (int q = 0; q < 4; ++q)                                                       \
+        KDB_UNROLL for (int q = 0; q < IG_QB; ++q)                                                   \
             gb[q] = rb < r_end && wk[q] >= 0 ? KDB_LOAD(w, wk[q] + wr_) : 0.0f;                      \
     } while (0)
 #define IG_ADVANCE                            \
@@ -172,14 +176,17 @@ KDB_KERNEL void KDB_BOUNDS(IG_THREADS, 2)
      * column in KCYX. */
     IG_LOAD_SLOT(!cfast, t, ka, ma);
     IG_LOAD_SLOT(cfast, t, kb, nb);
-    long yo[4];
-    int hp[4], vp[4], wc[4];
-    KDB_UNROLL for (int q = 0; q < 4; ++q) {
-        const int m = m0 + ma + 32 * q, c = n0 + nb + 32 * q;
+    long yo[IG_QA];
+    int hp[IG_QA], vp[IG_QA], wc[IG_QB];
+    KDB_UNROLL for (int q = 0; q < IG_QA; ++q) {
+        const int m = m0 + ma + 32 * q;
         const int n = m / plane, hh = m % plane / Wd, vv = m % Wd;
         hp[q] = m < M ? hh + ih : IG_FAR; /* dy's row at tap 0 of the phase */
         vp[q] = vv + jw;
         yo[q] = (long)n * ys0 + (long)(g * kg) * ys1 + (long)hp[q] * ys2 + (long)vp[q] * ys3;
+    }
+    KDB_UNROLL for (int q = 0; q < IG_QB; ++q) {
+        const int c = n0 + nb + 32 * q;
         wc[q] = c < cg ? c * ws1 : -1;
     }
     /* r's digits: (ta, tb, k) when cfast, else (k, ta, tb): the phase's taps and dy's channels. */
@@ -192,7 +199,7 @@ KDB_KERNEL void KDB_BOUNDS(IG_THREADS, 2)
     do {                                                                                                \
         const int di_ = (cfast ? a0 : a1) * di, dj_ = (cfast ? a1 : a2) * dj;                           \
         const int off_ = (cfast ? a2 : a0) * ys1 - di_ * ys2 - dj_ * ys3;                               \
-        KDB_UNROLL for (int q = 0; q < 4; ++q) {                                                        \
+        KDB_UNROLL for (int q = 0; q < IG_QA; ++q) {                                                    \
             const int i_ = hp[q] - di_, j_ = vp[q] - dj_;                                               \
             ga[q] = ra < r_end && (unsigned)i_ < (unsigned)Ho && (unsigned)j_ < (unsigned)Wo            \
                         ? KDB_LOAD(dy, yo[q] + off_)                                                    \
@@ -200,7 +207,7 @@ KDB_KERNEL void KDB_BOUNDS(IG_THREADS, 2)
         }                                                                                               \
         const int wr_ = (g * kg + (cfast ? b2 : b0)) * ws0 + (ah + sa * (cfast ? b0 : b1)) * ws2 +       \
                         (aw + sb * (cfast ? b1 : b2)) * ws3;                                            \
-        KDB_UNROLL for (int q = 0; q < 4; ++q)                                                          \
+        KDB_UNROLL for (int q = 0; q < IG_QB; ++q)                                                      \
             gb[q] = rb < r_end && wc[q] >= 0 ? KDB_LOAD(w, wr_ + wc[q]) : 0.0f;                         \
     } while (0)
     IG_PIPELINE(steps, IG_BWD_LOAD, IG_ADVANCE);
@@ -230,10 +237,13 @@ KDB_KERNEL void KDB_BOUNDS(IG_THREADS, 2)
      * positions fastest in NCHW, the channels (col's fastest digit) in NHWC. */
     IG_LOAD_SLOT(cfast, t, ka, ma);
     IG_LOAD_SLOT(cfast, t, kb, nb);
-    int dk[4], dh[4], dv[4], xc[4];
-    KDB_UNROLL for (int q = 0; q < 4; ++q) {
-        const int k = m0 + ma + 32 * q, col = n0 + nb + 32 * q;
+    int dk[IG_QA], dh[IG_QB], dv[IG_QB], xc[IG_QB];
+    KDB_UNROLL for (int q = 0; q < IG_QA; ++q) {
+        const int k = m0 + ma + 32 * q;
         dk[q] = k < kg ? (g * kg + k) * ys1 : -1;
+    }
+    KDB_UNROLL for (int q = 0; q < IG_QB; ++q) {
+        const int col = n0 + nb + 32 * q;
         /* col's digits: (a, b, c) when cfast, else (c, a, b) */
         const int c = cfast ? col % cg : col / (Y * X);
         const int a = cfast ? col / (X * cg) : col / X % Y, b = cfast ? col / cg % X : col % X;
@@ -250,11 +260,11 @@ KDB_KERNEL void KDB_BOUNDS(IG_THREADS, 2)
 #define IG_WRW_LOAD                                                                                   \
     do {                                                                                              \
         const long yr_ = (long)a0 * ys0 + a1 * ys2 + a2 * ys3;                                        \
-        KDB_UNROLL for (int q = 0; q < 4; ++q)                                                        \
+        KDB_UNROLL for (int q = 0; q < IG_QA; ++q)                                                    \
             ga[q] = ra < r_end && dk[q] >= 0 ? KDB_LOAD(dy, yr_ + dk[q]) : 0.0f;                      \
         const int hi_ = b1 * sh, vj_ = b2 * sw;                                                       \
         const long xr_ = (long)b0 * xs0 + (long)hi_ * xs2 + (long)vj_ * xs3;                          \
-        KDB_UNROLL for (int q = 0; q < 4; ++q) {                                                      \
+        KDB_UNROLL for (int q = 0; q < IG_QB; ++q) {                                                  \
             const int h_ = hi_ + dh[q], v_ = vj_ + dv[q];                                             \
             gb[q] = rb < r_end && (unsigned)h_ < (unsigned)H && (unsigned)v_ < (unsigned)W            \
                         ? KDB_LOAD(x, xr_ + xc[q])                                                    \

@@ -63,20 +63,23 @@ KDB_KERNEL void KDB_BOUNDS(IG_THREADS, 2)
     const KDB_GLOBAL kdb_data_t* b = B + batch * stride_b;
     IG_LOAD_SLOT(trans_a, t, ka, ma);
     IG_LOAD_SLOT(!trans_b, t, kb, nb);
-    long am[4], bn[4]; /* each row's (column's) part of the offset; -1 outside the product */
-    KDB_UNROLL for (int q = 0; q < 4; ++q) {
-        const int m = m0 + ma + 32 * q, n = n0 + nb + 32 * q;
+    long am[IG_QA], bn[IG_QB]; /* each row's (column's) part of the offset; -1 outside the product */
+    KDB_UNROLL for (int q = 0; q < IG_QA; ++q) {
+        const int m = m0 + ma + 32 * q;
         am[q] = m < M ? (trans_a ? (long)m : (long)m * lda) : -1;
+    }
+    KDB_UNROLL for (int q = 0; q < IG_QB; ++q) {
+        const int n = n0 + nb + 32 * q;
         bn[q] = n < N ? (trans_b ? (long)n * ldb : (long)n) : -1;
     }
     int ra = ka, rb = kb;
 #define GB_LOAD                                                                       \
     do {                                                                              \
         const long ak_ = trans_a ? (long)ra * lda : ra, bk_ = trans_b ? rb : (long)rb * ldb; \
-        KDB_UNROLL for (int q = 0; q < 4; ++q) {                                      \
+        KDB_UNROLL for (int q = 0; q < IG_QA; ++q)                                    \
             ga[q] = ra < K && am[q] >= 0 ? KDB_LOAD(a, am[q] + ak_) : 0.0f;           \
+        KDB_UNROLL for (int q = 0; q < IG_QB; ++q)                                    \
             gb[q] = rb < K && bn[q] >= 0 ? KDB_LOAD(b, bn[q] + bk_) : 0.0f;           \
-        }                                                                             \
     } while (0)
 #define GB_ADVANCE \
     do {           \

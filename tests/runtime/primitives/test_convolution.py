@@ -292,14 +292,14 @@ def test_depthwise_backward_weights_over_slices_and_channel_blocks(handle, chann
 
 
 def test_immediate_mode_passes_over_mostly_empty_implicit_gemm_tiles(handle):
-    """Backward data into 3 channels would fill 3 of the implicit GEMM's 128 tile columns: the
+    """Backward data into 3 channels would fill 3 of the implicit GEMM's 64 tile columns: the
     heuristic says so and takes the next solver; with only it applying, it takes it anyway."""
     from kdbkit.runtime.immediate import choose
 
     problem = ConvProblem("B", DataType.FP32, "NCHW", (2, 3, 16, 16), 64, (7, 7), (3, 3), (2, 2))
     choice = choose(handle, problem)
     assert choice.solver.name == "ConvIm2colGemm"
-    assert "ConvImplicitGemm: applies, passed over: its 128 x 128 tiles would be 98% empty" in "\n".join(choice.trace)
+    assert "ConvImplicitGemm: applies, passed over: its 256 x 64 tiles would be 98% empty" in "\n".join(choice.trace)
     grouped = ConvProblem("B", DataType.FP32, "NCHW", (2, 4, 16, 16), 4, (3, 3), (1, 1), groups=2)
     monkey = pytest.MonkeyPatch()
     monkey.setenv("KDB_DEBUG_CONV_DIRECT", "0")

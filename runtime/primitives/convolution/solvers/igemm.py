@@ -16,13 +16,27 @@ from kdbkit.runtime.primitives.convolution.solvers.common import INT_MAX, fits_i
 from kdbkit.runtime.program_key import ProgramRequest
 from kdbkit.runtime.solver import APPLIES, Solution, Solver, launcher_1d, not_applicable
 
-TILE, THREADS, STEP = 128, 256, 8  # conv_igemm.c's IG_BM = IG_BN, IG_THREADS, IG_BK
+TILE, THREADS, STEP = 128, 256, 8  # conv_igemm.c's default IG_BM = IG_BN, IG_THREADS, IG_BK
 MAX_GRID_YZ = 65535
 WORKSPACE_LIMIT = 256 << 20  # backward weights' partial sums
 
 
-def program(problem: ConvProblem) -> ProgramRequest:
-    return ProgramRequest("conv_igemm.c", problem.dtype.options)
+def tile(problem: ConvProblem) -> tuple[int, int]:
+    """The kernel's tile (IG_BM, IG_BN): 128 x 128, or, where one side of the product is 64 or
+    less (64 output channels: ResNet's first stage; backward weights' rows are the output
+    channels), 256 x 64 or 64 x 256, the same work a block with none of it on empty rows."""
+    rows, cols, _ = product(problem)
+    if problem.direction == "W" and rows <= 64:
+        return 64, 2 * TILE
+    if problem.direction != "W" and cols <= 64:
+        return 2 * TILE, 64
+    return TILE, TILE
+
+
+def program(problem: ConvProblem, shape: tuple[int, int] | None = None) -> ProgramRequest:
+    bm, bn = shape or tile(problem)
+    sized = () if (bm, bn) == (TILE, TILE) else (f"-DIG_BM={bm}", f"-DIG_BN={bn}")
+    return ProgramRequest("conv_igemm.c", (*problem.dtype.options, *sized))
 
 
 def product(problem: ConvProblem) -> tuple[int, int, int]:
@@ -39,15 +53,15 @@ SM_FLOPS, BANDWIDTH = 30e12 / 132, 2.5e12
 FIXED_STEPS = 8  # a block's start and its results' way out, in reduction steps
 
 
-def best_slices(problem: ConvProblem, units: int, most: int) -> tuple[int, int]:
+def best_slices(problem: ConvProblem, units: int, most: int, shape: tuple[int, int]) -> tuple[int, int]:
     """(slices, slice length) of the reduction that finish soonest by a model: the blocks run
     in waves of two a multiprocessor (the kernel's occupancy), each wave as long as a block's
     slice and its fixed cost, plus the partial sums written and read again; at most ``most`` slices, each at
     least 32 steps long. Few tiles then take many slices; a count that would leave a last
     wave nearly empty loses to one that fills its waves."""
     rows, cols, r = product(problem)
-    tiles, slots = -(-rows // TILE) * -(-cols // TILE) * problem.groups, 2 * units
-    step = 2 * 2 * TILE * TILE * STEP / SM_FLOPS  # a wave's step: each multiprocessor's two blocks
+    tiles, slots = -(-rows // shape[0]) * -(-cols // shape[1]) * problem.groups, 2 * units
+    step = 2 * 2 * TILE * TILE * STEP / SM_FLOPS  # a wave's step: two blocks a multiprocessor, every tile shape TILE x TILE
     slab = 4 * rows * cols * problem.groups / BANDWIDTH * 2
     best, cost = 1, None
     for s in range(1, max(1, min(most, -(-r // (32 * STEP)))) + 1):
@@ -61,30 +75,34 @@ def best_slices(problem: ConvProblem, units: int, most: int) -> tuple[int, int]:
     return -(-r // length), length
 
 
-def split_slices(problem: ConvProblem, units: int) -> tuple[int, int]:
+def split_slices(problem: ConvProblem, units: int, shape: tuple[int, int] | None = None) -> tuple[int, int]:
     """(slices, slice length) for forward and backward data: split only at stride 1 (backward
     data's phases are one GEMM each) and where the tiles take less than one wave."""
     rows, cols, r = product(problem)
+    shape = shape or tile(problem)
     whole = -(-r // STEP) * STEP
-    tiles = -(-rows // TILE) * -(-cols // TILE) * problem.groups
+    tiles = -(-rows // shape[0]) * -(-cols // shape[1]) * problem.groups
     if (problem.direction == "B" and problem.stride != (1, 1)) or tiles >= 2 * units:
         return 1, whole
     most = min(8, WORKSPACE_LIMIT // (4 * rows * cols * problem.groups), MAX_GRID_YZ // problem.groups)
-    return best_slices(problem, units, most)
+    return best_slices(problem, units, most, shape)
 
 
-def wrw_slices(problem: ConvProblem, units: int) -> tuple[int, int]:
+def wrw_slices(problem: ConvProblem, units: int, shape: tuple[int, int] | None = None) -> tuple[int, int]:
     """(slices, slice length) for backward weights: :func:`best_slices`, the partial sums
     within WORKSPACE_LIMIT."""
     rows, cols, r = product(problem)
     most = max(1, min(WORKSPACE_LIMIT // (4 * rows * cols * problem.groups), MAX_GRID_YZ // problem.groups))
-    return best_slices(problem, units, most)
+    return best_slices(problem, units, most, shape or tile(problem))
 
 
 class ConvImplicitGemm(Solver):
     id = 28
     name = "ConvImplicitGemm"
     primitive = "conv"
+
+    def tile(self, problem: ConvProblem) -> tuple[int, int]:
+        return tile(problem)
 
     def is_applicable(self, problem: ConvProblem, device):
         refusal = fits_int_arguments(problem)
@@ -101,7 +119,7 @@ class ConvImplicitGemm(Solver):
                                       f"{WORKSPACE_LIMIT >> 20} MiB")
         elif problem.groups * problem.stride[0] * problem.stride[1] > MAX_GRID_YZ:
             return not_applicable(f"it launches a grid layer per group and stride phase, at most {MAX_GRID_YZ}")
-        if max(rows, r + TILE) > INT_MAX or -(-cols // TILE) > MAX_GRID_YZ:
+        if max(rows, r + 4 * TILE) > INT_MAX or -(-cols // 64) > MAX_GRID_YZ:
             return not_applicable("the product's sizes exceed the kernel's grid or int arguments")
         return APPLIES
 
@@ -109,19 +127,20 @@ class ConvImplicitGemm(Solver):
         if problem.direction == "W":  # its slices fill the GPU whatever the tile; the others' GEMMs do not
             return APPLIES
         rows, cols, _ = product(problem)
-        used = min(rows, TILE) * min(cols, TILE) / TILE**2
+        bm, bn = self.tile(problem)
+        used = min(rows, bm) * min(cols, bn) / (bm * bn)
         if used < 1 / 8:
-            return not_applicable(f"its {TILE} x {TILE} tiles would be {100 * (1 - used):.0f}% empty (a {rows} x {cols} "
+            return not_applicable(f"its {bm} x {bn} tiles would be {100 * (1 - used):.0f}% empty (a {rows} x {cols} "
                                   "product per group)")
         return APPLIES
 
     def workspace(self, problem: ConvProblem) -> int:
         rows, cols, _ = product(problem)
-        slices = (wrw_slices if problem.direction == "W" else split_slices)(problem, 132)[0]
+        slices = (wrw_slices if problem.direction == "W" else split_slices)(problem, 132, self.tile(problem))[0]
         return 0 if slices == 1 else 4 * rows * cols * problem.groups * slices
 
     def programs(self, problem: ConvProblem):
-        return [program(problem)]
+        return [program(problem, self.tile(problem))]
 
     def solution(self, problem: ConvProblem, device):
         def invoker_factory(programs, context):
@@ -129,10 +148,11 @@ class ConvImplicitGemm(Solver):
             rows, cols, _ = product(problem)
             cfast = np.int32(problem.layout == "NHWC")
             args = [None, None, None, *shape_args(problem), cfast]
-            tiles = (-(-rows // TILE), -(-cols // TILE))
+            shape = self.tile(problem)
+            tiles = (-(-rows // shape[0]), -(-cols // shape[1]))
             units = context.device.target.cu or 132
             if problem.direction in "FB":
-                slices, length = split_slices(problem, units)
+                slices, length = split_slices(problem, units, shape)
                 phases = problem.stride[0] * problem.stride[1] if problem.direction == "B" else 1
                 name = "conv_fwd_igemm" if problem.direction == "F" else "conv_bwd_data_igemm"
                 fast = context.backend.launcher(prog.function(name), (*tiles, problem.groups * phases * slices),
@@ -167,7 +187,7 @@ class ConvImplicitGemm(Solver):
 
                 split_backward_data.workspace = (partial,)
                 return split_backward_data
-            slices, length = wrw_slices(problem, units)
+            slices, length = wrw_slices(problem, units, shape)
             partial = context.backend.alloc(4 * rows * cols * problem.groups * slices)
             multiply = context.backend.launcher(prog.function("conv_wrw_igemm"), (*tiles, problem.groups * slices),
                                                 (THREADS, 1, 1), [*args, np.int32(length), np.int32(slices)])

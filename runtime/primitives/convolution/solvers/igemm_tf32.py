@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from kdbkit.runtime import env
 from kdbkit.runtime.primitives.convolution.problem import ConvProblem
-from kdbkit.runtime.primitives.convolution.solvers.igemm import ConvImplicitGemm
+from kdbkit.runtime.primitives.convolution.solvers.igemm import TILE, ConvImplicitGemm
 from kdbkit.runtime.program_key import ProgramRequest
 from kdbkit.runtime.solver import not_applicable
 from kdbkit.runtime.tensor import DataType
@@ -18,7 +18,7 @@ from kdbkit.runtime.tensor import DataType
 ALLOW = "KDB_CONV_ALLOW_TF32"
 
 
-def program(problem: ConvProblem) -> ProgramRequest:
+def program(problem: ConvProblem) -> ProgramRequest:  # the 128 x 128 tile: its mma warps' layout
     return ProgramRequest("conv_igemm.c", (*problem.dtype.options, "-DIG_TF32"))
 
 
@@ -37,6 +37,9 @@ class ConvImplicitGemmTf32(ConvImplicitGemm):
     name = "ConvImplicitGemmTf32"
     primitive = "conv"
     backends = ("cuda",)
+
+    def tile(self, problem: ConvProblem) -> tuple[int, int]:
+        return TILE, TILE
 
     def builds_for(self, target) -> bool:
         return target.arch_facts.has("mma.sync")
