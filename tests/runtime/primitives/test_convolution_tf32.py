@@ -88,8 +88,8 @@ def test_every_direction_at_tf32_accuracy(handle, monkeypatch, layout, c, k, hw,
     y64 = torch.nn.functional.conv2d(x.double(), w.double(), None, stride, f // 2)
     dy = torch.randn(y64.shape, device="cuda", generator=g).to(memory_format=fmt)
     results = {
-        "F": (kdbkit.convolution_forward(handle, x, w, y=torch.full_like(y64, float("nan"), dtype=torch.float32),
-                                         **geometry), y64),
+        "F": (kdbkit.convolution_forward(handle, x, w, y=torch.full(y64.shape, float("nan"), device="cuda").to(
+            memory_format=fmt), **geometry), y64),  # poisoned: every element must be written
         "B": (kdbkit.convolution_backward_data(handle, dy, w, x.shape, dx=torch.full_like(x, float("nan")),
                                                **geometry),
               torch.nn.grad.conv2d_input(x.shape, w.double(), dy.double(), stride, f // 2)),
