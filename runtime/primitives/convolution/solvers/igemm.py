@@ -23,13 +23,14 @@ WORKSPACE_LIMIT = 256 << 20  # backward weights' partial sums
 
 def tile(problem: ConvProblem) -> tuple[int, int]:
     """The kernel's tile (IG_BM, IG_BN): 128 x 128, or, where one side of the product is 64 or
-    less (64 output channels: ResNet's first stage; backward weights' rows are the output
-    channels), 256 x 64 or 64 x 256, the same work a block with none of it on empty rows."""
+    less (64 channels: ResNet's first stage), 256 x 64 or 64 x 256, the same work a block with
+    none of it on empty rows or columns. Forward and backward data have many rows (positions):
+    only their columns are narrowed; backward weights' either side may be."""
     rows, cols, _ = product(problem)
-    if problem.direction == "W" and rows <= 64:
-        return 64, 2 * TILE
-    if problem.direction != "W" and cols <= 64:
+    if cols <= 64 and (problem.direction != "W" or rows > 64):
         return 2 * TILE, 64
+    if rows <= 64:
+        return 64, 2 * TILE
     return TILE, TILE
 
 
