@@ -388,3 +388,25 @@ def test_one_channel_inputs_take_a_channels_last_outputs_layout(handle, filt):
     assert got is y
     np.testing.assert_allclose(_from_channels_last(be, y), expected, rtol=1e-5, atol=1e-5)
     y.buffer.free()
+
+
+@pytest.mark.parametrize("layout", ["NCHW", "NHWC"])
+def test_immediate_mode_takes_winograd_for_wide_fp32_3x3_layers_only(layout):
+    """Winograd F(2x2, 3x3) before the implicit GEMM where its cost model says it is faster:
+    fp32 3 x 3 at stride 1 with many channels, forward and backward data; not at 64 channels
+    (the implicit GEMM's 64-column tile wastes nothing there), not for 16-bit types, strides or
+    backward weights."""
+    from kdbkit.runtime.immediate import heuristic
+
+    from .conftest import sm90
+
+    def chosen(direction="F", c=256, k=256, hw=14, stride=1, dtype=DataType.FP32):
+        problem = ConvProblem(direction, dtype, layout, (32, c, hw, hw), k, (3, 3), (1, 1), (stride, stride))
+        return heuristic(problem, sm90(), ()).solver.name
+
+    assert chosen() == chosen("B") == "ConvWinogradF2x3"
+    assert chosen(c=128, k=128, hw=28) == "ConvWinogradF2x3"
+    assert chosen(c=64, k=64, hw=56) == chosen("B", c=64, k=64, hw=56) == "ConvImplicitGemm"
+    assert chosen("W") == "ConvImplicitGemm"
+    assert chosen(stride=2) == "ConvImplicitGemm"
+    assert chosen(dtype=DataType.FP16) != "ConvWinogradF2x3"

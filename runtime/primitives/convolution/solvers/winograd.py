@@ -7,10 +7,11 @@ output tiles transformed back. 2.25 times fewer multiplies than direct, for four
 the transformed tensors; any layout, every type (fp32 inside).
 
 Immediate mode ranks it before the implicit GEMM, for fp32 only (the other types have the
-matrix units), where a cost model says it is the faster: the multiplies at one rate against
-the implicit GEMM's 2.25 times as many at the same rate, plus the transformed tensors' bytes
-at memory speed; it wins when both channel counts are large (the multiply's rows fill its
-128-row tiles, and the transforms' bytes per multiply-add are few)."""
+matrix units), where a cost model says it is the faster: its multiplies against the implicit
+GEMM's 2.25 times as many, each at its kernel's rate and over the tiles each covers, plus the
+transformed tensors' bytes at the speed the transforms move them in the layout; it wins when
+both channel counts are large (the multiply's rows fill its 128-row tiles, and the transforms'
+bytes per multiply-add are few): from 128 channels in ResNet-50, not at 64."""
 
 from __future__ import annotations
 
@@ -30,9 +31,12 @@ def program(problem: ConvProblem) -> ProgramRequest:
     return ProgramRequest("conv_winograd.c", problem.dtype.options)
 
 
-# The cost model's rates (fp32 FMA multiply at the blocked GEMM's speed; transformed bytes at
-# memory speed): only their ratio matters, an H100's.
-GEMM_FLOPS, TRANSFORM_BYTES = 25e12, 2.5e12
+# The cost model's rates, an H200's (only their ratios matter): the batched blocked GEMM's fp32
+# multiply-adds, the implicit GEMM's (its gathers cost it more), and the transformed tensors'
+# bytes, which the transform kernels move along the tiles: at memory speed when a plane's
+# positions are contiguous (NCHW), strided over channels-last tensors.
+GEMM_FLOPS, IGEMM_FLOPS = 40e12, 25e12
+TRANSFORM_BYTES = {"NCHW": 2.5e12, "NHWC": 1.2e12}
 GEMM_TILE = 128  # GemmBlocked's tile rows
 
 
@@ -76,9 +80,10 @@ class ConvWinogradF2x3(Solver):
         if problem.dtype != DataType.FP32:
             return not_applicable("the matrix units' solvers serve 16-bit types")
         (k, c), p = _channels(problem), _tiles(problem)[2]
-        rows = -(-k // GEMM_TILE) * GEMM_TILE  # output channels as 128-wide tiles cover them, in both
-        winograd = 32 * rows * c * p / GEMM_FLOPS + 128 * p * (c + k) / TRANSFORM_BYTES
-        direct = 72 * rows * c * p / GEMM_FLOPS
+        rows = -(-k // GEMM_TILE) * GEMM_TILE  # output channels as the multiply's 128-row tiles cover them
+        winograd = 32 * rows * c * p / GEMM_FLOPS + 128 * p * (c + k) / TRANSFORM_BYTES.get(problem.layout, 1.2e12)
+        columns = -(-k // 64) * 64 if k <= 64 else -(-k // 128) * 128  # the implicit GEMM's tile columns
+        direct = 72 * columns * c * p / IGEMM_FLOPS
         if winograd >= direct:
             return not_applicable(f"a cost model puts it at {winograd / direct:.2f}x the implicit GEMM's time "
                                   f"({k} x {c} channels, {p} tiles)")
