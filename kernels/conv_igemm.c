@@ -11,8 +11,8 @@
  *                     r split in slices (grid z = g * slices + s) whose fp32 sums go to a
  *                     workspace that conv_igemm_wrw_finish adds in a fixed order: the result
  *                     does not depend on timing (no atomics)
- *   forward and backward data at stride 1 may split r the same way (grid z = g * slices + s,
- *   for grids too small to fill the GPU): their slices' sums go to partial, and
+ *   forward and backward data may split r the same way (grid z = (g [* phases + phase]) *
+ *   slices + s, for grids too small to fill the GPU): their slices' sums go to partial, and
  *   conv_igemm_split_finish adds them into y or dx in slice order
  * cfast (NHWC) orders the channel digit of r (and of col) fastest, else the filter's column
  * (NCHW), so that consecutive reduction steps read consecutive memory in either layout.
@@ -211,8 +211,9 @@ KDB_KERNEL void KDB_BOUNDS(IG_THREADS, 2)
             gb[q] = rb < r_end && wc[q] >= 0 ? KDB_LOAD(w, wr_ + wc[q]) : 0.0f;                         \
     } while (0)
     IG_PIPELINE(steps, IG_BWD_LOAD, IG_ADVANCE);
-    if (slices > 1) { /* this slice's sums, rows m by columns c (the solver splits one phase only) */
-        KDB_GLOBAL float* part = partial + (long)KDB_GROUP_ID_Z * M * cg;
+    if (slices > 1) { /* this slice's sums, rows m by columns c, in slabs of the largest phase's rows */
+        const long Mmax = (long)N * ((H + sh - 1) / sh) * ((W + sw - 1) / sw);
+        KDB_GLOBAL float* part = partial + KDB_GROUP_ID_Z * Mmax * cg;
 #define IG_PART_ROW_B(m) ((m) < M ? (long)(m) * cg : -1L)
         IG_EPILOGUE(IG_PART_ROW_B, cg, 1, IG_STORE_PART);
     } else {
@@ -296,23 +297,32 @@ KDB_KERNEL void conv_igemm_wrw_finish(const KDB_GLOBAL float* partial, KDB_GLOBA
     }
 }
 
-/* out[n, g * cols + col, i, j] = the sum over the slices s of partial[g * slices + s][m][col],
- * m = (n, i, j) in an out of (plane / width) x width positions, in slice order: the forward's
- * y (or backward data's dx at stride 1) from split sums. One thread per element, along
- * whichever of m and col is contiguous in out. */
-KDB_KERNEL void conv_igemm_split_finish(const KDB_GLOBAL float* partial, KDB_GLOBAL kdb_data_t* out, int M, int cols,
-                                        int G, int slices, int plane, int width, int os0, int os1, int os2, int os3)
+/* out[n, g * cols + col, h, v] = the sum over the slices s of the partial sums of (h, v)'s
+ * stride phase (qh, qw) = (h % sh, v % sw), row m = (n, h / sh, v / sw) of that phase's
+ * (H - qh) / sh x (W - qw) / sw positions, in slice order: slab (g * sh * sw + qh * sw + qw) *
+ * slices + s, each of the largest phase's rows (N ceil(H / sh) ceil(W / sw)) x cols. The
+ * forward's y (H x W its output, sh = sw = 1) or backward data's dx from split sums. One thread
+ * per element, along whichever of positions and channels is contiguous in out. */
+KDB_KERNEL void conv_igemm_split_finish(const KDB_GLOBAL float* partial, KDB_GLOBAL kdb_data_t* out, int N, int H,
+                                        int W, int sh, int sw, int cols, int G, int slices, int os0, int os1,
+                                        int os2, int os3)
 {
-    const long total = (long)G * M * cols, slab = (long)M * cols;
+    const long positions = (long)N * H * W, total = G * positions * cols;
+    const long mmax = (long)N * ((H + sh - 1) / sh) * ((W + sw - 1) / sw);
     const int cf = os1 == 1;
     for (long e = KDB_GLOBAL_ID_X; e < total; e += (long)KDB_LOCAL_SIZE_X * KDB_NUM_GROUPS_X) {
-        const int g = (int)(e / slab), within = (int)(e % slab);
-        const int m = cf ? within / cols : within % M, col = cf ? within % cols : within / M;
-        const KDB_GLOBAL float* p = partial + (long)g * slices * slab + (long)m * cols + col;
+        const int g = (int)(e / (positions * cols));
+        const long within = e % (positions * cols);
+        const long pos = cf ? within / cols : within % positions;
+        const int col = (int)(cf ? within % cols : within / positions);
+        const int n = (int)(pos / ((long)H * W)), h = (int)(pos / W % H), v = (int)(pos % W);
+        const int qh = h % sh, qw = v % sw, wq = (W - qw + sw - 1) / sw, hq = (H - qh + sh - 1) / sh;
+        const long m = ((long)n * hq + h / sh) * wq + v / sw;
+        const long z = ((long)g * sh * sw + qh * sw + qw) * slices;
+        const KDB_GLOBAL float* p = partial + (z * mmax + m) * cols + col;
         float sum = 0.0f;
         for (int s = 0; s < slices; ++s)
-            sum += p[(long)s * slab];
-        const int n = m / plane, i = m % plane / width, j = m % width;
-        KDB_STORE(out, (long)n * os0 + (long)(g * cols + col) * os1 + (long)i * os2 + (long)j * os3, sum);
+            sum += p[(long)s * mmax * cols];
+        KDB_STORE(out, (long)n * os0 + (long)(g * cols + col) * os1 + (long)h * os2 + (long)v * os3, sum);
     }
 }

@@ -145,8 +145,8 @@ EXPECTED_LAYOUTS = {
        for name in ("conv_fwd_igemm", "conv_bwd_data_igemm")},
     "conv_wrw_igemm": [(0, 8), (8, 8), (16, 8), *((24 + 4 * i, 4) for i in range(31))],
     "conv_igemm_wrw_finish": [(0, 8), (8, 8), *((16 + 4 * i, 4) for i in range(11))],  # K cg Y X G slices cfast, 4 strides
-    # two tensors; M, cols, G, slices, plane, width, out's 4 strides
-    "conv_igemm_split_finish": [(0, 8), (8, 8), *((16 + 4 * i, 4) for i in range(10))],
+    # two tensors; N H W, the strides, cols, G, slices, out's 4 strides
+    "conv_igemm_split_finish": [(0, 8), (8, 8), *((16 + 4 * i, 4) for i in range(12))],
     # conv_depthwise.c's backward weights: three tensors, CONV_SHAPE_ARGS, the order, the slice length
     "conv_dw_bwd_weights": [(0, 8), (8, 8), (16, 8), *((24 + 4 * i, 4) for i in range(30))],
     "conv_transpose": [(0, 8), (8, 8), (16, 4), (20, 4)],  # two tensors, rows, cols

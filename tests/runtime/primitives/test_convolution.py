@@ -117,7 +117,7 @@ def test_channels_last_tensors_in_every_direction(handle, solver, groups, filt, 
 @pytest.mark.parametrize("channels_last", [False, True])
 def test_split_reductions_of_forward_and_backward_data_match_the_reference(handle, channels_last):
     """Few output positions over a long reduction: the implicit GEMM splits forward and
-    backward data at stride 1 in slices that its finish kernel adds (the tile count is set from
+    backward data (at stride 1 and (2, 1)) in slices that its finish kernel adds (the tile count is set from
     the device's multiprocessors so that the split is taken on any device)."""
     from kdbkit.runtime.primitives.convolution.solvers.igemm import split_slices
 
@@ -128,6 +128,8 @@ def test_split_reductions_of_forward_and_backward_data_match_the_reference(handl
     for direction, (cin, cout) in (("F", (c, k)), ("B", (k, c))):
         problem = ConvProblem(direction, DataType.FP32, layout, (n, cin, h, w), cout, (3, 3), (1, 1), (1, 1))
         assert split_slices(problem, cu)[0] > 1
+    strided = ConvProblem("B", DataType.FP32, layout, (n, k, 2 * h, w), c, (3, 3), (1, 1), (2, 1))
+    assert split_slices(strided, cu)[0] > 1
     rng = np.random.default_rng(11)
     x = rng.standard_normal((n, c, h, w)).astype(np.float32)
     wt = rng.standard_normal((k, c, 3, 3)).astype(np.float32)
@@ -141,6 +143,11 @@ def test_split_reductions_of_forward_and_backward_data_match_the_reference(handl
     dy = rng.standard_normal((n, c, h, w)).astype(np.float32)
     dx = kdbkit.convolution_backward_data(handle, put(dy), put(wb), (n, k, h, w), **geometry)
     expected = ref.backward_data(dy, wb, (n, k, h, w), (1, 1), (1, 1), (1, 1), 1)
+    np.testing.assert_allclose(get(dx), expected, **_tolerance(1e-4, expected))
+    # backward data at stride (2, 1): two phases of 6 and 3 taps, each split the same
+    dx = kdbkit.convolution_backward_data(handle, put(dy), put(wb), (n, k, 2 * h, w),
+                                          **{**geometry, "stride": (2, 1)})
+    expected = ref.backward_data(dy, wb, (n, k, 2 * h, w), (1, 1), (2, 1), (1, 1), 1)
     np.testing.assert_allclose(get(dx), expected, **_tolerance(1e-4, expected))
 
 

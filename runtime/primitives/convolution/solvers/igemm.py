@@ -9,6 +9,8 @@ in a fixed order (deterministic). The fast path for fp32, and for groups on ever
 
 from __future__ import annotations
 
+import math
+
 import numpy as np
 
 from kdbkit.runtime.primitives.convolution.problem import ConvProblem
@@ -44,7 +46,9 @@ def product(problem: ConvProblem) -> tuple[int, int, int]:
     """The GEMM per group (backward data: per stride phase, its largest): (rows, columns, reduction)."""
     (n, c, h, w), k, (ho, wo), (fy, fx) = problem.x_shape, problem.out_channels, problem.out_hw, problem.filter
     cg, kg, (sh, sw) = c // problem.groups, k // problem.groups, problem.stride
-    return {"F": (n * ho * wo, kg, cg * fy * fx), "B": (n * -(-h // sh) * -(-w // sw), cg, kg * fy * fx),
+    # a phase's taps along an axis: every s / gcd(s, dilation)-th (conv_igemm.c's IG_PHASE)
+    ty, tx = (-(-f // (s // math.gcd(s, d))) for f, s, d in zip((fy, fx), problem.stride, problem.dilation))
+    return {"F": (n * ho * wo, kg, cg * fy * fx), "B": (n * -(-h // sh) * -(-w // sw), cg, kg * ty * tx),
             "W": (kg, cg * fy * fx, n * ho * wo)}[problem.direction]
 
 
@@ -54,16 +58,19 @@ SM_FLOPS, BANDWIDTH = 30e12 / 132, 2.5e12
 FIXED_STEPS = 8  # a block's start and its results' way out, in reduction steps
 
 
-def best_slices(problem: ConvProblem, units: int, most: int, shape: tuple[int, int]) -> tuple[int, int]:
+def best_slices(problem: ConvProblem, units: int, most: int, shape: tuple[int, int],
+                groups: int | None = None) -> tuple[int, int]:
     """(slices, slice length) of the reduction that finish soonest by a model: the blocks run
     in waves of two a multiprocessor (the kernel's occupancy), each wave as long as a block's
     slice and its fixed cost, plus the partial sums written and read again; at most ``most`` slices, each at
     least 32 steps long. Few tiles then take many slices; a count that would leave a last
-    wave nearly empty loses to one that fills its waves."""
+    wave nearly empty loses to one that fills its waves. ``groups``: the GEMMs (default: the
+    problem's groups)."""
     rows, cols, r = product(problem)
-    tiles, slots = -(-rows // shape[0]) * -(-cols // shape[1]) * problem.groups, 2 * units
+    groups = groups or problem.groups
+    tiles, slots = -(-rows // shape[0]) * -(-cols // shape[1]) * groups, 2 * units
     step = 2 * 2 * TILE * TILE * STEP / SM_FLOPS  # a wave's step: two blocks a multiprocessor, every tile shape TILE x TILE
-    slab = 4 * rows * cols * problem.groups / BANDWIDTH * 2
+    slab = 4 * rows * cols * groups / BANDWIDTH * 2
     best, cost = 1, None
     for s in range(1, max(1, min(most, -(-r // (32 * STEP)))) + 1):
         length = -(-(-(-r // s)) // STEP) * STEP
@@ -77,16 +84,20 @@ def best_slices(problem: ConvProblem, units: int, most: int, shape: tuple[int, i
 
 
 def split_slices(problem: ConvProblem, units: int, shape: tuple[int, int] | None = None) -> tuple[int, int]:
-    """(slices, slice length) for forward and backward data: split only at stride 1 (backward
-    data's phases are one GEMM each) and where the tiles take less than one wave."""
+    """(slices, slice length) for forward and backward data (its stride phases each a GEMM as
+    long as the largest): split only where the tiles take less than one wave."""
     rows, cols, r = product(problem)
-    shape = shape or tile(problem)
+    shape, groups = shape or tile(problem), problem.groups * phases(problem)
     whole = -(-r // STEP) * STEP
-    tiles = -(-rows // shape[0]) * -(-cols // shape[1]) * problem.groups
-    if (problem.direction == "B" and problem.stride != (1, 1)) or tiles >= 2 * units:
+    if -(-rows // shape[0]) * -(-cols // shape[1]) * groups >= 2 * units:
         return 1, whole
-    most = min(8, WORKSPACE_LIMIT // (4 * rows * cols * problem.groups), MAX_GRID_YZ // problem.groups)
-    return best_slices(problem, units, most, shape)
+    most = min(8, WORKSPACE_LIMIT // (4 * rows * cols * groups), MAX_GRID_YZ // groups)
+    return best_slices(problem, units, most, shape, groups)
+
+
+def phases(problem: ConvProblem) -> int:
+    """The GEMMs per group: backward data's stride phases, else one."""
+    return problem.stride[0] * problem.stride[1] if problem.direction == "B" else 1
 
 
 def wrw_slices(problem: ConvProblem, units: int, shape: tuple[int, int] | None = None) -> tuple[int, int]:
@@ -138,7 +149,7 @@ class ConvImplicitGemm(Solver):
     def workspace(self, problem: ConvProblem) -> int:
         rows, cols, _ = product(problem)
         slices = (wrw_slices if problem.direction == "W" else split_slices)(problem, 132, self.tile(problem))[0]
-        return 0 if slices == 1 else 4 * rows * cols * problem.groups * slices
+        return 0 if slices == 1 else 4 * rows * cols * problem.groups * phases(problem) * slices
 
     def programs(self, problem: ConvProblem):
         return [program(problem, self.tile(problem))]
@@ -154,22 +165,25 @@ class ConvImplicitGemm(Solver):
             units = context.device.target.cu or 132
             if problem.direction in "FB":
                 slices, length = split_slices(problem, units, shape)
-                phases = problem.stride[0] * problem.stride[1] if problem.direction == "B" else 1
+                layers = problem.groups * phases(problem)
                 name = "conv_fwd_igemm" if problem.direction == "F" else "conv_bwd_data_igemm"
-                fast = context.backend.launcher(prog.function(name), (*tiles, problem.groups * phases * slices),
+                fast = context.backend.launcher(prog.function(name), (*tiles, layers * slices),
                                                 (THREADS, 1, 1), [*args, None, np.int32(length), np.int32(slices)])
                 if slices == 1:  # partial is not read: the output stands in for it
                     if problem.direction == "F":
                         return lambda x, w, y: fast(x, w, y, y)
                     return lambda dy, w, dx: fast(dy, w, dx, dx)
-                partial = context.backend.alloc(4 * rows * cols * problem.groups * slices)
-                (n, c, h, w), (ho, wo) = problem.x_shape, problem.out_hw
-                plane, width, cols_g = (ho * wo, wo, problem.out_channels // problem.groups) \
-                    if problem.direction == "F" else (h * w, w, c // problem.groups)
-                strides = problem.descs()["y" if problem.direction == "F" else "x"].strides
-                finish = launcher_1d(context, prog.function("conv_igemm_split_finish"), rows * cols * problem.groups,
-                                     [partial, None, *(np.int32(v) for v in (rows, cols_g, problem.groups, slices,
-                                                                             plane, width, *strides))],
+                partial = context.backend.alloc(4 * rows * cols * layers * slices)
+                # the output's positions, the stride phases' steps (the forward's: one), channels
+                (n, c, h, w), k = problem.x_shape, problem.out_channels
+                forward = problem.direction == "F"
+                sizes = (n, *problem.out_hw, 1, 1, k // problem.groups) if forward \
+                    else (n, h, w, *problem.stride, c // problem.groups)
+                strides = problem.descs()["y" if forward else "x"].strides
+                finish = launcher_1d(context, prog.function("conv_igemm_split_finish"),
+                                     sizes[0] * sizes[1] * sizes[2] * sizes[5] * problem.groups,
+                                     [partial, None, *(np.int32(v) for v in (*sizes, problem.groups, slices,
+                                                                             *strides))],
                                      max_groups=1 << 16)
 
                 def split(a, b, out):
