@@ -1,5 +1,6 @@
 /* conv_winograd.c: the transforms of Winograd's F(2 x 2, 3 x 3) forward convolution (3 x 3
- * filters, stride 1, no dilation, one group): each 2 x 2 output tile is A^T [(G g G^T) * (B^T d B)]
+ * filters, stride 1, no dilation, one group; backward data is one too, of dy by the flipped
+ * filters with the channels' roles swapped): each 2 x 2 output tile is A^T [(G g G^T) * (B^T d B)]
  * A over its 4 x 4 input patch d. The 16 elementwise products summed over the channels are 16
  * matrix multiplies (K x C by C x tiles), which the solver hands to a GEMM solver in fp32; these
  * kernels move the data in and out, in fp32 whatever the tensors' type.
@@ -13,9 +14,11 @@
  */
 #include "kdb_data.h"
 
-/* U[t][k][c] = (G g G^T)[t / 4][t % 4] of w[k][c]: a thread per (k, c). */
+/* U[t][k][c] = (G g G^T)[t / 4][t % 4] of w[k][c]: a thread per (k, c). flip turns the filter
+ * half a turn (g[a][b] = w[k][c][2 - a][2 - b]): with the strides of w's first two axes swapped,
+ * the filters of backward data, itself a forward convolution of dy. */
 KDB_KERNEL void wino_filter(const KDB_GLOBAL kdb_data_t* w, KDB_GLOBAL float* U, int K, int C, int s0, int s1, int s2,
-                            int s3)
+                            int s3, int flip)
 {
     const long total = (long)K * C;
     for (long e = KDB_GLOBAL_ID_X; e < total; e += (long)KDB_LOCAL_SIZE_X * KDB_NUM_GROUPS_X) {
@@ -23,7 +26,8 @@ KDB_KERNEL void wino_filter(const KDB_GLOBAL kdb_data_t* w, KDB_GLOBAL float* U,
         float g[3][3], gg[4][3];
         for (int a = 0; a < 3; ++a)
             for (int b = 0; b < 3; ++b)
-                g[a][b] = KDB_LOAD(w, (long)k * s0 + (long)c * s1 + (long)a * s2 + (long)b * s3);
+                g[a][b] = KDB_LOAD(w, (long)k * s0 + (long)c * s1 + (long)(flip ? 2 - a : a) * s2 +
+                                          (long)(flip ? 2 - b : b) * s3);
         for (int b = 0; b < 3; ++b) { /* G g: rows */
             gg[0][b] = g[0][b];
             gg[1][b] = 0.5f * (g[0][b] + g[1][b] + g[2][b]);

@@ -63,20 +63,23 @@ KDB_KERNEL void KDB_BOUNDS(IG_THREADS, 2)
     const KDB_GLOBAL kdb_data_t* b = B + batch * stride_b;
     IG_LOAD_SLOT(trans_a, t, ka, ma);
     IG_LOAD_SLOT(!trans_b, t, kb, nb);
-    long am[4], bn[4]; /* each row's (column's) part of the offset; -1 outside the product */
-    KDB_UNROLL for (int q = 0; q < 4; ++q) {
-        const int m = m0 + ma + 32 * q, n = n0 + nb + 32 * q;
+    long am[IG_QA], bn[IG_QB]; /* each row's (column's) part of the offset; -1 outside the product */
+    KDB_UNROLL for (int q = 0; q < IG_QA; ++q) {
+        const int m = m0 + ma + 32 * q;
         am[q] = m < M ? (trans_a ? (long)m : (long)m * lda) : -1;
+    }
+    KDB_UNROLL for (int q = 0; q < IG_QB; ++q) {
+        const int n = n0 + nb + 32 * q;
         bn[q] = n < N ? (trans_b ? (long)n * ldb : (long)n) : -1;
     }
     int ra = ka, rb = kb;
 #define GB_LOAD                                                                       \
     do {                                                                              \
         const long ak_ = trans_a ? (long)ra * lda : ra, bk_ = trans_b ? rb : (long)rb * ldb; \
-        KDB_UNROLL for (int q = 0; q < 4; ++q) {                                      \
+        KDB_UNROLL for (int q = 0; q < IG_QA; ++q)                                    \
             ga[q] = ra < K && am[q] >= 0 ? KDB_LOAD(a, am[q] + ak_) : 0.0f;           \
+        KDB_UNROLL for (int q = 0; q < IG_QB; ++q)                                    \
             gb[q] = rb < K && bn[q] >= 0 ? KDB_LOAD(b, bn[q] + bk_) : 0.0f;           \
-        }                                                                             \
     } while (0)
 #define GB_ADVANCE \
     do {           \
@@ -84,17 +87,8 @@ KDB_KERNEL void KDB_BOUNDS(IG_THREADS, 2)
         rb += IG_BK; \
     } while (0)
     IG_PIPELINE((K + IG_BK - 1) / IG_BK, GB_LOAD, GB_ADVANCE);
-    KDB_UNROLL for (int e = 0; e < 8; ++e) {
-        const int m = IG_ROW(e);
-        if (m >= M)
-            continue;
-        KDB_UNROLL for (int f = 0; f < 8; ++f) {
-            const int n = IG_COL(f);
-            if (n < N) {
-                const long o = batch * stride_c + (long)m * ldc + n;
-                /* beta == 0 never reads C: it may hold NaNs */
-                KDB_STORE(C, o, beta == 0.0f ? alpha * acc[e * 8 + f] : alpha * acc[e * 8 + f] + beta * KDB_LOAD(C, o));
-            }
-        }
-    }
+    /* beta == 0 never reads C: it may hold NaNs */
+#define GB_ROW(m) ((m) < M ? batch * stride_c + (long)(m) * ldc : -1L)
+#define GB_STORE(o, v) KDB_STORE(C, o, beta == 0.0f ? alpha * (v) : alpha * (v) + beta * KDB_LOAD(C, o))
+    IG_EPILOGUE(GB_ROW, N, 1, GB_STORE);
 }

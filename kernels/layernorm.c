@@ -140,8 +140,19 @@ KDB_KERNEL void layernorm_bwd_weight(const KDB_GLOBAL kdb_data_t* x, const KDB_G
 #ifndef LANES_VECS
 #define LANES_VECS 4
 #endif
+/* 16-bit rows of up to 4 vectors a thread: registers capped on CUDA so that 3 groups fit a
+ * multiprocessor (89 -> 80 registers, no spills), for more reads in flight (an H200: 82-83% ->
+ * 84-85% of copy, docs/performance.md). -DLANES_GROUPS=<g> sets another cap. */
+#if !defined(LANES_GROUPS) && LANES_VECS == 4 && (defined(KDB_TYPE_FP16) || defined(KDB_TYPE_BF16))
+#define LANES_GROUPS 3
+#endif
+#ifdef LANES_GROUPS
+#define LN_LANES_BOUNDS KDB_BOUNDS(BLOCK, LANES_GROUPS)
+#else
+#define LN_LANES_BOUNDS
+#endif
 
-KDB_KERNEL void layernorm_fwd_lanes(const KDB_GLOBAL kdb_vec4u* x, const KDB_GLOBAL kdb_vec4u* weight,
+KDB_KERNEL void LN_LANES_BOUNDS layernorm_fwd_lanes(const KDB_GLOBAL kdb_vec4u* x, const KDB_GLOBAL kdb_vec4u* weight,
                                     const KDB_GLOBAL kdb_vec4u* bias, KDB_GLOBAL kdb_vec4u* y,
                                     KDB_GLOBAL float* mean, KDB_GLOBAL float* rstd, int rows, int inner, int affine,
                                     float eps, int lanes)

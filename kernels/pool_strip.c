@@ -28,7 +28,9 @@
  */
 #include "kdb_data.h"
 
+#ifndef POOL_STRIP_ROWS
 #define POOL_STRIP_ROWS 4
+#endif
 /* Blocks of at most 128 threads, five per multiprocessor on CUDA: the registers go down from
  * about 110 to 96 a thread (a few spilled), so 20 warps fit a multiprocessor instead of 16
  * (scripts/compare_pool_strip.py: max pooling fp16 75% -> 81% of copy on the H100). */

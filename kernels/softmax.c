@@ -307,13 +307,22 @@ KDB_KERNEL void softmax_fwd_rows(const KDB_GLOBAL kdb_data_t* x, KDB_GLOBAL kdb_
 #define LANES_VECS 4
 #endif
 
-/* fp32 rows of up to 4 vectors a thread: registers capped so that 4 groups fit a multiprocessor
- * on CUDA (71 -> 64 registers, no spills; softmax of 1024-element fp32 rows on the H100 187 ->
- * 180 us, 95% -> 99% of copy). 16-bit types spill under the cap (100 -> 110 us): no cap. */
-#if defined(KDB_TYPE_FP16) || defined(KDB_TYPE_BF16) || LANES_VECS != 4
-#define SM_LANES_BOUNDS
+/* Rows of up to 4 vectors a thread: registers capped on CUDA so that LANES_GROUPS groups fit a
+ * multiprocessor, for more bytes in flight. fp32: 4 (71 -> 64 registers, no spills; softmax of
+ * 1024-element fp32 rows on the H100 187 -> 180 us, 95% -> 99% of copy). 16-bit types: 3 (91 ->
+ * 80 registers, no spills; 2 groups held 16 warps, too few reads in flight for an H200's
+ * bandwidth: 68% -> 80% of copy there); at 4 they spill. -DLANES_GROUPS=<g> sets another. */
+#if !defined(LANES_GROUPS) && LANES_VECS == 4
+#if defined(KDB_TYPE_FP16) || defined(KDB_TYPE_BF16)
+#define LANES_GROUPS 3
 #else
-#define SM_LANES_BOUNDS KDB_BOUNDS(BLOCK, 4)
+#define LANES_GROUPS 4
+#endif
+#endif
+#ifdef LANES_GROUPS
+#define SM_LANES_BOUNDS KDB_BOUNDS(BLOCK, LANES_GROUPS)
+#else
+#define SM_LANES_BOUNDS
 #endif
 
 /* Vector j of a row, for this thread's slot k (k < LANES_VECS) and lane. */

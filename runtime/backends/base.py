@@ -29,6 +29,35 @@ from kdbkit.runtime.errors import (  # noqa: F401 - re-exported: backends raise 
 
 
 @dataclass(frozen=True)
+class MemorySystem:
+    """What the launches of memory-bound kernels are sized from (their grids and how many groups
+    share a compute unit, ``kdbkit.runtime.primitives.streaming``); each 0 where the backend
+    cannot tell, and then those launches keep the shape that suits any device.
+
+    Attributes:
+        bandwidth_gbs: peak device-memory bandwidth in GB/s (10^9 bytes), from the memory clock
+            and bus width (two transfers a clock).
+        l2_bytes: the last-level cache shared by every compute unit.
+        threads_per_unit: the most threads a compute unit holds at once.
+    """
+
+    bandwidth_gbs: float = 0.0
+    l2_bytes: int = 0
+    threads_per_unit: int = 0
+
+    @staticmethod
+    def from_clock(memory_clock_khz: int, bus_width_bits: int, l2_bytes: int = 0,
+                   threads_per_unit: int = 0) -> "MemorySystem":
+        """From what the drivers report: the memory clock in kHz and the bus width in bits (HBM
+        and GDDR move data on both edges of that clock: two transfers a clock)."""
+        bandwidth = 2 * memory_clock_khz * 1e3 * bus_width_bits / 8 / 1e9 if memory_clock_khz > 0 else 0.0
+        return MemorySystem(max(bandwidth, 0.0), max(l2_bytes, 0), max(threads_per_unit, 0))
+
+
+UNKNOWN_MEMORY = MemorySystem()
+
+
+@dataclass(frozen=True)
 class DeviceInfo:
     """One local device, described as a target plus facts for humans.
 
@@ -41,6 +70,9 @@ class DeviceInfo:
         driver: driver version string.
         runtime: the runtime version the driver supports (``CUDA 13.0``), which decides which
             compilers' binaries it loads (:mod:`kdbkit.runtime.preflight`); "" when unknown.
+        memory: the memory system (bandwidth, L2, threads per unit) as far as the driver tells;
+            not part of the target: cards of one target (an H100 and an H200 are both
+            ``sm_90_132``) share binaries but not bandwidth, so only launches follow it.
     """
 
     backend: str
@@ -50,6 +82,7 @@ class DeviceInfo:
     memory_bytes: int
     driver: str = ""
     runtime: str = ""
+    memory: MemorySystem = UNKNOWN_MEMORY
 
 
 # Buffer and Kernel are plain base classes, not ABCs: isinstance against an ABC's subclass

@@ -31,6 +31,7 @@ from kdbkit.runtime.backends.base import (
     Buffer,
     DeviceInfo,
     Kernel,
+    MemorySystem,
     Module,
 )
 from kdbkit.runtime.backends.elf_notes import cubin_arch
@@ -88,6 +89,24 @@ def _attribute(driver, dev, name: str) -> int:
     """One ``CU_DEVICE_ATTRIBUTE_<name>`` of ``dev``."""
     attr = getattr(driver.CUdevice_attribute, f"CU_DEVICE_ATTRIBUTE_{name}")
     return int(_check(driver.cuDeviceGetAttribute(attr, dev), f"cuDeviceGetAttribute({name})", driver))
+
+
+def _optional_attribute(driver, dev, name: str) -> int:
+    """As :func:`_attribute`, 0 where this driver or cuda-bindings lacks the attribute (the
+    memory clock is deprecated in newer CUDA versions) or refuses it."""
+    try:
+        return _attribute(driver, dev, name)
+    except Exception as e:  # AttributeError (no such enum member), DeviceCallError
+        log.debug("cuDeviceGetAttribute(%s) unavailable: %s", name, e)
+        return 0
+
+
+def memory_system(driver, dev) -> MemorySystem:
+    """The device's memory system as the driver reports it (:class:`MemorySystem`)."""
+    return MemorySystem.from_clock(_optional_attribute(driver, dev, "MEMORY_CLOCK_RATE"),
+                                   _optional_attribute(driver, dev, "GLOBAL_MEMORY_BUS_WIDTH"),
+                                   _optional_attribute(driver, dev, "L2_CACHE_SIZE"),
+                                   _optional_attribute(driver, dev, "MAX_THREADS_PER_MULTIPROCESSOR"))
 
 
 def device_arch(driver, dev) -> str:
@@ -149,6 +168,7 @@ def _device_info(driver, ordinal: int, nvml: "_NvmlNames") -> DeviceInfo:
         memory_bytes=nv_memory or memory,
         driver=driver_text,
         runtime=f"CUDA {version // 1000}.{(version % 1000) // 10}",
+        memory=memory_system(driver, dev),
     )
 
 

@@ -32,6 +32,7 @@ from kdbkit.runtime.backends.base import (
     Buffer,
     DeviceInfo,
     Kernel,
+    MemorySystem,
     Module,
 )
 from kdbkit.runtime.backends.elf_notes import amdgpu_target, parse_amdgcn_target
@@ -109,11 +110,25 @@ def discover() -> list[DeviceInfo]:
                     memory_bytes=int(props.totalGlobalMem),
                     driver=driver,
                     runtime=runtime,
+                    memory=_memory_system(props),
                 )
             )
         except Exception as e:
             log.warning("skipping HIP device %d: %s", ordinal, getattr(e, "problem", e))
     return devices
+
+
+def _memory_system(props) -> MemorySystem:
+    """``hipDeviceProp_t``'s memory clock (kHz), bus width, L2 size and threads per compute
+    unit; a field this hip-python release lacks counts as unknown (0)."""
+    def field(name: str) -> int:
+        try:
+            return int(getattr(props, name, 0) or 0)
+        except (TypeError, ValueError):
+            return 0
+
+    return MemorySystem.from_clock(field("memoryClockRate"), field("memoryBusWidth"), field("l2CacheSize"),
+                                   field("maxThreadsPerMultiProcessor"))
 
 
 def _c_string(value) -> str:

@@ -37,6 +37,7 @@ from kdbkit.runtime.backends.base import (
     CompilerUnavailableError,
     DeviceInfo,
     Kernel,
+    MemorySystem,
     Module,
 )
 from kdbkit.runtime.backends.spec import spec_for
@@ -179,6 +180,8 @@ def _device_info(index: int, dev, arch: str) -> DeviceInfo:
         target=Target("opencl", arch, (), int(dev.max_compute_units)),
         memory_bytes=int(dev.global_mem_size),
         driver=f"{platform.name.strip()} {dev.driver_version.strip()}",
+        # OpenCL tells no memory bandwidth: the streaming launches keep their device-neutral shape.
+        memory=MemorySystem(l2_bytes=int(getattr(dev, "global_mem_cache_size", 0) or 0)),
     )
 
 

@@ -184,5 +184,5 @@ def test_all_leaves_out_the_programs_of_solvers_that_cannot_run_on_the_arch():
     files = {t: {j.request.kernel_file for j in plan(resolve_targets([t]))[0]} for t in ("sm_75", "sm_80", "sm_90")}
     assert not files["sm_75"] & {"conv_igemm_tc.cu", "gemm_tc.cu", "gemm_wgmma.cu"}  # no mma.sync below sm_80
     assert {"conv_igemm_tc.cu", "gemm_tc.cu"} <= files["sm_80"] and "gemm_wgmma.cu" not in files["sm_80"]
-    assert {"gemm_wgmma.cu", "gemm_tma.cu", "conv_tma.cu"} <= files["sm_90"]
-    assert not files["sm_80"] & {"gemm_tma.cu", "conv_tma.cu"}  # wgmma and TMA: sm_90 alone
+    assert {"gemm_wgmma.cu", "gemm_tma.cu", "conv_tma.cu", "conv_wgrad_tma.cu"} <= files["sm_90"]
+    assert not files["sm_80"] & {"gemm_tma.cu", "conv_tma.cu", "conv_wgrad_tma.cu"}  # wgmma and TMA: sm_90 alone

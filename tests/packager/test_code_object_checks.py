@@ -139,16 +139,19 @@ EXPECTED_LAYOUTS = {
     **{name: [(0, 8), (8, 8), *((16 + 4 * i, 4) for i in range(28)), *((128 + 8 * i, 8) for i in range(5)), (168, 4)]
        for name in ("conv_im2col", "conv_col2im")},
     "conv_dy_by_channel": [(0, 8), (8, 8), *((16 + 4 * i, 4) for i in range(28))],
-    # conv_igemm.c: three tensors, CONV_SHAPE_ARGS, cfast (backward weights: the slice length and count)
-    **{name: [(0, 8), (8, 8), (16, 8), *((24 + 4 * i, 4) for i in range(29))]
+    # conv_igemm.c: three tensors, CONV_SHAPE_ARGS, cfast (forward and backward data: then the
+    # partial sums), the slice length and count
+    **{name: [(0, 8), (8, 8), (16, 8), *((24 + 4 * i, 4) for i in range(29)), (144, 8), (152, 4), (156, 4)]
        for name in ("conv_fwd_igemm", "conv_bwd_data_igemm")},
     "conv_wrw_igemm": [(0, 8), (8, 8), (16, 8), *((24 + 4 * i, 4) for i in range(31))],
     "conv_igemm_wrw_finish": [(0, 8), (8, 8), *((16 + 4 * i, 4) for i in range(11))],  # K cg Y X G slices cfast, 4 strides
+    # two tensors; N H W, the strides, cols, G, slices, out's 4 strides
+    "conv_igemm_split_finish": [(0, 8), (8, 8), *((16 + 4 * i, 4) for i in range(12))],
     # conv_depthwise.c's backward weights: three tensors, CONV_SHAPE_ARGS, the order, the slice length
     "conv_dw_bwd_weights": [(0, 8), (8, 8), (16, 8), *((24 + 4 * i, 4) for i in range(30))],
     "conv_transpose": [(0, 8), (8, 8), (16, 4), (20, 4)],  # two tensors, rows, cols
     # conv_winograd.c: two tensors, then sizes and the tensor's 4 strides
-    "wino_filter": [(0, 8), (8, 8), *((16 + 4 * i, 4) for i in range(6))],
+    "wino_filter": [(0, 8), (8, 8), *((16 + 4 * i, 4) for i in range(7))],  # K C, 4 strides, flip
     "wino_input": [(0, 8), (8, 8), *((16 + 4 * i, 4) for i in range(12))],
     "wino_output": [(0, 8), (8, 8), *((16 + 4 * i, 4) for i in range(10))],
     # conv_bias.c: two tensors, N C H W, 4 strides
@@ -179,9 +182,11 @@ EXPECTED_LDS = {  # static LDS bytes at the default options
     "conv_fwd_direct": 0, "conv_bwd_data_direct": 0, "conv_bwd_weights_direct": 256 * 4,  # CONV_WRW_BLOCK floats
     "conv_im2col": 0, "conv_col2im": 0, "conv_dy_by_channel": 0, "conv_transpose": 32 * 33 * 4, "conv_flip_weights": 0, "conv_pad_channels": 0, "conv_phase_weights": 0, "conv_phase_scatter": 0, "conv_dw_fwd": 0, "conv_dw_bwd_data": 0, "conv_bias_fwd": 0, "wino_filter": 0, "wino_input": 0, "wino_output": 0,
     "conv_bias_bwd": 256 * 4,
-    **{name: 2 * 2 * 8 * 132 * 4 for name in ("conv_fwd_igemm", "conv_bwd_data_igemm", "conv_wrw_igemm")},
+    # the double-buffered tiles, then the result rows' offsets (IG_EPILOGUE)
+    **{name: 2 * 2 * 8 * 132 * 4 + 128 * 8 for name in ("conv_fwd_igemm", "conv_bwd_data_igemm", "conv_wrw_igemm")},
     "conv_igemm_wrw_finish": 0,  # (two double-buffered 8 x 132 float tiles: A's and B's)
-    "gemm_blocked": 2 * 2 * 8 * 132 * 4,
+    "conv_igemm_split_finish": 0,
+    "gemm_blocked": 2 * 2 * 8 * 132 * 4 + 128 * 8,
     "conv_dw_bwd_weights": 256 * 4,  # a float per thread for the tree
     "reduce_sum": 256 * 4,  # BLOCK floats
     "sgemm_tiled": 2 * 16 * 16 * 4,  # two TILE x TILE float tiles

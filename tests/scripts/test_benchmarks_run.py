@@ -163,3 +163,25 @@ def test_bench_primitives_gemm_set_in_a_graph_on_cuda(tmp_path):
     done = run_script("bench_primitives.py", "--set", "gemm", "--graph", "2", "--only", "attention output 768x768 bf16",
                       "--iters", "2", "--blocks", "1", "--placements", "1", "--out", str(tmp_path / "out"), cwd=tmp_path)
     assert "placement 0: gemm BERT attention output 768x768" in done.stdout and "no CUDA graph" not in done.stdout
+
+
+@pytest.mark.gpu
+def test_bench_conv_problem_set_in_a_graph_on_cuda(tmp_path):
+    require_cuda_and_torch()
+    out = tmp_path / "out"
+    done = run_script("bench_conv.py", "--set", "problems", "--layers", "3", "--types", "fp16", "--graph", "2",
+                      "--iters", "1", "--blocks", "1", "--out", str(out), cwd=tmp_path)
+    result = json.loads((out / "bench_conv_set_graph.json").read_text())
+    assert len(result["rows"]) == 6 and not result["failed"]  # three problems, NCHW and channels-last, forward
+    assert "no CUDA graph" not in done.stdout
+    assert "below 0.3x" in (out / "bench_conv_set_graph.md").read_text()
+
+
+@pytest.mark.gpu
+def test_bench_conv_compare_find_on_cuda(tmp_path):
+    require_cuda_and_torch()
+    out = tmp_path / "out"
+    run_script("bench_conv.py", "--compare-find", "--models", "resnet50", "--layers", "1", "--types", "fp16",
+               "--directions", "F", "--iters", "1", "--blocks", "1", "--out", str(out), cwd=tmp_path)
+    result = json.loads((out / "bench_conv_compare.json").read_text())
+    assert len(result["rows"]) == 2 and all(r["immediate_over_find"] > 0 for r in result["rows"])

@@ -57,16 +57,14 @@ def test_every_direction_matches_the_reference(handle, solver, dtype, case):
     x = store(rng.standard_normal((n, c, h, w)))
     wt = store(rng.standard_normal((k, c // groups, *filt)))
     geometry = {"pad": pad, "stride": stride, "dilation": dilation, "groups": groups}
-    forward_only = solver == "ConvWinogradF2x3"
     y = kdbkit.convolution_forward(handle, x, wt, dtype=dtype, solver=solver, **geometry)
     expected = ref.forward(read(x), read(wt), pad, stride, dilation, groups)
     np.testing.assert_allclose(read(y), expected, **_tolerance(tol, expected))
     dy = store(rng.standard_normal(expected.shape))
-    dx = kdbkit.convolution_backward_data(handle, dy, wt, x.shape, dtype=dtype,
-                                          solver=None if forward_only else solver, **geometry)
+    dx = kdbkit.convolution_backward_data(handle, dy, wt, x.shape, dtype=dtype, solver=solver, **geometry)
     expected = ref.backward_data(read(dy), read(wt), x.shape, pad, stride, dilation, groups)
     np.testing.assert_allclose(read(dx), expected, **_tolerance(tol, expected))
-    wrw_solver = None if solver == "ConvWinogradF2x3" else solver  # forward only
+    wrw_solver = None if solver == "ConvWinogradF2x3" else solver  # forward and backward data only
     dw = kdbkit.convolution_backward_weights(handle, dy, x, wt.shape, dtype=dtype, solver=wrw_solver, **geometry)
     expected = ref.backward_weights(read(dy), read(x), wt.shape, pad, stride, dilation, groups)
     np.testing.assert_allclose(read(dw), expected, **_tolerance(tol, expected))
@@ -104,17 +102,53 @@ def test_channels_last_tensors_in_every_direction(handle, solver, groups, filt, 
     assert y.desc.strides == (ho * wo * k, 1, wo * k, k)
     np.testing.assert_allclose(_from_channels_last(be, y), expected, rtol=1e-5, atol=1e-5)
     dy = rng.standard_normal(expected.shape).astype(np.float32)
-    backward = {**geometry, "solver": None if solver == "ConvWinogradF2x3" else solver}  # forward only
-    dx = kdbkit.convolution_backward_data(handle, _channels_last(be, dy), _channels_last(be, wt), x.shape, **backward)
+    dx = kdbkit.convolution_backward_data(handle, _channels_last(be, dy), _channels_last(be, wt), x.shape, **geometry)
     np.testing.assert_allclose(_from_channels_last(be, dx),
                                ref.backward_data(dy, wt, x.shape, pads, stride, (1, 1), groups), rtol=1e-5, atol=1e-5)
-    wrw = {**geometry, "solver": None if solver == "ConvWinogradF2x3" else solver}
+    wrw = {**geometry, "solver": None if solver == "ConvWinogradF2x3" else solver}  # not backward weights
     dw = kdbkit.convolution_backward_weights(handle, _channels_last(be, dy), _channels_last(be, x), wt.shape, **wrw)
     np.testing.assert_allclose(_from_channels_last(be, dw),
                                ref.backward_weights(dy, x, wt.shape, pads, stride, (1, 1), groups), rtol=1e-4,
                                atol=1e-4)
     for tensor in (y, dx, dw):
         tensor.buffer.free()
+
+
+@pytest.mark.parametrize("channels_last", [False, True])
+def test_split_reductions_of_forward_and_backward_data_match_the_reference(handle, channels_last):
+    """Few output positions over a long reduction: the implicit GEMM splits forward and
+    backward data (at stride 1 and (2, 1)) in slices that its finish kernel adds (the tile count is set from
+    the device's multiprocessors so that the split is taken on any device)."""
+    from kdbkit.runtime.primitives.convolution.solvers.igemm import split_slices
+
+    be, cu = handle.backend, handle.target.cu or 132
+    n, c, h, w, k = max(1, cu // 2), 130, 8, 16, 20
+    geometry = {"pad": (1, 1), "stride": (1, 1), "solver": "ConvImplicitGemm"}
+    layout = "NHWC" if channels_last else "NCHW"
+    for direction, (cin, cout) in (("F", (c, k)), ("B", (k, c))):
+        problem = ConvProblem(direction, DataType.FP32, layout, (n, cin, h, w), cout, (3, 3), (1, 1), (1, 1))
+        assert split_slices(problem, cu)[0] > 1
+    strided = ConvProblem("B", DataType.FP32, layout, (n, k, 2 * h, w), c, (3, 3), (1, 1), (2, 1))
+    assert split_slices(strided, cu)[0] > 1
+    rng = np.random.default_rng(11)
+    x = rng.standard_normal((n, c, h, w)).astype(np.float32)
+    wt = rng.standard_normal((k, c, 3, 3)).astype(np.float32)
+    put = (lambda a: _channels_last(be, a)) if channels_last else (lambda a: a)
+    get = (lambda t: _from_channels_last(be, t)) if channels_last else (lambda t: t)
+    y = kdbkit.convolution_forward(handle, put(x), put(wt), **geometry)
+    expected = ref.forward(x, wt, (1, 1), (1, 1), (1, 1), 1)
+    np.testing.assert_allclose(get(y), expected, **_tolerance(1e-4, expected))
+    # backward data with the roles swapped: 20 input channels, 130 output channels
+    wb = rng.standard_normal((c, k, 3, 3)).astype(np.float32)
+    dy = rng.standard_normal((n, c, h, w)).astype(np.float32)
+    dx = kdbkit.convolution_backward_data(handle, put(dy), put(wb), (n, k, h, w), **geometry)
+    expected = ref.backward_data(dy, wb, (n, k, h, w), (1, 1), (1, 1), (1, 1), 1)
+    np.testing.assert_allclose(get(dx), expected, **_tolerance(1e-4, expected))
+    # backward data at stride (2, 1): two phases of 6 and 3 taps, each split the same
+    dx = kdbkit.convolution_backward_data(handle, put(dy), put(wb), (n, k, 2 * h, w),
+                                          **{**geometry, "stride": (2, 1)})
+    expected = ref.backward_data(dy, wb, (n, k, 2 * h, w), (1, 1), (2, 1), (1, 1), 1)
+    np.testing.assert_allclose(get(dx), expected, **_tolerance(1e-4, expected))
 
 
 def test_the_config_string_is_miopens_key():
@@ -265,14 +299,14 @@ def test_depthwise_backward_weights_over_slices_and_channel_blocks(handle, chann
 
 
 def test_immediate_mode_passes_over_mostly_empty_implicit_gemm_tiles(handle):
-    """Backward data into 3 channels would fill 3 of the implicit GEMM's 128 tile columns: the
+    """Backward data into 3 channels would fill 3 of the implicit GEMM's 64 tile columns: the
     heuristic says so and takes the next solver; with only it applying, it takes it anyway."""
     from kdbkit.runtime.immediate import choose
 
     problem = ConvProblem("B", DataType.FP32, "NCHW", (2, 3, 16, 16), 64, (7, 7), (3, 3), (2, 2))
     choice = choose(handle, problem)
     assert choice.solver.name == "ConvIm2colGemm"
-    assert "ConvImplicitGemm: applies, passed over: its 128 x 128 tiles would be 98% empty" in "\n".join(choice.trace)
+    assert "ConvImplicitGemm: applies, passed over: its 256 x 64 tiles would be 98% empty" in "\n".join(choice.trace)
     grouped = ConvProblem("B", DataType.FP32, "NCHW", (2, 4, 16, 16), 4, (3, 3), (1, 1), groups=2)
     monkey = pytest.MonkeyPatch()
     monkey.setenv("KDB_DEBUG_CONV_DIRECT", "0")
@@ -361,3 +395,25 @@ def test_one_channel_inputs_take_a_channels_last_outputs_layout(handle, filt):
     assert got is y
     np.testing.assert_allclose(_from_channels_last(be, y), expected, rtol=1e-5, atol=1e-5)
     y.buffer.free()
+
+
+@pytest.mark.parametrize("layout", ["NCHW", "NHWC"])
+def test_immediate_mode_takes_winograd_for_wide_fp32_3x3_layers_only(layout):
+    """Winograd F(2x2, 3x3) before the implicit GEMM where its cost model says it is faster:
+    fp32 3 x 3 at stride 1 with many channels, forward and backward data; not at 64 channels
+    (the implicit GEMM's 64-column tile wastes nothing there), not for 16-bit types, strides or
+    backward weights."""
+    from kdbkit.runtime.immediate import heuristic
+
+    from .conftest import sm90
+
+    def chosen(direction="F", c=256, k=256, hw=14, stride=1, dtype=DataType.FP32):
+        problem = ConvProblem(direction, dtype, layout, (32, c, hw, hw), k, (3, 3), (1, 1), (stride, stride))
+        return heuristic(problem, sm90(), ()).solver.name
+
+    assert chosen() == chosen("B") == "ConvWinogradF2x3"
+    assert chosen(c=128, k=128, hw=28) == "ConvWinogradF2x3"
+    assert chosen(c=64, k=64, hw=56) == chosen("B", c=64, k=64, hw=56) == "ConvImplicitGemm"
+    assert chosen("W") == "ConvImplicitGemm"
+    assert chosen(stride=2) == "ConvImplicitGemm"
+    assert chosen(dtype=DataType.FP16) != "ConvWinogradF2x3"

@@ -6,6 +6,7 @@ import numpy as np
 
 from kdbkit.runtime.primitives.activation.problem import ActivationMode, ActivationProblem
 from kdbkit.runtime.primitives.activation.solvers.common import INT_MAX, mode_args, program
+from kdbkit.runtime.primitives.streaming import VECTOR_BYTES, groups_in_flight
 from kdbkit.runtime.solver import (
     APPLIES,
     Solution,
@@ -21,23 +22,32 @@ from kdbkit.runtime.tensor import DataType
 # step (ACTIV_UNROLL, ACTIV_LIGHT_UNROLL); the grid gives each thread one step.
 BLOCK, UNROLL = 256, 4
 LIGHT_BLOCK, LIGHT_UNROLL = 128, 1
-# activ_fwd_vec_light's groups per multiprocessor: a little below full occupancy (16 groups of
-# 128) streams faster; much further below it loses again (docs/performance.md, "Figures moved
-# out of the library's comments").
-LIGHT_GROUPS_PER_UNIT = 14
+# activ_fwd_vec_light holds just enough groups per compute unit to keep the unit's share of the
+# memory bandwidth in flight (kdbkit.runtime.primitives.streaming): a little below full
+# occupancy streams faster where that is enough, much further below it loses (docs/performance.md,
+# "Memory-bound kernels on every card"). A group moves LIGHT_BLOCK threads x LIGHT_UNROLL vectors
+# read and written; its bytes stay in flight about LIGHT_STEP_NS.
+LIGHT_STEP_NS = 2200
 # Modes whose function is a few instructions: activ_fwd_vec_light's (docs/performance.md,
 # "Element-wise kernels: threads, vectors and grids").
 LIGHT_MODES = frozenset({ActivationMode.PASTHRU, ActivationMode.RELU, ActivationMode.ABS, ActivationMode.CLIPPEDRELU,
                          ActivationMode.LEAKYRELU})
-# Modes of a log and an exponential per element: the four-vector kernel even in fp32.
-HEAVY_MODES = frozenset({ActivationMode.SOFTRELU, ActivationMode.POWER})
+# Modes of a log and an exponential, or an erf, per element: the four-vector kernel even in fp32
+# (gelu's erf: 0.999x PyTorch's speed at four vectors a thread against 1.009x at one on the
+# H100, 0.97x against 0.94x at one with no residency cap on the H200: docs/performance.md).
+HEAVY_MODES = frozenset({ActivationMode.SOFTRELU, ActivationMode.POWER, ActivationMode.GELU_ERF})
+
+
+def light_groups_per_unit(device) -> int | None:
+    """activ_fwd_vec_light's groups per compute unit on ``device`` (None: as many as fit)."""
+    return groups_in_flight(device, LIGHT_BLOCK * LIGHT_UNROLL * 2 * VECTOR_BYTES, LIGHT_STEP_NS)
 
 
 def light_kernel(problem: ActivationProblem) -> bool:
     """Whether the forward pass takes activ_fwd_vec_light. fp32 vectors hold half the elements
     of 16-bit ones, so there every mode but the heaviest is light enough: in fp32 one vector a
-    thread beat four for gelu, sigmoid, tanh and elu, while softplus (a log and an exponential)
-    and 16-bit gelu lost with it (docs/performance.md has the figures)."""
+    thread beat four for sigmoid, tanh and elu, while softplus (a log and an exponential), gelu
+    (an erf) on the H200 and 16-bit gelu lost with it (docs/performance.md has the figures)."""
     if problem.direction != "fwd":
         return False
     return problem.mode in LIGHT_MODES or (problem.dtype is DataType.FP32 and problem.mode not in HEAVY_MODES)
@@ -71,7 +81,7 @@ class ActivPacked(Solver):
             order = ("x", "y") if problem.direction == "fwd" else ("x", "y", "dy", "dx")
 
             # A group per block x unroll vectors: each thread one step, no tail wave.
-            block, unroll, per_unit = ((LIGHT_BLOCK, LIGHT_UNROLL, LIGHT_GROUPS_PER_UNIT) if light
+            block, unroll, per_unit = ((LIGHT_BLOCK, LIGHT_UNROLL, light_groups_per_unit(context.device)) if light
                                        else (BLOCK, UNROLL, None))
             fast = launcher_1d(context, vector, max(-(-vectors // unroll), 1), [*(None for _ in order), n, *tail],
                                block=block, max_groups=1 << 20, groups_per_unit=per_unit)

@@ -11,6 +11,7 @@ from collections.abc import Callable
 import numpy as np
 
 from kdbkit.runtime.primitives.batchnorm.problem import BatchNormProblem
+from kdbkit.runtime.primitives.streaming import unit_bytes_per_ns
 from kdbkit.runtime.program_key import ProgramRequest
 from kdbkit.runtime.tensor import DataType
 from kdbkit.runtime.solver import (
@@ -26,8 +27,12 @@ from kdbkit.runtime.solver import (
 BLOCK = 256  # batchnorm_persistent.cu's BN_BLOCK
 MAX_CHUNK = 2048  # 16-byte vectors a group stages: batchnorm_persistent.cu's BN_BLOCK * BN_REGS (32 KiB)
 STAGES = 2  # a group holds two chunks in shared memory: one being normalised, the next being summed
-# A team's meeting per channel, counted as this many vectors (docs/performance.md, "Batch-norm training").
+# A team's meeting per channel, counted as the vectors a member could have streamed meanwhile:
+# ROUND_COST where the bandwidth is unknown; else MEETING_NS at the card's bandwidth per compute
+# unit, which gives ROUND_COST on the H100, where it was measured (docs/performance.md,
+# "Batch-norm training"): a faster memory makes the same meeting cost more vectors.
 ROUND_COST = 4096
+MEETING_NS = 2580
 INT_MAX = 2**31 - 1
 # Per type, (vectors in flight per thread, groups a multiprocessor must hold): the kernel's
 # BN_REGS and BN_MIN_GROUPS where not (8, None). Each build was compared on the same buffers:
@@ -58,13 +63,19 @@ def shared_bytes(chunk: int, members: int) -> int:
     return (STAGES * chunk + members) * 16
 
 
+def round_cost(device) -> int:
+    """A team's meeting on ``device``, in vectors (see MEETING_NS)."""
+    rate = unit_bytes_per_ns(device)
+    return ROUND_COST if rate <= 0 else max(1, round(MEETING_NS * rate / 16))
+
+
 def team_plan(vectors: int, channels: int, resident: Callable[[int, int], int],
-              most: int = MAX_CHUNK) -> tuple[int, int, int] | None:
+              most: int = MAX_CHUNK, meeting: int = ROUND_COST) -> tuple[int, int, int] | None:
     """(members per team, vectors per member, teams) that finish soonest, where
     ``resident(chunk, members)`` groups of teams of ``members`` staging ``chunk`` vectors each
     fit the GPU at once and a chunk holds at most ``most`` vectors: every round of channels
-    costs its chunk plus one meeting, and the pipeline one chunk more (the first reads, the
-    last writes)."""
+    costs its chunk plus one meeting (``meeting`` vectors, :func:`round_cost`), and the
+    pipeline one chunk more (the first reads, the last writes)."""
     best, members = None, -(-vectors // most)
     while members <= resident(1, members):
         chunk = -(-vectors // members)
@@ -72,7 +83,7 @@ def team_plan(vectors: int, channels: int, resident: Callable[[int, int], int],
         if members <= fit:
             teams = min(channels, fit // members)
             rounds = -(-channels // teams)
-            cost = (rounds + 1) * chunk + rounds * ROUND_COST
+            cost = (rounds + 1) * chunk + rounds * meeting
             if best is None or cost < best[0]:
                 best = (cost, members, chunk, -(-channels // rounds))
         members += 1
@@ -148,7 +159,8 @@ class BatchNormPersistent(Solver):
             per = vector_elements(problem.dtype)
             vectors = n * h * w // per
             resident = resident_for(backend, kernel, context.device.target.cu or 1)
-            members, chunk, teams = team_plan(vectors, c, resident, max_chunk(problem.dtype))
+            members, chunk, teams = team_plan(vectors, c, resident, max_chunk(problem.dtype),
+                                              round_cost(context.device))
             groups = members * teams
             # The invoker's own workspace, zero before the first launch: each member's tagged pair of
             # sums per channel, and each channel's generation.

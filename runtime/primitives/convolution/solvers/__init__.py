@@ -3,18 +3,24 @@ ConvDirect, 21 ConvIm2colGemm, 22 ConvImplicitGemmTensorCore, 23 ConvWrwImplicit
 (both in igemm_tc), 24 ConvDepthwise, 25 ConvImplicitGemmMfma, 27 ConvWinogradF2x3, 28
 ConvImplicitGemm (26 is the bias's, ConvBias), 33-35 ConvTma128x256/128x128/128x64 (tma),
 36-38 ConvTmaBwdData128x256/128x128/128x64 (tma_dgrad), 39-41
-ConvTmaBwdDataStrided128x256/128x128/128x64 (tma_sdgrad), 48 ConvGroupedTensorCore (grouped_tc).
+ConvTmaBwdDataStrided128x256/128x128/128x64 (tma_sdgrad), 42-44
+ConvTmaBwdWeights128x256/128x128/128x64 (tma_wgrad), 45 ConvImplicitGemmTf32 (igemm_tf32:
+fp32 on the tensor cores in TF32, only with KDB_CONV_ALLOW_TF32=1), 48 ConvGroupedTensorCore
+(grouped_tc).
 Immediate mode tries the grouped tensor-core kernel first (forward, fp16/bf16, more than one
 group: ResNeXt's grouped and MobileNet's depthwise convolutions on sm_80+; strided depthwise
 ones it passes to the next), then the depthwise kernels (depthwise forward and backward data,
 every type), then
 Hopper's TMA + wgmma kernels (sm_90, fp16/bf16, the tile that wastes least: forward, then
-backward data at stride 1, then at a larger stride, one forward convolution per output phase),
+backward data at stride 1, then at a larger stride, one forward convolution per output phase,
+then backward weights, the reduction over the pixels split into fp32 slabs summed in order),
 then the matrix-unit implicit GEMMs (CUDA tensor cores, fp16/bf16: forward and backward data
 at stride 1, backward weights; AMD MFMA on gfx90a/gfx942: NHWC
-forward), then the implicit GEMM on the general cores (every direction, layout, type and group
-count), then the matrix multiply over im2col (one group), then Winograd F(2 x 2, 3 x 3) (3 x 3
-forward at stride 1: find ranks it where it is faster), then the direct solver, which takes every convolution."""
+forward; TF32 for fp32, only where KDB_CONV_ALLOW_TF32=1 allows it), then Winograd
+F(2 x 2, 3 x 3) (fp32 3 x 3 at stride 1, forward and backward data, where its cost model says
+it beats the implicit GEMM; else it applies for find), then the implicit GEMM on the general cores (every direction, layout, type and group count; forward and
+backward data split their reduction when their tiles would not fill the GPU), then the matrix
+multiply over im2col (one group), then the direct solver, which takes every convolution."""
 
 from kdbkit.runtime.primitives.convolution.solvers.depthwise import ConvDepthwise
 from kdbkit.runtime.primitives.convolution.solvers.direct import ConvDirect
@@ -23,6 +29,7 @@ from kdbkit.runtime.primitives.convolution.solvers.igemm import ConvImplicitGemm
 from kdbkit.runtime.primitives.convolution.solvers.igemm_mfma import ConvImplicitGemmMfma
 from kdbkit.runtime.primitives.convolution.solvers.igemm_tc import (ConvImplicitGemmTensorCore,
                                                                     ConvWrwImplicitGemmTensorCore)
+from kdbkit.runtime.primitives.convolution.solvers.igemm_tf32 import ConvImplicitGemmTf32
 from kdbkit.runtime.primitives.convolution.solvers.im2col import ConvIm2colGemm
 from kdbkit.runtime.primitives.convolution.solvers.tma import ConvTma, ConvTma128x64, ConvTma128x128
 from kdbkit.runtime.primitives.convolution.solvers.tma_dgrad import (ConvTmaBwdData, ConvTmaBwdData128x64,
@@ -30,11 +37,15 @@ from kdbkit.runtime.primitives.convolution.solvers.tma_dgrad import (ConvTmaBwdD
 from kdbkit.runtime.primitives.convolution.solvers.tma_sdgrad import (ConvTmaBwdDataStrided,
                                                                       ConvTmaBwdDataStrided128x64,
                                                                       ConvTmaBwdDataStrided128x128)
+from kdbkit.runtime.primitives.convolution.solvers.tma_wgrad import (ConvTmaBwdWeights, ConvTmaBwdWeights128x64,
+                                                                     ConvTmaBwdWeights128x128)
 from kdbkit.runtime.primitives.convolution.solvers.winograd import ConvWinogradF2x3
 from kdbkit.runtime.solver import REGISTRY
 
-SOLVERS = (ConvGroupedTensorCore, ConvDepthwise, ConvTma, ConvTma128x128, ConvTma128x64, ConvTmaBwdData, ConvTmaBwdData128x128,
-           ConvTmaBwdData128x64, ConvTmaBwdDataStrided, ConvTmaBwdDataStrided128x128, ConvTmaBwdDataStrided128x64,
-           ConvImplicitGemmTensorCore, ConvWrwImplicitGemmTensorCore, ConvImplicitGemmMfma,
-           ConvImplicitGemm, ConvIm2colGemm, ConvWinogradF2x3, ConvDirect)
+SOLVERS = (ConvGroupedTensorCore, ConvDepthwise, ConvTma, ConvTma128x128, ConvTma128x64, ConvTmaBwdData,
+           ConvTmaBwdData128x128, ConvTmaBwdData128x64, ConvTmaBwdDataStrided, ConvTmaBwdDataStrided128x128,
+           ConvTmaBwdDataStrided128x64,
+           ConvTmaBwdWeights, ConvTmaBwdWeights128x128, ConvTmaBwdWeights128x64,
+           ConvImplicitGemmTensorCore, ConvWrwImplicitGemmTensorCore, ConvImplicitGemmMfma, ConvImplicitGemmTf32,
+           ConvWinogradF2x3, ConvImplicitGemm, ConvIm2colGemm, ConvDirect)
 REGISTRY.register_all(SOLVERS)

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import numpy as np
 
+from kdbkit.runtime.primitives.streaming import VECTOR_BYTES, groups_in_flight
 from kdbkit.runtime.primitives.tensorop.problem import OPS, TensorOpProblem
 from kdbkit.runtime.program_key import ProgramRequest
 from kdbkit.runtime.solver import (
@@ -30,9 +31,16 @@ def scalars(problem: TensorOpProblem) -> list:
 
 
 UNROLL = 1  # tensorop.c's OP_UNROLL: vectors per thread and step
-# Groups of 256 per multiprocessor: a little below full occupancy (8) streams faster, in fp16 and
-# fp32 alike (docs/performance.md has the figures).
-GROUPS_PER_UNIT = 6
+# Groups of 256 per compute unit: just enough to keep the unit's share of the bandwidth in flight
+# (kdbkit.runtime.primitives.streaming); a little below full occupancy streams faster where
+# that is enough (docs/performance.md, "Memory-bound kernels on every card"). A group reads two
+# vectors and writes one per thread; its bytes stay in flight about STEP_NS.
+STEP_NS = 2800
+
+
+def groups_per_unit(device) -> int | None:
+    """op_tensor_vec's groups of 256 per compute unit on ``device`` (None: as many as fit)."""
+    return groups_in_flight(device, 256 * UNROLL * 3 * VECTOR_BYTES, STEP_NS)
 
 
 class OpTensorPacked(Solver):
@@ -62,7 +70,7 @@ class OpTensorPacked(Solver):
 
             # A group per 256 x UNROLL vectors: each thread one step, no tail wave.
             fast = launcher_1d(context, vector, max(-(-vectors // UNROLL), 1), [None, None, None, *tail],
-                               max_groups=1 << 20, groups_per_unit=GROUPS_PER_UNIT)
+                               max_groups=1 << 20, groups_per_unit=groups_per_unit(context.device))
             slow = launcher_1d(context, scalar, n, [None, None, None, *tail])
             return fast_when_aligned(fast, slow)
 

@@ -12,7 +12,7 @@ from __future__ import annotations
 import numpy as np
 
 from kdbkit.runtime.primitives.tensorop.problem import TensorOpProblem
-from kdbkit.runtime.primitives.tensorop.solvers.packed import GROUPS_PER_UNIT, INT_MAX, program, scalars
+from kdbkit.runtime.primitives.tensorop.solvers.packed import INT_MAX, groups_per_unit, program, scalars
 from kdbkit.runtime.solver import (
     APPLIES,
     Solution,
@@ -75,7 +75,7 @@ class OpTensorStrided(Solver):
                 return lambda a, b, c: slow(a, b, c)
             # one vector a thread, no tail wave (as OpTensorPacked's vector kernel)
             fast = launcher_1d(context, prog.function("op_tensor_rows"), int(rows[0]), [None, None, None, *rows, *tail],
-                               max_groups=1 << 20, groups_per_unit=GROUPS_PER_UNIT)
+                               max_groups=1 << 20, groups_per_unit=groups_per_unit(context.device))
             return fast_when_aligned(fast, slow)
 
         return Solution(self.programs(problem), invoker_factory)
