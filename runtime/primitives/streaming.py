@@ -4,8 +4,8 @@ A kernel that streams through device memory runs at the memory's speed only whil
 are in flight to cover the memory's latency at its bandwidth (Little's law: bytes in flight =
 bandwidth x the time a request is in flight). Per compute unit that is the unit's share of the
 bandwidth times that time, so the groups a unit must hold follow from the device: cards of one
-target share binaries but not bandwidth (an H100 and an H200 are both ``sm_90_132``, at 3.35
-and 4.8 TB/s), so only run-time choices (how many groups share a unit, how large a persistent
+target share binaries but not bandwidth (an H100 and an H200 are both ``sm_90_132``, and the
+second's memory is nearly half as fast again), so only run-time choices (how many groups share a unit, how large a persistent
 grid is, how a cooperative kernel splits its work) can follow the card. Each kernel states what
 one of its groups moves per step and how long the step's bytes stay in flight (``step_ns``);
 ``step_ns`` is a property of the kernel, not of the card, measured once (docs/performance.md,

@@ -33,8 +33,8 @@ LIGHT_STEP_NS = 2200
 LIGHT_MODES = frozenset({ActivationMode.PASTHRU, ActivationMode.RELU, ActivationMode.ABS, ActivationMode.CLIPPEDRELU,
                          ActivationMode.LEAKYRELU})
 # Modes of a log and an exponential, or an erf, per element: the four-vector kernel even in fp32
-# (gelu's erf: 0.999x PyTorch's speed at four vectors a thread against 1.009x at one on the
-# H100, 0.97x against 0.94x at one with no residency cap on the H200: docs/performance.md).
+# (for gelu's erf one vector a thread held only on the card of lower bandwidth, and lost on the
+# faster one: docs/performance.md has both cards' figures).
 HEAVY_MODES = frozenset({ActivationMode.SOFTRELU, ActivationMode.POWER, ActivationMode.GELU_ERF})
 
 
@@ -47,7 +47,7 @@ def light_kernel(problem: ActivationProblem) -> bool:
     """Whether the forward pass takes activ_fwd_vec_light. fp32 vectors hold half the elements
     of 16-bit ones, so there every mode but the heaviest is light enough: in fp32 one vector a
     thread beat four for sigmoid, tanh and elu, while softplus (a log and an exponential), gelu
-    (an erf) on the H200 and 16-bit gelu lost with it (docs/performance.md has the figures)."""
+    (an erf) on the faster memory and 16-bit gelu lost with it (docs/performance.md has the figures)."""
     if problem.direction != "fwd":
         return False
     return problem.mode in LIGHT_MODES or (problem.dtype is DataType.FP32 and problem.mode not in HEAVY_MODES)

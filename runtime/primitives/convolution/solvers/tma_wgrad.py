@@ -46,7 +46,7 @@ TILE_M, STEP, THREADS = tma.TILE_M, tma.STEP, tma.THREADS
 STAGES = tma.STAGES  # the forward's stages per tile width: the same shared-memory layout
 PIXELS = 64  # the im2col copy's pixels: one reduction step
 # The cost model's rates (fitted to scripts/sweep_wgrad.py's timings of every plan of
-# ResNet-50's layers on an H200, docs/performance.md; only the comparison between plans
+# ResNet-50's layers, docs/performance.md names the card; only the comparison between plans
 # matters): a multiprocessor's sustained wgmma rate, the bytes its copies bring in a second,
 # L2's bandwidth shared by the busy multiprocessors, the bytes of its epilogue's fp32 stores a
 # second, and the device memory's bandwidth that the reduction's pass reads the slabs at.
