@@ -194,6 +194,15 @@ __device__ __forceinline__ float ig_tf32(float v)
  * columns when colstride is 1, else rows. ROWBASE(m) is row m's offset (a long; negative: no
  * such row), column n adds n * colstride; STORE(offset, value) writes one; columns from ncols
  * on are not written. Every thread of the block must get here (barriers). */
+/* CUDA and HIP unroll the epilogue's loops so that the sums stay in registers (a quarter's
+ * index into acc must be a constant). OpenCL keeps them loops: PoCL, the OpenCL device kdbkit
+ * targets, holds acc in memory anyway, and compiles an unrolled epilogue's barrier regions one
+ * by one, which made the JIT of this file several times longer (docs/performance.md). */
+#ifdef __OPENCL_VERSION__
+#define IG_EPILOGUE_UNROLL
+#else
+#define IG_EPILOGUE_UNROLL KDB_UNROLL
+#endif
 #define IG_OUT_LD (IG_BN / 2 + 1) /* a quarter's shared row: a column's reads spread over the banks */
 #define IG_QR (IG_BM / 2)
 #define IG_QC (IG_BN / 2)
@@ -202,11 +211,11 @@ __device__ __forceinline__ float ig_tf32(float v)
         if (t < IG_BM)                                                                                 \
             Rb[t] = ROWBASE(m0 + t);                                                                   \
         const int cf_ = (colstride) == 1;                                                              \
-        KDB_UNROLL for (int p_ = 0; p_ < 4; ++p_) {                                                    \
+        IG_EPILOGUE_UNROLL for (int p_ = 0; p_ < 4; ++p_) {                                            \
             KDB_BARRIER;                                                                               \
             IG_QUARTER_TO_SHARED(p_);                                                                  \
             KDB_BARRIER;                                                                               \
-            KDB_UNROLL for (int j_ = 0; j_ < IG_QR * IG_QC / IG_THREADS; ++j_) {                       \
+            IG_EPILOGUE_UNROLL for (int j_ = 0; j_ < IG_QR * IG_QC / IG_THREADS; ++j_) {               \
                 const int r_ = cf_ ? t / IG_QC + IG_THREADS / IG_QC * j_ : t % IG_QR;                  \
                 const int c_ = cf_ ? t % IG_QC : t / IG_QR + IG_THREADS / IG_QR * j_;                  \
                 const long rb_ = Rb[(p_ >> 1) * IG_QR + r_];                                           \

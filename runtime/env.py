@@ -113,9 +113,8 @@ VARIABLES: tuple[EnvVar, ...] = (
     # `kdb env` lists them after these). No family switches as MIOpen's MIOPEN_DEBUG_CONV_DIRECT:
     # those once listed here were read nowhere, and two had the names of ConvDirect's and
     # ConvImplicitGemm's own switches.
-    EnvVar("KDB_CONV_ALLOW_TF32", "bool", False, "Let fp32 convolutions run on the tensor cores in TF32 "
-           "(ConvImplicitGemmTf32: operands rounded to a 10-bit mantissa, about 1e-3 relative error). "
-           "Default: off (fp32 stays fp32)."),
+    EnvVar("KDB_CONV_ALLOW_TF32", "bool", False, "Let fp32 convolutions run in TF32 on the tensor cores "
+           "(10-bit mantissa, about 1e-3 relative error). Default: off."),
     EnvVar("KDB_DEBUG_FIND_ONLY_SOLVER", "str", None, "Let find try only this solver (numeric "
            "id or name). Default: unset (every applicable solver)."),
     EnvVar("KDB_CHECK_NUMERICS", "flags", CheckNumerics.NONE, "Check buffers for inf/NaN/zero: "

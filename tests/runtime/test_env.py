@@ -31,6 +31,7 @@ EXPECTED = [
     "KDB_REMOTE_PASSWORD_FILE",  # its password kept out of the environment
     "KDB_DEVICE_RUNTIME",  # preflight against another machine's driver (issue 29)
     "KDB_COMPILE_LOCK_WAIT",  # the bound on waiting for another compile of a program (issue 27)
+    "KDB_CONV_ALLOW_TF32",  # fp32 convolutions in TF32 only when asked (issue 30)
 ]
 TRUE = ["1", "on", "yes", "true", "enable", "enabled"]
 FALSE = ["0", "off", "no", "false", "disable", "disabled"]

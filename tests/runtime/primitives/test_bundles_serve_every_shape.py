@@ -32,11 +32,12 @@ def test_the_catalogue_is_one_program_per_kernel_file_type_and_tile():
     assert portable_files and all(f.endswith(".c") for f in portable_files)
     types = {dtype.options[0] if dtype.options else "" for dtype in DataType}
     for name in portable_files:
-        # fp32, fp16 and bf16 of each: every mode and shape is an argument; at most one more
-        # tile per type (the long rows of softmax's and layer norm's lanes kernels)
+        # fp32, fp16 and bf16 of each: every mode and shape is an argument; a few more tiles
+        # per type at most (the long rows of softmax's and layer norm's lanes kernels; the
+        # implicit GEMM's 256 x 64 and 64 x 256 tiles, and its TF32 build of fp32)
         of_file = [r for r in programs if r.kernel_file == name]
         assert {next((o.split("=")[0] for o in r.options if o.startswith("-DKDB_TYPE_")), "") for r in of_file} \
-            == types and len(of_file) <= 2 * len(types), name
+            == types and len(of_file) <= 4 * len(types), name
     for backend in ("opencl", "cuda", "hip"):
         # a backend's bundle: the portable programs plus those of the solvers only it builds
         own = [s for s in REGISTRY if s.backends is not None and backend in s.backends]

@@ -55,4 +55,5 @@ class ConvImplicitGemmTf32(ConvImplicitGemm):
         return super().is_applicable(problem, device)
 
     def programs(self, problem: ConvProblem):
-        return [program(problem)]
+        # fp32 only: a bundle carries no TF32 build of the 16-bit kernels, which never run
+        return [program(problem)] if problem.dtype == DataType.FP32 else []
