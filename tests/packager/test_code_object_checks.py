@@ -158,6 +158,11 @@ EXPECTED_LAYOUTS = {
     **{name: [(0, 8), (8, 8), *((16 + 4 * i, 4) for i in range(8))] for name in ("conv_bias_fwd", "conv_bias_bwd")},
     # conv_depthwise.c: three tensors, CONV_SHAPE_ARGS, channels_fastest
     **{name: [(0, 8), (8, 8), (16, 8), *((24 + 4 * i, 4) for i in range(29))] for name in ("conv_dw_fwd", "conv_dw_bwd_data")},
+    # the depthwise forward's direct kernels: three tensors, the shape (28 ints), then: none (rows),
+    # the vectors of channels a block takes (nhwc_vec), channels_fastest and the tile (tiled)
+    "conv_dw_fwd_rows": [(0, 8), (8, 8), (16, 8), *((24 + 4 * i, 4) for i in range(28))],
+    "conv_dw_fwd_nhwc_vec": [(0, 8), (8, 8), (16, 8), *((24 + 4 * i, 4) for i in range(29))],
+    "conv_dw_fwd_tiled": [(0, 8), (8, 8), (16, 8), *((24 + 4 * i, 4) for i in range(32))],
     "conv_flip_weights": [(0, 8), (8, 8), *((16 + 4 * i, 4) for i in range(8))],  # two tensors, K C Y X, 4 strides
     "conv_pad_channels": [(0, 8), (8, 8), *((16 + 4 * i, 4) for i in range(9))],  # two tensors, N C H W Cp, 4 strides
     # two tensors; K C Y X, 4 strides, pads, strides
@@ -188,6 +193,8 @@ EXPECTED_LDS = {  # static LDS bytes at the default options
     "conv_igemm_split_finish": 0,
     "gemm_blocked": 2 * 2 * 8 * 132 * 4 + 128 * 8,
     "conv_dw_bwd_weights": 256 * 4,  # a float per thread for the tree
+    "conv_dw_fwd_rows": 0,
+    **{name: 8192 * 4 for name in ("conv_dw_fwd_tiled", "conv_dw_fwd_nhwc_vec")},  # CONV_DW_TILE_FLOATS
     "reduce_sum": 256 * 4,  # BLOCK floats
     "sgemm_tiled": 2 * 16 * 16 * 4,  # two TILE x TILE float tiles
     "dialect_everything": 64 * 4 + 4,  # BLOCK floats and one int

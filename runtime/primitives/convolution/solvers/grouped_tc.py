@@ -20,6 +20,7 @@ from kdbkit.runtime.primitives.convolution.solvers.igemm_tc import tensor_core_r
 from kdbkit.runtime.program_key import ProgramRequest
 from kdbkit.runtime.solver import (APPLIES, Solution, Solver, aligned16, fallback_invoker, launcher_1d,
                                    not_applicable)
+from kdbkit.runtime.tensor import DataType
 
 THREADS = 256  # conv_grouped_tc.cu's GC_THREADS
 SHARED_MAX = 163 * 1024  # a block's dynamic shared memory on sm_80 (sm_90 allows 227 KiB)
@@ -157,6 +158,8 @@ class ConvGroupedTensorCore(Solver):
         return (staged + expanded_weights(problem)) * problem.dtype.itemsize
 
     def programs(self, problem: ConvProblem):
+        if problem.dtype not in (DataType.FP16, DataType.BF16):
+            return []  # the tensor-core kernel has no fp32 build (tc_types.h)
         return [ProgramRequest("conv_grouped_tc.cu", problem.dtype.options),
                 ProgramRequest("conv_gemm.c", problem.dtype.options)]
 
