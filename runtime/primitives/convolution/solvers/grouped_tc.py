@@ -158,8 +158,8 @@ class ConvGroupedTensorCore(Solver):
         return (staged + expanded_weights(problem)) * problem.dtype.itemsize
 
     def programs(self, problem: ConvProblem):
-        if problem.dtype not in (DataType.FP16, DataType.BF16):
-            return []  # the tensor-core kernel has no fp32 build (tc_types.h)
+        if problem.dtype not in (DataType.FP16, DataType.BF16) or problem.groups == 1:
+            return []  # no fp32 build of the tensor-core kernel (tc_types.h); one group is not its job
         return [ProgramRequest("conv_grouped_tc.cu", problem.dtype.options),
                 ProgramRequest("conv_gemm.c", problem.dtype.options)]
 
