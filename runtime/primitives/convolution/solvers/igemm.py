@@ -17,6 +17,7 @@ from kdbkit.runtime.primitives.convolution.problem import ConvProblem
 from kdbkit.runtime.primitives.convolution.solvers.common import INT_MAX, fits_int_arguments, shape_args
 from kdbkit.runtime.program_key import ProgramRequest
 from kdbkit.runtime.solver import APPLIES, Solution, Solver, launcher_1d, not_applicable
+from kdbkit.runtime.tensor import DataType
 
 TILE, THREADS, STEP = 128, 256, 8  # conv_igemm.c's default IG_BM = IG_BN, IG_THREADS, IG_BK
 MAX_GRID_YZ = 65535
@@ -28,6 +29,10 @@ def tile(problem: ConvProblem) -> tuple[int, int]:
     less (64 channels: ResNet's first stage), 256 x 64 or 64 x 256, the same work a block with
     none of it on empty rows or columns. Forward and backward data have many rows (positions):
     only their columns are narrowed; backward weights' either side may be."""
+    if problem.dtype != DataType.FP32:
+        # measured for fp32 only (16-bit convolutions on GPUs go to the matrix units' solvers):
+        # 16-bit bundles carry the one tile
+        return TILE, TILE
     rows, cols, _ = product(problem)
     if cols <= 64 and (problem.direction != "W" or rows > 64):
         return 2 * TILE, 64
