@@ -29,6 +29,17 @@ def sm90_torch(handle):
     return handle, torch
 
 
+def assert_written_in_place(out, buffer, expected, what: str, memory_format=None) -> None:
+    """A GPU result check: the call returned ``buffer`` itself (in ``memory_format``, where
+    given), wrote every element of it (it was poisoned with NaN) and came within 1e-2 relative
+    of ``expected`` (float64); ``what`` names the case in the failure."""
+    assert out.data_ptr() == buffer.data_ptr()
+    assert memory_format is None or out.is_contiguous(memory_format=memory_format)
+    assert buffer.isfinite().all(), f"{what}: an element was not written"
+    err = float((buffer.double() - expected).norm() / expected.norm())
+    assert err < 1e-2, f"{what}: relative error {err:.2e}"
+
+
 def to_bf16_bits(a: np.ndarray) -> np.ndarray:
     """float32 -> bfloat16 bits, rounding to nearest even (as the kernels do)."""
     u = np.ascontiguousarray(a, np.float32).view(np.uint32).astype(np.uint64)
