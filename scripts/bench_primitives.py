@@ -114,8 +114,9 @@ def copy_bandwidth(iters: int, blocks: int) -> float:
     return 2 * a.numel() * a.element_size() / ms / 1e6
 
 
-def cases(h, torch, kdbkit):
-    """(name, dtype, kdbkit call, torch call, bytes moved, flops) per benchmark; inputs random, outputs reused."""
+def cases(h, torch, kdbkit, gemm: bool = True):
+    """(name, dtype, kdbkit call, torch call, bytes moved, flops) per benchmark; inputs random, outputs reused
+    (``gemm``: the matrix products too)."""
     F = torch.nn.functional
     for dt, label in ((torch.float16, "fp16"), (torch.bfloat16, "bf16"), (torch.float32, "fp32")):
         item = torch.finfo(dt).bits // 8
@@ -165,7 +166,7 @@ def cases(h, torch, kdbkit):
         a2 = torch.randn(n, device="cuda", dtype=dt)
         yield ("tensor add", label, lambda x=x, a2=a2, y=y: kdbkit.op_tensor(h, "add", x, a2, c=y),
                lambda x=x, a2=a2, y=y: torch.add(x, a2, out=y), 3 * n * item, 0)
-        if dt != torch.float32:
+        if gemm and dt != torch.float32:
             yield from gemm_cases(h, torch, kdbkit, dt, label)
 
 
@@ -254,8 +255,9 @@ def main() -> int:
     parser.add_argument("--placements", type=int, default=3, help="fresh tensors per case; the median is reported")
     parser.add_argument("--only", default="", help="run only the cases whose 'name type' contains this text "
                         "(e.g. 'max pool 3x3/2 fp16', for a profiler); the report files are not written")
-    parser.add_argument("--set", choices=("all", "gemm"), default="all",
-                        help="gemm: only the matrix products, reported as bench_gemm.*")
+    parser.add_argument("--set", choices=("all", "gemm", "memory"), default="all",
+                        help="gemm: only the matrix products, reported as bench_gemm.*; memory: only the "
+                        "memory-bound primitives, reported as bench_primitives.*")
     parser.add_argument("--graph", type=int, default=0, metavar="N",
                         help="time replays of a CUDA graph of N calls (0: back-to-back eager calls)")
     parser.add_argument("--commit", default="", help="the commit measured (default: git rev-parse HEAD, if any)")
@@ -279,7 +281,7 @@ def main() -> int:
         runs, keep = {}, []  # keep: every placement's tensors stay allocated, so the next ones land elsewhere
         extras = {}  # (name, type) -> a case's extra report (the GEMM cases': solver, error)
         for placement in range(args.placements):
-            chosen = cases(h, torch, kdbkit) if args.set == "all" else \
+            chosen = cases(h, torch, kdbkit, gemm=args.set == "all") if args.set != "gemm" else \
                 (case for dt, label in ((torch.float16, "fp16"), (torch.bfloat16, "bf16"))
                  for case in gemm_cases(h, torch, kdbkit, dt, label))
             for name, label, ours, theirs, nbytes, flops, *extra in chosen:
@@ -318,13 +320,13 @@ def main() -> int:
     result = {"device": h.device.name, "copy_gbs": copy_gbs, "host_us_per_call": host, "iters": args.iters,
               "memory": {"bandwidth_gbs": memory.bandwidth_gbs, "l2_bytes": memory.l2_bytes,
                          "threads_per_unit": memory.threads_per_unit, "units": h.device.target.cu},
-              "blocks": args.blocks, "placements": args.placements, "graph_calls": args.graph,
+              "blocks": args.blocks, "set": args.set, "placements": args.placements, "graph_calls": args.graph,
               "commit": args.commit or git_commit(), "torch": torch.__version__, "kdbkit": kdbkit.__version__,
               "rows": rows}
     print(verdict(rows), flush=True)
     if args.only:
         return 0
-    stem = "bench_primitives" if args.set == "all" else "bench_gemm"
+    stem = "bench_gemm" if args.set == "gemm" else "bench_primitives"
     (out / f"{stem}.json").write_text(json.dumps(result, indent=1))
     write_report(result, out, stem)
     return 0
@@ -385,13 +387,19 @@ def memory_note(memory: dict | None) -> str:
             f"over {memory['units']} multiprocessors, {memory['l2_bytes'] / 2**20:.0f} MiB of L2")
 
 
+def _set_flag(result: dict) -> str:
+    """The --set option the run was made with, as the command line spells it ("" for all)."""
+    chosen = result.get("set", "all")
+    return "" if chosen == "all" else f" --set {chosen}"
+
+
 def write_report(result: dict, out: Path, stem: str = "bench_primitives") -> None:
     graph = result.get("graph_calls", 0)
     calls = (f"replays of a CUDA graph of {graph} back-to-back calls" if graph else "back-to-back calls")
     commit = f" at commit {result['commit']}" if result.get("commit") else ""
     lines = [f"# {'Primitives' if stem == 'bench_primitives' else 'Matrix products'} against PyTorch on "
              f"{result['device']}", "",
-             (f"Written by `python scripts/bench_primitives.py{' --set gemm' if stem == 'bench_gemm' else ''}"
+             (f"Written by `python scripts/bench_primitives.py{_set_flag(result)}"
               f"{f' --graph {graph}' if graph else ''}`{commit} (one run: both libraries on the same tensors, "
               f"median of {result['blocks']} blocks of {result['iters']} {calls}, CUDA events, the two "
               f"libraries' blocks alternating, then the median over {result.get('placements', 1)} placements of "

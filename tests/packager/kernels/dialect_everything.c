@@ -27,7 +27,8 @@ KDB_DEVICE_FN float shape(float v)
     /* The 16-bit conversions, each round trip through its bits. */
     const float rounded = KDB_HALF_TO_FLOAT(KDB_FLOAT_TO_HALF(curve)) + KDB_BF16_TO_FLOAT(KDB_FLOAT_TO_BF16(curve));
     const float same = KDB_BITS_FLOAT(KDB_FLOAT_BITS(rounded));
-    return KDB_FMAF(magnitude, 0.5f, KDB_EXPF(KDB_FMINF(v, 0.0f))) + same + KDB_FAST_EXPF(-magnitude);
+    return KDB_FMAF(magnitude, 0.5f, KDB_EXPF(KDB_FMINF(v, 0.0f))) + same + KDB_FAST_EXPF(-magnitude) +
+           KDB_FAST_EXP2F(-magnitude) * KDB_FAST_RCPF(1.0f + magnitude);
 }
 
 /* A helper reading shared memory through a pointer. */

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import math
+
 import numpy as np
 import pytest
 
@@ -15,6 +17,7 @@ from kdbkit.runtime.tensor import DataType, DeviceTensor, TensorDesc
 
 from .conftest import TYPES
 
+_erfc = np.vectorize(math.erfc, otypes=[np.float64])
 PARAMS = {"alpha": 0.7, "beta": 1.3, "gamma": 2.0}
 SHAPES = [(7,), (3, 5), (2, 3, 5, 7), (1, 3, 1, 17, 2)]
 
@@ -46,6 +49,24 @@ def test_packed_forward_over_many_groups_and_a_tail(handle, mode, dtype):
     y = kdbkit.activation_forward(handle, x, mode, dtype=dtype, solver="ActivPacked", **PARAMS)
     np.testing.assert_allclose(read(y), ref.forward(read(x), int(ActivationMode.parse(mode)), **PARAMS),
                                rtol=tol, atol=tol)
+
+
+@pytest.mark.parametrize("dtype", ["fp16", "bf16"])
+def test_16_bit_gelu_is_within_a_unit_of_the_exact_value_into_the_tails(handle, dtype):
+    # Every input of the type in [-12, 12] (the 16-bit kernels' own erfc formulation): each
+    # result within one unit in the last place of the exact gelu, also where it is tiny (x < 0),
+    # which 0.5 * x * (1 + erff(x / sqrt 2)) in fp32 misses by cancellation.
+    store, read, _ = TYPES[dtype]
+    grid = np.linspace(-12, 12, 200_001)
+    x = read(store(grid))
+    exact = 0.5 * x.astype(np.float64) * _erfc(-x.astype(np.float64) / math.sqrt(2.0))
+    got = read(kdbkit.activation_forward(handle, store(x), "gelu", dtype=dtype)).astype(np.float64)
+    if dtype == "fp16":
+        unit = np.spacing(np.abs(exact).astype(np.float16)).astype(np.float64)
+    else:
+        unit = np.maximum(np.abs(exact) * 2.0**-7, 1e-38)
+    worst = np.argmax(np.abs(got - exact) / unit)
+    assert np.abs(got - exact)[worst] <= unit[worst], f"x={x[worst]}: {got[worst]} against {exact[worst]}"
 
 
 def test_which_modes_take_the_light_kernel():
