@@ -151,6 +151,11 @@ class ConvGroupedTensorCore(Solver):
             # a strided depthwise convolution reads 4 inputs an output: ConvDepthwise's direct kernels
             # measured faster there (docs/performance.md)
             return not_applicable("ConvDepthwise's direct kernels are faster on strided depthwise convolutions")
+        if depthwise and problem.filter[1] <= 3 and problem.dilation[1] == 1:
+            # MobileNet's 3 x 3 at stride 1: an 8-channel supergroup multiplies 7 zeros a weight, and NCHW
+            # costs a transpose; ConvDepthwise's register path reads each input once a window row, one
+            # launch (docs/bench_conv_mobilenet.md)
+            return not_applicable("ConvDepthwise's direct kernels are faster on depthwise filters up to 3 wide")
         return APPLIES
 
     def workspace(self, problem: ConvProblem) -> int:
