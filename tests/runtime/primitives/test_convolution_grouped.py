@@ -100,9 +100,11 @@ def test_immediate_mode_takes_it_for_resnext_and_depthwise_layers():
     assert heuristic(conv(c=144, groups=144, dtype=DataType.FP32), sm90(), ()).solver.name == "ConvDepthwise"
     strided = heuristic(conv(c=144, groups=144, stride=(2, 2)), sm90(), ())
     assert strided.solver.name == "ConvDepthwise" and "faster on strided depthwise" in strided.trace[0]
-    for layout in ("NHWC", "NCHW"):  # MobileNet's 3 x 3 at stride 1
-        narrow = heuristic(conv(c=144, groups=144, layout=layout, dtype=DataType.BF16), sm90(), ())
-        assert narrow.solver.name == "ConvDepthwise" and "up to 3 wide" in narrow.trace[0]
+    for layout, hw in (("NHWC", (112, 112)), ("NHWC", (56, 56)), ("NCHW", (28, 28)), ("NCHW", (7, 7))):
+        narrow = heuristic(conv(c=144, groups=144, hw=hw, layout=layout, dtype=DataType.BF16), sm90(), ())
+        assert narrow.solver.name == "ConvDepthwise" and "up to 3 wide" in narrow.trace[0]  # MobileNet's 3 x 3 / 1
+    for hw in ((56, 56), (112, 112)):  # NCHW's large planes stay here
+        assert heuristic(conv(c=32, groups=32, hw=hw, layout="NCHW"), sm90(), ()).solver.name == NAME
 
 
 def test_the_workspace_holds_an_nchw_input_staged():
