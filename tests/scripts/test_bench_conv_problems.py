@@ -227,7 +227,8 @@ def test_the_candidates_script_times_depthwise_and_fp32_pointwise_layers(scripts
     import bench_conv_candidates as candidates
 
     layers = {layer.name: layer for layer in scripts[1].mobilenet_v2()}
-    assert candidates.candidates(layers["depthwise 3x3/1 144 @56"], "fp16") == ["ConvDepthwise", "ConvGroupedTensorCore"]
+    both = ["ConvDepthwise", "ConvGroupedTensorCore"]
+    assert candidates.candidates(layers["depthwise 3x3/1 144 @56"], "fp16") == both
     assert candidates.candidates(layers["depthwise 3x3/2 96 @112"], "fp32") == ["ConvDepthwise"]
     assert candidates.candidates(layers["project 1x1 960>320 @7"], "fp32") == ["ConvImplicitGemm", "ConvIm2colGemm"]
     assert candidates.candidates(layers["project 1x1 960>320 @7"], "fp16") == []

@@ -172,7 +172,7 @@ def test_matches_pytorch(tensor_core_torch, layout, dtype, case):
 @pytest.mark.parametrize("kernel", ["direct", "tiled"])
 @pytest.mark.parametrize("layout", ["NHWC", "NCHW"])
 @pytest.mark.parametrize("n, c, hw, f, pad, stride, dilation, dtype", [
-    (2, 40, (33, 21), (5, 5), (2, 2), (1, 1), (1, 1), "fp32"),  # a slab of 32 channels and a cut one, rows cut by the tiles
+    (2, 40, (33, 21), (5, 5), (2, 2), (1, 1), (1, 1), "fp32"),  # a slab of 32 channels, a cut one; rows cut by tiles
     (2, 24, (17, 19), (3, 3), (1, 0), (2, 2), (1, 1), "fp32"),  # strided, uneven pad
     (2, 6, (12, 9), (3, 2), (2, 1), (1, 2), (2, 1), "fp32"),  # row dilation, a filter 2 wide, few channels
     (2, 3, (9, 9), (7, 7), (3, 3), (1, 1), (1, 1), "fp32"),  # 49 taps: past the 25 kept in registers

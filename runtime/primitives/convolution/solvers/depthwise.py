@@ -4,11 +4,11 @@ vector of channels by a run of 4 outputs of a row (conv_dw_fwd_nhwc_vec; :func:`
 :func:`vec_grid`); NCHW, a thread a run of 4 outputs of a row (conv_dw_fwd_rows), both reading
 each input of a window row once for filters up to 3 wide at column stride 1 or 2; or tiles of
 output positions by channels, each copying its input window and weights into shared memory
-first (conv_dw_fwd_tiled; :func:`tile`); or a thread per element (conv_dw_fwd). Backward data: a thread per element written, in
-the layout's memory order, its index found once, then the filter's taps. Backward weights
-(filters up to 25 taps): blocks of channels by slices of the output positions, every tap of a
-channel summed from one read of dy, the slices' sums added in a fixed order by conv_igemm.c's
-finish kernel."""
+first (conv_dw_fwd_tiled; :func:`tile`); or a thread per element (conv_dw_fwd). Backward data:
+a thread per element written, in the layout's memory order, its index found once, then the
+filter's taps. Backward weights (filters up to 25 taps): blocks of channels by slices of the
+output positions, every tap of a channel summed from one read of dy, the slices' sums added in
+a fixed order by conv_igemm.c's finish kernel."""
 
 from __future__ import annotations
 
