@@ -158,14 +158,59 @@ conv_dw_fwd_tiled(const KDB_GLOBAL kdb_data_t* x, const KDB_GLOBAL kdb_data_t* w
 
 #define CONV_DW_RUN 4 /* neighbouring outputs of a row a thread of the direct forward kernels computes */
 
+/* Whether a forward's filter rows take the direct kernels' register path: at most 3 taps wide,
+ * column dilation 1, column stride 1 or 2 (MobileNet's 3 x 3 depthwise layers). */
+#define CONV_DW_NARROW (X <= 3 && dlw == 1 && (sw == 1 || sw == 2))
+
+/* One filter row (weights wr[b], zero past the filter's width) added into a run of CONV_DW_RUN
+ * outputs of 16-byte channel vectors, the row's input vectors read once each (SW, the column
+ * stride, is a constant once inlined: every index below is known, the arrays stay in
+ * registers); v0 is the run's first window column, `row` the input row at column 0. */
+KDB_DEVICE_FN void conv_dw_vec_row(const KDB_GLOBAL kdb_vec4u* row, int v0, int W, int CV, const int SW,
+                                   const float* wr, float* acc)
+{
+    KDB_UNROLL for (int col = 0; col < (CONV_DW_RUN - 1) * SW + 3; ++col) {
+        const int v = v0 + col;
+        if (v >= 0 && v < W) {
+            float xv[KDB_VEC];
+            kdb_unpack(row[v * CV], xv);
+            KDB_UNROLL for (int q = 0; q < CONV_DW_RUN; ++q) {
+                const int b = col - q * SW;
+                if (b >= 0 && b < 3)
+                    KDB_UNROLL for (int u = 0; u < KDB_VEC; ++u) acc[q * KDB_VEC + u] += xv[u] * wr[b * KDB_VEC + u];
+            }
+        }
+    }
+}
+
+/* The same for one channel's row of scalars, `step` elements apart (NCHW: 1). */
+KDB_DEVICE_FN void conv_dw_scalar_row(const KDB_GLOBAL kdb_data_t* row, int v0, int W, int step, const int SW,
+                                      const float* wr, float* acc)
+{
+    KDB_UNROLL for (int col = 0; col < (CONV_DW_RUN - 1) * SW + 3; ++col) {
+        const int v = v0 + col;
+        if (v >= 0 && v < W) {
+            const float xv = KDB_LOAD(row, v * step);
+            KDB_UNROLL for (int q = 0; q < CONV_DW_RUN; ++q) {
+                const int b = col - q * SW;
+                if (b >= 0 && b < 3)
+                    acc[q] += xv * wr[b];
+            }
+        }
+    }
+}
+
 /* Forward, NHWC packed, C a multiple of KDB_VEC, x and y 16-byte aligned: a thread takes one
  * 16-byte vector of channels (KDB_VEC) at CONV_DW_RUN neighbouring outputs of a row, reading x
  * straight from memory (a warp's neighbouring threads read neighbouring vectors of a pixel;
- * the taps' overlapping reads, of neighbouring runs and rows, hit the cache), the group's
- * weights for its channels first copied into shared memory as [tap][channel]. A group takes
- * `lanes` channel vectors (grid y: ceil(C / KDB_VEC / lanes)) of CONV_DW_THREADS / lanes runs
- * (grid x over N Ho ceil(Wo / CONV_DW_RUN) runs); at most CONV_DW_TILE_FLOATS weights. */
-KDB_KERNEL void KDB_BOUNDS(CONV_DW_THREADS, 4)
+ * neighbouring runs' and rows' overlapping reads hit the cache), the group's weights for its
+ * channels first copied into shared memory as [tap][channel]. A group takes `lanes` channel
+ * vectors (grid y: C / KDB_VEC / lanes, rounded up) and CONV_DW_THREADS / lanes runs at a time,
+ * striding over the N Ho ceil(Wo / CONV_DW_RUN) runs by the grid's x (the host sizes it from
+ * the multiprocessors, so that each group's weights serve several passes); at most
+ * CONV_DW_TILE_FLOATS weights. Narrow filters (CONV_DW_NARROW) read each input vector of a
+ * window row once into registers, a filter row's weights with it; others read x per tap. */
+KDB_KERNEL void KDB_BOUNDS(CONV_DW_THREADS, 3)
 conv_dw_fwd_nhwc_vec(const KDB_GLOBAL kdb_vec4u* x, const KDB_GLOBAL kdb_data_t* w, KDB_GLOBAL kdb_vec4u* y,
                      CONV_SHAPE_ARGS, int lanes)
 {
@@ -178,51 +223,65 @@ conv_dw_fwd_nhwc_vec(const KDB_GLOBAL kdb_vec4u* x, const KDB_GLOBAL kdb_data_t*
     }
     KDB_BARRIER;
     const int lane = t % lanes, cv = cv0 + lane, runs = (Wo + CONV_DW_RUN - 1) / CONV_DW_RUN;
-    const long r = (long)KDB_GROUP_ID_X * (CONV_DW_THREADS / lanes) + t / lanes;
-    if (t >= CONV_DW_THREADS / lanes * lanes || cv >= CV || r >= (long)N * Ho * runs)
+    const int per = CONV_DW_THREADS / lanes, total = N * Ho * runs; /* sizes fit int (the host checks) */
+    if (t >= per * lanes || cv >= CV)
         return;
-    const int jr = (int)(r % runs), i = (int)(r / runs % Ho), n = (int)(r / ((long)runs * Ho));
-    const int j0 = jr * CONV_DW_RUN;
-    float acc[CONV_DW_RUN][KDB_VEC];
-    KDB_UNROLL for (int q = 0; q < CONV_DW_RUN; ++q)
-        KDB_UNROLL for (int u = 0; u < KDB_VEC; ++u) acc[q][u] = 0.0f;
-    for (int a = 0; a < Y; ++a) {
-        const int h = i * sh - ph + a * dlh;
-        if (h < 0 || h >= H)
-            continue;
-        const KDB_GLOBAL kdb_vec4u* row = x + ((long)n * H + h) * W * CV + cv;
-        for (int b = 0; b < X; ++b) {
-            float wv[KDB_VEC];
-            KDB_UNROLL for (int u = 0; u < KDB_VEC; ++u) wv[u] = wts[(a * X + b) * width + lane * KDB_VEC + u];
-            KDB_UNROLL for (int q = 0; q < CONV_DW_RUN; ++q) {
-                const int v = (j0 + q) * sw - pw + b * dlw;
-                if (v >= 0 && v < W) {
-                    float xv[KDB_VEC];
-                    kdb_unpack(row[(long)v * CV], xv);
-                    KDB_UNROLL for (int u = 0; u < KDB_VEC; ++u) acc[q][u] += xv[u] * wv[u];
+    const int wl = lane * KDB_VEC; /* this lane's weights in wts */
+    for (int r = KDB_GROUP_ID_X * per + t / lanes; r < total; r += KDB_NUM_GROUPS_X * per) {
+        const int jr = r % runs, i = r / runs % Ho, n = r / (runs * Ho);
+        const int j0 = jr * CONV_DW_RUN;
+        float acc[CONV_DW_RUN * KDB_VEC];
+        KDB_UNROLL for (int e = 0; e < CONV_DW_RUN * KDB_VEC; ++e) acc[e] = 0.0f;
+        for (int a = 0; a < Y; ++a) {
+            const int h = i * sh - ph + a * dlh;
+            if (h < 0 || h >= H)
+                continue;
+            const KDB_GLOBAL kdb_vec4u* row = x + (n * H + h) * W * CV + cv;
+            if (CONV_DW_NARROW) {
+                float wr[3 * KDB_VEC];
+                KDB_UNROLL for (int b = 0; b < 3; ++b)
+                    KDB_UNROLL for (int u = 0; u < KDB_VEC; ++u)
+                        wr[b * KDB_VEC + u] = b < X ? wts[(a * X + b) * width + wl + u] : 0.0f;
+                if (sw == 1)
+                    conv_dw_vec_row(row, j0 - pw, W, CV, 1, wr, acc);
+                else
+                    conv_dw_vec_row(row, j0 * 2 - pw, W, CV, 2, wr, acc);
+                continue;
+            }
+            for (int b = 0; b < X; ++b) {
+                float wv[KDB_VEC];
+                KDB_UNROLL for (int u = 0; u < KDB_VEC; ++u) wv[u] = wts[(a * X + b) * width + wl + u];
+                KDB_UNROLL for (int q = 0; q < CONV_DW_RUN; ++q) {
+                    const int v = (j0 + q) * sw - pw + b * dlw;
+                    if (v >= 0 && v < W) {
+                        float xv[KDB_VEC];
+                        kdb_unpack(row[v * CV], xv);
+                        KDB_UNROLL for (int u = 0; u < KDB_VEC; ++u) acc[q * KDB_VEC + u] += xv[u] * wv[u];
+                    }
                 }
             }
         }
-    }
-    KDB_UNROLL for (int q = 0; q < CONV_DW_RUN; ++q) {
-        if (j0 + q < Wo)
-            y[(((long)n * Ho + i) * Wo + j0 + q) * CV + cv] = kdb_pack(acc[q]);
+        KDB_UNROLL for (int q = 0; q < CONV_DW_RUN; ++q) {
+            if (j0 + q < Wo)
+                y[((n * Ho + i) * Wo + j0 + q) * CV + cv] = kdb_pack(acc + q * KDB_VEC);
+        }
     }
 }
 
 /* Forward, any strides (NCHW in practice): a thread takes CONV_DW_RUN neighbouring outputs of a
  * row of one channel, neighbouring threads the next runs of the row (1-D grid over N C Ho
- * ceil(Wo / CONV_DW_RUN), grid-stride), x read straight from memory (the taps' overlapping reads
- * hit the cache). */
+ * ceil(Wo / CONV_DW_RUN), grid-stride), x read straight from memory (neighbouring runs' and
+ * rows' overlapping reads hit the cache); narrow filters (CONV_DW_NARROW) read each input of a
+ * window row once, a filter row's weights with it. */
 KDB_KERNEL void KDB_BOUNDS(CONV_DW_THREADS, 4)
 conv_dw_fwd_rows(const KDB_GLOBAL kdb_data_t* x, const KDB_GLOBAL kdb_data_t* w, KDB_GLOBAL kdb_data_t* y,
                  CONV_SHAPE_ARGS)
 {
     const int runs = (Wo + CONV_DW_RUN - 1) / CONV_DW_RUN;
-    const long total = (long)N * C * Ho * runs;
-    for (long e = KDB_GLOBAL_ID_X; e < total; e += (long)KDB_LOCAL_SIZE_X * KDB_NUM_GROUPS_X) {
-        const int jr = (int)(e % runs), i = (int)(e / runs % Ho), c = (int)(e / ((long)runs * Ho) % C);
-        const int n = (int)(e / ((long)runs * Ho * C)), j0 = jr * CONV_DW_RUN;
+    const int total = N * C * Ho * runs; /* at most y's elements: int (the host checks) */
+    for (int e = KDB_GLOBAL_ID_X; e < total; e += KDB_LOCAL_SIZE_X * KDB_NUM_GROUPS_X) {
+        const int jr = e % runs, i = e / runs % Ho, nc = e / (runs * Ho), c = nc % C, n = nc / C;
+        const int j0 = jr * CONV_DW_RUN;
         const KDB_GLOBAL kdb_data_t* plane = x + (long)n * xs0 + (long)c * xs1;
         float acc[CONV_DW_RUN];
         KDB_UNROLL for (int q = 0; q < CONV_DW_RUN; ++q) acc[q] = 0.0f;
@@ -230,6 +289,16 @@ conv_dw_fwd_rows(const KDB_GLOBAL kdb_data_t* x, const KDB_GLOBAL kdb_data_t* w,
             const int h = i * sh - ph + a * dlh;
             if (h < 0 || h >= H)
                 continue;
+            if (CONV_DW_NARROW) {
+                float wr[3];
+                KDB_UNROLL for (int b = 0; b < 3; ++b)
+                    wr[b] = b < X ? KDB_LOAD(w, (long)c * ws0 + (long)a * ws2 + (long)b * ws3) : 0.0f;
+                if (sw == 1)
+                    conv_dw_scalar_row(plane + (long)h * xs2, j0 - pw, W, xs3, 1, wr, acc);
+                else
+                    conv_dw_scalar_row(plane + (long)h * xs2, j0 * 2 - pw, W, xs3, 2, wr, acc);
+                continue;
+            }
             for (int b = 0; b < X; ++b) {
                 const float wv = KDB_LOAD(w, (long)c * ws0 + (long)a * ws2 + (long)b * ws3);
                 KDB_UNROLL for (int q = 0; q < CONV_DW_RUN; ++q) {

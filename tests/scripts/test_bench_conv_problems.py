@@ -221,3 +221,18 @@ def test_merge_reports_runs_split_over_calls(scripts, tmp_path):
                            str(tmp_path / "c.json"), str(tmp_path / "missing.json")], capture_output=True, text=True,
                           timeout=120)
     assert done.returncode == 2 and len(done.stderr.strip().splitlines()) == 1 and "another kind" in done.stderr
+
+
+def test_the_candidates_script_times_depthwise_and_fp32_pointwise_layers(scripts, tmp_path):
+    import bench_conv_candidates as candidates
+
+    layers = {layer.name: layer for layer in scripts[1].mobilenet_v2()}
+    both = ["ConvDepthwise", "ConvGroupedTensorCore"]
+    assert candidates.candidates(layers["depthwise 3x3/1 144 @56"], "fp16") == both
+    assert candidates.candidates(layers["depthwise 3x3/2 96 @112"], "fp32") == ["ConvDepthwise"]
+    assert candidates.candidates(layers["project 1x1 960>320 @7"], "fp32") == ["ConvImplicitGemm", "ConvIm2colGemm"]
+    assert candidates.candidates(layers["project 1x1 960>320 @7"], "fp16") == []
+    done = subprocess.run([sys.executable, str(SCRIPTS / "bench_conv_candidates.py"), "--out", str(tmp_path / "c"),
+                           "--types", "fp8"], capture_output=True, text=True, timeout=120)
+    lines = done.stderr.strip().splitlines()
+    assert done.returncode == 2 and len(lines) == 1 and "--types" in lines[0] and "Traceback" not in done.stderr

@@ -95,11 +95,16 @@ def test_immediate_mode_takes_it_for_resnext_and_depthwise_layers():
     from kdbkit.runtime.immediate import heuristic
 
     for problem in (conv(), conv(c=1024, hw=(14, 14), stride=(2, 2), layout="NCHW"),
-                    conv(c=144, groups=144, dtype=DataType.BF16)):
+                    conv(c=40, groups=40, f=(5, 5), pad=(2, 2), dtype=DataType.BF16)):
         assert heuristic(problem, sm90(), ()).solver.name == NAME
     assert heuristic(conv(c=144, groups=144, dtype=DataType.FP32), sm90(), ()).solver.name == "ConvDepthwise"
     strided = heuristic(conv(c=144, groups=144, stride=(2, 2)), sm90(), ())
     assert strided.solver.name == "ConvDepthwise" and "faster on strided depthwise" in strided.trace[0]
+    for layout, hw in (("NHWC", (112, 112)), ("NHWC", (56, 56)), ("NCHW", (28, 28)), ("NCHW", (7, 7))):
+        narrow = heuristic(conv(c=144, groups=144, hw=hw, layout=layout, dtype=DataType.BF16), sm90(), ())
+        assert narrow.solver.name == "ConvDepthwise" and "up to 3 wide" in narrow.trace[0]  # MobileNet's 3 x 3 / 1
+    for hw in ((56, 56), (112, 112)):  # NCHW's large planes stay here
+        assert heuristic(conv(c=32, groups=32, hw=hw, layout="NCHW"), sm90(), ()).solver.name == NAME
 
 
 def test_the_workspace_holds_an_nchw_input_staged():
@@ -166,16 +171,21 @@ def test_matches_pytorch(tensor_core_torch, layout, dtype, case):
 
 @pytest.mark.parametrize("kernel", ["direct", "tiled"])
 @pytest.mark.parametrize("layout", ["NHWC", "NCHW"])
-@pytest.mark.parametrize("c, hw, f, pad, stride, dilation", [
-    (40, (33, 21), (5, 5), (2, 2), (1, 1), (1, 1)),  # a slab of 32 channels and a cut one, rows cut by the tiles
-    (24, (17, 19), (3, 3), (1, 0), (2, 2), (1, 1)),  # strided, uneven pad
-    (6, (12, 9), (3, 2), (2, 1), (1, 2), (2, 1)),  # dilation, a non-square filter, few channels
-    (3, (9, 9), (7, 7), (3, 3), (1, 1), (1, 1)),  # 49 taps: past the 25 kept in registers
+@pytest.mark.parametrize("n, c, hw, f, pad, stride, dilation, dtype", [
+    (2, 40, (33, 21), (5, 5), (2, 2), (1, 1), (1, 1), "fp32"),  # a slab of 32 channels, a cut one; rows cut by tiles
+    (2, 24, (17, 19), (3, 3), (1, 0), (2, 2), (1, 1), "fp32"),  # strided, uneven pad
+    (2, 6, (12, 9), (3, 2), (2, 1), (1, 2), (2, 1), "fp32"),  # row dilation, a filter 2 wide, few channels
+    (2, 3, (9, 9), (7, 7), (3, 3), (1, 1), (1, 1), "fp32"),  # 49 taps: past the 25 kept in registers
+    (1, 144, (7, 9), (3, 3), (1, 1), (1, 1), (1, 1), "fp32"),  # MobileNet's 3 x 3: 36 vectors in 2 slabs of 18
+    (1, 48, (11, 13), (3, 3), (1, 1), (2, 2), (1, 1), "fp16"),  # 3 x 3 / 2, odd sizes: runs cut at the row's end
+    (2, 16, (7, 6), (3, 3), (1, 1), (1, 1), (1, 1), "fp16"),  # 3 x 3 / 1, 2 vectors of 8 halfs, a run cut
+    (1, 8, (6, 5), (3, 3), (0, 2), (2, 1), (1, 1), "fp16"),  # no row pad, wide column pad, strided rows
 ])
-def test_the_depthwise_forward_matches_the_reference(handle, monkeypatch, kernel, layout, c, hw, f, pad, stride,
-                                                    dilation):
-    """Each forward kernel: NHWC's vectors of channels (40 and 24 channels: vectors of 4 floats;
-    6 and 3 fall back to the tiles), NCHW's runs of rows, and the tiles."""
+def test_the_depthwise_forward_matches_the_reference(handle, monkeypatch, kernel, layout, n, c, hw, f, pad, stride,
+                                                    dilation, dtype):
+    """Each forward kernel: NHWC's vectors of channels (vectors of 4 floats or 8 halfs; 6 and 3
+    channels fall back to the tiles), NCHW's runs of rows, and the tiles; the 3-wide filters at
+    column stride 1 and 2 take the direct kernels' register path."""
     import numpy as np
 
     import kdbkit
@@ -184,12 +194,14 @@ def test_the_depthwise_forward_matches_the_reference(handle, monkeypatch, kernel
     from .test_convolution import _channels_last, _from_channels_last
 
     monkeypatch.setitem(depthwise.PREFERRED, layout, kernel)
-    problem = ConvProblem("F", DataType.FP32, layout, (2, c, *hw), c, f, pad, stride, dilation, c)
-    expected = {("direct", "NHWC"): "vec" if c % 4 == 0 else "tiled", ("direct", "NCHW"): "rows"}
+    data = DataType.parse(dtype)
+    problem = ConvProblem("F", data, layout, (n, c, *hw), c, f, pad, stride, dilation, c)
+    vec = 16 // data.itemsize
+    expected = {("direct", "NHWC"): "vec" if c % vec == 0 else "tiled", ("direct", "NCHW"): "rows"}
     assert depthwise.forward_kernel(problem) == expected.get((kernel, layout), "tiled")
     rng = np.random.default_rng(c)
-    x = rng.standard_normal((2, c, *hw)).astype(np.float32)
-    wt = rng.standard_normal((c, 1, *f)).astype(np.float32)
+    x = rng.standard_normal((n, c, *hw)).astype(data.storage)
+    wt = rng.standard_normal((c, 1, *f)).astype(data.storage)
     geometry = {"pad": pad, "stride": stride, "dilation": dilation, "groups": c, "solver": "ConvDepthwise"}
     if layout == "NHWC":
         be = handle.backend
@@ -197,7 +209,18 @@ def test_the_depthwise_forward_matches_the_reference(handle, monkeypatch, kernel
                                                                **geometry))
     else:
         y = kdbkit.convolution_forward(handle, x, wt, **geometry)
-    np.testing.assert_allclose(y, ref.forward(x, wt, pad, stride, dilation, c), rtol=1e-5, atol=1e-4)
+    expect = ref.forward(x.astype(np.float32), wt.astype(np.float32), pad, stride, dilation, c)
+    tol = {"rtol": 1e-5, "atol": 1e-4} if dtype == "fp32" else {"rtol": 2e-3, "atol": 4e-3}
+    np.testing.assert_allclose(np.asarray(y, np.float32), expect, **tol)
+
+
+def test_the_vector_lanes_split_the_channels_evenly():
+    assert [depthwise.vector_lanes(v) for v in (4, 18, 32, 36, 48, 72, 120, 144, 37)] == [4, 18, 32, 18, 24, 24, 30,
+                                                                                         24, 32]
+    p = conv(c=144, groups=144, hw=(56, 56), dtype=DataType.FP32)  # 36 vectors: 2 slabs of 18, 14 runs a group
+    assert depthwise.vec_grid(p, 18, 132) == (16 * 132 // 2, 2, 1)  # of 1792 groups, 1056 striding
+    assert depthwise.vec_grid(conv(c=960, groups=960, hw=(7, 7)), 30, 132)[1:] == (4, 1)
+    assert depthwise.vec_grid(conv(c=32, groups=32, hw=(112, 112)), 4, 2) == (32, 1, 1)  # 16 groups a unit
 
 
 def test_the_depthwise_tiles_fit_the_shared_memory():

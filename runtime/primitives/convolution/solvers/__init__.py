@@ -8,9 +8,9 @@ ConvTmaBwdWeights128x256/128x128/128x64 (tma_wgrad), 45 ConvImplicitGemmTf32 (ig
 fp32 on the tensor cores in TF32, only with KDB_CONV_ALLOW_TF32=1), 48 ConvGroupedTensorCore
 (grouped_tc).
 Immediate mode tries the grouped tensor-core kernel first (forward, fp16/bf16, more than one
-group: ResNeXt's grouped and MobileNet's depthwise convolutions on sm_80+; strided depthwise
-ones it passes to the next), then the depthwise kernels (depthwise forward and backward data,
-every type), then
+group: ResNeXt's grouped convolutions on sm_80+, MobileNet's depthwise ones only on NCHW planes
+of 56 x 56 or more: other strided or at most 3 wide ones it passes to the next), then the
+depthwise kernels (depthwise forward and backward data, every type), then
 Hopper's TMA + wgmma kernels (sm_90, fp16/bf16, the tile that wastes least: forward, then
 backward data at stride 1, then at a larger stride, one forward convolution per output phase,
 then backward weights, the reduction over the pixels split into fp32 slabs summed in order),

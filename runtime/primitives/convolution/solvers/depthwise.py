@@ -1,13 +1,14 @@
 """ConvDepthwise (id 24): depthwise convolution (groups = C = K, one filter per channel),
 memory-bound (conv_depthwise.c). Forward (:func:`forward_kernel`): NHWC, a thread a 16-byte
-vector of channels by a run of 4 outputs of a row (conv_dw_fwd_nhwc_vec); NCHW, a thread a run
-of 4 outputs of a row (conv_dw_fwd_rows); or tiles of output positions by channels, each
-copying its input window and weights into shared memory first (conv_dw_fwd_tiled; :func:`tile`);
-or a thread per element (conv_dw_fwd). Backward data: a thread per element written, in
-the layout's memory order, its index found once, then the filter's taps. Backward weights
-(filters up to 25 taps): blocks of channels by slices of the output positions, every tap of a
-channel summed from one read of dy, the slices' sums added in a fixed order by conv_igemm.c's
-finish kernel."""
+vector of channels by a run of 4 outputs of a row (conv_dw_fwd_nhwc_vec; :func:`vector_lanes`,
+:func:`vec_grid`); NCHW, a thread a run of 4 outputs of a row (conv_dw_fwd_rows), both reading
+each input of a window row once for filters up to 3 wide at column stride 1 or 2; or tiles of
+output positions by channels, each copying its input window and weights into shared memory
+first (conv_dw_fwd_tiled; :func:`tile`); or a thread per element (conv_dw_fwd). Backward data:
+a thread per element written, in the layout's memory order, its index found once, then the
+filter's taps. Backward weights (filters up to 25 taps): blocks of channels by slices of the
+output positions, every tap of a channel summed from one read of dy, the slices' sums added in
+a fixed order by conv_igemm.c's finish kernel."""
 
 from __future__ import annotations
 
@@ -45,6 +46,26 @@ def forward_kernel(problem: ConvProblem) -> str:
                 and -(-c // (32 * vec)) <= 65535:
             return "vec"
     return "tiled" if tile(problem) is not None else "plain"
+
+
+def vector_lanes(vectors: int) -> int:
+    """Channel vectors a group of conv_dw_fwd_nhwc_vec takes: at most 32 (a warp's reads of a
+    pixel), the most that split the channels evenly, so that no group's threads idle on a cut
+    slab; up to 32 where only a few would (a warp reading fewer than 8 vectors of a pixel)."""
+    if vectors <= 32:
+        return vectors
+    even = max(d for d in range(1, 33) if vectors % d == 0)
+    return even if even >= 8 else 32
+
+
+def vec_grid(problem: ConvProblem, lanes: int, units: int) -> tuple[int, int, int]:
+    """conv_dw_fwd_nhwc_vec's grid: channel slabs in y; in x, groups of THREADS // lanes runs,
+    at most 16 groups a multiprocessor over the slabs (past that, each group strides over
+    several passes of runs, its weights copied once)."""
+    n, _, ho, wo = problem.y_shape
+    slabs = -(-problem.x_shape[1] // (16 // problem.dtype.itemsize) // lanes)
+    groups = -(-n * ho * -(-wo // RUN) // (THREADS // lanes))
+    return min(groups, max(1, 16 * units // slabs)), slabs, 1
 
 
 def tile(problem: ConvProblem) -> tuple[int, int, int] | None:
@@ -133,10 +154,9 @@ class ConvDepthwise(Solver):
                                                  [None, None, None, *shape_args(problem), order,
                                                   *(np.int32(v) for v in (th, tw, cb))])
             if kernel == "vec":
-                lanes = min(problem.x_shape[1] // (16 // problem.dtype.itemsize), 32)
-                runs = n * ho * -(-wo // RUN)
-                grid = (-(-runs // (THREADS // lanes)), -(-problem.x_shape[1] // (16 // problem.dtype.itemsize) // lanes),
-                        1)
+                cv = problem.x_shape[1] // (16 // problem.dtype.itemsize)
+                lanes = vector_lanes(cv)
+                grid = vec_grid(problem, lanes, context.device.target.cu or 132)
                 vec = context.backend.launcher(prog.function("conv_dw_fwd_nhwc_vec"), grid, (THREADS, 1, 1),
                                                [None, None, None, *shape_args(problem), np.int32(lanes)])
                 general = tiled or launcher_1d(context, prog.function("conv_dw_fwd"), n * k * ho * wo,

@@ -151,6 +151,13 @@ class ConvGroupedTensorCore(Solver):
             # a strided depthwise convolution reads 4 inputs an output: ConvDepthwise's direct kernels
             # measured faster there (docs/performance.md)
             return not_applicable("ConvDepthwise's direct kernels are faster on strided depthwise convolutions")
+        large_nchw = problem.layout == "NCHW" and problem.x_shape[2] * problem.x_shape[3] >= 56 * 56
+        if depthwise and problem.filter[1] <= 3 and problem.dilation[1] == 1 and not large_nchw:
+            # MobileNet's 3 x 3 at stride 1: an 8-channel supergroup multiplies 7 zeros a weight, and NCHW
+            # costs a transpose; ConvDepthwise's register path reads each input once a window row, one
+            # launch. On NCHW planes of 56 x 56 and more this kernel measured faster still
+            # (docs/bench_conv_mobilenet.md)
+            return not_applicable("ConvDepthwise's direct kernels are faster on depthwise filters up to 3 wide")
         return APPLIES
 
     def workspace(self, problem: ConvProblem) -> int:
