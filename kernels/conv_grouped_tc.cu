@@ -18,21 +18,15 @@
  * to y: 16-byte stores along the channels (NHWC), or along the rows of each output channel
  * (out_nchw).
  *
- * Where a problem's grid is too small to fill the GPU and its blocks' units too few for their
- * warps (ResNeXt's last stage, 64 channels a group at 7 x 7), S > 1 splits each unit's reduction
- * steps into S parts on S warps; parts 1 .. S - 1 leave fp32 sums in shared memory, which part
- * 0's warp adds in that fixed order (deterministic) before rounding.
- *
  * Options: -DKDB_TYPE_FP16 or -DKDB_TYPE_BF16 (required).
  * Arguments: x (NHWC, 16-byte aligned, C a multiple of 8), w (packed K x Y X x CG rows, 16-byte
  *   aligned: the user's KYXC weights where f = 1, else conv_grouped_weights's expansion), y,
  *   conv_shape.h's CONV_SHAPE_ARGS (the strides are not read), then out_nchw (y packed NCHW,
- *   else NHWC), f, TH, TW (TH TW <= GC_THREADS), SGB, S (the reduction's parts: 1, or units S
- *   <= GC_WARPS).
+ *   else NHWC), f, TH, TW (TH TW <= GC_THREADS), SGB.
  * Kernels: conv_grouped_fwd_k8/k16/k32/k64, by KG; conv_grouped_weights (1-D, any grid).
  * Launch: GC_THREADS (256) threads, grid (ceil(Ho / TH) ceil(Wo / TW), G / (f SGB), N), dynamic
- *   shared memory as grouped_tc.py's shared_bytes (the halo, the weights, the output tile,
- *   8 zeros and, where S > 1, the parts' fp32 sums).
+ *   shared memory as grouped_tc.py's shared_bytes (the halo, the weights, the output tile and
+ *   8 zeros).
  */
 #if !defined(__CUDACC__) && !defined(__CUDACC_RTC__)
 #error "conv_grouped_tc.cu is CUDA only (tensor cores through mma.sync)"
@@ -71,7 +65,7 @@ __device__ __forceinline__ void conv_grouped_body(const unsigned short* __restri
                                                   unsigned short* __restrict__ y, int N, int C, int H, int W, int K,
                                                   int Ho, int Wo, int Y, int X, int ph, int pw, int sh, int sw,
                                                   int dlh, int dlw, int G, int ws0, int ws1, int ws2, int ws3,
-                                                  int out_nchw, int f, int TH, int TW, int SGB, int S)
+                                                  int out_nchw, int f, int TH, int TW, int SGB)
 {
     constexpr int MU = NT >= 8 ? 1 : NT == 4 ? 2 : 4; /* m16 tiles a unit: A's fragments serve NT mma, B's MU */
     constexpr int KG = 8 * NT;
@@ -138,38 +132,13 @@ __device__ __forceinline__ void conv_grouped_body(const unsigned short* __restri
      * step takes two taps where CG = 8; past the last tap A reads zeros (B's weights there are
      * whatever follows the row, times zero). This lane's first (tap row, tap column, channel). */
     const int steps = (TAPS * CG + 15) / 16, r_lane = 8 * (lane / 16);
-    const int mgroups = (MROWS / 16 + MU - 1) / MU, units = mgroups * SGB, items = units * S;
-    const int part_steps = (steps + S - 1) / S;
+    const int first_tap = r_lane / CG, first_c = r_lane - first_tap * CG;
+    const int mgroups = (MROWS / 16 + MU - 1) / MU, units = mgroups * SGB;
     const unsigned int zero_row = gc_smem(zero);
-    /* Into the output tile, rounded to the type. */
-    auto store_tile = [&](float (&acc)[MU][NT][4], int mg, int sg) {
-#pragma unroll
-        for (int mu = 0; mu < MU; ++mu) {
-            if ((mg * MU + mu) * 16 >= MROWS)
-                continue;
-#pragma unroll
-            for (int j = 0; j < NT; ++j)
-#pragma unroll
-                for (int half = 0; half < 2; ++half) {
-                    const int r = (mg * MU + mu) * 16 + group + 8 * half, c = sg * KG + 8 * j + 2 * tig;
-                    const unsigned short lo = tc_from_float(acc[mu][j][2 * half]);
-                    const unsigned short hi = tc_from_float(acc[mu][j][2 * half + 1]);
-                    if (out_nchw) {
-                        out[c * OROW + r] = lo;
-                        out[(c + 1) * OROW + r] = hi;
-                    } else {
-                        *(unsigned int*)(out + r * OROW + c) = (unsigned int)lo | ((unsigned int)hi << 16);
-                    }
-                }
-        }
-    };
     int row_mg = -1;
     unsigned int a_row[MU];
-    float acc[MU][NT][4];
-    /* Work item u: unit u % units (m16 tiles mg by supergroup sg) over part u / units of the
-     * reduction's steps; S > 1 only where each warp takes at most one item (the plan's). */
-    for (int u = warp; u < items; u += GC_WARPS) {
-        const int part = u / units, sg = u % units % SGB, mg = u % units / SGB;
+    for (int u = warp; u < units; u += GC_WARPS) {
+        const int sg = u % SGB, mg = u / SGB;
         /* This lane's A row for each of the unit's m16 tiles (lanes 0-15 and 16-31 both name rows
          * 0-15): its position's pixel at tap (0, 0), found again only where the tiles change. Rows
          * past the tile repeat its last position (their sums are never stored). */
@@ -186,6 +155,7 @@ __device__ __forceinline__ void conv_grouped_body(const unsigned short* __restri
          * tile for NT = 1, one x4 load per pair of tiles else. */
         const unsigned int b_row =
             gc_smem(wts + (sg * KG + (NT == 1 ? 0 : lane / 16) * 8 + lane % 8) * WROW + 8 * ((lane / 8) % 2));
+        float acc[MU][NT][4];
 #pragma unroll
         for (int mu = 0; mu < MU; ++mu)
 #pragma unroll
@@ -193,10 +163,8 @@ __device__ __forceinline__ void conv_grouped_body(const unsigned short* __restri
 #pragma unroll
                 for (int e = 0; e < 4; ++e)
                     acc[mu][j][e] = 0.0f;
-        const int first = part * part_steps, last = min(steps, first + part_steps);
-        const int r0 = 16 * first + r_lane, tap0 = r0 / CG;
-        int ta = tap0 / X, tb = tap0 - (tap0 / X) * X, c = r0 - tap0 * CG;
-        for (int step = first; step < last; ++step) {
+        int ta = first_tap / X, tb = first_tap - (first_tap / X) * X, c = first_c;
+        for (int step = 0; step < steps; ++step) {
             const bool live = ta < Y;
             const unsigned int a_off = a_sg + 2 * ((ta * dlh * WW + tb * dlw) * PIX + c);
             unsigned int fa[MU][4], fb[NT][2];
@@ -230,36 +198,25 @@ __device__ __forceinline__ void conv_grouped_body(const unsigned short* __restri
                     ++ta;
                 }
         }
-        if (S == 1)
-            store_tile(acc, mg, sg);
-    }
-    if (S > 1) {
-        /* The parts' sums in a fixed order: parts 1.. S - 1 through fp32 partials [item][value][lane],
-         * added by part 0's warp. */
-        float* partial = (float*)(zero + 8);
-        const int part = warp / units, unit = warp % units;
-        float* mine = partial + ((part - 1) * units + unit) * (MU * NT * 4 * 32) + lane;
-        if (warp < items && part > 0)
+        /* Into the output tile, rounded to the type. */
 #pragma unroll
-            for (int mu = 0; mu < MU; ++mu)
+        for (int mu = 0; mu < MU; ++mu) {
+            if ((mg * MU + mu) * 16 >= MROWS)
+                continue;
 #pragma unroll
-                for (int j = 0; j < NT; ++j)
+            for (int j = 0; j < NT; ++j)
 #pragma unroll
-                    for (int e = 0; e < 4; ++e)
-                        mine[((mu * NT + j) * 4 + e) * 32] = acc[mu][j][e];
-        __syncthreads();
-        if (part == 0) {
-            for (int q = 1; q < S; ++q) {
-                const float* theirs = partial + ((q - 1) * units + unit) * (MU * NT * 4 * 32) + lane;
-#pragma unroll
-                for (int mu = 0; mu < MU; ++mu)
-#pragma unroll
-                    for (int j = 0; j < NT; ++j)
-#pragma unroll
-                        for (int e = 0; e < 4; ++e)
-                            acc[mu][j][e] += theirs[((mu * NT + j) * 4 + e) * 32];
-            }
-            store_tile(acc, unit / SGB, unit % SGB);
+                for (int half = 0; half < 2; ++half) {
+                    const int r = (mg * MU + mu) * 16 + group + 8 * half, c = sg * KG + 8 * j + 2 * tig;
+                    const unsigned short lo = tc_from_float(acc[mu][j][2 * half]);
+                    const unsigned short hi = tc_from_float(acc[mu][j][2 * half + 1]);
+                    if (out_nchw) {
+                        out[c * OROW + r] = lo;
+                        out[(c + 1) * OROW + r] = hi;
+                    } else {
+                        *(unsigned int*)(out + r * OROW + c) = (unsigned int)lo | ((unsigned int)hi << 16);
+                    }
+                }
         }
     }
     __syncthreads();
@@ -309,12 +266,12 @@ extern "C" __global__ void conv_grouped_weights(const unsigned short* __restrict
 }
 
 #define GC_KERNEL(NAME, NT)                                                                                  \
-    extern "C" __global__ void __launch_bounds__(GC_THREADS, 3)                                              \
+    extern "C" __global__ void __launch_bounds__(GC_THREADS)                                                 \
     NAME(const unsigned short* __restrict__ x, const unsigned short* __restrict__ w,                       \
-         unsigned short* __restrict__ y, CONV_SHAPE_ARGS, int out_nchw, int f, int TH, int TW, int SGB, int S) \
+         unsigned short* __restrict__ y, CONV_SHAPE_ARGS, int out_nchw, int f, int TH, int TW, int SGB)        \
     {                                                                                                        \
         conv_grouped_body<NT>(x, w, y, N, C, H, W, K, Ho, Wo, Y, X, ph, pw, sh, sw, dlh, dlw, G, ws0, ws1, ws2, \
-                              ws3, out_nchw, f, TH, TW, SGB, S);                                      \
+                              ws3, out_nchw, f, TH, TW, SGB);                                         \
     }
 
 GC_KERNEL(conv_grouped_fwd_k8, 1)

@@ -6,7 +6,9 @@ reads its output tile's input window once into shared memory and every warp's fr
 out of it by ldmatrix. NHWC tensors go as they are; an NCHW x is staged channels-last in a
 workspace by conv_gemm.c's tiled transpose and the kernel writes the NCHW output itself. The
 weights are copied as 16-byte rows: the user's packed KYXC ones where no groups merge, else
-expanded (zeros across the groups) into a workspace by conv_grouped_weights on each call."""
+expanded (zeros across the groups) into a workspace by conv_grouped_weights on each call.
+Groups of 64 channels keep the whole output tile: their weights fill most of a block, so a
+smaller tile would copy them again for a few positions on one warp."""
 
 from __future__ import annotations
 
@@ -23,7 +25,6 @@ from kdbkit.runtime.solver import (APPLIES, Solution, Solver, aligned16, fallbac
 from kdbkit.runtime.tensor import DataType
 
 THREADS = 256  # conv_grouped_tc.cu's GC_THREADS
-WARPS = THREADS // 32
 SHARED_MAX = 163 * 1024  # a block's dynamic shared memory on sm_80 (sm_90 allows 227 KiB)
 SHARED_BUDGET = 72 * 1024  # three blocks a multiprocessor where the tile allows
 WIDTHS = (8, 16, 32, 64)  # the supergroups' output channels, one kernel each
@@ -52,37 +53,21 @@ class Plan:
     tw: int  # and columns
     sgb: int  # supergroups a block
     shared: int  # bytes of dynamic shared memory
-    s: int = 1  # the reduction's parts, each on a warp of its own (summed in order in shared memory)
 
     def grid(self, problem: ConvProblem) -> tuple[int, int, int]:
         ho, wo = problem.out_hw
         return (-(-ho // self.th) * -(-wo // self.tw), problem.groups // (self.f * self.sgb), problem.x_shape[0])
 
 
-def _mu(nt: int) -> int:
-    """conv_grouped_tc.cu's MU: the m16 tiles of a unit, for NT n8 tiles of outputs."""
-    return 1 if nt >= 8 else 2 if nt == 4 else 4
-
-
-def _units(problem: ConvProblem, f: int, th: int, tw: int, sgb: int) -> int:
-    """conv_grouped_tc.cu's units: MU m16 tiles of positions by one supergroup."""
-    return -(-(-(-th * tw // 16)) // _mu(f * problem.out_channels // problem.groups // 8)) * sgb
-
-
-def shared_bytes(problem: ConvProblem, f: int, th: int, tw: int, sgb: int, s: int = 1) -> int:
-    """The halo, the weights, the output tile, 8 zeros and the parts' fp32 sums (s > 1), as
-    conv_grouped_tc.cu lays them out."""
+def shared_bytes(problem: ConvProblem, f: int, th: int, tw: int, sgb: int) -> int:
+    """The halo, the weights and the output tile, as conv_grouped_tc.cu lays them out."""
     g, (fy, fx), (sh, sw), (dh, dw) = problem.groups, problem.filter, problem.stride, problem.dilation
     cs, ks = sgb * f * problem.x_shape[1] // g, sgb * f * problem.out_channels // g
     hh, ww = (th - 1) * sh + (fy - 1) * dh + 1, (tw - 1) * sw + (fx - 1) * dw + 1
     rows = -(-th * tw // 16) * 16
     out = ks * (rows + 8) if problem.layout == "NCHW" else rows * (ks + 8)
     weights = ks * (-(-fy * fx * cs // sgb // 16) * 16 + 8)  # rows of whole k16 steps, then 16 bytes
-    partials = 0
-    if s > 1:  # MU x NT x 4 floats a lane, 32 lanes, for each unit of parts 1 .. s - 1
-        partials = 4 * (s - 1) * _units(problem, f, th, tw, sgb) * (ks // sgb // 8) * 4 * 32 * \
-            _mu(ks // sgb // 8)
-    return 2 * (hh * ww * _padded(cs) + weights + out + 8) + partials  # and 8 zeros
+    return 2 * (hh * ww * _padded(cs) + weights + out + 8)  # and 8 zeros
 
 
 def expanded_weights(problem: ConvProblem) -> int:
@@ -102,7 +87,8 @@ def plan(problem: ConvProblem, units: int = 132) -> Plan | None:
     """The tile: about 128 output positions (64 strided) in rows of at most 16, cut evenly; then
     as many supergroups a block as keep it within SHARED_BUDGET (at most 128 channels) while the
     grid still gives each of the ``units`` multiprocessors two blocks; smaller tiles where none
-    fits. None where even one row of one supergroup exceeds a block's shared memory."""
+    fits, unless one supergroup's weights take over half the budget (then the first tile, up to
+    SHARED_MAX). None where even one row of one supergroup exceeds a block's shared memory."""
     f = merge(problem)
     if f is None:
         return None
@@ -121,12 +107,12 @@ def plan(problem: ConvProblem, units: int = 132) -> Plan | None:
         if fits:
             filled = [d for d in fits if tiles * (g // d) >= 2 * units]
             d = max(filled) if filled else min(fits)
-            return _split(problem, Plan(f, th, tw, d, shared_bytes(problem, f, th, tw, d)), tiles * (g // d), units)
+            return Plan(f, th, tw, d, shared_bytes(problem, f, th, tw, d))
         weights = 2 * kg * (-(-fy * fx * cg // 16) * 16 + 8)
         if whole and 2 * weights > SHARED_BUDGET and shared_bytes(problem, f, th, tw, 1) <= SHARED_MAX:
             # one supergroup's weights fill most of a block (64 channels a group, 3 x 3): a smaller
             # tile would copy them again for fewer positions, so the whole tile takes more memory
-            return _split(problem, Plan(f, th, tw, 1, shared_bytes(problem, f, th, tw, 1)), tiles * g, units)
+            return Plan(f, th, tw, 1, shared_bytes(problem, f, th, tw, 1))
         whole = False
         if th0 == 1:
             break
@@ -134,22 +120,6 @@ def plan(problem: ConvProblem, units: int = 132) -> Plan | None:
     if shared_bytes(problem, f, 1, tw, 1) <= SHARED_MAX:
         return Plan(f, 1, tw, 1, shared_bytes(problem, f, 1, tw, 1))
     return None
-
-
-def _split(problem: ConvProblem, p: Plan, blocks: int, units: int) -> Plan:
-    """``p`` with its reduction split over the warps its units leave idle, where its ``blocks``
-    give the ``units`` multiprocessors fewer than two each; p where that leaves it as it is or
-    the parts' sums would not fit."""
-    busy = _units(problem, p.f, p.th, p.tw, p.sgb)
-    s = min(WARPS // busy, _steps(problem, p.f) // 4) if blocks < 2 * units else 1
-    if s < 2 or shared_bytes(problem, p.f, p.th, p.tw, p.sgb, s) > SHARED_MAX:
-        return p
-    return Plan(p.f, p.th, p.tw, p.sgb, shared_bytes(problem, p.f, p.th, p.tw, p.sgb, s), s)
-
-
-def _steps(problem: ConvProblem, f: int) -> int:
-    """conv_grouped_tc.cu's steps: the reduction (taps by a supergroup's inputs) in k16 steps."""
-    return -(-problem.filter[0] * problem.filter[1] * f * problem.x_shape[1] // problem.groups // 16)
 
 
 class ConvGroupedTensorCore(Solver):
@@ -211,7 +181,7 @@ class ConvGroupedTensorCore(Solver):
             backend, prog, item = context.backend, programs[0], problem.dtype.itemsize
             fast = backend.launcher(prog.function(KERNELS[kg]), chosen.grid(problem), (THREADS, 1, 1),
                                     [None, None, None, *shape_args(problem),
-                                     *(np.int32(v) for v in (nchw, chosen.f, chosen.th, chosen.tw, chosen.sgb, chosen.s))],
+                                     *(np.int32(v) for v in (nchw, chosen.f, chosen.th, chosen.tw, chosen.sgb))],
                                     shared_bytes=chosen.shared)
             n, c, h, w = problem.x_shape
             wide = expanded_weights(problem)
