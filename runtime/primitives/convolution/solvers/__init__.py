@@ -44,9 +44,9 @@ from kdbkit.runtime.primitives.convolution.solvers.tma_wgrad import (ConvTmaBwdW
 from kdbkit.runtime.primitives.convolution.solvers.winograd import ConvWinogradF2x3
 from kdbkit.runtime.solver import REGISTRY
 
-SOLVERS = (ConvGroupedTensorCore, ConvDepthwise, ConvGroupedFp32, ConvTma, ConvTma128x128, ConvTma128x64, ConvTmaBwdData,
-           ConvTmaBwdData128x128, ConvTmaBwdData128x64, ConvTmaBwdDataStrided, ConvTmaBwdDataStrided128x128,
-           ConvTmaBwdDataStrided128x64,
+SOLVERS = (ConvGroupedTensorCore, ConvDepthwise, ConvGroupedFp32, ConvTma, ConvTma128x128, ConvTma128x64,
+           ConvTmaBwdData, ConvTmaBwdData128x128, ConvTmaBwdData128x64, ConvTmaBwdDataStrided,
+           ConvTmaBwdDataStrided128x128, ConvTmaBwdDataStrided128x64,
            ConvTmaBwdWeights, ConvTmaBwdWeights128x128, ConvTmaBwdWeights128x64,
            ConvImplicitGemmTensorCore, ConvWrwImplicitGemmTensorCore, ConvImplicitGemmMfma, ConvImplicitGemmTf32,
            ConvWinogradF2x3, ConvImplicitGemm, ConvIm2colGemm, ConvDirect)

@@ -55,7 +55,8 @@ def plan(problem: ConvProblem) -> Plan | None:
     """Columns: at most 32, cut evenly; rows: blocks of PY rows, as many a tile as waste fewest
     rows with at most 128 threads a group; then as many groups a block as keep it within
     THREADS and SHARED_LIMIT. Fewer rows where no group fits; None where one row block of one
-    group does not."""
+    group does not, or where the input window's row is wider than the block's threads (the NCHW
+    copy takes a row a pass: ResNeXt-50's strided layer2, left to the implicit GEMM)."""
     g, (ho, wo) = problem.groups, problem.out_hw
     cg = problem.x_shape[1] // g
     tw = -(-wo // -(-wo // 32))
@@ -66,9 +67,9 @@ def plan(problem: ConvProblem) -> Plan | None:
     while True:
         for d in divisors:
             if tw * rb * d <= THREADS and d * cg <= THREADS and shared_bytes(problem, PY * rb, tw, d) <= SHARED_LIMIT:
-                plan_ = Plan(PY * rb, tw, d, shared_bytes(problem, PY * rb, tw, d))
+                chosen = Plan(PY * rb, tw, d, shared_bytes(problem, PY * rb, tw, d))
                 ww = (tw - 1) * problem.stride[1] + (problem.filter[1] - 1) * problem.dilation[1] + 1
-                return plan_ if ww <= plan_.threads else None  # the NCHW copy takes a row a pass
+                return chosen if ww <= chosen.threads else None
         if rb == 1:
             return None
         rb = max(1, rb // 2)
@@ -98,8 +99,9 @@ class ConvGroupedFp32(Solver):
             return not_applicable(f"groups of {cg} input and {kg} output channels: it takes 2, 4 or 8 outputs and "
                                   f"at most {MAX_CG} inputs a group")
         if plan(problem) is None:
-            return not_applicable(f"a {problem.filter[0]} x {problem.filter[1]} filter's window exceeds a block's "
-                                  "shared memory")
+            return not_applicable(f"its tile's input window ({problem.filter[0]} x {problem.filter[1]} filter, "
+                                  f"stride {problem.stride[0]} x {problem.stride[1]}) exceeds a block's shared memory "
+                                  "or its row a block's threads")
         if problem.x_shape[0] > 65535 or g > 65535:
             return not_applicable(f"its grid takes at most 65535 images and groups, not {problem.x_shape[0]} and {g}")
         return fits_int_arguments(problem)
