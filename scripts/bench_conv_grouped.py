@@ -15,8 +15,8 @@ import json
 import sys
 from pathlib import Path
 
-from bench_conv import mobilenet_v2
 from bench_primitives import git_commit, graphed, timed_pair
+from conv_problems import mobilenet_v2 as mobilenet_v2_layers
 
 BATCH = 32
 
@@ -37,6 +37,12 @@ def resnext50() -> list[tuple]:
                    (f"{s} 3x3 {width} g32", width, size, size, width, 3, 1, 1, 32, count - 1)]
         cin, width = out, width * 2
     return layers
+
+
+def mobilenet_v2() -> list[tuple]:
+    """conv_problems.py's MobileNet-V2 (square filters, pads and strides) as resnext50's tuples."""
+    return [(c.name, c.c, c.h, c.w, c.k, c.filter[0], c.pad[0], c.stride[0], c.groups, c.count)
+            for c in mobilenet_v2_layers()]
 
 
 def main() -> int:

@@ -1,8 +1,9 @@
-"""The grouped tensor-core convolution (ConvGroupedTensorCore, kernels/conv_grouped_tc.cu): its
-program compiles offline for sm_80 and sm_90, the gates, the supergroups and the tile plan need no
-GPU; on a CUDA GPU (KDB_TEST_BACKEND=cuda with PyTorch) every group width, depthwise included,
-both layouts and types against PyTorch in float64: odd sizes, strides, dilation, uneven padding,
-tiles cut at every edge."""
+"""The grouped tensor-core convolution (ConvGroupedTensorCore, kernels/conv_grouped_tc.cu) and the
+grouped fp32 one (ConvGroupedFp32, kernels/conv_grouped_fp32.cu): their programs compile offline
+for sm_80 and sm_90, the gates, the supergroups and the tile plans need no GPU; on a CUDA GPU
+(KDB_TEST_BACKEND=cuda with PyTorch) every group width, depthwise included, both layouts and
+types against PyTorch in float64: odd sizes, strides, dilation, uneven padding, tiles cut at
+every edge."""
 
 from __future__ import annotations
 
@@ -11,12 +12,13 @@ import pytest
 from kdbkit.kdb.target import Target
 from kdbkit.runtime.backends.base import DeviceInfo
 from kdbkit.runtime.primitives.convolution import ConvProblem
-from kdbkit.runtime.primitives.convolution.solvers import depthwise, grouped_tc
+from kdbkit.runtime.primitives.convolution.solvers import depthwise, grouped_fp32, grouped_tc
 from kdbkit.runtime.solver import REGISTRY
 from kdbkit.runtime.tensor import DataType
 from .conftest import assert_written_in_place, sm90
 
 NAME = "ConvGroupedTensorCore"
+FP32 = "ConvGroupedFp32"
 
 
 def conv(c=128, k=None, hw=(56, 56), n=32, f=(3, 3), pad=(1, 1), stride=(1, 1), dilation=(1, 1), layout="NHWC",
@@ -43,6 +45,23 @@ def test_the_program_compiles_offline(arch, dtype):
     cubin = compile_file(Target.parse(arch), request.kernel_file, *request.options, compiler=NvrtcCompiler())
     assert cubin_arch(cubin) == arch
     assert all(f"\0{name}\0".encode() in cubin for name in grouped_tc.KERNELS.values())
+
+
+@pytest.mark.parametrize("arch", ["sm_80", "sm_90"])
+def test_the_fp32_program_compiles_offline(arch):
+    from tests.prerequisites import require_nvrtc
+
+    require_nvrtc()
+    from kdbkit.runtime.backends.elf_notes import cubin_arch
+    from kdbkit.runtime.compilers.nvrtc import NvrtcCompiler
+
+    from ..conftest import compile_file
+
+    (request,) = REGISTRY.find(FP32).programs(conv(dtype=DataType.FP32))
+    cubin = compile_file(Target.parse(arch), request.kernel_file, *request.options, compiler=NvrtcCompiler())
+    assert cubin_arch(cubin) == arch
+    assert all(f"\0{name}\0".encode() in cubin for name in grouped_fp32.KERNELS.values())
+    assert REGISTRY.find(FP32).programs(conv()) == [] and REGISTRY.find(NAME).programs(conv(dtype=DataType.FP32)) == []
 
 
 @pytest.mark.parametrize("c, k, groups, expected", [
@@ -91,6 +110,59 @@ def test_every_plan_fits_and_covers_the_groups():
         assert slabs * p.sgb * p.f == problem.groups and images == problem.x_shape[0]
 
 
+def test_64_channel_groups_keep_the_whole_tile():
+    # ResNeXt-101 32x8d's last stage: one group's weights (64 x 9 x 64 halves) fill most of a
+    # block, so the tile stays whole (7 x 7 positions on 4 warps) rather than one row of 7 on one
+    for problem in (conv(c=2048, hw=(14, 14), stride=(2, 2), n=12), conv(c=2048, hw=(7, 7), n=1)):
+        p = grouped_tc.plan(problem)
+        assert (p.th, p.tw, p.sgb) == (7, 7, 1) and p.shared <= grouped_tc.SHARED_MAX
+        assert p.shared == grouped_tc.shared_bytes(problem, 1, 7, 7, 1)
+    assert grouped_tc.plan(conv(c=1024, hw=(7, 7))).shared <= grouped_tc.SHARED_BUDGET  # 32 a group: as before
+
+
+def test_every_fp32_plan_fits_and_covers_the_groups():
+    for problem in [conv(), conv(c=256, hw=(28, 28)), conv(c=256, hw=(15, 9), stride=(2, 2)), conv(c=64, groups=16,
+                    hw=(37, 70)), conv(c=32, k=16, groups=8, hw=(9, 9), n=3), conv(c=96, k=48, groups=6, f=(3, 2))]:
+        problem = ConvProblem(problem.direction, DataType.FP32, problem.layout, problem.x_shape, problem.out_channels,
+                              problem.filter, problem.pad, problem.stride, problem.dilation, problem.groups)
+        p = grouped_fp32.plan(problem)
+        assert problem.groups % p.sgb == 0 and p.shared <= grouped_fp32.SHARED_LIMIT and p.th % grouped_fp32.PY == 0
+        assert p.shared == grouped_fp32.shared_bytes(problem, p.th, p.tw, p.sgb) and p.threads <= grouped_fp32.THREADS
+        tiles, slabs, images = p.grid(problem)
+        ho, wo = problem.out_hw
+        assert tiles * p.th * p.tw >= ho * wo and p.tw <= 32
+        assert slabs * p.sgb == problem.groups and images == problem.x_shape[0]
+
+
+def test_the_fp32_gates():
+    solver = REGISTRY.find(FP32)
+
+    def reason(**change):
+        verdict = solver.is_applicable(conv(**{"dtype": DataType.FP32, **change}), sm90())
+        return "" if verdict else verdict.reason
+
+    assert reason() == reason(layout="NCHW") == reason(c=256) == reason(c=32, k=16, groups=8) == ""
+    assert "not fp32" in reason(dtype=DataType.FP16)
+    assert "forward direction only" in reason(direction="B")
+    assert "not one group" in reason(groups=1)
+    assert "2, 4 or 8 outputs" in reason(c=512)  # 16 a group: the implicit GEMM's
+    assert "2, 4 or 8 outputs" in reason(c=1024, k=256)  # 32 in a group
+    sm75 = DeviceInfo("cuda", 0, "a T4", Target.parse("sm_75_40"), 16 << 30)
+    assert "cp.async" in solver.is_applicable(conv(dtype=DataType.FP32), sm75).reason
+
+
+def test_immediate_mode_takes_the_fp32_kernel_for_resnext_narrow_groups():
+    from kdbkit.runtime.immediate import heuristic
+
+    for layout in ("NCHW", "NHWC"):
+        for problem in (conv(layout=layout), conv(c=256, hw=(28, 28), layout=layout)):  # ResNeXt-50 layer1, layer2
+            fp32 = ConvProblem("F", DataType.FP32, layout, problem.x_shape, problem.out_channels, problem.filter,
+                               problem.pad, problem.stride, problem.dilation, problem.groups)
+            assert heuristic(fp32, sm90(), ()).solver.name == FP32
+    wide = ConvProblem("F", DataType.FP32, "NCHW", (32, 1024, 14, 14), 1024, (3, 3), (1, 1), (1, 1), (1, 1), 32)
+    assert heuristic(wide, sm90(), ()).solver.name == "ConvImplicitGemm"
+
+
 def test_immediate_mode_takes_it_for_resnext_and_depthwise_layers():
     from kdbkit.runtime.immediate import heuristic
 
@@ -130,6 +202,10 @@ CASES = [
     (2, 64, 10, 10, 128, 4, (3, 3), (1, 1), (1, 1), (1, 1)),  # 16 in, 32 out a group
     (2, 256, 6, 6, 512, 8, (1, 1), (0, 0), (1, 1), (1, 1)),  # 32 in, 64 out a group: two n32 loads
     (4, 128, 40, 40, 128, 32, (3, 3), (1, 1), (1, 1), (1, 1)),  # more tiles than multiprocessors
+    (3, 2048, 7, 7, 2048, 32, (3, 3), (1, 1), (1, 1), (1, 1)),  # 64 a group: the whole tile
+    (1, 384, 15, 19, 512, 8, (3, 3), (1, 1), (2, 2), (1, 1)),  # 48 in, 64 out, strided: the whole tile
+    (2, 1024, 9, 11, 1024, 16, (3, 3), (1, 1), (1, 1), (1, 1)),  # 64 a group, the whole odd tile, one part
+    (1, 512, 13, 10, 512, 8, (3, 3), (1, 1), (1, 1), (1, 1)),  # 64 a group, rows cut: 7 and 6
 ]
 
 
@@ -164,6 +240,40 @@ def test_matches_pytorch(tensor_core_torch, layout, dtype, case):
         out = kdbkit.convolution_forward(handle, x, wt, pad=pad, stride=stride, dilation=dilation, groups=groups,
                                          y=y, solver=NAME)
         assert_written_in_place(out, y, ref, f"{layout} {dtype}")
+
+
+# (N, C, H, W, K, groups, filter, pad, stride, dilation)
+FP32_CASES = [
+    (2, 128, 13, 11, 128, 32, (3, 3), (1, 1), (1, 1), (1, 1)),  # ResNeXt's 4 a group, odd sizes: rows cut
+    (3, 256, 15, 9, 256, 32, (3, 3), (1, 1), (2, 2), (1, 1)),  # 8 a group, strided
+    (2, 64, 37, 70, 64, 16, (3, 3), (1, 1), (1, 1), (1, 1)),  # columns cut (24, 24, 22) and rows (20, 17)
+    (3, 32, 9, 9, 16, 8, (3, 3), (1, 1), (1, 1), (1, 1)),  # 4 in, 2 out a group
+    (1, 96, 12, 12, 48, 6, (3, 2), (2, 0), (1, 2), (2, 1)),  # 16 in, 8 out: uneven pad, dilation, a 3 x 2 filter
+    (2, 256, 28, 28, 256, 32, (3, 3), (1, 1), (1, 1), (1, 1)),  # ResNeXt-50's layer2
+]
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("layout", ["NHWC", "NCHW"])
+@pytest.mark.parametrize("case", FP32_CASES, ids=["x".join(map(str, c[:6])) for c in FP32_CASES])
+def test_fp32_matches_pytorch(tensor_core_torch, layout, case):
+    """fp32 throughout: far closer than TF32's 1e-3 (relative) could come."""
+    import kdbkit
+
+    handle, torch = tensor_core_torch
+    n, c, h, w, k, groups, f, pad, stride, dilation = case
+    fmt = torch.channels_last if layout == "NHWC" else torch.contiguous_format
+    gen = torch.Generator(device="cuda").manual_seed(sum(case[:6]))
+    x = torch.randn(n, c, h, w, device="cuda", generator=gen).to(memory_format=fmt)
+    wt = torch.randn(k, c // groups, *f, device="cuda", generator=gen).to(memory_format=fmt)
+    ref = torch.nn.functional.conv2d(x.double(), wt.double(), None, stride, pad, dilation, groups)
+    y = torch.full(ref.shape, float("nan"), device="cuda").to(memory_format=fmt)  # poisoned
+    for _ in range(2):
+        out = kdbkit.convolution_forward(handle, x, wt, pad=pad, stride=stride, dilation=dilation, groups=groups,
+                                         y=y, solver=FP32)
+        assert_written_in_place(out, y, ref, layout)
+        err = float((y.double() - ref).norm() / ref.norm())
+        assert err < 1e-5, f"{layout}: relative error {err:.2e}"
 
 
 # ---------------------------------------------------------------- ConvDepthwise's forward kernels (any backend)

@@ -6,11 +6,13 @@ ConvImplicitGemm (26 is the bias's, ConvBias), 33-35 ConvTma128x256/128x128/128x
 ConvTmaBwdDataStrided128x256/128x128/128x64 (tma_sdgrad), 42-44
 ConvTmaBwdWeights128x256/128x128/128x64 (tma_wgrad), 45 ConvImplicitGemmTf32 (igemm_tf32:
 fp32 on the tensor cores in TF32, only with KDB_CONV_ALLOW_TF32=1), 48 ConvGroupedTensorCore
-(grouped_tc).
+(grouped_tc), 50 ConvGroupedFp32 (grouped_fp32).
 Immediate mode tries the grouped tensor-core kernel first (forward, fp16/bf16, more than one
 group: ResNeXt's grouped convolutions on sm_80+, MobileNet's depthwise ones only on NCHW planes
 of 56 x 56 or more: other strided or at most 3 wide ones it passes to the next), then the
-depthwise kernels (depthwise forward and backward data, every type), then
+depthwise kernels (depthwise forward and backward data, every type), then the grouped fp32
+kernel on the CUDA cores (forward, 2 to 8 output channels a group: ResNeXt's narrow groups,
+sm_80+), then
 Hopper's TMA + wgmma kernels (sm_90, fp16/bf16, the tile that wastes least: forward, then
 backward data at stride 1, then at a larger stride, one forward convolution per output phase,
 then backward weights, the reduction over the pixels split into fp32 slabs summed in order),
@@ -24,6 +26,7 @@ multiply over im2col (one group), then the direct solver, which takes every conv
 
 from kdbkit.runtime.primitives.convolution.solvers.depthwise import ConvDepthwise
 from kdbkit.runtime.primitives.convolution.solvers.direct import ConvDirect
+from kdbkit.runtime.primitives.convolution.solvers.grouped_fp32 import ConvGroupedFp32
 from kdbkit.runtime.primitives.convolution.solvers.grouped_tc import ConvGroupedTensorCore
 from kdbkit.runtime.primitives.convolution.solvers.igemm import ConvImplicitGemm
 from kdbkit.runtime.primitives.convolution.solvers.igemm_mfma import ConvImplicitGemmMfma
@@ -42,9 +45,9 @@ from kdbkit.runtime.primitives.convolution.solvers.tma_wgrad import (ConvTmaBwdW
 from kdbkit.runtime.primitives.convolution.solvers.winograd import ConvWinogradF2x3
 from kdbkit.runtime.solver import REGISTRY
 
-SOLVERS = (ConvGroupedTensorCore, ConvDepthwise, ConvTma, ConvTma128x128, ConvTma128x64, ConvTmaBwdData,
-           ConvTmaBwdData128x128, ConvTmaBwdData128x64, ConvTmaBwdDataStrided, ConvTmaBwdDataStrided128x128,
-           ConvTmaBwdDataStrided128x64,
+SOLVERS = (ConvGroupedTensorCore, ConvDepthwise, ConvGroupedFp32, ConvTma, ConvTma128x128, ConvTma128x64,
+           ConvTmaBwdData, ConvTmaBwdData128x128, ConvTmaBwdData128x64, ConvTmaBwdDataStrided,
+           ConvTmaBwdDataStrided128x128, ConvTmaBwdDataStrided128x64,
            ConvTmaBwdWeights, ConvTmaBwdWeights128x128, ConvTmaBwdWeights128x64,
            ConvImplicitGemmTensorCore, ConvWrwImplicitGemmTensorCore, ConvImplicitGemmMfma, ConvImplicitGemmTf32,
            ConvWinogradF2x3, ConvImplicitGemm, ConvIm2colGemm, ConvDirect)

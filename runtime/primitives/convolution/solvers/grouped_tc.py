@@ -6,7 +6,9 @@ reads its output tile's input window once into shared memory and every warp's fr
 out of it by ldmatrix. NHWC tensors go as they are; an NCHW x is staged channels-last in a
 workspace by conv_gemm.c's tiled transpose and the kernel writes the NCHW output itself. The
 weights are copied as 16-byte rows: the user's packed KYXC ones where no groups merge, else
-expanded (zeros across the groups) into a workspace by conv_grouped_weights on each call."""
+expanded (zeros across the groups) into a workspace by conv_grouped_weights on each call.
+Groups of 64 channels keep the whole output tile: their weights fill most of a block, so a
+smaller tile would copy them again for a few positions on one warp."""
 
 from __future__ import annotations
 
@@ -85,16 +87,18 @@ def plan(problem: ConvProblem, units: int = 132) -> Plan | None:
     """The tile: about 128 output positions (64 strided) in rows of at most 16, cut evenly; then
     as many supergroups a block as keep it within SHARED_BUDGET (at most 128 channels) while the
     grid still gives each of the ``units`` multiprocessors two blocks; smaller tiles where none
-    fits. None where even one row of one supergroup exceeds a block's shared memory."""
+    fits, unless one supergroup's weights take over half the budget (then the first tile, up to
+    SHARED_MAX). None where even one row of one supergroup exceeds a block's shared memory."""
     f = merge(problem)
     if f is None:
         return None
-    n, (ho, wo) = problem.x_shape[0], problem.out_hw
+    n, (ho, wo), (fy, fx) = problem.x_shape[0], problem.out_hw, problem.filter
     g = problem.groups // f
     cg, kg = f * problem.x_shape[1] // problem.groups, f * problem.out_channels // problem.groups
     tw = -(-wo // -(-wo // 16))
     target = 128 if problem.stride == (1, 1) else 64
     th0 = max(1, min(ho, target // tw))
+    whole = True
     while True:
         th = -(-ho // -(-ho // th0))
         tiles = -(-ho // th) * -(-wo // tw) * n
@@ -104,6 +108,12 @@ def plan(problem: ConvProblem, units: int = 132) -> Plan | None:
             filled = [d for d in fits if tiles * (g // d) >= 2 * units]
             d = max(filled) if filled else min(fits)
             return Plan(f, th, tw, d, shared_bytes(problem, f, th, tw, d))
+        weights = 2 * kg * (-(-fy * fx * cg // 16) * 16 + 8)
+        if whole and 2 * weights > SHARED_BUDGET and shared_bytes(problem, f, th, tw, 1) <= SHARED_MAX:
+            # one supergroup's weights fill most of a block (64 channels a group, 3 x 3): a smaller
+            # tile would copy them again for fewer positions, so the whole tile takes more memory
+            return Plan(f, th, tw, 1, shared_bytes(problem, f, th, tw, 1))
+        whole = False
         if th0 == 1:
             break
         th0 = max(1, th0 // 2)
