@@ -265,7 +265,8 @@ __device__ __forceinline__ void tm_store(const float* d, unsigned short* c, int 
         }
         return;
     }
-    /* An edge tile, beta != 0 or C not in 16-byte rows: element pairs from the registers. */
+    /* An edge tile, beta != 0 or C not in 16-byte rows: element pairs from the registers, one
+     * 4-byte store a pair where ldc is even, else two 2-byte stores. */
     const int r0 = tm * TM_BM + half * 64 + warp * 16 + lane / 4, c0 = tn * TM_BN + 2 * (lane % 4);
 #pragma unroll
     for (int j = 0; j < TM_ACC / 4; ++j)
@@ -276,7 +277,7 @@ __device__ __forceinline__ void tm_store(const float* d, unsigned short* c, int 
                 continue;
             const long o = (long)row * ldc + col;
             float v0 = alpha * d[4 * j + 2 * h], v1 = alpha * d[4 * j + 2 * h + 1];
-            if (col + 1 < N) {
+            if (col + 1 < N && !(ldc & 1)) { /* an odd ldc puts every other row's pairs off 4 bytes */
                 unsigned int* p = (unsigned int*)(c + o);
                 if (beta != 0.0f) {
                     const unsigned int old = *p;
@@ -288,6 +289,11 @@ __device__ __forceinline__ void tm_store(const float* d, unsigned short* c, int 
                 if (beta != 0.0f)
                     v0 += beta * tc_to_float(c[o]);
                 c[o] = tc_from_float(v0);
+                if (col + 1 < N) {
+                    if (beta != 0.0f)
+                        v1 += beta * tc_to_float(c[o + 1]);
+                    c[o + 1] = tc_from_float(v1);
+                }
             }
         }
 }

@@ -196,8 +196,6 @@ class ConvTma(TmaConvSolver):
         k = problem.out_channels
         if c % 8:
             return not_applicable(f"x's {c} channels are not a multiple of 8 (tensor copies step in 16 bytes)")
-        if k % 2:
-            return not_applicable(f"its {k} output channels are odd (y is written two channels at a time)")
         if max(problem.stride) > 8:
             return not_applicable(f"stride {problem.stride}: the im2col copy steps at most 8 pixels")
         lower, upper = corners(problem)
