@@ -3,29 +3,31 @@
  *
  * y (N x Ho x Wo x K, channels-last) = x (N x H x W x C, channels-last) convolved with w (K x R x
  * S x C), fp16 or bf16 in, fp32 accumulation. The GEMM: M = N Ho Wo output pixels, N = K output
- * channels, the reduction over the R S filter taps and C channels, 64 channels a step:
- *   - A, 128 pixels x 64 channels of one tap: one im2col tensor copy. Its map walks the output
+ * channels, the reduction over the R S filter taps and C channels, CONV_BK channels a step (64;
+ * 32 or 16 where x has that few, so that a step is not mostly zeros):
+ *   - A, 128 pixels x CONV_BK channels of one tap: one im2col tensor copy. Its map walks the output
  *     pixels in order (W, then H, then N) over the bounding box of the filter's top-left corner
  *     (from -pad to the far edge + pad - dilation x (filter - 1)) in steps of the stride; the
  *     copy starts at a tile's first pixel's corner (stride x (ho, wo) - pad) and each pixel
  *     moves by the tap's offset (dilation x (r, s)). Pixels in the padding, channels past C
  *     and pixels past the last image arrive as zeros.
- *   - B, TM_BN output channels x 64 channels of one tap: a tile copy of w seen as a 3-D tensor
- *     (C, R S, K), so that channels past C are zeros here too and no step spans two taps.
- * Both land as K-major tiles (one 128-byte row of 64 channels per pixel or output channel,
- * 128-byte swizzle), the layout wgmma reads untransposed; the rest (barriers, the ring of
+ *   - B, TM_BN output channels x CONV_BK channels of one tap: a tile copy of w seen as a 3-D
+ *     tensor (C, R S, K), so that channels past C are zeros here too and no step spans two taps.
+ * Both land as K-major tiles (one row of CONV_BK channels per pixel or output channel, 2 CONV_BK
+ * bytes, swizzled as wide as the row), the layout wgmma reads untransposed; the rest (barriers, the ring of
  * stages, the consumers' loop, the epilogue writing y as a row-major M x K matrix) is the
  * GEMM's.
  *
  * Options: -DKDB_TYPE_FP16 or -DKDB_TYPE_BF16, -DCONV_BN=64|128|256, -DCONV_STAGES=<n>,
- * --gpu-architecture=sm_90a.
+ * -DCONV_BK=64|32|16 (64 unless given), --gpu-architecture=sm_90a.
  * Launch (conv_fwd_tma): blocks of 384 threads, grid (min(tiles, multiprocessors), 1, 1),
- * dynamic shared memory CONV_STAGES * (128 + CONV_BN) * 128 + 16 KiB (staging) + 2 KiB. map_x:
- * 4-D im2col map (cuTensorMapEncodeIm2col) over (C, W, H, N), 64 channels by 128 pixels, element
- * strides (1, stride_w, stride_h, 1), corners (-pad_w, -pad_h) and (pad_w - dil_w (S - 1), pad_h -
- * dil_h (R - 1)); map_w: 3-D tile map over (C, R S, K), box (64, 1, CONV_BN); both 16-bit
- * elements, 128-byte swizzle, zero fill. y: 16-byte aligned, K even; y_vec: 1 where K is a
- * multiple of 8 (16-byte stores). Sizes, strides, padding and dilation are arguments.
+ * dynamic shared memory CONV_STAGES * (128 + CONV_BN) * 2 CONV_BK + 16 KiB (staging) + 2 KiB.
+ * map_x: 4-D im2col map (cuTensorMapEncodeIm2col) over (C, W, H, N), CONV_BK channels by 128
+ * pixels, element strides (1, stride_w, stride_h, 1), corners (-pad_w, -pad_h) and (pad_w - dil_w
+ * (S - 1), pad_h - dil_h (R - 1)); map_w: 3-D tile map over (C, R S, K), box (CONV_BK, 1,
+ * CONV_BN); both 16-bit elements, the swizzle 2 CONV_BK bytes wide, zero fill. y: 16-byte
+ * aligned; y_vec: 1 where K is a multiple of 8 (whole tiles in 16-byte stores), else element
+ * stores (K odd too). Sizes, strides, padding and dilation are arguments.
  */
 #if !defined(__CUDACC__) && !defined(__CUDACC_RTC__)
 #error "conv_tma.cu is CUDA only"
@@ -35,8 +37,12 @@
 #error "conv_tma.cu needs -DCONV_BN (64, 128 or 256) and -DCONV_STAGES"
 #endif
 
+#ifndef CONV_BK
+#define CONV_BK 64
+#endif
 #define TM_BN CONV_BN
 #define TM_STAGES CONV_STAGES
+#define TM_BK CONV_BK
 #define TM_TA 0 /* both tiles K-major: channels contiguous */
 #define TM_TB 0
 #include "tma_wgmma.h"
@@ -80,7 +86,7 @@ conv_fwd_tma(const __grid_constant__ TmaMap map_x, const __grid_constant__ TmaMa
                                    bar);
                     tm_load(bs, &map_w, c0, r * S + s, k0, bar);
                     tm_next_stage(stage, phase);
-                    /* the next step: 64 channels on, or the next tap */
+                    /* the next step: CONV_BK channels on, or the next tap */
                     c0 += TM_BK;
                     if (c0 >= C) {
                         c0 = 0;

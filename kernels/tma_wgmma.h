@@ -4,12 +4,16 @@
  * writes a 128 x BN tile of a row-major C.
  *
  * The including kernel defines TM_BN (64, 128, 192 or 256: the tile's columns), TM_STAGES, and
- * TM_TA / TM_TB (0 or 1: wgmma's transpose bits, 1 for an MN-major A or B tile). Its producer
- * fills stage s at base + s * TM_STAGE_BYTES: A's 128 x 64 tile first (TM_A_BYTES), then B's
- * 64 x TM_BN, both as TMA writes them with the 128-byte swizzle (16-byte chunk c of a 128-byte
- * row r at chunk c ^ (r % 8), stages 1024-byte aligned):
- *   - a K-major tile: one row of 64 K values (128 bytes) per M (or N) index;
- *   - an MN-major tile: blocks of 64 M (or N) values, 8 KiB apart, each 64 rows of K by 128 bytes.
+ * TM_TA / TM_TB (0 or 1: wgmma's transpose bits, 1 for an MN-major A or B tile), and may define
+ * TM_BK (the K values a stage holds: 64, or 32 or 16 for K-major tiles of a narrow reduction,
+ * such as a convolution over 16 or 32 channels; 64 unless defined). Its producer fills stage s
+ * at base + s * TM_STAGE_BYTES: A's 128 x TM_BK tile first (TM_A_BYTES), then B's TM_BK x TM_BN,
+ * both as TMA writes them with the swizzle as wide as a row (TM_ROW_BYTES: 128, 64 or 32 bytes;
+ * 16-byte chunk c of row r at chunk c ^ ((r / (128 / TM_ROW_BYTES)) % (TM_ROW_BYTES / 16)),
+ * stages 1024-byte aligned):
+ *   - a K-major tile: one row of TM_BK K values (TM_ROW_BYTES) per M (or N) index;
+ *   - an MN-major tile (TM_BK 64 only): blocks of 64 M (or N) values, 8 KiB apart, each 64 rows
+ *     of K by 128 bytes.
  * Each stage has two mbarriers: "full" (the copies' bytes have landed: the producer's
  * expect_tx and the copies' complete_tx) and "empty" (both consumer warpgroups have finished
  * the multiplies that read it). Needs --gpu-architecture=sm_90a (wgmma, setmaxnreg).
@@ -23,9 +27,18 @@
 #error "tma_wgmma.h needs TM_BN, TM_STAGES, TM_TA and TM_TB"
 #endif
 
-#define TM_BM 128
+#ifndef TM_BK
 #define TM_BK 64
-#define TM_A_BYTES (TM_BM * TM_BK * 2) /* 16 KiB */
+#endif
+#if TM_BK != 64 && TM_BK != 32 && TM_BK != 16
+#error "TM_BK must be 64, 32 or 16"
+#endif
+#if TM_BK != 64 && (TM_TA || TM_TB)
+#error "a narrower K step than 64 takes K-major tiles only"
+#endif
+#define TM_BM 128
+#define TM_ROW_BYTES (TM_BK * 2) /* a K-major row, and the swizzle's span */
+#define TM_A_BYTES (TM_BM * TM_BK * 2) /* 16 KiB at TM_BK 64 */
 #define TM_B_BYTES (TM_BN * TM_BK * 2)
 #define TM_STAGE_BYTES (TM_A_BYTES + TM_B_BYTES)
 #define TM_BLOCK_BYTES (64 * 128) /* one MN-major block: 64 rows of K by 64 values */
@@ -131,13 +144,14 @@ __device__ __forceinline__ unsigned int tm_pack(float lo, float hi)
     return (unsigned int)tc_from_float(lo) | ((unsigned int)tc_from_float(hi) << 16);
 }
 
-/* A wgmma shared-memory descriptor, 128-byte swizzle: start address, leading byte offset (the
- * step between MN-major blocks of 64 values; unused for K-major tiles), 1024 bytes between
- * groups of 8 rows. */
+/* A wgmma shared-memory descriptor, the swizzle TM_ROW_BYTES wide (layout 1: 128 bytes, 2: 64,
+ * 3: 32, in bits 62-63): start address, leading byte offset (the step between MN-major blocks of
+ * 64 values; unused for K-major tiles), 8 rows' bytes between groups of 8 rows. */
+#define TM_SWIZZLE_LAYOUT (TM_ROW_BYTES == 128 ? 1ull : TM_ROW_BYTES == 64 ? 2ull : 3ull)
 __device__ __forceinline__ unsigned long long tm_desc(unsigned int address, unsigned int leading)
 {
     return (unsigned long long)((address & 0x3FFFF) >> 4) | ((unsigned long long)(leading >> 4) << 16) |
-           ((unsigned long long)(1024 >> 4) << 32) | (1ull << 62);
+           ((unsigned long long)((8 * TM_ROW_BYTES) >> 4) << 32) | (TM_SWIZZLE_LAYOUT << 62);
 }
 
 /* D (+)= A B for one 16-deep K step; scale 0 starts a tile (D = A B). */
@@ -191,9 +205,9 @@ __device__ __forceinline__ void tm_consume(float* d, unsigned int base, unsigned
     unsigned int last = 0;
     for (int ks = 0; ks < k_steps; ++ks) {
         tm_bar_wait(full + 8 * stage, phase);
-        /* This warpgroup's 64 rows of A: the second 64 rows of a K-major tile, or its
-         * second block of 64 M values, both 8 KiB on. */
-        const unsigned int as = base + stage * TM_STAGE_BYTES + half * TM_BLOCK_BYTES,
+        /* This warpgroup's 64 rows of A: the second 64 rows of a K-major tile (64 rows on), or
+         * its second block of 64 M values (8 KiB on). */
+        const unsigned int as = base + stage * TM_STAGE_BYTES + half * (TM_TA ? TM_BLOCK_BYTES : 64 * TM_ROW_BYTES),
                            bs = base + stage * TM_STAGE_BYTES + TM_A_BYTES;
         asm volatile("wgmma.fence.sync.aligned;" ::: "memory");
 #pragma unroll
@@ -265,7 +279,8 @@ __device__ __forceinline__ void tm_store(const float* d, unsigned short* c, int 
         }
         return;
     }
-    /* An edge tile, beta != 0 or C not in 16-byte rows: element pairs from the registers. */
+    /* An edge tile, beta != 0 or C not in 16-byte rows: element pairs from the registers, one
+     * 4-byte store a pair where ldc is even, else two 2-byte stores. */
     const int r0 = tm * TM_BM + half * 64 + warp * 16 + lane / 4, c0 = tn * TM_BN + 2 * (lane % 4);
 #pragma unroll
     for (int j = 0; j < TM_ACC / 4; ++j)
@@ -276,7 +291,7 @@ __device__ __forceinline__ void tm_store(const float* d, unsigned short* c, int 
                 continue;
             const long o = (long)row * ldc + col;
             float v0 = alpha * d[4 * j + 2 * h], v1 = alpha * d[4 * j + 2 * h + 1];
-            if (col + 1 < N) {
+            if (col + 1 < N && !(ldc & 1)) { /* an odd ldc puts every other row's pairs off 4 bytes */
                 unsigned int* p = (unsigned int*)(c + o);
                 if (beta != 0.0f) {
                     const unsigned int old = *p;
@@ -288,6 +303,11 @@ __device__ __forceinline__ void tm_store(const float* d, unsigned short* c, int 
                 if (beta != 0.0f)
                     v0 += beta * tc_to_float(c[o]);
                 c[o] = tc_from_float(v0);
+                if (col + 1 < N) {
+                    if (beta != 0.0f)
+                        v1 += beta * tc_to_float(c[o + 1]);
+                    c[o + 1] = tc_from_float(v1);
+                }
             }
         }
 }

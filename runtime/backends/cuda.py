@@ -283,6 +283,13 @@ class CudaModule(Module):
         return CudaKernel(name, fn, self)
 
 
+def _swizzle(drv, swizzle: int):
+    """The driver's swizzle mode for a span of ``swizzle`` bytes (128, 64 or 32)."""
+    if swizzle not in (128, 64, 32):
+        raise LaunchArgumentError(f"tensor map: a {swizzle}-byte swizzle (128, 64 or 32 bytes)")
+    return getattr(drv.CUtensorMapSwizzle, f"CU_TENSOR_MAP_SWIZZLE_{swizzle}B")
+
+
 class CudaBackend(Backend):
     """One CUDA device, through its primary context."""
 
@@ -452,9 +459,10 @@ class CudaBackend(Backend):
             f"cuOccupancyMaxActiveBlocksPerMultiprocessor({kernel.name})", self._drv, LaunchError))
 
     def tensor_map(self, address: int, element_bytes: int, dims: Sequence[int], strides: Sequence[int],
-                   box: Sequence[int]) -> ParamBlock:
+                   box: Sequence[int], swizzle: int = 128) -> ParamBlock:
         """A TMA tensor map (``cuTensorMapEncodeTiled``) over device memory at ``address``, with
-        the 128-byte swizzle and zero fill past the edges, as a kernel's by-value parameter.
+        the ``swizzle``-byte swizzle (128, 64 or 32) and zero fill past the edges, as a kernel's
+        by-value parameter.
 
         Args:
             address: the tensor's first element (16-byte aligned).
@@ -463,7 +471,8 @@ class CudaBackend(Backend):
             strides: bytes between consecutive indices of each dimension after the first
                 (multiples of 16).
             box: the elements one copy moves along each dimension (at most 256 each; the
-                first at most 128 bytes, the swizzle's span).
+                first at most ``swizzle`` bytes, the swizzle's span).
+            swizzle: the swizzle's span in bytes: 128, 64 or 32 (a K-major wgmma tile's row).
 
         Raises:
             LaunchArgumentError: the driver refused the map (its message names why).
@@ -481,7 +490,7 @@ class CudaBackend(Backend):
             kind, len(dims), int(address), [drv.cuuint64_t(int(d)) for d in dims],
             [drv.cuuint64_t(int(s)) for s in strides], [drv.cuuint32_t(int(b)) for b in box],
             [drv.cuuint32_t(1)] * len(dims), drv.CUtensorMapInterleave.CU_TENSOR_MAP_INTERLEAVE_NONE,
-            drv.CUtensorMapSwizzle.CU_TENSOR_MAP_SWIZZLE_128B,
+            _swizzle(drv, swizzle),
             drv.CUtensorMapL2promotion.CU_TENSOR_MAP_L2_PROMOTION_L2_256B,
             drv.CUtensorMapFloatOOBfill.CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE),
             f"cuTensorMapEncodeTiled(dims={tuple(dims)}, strides={tuple(strides)}, box={tuple(box)})", drv,
@@ -490,9 +499,9 @@ class CudaBackend(Backend):
 
     def tensor_map_im2col(self, address: int, element_bytes: int, dims: Sequence[int], strides: Sequence[int],
                           lower: Sequence[int], upper: Sequence[int], channels: int, pixels: int,
-                          element_strides: Sequence[int]) -> ParamBlock:
+                          element_strides: Sequence[int], swizzle: int = 128) -> ParamBlock:
         """A TMA tensor map in im2col mode (``cuTensorMapEncodeIm2col``) over a channels-last
-        tensor at ``address``, with the 128-byte swizzle and zero fill past the edges, as a
+        tensor at ``address``, with the ``swizzle``-byte swizzle and zero fill past the edges, as a
         kernel's by-value parameter. A copy through it moves ``channels`` channels of
         ``pixels`` pixels, walked from the copy's coordinates through the bounding box
         (``lower`` .. the tensor's far edge plus ``upper``) in steps of ``element_strides``.
@@ -506,10 +515,11 @@ class CudaBackend(Backend):
             lower, upper: the bounding box's corners along the spatial dimensions, innermost
                 first (W, H, D): -pad, and pad - dilation x (filter - 1), for a convolution;
                 within [-128, 127] for a 4-D tensor.
-            channels: channels a copy moves per pixel (at most 128 bytes of them, the swizzle's span).
+            channels: channels a copy moves per pixel (at most ``swizzle`` bytes of them, the swizzle's span).
             pixels: pixels a copy moves (at most 1024).
             element_strides: the traversal's step along each dimension (1 for channels and
                 images; a convolution's strides along W, H), each 1 to 8.
+            swizzle: the swizzle's span in bytes: 128, 64 or 32.
 
         Raises:
             LaunchArgumentError: the driver refused the map (its message names why).
@@ -532,7 +542,7 @@ class CudaBackend(Backend):
             [drv.cuuint64_t(int(s)) for s in strides], [int(v) for v in lower], [int(v) for v in upper],
             int(channels), int(pixels), [drv.cuuint32_t(int(e)) for e in element_strides],
             drv.CUtensorMapInterleave.CU_TENSOR_MAP_INTERLEAVE_NONE,
-            drv.CUtensorMapSwizzle.CU_TENSOR_MAP_SWIZZLE_128B,
+            _swizzle(drv, swizzle),
             drv.CUtensorMapL2promotion.CU_TENSOR_MAP_L2_PROMOTION_L2_256B,
             drv.CUtensorMapFloatOOBfill.CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE), what, drv, LaunchArgumentError)
         return ParamBlock(ctypes.string_at(encoded.getPtr(), 128), 64)

@@ -3,7 +3,8 @@ sm_90a, the gates, the tile choice and the tensor maps' arguments need no GPU; o
 (KDB_TEST_BACKEND=cuda with PyTorch) every tile shape and type in both layouts against PyTorch
 in float64, on tiles cut at every edge: odd sizes, strides, dilation, uneven padding, channels
 not a multiple of the 64-channel step, output channels not a multiple of the tile or of 8, more
-tiles than multiprocessors."""
+tiles than multiprocessors; x's channels stepped 64, 32 or 16 at a time (few channels: the
+narrower steps' own programs)."""
 
 from __future__ import annotations
 
@@ -30,7 +31,8 @@ def conv(c=64, k=64, hw=(9, 9), n=2, f=(3, 3), pad=(1, 1), stride=(1, 1), dilati
 
 @pytest.mark.parametrize("name", TMA_SOLVERS)
 @pytest.mark.parametrize("dtype", [DataType.FP16, DataType.BF16])
-def test_every_program_compiles_offline_for_sm90a(name, dtype):
+@pytest.mark.parametrize("c", [64, 32, 16])  # x's channels: each step's program
+def test_every_program_compiles_offline_for_sm90a(name, dtype, c):
     from tests.prerequisites import require_nvrtc
 
     require_nvrtc()
@@ -39,8 +41,9 @@ def test_every_program_compiles_offline_for_sm90a(name, dtype):
 
     from ..conftest import compile_file
 
-    request, staging = REGISTRY.find(name).programs(conv(dtype=dtype))
+    request, staging = REGISTRY.find(name).programs(conv(c=c, dtype=dtype))
     assert staging.kernel_file == "conv_gemm.c"
+    assert (f"-DCONV_BK={c}" in request.options) == (c != 64)
     cubin = compile_file(Target.parse("sm_90"), request.kernel_file, *request.options, compiler=NvrtcCompiler())
     assert cubin_arch(cubin) == "sm_90" and b"\0conv_fwd_tma\0" in cubin
 
@@ -59,7 +62,7 @@ def test_the_gates_name_what_the_copies_cannot_take():
     assert "forward direction only" in reason(direction="B")
     assert "one group, not 2" in reason(groups=2)
     assert "3 channels are not a multiple of 8" in reason(c=3)
-    assert "7 output channels are odd" in reason(k=7)
+    assert reason(k=7) == reason(k=255) == ""  # odd output channels: the epilogue stores them one by one
     assert "steps at most 8 pixels" in reason(stride=(9, 1), hw=(20, 20))
     assert "beyond -128..127" in reason(pad=(0, 130), hw=(9, 9))
     assert "beyond -128..127" in reason(f=(1, 3), dilation=(1, 70), pad=(0, 0), hw=(200, 200))
@@ -73,6 +76,20 @@ def test_the_im2col_map_walks_the_filters_top_left_corner():
     assert lower == (0, -2) and upper == (0 - 2 * 2, 2 - 4) and (channels, pixels) == (64, 128)
     assert steps == (1, 1, 2, 1)
     assert tma.filter_map(p, 64) == ((24, 15, 10), (48, 48 * 15), (64, 1, 64))
+
+
+@pytest.mark.parametrize("c, step", [(8, 16), (16, 16), (24, 32), (32, 32), (40, 64), (64, 64), (520, 64)])
+def test_the_step_follows_the_channels(c, step):
+    """Few channels, narrower stages: the copies' rows and the program's step are the same."""
+    p = conv(c=c, k=96, hw=(11, 9), n=3)
+    assert tma.step_for(p) == step
+    assert tma.input_map(p, step)[4] == step and tma.filter_map(p, 128, step)[2] == (step, 1, 128)
+    request = REGISTRY.find("ConvTma128x128").programs(p)[0]
+    assert f"-DCONV_STAGES={6 * 64 // step}" in request.options
+    # the 64-channel programs are the ones bundles already hold: their options name no step
+    assert [o for o in request.options if o.startswith("-DCONV_BK")] == ([] if step == 64 else [f"-DCONV_BK={step}"])
+    # the same bytes of shared memory whatever the step
+    assert tma.stages(128, step) * (128 + 128) * step == tma.STAGES[128] * (128 + 128) * tma.STEP
 
 
 @pytest.mark.parametrize("k, expected", [(64, 64), (128, 128), (256, 256), (2048, 256)])
@@ -101,6 +118,20 @@ def test_immediate_mode_prefers_the_tma_kernels_on_sm90():
     assert heuristic(conv(k=256, direction="B"), sm90(), ()).solver.name.startswith("ConvTmaBwdData")
     # and backward weights (ConvTmaBwdWeights, test_convolution_tma_wgrad.py)
     assert heuristic(conv(k=256, direction="W"), sm90(), ()).solver.name.startswith("ConvTmaBwdWeights")
+
+
+def test_immediate_mode_and_find_take_the_narrow_steps():
+    """An expansion from 24 channels and a 3 x 3 over 32, channels-last: immediate mode's
+    ConvTma runs the 32-channel step's program, and every tile width is find's to time."""
+    from kdbkit.runtime.immediate import heuristic
+
+    for p in (conv(c=24, k=144, hw=(56, 56), n=192, f=(1, 1), pad=(0, 0)),
+              conv(c=32, k=32, hw=(149, 149), n=48, pad=(0, 0)), conv(c=16, k=96, hw=(112, 112), n=96, f=(1, 1),
+                                                                    pad=(0, 0))):
+        chosen = heuristic(p, sm90(), ()).solver
+        assert chosen.name.startswith("ConvTma")
+        assert f"-DCONV_BK={tma.step_for(p)}" in chosen.programs(p)[0].options
+        assert all(REGISTRY.find(name).is_applicable(p, sm90()) for name in TMA_SOLVERS)
 
 
 def test_a_pointwise_nchw_convolution_is_a_batched_gemm():
@@ -144,6 +175,13 @@ CASES = [
     (8, 64, 30, 30, 512, (3, 3), (1, 1), (1, 1), (1, 1)),  # 57 x 2..8 tiles: more than the multiprocessors
     (3, 48, 8, 12, 72, (1, 1), (0, 0), (1, 1), (1, 1)),  # NCHW: the batched GEMM (96 pixels, 48-deep)
     (2, 64, 14, 14, 256, (1, 1), (0, 0), (1, 1), (1, 1)),  # NCHW: 196 pixels, rows not 16-byte aligned: staged
+    (2, 32, 9, 7, 21, (1, 1), (0, 0), (1, 1), (1, 1)),  # 21 outputs (odd: rows of y start on odd elements)
+    (2, 16, 11, 9, 13, (3, 3), (1, 1), (2, 1), (1, 1)),  # 13 outputs, strided 3 x 3
+    (2, 64, 8, 8, 255, (1, 1), (0, 0), (1, 1), (1, 1)),  # 255 outputs (YOLO's heads); NCHW: the batched GEMM
+    (2, 8, 10, 10, 40, (3, 3), (1, 1), (1, 1), (1, 1)),  # 8 channels: a 16-channel step, half of it zeros
+    (2, 24, 12, 13, 144, (1, 1), (0, 0), (1, 1), (1, 1)),  # an expansion 24 > 144: 32-channel steps
+    (2, 32, 17, 15, 32, (3, 3), (0, 0), (1, 1), (1, 1)),  # 32 > 32 3 x 3 unpadded: whole 32-channel steps
+    (1, 16, 23, 21, 96, (1, 1), (0, 0), (1, 1), (1, 1)),  # an expansion 16 > 96: whole 16-channel steps
 ]
 
 

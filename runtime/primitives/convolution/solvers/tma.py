@@ -16,6 +16,11 @@ kernel's channels-last output moved back into y. x's channels must be a multiple
 copies step in 16 bytes); a first layer's 3 go to the mma.sync kernel
 (ConvImplicitGemmTensorCore).
 
+A stage holds 64 of x's channels (a 128-byte row a pixel); where x has 32 or fewer, 32 or 16
+(:func:`step_for`: rows of 64 or 32 bytes, swizzled as wide), so that a 1 x 1 expansion from 16
+or 24 channels, or a 3 x 3 over 32, does not multiply zeros for most of each step. Each step is
+its own program of each tile width (-DCONV_BK), chosen from C: no solver of its own.
+
 The tensor maps hold the tensors' addresses, so they are encoded on the host for each pair of x
 and w buffers an invoker meets (the most recent 32 pairs, with their launches).
 """
@@ -39,6 +44,8 @@ TILE_M, STEP, THREADS, ARCH_OPTION = gemm_tma.TILE_M, gemm_tma.STEP, gemm_tma.TH
 PIXELS = 128  # the im2col copy's pixels a stage: the tile's rows
 # tile N -> shared-memory stages: as many as fit 227 KiB beside the epilogue's staging
 STAGES = {256: 4, 128: 6, 64: 8}
+# the channels a stage can hold (-DCONV_BK): 64 (STEP), and narrower steps for few channels
+STEPS = (64, 32, 16)
 # A multiprocessor's throughput on each tile shape relative to 128 x 256 when every one has
 # work: narrower tiles read more bytes of A per multiply-add (guesses until find's rankings say more).
 TILE_SPEED = {256: 1.0, 128: 0.92, 64: 0.7}
@@ -47,8 +54,22 @@ CORNER = range(-128, 128)  # a 4-D im2col map's bounding-box corners
 
 def shared_bytes(tile_n: int) -> int:
     """Dynamic shared memory of a launch: stages, the epilogue's staging, 2 KiB to align them
-    to 1024 bytes and hold the barriers."""
+    to 1024 bytes and hold the barriers. A narrower step has as many more stages
+    (:func:`stages`): the same bytes."""
     return gemm_tma.shared_bytes(tile_n, STAGES)
+
+
+def step_for(problem: ConvProblem) -> int:
+    """The channels a stage holds for ``problem``: 16 for at most 16 of x's channels, 32 for at
+    most 32, else 64."""
+    c = problem.x_shape[1]
+    return 16 if c <= 16 else 32 if c <= 32 else STEP
+
+
+def stages(tile_n: int, step: int = STEP) -> int:
+    """The ring's stages for a tile width and step: the bytes of :data:`STAGES`' ring, in
+    narrower stages where the step is (so that as many pixels are in flight)."""
+    return STAGES[tile_n] * STEP // step
 
 
 def gemm_shape(problem: ConvProblem) -> tuple[int, int]:
@@ -81,28 +102,31 @@ def corners(problem: ConvProblem) -> tuple[tuple[int, int], tuple[int, int]]:
     return (-pw, -ph), (pw - dw * (fx - 1), ph - dh * (fy - 1))
 
 
-def input_map(problem: ConvProblem) -> tuple:
-    """tensor_map_im2col's arguments after the address and element size, for x channels-last."""
+def input_map(problem: ConvProblem, step: int = STEP) -> tuple:
+    """tensor_map_im2col's arguments after the address and element size, for x channels-last
+    copied ``step`` channels at a time."""
     n, c, h, w = problem.x_shape
     lower, upper = corners(problem)
     sh, sw = problem.stride
-    return (c, w, h, n), (2 * c, 2 * w * c, 2 * h * w * c), lower, upper, STEP, PIXELS, (1, sw, sh, 1)
+    return (c, w, h, n), (2 * c, 2 * w * c, 2 * h * w * c), lower, upper, step, PIXELS, (1, sw, sh, 1)
 
 
-def filter_map(problem: ConvProblem, tile_n: int) -> tuple:
+def filter_map(problem: ConvProblem, tile_n: int, step: int = STEP) -> tuple:
     """tensor_map's (dims, byte strides, box) for the KYXC weights as (C, Y X, K)."""
     c, (fy, fx), k = problem.x_shape[1], problem.filter, problem.out_channels
-    return (c, fy * fx, k), (2 * c, 2 * fy * fx * c), (STEP, 1, tile_n)
+    return (c, fy * fx, k), (2 * c, 2 * fy * fx * c), (step, 1, tile_n)
 
 
 def device_units(device) -> int:
     return device.target.cu or 132
 
 
-def kernel_request(dtype: DataType, tile_n: int) -> ProgramRequest:
-    """conv_tma.cu for ``dtype`` and a 128 x ``tile_n`` tile."""
-    return ProgramRequest("conv_tma.cu", (*dtype.options, f"-DCONV_BN={tile_n}", f"-DCONV_STAGES={STAGES[tile_n]}",
-                                          ARCH_OPTION))
+def kernel_request(dtype: DataType, tile_n: int, step: int = STEP) -> ProgramRequest:
+    """conv_tma.cu for ``dtype``, a 128 x ``tile_n`` tile and ``step`` channels a stage (the
+    64-channel program's options name no step, as before the narrower ones)."""
+    narrow = () if step == STEP else (f"-DCONV_BK={step}",)
+    return ProgramRequest("conv_tma.cu", (*dtype.options, f"-DCONV_BN={tile_n}",
+                                          f"-DCONV_STAGES={stages(tile_n, step)}", *narrow, ARCH_OPTION))
 
 
 def scalars(problem: ConvProblem) -> list:
@@ -113,25 +137,28 @@ def scalars(problem: ConvProblem) -> list:
                                   fy * fx, k % 8 == 0)]
 
 
-def multiplier(context, program, problem: ConvProblem, tile_n: int):
-    """``multiply(x, w, y)``: conv_fwd_tma (from the loaded conv_tma.cu ``program``) computing
-    the forward ``problem`` on 16-byte aligned channels-last x, KYXC w and channels-last y. The
-    tensor maps hold the addresses: they are encoded with a launch for each (x, w) pair met,
-    the most recent :data:`~kdbkit.runtime.primitives.gemm.solvers.tma.CACHED_PAIRS` kept."""
-    return map_multiplier(context, program, tiles(problem, tile_n), tile_n, scalars(problem), input_map(problem),
-                          filter_map(problem, tile_n))
+def multiplier(context, program, problem: ConvProblem, tile_n: int, step: int = STEP):
+    """``multiply(x, w, y)``: conv_fwd_tma (from the loaded conv_tma.cu ``program``, built for
+    ``step`` channels a stage) computing the forward ``problem`` on 16-byte aligned
+    channels-last x, KYXC w and channels-last y. The tensor maps hold the addresses: they are
+    encoded with a launch for each (x, w) pair met, the most recent
+    :data:`~kdbkit.runtime.primitives.gemm.solvers.tma.CACHED_PAIRS` kept."""
+    return map_multiplier(context, program, tiles(problem, tile_n), tile_n, scalars(problem),
+                          input_map(problem, step), filter_map(problem, tile_n, step), step)
 
 
-def map_multiplier(context, program, tile_count: int, tile_n: int, args: list, x_map: tuple, w_map: tuple):
+def map_multiplier(context, program, tile_count: int, tile_n: int, args: list, x_map: tuple, w_map: tuple,
+                   step: int = STEP):
     """:func:`multiplier` from conv_fwd_tma's arguments themselves (its scalars, the
     :func:`input_map` and :func:`filter_map` tuples, its ``tile_count`` tiles): for a forward
     convolution that no ConvProblem describes, as a stride phase's of backward data, padded
-    differently before and after."""
+    differently before and after. The maps' rows are ``step`` channels, swizzled as wide."""
     backend, kernel = context.backend, program.function("conv_fwd_tma")
     grid = (min(tile_count, device_units(context.device)), 1, 1)
     launches = gemm_tma.OperandLaunches(lambda x, w: backend.launcher(
         kernel, grid, (THREADS, 1, 1),
-        [backend.tensor_map_im2col(x, 2, *x_map), backend.tensor_map(w, 2, *w_map), None, *args],
+        [backend.tensor_map_im2col(x, 2, *x_map, swizzle=2 * step), backend.tensor_map(w, 2, *w_map, swizzle=2 * step),
+         None, *args],
         shared_bytes(tile_n)))
 
     def multiply(x, w, y):
@@ -196,8 +223,6 @@ class ConvTma(TmaConvSolver):
         k = problem.out_channels
         if c % 8:
             return not_applicable(f"x's {c} channels are not a multiple of 8 (tensor copies step in 16 bytes)")
-        if k % 2:
-            return not_applicable(f"its {k} output channels are odd (y is written two channels at a time)")
         if max(problem.stride) > 8:
             return not_applicable(f"stride {problem.stride}: the im2col copy steps at most 8 pixels")
         lower, upper = corners(problem)
@@ -246,7 +271,8 @@ class ConvTma(TmaConvSolver):
         gemm = as_gemm(problem) if self.tile_n in GEMMS else None
         if gemm is not None:
             return GEMMS[self.tile_n].programs(gemm)
-        return [kernel_request(problem.dtype, self.tile_n), ProgramRequest("conv_gemm.c", problem.dtype.options)]
+        return [kernel_request(problem.dtype, self.tile_n, step_for(problem)),
+                ProgramRequest("conv_gemm.c", problem.dtype.options)]
 
     def solution(self, problem: ConvProblem, device):
         tile_n = self.tile_n
@@ -268,7 +294,7 @@ class ConvTma(TmaConvSolver):
         def invoker_factory(programs, context):
             p, backend = problem, context.backend
             (n, c, h, w_), k, (ho, wo), (fy, fx) = p.x_shape, p.out_channels, p.out_hw, p.filter
-            multiply = multiplier(context, programs[0], p, tile_n)
+            multiply = multiplier(context, programs[0], p, tile_n, step_for(p))
             unaligned = fallback_invoker(context, problem, "ConvImplicitGemmTensorCore")
 
             if p.layout == "NHWC":
