@@ -40,7 +40,7 @@ KDB_KERNEL void conv_epilogue_fwd(KDB_GLOBAL kdb_data_t* y, const KDB_GLOBAL flo
         float out = KDB_LOAD(y, at) * scale[c] + shift[c];
         if (has_res)
             out += KDB_LOAD(res, at);
-        KDB_STORE(y, at, relu ? fmax(out, 0.0f) : out);
+        KDB_STORE(y, at, relu ? KDB_FMAXF(out, 0.0f) : out);
     }
 }
 
