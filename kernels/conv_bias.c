@@ -4,7 +4,11 @@
  * Options: the element type (kdb_data.h).
  * Arguments: the tensors, then N, C, H, W and the 4-D tensor's strides.
  * Launch: conv_bias_fwd 1-D over the N C H W elements, any grid (grid-stride);
- *   conv_bias_bwd one group of CONV_BIAS_BLOCK threads per channel (a grid stride over them).
+ *   conv_bias_bwd one group of CONV_BIAS_BLOCK threads per channel (a grid stride over them);
+ *   conv_epilogue_fwd as conv_bias_fwd.
+ * conv_epilogue_fwd, in place: y = y scale[c] + shift[c] (float per channel: a batch norm folded
+ * in), plus res (laid out as y) where has_res, then max(y, 0) where relu: a convolution's
+ * epilogue for solvers whose kernels do not take it (ConvTma's does, tma_wgmma.h).
  */
 #include "kdb_data.h"
 #include "kdb_reduce.h"
@@ -21,6 +25,22 @@ KDB_KERNEL void conv_bias_fwd(KDB_GLOBAL kdb_data_t* y, const KDB_GLOBAL kdb_dat
         const int n = (int)(e / ((long)W * H * C));
         const long at = (long)n * s0 + (long)c * s1 + (long)h * s2 + (long)v * s3;
         KDB_STORE(y, at, KDB_LOAD(y, at) + KDB_LOAD(bias, c));
+    }
+}
+
+KDB_KERNEL void conv_epilogue_fwd(KDB_GLOBAL kdb_data_t* y, const KDB_GLOBAL float* scale,
+                                  const KDB_GLOBAL float* shift, const KDB_GLOBAL kdb_data_t* res, int has_res,
+                                  int relu, int N, int C, int H, int W, int s0, int s1, int s2, int s3)
+{
+    const long total = (long)N * C * H * W;
+    for (long e = KDB_GLOBAL_ID_X; e < total; e += (long)KDB_LOCAL_SIZE_X * KDB_NUM_GROUPS_X) {
+        const int v = (int)(e % W), h = (int)(e / W % H), c = (int)(e / ((long)W * H) % C);
+        const int n = (int)(e / ((long)W * H * C));
+        const long at = (long)n * s0 + (long)c * s1 + (long)h * s2 + (long)v * s3;
+        float out = KDB_LOAD(y, at) * scale[c] + shift[c];
+        if (has_res)
+            out += KDB_LOAD(res, at);
+        KDB_STORE(y, at, relu ? KDB_FMAXF(out, 0.0f) : out);
     }
 }
 

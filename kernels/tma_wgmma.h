@@ -232,14 +232,60 @@ __device__ __forceinline__ void tm_consume(float* d, unsigned int base, unsigned
         tm_bar_arrive(empty + 8 * last);
 }
 
+/* What the epilogue does to each value of c after alpha and beta, in this order: times
+ * scale[column] plus shift[column] (fp32 per column: a batch norm folded into the convolution;
+ * both null for none), plus res at the same place (16-bit, laid out as c: a residual
+ * connection; null for none), then max(value, 0) where relu. The default does nothing. */
+struct TmEpilogue {
+    const float* scale = nullptr;
+    const float* shift = nullptr;
+    const unsigned short* res = nullptr;
+    int relu = 0;
+};
+
+/* scale and shift, and relu where no residual follows: what applies before rounding to 16 bits. */
+__device__ __forceinline__ float tm_affine(float v, int col, const TmEpilogue& ep)
+{
+    if (ep.scale)
+        v = v * ep.scale[col] + ep.shift[col];
+    return ep.relu && !ep.res ? fmaxf(v, 0.0f) : v;
+}
+
+/* A pair of stored 16-bit values plus a pair of the residual's, then ReLU where asked. */
+__device__ __forceinline__ unsigned int tm_add_pair(unsigned int v, unsigned int r, int relu)
+{
+    float lo = tc_to_float((unsigned short)(v & 0xFFFF)) + tc_to_float((unsigned short)(r & 0xFFFF));
+    float hi = tc_to_float((unsigned short)(v >> 16)) + tc_to_float((unsigned short)(r >> 16));
+    if (relu) {
+        lo = fmaxf(lo, 0.0f);
+        hi = fmaxf(hi, 0.0f);
+    }
+    return tm_pack(lo, hi);
+}
+
+/* One element of an edge tile: beta, the epilogue, then a 2-byte store. */
+__device__ __forceinline__ void tm_store_one(unsigned short* c, long o, float v, int col, float beta,
+                                             const TmEpilogue& ep)
+{
+    if (beta != 0.0f)
+        v += beta * tc_to_float(c[o]);
+    v = tm_affine(v, col, ep);
+    if (ep.res) { /* rounded first, as the pair path's sum of two stored values */
+        v = tc_to_float(tc_from_float(v)) + tc_to_float(ep.res[o]);
+        if (ep.relu)
+            v = fmaxf(v, 0.0f);
+    }
+    c[o] = tc_from_float(v);
+}
+
 /* A consumer warpgroup's rows of tile (tm, tn) of the M x N row-major c (leading dimension
- * ldc, even), alpha and beta applied: a whole tile with beta 0 and c_vec (ldc a multiple of
+ * ldc, even), alpha, beta and the epilogue ``ep`` applied: a whole tile with beta 0 and c_vec (ldc a multiple of
  * 8) through the warp's staging area (stmatrix) as 16-byte stores of whole 128-byte rows, any
  * other tile as element pairs straight from the registers. d[4j + 0..1]: row r, columns 8j +
  * 2 (lane % 4) and the next; d[4j + 2..3]: row r + 8. */
 __device__ __forceinline__ void tm_store(const float* d, unsigned short* c, int tm, int tn, int M, int N, int ldc,
                                          int c_vec, float alpha, float beta, unsigned int staging, int half, int warp,
-                                         int lane)
+                                         int lane, const TmEpilogue ep = TmEpilogue())
 {
     if (beta == 0.0f && c_vec && (tm + 1) * TM_BM <= M && (tn + 1) * TM_BN <= N) {
         /* A whole tile: each warp's 16 rows go through its staging area 64 columns at a time
@@ -255,11 +301,14 @@ __device__ __forceinline__ void tm_store(const float* d, unsigned short* c, int 
                 /* matrices: columns 8j0.. rows 0-7 and 8-15, then columns 8j0 + 8.. the same */
                 const int j0 = part * 8 + 2 * p;
                 const unsigned int at = own + srow * 128 + (((2 * p + (quad >> 1)) ^ (srow & 7)) << 4);
+                /* d[4 j0 + q]: column 8 (j0 + q / 4) + 2 (lane % 4) + q % 2 of the tile */
+                float e[8];
+#pragma unroll
+                for (int q = 0; q < 8; ++q)
+                    e[q] = tm_affine(alpha * d[4 * j0 + q], tn * TM_BN + 8 * (j0 + q / 4) + 2 * (lane % 4) + (q & 1), ep);
                 asm volatile("stmatrix.sync.aligned.m8n8.x4.shared.b16 [%0], {%1, %2, %3, %4};" ::"r"(at),
-                             "r"(tm_pack(alpha * d[4 * j0], alpha * d[4 * j0 + 1])),
-                             "r"(tm_pack(alpha * d[4 * j0 + 2], alpha * d[4 * j0 + 3])),
-                             "r"(tm_pack(alpha * d[4 * j0 + 4], alpha * d[4 * j0 + 5])),
-                             "r"(tm_pack(alpha * d[4 * j0 + 6], alpha * d[4 * j0 + 7]))
+                             "r"(tm_pack(e[0], e[1])), "r"(tm_pack(e[2], e[3])), "r"(tm_pack(e[4], e[5])),
+                             "r"(tm_pack(e[6], e[7]))
                              : "memory");
             }
             __syncwarp();
@@ -271,6 +320,16 @@ __device__ __forceinline__ void tm_store(const float* d, unsigned short* c, int 
                              : "=r"(v0), "=r"(v1), "=r"(v2), "=r"(v3)
                              : "r"(own + row * 128 + ((col ^ (row & 7)) << 4)));
                 unsigned short* out = rows + (long)row * ldc + part * 64 + col * 8;
+                if (ep.res) {
+                    unsigned int r0, r1, r2, r3;
+                    asm volatile("ld.global.v4.u32 {%0, %1, %2, %3}, [%4];"
+                                 : "=r"(r0), "=r"(r1), "=r"(r2), "=r"(r3)
+                                 : "l"(ep.res + (out - c)));
+                    v0 = tm_add_pair(v0, r0, ep.relu);
+                    v1 = tm_add_pair(v1, r1, ep.relu);
+                    v2 = tm_add_pair(v2, r2, ep.relu);
+                    v3 = tm_add_pair(v3, r3, ep.relu);
+                }
                 asm volatile("st.global.v4.u32 [%0], {%1, %2, %3, %4};" ::"l"(out), "r"(v0), "r"(v1), "r"(v2),
                              "r"(v3)
                              : "memory");
@@ -298,16 +357,14 @@ __device__ __forceinline__ void tm_store(const float* d, unsigned short* c, int 
                     v0 += beta * tc_to_float((unsigned short)(old & 0xFFFF));
                     v1 += beta * tc_to_float((unsigned short)(old >> 16));
                 }
-                *p = (unsigned int)tc_from_float(v0) | ((unsigned int)tc_from_float(v1) << 16);
+                unsigned int pair = tm_pack(tm_affine(v0, col, ep), tm_affine(v1, col + 1, ep));
+                if (ep.res)
+                    pair = tm_add_pair(pair, *(const unsigned int*)(ep.res + o), ep.relu);
+                *p = pair;
             } else {
-                if (beta != 0.0f)
-                    v0 += beta * tc_to_float(c[o]);
-                c[o] = tc_from_float(v0);
-                if (col + 1 < N) {
-                    if (beta != 0.0f)
-                        v1 += beta * tc_to_float(c[o + 1]);
-                    c[o + 1] = tc_from_float(v1);
-                }
+                tm_store_one(c, o, v0, col, beta, ep);
+                if (col + 1 < N)
+                    tm_store_one(c, o + 1, v1, col + 1, beta, ep);
             }
         }
 }

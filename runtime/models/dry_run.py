@@ -15,6 +15,7 @@ from typing import Any
 from kdbkit.runtime.primitives.activation.problem import ActivationMode, ActivationProblem
 from kdbkit.runtime.primitives.batchnorm.problem import BatchNormProblem
 from kdbkit.runtime.primitives.convolution.bias import ConvBiasProblem
+from kdbkit.runtime.primitives.convolution.epilogue import ConvEpilogueProblem
 from kdbkit.runtime.primitives.convolution.problem import ConvProblem, layouts_of
 from kdbkit.runtime.primitives.gemm.problem import GemmProblem
 from kdbkit.runtime.primitives.layernorm.problem import LayerNormProblem
@@ -58,6 +59,16 @@ class DryRun:
         layout = "NCHW" if "NCHW" in common else "NHWC"
         self._record(ConvProblem("F", wd.dtype, layout, xd.shape, wd.shape[0], wd.shape[2:], _pair(pad),
                                  _pair(stride), _pair(dilation), int(groups)))
+        return y
+
+    def convolution_forward_fused(self, handle, x: Any, w: Any, scale: Any, shift: Any, *, residual: Any = None,
+                                  activation: str = "none", pad=0, stride=1, dilation=1, groups: int = 1,
+                                  y: Any) -> Any:
+        """The convolution's problem, and the epilogue's: its pass runs where the chosen solver's
+        kernel does not take the epilogue, so a bundle carries its program."""
+        self.convolution_forward(handle, x, w, pad=pad, stride=stride, dilation=dilation, groups=groups, y=y)
+        yd = y.desc
+        self._record(ConvEpilogueProblem(yd.dtype, yd.shape, yd.strides, residual is not None, activation))
         return y
 
     def convolution_bias_forward(self, handle, y: Any, bias: Any) -> Any:

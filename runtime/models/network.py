@@ -18,6 +18,7 @@ import numpy as np
 from kdbkit.runtime.driver.tensors import to_storage
 from kdbkit.runtime.errors import ProblemError
 from kdbkit.runtime.models.dry_run import DryRun
+from kdbkit.runtime.models.fusion import Fusion, find_fusions, fold_batchnorm
 from kdbkit.runtime.models.graph import Graph, Node, Site, value_desc
 from kdbkit.runtime.problem import Problem
 from kdbkit.runtime.tensor import DataType, DeviceTensor, TensorDesc
@@ -47,16 +48,20 @@ class Network:
             parameters stay float32, as kdbkit takes them).
         layout: ``NCHW`` or ``NHWC`` (channels-last) for the 4-D values and the convolution
             weights; networks without images take NCHW only.
+        fuse: run each convolution, batch norm, residual addition and ReLU that
+            :mod:`~kdbkit.runtime.models.fusion` finds as one fused convolution (the forward and
+            its problems; the references stay layer by layer).
 
     Raises:
         ProblemError: a type or layout the network does not take.
     """
 
     def __init__(self, name: str, graph: Graph, *, dtype: str | DataType = "fp32", layout: str = "NCHW",
-                 seed: int = 0):
+                 seed: int = 0, fuse: bool = True):
         if layout not in graph.layouts:
             raise ProblemError(f"{name} has no layout {layout!r}", f"use one of {', '.join(graph.layouts)}")
         self.name, self.graph, self.layout, self.seed = name, graph, layout, int(seed)
+        self.fusions: dict[int, Fusion] = find_fusions(graph) if fuse else {}
         self.dtype = DataType.parse(dtype)
         self.descs = {v: value_desc(self.dtype, shape, layout) for v, shape in graph.shapes.items()}
         self._specs = graph.param_specs()
@@ -130,9 +135,40 @@ class Network:
         params = {full: DeviceTensor(None, self._param_desc(full)) for full in self._specs}  # type: ignore[arg-type]
         scratch = [{n: DeviceTensor(None, d) for n, d in s.items()} for s in self._scratch_descs()]  # type: ignore
         dry = DryRun()
-        for node, site in self._sites(described, params, scratch):
-            node.layer.run(dry, None, site)
+        per_channel = {i: DeviceTensor(None, TensorDesc.packed(DataType.FP32, (self.graph.nodes[i].layer.k,)))
+                       for i in self.fusions}  # type: ignore[arg-type]
+        self._run_layers(dry, None, described, self._sites(described, params, scratch),
+                         {i: (t, t) for i, t in per_channel.items()})
         return _dedupe(dry.problems)
+
+    def folded(self, i: int) -> tuple[np.ndarray, np.ndarray]:
+        """Fusion ``i``'s batch norm as float32 (scale, shift), from the parameters as held."""
+        bn = self.fusions[i].bn
+        p = {own: self.held_params[full] for own, full in self._node_params[bn].items()}
+        return fold_batchnorm(p["weight"], p["bias"], p["running_mean"], p["running_var"],
+                              self.graph.nodes[bn].layer.eps)
+
+    def _run_layers(self, k, handle, values: dict[str, DeviceTensor], sites: list[tuple[Node, Site]],
+                    folded: dict[int, tuple[DeviceTensor, DeviceTensor]]) -> None:
+        """Every layer's calls on ``k``, a fusion's layers as one fused convolution (unless its
+        output shares the residual's buffer, which the convolution would overwrite first)."""
+        i = 0
+        while i < len(sites):
+            node, site = sites[i]
+            fusion = self.fusions.get(i)
+            if fusion is not None:
+                out = sites[fusion.last][1].out
+                residual = values[fusion.residual] if fusion.residual is not None else None
+                if residual is None or residual.buffer is None or residual.buffer is not out.buffer:
+                    conv = node.layer
+                    scale, shift = folded[i]
+                    k.convolution_forward_fused(handle, site.ins[0], site.params["weight"], scale, shift,
+                                                residual=residual, activation="relu" if fusion.relu else "none",
+                                                pad=conv.pad, stride=conv.stride, groups=conv.groups, y=out)
+                    i = fusion.last + 1
+                    continue
+            node.layer.run(k, handle, site)
+            i += 1
 
     # -- the forward through kdbkit -----------------------------------------------------------
 
@@ -170,8 +206,7 @@ class Network:
         try:
             values = dict(state.values)
             values[self.graph.input] = given
-            for node, site in self._sites(values, state.params, state.scratch):
-                node.layer.run(kdbkit, handle, site)
+            self._run_layers(kdbkit, handle, values, self._sites(values, state.params, state.scratch), state.folded)
             out = values[self.graph.output]
             if uploaded is None:
                 return out
@@ -295,6 +330,14 @@ class _DeviceState:
                 buffer = backend.to_device(np.ascontiguousarray(to_storage(memory, desc.dtype)))
                 self._owned.append(buffer)
                 self.params[full] = DeviceTensor(buffer, desc)
+            self.folded = {}
+            for i in net.fusions:
+                made = []
+                for values in net.folded(i):
+                    buffer = backend.to_device(values)
+                    self._owned.append(buffer)
+                    made.append(DeviceTensor(buffer, TensorDesc.packed(DataType.FP32, values.shape)))
+                self.folded[i] = tuple(made)
             slots = self._slots(net)
             buffers = {}
             for slot in sorted(set(slots.values())):

@@ -32,20 +32,32 @@ def invoke(handle: "Handle", problem: Problem, solver: int | str | None, inputs:
         NoSolverError: as :func:`choose`. NumericsError: as KDB_CHECK_NUMERICS asks.
         HandleClosedError: the handle is closed.
     """
-    if handle.closed:  # its backend may be open (shared), but its chain and caches are not
+    if handle.closed:  # before the command is logged
         raise HandleClosedError()
     if env.get_bool("KDB_ENABLE_LOGGING_CMD"):
         from kdbkit.runtime.command_line import command_line  # the driver's formatter, not the driver
 
         log_command(command_line(problem, solver))
-    choice = choose(handle, problem, solver)  # the handle's dispatcher's
+    choice, run = chosen_invoker(handle, problem, solver)
     checking = numerics.flags()
     if checking:
         numerics.check(handle.backend, problem.config(), "input", [(n, b, d) for n, (b, d) in inputs.items()])
     tensors = (*inputs.items(), *outputs.items(), *(unused or {}).items())
-    run, buffers = handle.dispatcher.invoker(problem, choice.solver), {n: b for n, (b, _) in tensors}
+    buffers = {n: b for n, (b, _) in tensors}
     run(**buffers)
     repeat.note_invoke(run, buffers)
     if checking:
         numerics.check(handle.backend, problem.config(), "output", [(n, b, d) for n, (b, d) in outputs.items()])
     return choice
+
+
+def chosen_invoker(handle: "Handle", problem: Problem, solver: int | str | None) -> tuple[Choice, object]:
+    """The choice for ``problem`` (the chosen or asked-for solver) and its invoker.
+
+    Raises:
+        NoSolverError: as :func:`choose`. HandleClosedError: the handle is closed.
+    """
+    if handle.closed:  # its backend may be open (shared), but its chain and caches are not
+        raise HandleClosedError()
+    choice = choose(handle, problem, solver)  # the handle's dispatcher's
+    return choice, handle.dispatcher.invoker(problem, choice.solver)

@@ -177,7 +177,7 @@ def note_invoke(invoker: Any, buffers: dict[str, Any]) -> None:
         recorder.calls.append((invoker, buffers))
 
 
-def _full_path_only() -> bool:
+def full_path_only() -> bool:
     """Numerics checks or command logging asked for: each call goes the full way (read through
     runtime/env.py, the one parser of each variable). get_int, not numerics.flags(), which also
     builds a flag object each time: this check runs on every call of every primitive."""
@@ -217,7 +217,7 @@ def repeatable(api: str, tensors: tuple[str, ...]) -> Callable:
             else:
                 values = [*args, *rest[count]]
             signatures = [_signature(values[i]) for i in tensor_slots]
-            if ... in signatures or _full_path_only():
+            if ... in signatures or full_path_only():
                 return function(handle, *args, **kwargs)
             key = (api, *signatures, *[values[i] for i in other_slots])
             plans = handle.dispatcher.plans

@@ -185,8 +185,10 @@ class ConvProblem(Problem):
 
 
 def catalogue() -> list:
-    """One problem per compile-time specialisation (type and direction), the bias's too."""
+    """One problem per compile-time specialisation (type and direction), the bias's and the
+    epilogue's too."""
     from kdbkit.runtime.primitives.convolution.bias import catalogue as bias_catalogue
+    from kdbkit.runtime.primitives.convolution.epilogue import catalogue as epilogue_catalogue
 
     return [ConvProblem(d, t, "NCHW", (1, 2, 4, 4), 2, (3, 3), (1, 1)) for t in DataType for d in DIRECTIONS] + \
-        bias_catalogue()
+        bias_catalogue() + epilogue_catalogue()

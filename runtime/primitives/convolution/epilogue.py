@@ -1,0 +1,97 @@
+"""A convolution's epilogue as a pass of its own: y = act(y scale[c] + shift[c] (+ res)), in
+place, for a fused convolution (:mod:`~kdbkit.runtime.primitives.convolution.fused`) whose
+solver's kernel does not take the epilogue itself. Its own small problem (config
+``convepi,type=fp16,shape=NxCxHxW,ys=...,res=1,act=relu``), one solver, ConvEpilogue
+(conv_bias.c's conv_epilogue_fwd), any layout through the strides; scale and shift are float32.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+
+from kdbkit.runtime.errors import ProblemError
+from kdbkit.runtime.problem import Problem, require
+from kdbkit.runtime.program_key import ProgramRequest
+from kdbkit.runtime.solver import APPLIES, REGISTRY, Solution, Solver, launcher_1d, not_applicable
+from kdbkit.runtime.tensor import DataType, TensorDesc, format_dims, parse_dims
+
+ACTIVATIONS = ("none", "relu")
+
+
+@dataclass(frozen=True)
+class ConvEpilogueProblem(Problem):
+    primitive = "convepi"
+
+    dtype: DataType
+    shape: tuple[int, int, int, int]
+    strides: tuple[int, ...]
+    residual: bool
+    activation: str  # none or relu
+
+    def __post_init__(self) -> None:
+        if len(self.shape) != 4:
+            raise ProblemError(f"a convolution's epilogue takes N x C x H x W tensors, not {format_dims(self.shape)}",
+                               "reshape it to 4-D")
+        if self.activation not in ACTIVATIONS:
+            raise ProblemError(f"epilogue activation {self.activation!r}", f"use one of {', '.join(ACTIVATIONS)}")
+        TensorDesc(self.dtype, self.shape, self.strides)
+
+    def tensors(self) -> dict[str, TensorDesc]:
+        y = TensorDesc(self.dtype, self.shape, self.strides)
+        per_channel = TensorDesc.packed(DataType.FP32, (self.shape[1],))
+        made = {"y": y, "scale": per_channel, "shift": per_channel}
+        if self.residual:
+            made["residual"] = y
+        return made
+
+    def fields(self) -> list[tuple[str, str]]:
+        return [("type", self.dtype.label), ("shape", format_dims(self.shape)), ("ys", format_dims(self.strides)),
+                ("res", str(int(self.residual))), ("act", self.activation)]
+
+    @classmethod
+    def from_fields(cls, f: dict[str, str]) -> "ConvEpilogueProblem":
+        text = ",".join(f"{k}={v}" for k, v in f.items())
+        residual = require(f, "res", text)
+        if residual not in ("0", "1"):
+            raise ProblemError(f"epilogue key {text!r}: res={residual}", "write res=0 or res=1")
+        return cls(DataType.parse(require(f, "type", text)), parse_dims(require(f, "shape", text), "shape"),
+                   parse_dims(require(f, "ys", text), "ys"), residual == "1", require(f, "act", text))
+
+
+def catalogue() -> list[ConvEpilogueProblem]:
+    return [ConvEpilogueProblem(t, (1, 2, 2, 2), (8, 4, 2, 1), True, "relu") for t in DataType]
+
+
+class ConvEpilogue(Solver):
+    """ConvEpilogue (id 52): conv_bias.c's conv_epilogue_fwd, a thread per element."""
+
+    id = 52
+    name = "ConvEpilogue"
+    primitive = "convepi"
+
+    def is_applicable(self, problem: ConvEpilogueProblem, device):
+        if max(*problem.shape, *problem.strides) > 2**31 - 1:
+            return not_applicable("sizes or strides exceed the kernel's int arguments")
+        return APPLIES
+
+    def programs(self, problem: ConvEpilogueProblem):
+        return [ProgramRequest("conv_bias.c", problem.dtype.options)]
+
+    def solution(self, problem: ConvEpilogueProblem, device):
+        def invoker_factory(programs, context):
+            args = [np.int32(v) for v in (int(problem.residual), problem.activation == "relu", *problem.shape,
+                                          *problem.strides)]
+            kernel = programs[0].function("conv_epilogue_fwd")
+            fast = launcher_1d(context, kernel, int(np.prod(problem.shape)), [None, None, None, None, *args],
+                               max_groups=1 << 16)
+            if problem.residual:
+                return lambda y, scale, shift, residual: fast(y, scale, shift, residual)
+            return lambda y, scale, shift: fast(y, scale, shift, y)  # y stands in for the residual, never read
+
+        return Solution(self.programs(problem), invoker_factory)
+
+
+SOLVERS = (ConvEpilogue,)  # the convepi primitive's one solver
+REGISTRY.register_all(SOLVERS)

@@ -1,0 +1,128 @@
+"""The forward convolution with its epilogue fused (kdbkit.convolution_forward_fused): y =
+act(conv(x, w) scale + shift (+ residual)). On the chain device (PoCL in CI) the convolution's
+solvers take no epilogue, so ConvEpilogue's pass runs after them: both layouts, each type, with
+and without the residual and ReLU, against NumPy in float64; repeat calls (the plan) give the
+same; bad arguments are named. On an sm_90 GPU, ConvTma's kernel applies the epilogue as it
+stores each tile: tiles cut at every edge against PyTorch, and the fused path is the one taken."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+import kdbkit
+from kdbkit.runtime.errors import ProblemError
+from kdbkit.runtime.primitives.convolution import ConvEpilogueProblem
+from kdbkit.runtime.problem import parse_config
+from kdbkit.runtime.reference import convolution as ref_convolution
+from kdbkit.runtime.tensor import DataType
+
+from .conftest import TYPES, assert_written_in_place
+from kdbkit.runtime.tensor import DeviceTensor, TensorDesc
+from .test_convolution import _from_channels_last
+
+
+def _channels_last(backend, array: np.ndarray, dtype: str) -> DeviceTensor:
+    """A device tensor of type ``dtype`` holding ``array`` (N x C x H x W storage) packed NHWC."""
+    n, c, h, w = array.shape
+    desc = TensorDesc(DataType.parse(dtype), array.shape, (h * w * c, 1, w * c, c))
+    return DeviceTensor(backend.to_device(np.ascontiguousarray(array.transpose(0, 2, 3, 1))), desc)
+
+
+def _expected(x, w, scale, shift, residual, relu, pad, stride):
+    y = ref_convolution.forward(x.astype(np.float64), w.astype(np.float64), (pad, pad), (stride, stride))
+    y = y * scale[None, :, None, None] + shift[None, :, None, None]
+    if residual is not None:
+        y = y + residual
+    return np.maximum(y, 0) if relu else y
+
+
+@pytest.mark.parametrize("dtype", list(TYPES))
+@pytest.mark.parametrize("layout", ["NCHW", "NHWC"])
+@pytest.mark.parametrize("residual, relu", [(False, False), (False, True), (True, True), (True, False)])
+def test_the_epilogue_on_the_chain_device(handle, dtype, layout, residual, relu):
+    store, read, tol = TYPES[dtype]
+    rng = np.random.default_rng(5)
+    n, c, h, w, k = 2, 6, 7, 5, 10
+    x, wt = store(rng.standard_normal((n, c, h, w))), store(rng.standard_normal((k, c, 3, 3)) / 5)
+    scale, shift = rng.uniform(0.5, 1.5, k).astype(np.float32), rng.standard_normal(k).astype(np.float32)
+    res = store(rng.standard_normal((n, k, 4, 3))) if residual else None
+    expected = _expected(read(x), read(wt), scale.astype(np.float64), shift.astype(np.float64),
+                         None if res is None else read(res).astype(np.float64), relu, 1, 2)
+    be = handle.backend
+    if layout == "NCHW":
+        out = kdbkit.convolution_forward_fused(handle, x, wt, scale, shift, residual=res,
+                                               activation="relu" if relu else "none", pad=1, stride=2, dtype=dtype)
+        got = read(out)
+    else:
+        as_dev = lambda a: _channels_last(be, a, dtype)  # noqa: E731
+        xd, wd = as_dev(x), as_dev(wt)
+        rd = as_dev(res) if res is not None else None
+        yd = as_dev(np.zeros((n, k, 4, 3), x.dtype))
+        for _ in range(2):  # the second call runs the plan the first left
+            kdbkit.convolution_forward_fused(handle, xd, wd, scale, shift, residual=rd,
+                                             activation="relu" if relu else "none", pad=1, stride=2, y=yd)
+        got = read(_from_channels_last(be, yd))
+    np.testing.assert_allclose(got, expected, rtol=4 * tol, atol=4 * tol * max(1.0, np.abs(expected).max()))
+
+
+def test_its_problem_and_bad_arguments(handle):
+    problem = ConvEpilogueProblem(DataType.FP16, (2, 3, 4, 5), (60, 1, 15, 3), True, "relu")
+    assert parse_config(problem.config()) == problem
+    assert problem.config() == "convepi,type=fp16,shape=2x3x4x5,ys=60x1x15x3,res=1,act=relu"
+    x, w = np.ones((1, 2, 4, 4), np.float32), np.ones((3, 2, 1, 1), np.float32)
+    one = np.ones(3, np.float32)
+    with pytest.raises(ProblemError, match="activation 'gelu'"):
+        kdbkit.convolution_forward_fused(handle, x, w, one, one, activation="gelu")
+    with pytest.raises(ProblemError, match="scale has shape"):
+        kdbkit.convolution_forward_fused(handle, x, w, np.ones(4, np.float32), one)
+    with pytest.raises(ProblemError, match="residual is"):
+        kdbkit.convolution_forward_fused(handle, x, w, one, one, residual=np.ones((1, 3, 4, 5), np.float32))
+    with pytest.raises(ProblemError, match="res=2"):
+        parse_config("convepi,type=fp16,shape=2x3x4x5,ys=60x1x15x3,res=2,act=relu")
+    y = kdbkit.convolution_forward_fused(handle, x, w, one * 2, -one, activation="relu")
+    np.testing.assert_allclose(y, np.full((1, 3, 4, 4), 3.0))  # (2 channels x 1) x 2 - 1
+
+
+# ---------------------------------------------------------------- sm_90 GPU
+
+# n, c, h, w, k, filter, pad, stride: whole tiles, edge tiles in both directions, K not a multiple of 8
+CASES = [(4, 64, 16, 16, 256, 1, 0, 1), (3, 40, 11, 13, 72, 3, 1, 2), (2, 16, 9, 7, 10, 3, 1, 1),
+         (8, 128, 14, 14, 128, 3, 1, 1)]
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("dtype", ["fp16", "bf16"])
+@pytest.mark.parametrize("residual, relu", [(False, True), (True, True), (True, False)])
+@pytest.mark.parametrize("case", CASES, ids=["x".join(map(str, c[:5])) for c in CASES])
+def test_the_tma_kernel_applies_the_epilogue(sm90_torch, dtype, residual, relu, case):
+    from kdbkit.runtime.immediate import choose
+    from kdbkit.runtime.primitives.convolution.problem import ConvProblem
+
+    handle, torch = sm90_torch
+    n, c, h, w, k, f, pad, stride = case
+    tdtype = {"fp16": torch.float16, "bf16": torch.bfloat16}[dtype]
+    cl = torch.channels_last
+    gen = torch.Generator(device="cuda").manual_seed(sum(case))
+    x = torch.randn(n, c, h, w, device="cuda", dtype=tdtype, generator=gen).to(memory_format=cl)
+    wt = (torch.randn(k, c, f, f, device="cuda", dtype=tdtype, generator=gen) / (c * f * f) ** 0.5).to(memory_format=cl)
+    scale = torch.rand(k, device="cuda", generator=gen) + 0.5
+    shift = torch.randn(k, device="cuda", generator=gen)
+    ref = torch.nn.functional.conv2d(x.double(), wt.double(), None, stride, pad)
+    ref = ref * scale.double()[None, :, None, None] + shift.double()[None, :, None, None]
+    res = torch.randn(ref.shape, device="cuda", dtype=tdtype, generator=gen).to(memory_format=cl) if residual else None
+    if res is not None:
+        ref = ref + res.double()
+    if relu:
+        ref = ref.clamp_min(0)
+    problem = ConvProblem("F", DataType.parse(dtype), "NHWC", (n, c, h, w), k, (f, f), (pad, pad), (stride, stride),
+                          (1, 1), 1)
+    solver = choose(handle, problem).solver
+    if k % 2 == 0:
+        assert solver.name.startswith("ConvTma"), solver.name
+        assert hasattr(handle.dispatcher.invoker(problem, solver), "fuse")
+    y = torch.full(ref.shape, float("nan"), device="cuda", dtype=tdtype).to(memory_format=cl)  # poisoned
+    for _ in range(2):  # the second call runs the plan
+        out = kdbkit.convolution_forward_fused(handle, x, wt, scale, shift, residual=res,
+                                               activation="relu" if relu else "none", pad=pad, stride=stride, y=y)
+        assert_written_in_place(out, y, ref, f"{case} {dtype} residual={residual} relu={relu}", cl)
