@@ -5,7 +5,9 @@
  * Arguments: the tensors, then N, C, H, W and the 4-D tensor's strides.
  * Launch: conv_bias_fwd 1-D over the N C H W elements, any grid (grid-stride);
  *   conv_bias_bwd one group of CONV_BIAS_BLOCK threads per channel (a grid stride over them);
- *   conv_epilogue_fwd as conv_bias_fwd.
+ *   conv_epilogue_fwd as conv_bias_fwd; conv_epilogue_dense the same over a packed NCHW or NHWC
+ *   tensor of fewer than 2^31 elements: the channel is (e / inner) % C (inner: H W, or 1 for
+ *   NHWC), one 32-bit division where the general kernel does four 64-bit ones.
  * conv_epilogue_fwd, in place: y = y scale[c] + shift[c] (float per channel: a batch norm folded
  * in), plus res (laid out as y) where has_res, then max(y, 0) where relu: a convolution's
  * epilogue for solvers whose kernels do not take it (ConvTma's does, tma_wgmma.h).
@@ -41,6 +43,19 @@ KDB_KERNEL void conv_epilogue_fwd(KDB_GLOBAL kdb_data_t* y, const KDB_GLOBAL flo
         if (has_res)
             out += KDB_LOAD(res, at);
         KDB_STORE(y, at, relu ? KDB_FMAXF(out, 0.0f) : out);
+    }
+}
+
+KDB_KERNEL void conv_epilogue_dense(KDB_GLOBAL kdb_data_t* y, const KDB_GLOBAL float* scale,
+                                    const KDB_GLOBAL float* shift, const KDB_GLOBAL kdb_data_t* res, int has_res,
+                                    int relu, int total, int C, int inner)
+{
+    for (int e = KDB_GLOBAL_ID_X; e < total; e += KDB_LOCAL_SIZE_X * KDB_NUM_GROUPS_X) {
+        const int c = (inner == 1 ? e : e / inner) % C;
+        float out = KDB_LOAD(y, e) * scale[c] + shift[c];
+        if (has_res)
+            out += KDB_LOAD(res, e);
+        KDB_STORE(y, e, relu ? KDB_FMAXF(out, 0.0f) : out);
     }
 }
 

@@ -125,6 +125,7 @@ def child(mode: str, name: str) -> None:
                       later_issue_ms=statistics.median(issued[1:]),
                       upload_ms=upload_ms, resolved=handle.resolved_by_source, device=handle.device.name,
                       target=str(handle.target), find_db=_find_db_sources(handle, net),
+                      solvers=_solvers_chosen(handle),
                       bundle=[(str(c.path), c.origin) for c in handle.system_trace if c.status == "accepted"])
         if mode == "bundle":
             record["vs_torch"] = _compare_with_torch(net, x, out)
@@ -151,6 +152,14 @@ def _find_db_sources(handle, net) -> dict[str, int]:
         where = "heuristic" if records is None else ("user" if records[1] == "user" else Path(records[1]).name)
         counts[where] = counts.get(where, 0) + 1
     return counts
+
+
+def _solvers_chosen(handle) -> dict[str, int]:
+    """The solvers the forward's problems were given (immediate mode's choices), counted by name."""
+    counts: dict[str, int] = {}
+    for choice in handle.dispatcher.choices.values():
+        counts[choice.solver.name] = counts.get(choice.solver.name, 0) + 1
+    return dict(sorted(counts.items()))
 
 
 def _compare_with_torch(net, x, out) -> dict:

@@ -156,6 +156,10 @@ EXPECTED_LAYOUTS = {
     "wino_output": [(0, 8), (8, 8), *((16 + 4 * i, 4) for i in range(10))],
     # conv_bias.c: two tensors, N C H W, 4 strides
     **{name: [(0, 8), (8, 8), *((16 + 4 * i, 4) for i in range(8))] for name in ("conv_bias_fwd", "conv_bias_bwd")},
+    # its epilogue: y, scale, shift, res; has_res, relu, then N C H W and 4 strides (general) or the
+    # element count, C and the elements between channels (dense)
+    "conv_epilogue_fwd": [(0, 8), (8, 8), (16, 8), (24, 8), *((32 + 4 * i, 4) for i in range(10))],
+    "conv_epilogue_dense": [(0, 8), (8, 8), (16, 8), (24, 8), *((32 + 4 * i, 4) for i in range(5))],
     # conv_depthwise.c: three tensors, CONV_SHAPE_ARGS, channels_fastest
     **{name: [(0, 8), (8, 8), (16, 8), *((24 + 4 * i, 4) for i in range(29))] for name in ("conv_dw_fwd", "conv_dw_bwd_data")},
     # the depthwise forward's direct kernels: three tensors, the shape (28 ints), then: none (rows),
@@ -186,7 +190,7 @@ EXPECTED_LDS = {  # static LDS bytes at the default options
     "gemm_tiled": 2 * 16 * 17 * 4,  # two padded TILE x (TILE + 1) float tiles
     "conv_fwd_direct": 0, "conv_bwd_data_direct": 0, "conv_bwd_weights_direct": 256 * 4,  # CONV_WRW_BLOCK floats
     "conv_im2col": 0, "conv_col2im": 0, "conv_dy_by_channel": 0, "conv_transpose": 32 * 33 * 4, "conv_flip_weights": 0, "conv_pad_channels": 0, "conv_phase_weights": 0, "conv_phase_scatter": 0, "conv_dw_fwd": 0, "conv_dw_bwd_data": 0, "conv_bias_fwd": 0, "wino_filter": 0, "wino_input": 0, "wino_output": 0,
-    "conv_bias_bwd": 256 * 4,
+    "conv_bias_bwd": 256 * 4, "conv_epilogue_fwd": 0, "conv_epilogue_dense": 0,
     # the double-buffered tiles, then the result rows' offsets (IG_EPILOGUE)
     **{name: 2 * 2 * 8 * 132 * 4 + 128 * 8 for name in ("conv_fwd_igemm", "conv_bwd_data_igemm", "conv_wrw_igemm")},
     "conv_igemm_wrw_finish": 0,  # (two double-buffered 8 x 132 float tiles: A's and B's)

@@ -65,7 +65,8 @@ def catalogue() -> list[ConvEpilogueProblem]:
 
 
 class ConvEpilogue(Solver):
-    """ConvEpilogue (id 52): conv_bias.c's conv_epilogue_fwd, a thread per element."""
+    """ConvEpilogue (id 52): conv_bias.c's conv_epilogue_dense on packed NCHW or NHWC tensors,
+    else conv_epilogue_fwd through the strides; a thread per element."""
 
     id = 52
     name = "ConvEpilogue"
@@ -81,16 +82,34 @@ class ConvEpilogue(Solver):
 
     def solution(self, problem: ConvEpilogueProblem, device):
         def invoker_factory(programs, context):
-            args = [np.int32(v) for v in (int(problem.residual), problem.activation == "relu", *problem.shape,
-                                          *problem.strides)]
-            kernel = programs[0].function("conv_epilogue_fwd")
-            fast = launcher_1d(context, kernel, int(np.prod(problem.shape)), [None, None, None, None, *args],
-                               max_groups=1 << 16)
+            flags = [np.int32(int(problem.residual)), np.int32(problem.activation == "relu")]
+            total = int(np.prod(problem.shape))
+            inner = dense_inner(problem)
+            if inner is not None:
+                kernel = programs[0].function("conv_epilogue_dense")
+                args = [*flags, *(np.int32(v) for v in (total, problem.shape[1], inner))]
+            else:
+                kernel = programs[0].function("conv_epilogue_fwd")
+                args = [*flags, *(np.int32(v) for v in (*problem.shape, *problem.strides))]
+            fast = launcher_1d(context, kernel, total, [None, None, None, None, *args], max_groups=1 << 16)
             if problem.residual:
                 return lambda y, scale, shift, residual: fast(y, scale, shift, residual)
             return lambda y, scale, shift: fast(y, scale, shift, y)  # y stands in for the residual, never read
 
         return Solution(self.programs(problem), invoker_factory)
+
+
+def dense_inner(problem: ConvEpilogueProblem) -> int | None:
+    """Elements between one channel and the next where y is packed NCHW (H W) or NHWC (1) with
+    fewer than 2^31 elements (conv_epilogue_dense's case), else None."""
+    n, c, h, w = problem.shape
+    if n * c * h * w >= 2**31:
+        return None
+    if problem.strides == (c * h * w, h * w, w, 1):
+        return h * w
+    if problem.strides == (h * w * c, 1, w * c, c):
+        return 1
+    return None
 
 
 SOLVERS = (ConvEpilogue,)  # the convepi primitive's one solver

@@ -3,11 +3,13 @@
 scale and shift per output channel), residual addition and ReLU (MIOpen's fusion plans do this
 for convolution, bias and activation).
 
-Where the chosen solver's kernel takes the epilogue (ConvTma on channels-last tensors: its
-invoker has ``fuse``), it is applied as the tile is stored, so the output is written once and
-nothing else is launched. Any other solver (or unaligned tensors) runs the convolution, then
-the epilogue as one pass of its own (ConvEpilogue), which is still one pass instead of a
-batch norm's, an addition's and an activation's.
+Where the chosen solver's kernel takes the epilogue (ConvTma on channels-last tensors: it
+declares ``fuses_epilogue`` and its invoker has ``fuse``), it is applied as the tile is stored,
+so the output is written once and nothing else is launched. Any other solver (or unaligned
+tensors) runs the convolution, then the epilogue as one pass of its own (ConvEpilogue), which is
+still one pass instead of a batch norm's, an addition's and an activation's. Find times the
+convolution alone, so where its best does not fuse, a fusing solver ranked within the cost of
+that pass is taken instead (:func:`fusing_choice`).
 """
 
 from __future__ import annotations
@@ -20,7 +22,7 @@ from kdbkit.runtime.primitives.convolution.api import _four_d, _output, _problem
 from kdbkit.runtime.primitives.convolution.epilogue import ACTIVATIONS, ConvEpilogueProblem
 from kdbkit.runtime.primitives.invoke import chosen_invoker, invoke
 from kdbkit.runtime.primitives.operands import Operands
-from kdbkit.runtime.solver import aligned16
+from kdbkit.runtime.solver import aligned16, enabled
 from kdbkit.runtime.tensor import DataType
 
 
@@ -78,12 +80,53 @@ def convolution_forward_fused(handle, x: Any, w: Any, scale: Any, shift: Any, *,
     return result
 
 
+# Where the device does not say its bandwidth: a separate pass is taken to cost this many GB/s.
+FALLBACK_BANDWIDTH_GBS = 1000.0
+PASS_LAUNCH_MS = 0.005  # a launch's own cost on top of the bytes it moves
+
+
+def fuses(solver, problem) -> bool:
+    """Whether ``solver``'s kernel applies the epilogue itself for ``problem`` (it declares so
+    with ``fuses_epilogue``)."""
+    declares = getattr(solver, "fuses_epilogue", None)
+    return bool(declares(problem)) if declares is not None else False
+
+
+def separate_pass_ms(epilogue: ConvEpilogueProblem, device) -> float:
+    """What ConvEpilogue's pass adds: y read and written, the residual read, at the device's
+    bandwidth."""
+    elements = epilogue.shape[0] * epilogue.shape[1] * epilogue.shape[2] * epilogue.shape[3]
+    moved = elements * epilogue.dtype.itemsize * (3 if epilogue.residual else 2)
+    bandwidth = getattr(getattr(device, "memory", None), "bandwidth_gbs", 0.0) or FALLBACK_BANDWIDTH_GBS
+    return moved / (bandwidth * 1e6) + PASS_LAUNCH_MS
+
+
+def fusing_choice(handle, problem, epilogue: ConvEpilogueProblem):
+    """Where the find-db ranks first a solver that does not take the epilogue, the best-ranked
+    one that does, if its time is within what the separate pass would add; else None. (Find
+    times the convolution alone; the call costs the convolution and the pass.)"""
+    ranking = list(handle.dispatcher.ranked(problem))
+    if not ranking or fuses(ranking[0][1], problem):
+        return None
+    limit = ranking[0][0].time_ms + separate_pass_ms(epilogue, handle.device)
+    for record, solver, _ in ranking[1:]:
+        if record.time_ms > limit:
+            return None
+        if fuses(solver, problem) and enabled(solver):
+            return solver
+    return None
+
+
 def _runner(handle, problem, solver, epilogue: ConvEpilogueProblem):
     """One invoker of the whole call, ``run(x, w, y, scale, shift[, residual])`` (a repeat call's
     plan keeps it): the kernel's own epilogue where the solver has one and the tensors are
     aligned for it, else the convolution and then ConvEpilogue's pass. Both problems are
     chosen for here, so that the programs a call may need are resolved (and listed) at once."""
-    conv = chosen_invoker(handle, problem, solver)[1]
+    choice, conv = chosen_invoker(handle, problem, solver)
+    if choice.how == "find-db" and getattr(conv, "fuse", None) is None:
+        better = fusing_choice(handle, problem, epilogue)
+        if better is not None:
+            conv = handle.dispatcher.invoker(problem, better)
     separate = chosen_invoker(handle, epilogue, None)[1]
     fuse = getattr(conv, "fuse", None)
     fused = fuse(epilogue.residual, epilogue.activation == "relu") if fuse is not None else None

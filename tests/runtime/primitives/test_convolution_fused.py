@@ -126,3 +126,71 @@ def test_the_tma_kernel_applies_the_epilogue(sm90_torch, dtype, residual, relu, 
         out = kdbkit.convolution_forward_fused(handle, x, wt, scale, shift, residual=res,
                                                activation="relu" if relu else "none", pad=pad, stride=stride, y=y)
         assert_written_in_place(out, y, ref, f"{case} {dtype} residual={residual} relu={relu}", cl)
+
+
+@pytest.mark.parametrize("residual", [False, True])
+def test_the_epilogue_pass_through_strides(handle, residual):
+    """A y that is not packed (rows padded to 7 of 5 values) takes the general kernel, which
+    walks the strides and leaves the padding alone; packed ones take the dense kernel."""
+    from kdbkit.runtime.primitives.convolution.epilogue import dense_inner
+    from kdbkit.runtime.primitives.invoke import invoke
+
+    rng = np.random.default_rng(9)
+    shape, strides = (2, 3, 4, 5), (84, 28, 7, 1)
+    problem = ConvEpilogueProblem(DataType.FP32, shape, strides, residual, "relu")
+    assert dense_inner(problem) is None
+    assert dense_inner(ConvEpilogueProblem(DataType.FP32, shape, (60, 20, 5, 1), residual, "relu")) == 20
+    assert dense_inner(ConvEpilogueProblem(DataType.FP32, shape, (60, 1, 15, 3), residual, "relu")) == 1
+    memory = rng.standard_normal(2 * 84).astype(np.float32)
+    res_memory = rng.standard_normal(2 * 84).astype(np.float32)
+    scale, shift = rng.uniform(0.5, 1.5, 3).astype(np.float32), rng.standard_normal(3).astype(np.float32)
+    be = handle.backend
+    y, res = be.to_device(memory), be.to_device(res_memory)
+    s, h = be.to_device(scale), be.to_device(shift)
+    desc = problem.tensors()
+    inputs = {"scale": (s, desc["scale"]), "shift": (h, desc["shift"])}
+    if residual:
+        inputs["residual"] = (res, desc["residual"])
+    invoke(handle, problem, None, inputs, {"y": (y, desc["y"])})
+    got = be.to_host(y, np.empty_like(memory))
+    view = np.lib.stride_tricks.as_strided
+    grid = lambda a: view(a, shape, tuple(a.itemsize * v for v in strides))  # noqa: E731
+    want = grid(memory) * scale[None, :, None, None] + shift[None, :, None, None]
+    if residual:
+        want = want + grid(res_memory)
+    np.testing.assert_allclose(grid(got), np.maximum(want, 0), rtol=1e-6, atol=1e-6)
+    padding = np.ones(2 * 84, bool)
+    padding[np.ravel(grid(np.arange(2 * 84)))] = False
+    np.testing.assert_array_equal(got[padding], memory[padding])
+
+
+def test_find_db_winners_that_do_not_fuse_give_way_within_the_cost_of_the_pass():
+    """Find times the convolution alone: a fusing solver ranked within the separate pass's cost
+    of a non-fusing winner is taken instead; one ranked further behind is not."""
+    from types import SimpleNamespace
+
+    from kdbkit.kdb.find_db import FindRecord
+    from kdbkit.runtime.backends.base import MemorySystem
+    from kdbkit.runtime.primitives.convolution.fused import fuses, fusing_choice, separate_pass_ms
+    from kdbkit.runtime.primitives.convolution.problem import ConvProblem
+    from kdbkit.runtime.solver import REGISTRY
+    from .conftest import sm90
+
+    problem = ConvProblem("F", DataType.FP16, "NHWC", (32, 128, 28, 28), 512, (1, 1), (0, 0), (1, 1), (1, 1), 1)
+    epilogue = ConvEpilogueProblem(DataType.FP16, problem.y_shape, problem.descs()["y"].strides, True, "relu")
+    device = sm90()
+    device = SimpleNamespace(target=device.target, memory=MemorySystem(4000.0, 50 << 20, 2048))
+    im2col, tma = REGISTRY.find("ConvIm2colGemm"), REGISTRY.find("ConvTma128x128")
+    assert fuses(tma, problem) and not fuses(im2col, problem)
+    assert not fuses(tma, ConvProblem("F", DataType.FP16, "NCHW", (32, 128, 28, 28), 512, (1, 1), (0, 0), (1, 1),
+                                      (1, 1), 1))
+    pass_ms = separate_pass_ms(epilogue, device)  # 3 x 32 x 512 x 28 x 28 x 2 bytes at 4 TB/s, and a launch
+    assert abs(pass_ms - (3 * 32 * 512 * 28 * 28 * 2 / 4e12 * 1e3 + 0.005)) < 1e-9
+
+    def handle_ranking(times):
+        ranking = [(FindRecord(s.id, s.name, i, t, 0), s, "test") for i, (s, t) in enumerate(times)]
+        return SimpleNamespace(device=device, dispatcher=SimpleNamespace(ranked=lambda p: iter(ranking)))
+
+    assert fusing_choice(handle_ranking([(im2col, 0.020), (tma, 0.020 + pass_ms * 0.9)]), problem, epilogue) is tma
+    assert fusing_choice(handle_ranking([(im2col, 0.020), (tma, 0.020 + pass_ms * 1.1)]), problem, epilogue) is None
+    assert fusing_choice(handle_ranking([(tma, 0.020), (im2col, 0.021)]), problem, epilogue) is None

@@ -285,6 +285,10 @@ class ConvTma(TmaConvSolver):
                               f"({tile_efficiency(problem, best, units):.0%} against "
                               f"{tile_efficiency(problem, self.tile_n, units):.0%})")
 
+    def fuses_epilogue(self, problem: ConvProblem) -> bool:
+        """Channels-last: the kernel applies a fused convolution's epilogue (convolution/fused.py)."""
+        return problem.layout == "NHWC"
+
     def workspace(self, problem: ConvProblem) -> int:
         if problem.layout == "NHWC" or (self.tile_n in GEMMS and as_gemm(problem) is not None):
             return 0
