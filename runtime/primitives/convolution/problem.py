@@ -185,10 +185,13 @@ class ConvProblem(Problem):
 
 
 def catalogue() -> list:
-    """One problem per compile-time specialisation (type and direction), the bias's and the
-    epilogue's too."""
+    """One problem per compile-time specialisation (type, direction, grouped or not), the
+    bias's and the epilogue's too."""
     from kdbkit.runtime.primitives.convolution.bias import catalogue as bias_catalogue
     from kdbkit.runtime.primitives.convolution.epilogue import catalogue as epilogue_catalogue
 
+    # one-group problems in every direction, and a grouped forward (4 channels a group) for the
+    # grouped kernels' programs
     return [ConvProblem(d, t, "NCHW", (1, 2, 4, 4), 2, (3, 3), (1, 1)) for t in DataType for d in DIRECTIONS] + \
+        [ConvProblem("F", t, "NCHW", (1, 8, 4, 4), 8, (3, 3), (1, 1), groups=2) for t in DataType] + \
         bias_catalogue() + epilogue_catalogue()
