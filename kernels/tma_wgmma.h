@@ -304,8 +304,10 @@ __device__ __forceinline__ void tm_store(const float* d, unsigned short* c, int 
                 /* d[4 j0 + q]: column 8 (j0 + q / 4) + 2 (lane % 4) + q % 2 of the tile */
                 float e[8];
 #pragma unroll
-                for (int q = 0; q < 8; ++q)
-                    e[q] = tm_affine(alpha * d[4 * j0 + q], tn * TM_BN + 8 * (j0 + q / 4) + 2 * (lane % 4) + (q & 1), ep);
+                for (int q = 0; q < 8; ++q) {
+                    const int col = tn * TM_BN + 8 * (j0 + q / 4) + 2 * (lane % 4) + (q & 1);
+                    e[q] = tm_affine(alpha * d[4 * j0 + q], col, ep);
+                }
                 asm volatile("stmatrix.sync.aligned.m8n8.x4.shared.b16 [%0], {%1, %2, %3, %4};" ::"r"(at),
                              "r"(tm_pack(e[0], e[1])), "r"(tm_pack(e[2], e[3])), "r"(tm_pack(e[4], e[5])),
                              "r"(tm_pack(e[6], e[7]))

@@ -1,9 +1,9 @@
 """The convolution solvers, registered from :data:`SOLVERS` in priority order. Ids: 20
 ConvDirect, 21 ConvIm2colGemm, 22 ConvImplicitGemmTensorCore, 23 ConvWrwImplicitGemmTensorCore
 (both in igemm_tc), 24 ConvDepthwise, 25 ConvImplicitGemmMfma, 27 ConvWinogradF2x3, 28
-ConvImplicitGemm (26 is the bias's, ConvBias), 33-35 ConvTma128x256/128x128/128x64 (tma),
-36-38 ConvTmaBwdData128x256/128x128/128x64 (tma_dgrad), 39-41
-ConvTmaBwdDataStrided128x256/128x128/128x64 (tma_sdgrad), 42-44
+ConvImplicitGemm (26 is the bias's, ConvBias; 52 the fused epilogue's pass, ConvEpilogue),
+33-35 ConvTma128x256/128x128/128x64 (tma), 36-38 ConvTmaBwdData128x256/128x128/128x64
+(tma_dgrad), 39-41 ConvTmaBwdDataStrided128x256/128x128/128x64 (tma_sdgrad), 42-44
 ConvTmaBwdWeights128x256/128x128/128x64 (tma_wgrad), 45 ConvImplicitGemmTf32 (igemm_tf32:
 fp32 on the tensor cores in TF32, only with KDB_CONV_ALLOW_TF32=1), 48 ConvGroupedTensorCore
 (grouped_tc), 50 ConvGroupedFp32 (grouped_fp32).
@@ -20,8 +20,9 @@ then the matrix-unit implicit GEMMs (CUDA tensor cores, fp16/bf16: forward and b
 at stride 1, backward weights; AMD MFMA on gfx90a/gfx942: NHWC
 forward; TF32 for fp32, only where KDB_CONV_ALLOW_TF32=1 allows it), then Winograd
 F(2 x 2, 3 x 3) (fp32 3 x 3 at stride 1, forward and backward data, where its cost model says
-it beats the implicit GEMM; else it applies for find), then the implicit GEMM on the general cores (every direction, layout, type and group count; forward and
-backward data split their reduction when their tiles would not fill the GPU), then the matrix
+it beats the implicit GEMM; else it applies for find), then the implicit GEMM on the general
+cores (every direction, layout, type and group count; forward and backward data split their
+reduction when their tiles would not fill the GPU), then the matrix
 multiply over im2col (one group), then the direct solver, which takes every convolution."""
 
 from kdbkit.runtime.primitives.convolution.solvers.depthwise import ConvDepthwise
