@@ -223,16 +223,26 @@ def test_merge_reports_runs_split_over_calls(scripts, tmp_path):
     assert done.returncode == 2 and len(done.stderr.strip().splitlines()) == 1 and "another kind" in done.stderr
 
 
-def test_the_candidates_script_times_depthwise_and_fp32_pointwise_layers(scripts, tmp_path):
-    import bench_conv_candidates as candidates
+def test_the_solvers_script_keeps_the_layers_and_solvers_asked_for(scripts, tmp_path):
+    """bench_conv_solvers.py: the layers each option keeps, every solver that applies (or those
+    named), and a bad option in one line."""
+    import bench_conv_solvers as solvers
 
+    from kdbkit.runtime.tensor import DataType
+    from tests.runtime.primitives.conftest import sm90
+
+    grouped = solvers.layers(solvers.parse_args(["--models", "mobilenet_v2", "--only-grouped"]))
+    assert grouped and all(layer.groups > 1 and model == "mobilenet_v2" for model, layer in grouped)
+    three = solvers.layers(solvers.parse_args(["--only-3x3"]))
+    assert three and all(layer.filter == (3, 3) and layer.stride == (1, 1) for _, layer in three)
     layers = {layer.name: layer for layer in scripts[1].mobilenet_v2()}
-    both = ["ConvDepthwise", "ConvGroupedTensorCore"]
-    assert candidates.candidates(layers["depthwise 3x3/1 144 @56"], "fp16") == both
-    assert candidates.candidates(layers["depthwise 3x3/2 96 @112"], "fp32") == ["ConvDepthwise"]
-    assert candidates.candidates(layers["project 1x1 960>320 @7"], "fp32") == ["ConvImplicitGemm", "ConvIm2colGemm"]
-    assert candidates.candidates(layers["project 1x1 960>320 @7"], "fp16") == []
-    done = subprocess.run([sys.executable, str(SCRIPTS / "bench_conv_candidates.py"), "--out", str(tmp_path / "c"),
-                           "--types", "fp8"], capture_output=True, text=True, timeout=120)
-    lines = done.stderr.strip().splitlines()
-    assert done.returncode == 2 and len(lines) == 1 and "--types" in lines[0] and "Traceback" not in done.stderr
+    depthwise = layers["depthwise 3x3/1 144 @56"].problem("F", DataType.FP16, "NHWC")
+    assert {"ConvDepthwise", "ConvGroupedTensorCore"} <= set(solvers.candidates(depthwise, sm90(), []))
+    pointwise = layers["project 1x1 960>320 @7"].problem("F", DataType.FP32, "NCHW")
+    assert {"ConvImplicitGemm", "ConvIm2colGemm"} <= set(solvers.candidates(pointwise, sm90(), []))
+    assert solvers.candidates(pointwise, sm90(), ["ConvIm2colGemm", "ConvDepthwise"]) == ["ConvIm2colGemm"]
+    for bad in (["--types", "fp8"], ["--directions", "FX"], ["--models", "lenet"], ["--iters", "0"]):
+        done = subprocess.run([sys.executable, str(SCRIPTS / "bench_conv_solvers.py"), "--out", str(tmp_path), *bad],
+                              capture_output=True, text=True, timeout=120)
+        lines = done.stderr.strip().splitlines()
+        assert done.returncode == 2 and len(lines) == 1 and "Traceback" not in done.stderr, (bad, done.stderr)
