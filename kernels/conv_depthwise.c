@@ -157,6 +157,13 @@ conv_dw_fwd_tiled(const KDB_GLOBAL kdb_data_t* x, const KDB_GLOBAL kdb_data_t* w
 }
 
 #define CONV_DW_RUN 4 /* neighbouring outputs of a row a thread of the direct forward kernels computes */
+/* The input columns a run reads at column stride SW. OpenCL C's unroller wants a constant count
+ * (it warns before inlining makes SW one): there, the count at stride 2, the rest skipped. */
+#if defined(KDB_BACKEND_OPENCL)
+#define CONV_DW_COLS(SW) ((CONV_DW_RUN - 1) * 2 + 3)
+#else
+#define CONV_DW_COLS(SW) ((CONV_DW_RUN - 1) * (SW) + 3)
+#endif
 
 /* Whether a forward's filter rows take the direct kernels' register path: at most 3 taps wide,
  * column dilation 1, column stride 1 or 2 (MobileNet's 3 x 3 depthwise layers). */
@@ -169,9 +176,9 @@ conv_dw_fwd_tiled(const KDB_GLOBAL kdb_data_t* x, const KDB_GLOBAL kdb_data_t* w
 KDB_DEVICE_FN void conv_dw_vec_row(const KDB_GLOBAL kdb_vec4u* row, int v0, int W, int CV, const int SW,
                                    const float* wr, float* acc)
 {
-    KDB_UNROLL for (int col = 0; col < (CONV_DW_RUN - 1) * SW + 3; ++col) {
+    KDB_UNROLL for (int col = 0; col < CONV_DW_COLS(SW); ++col) {
         const int v = v0 + col;
-        if (v >= 0 && v < W) {
+        if (col < (CONV_DW_RUN - 1) * SW + 3 && v >= 0 && v < W) {
             float xv[KDB_VEC];
             kdb_unpack(row[v * CV], xv);
             KDB_UNROLL for (int q = 0; q < CONV_DW_RUN; ++q) {
@@ -187,9 +194,9 @@ KDB_DEVICE_FN void conv_dw_vec_row(const KDB_GLOBAL kdb_vec4u* row, int v0, int 
 KDB_DEVICE_FN void conv_dw_scalar_row(const KDB_GLOBAL kdb_data_t* row, int v0, int W, int step, const int SW,
                                       const float* wr, float* acc)
 {
-    KDB_UNROLL for (int col = 0; col < (CONV_DW_RUN - 1) * SW + 3; ++col) {
+    KDB_UNROLL for (int col = 0; col < CONV_DW_COLS(SW); ++col) {
         const int v = v0 + col;
-        if (v >= 0 && v < W) {
+        if (col < (CONV_DW_RUN - 1) * SW + 3 && v >= 0 && v < W) {
             const float xv = KDB_LOAD(row, v * step);
             KDB_UNROLL for (int q = 0; q < CONV_DW_RUN; ++q) {
                 const int b = col - q * SW;
