@@ -15,7 +15,8 @@ from kdbkit.runtime.primitives.invoke import invoke
 from kdbkit.runtime.primitives.operands import Operands, device_default
 from kdbkit.runtime.problem import Problem, require
 from kdbkit.runtime.program_key import ProgramRequest
-from kdbkit.runtime.solver import APPLIES, REGISTRY, Solution, Solver, launcher_1d, not_applicable
+from kdbkit.runtime.primitives.convolution.solvers.common import fits_int_arguments
+from kdbkit.runtime.solver import REGISTRY, Solution, Solver, launcher_1d
 from kdbkit.runtime.tensor import DataType, TensorDesc, format_dims, parse_dims
 
 BLOCK = 256  # conv_bias.c's CONV_BIAS_BLOCK
@@ -70,9 +71,7 @@ class ConvBias(Solver):
     primitive = "convbias"
 
     def is_applicable(self, problem: ConvBiasProblem, device):
-        if max(*problem.shape, *problem.strides) > 2**31 - 1:
-            return not_applicable("sizes or strides exceed the kernel's int arguments")
-        return APPLIES
+        return fits_int_arguments(problem)
 
     def programs(self, problem: ConvBiasProblem):
         return [program(problem)]

@@ -7,14 +7,17 @@ solver's kernel does not take the epilogue itself. Its own small problem (config
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 
 import numpy as np
 
 from kdbkit.runtime.errors import ProblemError
+from kdbkit.runtime.primitives.convolution.problem import layout_strides
 from kdbkit.runtime.problem import Problem, require
 from kdbkit.runtime.program_key import ProgramRequest
-from kdbkit.runtime.solver import APPLIES, REGISTRY, Solution, Solver, launcher_1d, not_applicable
+from kdbkit.runtime.primitives.convolution.solvers.common import INT_MAX, fits_int_arguments
+from kdbkit.runtime.solver import REGISTRY, Solution, Solver, launcher_1d
 from kdbkit.runtime.tensor import DataType, TensorDesc, format_dims, parse_dims
 
 ACTIVATIONS = ("none", "relu")
@@ -73,9 +76,7 @@ class ConvEpilogue(Solver):
     primitive = "convepi"
 
     def is_applicable(self, problem: ConvEpilogueProblem, device):
-        if max(*problem.shape, *problem.strides) > 2**31 - 1:
-            return not_applicable("sizes or strides exceed the kernel's int arguments")
-        return APPLIES
+        return fits_int_arguments(problem)
 
     def programs(self, problem: ConvEpilogueProblem):
         return [ProgramRequest("conv_bias.c", problem.dtype.options)]
@@ -83,7 +84,7 @@ class ConvEpilogue(Solver):
     def solution(self, problem: ConvEpilogueProblem, device):
         def invoker_factory(programs, context):
             flags = [np.int32(int(problem.residual)), np.int32(problem.activation == "relu")]
-            total = int(np.prod(problem.shape))
+            total = math.prod(problem.shape)
             inner = dense_inner(problem)
             if inner is not None:
                 kernel = programs[0].function("conv_epilogue_dense")
@@ -102,14 +103,11 @@ class ConvEpilogue(Solver):
 def dense_inner(problem: ConvEpilogueProblem) -> int | None:
     """Elements between one channel and the next where y is packed NCHW (H W) or NHWC (1) with
     fewer than 2^31 elements (conv_epilogue_dense's case), else None."""
-    n, c, h, w = problem.shape
-    if n * c * h * w >= 2**31:
+    if math.prod(problem.shape) > INT_MAX:
         return None
-    if problem.strides == (c * h * w, h * w, w, 1):
-        return h * w
-    if problem.strides == (h * w * c, 1, w * c, c):
-        return 1
-    return None
+    if problem.strides == layout_strides("NCHW", problem.shape):
+        return problem.shape[2] * problem.shape[3]
+    return 1 if problem.strides == layout_strides("NHWC", problem.shape) else None
 
 
 SOLVERS = (ConvEpilogue,)  # the convepi primitive's one solver
