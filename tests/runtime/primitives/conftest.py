@@ -20,13 +20,20 @@ def sm90(cu: int = 132) -> DeviceInfo:
     return DeviceInfo("cuda", 0, "an sm_90 device", Target.parse(f"sm_90_{cu}"), 80 << 30)
 
 
+def gpu_with_torch(handle, instruction: str, why: str):
+    """(handle, torch) where the handle's device is a CUDA GPU with ``instruction`` (an arch fact:
+    ``mma.sync``, ``wgmma``) and PyTorch sees a GPU, else the test skips, saying ``why``."""
+    torch = pytest.importorskip("torch", reason="PyTorch is not installed (the GPU machine has it)")
+    if handle.device.backend != "cuda" or not handle.device.target.arch_facts.has(instruction) \
+            or not torch.cuda.is_available():
+        pytest.skip(why)
+    return handle, torch
+
+
 @pytest.fixture
 def sm90_torch(handle):
-    torch = pytest.importorskip("torch", reason="PyTorch is not installed (the GPU machine has it)")
-    if handle.device.backend != "cuda" or not handle.device.target.arch_facts.has("wgmma") \
-            or not torch.cuda.is_available():
-        pytest.skip("the TMA convolution needs an sm_90 GPU (KDB_TEST_BACKEND=cuda on the H100/H200 machine)")
-    return handle, torch
+    return gpu_with_torch(handle, "wgmma",
+                          "the TMA convolution needs an sm_90 GPU (KDB_TEST_BACKEND=cuda on the H100/H200 machine)")
 
 
 def assert_written_in_place(out, buffer, expected, what: str, memory_format=None) -> None:

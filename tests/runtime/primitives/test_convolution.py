@@ -70,10 +70,11 @@ def test_every_direction_matches_the_reference(handle, solver, dtype, case):
     np.testing.assert_allclose(read(dw), expected, **_tolerance(tol, expected))
 
 
-def _channels_last(backend, array: np.ndarray) -> DeviceTensor:
-    """A device tensor holding ``array`` (N x C x H x W) packed NHWC."""
+def _channels_last(backend, array: np.ndarray, dtype: str | None = None) -> DeviceTensor:
+    """A device tensor holding ``array`` (N x C x H x W) packed NHWC; ``dtype`` names the type
+    where the storage does not (bf16 bits in a uint16 array)."""
     n, c, h, w = array.shape
-    desc = TensorDesc(DataType.parse(array.dtype), array.shape, (h * w * c, 1, w * c, c))
+    desc = TensorDesc(DataType.parse(dtype or array.dtype), array.shape, (h * w * c, 1, w * c, c))
     return DeviceTensor(backend.to_device(np.ascontiguousarray(array.transpose(0, 2, 3, 1))), desc)
 
 

@@ -18,15 +18,7 @@ from kdbkit.runtime.reference import convolution as ref_convolution
 from kdbkit.runtime.tensor import DataType
 
 from .conftest import TYPES, assert_written_in_place
-from kdbkit.runtime.tensor import DeviceTensor, TensorDesc
-from .test_convolution import _from_channels_last
-
-
-def _channels_last(backend, array: np.ndarray, dtype: str) -> DeviceTensor:
-    """A device tensor of type ``dtype`` holding ``array`` (N x C x H x W storage) packed NHWC."""
-    n, c, h, w = array.shape
-    desc = TensorDesc(DataType.parse(dtype), array.shape, (h * w * c, 1, w * c, c))
-    return DeviceTensor(backend.to_device(np.ascontiguousarray(array.transpose(0, 2, 3, 1))), desc)
+from .test_convolution import _channels_last, _from_channels_last
 
 
 def _expected(x, w, scale, shift, residual, relu, pad, stride):

@@ -15,7 +15,7 @@ from kdbkit.runtime.primitives.convolution import ConvProblem
 from kdbkit.runtime.primitives.convolution.solvers import depthwise, grouped_fp32, grouped_tc
 from kdbkit.runtime.solver import REGISTRY
 from kdbkit.runtime.tensor import DataType
-from .conftest import assert_written_in_place, sm90
+from .conftest import assert_written_in_place, gpu_with_torch, sm90
 
 NAME = "ConvGroupedTensorCore"
 FP32 = "ConvGroupedFp32"
@@ -211,11 +211,7 @@ CASES = [
 
 @pytest.fixture
 def tensor_core_torch(handle):
-    torch = pytest.importorskip("torch", reason="PyTorch is not installed (the GPU machine has it)")
-    if handle.device.backend != "cuda" or not handle.device.target.arch_facts.has("mma.sync") \
-            or not torch.cuda.is_available():
-        pytest.skip("needs an sm_80+ GPU (KDB_TEST_BACKEND=cuda on the GPU machine)")
-    return handle, torch
+    return gpu_with_torch(handle, "mma.sync", "needs an sm_80+ GPU (KDB_TEST_BACKEND=cuda on the GPU machine)")
 
 
 @pytest.mark.gpu

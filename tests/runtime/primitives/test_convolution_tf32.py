@@ -13,7 +13,7 @@ from kdbkit.runtime.primitives.convolution import ConvProblem
 from kdbkit.runtime.solver import REGISTRY
 from kdbkit.runtime.tensor import DataType
 
-from .conftest import sm90
+from .conftest import gpu_with_torch, sm90
 
 
 def conv(direction="F", dtype=DataType.FP32, layout="NCHW", c=64, k=128, hw=(28, 28), f=(3, 3), stride=(1, 1)):
@@ -73,10 +73,8 @@ def test_the_program_compiles_offline(arch):
 @pytest.mark.parametrize("c, k, hw, f, stride", [(40, 136, (9, 11), 3, 1), (130, 20, (8, 16), 3, 1),
                                                  (20, 130, (8, 16), 3, 1), (24, 72, (13, 10), 1, 2)])
 def test_every_direction_at_tf32_accuracy(handle, monkeypatch, layout, c, k, hw, f, stride):
-    torch = pytest.importorskip("torch", reason="PyTorch is not installed (the GPU machine has it)")
-    if handle.device.backend != "cuda" or not handle.device.target.arch_facts.has("mma.sync") \
-            or not torch.cuda.is_available():
-        pytest.skip("TF32 needs a CUDA GPU with mma.sync (KDB_TEST_BACKEND=cuda on the GPU machine)")
+    _, torch = gpu_with_torch(handle, "mma.sync",
+                              "TF32 needs a CUDA GPU with mma.sync (KDB_TEST_BACKEND=cuda on the GPU machine)")
     import kdbkit
 
     monkeypatch.setenv("KDB_CONV_ALLOW_TF32", "1")
