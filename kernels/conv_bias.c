@@ -30,6 +30,17 @@ KDB_KERNEL void conv_bias_fwd(KDB_GLOBAL kdb_data_t* y, const KDB_GLOBAL kdb_dat
     }
 }
 
+/* The epilogue of y's element at (of channel c), in place. */
+KDB_DEVICE_FN void conv_epilogue_at(KDB_GLOBAL kdb_data_t* y, const KDB_GLOBAL float* scale,
+                                    const KDB_GLOBAL float* shift, const KDB_GLOBAL kdb_data_t* res, int has_res,
+                                    int relu, long at, int c)
+{
+    float out = KDB_LOAD(y, at) * scale[c] + shift[c];
+    if (has_res)
+        out += KDB_LOAD(res, at);
+    KDB_STORE(y, at, relu ? KDB_FMAXF(out, 0.0f) : out);
+}
+
 KDB_KERNEL void conv_epilogue_fwd(KDB_GLOBAL kdb_data_t* y, const KDB_GLOBAL float* scale,
                                   const KDB_GLOBAL float* shift, const KDB_GLOBAL kdb_data_t* res, int has_res,
                                   int relu, int N, int C, int H, int W, int s0, int s1, int s2, int s3)
@@ -39,10 +50,7 @@ KDB_KERNEL void conv_epilogue_fwd(KDB_GLOBAL kdb_data_t* y, const KDB_GLOBAL flo
         const int v = (int)(e % W), h = (int)(e / W % H), c = (int)(e / ((long)W * H) % C);
         const int n = (int)(e / ((long)W * H * C));
         const long at = (long)n * s0 + (long)c * s1 + (long)h * s2 + (long)v * s3;
-        float out = KDB_LOAD(y, at) * scale[c] + shift[c];
-        if (has_res)
-            out += KDB_LOAD(res, at);
-        KDB_STORE(y, at, relu ? KDB_FMAXF(out, 0.0f) : out);
+        conv_epilogue_at(y, scale, shift, res, has_res, relu, at, c);
     }
 }
 
@@ -51,11 +59,7 @@ KDB_KERNEL void conv_epilogue_dense(KDB_GLOBAL kdb_data_t* y, const KDB_GLOBAL f
                                     int relu, int total, int C, int inner)
 {
     for (int e = KDB_GLOBAL_ID_X; e < total; e += KDB_LOCAL_SIZE_X * KDB_NUM_GROUPS_X) {
-        const int c = (inner == 1 ? e : e / inner) % C;
-        float out = KDB_LOAD(y, e) * scale[c] + shift[c];
-        if (has_res)
-            out += KDB_LOAD(res, e);
-        KDB_STORE(y, e, relu ? KDB_FMAXF(out, 0.0f) : out);
+        conv_epilogue_at(y, scale, shift, res, has_res, relu, e, (inner == 1 ? e : e / inner) % C);
     }
 }
 
