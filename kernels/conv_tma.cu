@@ -56,11 +56,7 @@ conv_fwd_tma(const __grid_constant__ TmaMap map_x, const __grid_constant__ TmaMa
              int relu)
 {
     extern __shared__ __align__(16) unsigned char tm_raw[];
-    /* Swizzled tiles start on 1024 bytes: the launch asks for 2 KiB more than the stages,
-     * which also holds the barriers. */
-    const unsigned int raw = tm_smem(tm_raw), base = (raw + 1023u) & ~1023u;
-    const unsigned int staging = base + CONV_STAGES * TM_STAGE_BYTES, full = staging + 8 * TM_STAGING_BYTES,
-                       empty = full + 8 * CONV_STAGES;
+    const auto [base, staging, full, empty] = tm_layout(tm_raw);
     const int t = threadIdx.x, warpgroup = t / 128;
     const int tiles_m = (M + TM_BM - 1) / TM_BM, tiles_n = (K + CONV_BN - 1) / CONV_BN, tiles = tiles_m * tiles_n;
     const int c_steps = (C + TM_BK - 1) / TM_BK, k_steps = taps * c_steps;
@@ -68,7 +64,7 @@ conv_fwd_tma(const __grid_constant__ TmaMap map_x, const __grid_constant__ TmaMa
     tm_init_barriers(full, empty);
 
     if (warpgroup == 0) {
-        asm volatile("setmaxnreg.dec.sync.aligned.u32 40;");
+        tm_producer_start();
         if (t == 0) {
             asm volatile("prefetch.tensormap [%0];" ::"l"((unsigned long long)&map_x) : "memory");
             asm volatile("prefetch.tensormap [%0];" ::"l"((unsigned long long)&map_w) : "memory");
@@ -102,7 +98,7 @@ conv_fwd_tma(const __grid_constant__ TmaMap map_x, const __grid_constant__ TmaMa
             }
         }
     } else {
-        asm volatile("setmaxnreg.inc.sync.aligned.u32 232;");
+        tm_consumer_start();
         const int half = warpgroup - 1, wt = t % 128, warp = wt / 32, lane = t % 32;
         float d[TM_ACC];
 #pragma unroll

@@ -57,15 +57,26 @@
 #endif
 #include "tma_wgmma.h"
 
+/* Work item ``id`` (items run tile by tile within a slice, slice after slice): its tile (tm, tn),
+ * its slice, returned, and the slice's share [first, last) of the reduction's steps. */
+__device__ __forceinline__ int wg_item(int id, int tiles, int tiles_m, int tiles_n, int steps, int slices, int* tm,
+                                       int* tn, int* first, int* last)
+{
+    const int slice = id / tiles;
+    int z;
+    tm_tile(id - slice * tiles, tiles_m, tiles_n, tm, tn, &z);
+    *first = (int)((long)slice * steps / slices);
+    *last = (int)((long)(slice + 1) * steps / slices);
+    return slice;
+}
+
 extern "C" __global__ void __launch_bounds__(384, 1)
 conv_wgrad_tma(const __grid_constant__ TmaMap map_dy, const __grid_constant__ TmaMap map_x, float* ws, int M, int N,
                int steps, int slices, int swap, int c_chunks, int S, int plane, int Wo, int pad_h, int pad_w,
                int stride_h, int stride_w, int dil_h, int dil_w, int hw_steps, int x_plain)
 {
     extern __shared__ __align__(16) unsigned char tm_raw[];
-    const unsigned int raw = tm_smem(tm_raw), base = (raw + 1023u) & ~1023u;
-    const unsigned int staging = base + WG_STAGES * TM_STAGE_BYTES, full = staging + 8 * TM_STAGING_BYTES,
-                       empty = full + 8 * WG_STAGES;
+    const auto [base, staging, full, empty] = tm_layout(tm_raw);
     const int t = threadIdx.x, warpgroup = t / 128;
     const int tiles_m = (M + TM_BM - 1) / TM_BM, tiles_n = (N + WG_BN - 1) / WG_BN, tiles = tiles_m * tiles_n;
     const int items = tiles * slices;
@@ -73,16 +84,14 @@ conv_wgrad_tma(const __grid_constant__ TmaMap map_dy, const __grid_constant__ Tm
     tm_init_barriers(full, empty);
 
     if (warpgroup == 0) {
-        asm volatile("setmaxnreg.dec.sync.aligned.u32 40;");
+        tm_producer_start();
         if (t == 0) {
             asm volatile("prefetch.tensormap [%0];" ::"l"((unsigned long long)&map_dy) : "memory");
             asm volatile("prefetch.tensormap [%0];" ::"l"((unsigned long long)&map_x) : "memory");
             unsigned int stage = 0, phase = 0;
             for (int id = blockIdx.x; id < items; id += gridDim.x) {
-                const int slice = id / tiles;
-                int tm, tn, z;
-                tm_tile(id - slice * tiles, tiles_m, tiles_n, &tm, &tn, &z);
-                const int first = (int)((long)slice * steps / slices), last = (int)((long)(slice + 1) * steps / slices);
+                int tm, tn, first, last;
+                wg_item(id, tiles, tiles_m, tiles_n, steps, slices, &tm, &tn, &first, &last);
                 for (int ks = first; ks < last; ++ks) {
                     const unsigned int bar = full + 8 * stage, as = base + stage * TM_STAGE_BYTES, bs = as + TM_A_BYTES;
                     tm_bar_wait(empty + 8 * stage, phase ^ 1); /* a fresh barrier passes parity 1 */
@@ -118,7 +127,7 @@ conv_wgrad_tma(const __grid_constant__ TmaMap map_dy, const __grid_constant__ Tm
             }
         }
     } else {
-        asm volatile("setmaxnreg.inc.sync.aligned.u32 232;");
+        tm_consumer_start();
         const int half = warpgroup - 1, wt = t % 128, warp = wt / 32, lane = t % 32;
         float d[TM_ACC];
 #pragma unroll
@@ -126,10 +135,8 @@ conv_wgrad_tma(const __grid_constant__ TmaMap map_dy, const __grid_constant__ Tm
             d[i] = 0.0f;
         unsigned int stage = 0, phase = 0;
         for (int id = blockIdx.x; id < items; id += gridDim.x) {
-            const int slice = id / tiles;
-            int tm, tn, z;
-            tm_tile(id - slice * tiles, tiles_m, tiles_n, &tm, &tn, &z);
-            const int first = (int)((long)slice * steps / slices), last = (int)((long)(slice + 1) * steps / slices);
+            int tm, tn, first, last;
+            const int slice = wg_item(id, tiles, tiles_m, tiles_n, steps, slices, &tm, &tn, &first, &last);
             tm_consume(d, base, full, empty, stage, phase, last - first, half, wt);
             /* This slice's fp32 sums into its slab: d[4j + 2h + 0..1] is row r0 + 8h, columns
              * 8j + 2 (lane % 4) and the next (each four lanes one 32-byte sector). */

@@ -63,11 +63,7 @@ gemm_tma(const __grid_constant__ TmaMap map_a, const __grid_constant__ TmaMap ma
          int K, int ldc, long stride_c, int c_vec, int batch, int a_step, int b_step, float alpha, float beta)
 {
     extern __shared__ __align__(16) unsigned char tm_raw[];
-    /* Swizzled tiles start on 1024 bytes: the launch asks for 2 KiB more than the stages,
-     * which also holds the barriers. */
-    const unsigned int raw = tm_smem(tm_raw), base = (raw + 1023u) & ~1023u;
-    const unsigned int staging = base + GEMM_STAGES * TM_STAGE_BYTES, full = staging + 8 * TM_STAGING_BYTES,
-                       empty = full + 8 * GEMM_STAGES;
+    const auto [base, staging, full, empty] = tm_layout(tm_raw);
     const int t = threadIdx.x, warpgroup = t / 128;
     const int tiles_m = (M + TM_BM - 1) / TM_BM, tiles_n = (N + GEMM_BN - 1) / GEMM_BN;
     const int tiles = tiles_m * tiles_n * batch, k_steps = (K + TM_BK - 1) / TM_BK;
@@ -75,7 +71,7 @@ gemm_tma(const __grid_constant__ TmaMap map_a, const __grid_constant__ TmaMap ma
     tm_init_barriers(full, empty);
 
     if (warpgroup == 0) {
-        asm volatile("setmaxnreg.dec.sync.aligned.u32 40;");
+        tm_producer_start();
         if (t == 0) {
             asm volatile("prefetch.tensormap [%0];" ::"l"((unsigned long long)&map_a) : "memory");
             asm volatile("prefetch.tensormap [%0];" ::"l"((unsigned long long)&map_b) : "memory");
@@ -107,7 +103,7 @@ gemm_tma(const __grid_constant__ TmaMap map_a, const __grid_constant__ TmaMap ma
             }
         }
     } else {
-        asm volatile("setmaxnreg.inc.sync.aligned.u32 232;");
+        tm_consumer_start();
         const int half = warpgroup - 1, wt = t % 128, warp = wt / 32, lane = t % 32;
         float d[TM_ACC];
 #pragma unroll

@@ -187,6 +187,26 @@ __device__ __forceinline__ void tm_init_barriers(unsigned int full, unsigned int
     __syncthreads();
 }
 
+/* Where a kernel's dynamic shared memory goes: the TM_STAGES stages from the first 1024-byte
+ * boundary (swizzled tiles start on one: the launch asks for 2 KiB more than the stages, which
+ * also holds the barriers), the consumer warps' epilogue staging, then the full and the empty
+ * barriers. */
+struct TmLayout {
+    unsigned int base, staging, full, empty;
+};
+
+__device__ __forceinline__ TmLayout tm_layout(const void* raw)
+{
+    const unsigned int base = (tm_smem(raw) + 1023u) & ~1023u, staging = base + TM_STAGES * TM_STAGE_BYTES;
+    const unsigned int full = staging + 8 * TM_STAGING_BYTES;
+    return TmLayout{base, staging, full, full + 8 * TM_STAGES};
+}
+
+/* The producer warpgroup gives up registers for the consumers, which take them. */
+__device__ __forceinline__ void tm_producer_start() { asm volatile("setmaxnreg.dec.sync.aligned.u32 40;"); }
+
+__device__ __forceinline__ void tm_consumer_start() { asm volatile("setmaxnreg.inc.sync.aligned.u32 232;"); }
+
 /* The producer's step to the next stage of the ring. */
 __device__ __forceinline__ void tm_next_stage(unsigned int& stage, unsigned int& phase)
 {
