@@ -95,8 +95,7 @@ def fuses(solver, problem) -> bool:
 def separate_pass_ms(epilogue: ConvEpilogueProblem, device) -> float:
     """What ConvEpilogue's pass adds: y read and written, the residual read, at the device's
     bandwidth."""
-    elements = epilogue.shape[0] * epilogue.shape[1] * epilogue.shape[2] * epilogue.shape[3]
-    moved = elements * epilogue.dtype.itemsize * (3 if epilogue.residual else 2)
+    moved = epilogue.tensors()["y"].numel * epilogue.dtype.itemsize * (3 if epilogue.residual else 2)
     bandwidth = getattr(getattr(device, "memory", None), "bandwidth_gbs", 0.0) or FALLBACK_BANDWIDTH_GBS
     return moved / (bandwidth * 1e6) + PASS_LAUNCH_MS
 
@@ -123,7 +122,7 @@ def _runner(handle, problem, solver, epilogue: ConvEpilogueProblem):
     aligned for it, else the convolution and then ConvEpilogue's pass. Both problems are
     chosen for here, so that the programs a call may need are resolved (and listed) at once."""
     choice, conv = chosen_invoker(handle, problem, solver)
-    if choice.how == "find-db" and getattr(conv, "fuse", None) is None:
+    if choice.how == "find-db" and not fuses(choice.solver, problem):
         better = fusing_choice(handle, problem, epilogue)
         if better is not None:
             conv = handle.dispatcher.invoker(problem, better)
