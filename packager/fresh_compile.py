@@ -8,9 +8,16 @@ and 45 compiles through this module gave 1. ptxas orders some of its work by mem
 so the bytes follow where its data lies. The child therefore
 turns address randomisation off for itself (``personality(ADDR_NO_RANDOMIZE)``, as ``setarch -R``
 does) and executes itself again, in a fixed working folder with a fixed environment (only what
-locates Python and the compiler, and a fixed hash seed), so that it allocates the same before
-the compile in every build, in any folder; it then reads the job from stdin, compiles once and
-writes the outcome to stdout. Each compile costs a Python start (docs/performance.md).
+locates Python and the compiler, a fixed hash seed, and one thread for every thread pool a
+library it imports would start), so that it allocates the same before the compile in every
+build, in any folder, on any number of cores; it then reads the job from stdin, compiles once
+and writes the outcome to stdout. Each compile costs a Python start (docs/performance.md).
+
+The thread pools matter: numpy (imported with kdbkit's backends) starts an OpenBLAS thread per
+extra core, whose stack and start-up allocations move the compiler's data; the cubin then
+depended on the build machine's core count (one core gave one cubin, two another) and, under
+load, on when that thread ran (the rebuild test failed in about one CI run in three). The child
+checks that it runs alone before it compiles, and says so where it does not.
 
 Where the system refuses the personality (some container seccomp profiles) or is not Linux,
 the compile still runs, randomised, and says so: the build then reports that its bundle is not
@@ -43,11 +50,29 @@ RANDOMISED = ("the address space of the compiler's process could not be fixed (p
               "so its output may vary")
 
 
+# Each pool a library of the child could start, held to the calling thread.
+_ONE_THREAD = ("OPENBLAS_NUM_THREADS", "OMP_NUM_THREADS", "MKL_NUM_THREADS", "NUMEXPR_NUM_THREADS")
+
+
 def child_environment() -> dict[str, str]:
-    """The child's environment: the kept variables of this one, and a fixed hash seed."""
+    """The child's environment: the kept variables of this one, a fixed hash seed and
+    single-threaded pools."""
     env = {name: os.environ[name] for name in _KEPT if name in os.environ}
     env["PYTHONHASHSEED"] = "0"
+    env.update(dict.fromkeys(_ONE_THREAD, "1"))
     return env
+
+
+def other_threads() -> str:
+    """``""`` where this process runs one thread (Linux: its tasks), else why its compile may vary."""
+    try:
+        count = len(os.listdir("/proc/self/task"))
+    except OSError:
+        return ""  # not Linux, or no /proc: nothing to check, the address space note says the rest
+    if count == 1:
+        return ""
+    return (f"the compiler's process ran {count} threads (a library started a pool), so its output may vary "
+            "with when they ran")
 
 
 def compile_fresh(compiler: Compiler, request: ProgramRequest, target: Target,
@@ -107,6 +132,7 @@ def _main() -> int:
     result = os.fdopen(os.dup(1), "wb")
     os.dup2(2, 1)  # anything the compiler prints goes to stderr, never into the outcome
     compiler, request, target, source = pickle.load(sys.stdin.buffer)
+    note = note or other_threads()  # after the unpickling, which imports the compiler's modules
     try:
         outcome = ("ok", compiler.compile(request, target, source), note)
     except Exception as exc:  # every error goes back to the builder, which reports it as the compile's
