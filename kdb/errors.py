@@ -24,6 +24,19 @@ class KdbError(Exception):
         self.remedy = remedy
         super().__init__(f"{problem}; {remedy}" if remedy else problem)
 
+    def __reduce__(self):
+        # Rebuilt from its message and attributes, never through __init__ again: that would take
+        # the joined message for the problem and add a default remedy a second time, as every
+        # error sent back by a build's worker or compile process did.
+        return _restore, (type(self), self.args, self.__dict__)
+
+
+def _restore(cls: type, args: tuple, state: dict) -> KdbError:
+    error = cls.__new__(cls, *args)
+    BaseException.__init__(error, *args)  # the message as it was (OSError's kinds take it only here)
+    error.__dict__.update(state)
+    return error
+
 
 class BundleError(KdbError):
     """A bundle file cannot be used; the subclasses say why."""

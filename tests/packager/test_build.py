@@ -123,6 +123,8 @@ def test_a_failed_compile_is_reported_with_its_log_and_the_rest_is_written(offli
     assert result.compiled == 1 and len(result.failures) == 1
     failure = result.failures[0]
     assert failure.job.request == broken and "KDB_TYPE" in failure.log
+    # The error came back from a worker process: its one line holds the remedy once
+    assert str(failure.error).splitlines()[0].count("the compiler's log follows") == 1, str(failure.error)
     assert len(_contents(result.bundles["sm_80"])) == 1
 
 
