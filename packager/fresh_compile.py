@@ -1,27 +1,28 @@
-"""One compile in a new process with a fixed, non-randomised address space: how a reproducible
-build runs a compiler whose output depends on the process it runs in
+"""One compile in a new, bare process with a fixed, non-randomised address space: how a
+reproducible build runs a compiler whose output depends on the process it runs in
 (``Compiler.determinism == "fresh-process"``: NVRTC).
 
-Measured on conv_igemm.c (FP16, sm_80, NVRTC 13.5; docs/reliability.md): 7 compiles in one
-process gave 3 different cubins, 30 first compiles of fresh processes gave 4 (26 the same one),
-and 45 compiles through this module gave 1. ptxas orders some of its work by memory address,
-so the bytes follow where its data lies. The child therefore
-turns address randomisation off for itself (``personality(ADDR_NO_RANDOMIZE)``, as ``setarch -R``
-does) and executes itself again, in a fixed working folder with a fixed environment (only what
-locates Python and the compiler, a fixed hash seed, and one thread for every thread pool a
-library it imports would start), so that it allocates the same before the compile in every
-build, in any folder, on any number of cores; it then reads the job from stdin, compiles once
-and writes the outcome to stdout. Each compile costs a Python start (docs/performance.md).
+ptxas (inside NVRTC) orders some of its work by memory address, so the bytes follow where its
+data lies, and so everything the process allocated before the compile. Measured on
+conv_igemm.c (FP16, sm_80, NVRTC 13.5; docs/reliability.md): 7 compiles in one process gave 3
+different cubins, 30 first compiles of fresh processes gave 4. A fresh kdbkit process with
+address randomisation off gave one cubin on one machine, but it still imported kdbkit, numpy
+and cuda-bindings first, and what they did moved the compiler's data: numpy's OpenBLAS starts a
+thread per extra core (the cubin followed the build machine's core count), and in about one
+full CI run in three a compile still differed.
 
-The thread pools matter: numpy (imported with kdbkit's backends) starts an OpenBLAS thread per
-extra core, whose stack and start-up allocations move the compiler's data; the cubin then
-depended on the build machine's core count (one core gave one cubin, two another) and, under
-load, on when that thread ran (the rebuild test failed in about one CI run in three). The child
-checks that it runs alone before it compiles, and says so where it does not.
+So the compile runs in ``packager/bare_compile.py``: a Python with no site-packages (``-S -s``),
+no script folder on its path (``-P``) and no bytecode written (``-B``), which imports only the
+standard library, loads the compiler's library itself (NVRTC through ctypes, the wheel's
+library by path) and compiles once; it turns address randomisation off for itself
+(``personality(ADDR_NO_RANDOMIZE)``, as ``setarch -R`` does) and executes itself again, in a
+fixed working folder with a fixed environment, and says so where another thread runs beside
+the compile. The compiler builds the job (:meth:`~kdbkit.runtime.compilers.Compiler.bare_job`)
+and reads the outcome back. A compile costs a bare Python's start (docs/performance.md).
 
-Where the system refuses the personality (some container seccomp profiles) or is not Linux,
-the compile still runs, randomised, and says so: the build then reports that its bundle is not
-guaranteed bit-identical.
+Where the system refuses the personality (some container seccomp profiles), is not Linux, or
+the compiler has no bare job (NVRTC not from its wheel), the compile still runs and says why
+its output may vary: the build then reports that its bundle is not guaranteed bit-identical.
 """
 
 from __future__ import annotations
@@ -30,117 +31,62 @@ import os
 import pickle
 import subprocess
 import sys
+from pathlib import Path
 from typing import TYPE_CHECKING
 
-if TYPE_CHECKING:  # the child imports nothing of kdbkit's before its address space is fixed
+if TYPE_CHECKING:
     from kdbkit.kdb.target import Target
     from kdbkit.runtime.compilers import Compiler
     from kdbkit.runtime.kernel_sources import KernelSource
     from kdbkit.runtime.program_key import ProgramRequest
 
-_MODULE = "kdbkit.packager.fresh_compile"
-ADDR_NO_RANDOMIZE = 0x0040000  # <linux/personality.h>
-_QUERY = 0xFFFFFFFF  # personality(0xffffffff) reads the persona without changing it
+SCRIPT = Path(__file__).with_name("bare_compile.py")
 # What the child's environment keeps: where Python and the compiler's libraries are. Nothing
-# else (TMPDIR, HOME, the locale, the folder) may vary its allocations from build to build, and
-# no LD_PRELOAD either: a preloaded library (faketime's, a profiler's) moves every allocation
-# after it, and ptxas's output moved with them (the rebuild test under faketime).
-_KEPT = ("PYTHONPATH", "PYTHONHOME", "LD_LIBRARY_PATH", "CUDA_HOME", "CUDA_PATH", "CONDA_PREFIX")
-RANDOMISED = ("the address space of the compiler's process could not be fixed (personality refused), "
-              "so its output may vary")
-
-
-# Each pool a library of the child could start, held to the calling thread.
-_ONE_THREAD = ("OPENBLAS_NUM_THREADS", "OMP_NUM_THREADS", "MKL_NUM_THREADS", "NUMEXPR_NUM_THREADS")
+# else (TMPDIR, HOME, the locale, PYTHONPATH, the folder) may vary its allocations from build to
+# build, and no LD_PRELOAD either: a preloaded library (faketime's, a profiler's) moves every
+# allocation after it, and ptxas's output moved with them (the rebuild test under faketime).
+_KEPT = ("PYTHONHOME", "LD_LIBRARY_PATH", "CUDA_HOME", "CUDA_PATH", "CONDA_PREFIX")
+NO_BARE_JOB = "{name} has no compile a bare process can run (its library is not where a wheel puts it), so its output may vary"
 
 
 def child_environment() -> dict[str, str]:
-    """The child's environment: the kept variables of this one, a fixed hash seed and
-    single-threaded pools."""
+    """The child's environment: the kept variables of this one and a fixed hash seed."""
     env = {name: os.environ[name] for name in _KEPT if name in os.environ}
     env["PYTHONHASHSEED"] = "0"
-    env.update(dict.fromkeys(_ONE_THREAD, "1"))
     return env
 
 
-def other_threads() -> str:
-    """``""`` where this process runs one thread (Linux: its tasks), else why its compile may vary."""
-    try:
-        count = len(os.listdir("/proc/self/task"))
-    except OSError:
-        return ""  # not Linux, or no /proc: nothing to check, the address space note says the rest
-    if count == 1:
-        return ""
-    return (f"the compiler's process ran {count} threads (a library started a pool), so its output may vary "
-            "with when they ran")
+def bare_command() -> list[str]:
+    """How the bare process is started (packager/bare_compile.py restarts itself the same way)."""
+    return [sys.executable, "-P", "-S", "-s", "-B", str(SCRIPT)]
 
 
 def compile_fresh(compiler: Compiler, request: ProgramRequest, target: Target,
                   source: KernelSource) -> tuple[bytes, str]:
-    """``compiler.compile(request, target, source)`` in a new process.
+    """``compiler.compile(request, target, source)`` in a new, bare process.
 
     Returns:
-        The binary, and ``""`` where the child's address space was fixed, else why the bytes
-        may vary (:data:`RANDOMISED`).
+        The binary, and ``""`` where the process's address space was fixed and the compile ran
+        alone in it, else why the bytes may vary.
 
     Raises:
-        CompileError: the compile failed (the compiler's error as it raised it), or its process
+        CompileError: the compile failed (the compiler's error as it raises it), or its process
             died (its exit status and what it printed).
         CompilerUnavailableError: as ``compiler.compile`` raises it.
     """
-    if not sys.executable:
-        return compiler.compile(request, target, source), "no Python executable to start (sys.executable is empty)"
-    proc = subprocess.run([sys.executable, "-m", _MODULE], input=pickle.dumps((compiler, request, target, source)),
-                          capture_output=True, env=child_environment(), cwd="/", check=False)
+    job = compiler.bare_job(request, target, source)
+    if job is None or not sys.executable:
+        return compiler.compile(request, target, source), NO_BARE_JOB.format(name=compiler.name)
+    proc = subprocess.run(bare_command(), input=pickle.dumps(job.payload), capture_output=True,
+                          env=child_environment(), cwd="/", check=False)
     try:
-        kind, value, note = pickle.loads(proc.stdout) if proc.returncode == 0 else (None, None, "")
+        kind, value, version, note = pickle.loads(proc.stdout) if proc.returncode == 0 else (None,) * 4
     except Exception:  # what came back is not an outcome: reported below with the exit status
-        kind, value, note = None, None, ""
-    if kind == "ok":
-        return value, note
-    if kind == "error":
-        raise value
-    from kdbkit.runtime.errors import CompileError
+        kind = None
+    if kind is None:
+        from kdbkit.runtime.errors import CompileError
 
-    raise CompileError(f"{request.kernel_file} for {target}: the process compiling it with {compiler.name} ended with "
-                       f"status {proc.returncode} and no outcome", "see its output below",
-                       log=proc.stderr.decode("utf-8", "replace")[-20000:])
-
-
-def _fix_address_space() -> str:
-    """Execute this child again without address randomisation, unless it already runs so;
-    return ``""`` once it does, else why it cannot."""
-    if not sys.platform.startswith("linux"):
-        return f"{RANDOMISED} (not Linux)"
-    import ctypes
-
-    try:
-        personality = ctypes.CDLL(None, use_errno=True).personality
-    except (OSError, AttributeError):
-        return f"{RANDOMISED} (no personality call)"
-    current = personality(_QUERY)
-    if current != -1 and current & ADDR_NO_RANDOMIZE:
-        return ""
-    if current == -1 or personality(current | ADDR_NO_RANDOMIZE) == -1:
-        return RANDOMISED
-    os.execv(sys.executable, [sys.executable, "-m", _MODULE])  # the persona takes effect at exec
-    return RANDOMISED  # not reached
-
-
-def _main() -> int:
-    note = _fix_address_space()
-    result = os.fdopen(os.dup(1), "wb")
-    os.dup2(2, 1)  # anything the compiler prints goes to stderr, never into the outcome
-    compiler, request, target, source = pickle.load(sys.stdin.buffer)
-    note = note or other_threads()  # after the unpickling, which imports the compiler's modules
-    try:
-        outcome = ("ok", compiler.compile(request, target, source), note)
-    except Exception as exc:  # every error goes back to the builder, which reports it as the compile's
-        outcome = ("error", exc, note)
-    result.write(pickle.dumps(outcome))
-    result.close()
-    return 0
-
-
-if __name__ == "__main__":
-    sys.exit(_main())
+        raise CompileError(f"{request.kernel_file} for {target}: the process compiling it with {compiler.name} ended "
+                           f"with status {proc.returncode} and no outcome", "see its output below",
+                           log=proc.stderr.decode("utf-8", "replace")[-20000:])
+    return job.finish(kind, value, version), note

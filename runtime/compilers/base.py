@@ -16,9 +16,10 @@ Contracts:
   raises :class:`~kdbkit.runtime.errors.CompileError` with the compiler's log.
 - ``determinism`` says whether the same source, options and target give the same bytes, as
   measured (docs/reliability.md, "Bit-identical rebuilds"): ``"deterministic"`` (clang);
-  ``"fresh-process"``: only as the first compile of a new process whose address space is not
-  randomised (NVRTC: ptxas's output depends on where its data lies in memory), which a
-  reproducible build arranges (:mod:`kdbkit.packager.fresh_compile`); ``"none"`` (PoCL, whose
+  ``"fresh-process"``: only as the one compile of a bare new process whose address space is
+  not randomised (NVRTC: ptxas's output depends on where its data lies in memory), which a
+  reproducible build arranges with the compiler's :meth:`Compiler.bare_job`
+  (:mod:`kdbkit.packager.fresh_compile`); ``"none"`` (PoCL, whose
   binaries hold the path of a temporary file); ``"unmeasured"``.
 """
 
@@ -26,7 +27,8 @@ from __future__ import annotations
 
 import re
 from abc import ABC, abstractmethod
-from typing import ClassVar
+from dataclasses import dataclass
+from typing import Any, Callable, ClassVar
 
 from kdbkit.kdb.target import Target
 from kdbkit.runtime.kernel_sources import KernelSource
@@ -34,6 +36,16 @@ from kdbkit.runtime.program_key import ProgramRequest
 
 
 DETERMINISM = ("deterministic", "fresh-process", "none", "unmeasured")
+
+
+@dataclass(frozen=True)
+class BareJob:
+    """A compile that a bare process runs (:mod:`kdbkit.packager.fresh_compile`): ``payload``,
+    plain values its script (``packager/bare_compile.py``) takes; ``finish(kind, value,
+    version)`` turns the script's outcome into the binary, or raises as ``compile`` would."""
+
+    payload: tuple
+    finish: Callable[[str, Any, Any], bytes]
 
 
 class Compiler(ABC):
@@ -70,6 +82,15 @@ class Compiler(ABC):
             CompileError: the source does not compile; ``.log`` holds the compiler's log.
             CompilerUnavailableError: the compiler is missing or cannot build for ``target``.
         """
+
+    def bare_job(self, request: ProgramRequest, target: Target, source: KernelSource) -> BareJob | None:
+        """The compile as a bare process runs it (a ``"fresh-process"`` compiler's, in a
+        reproducible build), or None where this compiler has none.
+
+        Raises:
+            CompilerUnavailableError: as :meth:`compile` raises it.
+        """
+        return None
 
     def __repr__(self) -> str:
         return f"{type(self).__name__}()"

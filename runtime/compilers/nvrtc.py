@@ -26,7 +26,7 @@ from typing import Sequence
 
 from kdbkit.kdb.arch import spelling_of
 from kdbkit.kdb.target import Target
-from kdbkit.runtime.compilers.base import Compiler
+from kdbkit.runtime.compilers.base import BareJob, Compiler
 from kdbkit.runtime.errors import CompileError, CompilerUnavailableError, first_error_line
 from kdbkit.runtime.kernel_sources import KernelSource
 from kdbkit.runtime.logging_setup import get_logger
@@ -195,13 +195,9 @@ def compile_cuda(text: str, arch: str = "sm_90", options: Sequence[str] = (), *,
         CompileError: the source does not compile; ``.log`` holds NVRTC's log.
         CompilerUnavailableError: NVRTC is missing, or ``arch`` is not a cubin arch.
     """
-    if not _ARCH_RE.fullmatch(arch):
-        raise CompilerUnavailableError(
-            f"cannot build a cubin for {arch!r}: expected sm_<NN> such as sm_90",
-            "kdbkit stores cubins, never PTX; name a real GPU arch")
+    _require_cubin_arch(arch)
     nvrtc = _nvrtc()
-    headers = cuda_headers()
-    opts = [f"--gpu-architecture={arch}", *([f"-I{headers[0]}"] if headers else []), *options]
+    opts = nvrtc_options(arch, options)
     _log.trace("nvrtc %s %s", name, " ".join(opts))
     try:
         prog = _check(nvrtc.nvrtcCreateProgram(text.encode(), name.encode(), 0, [], []), "nvrtcCreateProgram", nvrtc)
@@ -212,21 +208,77 @@ def compile_cuda(text: str, arch: str = "sm_90", options: Sequence[str] = (), *,
     try:
         (err,) = nvrtc.nvrtcCompileProgram(prog, len(opts), [o.encode() for o in opts])
         if err != nvrtc.nvrtcResult.NVRTC_SUCCESS:
-            log = _program_log(prog, nvrtc)
-            raise CompileError(f"{name} failed to compile for {arch} with nvrtc: {first_error_line(log)}",
-                               log=f"nvrtc {' '.join(opts)}\n{log}")
-        advertised = wheel_nvrtc_version()
-        if advertised is not None and advertised != nvrtc_version():
-            # Keys were made with the wheel's version: never store a binary under another compiler's key.
-            raise CompilerUnavailableError(
-                f"the NVRTC library loaded is {nvrtc_version()} but the nvidia-cuda-nvrtc wheel is {advertised}: "
-                "another libnvrtc was loaded first (LD_PRELOAD, or another package)", "make one NVRTC visible")
+            raise _compile_error(name, arch, opts, _program_log(prog, nvrtc))
+        _check_loaded_version(nvrtc_version())
         size = _check(nvrtc.nvrtcGetCUBINSize(prog), "nvrtcGetCUBINSize", nvrtc)
         cubin = bytearray(size)
         _check(nvrtc.nvrtcGetCUBIN(prog, cubin), "nvrtcGetCUBIN", nvrtc)
         return bytes(cubin)
     finally:
         nvrtc.nvrtcDestroyProgram(prog)
+
+
+def _require_cubin_arch(arch: str) -> None:
+    if not _ARCH_RE.fullmatch(arch):
+        raise CompilerUnavailableError(
+            f"cannot build a cubin for {arch!r}: expected sm_<NN> such as sm_90",
+            "kdbkit stores cubins, never PTX; name a real GPU arch")
+
+
+def nvrtc_options(arch: str, options: Sequence[str]) -> list[str]:
+    """NVRTC's options for a cubin of ``arch``: the arch, the CUDA headers' folder, then ``options``."""
+    headers = cuda_headers()
+    return [f"--gpu-architecture={arch}", *([f"-I{headers[0]}"] if headers else []), *options]
+
+
+def _compile_error(name: str, arch: str, opts: Sequence[str], log: str) -> CompileError:
+    return CompileError(f"{name} failed to compile for {arch} with nvrtc: {first_error_line(log)}",
+                        log=f"nvrtc {' '.join(opts)}\n{log}")
+
+
+def _check_loaded_version(loaded: tuple[int, int]) -> None:
+    """Keys were made with the wheel's version: never store a binary under another compiler's key."""
+    advertised = wheel_nvrtc_version()
+    if advertised is not None and advertised != tuple(loaded):
+        raise CompilerUnavailableError(
+            f"the NVRTC library loaded is {tuple(loaded)} but the nvidia-cuda-nvrtc wheel is {advertised}: "
+            "another libnvrtc was loaded first (LD_PRELOAD, or another package)", "make one NVRTC visible")
+
+
+@lru_cache(maxsize=1)
+def wheel_nvrtc_library() -> str | None:
+    """The path of the ``nvidia-cuda-nvrtc`` wheel's libnvrtc (the one cuda-bindings loads
+    first), or None without the wheel."""
+    for entry in _nvidia_entries():
+        for sub in _WHEEL_LIB_DIRS:
+            folder = os.path.join(entry or ".", sub)
+            try:
+                names = sorted(n for n in os.listdir(folder) if re.fullmatch(r"libnvrtc\.so(\.\d+)*", n))
+            except OSError:
+                continue
+            if names:
+                return os.path.abspath(os.path.join(folder, names[0]))
+    return None
+
+
+def bare_cuda_job(text: str, arch: str, options: Sequence[str], name: str) -> BareJob | None:
+    """:func:`compile_cuda` as packager/bare_compile.py runs it (the wheel's libnvrtc through
+    ctypes), or None without the wheel's library."""
+    library = wheel_nvrtc_library()
+    if library is None:
+        return None
+    _require_cubin_arch(arch)
+    opts = nvrtc_options(arch, options)
+
+    def finish(kind: str, value, version) -> bytes:
+        if kind == "unavailable":
+            raise CompilerUnavailableError(f"NVRTC cannot run in the compile process: {value}", _REMEDY)
+        _check_loaded_version(version)
+        if kind == "error":
+            raise _compile_error(name, arch, opts, value)
+        return bytes(value)
+
+    return BareJob((library, text.encode(), name.encode(), [o.encode() for o in opts]), finish)
 
 
 def _program_log(prog, nvrtc) -> str:
@@ -244,8 +296,9 @@ class NvrtcCompiler(Compiler):
     binary_format = "cubin"
     # ptxas (inside NVRTC) orders some of its work by memory address: a program compiled twice
     # in one process, or in two processes with randomised address spaces, can get other
-    # register choices. The first compile of a fresh process without address randomisation is
-    # the same every time (kdbkit.packager.fresh_compile; docs/reliability.md has the figures).
+    # register choices. The one compile of a bare process (the standard library and NVRTC
+    # alone) without address randomisation is the same every time (kdbkit.packager.fresh_compile,
+    # which runs bare_job's; docs/reliability.md has the figures).
     determinism = "fresh-process"
     arch_pattern = _ARCH_RE
 
@@ -257,3 +310,6 @@ class NvrtcCompiler(Compiler):
 
     def compile(self, request: ProgramRequest, target: Target, source: KernelSource) -> bytes:
         return compile_cuda(source.text(), target.arch, request.options, name=request.kernel_file)
+
+    def bare_job(self, request: ProgramRequest, target: Target, source: KernelSource) -> BareJob | None:
+        return bare_cuda_job(source.text(), target.arch, request.options, request.kernel_file)
