@@ -9,8 +9,9 @@
  *   tensor of fewer than 2^31 elements: the channel is (e / inner) % C (inner: H W, or 1 for
  *   NHWC), one 32-bit division where the general kernel does four 64-bit ones.
  * conv_epilogue_fwd, in place: y = y scale[c] + shift[c] (float per channel: a batch norm folded
- * in), plus res (laid out as y) where has_res, then max(y, 0) where relu: a convolution's
- * epilogue for solvers whose kernels do not take it (ConvTma's does, tma_wgmma.h).
+ * in, or a linear layer's bias with scale 1), plus res (laid out as y) where has_res, then the
+ * activation act (CONV_ACT_*): a convolution's or gemm's epilogue for solvers whose kernels do not
+ * take it (ConvTma's and GemmTma's do, tma_wgmma.h, with the same codes).
  */
 #include "kdb_data.h"
 #include "kdb_reduce.h"
@@ -30,36 +31,43 @@ KDB_KERNEL void conv_bias_fwd(KDB_GLOBAL kdb_data_t* y, const KDB_GLOBAL kdb_dat
     }
 }
 
+#define CONV_ACT_RELU 1
+#define CONV_ACT_GELU 2 /* x Phi(x) with erf, PyTorch's default GELU */
+
 /* The epilogue of y's element at (of channel c), in place. */
 KDB_DEVICE_FN void conv_epilogue_at(KDB_GLOBAL kdb_data_t* y, const KDB_GLOBAL float* scale,
                                     const KDB_GLOBAL float* shift, const KDB_GLOBAL kdb_data_t* res, int has_res,
-                                    int relu, long at, int c)
+                                    int act, long at, int c)
 {
     float out = KDB_LOAD(y, at) * scale[c] + shift[c];
     if (has_res)
         out += KDB_LOAD(res, at);
-    KDB_STORE(y, at, relu ? KDB_FMAXF(out, 0.0f) : out);
+    if (act == CONV_ACT_RELU)
+        out = KDB_FMAXF(out, 0.0f);
+    else if (act == CONV_ACT_GELU)
+        out = 0.5f * out * (1.0f + KDB_ERFF(out * 0.70710678118654752f));
+    KDB_STORE(y, at, out);
 }
 
 KDB_KERNEL void conv_epilogue_fwd(KDB_GLOBAL kdb_data_t* y, const KDB_GLOBAL float* scale,
                                   const KDB_GLOBAL float* shift, const KDB_GLOBAL kdb_data_t* res, int has_res,
-                                  int relu, int N, int C, int H, int W, int s0, int s1, int s2, int s3)
+                                  int act, int N, int C, int H, int W, int s0, int s1, int s2, int s3)
 {
     const long total = (long)N * C * H * W;
     for (long e = KDB_GLOBAL_ID_X; e < total; e += (long)KDB_LOCAL_SIZE_X * KDB_NUM_GROUPS_X) {
         const int v = (int)(e % W), h = (int)(e / W % H), c = (int)(e / ((long)W * H) % C);
         const int n = (int)(e / ((long)W * H * C));
         const long at = (long)n * s0 + (long)c * s1 + (long)h * s2 + (long)v * s3;
-        conv_epilogue_at(y, scale, shift, res, has_res, relu, at, c);
+        conv_epilogue_at(y, scale, shift, res, has_res, act, at, c);
     }
 }
 
 KDB_KERNEL void conv_epilogue_dense(KDB_GLOBAL kdb_data_t* y, const KDB_GLOBAL float* scale,
                                     const KDB_GLOBAL float* shift, const KDB_GLOBAL kdb_data_t* res, int has_res,
-                                    int relu, int total, int C, int inner)
+                                    int act, int total, int C, int inner)
 {
     for (int e = KDB_GLOBAL_ID_X; e < total; e += KDB_LOCAL_SIZE_X * KDB_NUM_GROUPS_X) {
-        conv_epilogue_at(y, scale, shift, res, has_res, relu, e, (inner == 1 ? e : e / inner) % C);
+        conv_epilogue_at(y, scale, shift, res, has_res, act, e, (inner == 1 ? e : e / inner) % C);
     }
 }
 

@@ -17,6 +17,7 @@ from kdbkit.runtime.primitives.batchnorm.problem import BatchNormProblem
 from kdbkit.runtime.primitives.convolution.bias import ConvBiasProblem
 from kdbkit.runtime.primitives.convolution.epilogue import ConvEpilogueProblem
 from kdbkit.runtime.primitives.convolution.problem import ConvProblem, layouts_of
+from kdbkit.runtime.primitives.gemm.fused import epilogue_problem
 from kdbkit.runtime.primitives.gemm.problem import GemmProblem
 from kdbkit.runtime.primitives.layernorm.problem import LayerNormProblem
 from kdbkit.runtime.primitives.pooling.problem import PoolProblem
@@ -115,6 +116,15 @@ class DryRun:
         self._record(GemmProblem(a.desc.dtype, m, n, k, bool(trans_a), bool(trans_b), max(batch_a, batch_b), lda,
                                  ldb, ldc, sa if batch_a > 1 else 0, sb if batch_b > 1 else 0, sc, float(alpha),
                                  float(beta)))
+        return c
+
+    def gemm_fused(self, handle, a: Any, b: Any, shift: Any, *, scale: Any = None, residual: Any = None,
+                   activation: str = "none", trans_a: bool = False, trans_b: bool = False, alpha: float = 1.0,
+                   c: Any) -> Any:
+        """The gemm's problem, and the epilogue's: its pass runs where the chosen solver's kernel
+        does not take the epilogue, so a bundle carries its program."""
+        self.gemm(handle, a, b, trans_a=trans_a, trans_b=trans_b, alpha=alpha, c=c)
+        self._record(epilogue_problem(self.problems[-1], c.desc, residual is not None, activation))
         return c
 
     def softmax_forward(self, handle, x: Any, *, algorithm: str = "accurate", mode: str = "channel",

@@ -1,10 +1,16 @@
-"""Which layers of an inference forward run as one fused convolution: a convolution (no bias)
-whose only reader is a batch norm, then optionally a residual addition of the batch norm's
-output (its first operand) and another value, then optionally ReLU, each the only reader of the
-one before. They run as one :func:`kdbkit.convolution_forward_fused` call, the batch norm
-folded into a scale and shift per output channel (:func:`fold_batchnorm`): ResNet's
-convolution, batch norm, addition and ReLU become one kernel where the solver's kernel takes
-the epilogue, and the intermediate values are never written.
+"""Which layers of an inference forward run as one fused call.
+
+- A convolution (no bias) whose only reader is a batch norm, then optionally a residual
+  addition of the batch norm's output (its first operand) and another value, then optionally
+  ReLU, each the only reader of the one before: one :func:`kdbkit.convolution_forward_fused`
+  call, the batch norm folded into a scale and shift per output channel
+  (:func:`fold_batchnorm`). ResNet's convolution, batch norm, addition and ReLU become one
+  kernel where the solver's kernel takes the epilogue, and the intermediate values are never
+  written.
+- A linear layer with a bias, then optionally a residual addition of its output (the first
+  operand) and another value, then optionally ReLU or GELU, each the only reader of the one
+  before: one :func:`kdbkit.gemm_fused` call, the bias its shift (float32). BERT's linear layers
+  and their additions and GELU become one kernel on sm_90 (GemmTma's epilogue).
 
 The graph itself is unchanged: its parameters, references and PyTorch version stay layer by
 layer, so a fused forward is checked against the unfused float64 reference.
@@ -17,24 +23,32 @@ from dataclasses import dataclass
 import numpy as np
 
 from kdbkit.runtime.models.graph import Graph
-from kdbkit.runtime.models.layers import Activation, Add, BatchNorm, Conv
+from kdbkit.runtime.models.layers import Activation, Add, BatchNorm, Conv, Linear
 from kdbkit.runtime.primitives.activation.problem import ActivationMode
+
+# The activations an epilogue applies, by the activation layer's mode (the fused calls' names).
+EPILOGUE_ACTIVATIONS = {ActivationMode.RELU: "relu", ActivationMode.GELU_ERF: "gelu_erf"}
 
 
 @dataclass(frozen=True)
 class Fusion:
-    """Nodes ``conv`` .. ``last`` (indices) as one call: ``bn`` the batch norm's index,
-    ``residual`` the value added (or None), ``relu`` whether ReLU ends it."""
+    """Nodes ``first`` .. ``last`` (indices) as one call: a convolution and its batch norm
+    (``bn``, its index) or a linear layer (``bn`` None); ``residual`` the value added (or
+    None), ``activation`` what ends it (``none``, ``relu`` or ``gelu_erf``)."""
 
-    conv: int
-    bn: int
+    first: int
+    bn: int | None
     last: int
     residual: str | None
-    relu: bool
+    activation: str
+
+    @property
+    def linear(self) -> bool:
+        return self.bn is None
 
 
 def find_fusions(graph: Graph) -> dict[int, Fusion]:
-    """The fusions of ``graph``, by their convolution's index."""
+    """The fusions of ``graph``, by their first layer's index."""
     readers: dict[str, int] = {}
     for node in graph.nodes:
         for value in node.inputs:
@@ -47,22 +61,26 @@ def find_fusions(graph: Graph) -> dict[int, Fusion]:
     found = {}
     nodes = graph.nodes
     for i, node in enumerate(nodes):
-        if not isinstance(node.layer, Conv) or node.layer.bias:
+        if isinstance(node.layer, Conv) and not node.layer.bias:
+            bn = i + 1
+            if not (only_reader(bn, node.output) and isinstance(nodes[bn].layer, BatchNorm)):
+                continue
+            last, activations = bn, (ActivationMode.RELU,)
+        elif isinstance(node.layer, Linear) and node.layer.bias:
+            bn, last, activations = None, i, tuple(EPILOGUE_ACTIVATIONS)
+        else:
             continue
-        bn = i + 1
-        if not (only_reader(bn, node.output) and isinstance(nodes[bn].layer, BatchNorm)):
-            continue
-        last, residual = bn, None
+        residual = None
         nxt = last + 1
         if only_reader(nxt, nodes[last].output) and isinstance(nodes[nxt].layer, Add) \
                 and nodes[nxt].inputs[0] == nodes[last].output:
             last, residual = nxt, nodes[nxt].inputs[1]
         nxt = last + 1
-        relu = only_reader(nxt, nodes[last].output) and isinstance(nodes[nxt].layer, Activation) \
-            and nodes[nxt].layer.mode is ActivationMode.RELU
-        if relu:
-            last = nxt
-        found[i] = Fusion(i, bn, last, residual, relu)
+        activation = "none"
+        if only_reader(nxt, nodes[last].output) and isinstance(nodes[nxt].layer, Activation) \
+                and nodes[nxt].layer.mode in activations:
+            last, activation = nxt, EPILOGUE_ACTIVATIONS[nodes[nxt].layer.mode]
+        found[i] = Fusion(i, bn, last, residual, activation)
     return found
 
 

@@ -69,6 +69,14 @@ class Conv(Layer):
         if self.bias:
             k.convolution_bias_forward(handle, site.out, site.params["bias"])
 
+    def run_fused(self, k, handle, site: Site, out, scale, shift, residual, activation: str) -> None:
+        """This convolution, its batch norm folded into ``scale`` and ``shift``, then
+        ``residual`` added and ``activation``, as one convolution_forward_fused call writing
+        ``out`` (runtime/models/fusion.py)."""
+        k.convolution_forward_fused(handle, site.ins[0], site.params["weight"], scale, shift, residual=residual,
+                                    activation=activation, pad=self.pad, stride=self.stride, groups=self.groups,
+                                    y=out)
+
     def reference(self, p, x) -> np.ndarray:
         y = ref_convolution.forward(x, p["weight"], (self.pad,) * 2, (self.stride,) * 2, groups=self.groups)
         return y + p["bias"].reshape(1, -1, 1, 1) if self.bias else y
@@ -244,6 +252,16 @@ class Linear(Layer):
         k.gemm(handle, view(x, (rows, features)), site.params["weight"], trans_b=True, c=out)
         if self.bias:
             k.op_tensor(handle, "add", out, site.params["bias"], c=out)
+
+    def run_fused(self, k, handle, site: Site, out, shift, residual, activation: str) -> None:
+        """This layer, its bias as the float32 ``shift``, then ``residual`` added and
+        ``activation``, as one gemm_fused call writing ``out`` (runtime/models/fusion.py)."""
+        x = site.ins[0]
+        rows, features = self._rows_features(x.desc.shape)
+        matrix = (rows, self.out_features)
+        k.gemm_fused(handle, view(x, (rows, features)), site.params["weight"], shift,
+                     residual=None if residual is None else view(residual, matrix), activation=activation,
+                     trans_b=True, c=view(out, matrix))
 
     def reference(self, p, x) -> np.ndarray:
         flat = x.reshape(x.shape[0], -1) if x.ndim == 4 else x

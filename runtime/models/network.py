@@ -48,9 +48,10 @@ class Network:
             parameters stay float32, as kdbkit takes them).
         layout: ``NCHW`` or ``NHWC`` (channels-last) for the 4-D values and the convolution
             weights; networks without images take NCHW only.
-        fuse: run each convolution, batch norm, residual addition and ReLU that
-            :mod:`~kdbkit.runtime.models.fusion` finds as one fused convolution (the forward and
-            its problems; the references stay layer by layer).
+        fuse: run each convolution, batch norm, residual addition and ReLU, and each linear
+            layer, residual addition and activation, that :mod:`~kdbkit.runtime.models.fusion`
+            finds as one fused call (the forward and its problems; the references stay layer by
+            layer).
 
     Raises:
         ProblemError: a type or layout the network does not take.
@@ -135,23 +136,31 @@ class Network:
         params = {full: DeviceTensor(None, self._param_desc(full)) for full in self._specs}  # type: ignore[arg-type]
         scratch = [{n: DeviceTensor(None, d) for n, d in s.items()} for s in self._scratch_descs()]  # type: ignore
         dry = DryRun()
-        per_channel = {i: DeviceTensor(None, TensorDesc.packed(DataType.FP32, (self.graph.nodes[i].layer.k,)))
-                       for i in self.fusions}  # type: ignore[arg-type]
-        self._run_layers(dry, None, described, self._sites(described, params, scratch),
-                         {i: (t, t) for i, t in per_channel.items()})
+        folded = {}
+        for i, fusion in self.fusions.items():
+            layer = self.graph.nodes[i].layer
+            vector = DeviceTensor(None, TensorDesc.packed(DataType.FP32, (layer.out_features if fusion.linear
+                                                                          else layer.k,)))  # type: ignore[arg-type]
+            folded[i] = (None if fusion.linear else vector, vector)
+        self._run_layers(dry, None, described, self._sites(described, params, scratch), folded)
         return _dedupe(dry.problems)
 
-    def folded(self, i: int) -> tuple[np.ndarray, np.ndarray]:
-        """Fusion ``i``'s batch norm as float32 (scale, shift), from the parameters as held."""
-        bn = self.fusions[i].bn
-        p = {own: self.held_params[full] for own, full in self._node_params[bn].items()}
+    def folded(self, i: int) -> tuple[np.ndarray | None, np.ndarray]:
+        """Fusion ``i``'s per-channel float32 (scale, shift), from the parameters as held: its
+        batch norm folded, or a linear layer's bias as the shift (and no scale)."""
+        fusion = self.fusions[i]
+        if fusion.linear:
+            bias = self.held_params[self._node_params[i]["bias"]]
+            return None, bias.astype(np.float32)
+        p = {own: self.held_params[full] for own, full in self._node_params[fusion.bn].items()}
         return fold_batchnorm(p["weight"], p["bias"], p["running_mean"], p["running_var"],
-                              self.graph.nodes[bn].layer.eps)
+                              self.graph.nodes[fusion.bn].layer.eps)
 
     def _run_layers(self, k, handle, values: dict[str, DeviceTensor], sites: list[tuple[Node, Site]],
-                    folded: dict[int, tuple[DeviceTensor, DeviceTensor]]) -> None:
-        """Every layer's calls on ``k``, a fusion's layers as one fused convolution (unless its
-        output shares the residual's buffer, which the convolution would overwrite first)."""
+                    folded: dict[int, tuple[DeviceTensor | None, DeviceTensor]]) -> None:
+        """Every layer's calls on ``k``, a fusion's layers as one fused call (unless its output
+        shares the buffer of the residual or of the first layer's input, which the call would
+        overwrite before reading)."""
         i = 0
         while i < len(sites):
             node, site = sites[i]
@@ -159,12 +168,12 @@ class Network:
             if fusion is not None:
                 out = sites[fusion.last][1].out
                 residual = values[fusion.residual] if fusion.residual is not None else None
-                if residual is None or residual.buffer is None or residual.buffer is not out.buffer:
-                    conv = node.layer
+                if out.buffer is None or all(t.buffer is not out.buffer for t in (site.ins[0], residual) if t is not None):
                     scale, shift = folded[i]
-                    k.convolution_forward_fused(handle, site.ins[0], site.params["weight"], scale, shift,
-                                                residual=residual, activation="relu" if fusion.relu else "none",
-                                                pad=conv.pad, stride=conv.stride, groups=conv.groups, y=out)
+                    if fusion.linear:
+                        node.layer.run_fused(k, handle, site, out, shift, residual, fusion.activation)
+                    else:
+                        node.layer.run_fused(k, handle, site, out, scale, shift, residual, fusion.activation)
                     i = fusion.last + 1
                     continue
             node.layer.run(k, handle, site)
@@ -334,6 +343,9 @@ class _DeviceState:
             for i in net.fusions:
                 made = []
                 for values in net.folded(i):
+                    if values is None:  # a linear layer's: no scale
+                        made.append(None)
+                        continue
                     buffer = backend.to_device(values)
                     self._owned.append(buffer)
                     made.append(DeviceTensor(buffer, TensorDesc.packed(DataType.FP32, values.shape)))

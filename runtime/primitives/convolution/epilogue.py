@@ -1,6 +1,7 @@
 """A convolution's epilogue as a pass of its own: y = act(y scale[c] + shift[c] (+ res)), in
-place, for a fused convolution (:mod:`~kdbkit.runtime.primitives.convolution.fused`) whose
-solver's kernel does not take the epilogue itself. Its own small problem (config
+place, for a fused convolution (:mod:`~kdbkit.runtime.primitives.convolution.fused`) or gemm
+(:mod:`~kdbkit.runtime.primitives.gemm.fused`: its columns are the channels) whose solver's
+kernel does not take the epilogue itself. Its own small problem (config
 ``convepi,type=fp16,shape=NxCxHxW,ys=...,res=1,act=relu``), one solver, ConvEpilogue
 (conv_bias.c's conv_epilogue_fwd), any layout through the strides; scale and shift are float32.
 """
@@ -20,7 +21,10 @@ from kdbkit.runtime.primitives.convolution.solvers.common import INT_MAX, fits_i
 from kdbkit.runtime.solver import REGISTRY, Solution, Solver, launcher_1d
 from kdbkit.runtime.tensor import DataType, TensorDesc, format_dims, parse_dims
 
-ACTIVATIONS = ("none", "relu")
+# An epilogue's activations, by name, and the code its kernels take (conv_bias.c's CONV_ACT_*,
+# tma_wgmma.h's TM_ACT_*).
+ACTIVATION_CODES = {"none": 0, "relu": 1, "gelu_erf": 2}
+ACTIVATIONS = tuple(ACTIVATION_CODES)
 
 
 @dataclass(frozen=True)
@@ -31,7 +35,7 @@ class ConvEpilogueProblem(Problem):
     shape: tuple[int, int, int, int]
     strides: tuple[int, ...]
     residual: bool
-    activation: str  # none or relu
+    activation: str  # one of ACTIVATIONS
 
     def __post_init__(self) -> None:
         if len(self.shape) != 4:
@@ -83,7 +87,7 @@ class ConvEpilogue(Solver):
 
     def solution(self, problem: ConvEpilogueProblem, device):
         def invoker_factory(programs, context):
-            flags = [np.int32(int(problem.residual)), np.int32(problem.activation == "relu")]
+            flags = [np.int32(int(problem.residual)), np.int32(ACTIVATION_CODES[problem.activation])]
             total = math.prod(problem.shape)
             inner = dense_inner(problem)
             if inner is not None:

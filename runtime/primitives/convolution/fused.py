@@ -19,10 +19,11 @@ from typing import Any
 from kdbkit.runtime.errors import ProblemError
 from kdbkit.runtime.primitives import repeat
 from kdbkit.runtime.primitives.convolution.api import _four_d, _output, _problem
-from kdbkit.runtime.primitives.convolution.epilogue import ACTIVATIONS, ConvEpilogueProblem
+from kdbkit.runtime.primitives.convolution.epilogue import ACTIVATION_CODES, ACTIVATIONS, ConvEpilogueProblem
+from kdbkit.runtime.primitives.fusing import fuses, fusing_choice
 from kdbkit.runtime.primitives.invoke import chosen_invoker, invoke
 from kdbkit.runtime.primitives.operands import Operands
-from kdbkit.runtime.solver import aligned16, enabled
+from kdbkit.runtime.solver import aligned16
 from kdbkit.runtime.tensor import DataType
 
 
@@ -38,7 +39,8 @@ def _per_channel(ops: Operands, value: Any, what: str, channels: int):
 def convolution_forward_fused(handle, x: Any, w: Any, scale: Any, shift: Any, *, residual: Any = None,
                               activation: str = "none", pad=0, stride=1, dilation=1, groups: int = 1, y: Any = None,
                               dtype: str | None = None, solver: int | str | None = None) -> Any:
-    """y = act(convolution(x, w) scale[k] + shift[k] (+ residual)), act ``none`` or ``relu``.
+    """y = act(convolution(x, w) scale[k] + shift[k] (+ residual)), act ``none``, ``relu`` or
+    ``gelu_erf``.
 
     A batch norm in inference folds into ``scale`` = weight / sqrt(running_var + eps) and
     ``shift`` = bias - running_mean scale (float32, one per output channel); ``residual`` is a
@@ -80,42 +82,6 @@ def convolution_forward_fused(handle, x: Any, w: Any, scale: Any, shift: Any, *,
     return result
 
 
-# Where the device does not say its bandwidth: a separate pass is taken to cost this many GB/s.
-FALLBACK_BANDWIDTH_GBS = 1000.0
-PASS_LAUNCH_MS = 0.005  # a launch's own cost on top of the bytes it moves
-
-
-def fuses(solver, problem) -> bool:
-    """Whether ``solver``'s kernel applies the epilogue itself for ``problem`` (it declares so
-    with ``fuses_epilogue``)."""
-    declares = getattr(solver, "fuses_epilogue", None)
-    return bool(declares(problem)) if declares is not None else False
-
-
-def separate_pass_ms(epilogue: ConvEpilogueProblem, device) -> float:
-    """What ConvEpilogue's pass adds: y read and written, the residual read, at the device's
-    bandwidth."""
-    moved = epilogue.tensors()["y"].numel * epilogue.dtype.itemsize * (3 if epilogue.residual else 2)
-    bandwidth = getattr(getattr(device, "memory", None), "bandwidth_gbs", 0.0) or FALLBACK_BANDWIDTH_GBS
-    return moved / (bandwidth * 1e6) + PASS_LAUNCH_MS
-
-
-def fusing_choice(handle, problem, epilogue: ConvEpilogueProblem):
-    """Where the find-db ranks first a solver that does not take the epilogue, the best-ranked
-    one that does, if its time is within what the separate pass would add; else None. (Find
-    times the convolution alone; the call costs the convolution and the pass.)"""
-    ranking = list(handle.dispatcher.ranked(problem))
-    if not ranking or fuses(ranking[0][1], problem):
-        return None
-    limit = ranking[0][0].time_ms + separate_pass_ms(epilogue, handle.device)
-    for record, solver, _ in ranking[1:]:
-        if record.time_ms > limit:
-            return None
-        if fuses(solver, problem) and enabled(solver):
-            return solver
-    return None
-
-
 def _runner(handle, problem, solver, epilogue: ConvEpilogueProblem):
     """One invoker of the whole call, ``run(x, w, y, scale, shift[, residual])`` (a repeat call's
     plan keeps it): the kernel's own epilogue where the solver has one and the tensors are
@@ -128,7 +94,7 @@ def _runner(handle, problem, solver, epilogue: ConvEpilogueProblem):
             conv = handle.dispatcher.invoker(problem, better)
     separate = chosen_invoker(handle, epilogue, None)[1]
     fuse = getattr(conv, "fuse", None)
-    fused = fuse(epilogue.residual, epilogue.activation == "relu") if fuse is not None else None
+    fused = fuse(epilogue.residual, ACTIVATION_CODES[epilogue.activation]) if fuse is not None else None
 
     def run(x, w, y, scale, shift, residual=None):
         extra = () if residual is None else (residual,)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from typing import Any
 
 from kdbkit.runtime.errors import ProblemError
@@ -35,27 +36,50 @@ def gemm(handle, a: Any, b: Any, *, trans_a: bool = False, trans_b: bool = False
     Raises:
         ProblemError: shapes that do not multiply, or a bad operand (named), before any launch.
     """
-    alpha, beta = scalar(alpha, "alpha"), scalar(beta, "beta")
     with Operands(handle.backend) as ops:
-        ab, ad = ops.input(a, dtype, "a")
-        bb, bd = ops.input(b, dtype, "b")
-        if bd.dtype is not ad.dtype:
-            raise ProblemError(f"b holds {bd.dtype.label} elements, a {ad.dtype.label}", "give a and b one type")
-        batch_a, ra, ca, lda, sa = _matrix(ad, "a")
-        batch_b, rb, cb, ldb, sb = _matrix(bd, "b")
-        m, k = (ca, ra) if trans_a else (ra, ca)
-        k2, n = (cb, rb) if trans_b else (rb, cb)
-        if k != k2:
-            raise ProblemError(f"op(a) is {m}x{k} but op(b) is {k2}x{n}: the inner sizes differ",
-                               "check the shapes and trans_a/trans_b")
-        if batch_a != batch_b and 1 not in (batch_a, batch_b):
-            raise ProblemError(f"a has {batch_a} matrices, b {batch_b}", "give both one batch size, or one of them 1")
-        batch = max(batch_a, batch_b)
-        shape = (batch, m, n) if batch > 1 else (m, n)
-        cb_, cd, result = ops.output(device_default(handle, c, a, TensorDesc.packed(ad.dtype, shape)),
-                                     TensorDesc.packed(ad.dtype, shape), "c", read=beta != 0)
-        _, _, _, ldc, sc = _matrix(cd, "c")
-        problem = GemmProblem(ad.dtype, m, n, k, bool(trans_a), bool(trans_b), batch, lda, ldb, ldc,
-                              sa if batch_a > 1 else 0, sb if batch_b > 1 else 0, sc, alpha, beta)
-        invoke(handle, problem, solver, {"a": (ab, ad), "b": (bb, bd)}, {"c": (cb_, cd)})
-    return result
+        call = gemm_operands(ops, handle, a, b, c, trans_a, trans_b, alpha, beta, dtype)
+        invoke(handle, call.problem, solver, {"a": call.a, "b": call.b}, {"c": call.c})
+    return call.result
+
+
+@dataclass
+class GemmCall:
+    """A gemm call's operands (buffer, descriptor) as :class:`Operands` made them, its problem and
+    what it returns."""
+
+    a: tuple
+    b: tuple
+    c: tuple
+    problem: GemmProblem
+    result: Any
+
+
+def gemm_operands(ops: Operands, handle, a: Any, b: Any, c: Any, trans_a: bool, trans_b: bool, alpha: float,
+                  beta: float, dtype: str | None) -> GemmCall:
+    """The operands and problem of ``c = alpha * op(a) @ op(b) + beta * c`` (c made where None).
+
+    Raises:
+        ProblemError: shapes that do not multiply, or a bad operand (named).
+    """
+    alpha, beta = scalar(alpha, "alpha"), scalar(beta, "beta")
+    ab, ad = ops.input(a, dtype, "a")
+    bb, bd = ops.input(b, dtype, "b")
+    if bd.dtype is not ad.dtype:
+        raise ProblemError(f"b holds {bd.dtype.label} elements, a {ad.dtype.label}", "give a and b one type")
+    batch_a, ra, ca, lda, sa = _matrix(ad, "a")
+    batch_b, rb, cb, ldb, sb = _matrix(bd, "b")
+    m, k = (ca, ra) if trans_a else (ra, ca)
+    k2, n = (cb, rb) if trans_b else (rb, cb)
+    if k != k2:
+        raise ProblemError(f"op(a) is {m}x{k} but op(b) is {k2}x{n}: the inner sizes differ",
+                           "check the shapes and trans_a/trans_b")
+    if batch_a != batch_b and 1 not in (batch_a, batch_b):
+        raise ProblemError(f"a has {batch_a} matrices, b {batch_b}", "give both one batch size, or one of them 1")
+    batch = max(batch_a, batch_b)
+    shape = (batch, m, n) if batch > 1 else (m, n)
+    cb_, cd, result = ops.output(device_default(handle, c, a, TensorDesc.packed(ad.dtype, shape)),
+                                 TensorDesc.packed(ad.dtype, shape), "c", read=beta != 0)
+    _, _, _, ldc, sc = _matrix(cd, "c")
+    problem = GemmProblem(ad.dtype, m, n, k, bool(trans_a), bool(trans_b), batch, lda, ldb, ldc,
+                          sa if batch_a > 1 else 0, sb if batch_b > 1 else 0, sc, alpha, beta)
+    return GemmCall((ab, ad), (bb, bd), (cb_, cd), problem, result)

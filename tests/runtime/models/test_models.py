@@ -256,3 +256,37 @@ def test_hugging_face_bert_takes_the_parameters_and_agrees():
         out = encoder(torch.from_numpy(x))
     got = (out[0] if isinstance(out, tuple) else out.last_hidden_state).numpy()
     assert _relative_error(got, net.reference_forward(x)) < 1e-10
+
+
+def _launches(handle, monkeypatch, net, x) -> tuple[np.ndarray, int]:
+    """The forward's output and how many kernels it launched."""
+    backend, count = handle.backend, [0]
+    launch = type(backend).launch
+
+    def counting(self, *args, **kwargs):
+        count[0] += 1
+        return launch(self, *args, **kwargs)
+
+    monkeypatch.setattr(type(backend), "launch", counting)
+    try:
+        return net.forward(handle, x), count[0]
+    finally:
+        monkeypatch.setattr(type(backend), "launch", launch)
+
+
+def test_linear_layers_with_their_addition_and_gelu_run_as_fused_calls(handle, monkeypatch):
+    sizes, layout = SMALL["bert_base"]
+    fused = models.build("bert_base", layout=layout, **sizes)
+    layers = models.Network("bert_base", fused.graph, layout=layout, fuse=False)
+    assert sorted((f.linear, f.residual is not None, f.activation) for f in fused.fusions.values()) == \
+        [(True, False, "gelu_erf"), (True, True, "none"), (True, True, "none")]
+    x = _input(fused)
+    got, fused_launches = _launches(handle, monkeypatch, fused, x)
+    want, layer_launches = _launches(handle, monkeypatch, layers, x)
+    # Each of the three runs as the gemm and one epilogue pass here (no solver of PoCL's fuses):
+    # one launch fewer each than gemm, bias and addition or GELU
+    assert fused_launches == layer_launches - 3
+    assert _relative_error(got, want.astype(np.float64)) < 1e-5
+    assert _relative_error(got, fused.reference_forward(x)) < TOLERANCE["fp32"]
+    listed = {p.primitive for p in fused.problems()}
+    assert "convepi" in listed  # the pass's program goes into a network's bundle

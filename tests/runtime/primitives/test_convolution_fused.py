@@ -163,7 +163,7 @@ def test_find_db_winners_that_do_not_fuse_give_way_within_the_cost_of_the_pass()
 
     from kdbkit.kdb.find_db import FindRecord
     from kdbkit.runtime.backends.base import MemorySystem
-    from kdbkit.runtime.primitives.convolution.fused import fuses, fusing_choice, separate_pass_ms
+    from kdbkit.runtime.primitives.fusing import fuses, fusing_choice, separate_pass_ms
     from kdbkit.runtime.primitives.convolution.problem import ConvProblem
     from kdbkit.runtime.solver import REGISTRY
     from .conftest import sm90

@@ -137,25 +137,24 @@ def scalars(problem: ConvProblem) -> list:
                                   fy * fx, k % 8 == 0)]
 
 
-# conv_fwd_tma's epilogue arguments when it has none: null scale, shift and residual, no ReLU
-NO_EPILOGUE = (np.uint64(0), np.uint64(0), np.uint64(0), np.int32(0))
+NO_EPILOGUE = gemm_tma.NO_EPILOGUE
 
 
 def multiplier(context, program, problem: ConvProblem, tile_n: int, step: int = STEP,
-               epilogue: tuple[bool, bool] | None = None):
+               epilogue: tuple[bool, int] | None = None):
     """``multiply(x, w, y)``: conv_fwd_tma (from the loaded conv_tma.cu ``program``, built for
     ``step`` channels a stage) computing the forward ``problem`` on 16-byte aligned
     channels-last x, KYXC w and channels-last y. The tensor maps hold the addresses: they are
     encoded with a launch for each (x, w) pair met, the most recent
     :data:`~kdbkit.runtime.primitives.gemm.solvers.tma.CACHED_PAIRS` kept. ``epilogue``:
-    (residual, relu) for ``multiply(x, w, y, scale, shift[, residual])`` with the kernel's
-    epilogue (tma_wgmma.h's TmEpilogue)."""
+    (residual, activation code) for ``multiply(x, w, y, scale, shift[, residual])`` with the
+    kernel's epilogue (tma_wgmma.h's TmEpilogue)."""
     return map_multiplier(context, program, tiles(problem, tile_n), tile_n, scalars(problem),
                           input_map(problem, step), filter_map(problem, tile_n, step), step, epilogue)
 
 
 def map_multiplier(context, program, tile_count: int, tile_n: int, args: list, x_map: tuple, w_map: tuple,
-                   step: int = STEP, epilogue: tuple[bool, bool] | None = None):
+                   step: int = STEP, epilogue: tuple[bool, int] | None = None):
     """:func:`multiplier` from conv_fwd_tma's arguments themselves (its scalars, the
     :func:`input_map` and :func:`filter_map` tuples, its ``tile_count`` tiles): for a forward
     convolution that no ConvProblem describes, as a stride phase's of backward data, padded
@@ -165,8 +164,8 @@ def map_multiplier(context, program, tile_count: int, tile_n: int, args: list, x
     if epilogue is None:
         tail = list(NO_EPILOGUE)
     else:  # scale and shift at run time, the residual too where there is one
-        residual, relu = epilogue
-        tail = [None, None, None if residual else np.uint64(0), np.int32(relu)]
+        residual, act = epilogue
+        tail = [None, None, None if residual else np.uint64(0), np.int32(act)]
     launches = gemm_tma.OperandLaunches(lambda x, w: backend.launcher(
         kernel, grid, (THREADS, 1, 1),
         [backend.tensor_map_im2col(x, 2, *x_map, swizzle=2 * step), backend.tensor_map(w, 2, *w_map, swizzle=2 * step),
@@ -180,13 +179,14 @@ def map_multiplier(context, program, tile_count: int, tile_n: int, args: list, x
 
 
 def fuser(context, program, problem: ConvProblem, tile_n: int):
-    """``fuse(residual, relu)``: an invoker ``(x, w, y, scale, shift[, residual])`` that runs the
+    """``fuse(residual, act)``: an invoker ``(x, w, y, scale, shift[, residual])`` that runs the
     channels-last forward ``problem`` with its epilogue in the kernel (each kind made once).
     Its tensors must be 16-byte aligned (the residual is read 16 bytes at a time, as y is written)."""
     made = {}
 
-    def fuse(residual: bool, relu: bool):
-        key = (bool(residual), bool(relu))
+    def fuse(residual: bool, act: int):
+        """``act``: the activation's code (convolution/epilogue.py's ACTIVATION_CODES)."""
+        key = (bool(residual), int(act))
         if key not in made:
             made[key] = multiplier(context, program, problem, tile_n, step_for(problem), key)
         return made[key]

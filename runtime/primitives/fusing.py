@@ -1,0 +1,46 @@
+"""Which solver a fused call takes: one whose kernel applies the epilogue itself, or the find-db's
+best followed by the epilogue's pass of its own (ConvEpilogue). Find times the convolution or
+gemm alone, so where its best does not fuse, a fusing solver ranked within the pass's cost is
+taken instead. Shared by :mod:`~kdbkit.runtime.primitives.convolution.fused` and
+:mod:`~kdbkit.runtime.primitives.gemm.fused`.
+"""
+
+from __future__ import annotations
+
+from kdbkit.runtime.primitives.convolution.epilogue import ConvEpilogueProblem
+from kdbkit.runtime.solver import enabled
+
+# Where the device does not say its bandwidth: a separate pass is taken to cost this many GB/s.
+FALLBACK_BANDWIDTH_GBS = 1000.0
+PASS_LAUNCH_MS = 0.005  # a launch's own cost on top of the bytes it moves
+
+
+def fuses(solver, problem) -> bool:
+    """Whether ``solver``'s kernel applies the epilogue itself for ``problem`` (it declares so
+    with ``fuses_epilogue``)."""
+    declares = getattr(solver, "fuses_epilogue", None)
+    return bool(declares(problem)) if declares is not None else False
+
+
+def separate_pass_ms(epilogue: ConvEpilogueProblem, device) -> float:
+    """What ConvEpilogue's pass adds: y read and written, the residual read, at the device's
+    bandwidth."""
+    moved = epilogue.tensors()["y"].numel * epilogue.dtype.itemsize * (3 if epilogue.residual else 2)
+    bandwidth = getattr(getattr(device, "memory", None), "bandwidth_gbs", 0.0) or FALLBACK_BANDWIDTH_GBS
+    return moved / (bandwidth * 1e6) + PASS_LAUNCH_MS
+
+
+def fusing_choice(handle, problem, epilogue: ConvEpilogueProblem):
+    """Where the find-db ranks first a solver that does not take the epilogue, the best-ranked
+    one that does, if its time is within what the separate pass would add; else None. (Find
+    times the convolution or gemm alone; the call costs it and the pass.)"""
+    ranking = list(handle.dispatcher.ranked(problem))
+    if not ranking or fuses(ranking[0][1], problem):
+        return None
+    limit = ranking[0][0].time_ms + separate_pass_ms(epilogue, handle.device)
+    for record, solver, _ in ranking[1:]:
+        if record.time_ms > limit:
+            return None
+        if fuses(solver, problem) and enabled(solver):
+            return solver
+    return None

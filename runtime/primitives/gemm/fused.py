@@ -1,0 +1,124 @@
+"""A gemm with its epilogue in one call: c = act(alpha op(a) op(b) scale[j] + shift[j] (+ residual)),
+the shape of a linear layer with its bias, activation (GELU in BERT's feed-forward) and residual
+addition (cuBLASLt's epilogues do this for bias and activation).
+
+Where the chosen solver's kernel takes the epilogue (GemmTma on sm_90: it declares
+``fuses_epilogue`` and its invoker has ``fuse``), it is applied as C's tiles are stored, so C is
+written once and nothing else is launched. Any other solver runs the gemm, then the epilogue as
+one pass of its own (ConvEpilogue over C seen as N x C x H x W = batch x n x m x 1: a column is
+a channel), which is still one pass instead of an addition's, an activation's and another
+addition's. As for a fused convolution, a fusing solver ranked within that pass's cost is taken
+over a find-db best that does not fuse (:mod:`~kdbkit.runtime.primitives.fusing`).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+
+from kdbkit.runtime.errors import ProblemError
+from kdbkit.runtime.primitives import repeat
+from kdbkit.runtime.primitives.convolution.epilogue import ACTIVATION_CODES, ACTIVATIONS, ConvEpilogueProblem
+from kdbkit.runtime.primitives.fusing import fuses, fusing_choice
+from kdbkit.runtime.primitives.gemm.api import gemm_operands
+from kdbkit.runtime.primitives.gemm.problem import GemmProblem
+from kdbkit.runtime.primitives.invoke import chosen_invoker, invoke
+from kdbkit.runtime.primitives.operands import Operands
+from kdbkit.runtime.solver import aligned16
+from kdbkit.runtime.tensor import DataType, TensorDesc
+
+
+def _per_column(ops: Operands, value: Any, what: str, columns: int):
+    buffer, desc = ops.input(value, DataType.FP32, what)
+    if desc.shape != (columns,) or not desc.is_packed:
+        raise ProblemError(f"{what} has shape {desc.shape} for {columns} columns of c",
+                           f"give {what} as {columns} packed float32 values, one per column of c")
+    return buffer, desc
+
+
+def epilogue_problem(problem: GemmProblem, c: TensorDesc, residual: bool, activation: str) -> ConvEpilogueProblem:
+    """C as the epilogue pass sees it: batch x n x m x 1, a column a channel (packed C is then
+    channels-last, the pass's dense case)."""
+    batch_stride = c.strides[0] if len(c.shape) == 3 else problem.m * problem.ldc
+    return ConvEpilogueProblem(c.dtype, (problem.batch, problem.n, problem.m, 1),
+                               (batch_stride, 1, problem.ldc, problem.n), residual, activation)
+
+
+@repeat.repeatable("gemm_fused", ("a", "b", "shift", "scale", "residual", "c"))
+def gemm_fused(handle, a: Any, b: Any, shift: Any, *, scale: Any = None, residual: Any = None,
+               activation: str = "none", trans_a: bool = False, trans_b: bool = False, alpha: float = 1.0,
+               c: Any = None, dtype: str | None = None, solver: int | str | None = None) -> Any:
+    """c = act(alpha op(a) op(b) scale[j] + shift[j] (+ residual)), act ``none``, ``relu`` or
+    ``gelu_erf`` (x Phi(x), PyTorch's default GELU).
+
+    ``shift`` (a linear layer's bias) and ``scale`` (None: 1) are float32, one per column of c;
+    ``residual`` is a tensor of c's shape, type and layout (or None). 3-D operands are batches,
+    as :func:`~kdbkit.runtime.primitives.gemm.api.gemm` takes them; ``solver`` picks the gemm's.
+
+    Raises:
+        ProblemError: bad arguments (named), before any launch.
+    """
+    if activation not in ACTIVATIONS:
+        raise ProblemError(f"activation {activation!r}", f"use one of {', '.join(ACTIVATIONS)}")
+    with Operands(handle.backend) as ops:
+        call = gemm_operands(ops, handle, a, b, c, trans_a, trans_b, alpha, 0.0, dtype)
+        problem, (cb, cd) = call.problem, call.c
+        tensors = {"shift": _per_column(ops, shift, "shift", problem.n)}
+        if scale is not None:
+            tensors["scale"] = _per_column(ops, scale, "scale", problem.n)
+        if residual is not None:
+            rb, rd = ops.input(residual, dtype, "residual")
+            if rd != cd:
+                raise ProblemError(f"residual is {rd.dtype.label} {rd.shape} strides {rd.strides}, c is "
+                                   f"{cd.dtype.label} {cd.shape} strides {cd.strides}",
+                                   "give a residual of c's shape, type and layout")
+            if rb is cb or (getattr(rb, "ptr", None) is not None and rb.ptr == cb.ptr):
+                raise ProblemError("residual and c are the same tensor",
+                                   "write c elsewhere: the gemm would overwrite the residual before it is added")
+            tensors["residual"] = (rb, rd)
+        epilogue = epilogue_problem(problem, cd, residual is not None, activation)
+        if repeat.full_path_only():  # numerics checks and command logs see each problem on its own
+            invoke(handle, problem, solver, {"a": call.a, "b": call.b}, {"c": (cb, cd)})
+            if scale is None:
+                tensors["scale"] = ops.input(np.ones(problem.n, np.float32), DataType.FP32, "scale")
+            invoke(handle, epilogue, None, {"scale": tensors["scale"], "shift": tensors["shift"],
+                                            **({"residual": tensors["residual"]} if residual is not None else {})},
+                   {"y": (cb, cd)})
+            return call.result
+        run = _runner(handle, problem, solver, epilogue, scale is not None)
+        buffers = {"a": call.a[0], "b": call.b[0], "c": cb, **{n: t[0] for n, t in tensors.items()}}
+        run(**buffers)
+        repeat.note_invoke(run, buffers)
+    return call.result
+
+
+def _runner(handle, problem: GemmProblem, solver, epilogue: ConvEpilogueProblem, scaled: bool):
+    """One invoker of the whole call, ``run(a, b, c, shift[, scale][, residual])`` (a repeat
+    call's plan keeps it): the kernel's own epilogue where the solver has one and the tensors
+    are aligned for it, else the gemm and then ConvEpilogue's pass (with a scale of ones where
+    the call gives none, made at its first use). Both problems are chosen for here, so that the
+    programs a call may need are resolved (and listed) at once."""
+    choice, multiply = chosen_invoker(handle, problem, solver)
+    if choice.how == "find-db" and not fuses(choice.solver, problem):
+        better = fusing_choice(handle, problem, epilogue)
+        if better is not None:
+            multiply = handle.dispatcher.invoker(problem, better)
+    separate = chosen_invoker(handle, epilogue, None)[1]
+    fuse = getattr(multiply, "fuse", None)
+    fused = fuse(scaled, epilogue.residual, ACTIVATION_CODES[epilogue.activation]) if fuse is not None else None
+    ones = []  # the pass's scale where the call has none
+
+    def run(a, b, c, shift, scale=None, residual=None):
+        extra = () if residual is None else (residual,)
+        if fused is not None and aligned16(a, b, c, *extra):
+            fused(a, b, c, shift, scale, residual)
+            return
+        multiply(a=a, b=b, c=c)
+        if scale is None:
+            if not ones:
+                ones.append(handle.backend.to_device(np.ones(problem.n, np.float32)))
+            scale = ones[0]
+        separate(c, scale, shift, *extra)
+
+    return run
