@@ -11,6 +11,7 @@ Types: ``fp32``, ``fp16`` and ``bf16``. NumPy has no bfloat16: a bf16 tensor is 
 from __future__ import annotations
 
 import enum
+import functools
 import math
 from dataclasses import dataclass
 from typing import Any, Sequence
@@ -146,6 +147,12 @@ class TensorDesc:
         if min(self.strides) < 0:
             raise ProblemError(f"strides {format_dims(self.strides)} include a negative one",
                                "reverse the tensor on the host (np.ascontiguousarray) first")
+
+    @functools.cached_property
+    def key(self) -> tuple:
+        """(dtype, shape, strides): equal for equal descriptors, and hashed in C (a repeat
+        call's plan key holds one per tensor; the dataclass's own hash is a Python call)."""
+        return self.dtype, self.shape, self.strides
 
     @classmethod
     def packed(cls, dtype: DataType | str, shape: Sequence[int]) -> "TensorDesc":

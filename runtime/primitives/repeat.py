@@ -58,7 +58,7 @@ def _signature(value: Any) -> Any:
         # get_device(), not .device, which builds a torch.device on every call
         return (value.dtype, value.shape, value.stride(), value.get_device()) if value.is_cuda else ...
     if kind == _KDBKIT:
-        return value.desc
+        return value.desc.key
     if kind == _NONE:
         return None
     if kind == _CAI:
@@ -205,19 +205,18 @@ def repeatable(api: str, tensors: tuple[str, ...]) -> Callable:
         keywords = [frozenset(names[n:]) for n in range(len(names) + 1)]
         missing = object()
         rest = [[defaults.get(name, missing) for name in names[n:]] for n in range(len(names) + 1)]
-        tails = [names[n:] for n in range(len(names) + 1)]
 
         @functools.wraps(function)
         def call(handle, *args, **kwargs):
             count = len(args)
             if count > positional or (kwargs and not keywords[count].issuperset(kwargs)):
                 return function(handle, *args, **kwargs)
-            if kwargs:
-                values = [*args, *(kwargs.get(name, default) for name, default in zip(tails[count], rest[count]))]
-            else:
-                values = [*args, *rest[count]]
+            values = [*args, *rest[count]]
+            for name, value in kwargs.items():  # only those given: most of a primitive's keywords are not
+                values[slots[name]] = value
             signatures = [_signature(values[i]) for i in tensor_slots]
-            if ... in signatures or full_path_only():
+            # identity, not ``in``: that would call each descriptor's __eq__ against the Ellipsis
+            if any(s is ... for s in signatures) or full_path_only():
                 return function(handle, *args, **kwargs)
             key = (api, *signatures, *[values[i] for i in other_slots])
             plans = handle.dispatcher.plans
