@@ -9,7 +9,8 @@
  *   tensor of fewer than 2^31 elements: the channel is (e / inner) % C (inner: H W, or 1 for
  *   NHWC), one 32-bit division where the general kernel does four 64-bit ones.
  * conv_epilogue_fwd, in place: y = y scale[c] + shift[c] (float per channel: a batch norm folded
- * in, or a linear layer's bias with scale 1), plus res (laid out as y) where has_res, then the
+ * in; scale only where has_scale, so a linear layer's bias is the shift alone), plus res (laid
+ * out as y) where has_res, then the
  * activation act (CONV_ACT_*): a convolution's or gemm's epilogue for solvers whose kernels do not
  * take it (ConvTma's and GemmTma's do, tma_wgmma.h, with the same codes).
  */
@@ -36,10 +37,13 @@ KDB_KERNEL void conv_bias_fwd(KDB_GLOBAL kdb_data_t* y, const KDB_GLOBAL kdb_dat
 
 /* The epilogue of y's element at (of channel c), in place. */
 KDB_DEVICE_FN void conv_epilogue_at(KDB_GLOBAL kdb_data_t* y, const KDB_GLOBAL float* scale,
-                                    const KDB_GLOBAL float* shift, const KDB_GLOBAL kdb_data_t* res, int has_res,
-                                    int act, long at, int c)
+                                    const KDB_GLOBAL float* shift, const KDB_GLOBAL kdb_data_t* res, int has_scale,
+                                    int has_res, int act, long at, int c)
 {
-    float out = KDB_LOAD(y, at) * scale[c] + shift[c];
+    float out = KDB_LOAD(y, at);
+    if (has_scale)
+        out *= scale[c];
+    out += shift[c];
     if (has_res)
         out += KDB_LOAD(res, at);
     if (act == CONV_ACT_RELU)
@@ -50,24 +54,24 @@ KDB_DEVICE_FN void conv_epilogue_at(KDB_GLOBAL kdb_data_t* y, const KDB_GLOBAL f
 }
 
 KDB_KERNEL void conv_epilogue_fwd(KDB_GLOBAL kdb_data_t* y, const KDB_GLOBAL float* scale,
-                                  const KDB_GLOBAL float* shift, const KDB_GLOBAL kdb_data_t* res, int has_res,
-                                  int act, int N, int C, int H, int W, int s0, int s1, int s2, int s3)
+                                  const KDB_GLOBAL float* shift, const KDB_GLOBAL kdb_data_t* res, int has_scale,
+                                  int has_res, int act, int N, int C, int H, int W, int s0, int s1, int s2, int s3)
 {
     const long total = (long)N * C * H * W;
     for (long e = KDB_GLOBAL_ID_X; e < total; e += (long)KDB_LOCAL_SIZE_X * KDB_NUM_GROUPS_X) {
         const int v = (int)(e % W), h = (int)(e / W % H), c = (int)(e / ((long)W * H) % C);
         const int n = (int)(e / ((long)W * H * C));
         const long at = (long)n * s0 + (long)c * s1 + (long)h * s2 + (long)v * s3;
-        conv_epilogue_at(y, scale, shift, res, has_res, act, at, c);
+        conv_epilogue_at(y, scale, shift, res, has_scale, has_res, act, at, c);
     }
 }
 
 KDB_KERNEL void conv_epilogue_dense(KDB_GLOBAL kdb_data_t* y, const KDB_GLOBAL float* scale,
-                                    const KDB_GLOBAL float* shift, const KDB_GLOBAL kdb_data_t* res, int has_res,
-                                    int act, int total, int C, int inner)
+                                    const KDB_GLOBAL float* shift, const KDB_GLOBAL kdb_data_t* res, int has_scale,
+                                    int has_res, int act, int total, int C, int inner)
 {
     for (int e = KDB_GLOBAL_ID_X; e < total; e += KDB_LOCAL_SIZE_X * KDB_NUM_GROUPS_X) {
-        conv_epilogue_at(y, scale, shift, res, has_res, act, e, (inner == 1 ? e : e / inner) % C);
+        conv_epilogue_at(y, scale, shift, res, has_scale, has_res, act, e, (inner == 1 ? e : e / inner) % C);
     }
 }
 

@@ -124,7 +124,7 @@ class DryRun:
         """The gemm's problem, and the epilogue's: its pass runs where the chosen solver's kernel
         does not take the epilogue, so a bundle carries its program."""
         self.gemm(handle, a, b, trans_a=trans_a, trans_b=trans_b, alpha=alpha, c=c)
-        self._record(epilogue_problem(self.problems[-1], c.desc, residual is not None, activation))
+        self._record(epilogue_problem(self.problems[-1], c.desc, residual is not None, activation, scale is not None))
         return c
 
     def softmax_forward(self, handle, x: Any, *, algorithm: str = "accurate", mode: str = "channel",

@@ -7,8 +7,12 @@ taken instead. Shared by :mod:`~kdbkit.runtime.primitives.convolution.fused` and
 
 from __future__ import annotations
 
-from kdbkit.runtime.primitives.convolution.epilogue import ConvEpilogueProblem
+from typing import TYPE_CHECKING
+
 from kdbkit.runtime.solver import enabled
+
+if TYPE_CHECKING:  # imported by the gemm package, which the convolution package imports
+    from kdbkit.runtime.primitives.convolution.epilogue import ConvEpilogueProblem
 
 # Where the device does not say its bandwidth: a separate pass is taken to cost this many GB/s.
 FALLBACK_BANDWIDTH_GBS = 1000.0
@@ -44,3 +48,10 @@ def fusing_choice(handle, problem, epilogue: ConvEpilogueProblem):
         if fuses(solver, problem) and enabled(solver):
             return solver
     return None
+
+
+def same_memory(residual, out) -> bool:
+    """Whether two buffers are one (the same object, or the same device address where buffers
+    have one): a residual the call would overwrite before adding it."""
+    ptr = getattr(residual, "ptr", None)
+    return residual is out or (ptr is not None and ptr == getattr(out, "ptr", None))

@@ -2,7 +2,8 @@
 place, for a fused convolution (:mod:`~kdbkit.runtime.primitives.convolution.fused`) or gemm
 (:mod:`~kdbkit.runtime.primitives.gemm.fused`: its columns are the channels) whose solver's
 kernel does not take the epilogue itself. Its own small problem (config
-``convepi,type=fp16,shape=NxCxHxW,ys=...,res=1,act=relu``), one solver, ConvEpilogue
+``convepi,type=fp16,shape=NxCxHxW,ys=...,res=1,act=relu``, ``scale=0`` added where there is no
+scale), one solver, ConvEpilogue
 (conv_bias.c's conv_epilogue_fwd), any layout through the strides; scale and shift are float32.
 """
 
@@ -36,6 +37,7 @@ class ConvEpilogueProblem(Problem):
     strides: tuple[int, ...]
     residual: bool
     activation: str  # one of ACTIVATIONS
+    scaled: bool = True  # False: y + shift alone (a gemm's bias), no scale given
 
     def __post_init__(self) -> None:
         if len(self.shape) != 4:
@@ -48,23 +50,26 @@ class ConvEpilogueProblem(Problem):
     def tensors(self) -> dict[str, TensorDesc]:
         y = TensorDesc(self.dtype, self.shape, self.strides)
         per_channel = TensorDesc.packed(DataType.FP32, (self.shape[1],))
-        made = {"y": y, "scale": per_channel, "shift": per_channel}
+        made = {"y": y, "scale": per_channel, "shift": per_channel} if self.scaled else \
+            {"y": y, "shift": per_channel}
         if self.residual:
             made["residual"] = y
         return made
 
     def fields(self) -> list[tuple[str, str]]:
-        return [("type", self.dtype.label), ("shape", format_dims(self.shape)), ("ys", format_dims(self.strides)),
-                ("res", str(int(self.residual))), ("act", self.activation)]
+        fields = [("type", self.dtype.label), ("shape", format_dims(self.shape)), ("ys", format_dims(self.strides)),
+                  ("res", str(int(self.residual))), ("act", self.activation)]
+        return fields if self.scaled else [*fields, ("scale", "0")]  # a scaled one's key as before
 
     @classmethod
     def from_fields(cls, f: dict[str, str]) -> "ConvEpilogueProblem":
         text = ",".join(f"{k}={v}" for k, v in f.items())
-        residual = require(f, "res", text)
-        if residual not in ("0", "1"):
-            raise ProblemError(f"epilogue key {text!r}: res={residual}", "write res=0 or res=1")
+        residual, scaled = require(f, "res", text), f.get("scale", "1")
+        for name, flag in (("res", residual), ("scale", scaled)):
+            if flag not in ("0", "1"):
+                raise ProblemError(f"epilogue key {text!r}: {name}={flag}", f"write {name}=0 or {name}=1")
         return cls(DataType.parse(require(f, "type", text)), parse_dims(require(f, "shape", text), "shape"),
-                   parse_dims(require(f, "ys", text), "ys"), residual == "1", require(f, "act", text))
+                   parse_dims(require(f, "ys", text), "ys"), residual == "1", require(f, "act", text), scaled == "1")
 
 
 def catalogue() -> list[ConvEpilogueProblem]:
@@ -87,7 +92,8 @@ class ConvEpilogue(Solver):
 
     def solution(self, problem: ConvEpilogueProblem, device):
         def invoker_factory(programs, context):
-            flags = [np.int32(int(problem.residual)), np.int32(ACTIVATION_CODES[problem.activation])]
+            flags = [np.int32(int(problem.scaled)), np.int32(int(problem.residual)),
+                     np.int32(ACTIVATION_CODES[problem.activation])]
             total = math.prod(problem.shape)
             inner = dense_inner(problem)
             if inner is not None:
@@ -97,9 +103,12 @@ class ConvEpilogue(Solver):
                 kernel = programs[0].function("conv_epilogue_fwd")
                 args = [*flags, *(np.int32(v) for v in (*problem.shape, *problem.strides))]
             fast = launcher_1d(context, kernel, total, [None, None, None, None, *args], max_groups=1 << 16)
-            if problem.residual:
-                return lambda y, scale, shift, residual: fast(y, scale, shift, residual)
-            return lambda y, scale, shift: fast(y, scale, shift, y)  # y stands in for the residual, never read
+
+            def run(y, shift, scale=None, residual=None):
+                # shift stands in for a scale not given, y for a residual: the flags say neither is read
+                fast(y, shift if scale is None else scale, shift, y if residual is None else residual)
+
+            return run
 
         return Solution(self.programs(problem), invoker_factory)
 

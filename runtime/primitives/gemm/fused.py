@@ -15,12 +15,10 @@ from __future__ import annotations
 
 from typing import Any
 
-import numpy as np
-
 from kdbkit.runtime.errors import ProblemError
 from kdbkit.runtime.primitives import repeat
 from kdbkit.runtime.primitives.convolution.epilogue import ACTIVATION_CODES, ACTIVATIONS, ConvEpilogueProblem
-from kdbkit.runtime.primitives.fusing import fuses, fusing_choice
+from kdbkit.runtime.primitives.fusing import fuses, fusing_choice, same_memory
 from kdbkit.runtime.primitives.gemm.api import gemm_operands
 from kdbkit.runtime.primitives.gemm.problem import GemmProblem
 from kdbkit.runtime.primitives.invoke import chosen_invoker, invoke
@@ -37,12 +35,13 @@ def _per_column(ops: Operands, value: Any, what: str, columns: int):
     return buffer, desc
 
 
-def epilogue_problem(problem: GemmProblem, c: TensorDesc, residual: bool, activation: str) -> ConvEpilogueProblem:
+def epilogue_problem(problem: GemmProblem, c: TensorDesc, residual: bool, activation: str,
+                     scaled: bool) -> ConvEpilogueProblem:
     """C as the epilogue pass sees it: batch x n x m x 1, a column a channel (packed C is then
     channels-last, the pass's dense case)."""
     batch_stride = c.strides[0] if len(c.shape) == 3 else problem.m * problem.ldc
     return ConvEpilogueProblem(c.dtype, (problem.batch, problem.n, problem.m, 1),
-                               (batch_stride, 1, problem.ldc, problem.n), residual, activation)
+                               (batch_stride, 1, problem.ldc, problem.n), residual, activation, scaled)
 
 
 @repeat.repeatable("gemm_fused", ("a", "b", "shift", "scale", "residual", "c"))
@@ -73,18 +72,14 @@ def gemm_fused(handle, a: Any, b: Any, shift: Any, *, scale: Any = None, residua
                 raise ProblemError(f"residual is {rd.dtype.label} {rd.shape} strides {rd.strides}, c is "
                                    f"{cd.dtype.label} {cd.shape} strides {cd.strides}",
                                    "give a residual of c's shape, type and layout")
-            if rb is cb or (getattr(rb, "ptr", None) is not None and rb.ptr == cb.ptr):
+            if same_memory(rb, cb):
                 raise ProblemError("residual and c are the same tensor",
                                    "write c elsewhere: the gemm would overwrite the residual before it is added")
             tensors["residual"] = (rb, rd)
-        epilogue = epilogue_problem(problem, cd, residual is not None, activation)
+        epilogue = epilogue_problem(problem, cd, residual is not None, activation, scale is not None)
         if repeat.full_path_only():  # numerics checks and command logs see each problem on its own
             invoke(handle, problem, solver, {"a": call.a, "b": call.b}, {"c": (cb, cd)})
-            if scale is None:
-                tensors["scale"] = ops.input(np.ones(problem.n, np.float32), DataType.FP32, "scale")
-            invoke(handle, epilogue, None, {"scale": tensors["scale"], "shift": tensors["shift"],
-                                            **({"residual": tensors["residual"]} if residual is not None else {})},
-                   {"y": (cb, cd)})
+            invoke(handle, epilogue, None, {n: t for n, t in tensors.items()}, {"y": (cb, cd)})
             return call.result
         run = _runner(handle, problem, solver, epilogue, scale is not None)
         buffers = {"a": call.a[0], "b": call.b[0], "c": cb, **{n: t[0] for n, t in tensors.items()}}
@@ -96,9 +91,8 @@ def gemm_fused(handle, a: Any, b: Any, shift: Any, *, scale: Any = None, residua
 def _runner(handle, problem: GemmProblem, solver, epilogue: ConvEpilogueProblem, scaled: bool):
     """One invoker of the whole call, ``run(a, b, c, shift[, scale][, residual])`` (a repeat
     call's plan keeps it): the kernel's own epilogue where the solver has one and the tensors
-    are aligned for it, else the gemm and then ConvEpilogue's pass (with a scale of ones where
-    the call gives none, made at its first use). Both problems are chosen for here, so that the
-    programs a call may need are resolved (and listed) at once."""
+    are aligned for it, else the gemm and then ConvEpilogue's pass. Both problems are chosen for
+    here, so that the programs a call may need are resolved (and listed) at once."""
     choice, multiply = chosen_invoker(handle, problem, solver)
     if choice.how == "find-db" and not fuses(choice.solver, problem):
         better = fusing_choice(handle, problem, epilogue)
@@ -107,18 +101,15 @@ def _runner(handle, problem: GemmProblem, solver, epilogue: ConvEpilogueProblem,
     separate = chosen_invoker(handle, epilogue, None)[1]
     fuse = getattr(multiply, "fuse", None)
     fused = fuse(scaled, epilogue.residual, ACTIVATION_CODES[epilogue.activation]) if fuse is not None else None
-    ones = []  # the pass's scale where the call has none
 
     def run(a, b, c, shift, scale=None, residual=None):
-        extra = () if residual is None else (residual,)
-        if fused is not None and aligned16(a, b, c, *extra):
+        if residual is not None and same_memory(residual, c):  # a repeat call skips the full path's check
+            raise ProblemError("residual and c are the same tensor",
+                               "write c elsewhere: the gemm would overwrite the residual before it is added")
+        if fused is not None and aligned16(a, b, c, *(() if residual is None else (residual,))):
             fused(a, b, c, shift, scale, residual)
             return
         multiply(a=a, b=b, c=c)
-        if scale is None:
-            if not ones:
-                ones.append(handle.backend.to_device(np.ones(problem.n, np.float32)))
-            scale = ones[0]
-        separate(c, scale, shift, *extra)
+        separate(y=c, shift=shift, scale=scale, residual=residual)
 
     return run

@@ -14,6 +14,8 @@ import pytest
 
 import kdbkit
 from kdbkit.runtime.errors import ProblemError
+from kdbkit.runtime.problem import parse_config
+from kdbkit.runtime.primitives.convolution.epilogue import dense_inner
 from kdbkit.runtime.primitives.gemm.fused import epilogue_problem
 from kdbkit.runtime.primitives.gemm.problem import GemmProblem
 from kdbkit.runtime.tensor import DataType, DeviceTensor, TensorDesc
@@ -68,11 +70,14 @@ def test_the_epilogue_on_the_chain_device(handle, dtype, scaled, residual, activ
 
 def test_the_pass_sees_packed_c_as_channels_last():
     p = GemmProblem(DataType.FP16, 5, 8, 3, False, False, 2, 3, 8, 8, 15, 0, 40, 1.0, 0.0)
-    epilogue = epilogue_problem(p, TensorDesc.packed(DataType.FP16, (2, 5, 8)), True, "gelu_erf")
-    assert epilogue.config() == "convepi,type=fp16,shape=2x8x5x1,ys=40x1x8x8,res=1,act=gelu_erf"
-    from kdbkit.runtime.primitives.convolution.epilogue import dense_inner
-
+    epilogue = epilogue_problem(p, TensorDesc.packed(DataType.FP16, (2, 5, 8)), True, "gelu_erf", False)
+    assert epilogue.config() == "convepi,type=fp16,shape=2x8x5x1,ys=40x1x8x8,res=1,act=gelu_erf,scale=0"
+    assert parse_config(epilogue.config()) == epilogue and "scale" not in epilogue.tensors()
+    scaled = epilogue_problem(p, TensorDesc.packed(DataType.FP16, (2, 5, 8)), False, "relu", True)
+    assert scaled.config() == "convepi,type=fp16,shape=2x8x5x1,ys=40x1x8x8,res=0,act=relu"  # a convolution's key as before
     assert dense_inner(epilogue) == 1  # the dense kernel, a column a channel
+    with pytest.raises(ProblemError, match="scale=2"):
+        parse_config("convepi,type=fp16,shape=2x8x5x1,ys=40x1x8x8,res=0,act=relu,scale=2")
 
 
 def test_bad_arguments_are_named(handle):
@@ -90,6 +95,13 @@ def test_bad_arguments_are_named(handle):
     c = _device(be, np.zeros((4, 5), np.float32), "fp32")
     with pytest.raises(ProblemError, match="residual and c are the same tensor"):
         kdbkit.gemm_fused(handle, a, b, shift, residual=c, c=c)
+    ad, bd, sd = _device(be, a, "fp32"), _device(be, b, "fp32"), _device(be, shift, "fp32")
+    r = _device(be, np.ones((4, 5), np.float32), "fp32")
+    kdbkit.gemm_fused(handle, ad, bd, sd, residual=r, c=c)  # device tensors only: it leaves a plan
+    plans = len(handle.dispatcher.plans)
+    with pytest.raises(ProblemError, match="residual and c are the same tensor"):  # the plan checks it too
+        kdbkit.gemm_fused(handle, ad, bd, sd, residual=DeviceTensor(c.buffer, c.desc), c=c)
+    assert len(handle.dispatcher.plans) == plans
     y = kdbkit.gemm_fused(handle, a, b, -shift, scale=shift * 2, activation="relu")
     np.testing.assert_allclose(y, np.full((4, 5), 5.0))  # 3 x 2 - 1
 
@@ -114,6 +126,8 @@ def test_the_tma_kernel_applies_the_epilogue(sm90_torch, dtype, scaled, residual
     tdtype = {"fp16": torch.float16, "bf16": torch.bfloat16}[dtype]
     gen = torch.Generator(device="cuda").manual_seed(sum(case))
     a = torch.randn(batch, m, k, device="cuda", dtype=tdtype, generator=gen)
+    if batch == 1:
+        a = a[0]  # one matrix is 2-D: gemm makes c of one batch m x n
     w = torch.randn(n, k, device="cuda", dtype=tdtype, generator=gen) / k ** 0.5  # a linear layer's weight
     shift = torch.randn(n, device="cuda", generator=gen)
     scale = torch.rand(n, device="cuda", generator=gen) + 0.5 if scaled else None
