@@ -127,6 +127,7 @@ def child(mode: str, name: str) -> None:
                       target=str(handle.target), find_db=_find_db_sources(handle, net),
                       solvers=_solvers_chosen(handle),
                       bundle=[(str(c.path), c.origin) for c in handle.system_trace if c.status == "accepted"])
+        record["later_profile"] = _later_profile(net, handle, staged)
         if mode == "bundle":
             record["vs_torch"] = _compare_with_torch(net, x, out)
         handle.close()
@@ -152,6 +153,31 @@ def _find_db_sources(handle, net) -> dict[str, int]:
         where = "heuristic" if records is None else ("user" if records[1] == "user" else Path(records[1]).name)
         counts[where] = counts.get(where, 0) + 1
     return counts
+
+
+def _later_profile(net, handle, staged) -> dict:
+    """One more later forward under cProfile (after the timed ones): where its host time goes,
+    the functions with the most time of their own, and how many calls took a primitive's full
+    path instead of a repeat plan (each costs several times a plan's host time)."""
+    import cProfile
+    import pstats
+
+    profiler = cProfile.Profile()
+    profiler.enable()
+    net.forward(handle, staged)
+    profiler.disable()
+    handle.backend.synchronize()
+    stats = pstats.Stats(profiler).stats  # (file, line, name) -> (calls, primitive calls, own s, total s, callers)
+    rows = sorted(stats.items(), key=lambda kv: kv[1][2], reverse=True)[:15]
+    top = [{"function": f"{Path(f).name}:{line}({name})", "calls": calls, "own_us": round(own * 1e6, 1)}
+           for (f, line, name), (calls, _, own, _, _) in rows]
+
+    def calls_of(file: str, function: str) -> int:
+        return sum(v[0] for (f, _, name), v in stats.items() if name == function and f.endswith(file))
+
+    # every primitive call goes through repeat's wrapper; only a full-path one makes its Operands
+    return {"top": top, "primitive_calls": calls_of("repeat.py", "call"),
+            "full_path_calls": calls_of("operands.py", "__init__")}
 
 
 def _solvers_chosen(handle) -> dict[str, int]:
