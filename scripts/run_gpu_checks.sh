@@ -14,6 +14,7 @@
 # PART=suite: the whole test suite with KDB_TEST_BACKEND=cuda; TUNE=1 also tunes the networks'
 # problems alongside (the find-db comes back as $OUT/tuned.fdb, for PART=compare's FDB).
 # PART=cluster: the cluster tier's tests on CUDA and scripts/bench_cluster.py (a redis-server in .whl: see there).
+# PART=fused: the GPU tests of the fused and TMA kernels (gemm and convolution) and the models on CUDA.
 # PART=install only installs (then: export PYTHONPATH=/tmp/site and run a script of scripts/).
 set -uo pipefail
 PART=${PART:-all}
@@ -87,6 +88,16 @@ if [ "$PART" = network ]; then
     echo "== bench_network"
     python3 scripts/bench_network.py --packages "$OUT/wheels" --runs "${RUNS:-5}" --jit-runs "${JIT_RUNS:-1}" ${BENCH_ARGS:-} \
         --out "$OUT" 2>&1 | tee "$OUT/bench_network.txt" | tail -30
+    exit 0
+fi
+if [ "$PART" = fused ]; then
+    echo "== the fused and TMA kernels on CUDA"
+    KDB_TEST_BACKEND=cuda python3 -m pytest -q -rs -p no:cacheprovider -m gpu tests/runtime/primitives/test_gemm_fused.py \
+        tests/runtime/primitives/test_convolution_fused.py tests/runtime/primitives/test_gemm_tma.py \
+        tests/runtime/primitives/test_convolution_tma.py 2>&1 | tee "$OUT/pytest_fused_cuda.txt" | tail -8
+    echo "== the models on CUDA"
+    KDB_TEST_BACKEND=cuda python3 -m pytest -q -rs -p no:cacheprovider tests/runtime/models 2>&1 |
+        tee "$OUT/pytest_models_cuda.txt" | tail -5
     exit 0
 fi
 if [ "$PART" = primitives ]; then
