@@ -156,10 +156,10 @@ EXPECTED_LAYOUTS = {
     "wino_output": [(0, 8), (8, 8), *((16 + 4 * i, 4) for i in range(10))],
     # conv_bias.c: two tensors, N C H W, 4 strides
     **{name: [(0, 8), (8, 8), *((16 + 4 * i, 4) for i in range(8))] for name in ("conv_bias_fwd", "conv_bias_bwd")},
-    # its epilogue: y, scale, shift, res; has_res, relu, then N C H W and 4 strides (general) or the
-    # element count, C and the elements between channels (dense)
-    "conv_epilogue_fwd": [(0, 8), (8, 8), (16, 8), (24, 8), *((32 + 4 * i, 4) for i in range(10))],
-    "conv_epilogue_dense": [(0, 8), (8, 8), (16, 8), (24, 8), *((32 + 4 * i, 4) for i in range(5))],
+    # its epilogue: y, scale, shift, res; has_scale, has_res, act, then N C H W and 4 strides
+    # (general) or the element count, C and the elements between channels (dense)
+    "conv_epilogue_fwd": [(0, 8), (8, 8), (16, 8), (24, 8), *((32 + 4 * i, 4) for i in range(11))],
+    "conv_epilogue_dense": [(0, 8), (8, 8), (16, 8), (24, 8), *((32 + 4 * i, 4) for i in range(6))],
     # conv_depthwise.c: three tensors, CONV_SHAPE_ARGS, channels_fastest
     **{name: [(0, 8), (8, 8), (16, 8), *((24 + 4 * i, 4) for i in range(29))] for name in ("conv_dw_fwd", "conv_dw_bwd_data")},
     # the depthwise forward's direct kernels: three tensors, the shape (28 ints), then: none (rows),
