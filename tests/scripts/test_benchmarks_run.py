@@ -185,3 +185,12 @@ def test_bench_conv_compare_find_on_cuda(tmp_path):
                "--directions", "F", "--iters", "1", "--blocks", "1", "--out", str(out), cwd=tmp_path)
     result = json.loads((out / "bench_conv_compare.json").read_text())
     assert len(result["rows"]) == 2 and all(r["immediate_over_find"] > 0 for r in result["rows"])
+
+
+def test_bench_host_time_times_both_ways_on_the_default_device(tmp_path):
+    out = tmp_path / "out"
+    run_script("bench_host_time.py", "--networks", "bert_base", "--forwards", "2", "--out", str(out), cwd=tmp_path)
+    (row,) = json.loads((out / "bench_host_time.json").read_text())["rows"]
+    assert row["network"] == "bert_base" and row["launches"] > 12  # every layer launches
+    assert row["issue_ms"] > 0 and row["kdbkit_ms"] > 0
+    assert "| bert_base |" in (out / "bench_host_time.md").read_text()
