@@ -28,8 +28,8 @@
  * CONV_BN); both 16-bit elements, the swizzle 2 CONV_BK bytes wide, zero fill. y: 16-byte
  * aligned; y_vec: 1 where K is a multiple of 8 (whole tiles in 16-byte stores), else element
  * stores (K odd too). Sizes, strides, padding and dilation are arguments. The epilogue
- * (tma_wgmma.h's TmEpilogue): scale and shift, K floats each (or null), res, a tensor laid
- * out as y (or null), act a TM_ACT_* code: a batch norm, residual addition and activation fused.
+ * (tma_wgmma.h's TmEpilogue): scale and shift, K floats each (or both null), res, a tensor laid
+ * out as y (or null), relu 0 or 1: a batch norm, residual addition and ReLU fused.
  */
 #if !defined(__CUDACC__) && !defined(__CUDACC_RTC__)
 #error "conv_tma.cu is CUDA only"
@@ -53,7 +53,7 @@ extern "C" __global__ void __launch_bounds__(384, 1)
 conv_fwd_tma(const __grid_constant__ TmaMap map_x, const __grid_constant__ TmaMap map_w, unsigned short* y, int M,
              int K, int C, int Ho, int Wo, int S, int pad_h, int pad_w, int stride_h, int stride_w, int dil_h,
              int dil_w, int taps, int y_vec, const float* scale, const float* shift, const unsigned short* res,
-             int act)
+             int relu)
 {
     extern __shared__ __align__(16) unsigned char tm_raw[];
     const auto [base, staging, full, empty] = tm_layout(tm_raw);
@@ -110,7 +110,7 @@ conv_fwd_tma(const __grid_constant__ TmaMap map_x, const __grid_constant__ TmaMa
             tm_tile(id, tiles_m, tiles_n, &tm, &tn, &z);
             tm_consume(d, base, full, empty, stage, phase, k_steps, half, wt);
             tm_store(d, y, tm, tn, M, K, K, y_vec, 1.0f, 0.0f, staging, half, warp, lane,
-                     TmEpilogue{scale, shift, res, act});
+                     TmEpilogue{scale, shift, res, relu});
         }
     }
 }

@@ -31,9 +31,7 @@
  * M-major, B N-major) or 64 x GEMM_BN (B K-major); a_step, b_step: 1
  * where the operand has a matrix per batch, 0 where one matrix serves every batch (its map's
  * batch dimension is then 1). C: 16-byte aligned, ldc and stride_c even; c_vec: 1 where ldc and
- * stride_c are multiples of 8 (C's rows take 16-byte stores). The epilogue after alpha and beta
- * (tma_wgmma.h's TmEpilogue): scale and shift, N floats each (or null), res, laid out as C
- * (or null), act a TM_ACT_* code: a linear layer's bias, residual addition and activation fused.
+ * stride_c are multiples of 8 (C's rows take 16-byte stores).
  */
 #if !defined(__CUDACC__) && !defined(__CUDACC_RTC__)
 #error "gemm_tma.cu is CUDA only"
@@ -62,8 +60,7 @@
 
 extern "C" __global__ void __launch_bounds__(384, 1)
 gemm_tma(const __grid_constant__ TmaMap map_a, const __grid_constant__ TmaMap map_b, unsigned short* C, int M, int N,
-         int K, int ldc, long stride_c, int c_vec, int batch, int a_step, int b_step, float alpha, float beta,
-         const float* scale, const float* shift, const unsigned short* res, int act)
+         int K, int ldc, long stride_c, int c_vec, int batch, int a_step, int b_step, float alpha, float beta)
 {
     extern __shared__ __align__(16) unsigned char tm_raw[];
     const auto [base, staging, full, empty] = tm_layout(tm_raw);
@@ -117,8 +114,7 @@ gemm_tma(const __grid_constant__ TmaMap map_a, const __grid_constant__ TmaMap ma
             int tm, tn, z;
             tm_tile(id, tiles_m, tiles_n, &tm, &tn, &z);
             tm_consume(d, base, full, empty, stage, phase, k_steps, half, wt);
-            tm_store(d, C + (long)z * stride_c, tm, tn, M, N, ldc, c_vec, alpha, beta, staging, half, warp, lane,
-                     TmEpilogue{scale, shift, res ? res + (long)z * stride_c : nullptr, act});
+            tm_store(d, C + (long)z * stride_c, tm, tn, M, N, ldc, c_vec, alpha, beta, staging, half, warp, lane);
         }
     }
 }

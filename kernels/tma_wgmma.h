@@ -253,46 +253,34 @@ __device__ __forceinline__ void tm_consume(float* d, unsigned int base, unsigned
 }
 
 /* What the epilogue does to each value of c after alpha and beta, in this order: times
- * scale[column] (fp32 per column: a batch norm folded into the convolution; null for none), plus
- * shift[column] (the batch norm's shift, or a linear layer's bias; null for none), plus res at
- * the same place (16-bit, laid out as c: a residual connection; null for none), then the
- * activation act (TM_ACT_*). The default does nothing. */
-#define TM_ACT_NONE 0
-#define TM_ACT_RELU 1
-#define TM_ACT_GELU 2 /* x Phi(x) with erf, PyTorch's default GELU */
+ * scale[column] plus shift[column] (fp32 per column: a batch norm folded into the convolution;
+ * both null for none), plus res at the same place (16-bit, laid out as c: a residual
+ * connection; null for none), then max(value, 0) where relu. The default does nothing. */
 struct TmEpilogue {
     const float* scale = nullptr;
     const float* shift = nullptr;
     const unsigned short* res = nullptr;
-    int act = TM_ACT_NONE;
+    int relu = 0;
 };
 
-__device__ __forceinline__ float tm_act(float v, int act)
-{
-    if (act == TM_ACT_RELU)
-        return fmaxf(v, 0.0f);
-    if (act == TM_ACT_GELU)
-        return 0.5f * v * (1.0f + erff(v * 0.70710678118654752f));
-    return v;
-}
-
-/* scale and shift, and the activation where no residual follows: what applies before rounding
- * to 16 bits. */
+/* scale and shift, and relu where no residual follows: what applies before rounding to 16 bits. */
 __device__ __forceinline__ float tm_affine(float v, int col, const TmEpilogue& ep)
 {
     if (ep.scale)
-        v *= ep.scale[col];
-    if (ep.shift)
-        v += ep.shift[col];
-    return ep.res ? v : tm_act(v, ep.act);
+        v = v * ep.scale[col] + ep.shift[col];
+    return ep.relu && !ep.res ? fmaxf(v, 0.0f) : v;
 }
 
-/* A pair of stored 16-bit values plus a pair of the residual's, then the activation. */
-__device__ __forceinline__ unsigned int tm_add_pair(unsigned int v, unsigned int r, int act)
+/* A pair of stored 16-bit values plus a pair of the residual's, then ReLU where asked. */
+__device__ __forceinline__ unsigned int tm_add_pair(unsigned int v, unsigned int r, int relu)
 {
-    const float lo = tc_to_float((unsigned short)(v & 0xFFFF)) + tc_to_float((unsigned short)(r & 0xFFFF));
-    const float hi = tc_to_float((unsigned short)(v >> 16)) + tc_to_float((unsigned short)(r >> 16));
-    return tm_pack(tm_act(lo, act), tm_act(hi, act));
+    float lo = tc_to_float((unsigned short)(v & 0xFFFF)) + tc_to_float((unsigned short)(r & 0xFFFF));
+    float hi = tc_to_float((unsigned short)(v >> 16)) + tc_to_float((unsigned short)(r >> 16));
+    if (relu) {
+        lo = fmaxf(lo, 0.0f);
+        hi = fmaxf(hi, 0.0f);
+    }
+    return tm_pack(lo, hi);
 }
 
 /* One element of an edge tile: beta, the epilogue, then a 2-byte store. */
@@ -302,8 +290,11 @@ __device__ __forceinline__ void tm_store_one(unsigned short* c, long o, float v,
     if (beta != 0.0f)
         v += beta * tc_to_float(c[o]);
     v = tm_affine(v, col, ep);
-    if (ep.res) /* rounded first, as the pair path's sum of two stored values */
-        v = tm_act(tc_to_float(tc_from_float(v)) + tc_to_float(ep.res[o]), ep.act);
+    if (ep.res) { /* rounded first, as the pair path's sum of two stored values */
+        v = tc_to_float(tc_from_float(v)) + tc_to_float(ep.res[o]);
+        if (ep.relu)
+            v = fmaxf(v, 0.0f);
+    }
     c[o] = tc_from_float(v);
 }
 
@@ -356,10 +347,10 @@ __device__ __forceinline__ void tm_store(const float* d, unsigned short* c, int 
                     asm volatile("ld.global.v4.u32 {%0, %1, %2, %3}, [%4];"
                                  : "=r"(r0), "=r"(r1), "=r"(r2), "=r"(r3)
                                  : "l"(ep.res + (out - c)));
-                    v0 = tm_add_pair(v0, r0, ep.act);
-                    v1 = tm_add_pair(v1, r1, ep.act);
-                    v2 = tm_add_pair(v2, r2, ep.act);
-                    v3 = tm_add_pair(v3, r3, ep.act);
+                    v0 = tm_add_pair(v0, r0, ep.relu);
+                    v1 = tm_add_pair(v1, r1, ep.relu);
+                    v2 = tm_add_pair(v2, r2, ep.relu);
+                    v3 = tm_add_pair(v3, r3, ep.relu);
                 }
                 asm volatile("st.global.v4.u32 [%0], {%1, %2, %3, %4};" ::"l"(out), "r"(v0), "r"(v1), "r"(v2),
                              "r"(v3)
@@ -390,7 +381,7 @@ __device__ __forceinline__ void tm_store(const float* d, unsigned short* c, int 
                 }
                 unsigned int pair = tm_pack(tm_affine(v0, col, ep), tm_affine(v1, col + 1, ep));
                 if (ep.res)
-                    pair = tm_add_pair(pair, *(const unsigned int*)(ep.res + o), ep.act);
+                    pair = tm_add_pair(pair, *(const unsigned int*)(ep.res + o), ep.relu);
                 *p = pair;
             } else {
                 tm_store_one(c, o, v0, col, beta, ep);

@@ -10,7 +10,7 @@
 - A linear layer with a bias, then optionally a residual addition of its output (the first
   operand) and another value, then optionally ReLU or GELU, each the only reader of the one
   before: one :func:`kdbkit.gemm_fused` call, the bias its shift (float32). BERT's linear layers
-  and their additions and GELU become one kernel on sm_90 (GemmTma's epilogue).
+  with their additions or GELU become the GEMM and one epilogue pass.
 
 The graph itself is unchanged: its parameters, references and PyTorch version stay layer by
 layer, so a fused forward is checked against the unfused float64 reference.

@@ -2,13 +2,13 @@
 the shape of a linear layer with its bias, activation (GELU in BERT's feed-forward) and residual
 addition (cuBLASLt's epilogues do this for bias and activation).
 
-Where the chosen solver's kernel takes the epilogue (GemmTma on sm_90: it declares
-``fuses_epilogue`` and its invoker has ``fuse``), it is applied as C's tiles are stored, so C is
-written once and nothing else is launched. Any other solver runs the gemm, then the epilogue as
-one pass of its own (ConvEpilogue over C seen as N x C x H x W = batch x n x m x 1: a column is
-a channel), which is still one pass instead of an addition's, an activation's and another
-addition's. As for a fused convolution, a fusing solver ranked within that pass's cost is taken
-over a find-db best that does not fuse (:mod:`~kdbkit.runtime.primitives.fusing`).
+The gemm runs, then the epilogue as one pass of its own (ConvEpilogue over C seen as N x C x H x
+W = batch x n x m x 1: a column is a channel), which is still one pass instead of an addition's,
+an activation's and another addition's. A solver whose kernel takes the epilogue (it declares
+``fuses_epilogue`` and its invoker has ``fuse(scaled, residual, act)``) would write C once and
+launch nothing else, taken as for a fused convolution (:mod:`~kdbkit.runtime.primitives.fusing`);
+none does yet: GemmTma's store with the epilogue compiled in was five times the cubin and ten
+times the compile (docs/performance.md), so it stays out until it is built and timed on a GPU.
 """
 
 from __future__ import annotations
@@ -91,7 +91,7 @@ def gemm_fused(handle, a: Any, b: Any, shift: Any, *, scale: Any = None, residua
 def _runner(handle, problem: GemmProblem, solver, epilogue: ConvEpilogueProblem, scaled: bool):
     """One invoker of the whole call, ``run(a, b, c, shift[, scale][, residual])`` (a repeat
     call's plan keeps it): the kernel's own epilogue where the solver has one and the tensors
-    are aligned for it, else the gemm and then ConvEpilogue's pass. Both problems are chosen for
+    are aligned for it (none yet), else the gemm and then ConvEpilogue's pass. Both problems are chosen for
     here, so that the programs a call may need are resolved (and listed) at once."""
     choice, multiply = chosen_invoker(handle, problem, solver)
     if choice.how == "find-db" and not fuses(choice.solver, problem):

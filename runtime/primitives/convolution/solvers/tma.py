@@ -137,7 +137,11 @@ def scalars(problem: ConvProblem) -> list:
                                   fy * fx, k % 8 == 0)]
 
 
-NO_EPILOGUE = gemm_tma.NO_EPILOGUE
+# conv_fwd_tma's epilogue arguments when it has none: null scale, shift and residual, no ReLU
+NO_EPILOGUE = (np.uint64(0), np.uint64(0), np.uint64(0), np.int32(0))
+# The activations conv_fwd_tma's epilogue applies (tma_wgmma.h's TmEpilogue: ReLU or none), by
+# code (convolution/epilogue.py's ACTIVATION_CODES); any other runs as the separate pass.
+KERNEL_ACTIVATIONS = (0, 1)
 
 
 def multiplier(context, program, problem: ConvProblem, tile_n: int, step: int = STEP,
@@ -185,7 +189,10 @@ def fuser(context, program, problem: ConvProblem, tile_n: int):
     made = {}
 
     def fuse(residual: bool, act: int):
-        """``act``: the activation's code (convolution/epilogue.py's ACTIVATION_CODES)."""
+        """``act``: the activation's code (convolution/epilogue.py's ACTIVATION_CODES); None
+        where the kernel does not apply it."""
+        if act not in KERNEL_ACTIVATIONS:
+            return None
         key = (bool(residual), int(act))
         if key not in made:
             made[key] = multiplier(context, program, problem, tile_n, step_for(problem), key)

@@ -36,9 +36,6 @@ STAGING = 8 * 2048  # the consumer warps' epilogue staging: 16 rows x 64 values 
 TILE_SPEED = {256: 1.0, 192: 0.97, 128: 0.9}
 ARCH_OPTION = "--gpu-architecture=sm_90a"  # wgmma and setmaxnreg exist only in the arch-specific code
 CACHED_PAIRS = 32  # (A, B) buffer pairs whose tensor maps and launch an invoker keeps
-# The epilogue arguments of gemm_tma and conv_fwd_tma when there is none: null scale, shift and
-# residual, no activation (tma_wgmma.h's TmEpilogue)
-NO_EPILOGUE = (np.uint64(0), np.uint64(0), np.uint64(0), np.int32(0))
 
 
 def shared_bytes(tile_n: int, stages: dict[int, int] = STAGES) -> int:
@@ -129,10 +126,6 @@ class GemmTma(Solver):
                               f"({tile_efficiency(problem, best, units):.0%} against "
                               f"{tile_efficiency(problem, self.tile_n, units):.0%})")
 
-    def fuses_epilogue(self, problem: GemmProblem) -> bool:
-        """The kernel applies a fused gemm's epilogue as it stores C (gemm/fused.py)."""
-        return True
-
     def programs(self, problem: GemmProblem):
         if problem.dtype not in (DataType.FP16, DataType.BF16):
             return []
@@ -153,16 +146,10 @@ class GemmTma(Solver):
                        *(np.int32(v) for v in (c_vec, p.batch, p.stride_a != 0, p.stride_b != 0)),
                        np.float32(p.alpha), np.float32(p.beta)]
             map_a, map_b = operand_maps(p, tile_n)
-
-            def launches_with(tail):
-                """The launches by (A, B) pair, C and the epilogue's buffers (None in ``tail``)
-                taken at run time."""
-                return OperandLaunches(lambda a, b: backend.launcher(
-                    kernel, grid, (THREADS, 1, 1),
-                    [backend.tensor_map(a, 2, *map_a), backend.tensor_map(b, 2, *map_b), None, *scalars, *tail],
-                    shared_bytes(tile_n)))
-
-            launches = launches_with(NO_EPILOGUE)
+            launches = OperandLaunches(lambda a, b: backend.launcher(
+                kernel, grid, (THREADS, 1, 1),
+                [backend.tensor_map(a, 2, *map_a), backend.tensor_map(b, 2, *map_b), None, *scalars],
+                shared_bytes(tile_n)))
             fallback = fallback_invoker(context, problem, "GemmTensorCore")  # the mma.sync kernels
 
             def run(a, b, c):
@@ -171,25 +158,6 @@ class GemmTma(Solver):
                     return
                 launches.get(a, b)(c)
 
-            made = {}
-
-            def fuse(scaled: bool, residual: bool, act: int):
-                """An invoker ``(a, b, c, shift[, scale][, residual])`` with the epilogue in the
-                kernel (16-byte aligned tensors only: the residual is read as C is written);
-                ``act``: the activation's code (convolution/epilogue.py's ACTIVATION_CODES)."""
-                key = (bool(scaled), bool(residual), int(act))
-                if key not in made:
-                    launches_of = launches_with([None if scaled else np.uint64(0), None,
-                                                 None if residual else np.uint64(0), np.int32(act)])
-
-                    def fused(a, b, c, shift, scale=None, residual=None):
-                        launches_of.get(a, b)(c, *((scale,) if scaled else ()), shift,
-                                              *((residual,) if residual is not None else ()))
-
-                    made[key] = fused
-                return made[key]
-
-            run.fuse = fuse
             return run
 
         return Solution(self.programs(problem), invoker_factory)
