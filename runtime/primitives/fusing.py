@@ -1,14 +1,15 @@
-"""Which solver a fused call takes: one whose kernel applies the epilogue itself, or the find-db's
-best followed by the epilogue's pass of its own (ConvEpilogue). Find times the convolution or
-gemm alone, so where its best does not fuse, a fusing solver ranked within the pass's cost is
-taken instead. Shared by :mod:`~kdbkit.runtime.primitives.convolution.fused` and
-:mod:`~kdbkit.runtime.primitives.gemm.fused`.
+"""What the fused calls share (:mod:`~kdbkit.runtime.primitives.convolution.fused`,
+:mod:`~kdbkit.runtime.primitives.gemm.fused`): their residual's checks, and which solver a fused
+convolution takes: one whose kernel applies the epilogue itself, or the find-db's best followed
+by the epilogue's pass of its own (ConvEpilogue). Find times the convolution alone, so where its
+best does not fuse, a fusing solver ranked within the pass's cost is taken instead.
 """
 
 from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
+from kdbkit.runtime.errors import ProblemError
 from kdbkit.runtime.solver import enabled
 
 if TYPE_CHECKING:  # imported by the gemm package, which the convolution package imports
@@ -50,8 +51,32 @@ def fusing_choice(handle, problem, epilogue: ConvEpilogueProblem):
     return None
 
 
-def same_memory(residual, out) -> bool:
-    """Whether two buffers are one (the same object, or the same device address where buffers
-    have one): a residual the call would overwrite before adding it."""
+def residual_operand(ops, residual, dtype, out: tuple, name: str, what: str) -> tuple:
+    """The residual's (buffer, descriptor): laid out as the output ``out`` (its buffer and
+    descriptor; ``name``: ``c`` or ``y``), and not in its memory (:func:`refuse_aliased`).
+
+    Raises:
+        ProblemError: another shape, type or layout, or the output's memory.
+    """
+    buffer, desc = ops.input(residual, dtype, "residual")
+    out_buffer, out_desc = out
+    if desc != out_desc:
+        raise ProblemError(f"residual is {desc.dtype.label} {desc.shape} strides {desc.strides}, {name} is "
+                           f"{out_desc.dtype.label} {out_desc.shape} strides {out_desc.strides}",
+                           f"give a residual of {name}'s shape, type and layout")
+    refuse_aliased(buffer, out_buffer, name, what)
+    return buffer, desc
+
+
+def refuse_aliased(residual, out, name: str, what: str) -> None:
+    """Refuse a residual buffer that is the output ``name`` (the same object, or the same device
+    address where buffers have one): ``what`` (the gemm, the convolution) would overwrite it
+    before it is added. A repeat call's plan asks too, since it skips the full path.
+
+    Raises:
+        ProblemError: naming both.
+    """
     ptr = getattr(residual, "ptr", None)
-    return residual is out or (ptr is not None and ptr == getattr(out, "ptr", None))
+    if residual is out or (ptr is not None and ptr == getattr(out, "ptr", None)):
+        raise ProblemError(f"residual and {name} are the same tensor",
+                           f"write {name} elsewhere: the {what} would overwrite the residual before it is added")

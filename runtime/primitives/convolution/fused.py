@@ -20,7 +20,7 @@ from kdbkit.runtime.errors import ProblemError
 from kdbkit.runtime.primitives import repeat
 from kdbkit.runtime.primitives.convolution.api import _four_d, _output, _problem
 from kdbkit.runtime.primitives.convolution.epilogue import ACTIVATION_CODES, ACTIVATIONS, ConvEpilogueProblem
-from kdbkit.runtime.primitives.fusing import fuses, fusing_choice, same_memory
+from kdbkit.runtime.primitives.fusing import fuses, fusing_choice, refuse_aliased, residual_operand
 from kdbkit.runtime.primitives.invoke import chosen_invoker, invoke
 from kdbkit.runtime.primitives.operands import Operands
 from kdbkit.runtime.solver import aligned16
@@ -61,15 +61,7 @@ def convolution_forward_fused(handle, x: Any, w: Any, scale: Any, shift: Any, *,
         yb, yd, result, problem = _output(ops, handle, y, x, problem, "y", "y", {"x": xd, "w": wd})
         tensors = {"y": (yb, yd), "scale": (sb, sd), "shift": (hb, hd)}
         if residual is not None:
-            rb, rd = ops.input(residual, dtype, "residual")
-            if rd != yd:
-                raise ProblemError(f"residual is {rd.dtype.label} {rd.shape} strides {rd.strides}, y is "
-                                   f"{yd.dtype.label} {yd.shape} strides {yd.strides}",
-                                   "give a residual of y's shape, type and layout")
-            if same_memory(rb, yb):
-                raise ProblemError("residual and y are the same tensor",
-                                   "write y elsewhere: the convolution would overwrite the residual before it is added")
-            tensors["residual"] = (rb, rd)
+            tensors["residual"] = residual_operand(ops, residual, dtype, (yb, yd), "y", "convolution")
         epilogue = ConvEpilogueProblem(yd.dtype, yd.shape, yd.strides, residual is not None, activation)
         if repeat.full_path_only():  # numerics checks and command logs see each problem on its own
             invoke(handle, problem, solver, {"x": (xb, xd), "w": (wb, wd)}, {"y": (yb, yd)})
@@ -97,9 +89,8 @@ def _runner(handle, problem, solver, epilogue: ConvEpilogueProblem):
     fused = fuse(epilogue.residual, ACTIVATION_CODES[epilogue.activation]) if fuse is not None else None
 
     def run(x, w, y, scale, shift, residual=None):
-        if residual is not None and same_memory(residual, y):  # a repeat call skips the full path's check
-            raise ProblemError("residual and y are the same tensor",
-                               "write y elsewhere: the convolution would overwrite the residual before it is added")
+        if residual is not None:
+            refuse_aliased(residual, y, "y", "convolution")
         extra = () if residual is None else (residual,)
         if fused is not None and aligned16(x, w, y, *extra):
             fused(x, w, y, scale, shift, *extra)

@@ -4,11 +4,10 @@ addition (cuBLASLt's epilogues do this for bias and activation).
 
 The gemm runs, then the epilogue as one pass of its own (ConvEpilogue over C seen as N x C x H x
 W = batch x n x m x 1: a column is a channel), which is still one pass instead of an addition's,
-an activation's and another addition's. A solver whose kernel takes the epilogue (it declares
-``fuses_epilogue`` and its invoker has ``fuse(scaled, residual, act)``) would write C once and
-launch nothing else, taken as for a fused convolution (:mod:`~kdbkit.runtime.primitives.fusing`);
-none does yet: GemmTma's store with the epilogue compiled in was five times the cubin and ten
-times the compile (docs/performance.md), so it stays out until it is built and timed on a GPU.
+an activation's and another addition's. No gemm solver's kernel takes the epilogue itself yet:
+GemmTma's store with the epilogue compiled in was five times the cubin and ten times the compile
+(docs/performance.md), so it stays out until it is built and timed on a GPU; a fusing one would
+then be chosen as a fused convolution's is (:mod:`~kdbkit.runtime.primitives.fusing`).
 """
 
 from __future__ import annotations
@@ -17,13 +16,12 @@ from typing import Any
 
 from kdbkit.runtime.errors import ProblemError
 from kdbkit.runtime.primitives import repeat
-from kdbkit.runtime.primitives.convolution.epilogue import ACTIVATION_CODES, ACTIVATIONS, ConvEpilogueProblem
-from kdbkit.runtime.primitives.fusing import fuses, fusing_choice, same_memory
+from kdbkit.runtime.primitives.convolution.epilogue import ACTIVATIONS, ConvEpilogueProblem
+from kdbkit.runtime.primitives.fusing import refuse_aliased, residual_operand
 from kdbkit.runtime.primitives.gemm.api import gemm_operands
 from kdbkit.runtime.primitives.gemm.problem import GemmProblem
 from kdbkit.runtime.primitives.invoke import chosen_invoker, invoke
 from kdbkit.runtime.primitives.operands import Operands
-from kdbkit.runtime.solver import aligned16
 from kdbkit.runtime.tensor import DataType, TensorDesc
 
 
@@ -67,48 +65,29 @@ def gemm_fused(handle, a: Any, b: Any, shift: Any, *, scale: Any = None, residua
         if scale is not None:
             tensors["scale"] = _per_column(ops, scale, "scale", problem.n)
         if residual is not None:
-            rb, rd = ops.input(residual, dtype, "residual")
-            if rd != cd:
-                raise ProblemError(f"residual is {rd.dtype.label} {rd.shape} strides {rd.strides}, c is "
-                                   f"{cd.dtype.label} {cd.shape} strides {cd.strides}",
-                                   "give a residual of c's shape, type and layout")
-            if same_memory(rb, cb):
-                raise ProblemError("residual and c are the same tensor",
-                                   "write c elsewhere: the gemm would overwrite the residual before it is added")
-            tensors["residual"] = (rb, rd)
+            tensors["residual"] = residual_operand(ops, residual, dtype, (cb, cd), "c", "gemm")
         epilogue = epilogue_problem(problem, cd, residual is not None, activation, scale is not None)
         if repeat.full_path_only():  # numerics checks and command logs see each problem on its own
             invoke(handle, problem, solver, {"a": call.a, "b": call.b}, {"c": (cb, cd)})
             invoke(handle, epilogue, None, {n: t for n, t in tensors.items()}, {"y": (cb, cd)})
             return call.result
-        run = _runner(handle, problem, solver, epilogue, scale is not None)
+        run = _runner(handle, problem, solver, epilogue)
         buffers = {"a": call.a[0], "b": call.b[0], "c": cb, **{n: t[0] for n, t in tensors.items()}}
         run(**buffers)
         repeat.note_invoke(run, buffers)
     return call.result
 
 
-def _runner(handle, problem: GemmProblem, solver, epilogue: ConvEpilogueProblem, scaled: bool):
+def _runner(handle, problem: GemmProblem, solver, epilogue: ConvEpilogueProblem):
     """One invoker of the whole call, ``run(a, b, c, shift[, scale][, residual])`` (a repeat
-    call's plan keeps it): the kernel's own epilogue where the solver has one and the tensors
-    are aligned for it (none yet), else the gemm and then ConvEpilogue's pass. Both problems are chosen for
-    here, so that the programs a call may need are resolved (and listed) at once."""
-    choice, multiply = chosen_invoker(handle, problem, solver)
-    if choice.how == "find-db" and not fuses(choice.solver, problem):
-        better = fusing_choice(handle, problem, epilogue)
-        if better is not None:
-            multiply = handle.dispatcher.invoker(problem, better)
+    call's plan keeps it): the gemm, then ConvEpilogue's pass. Both problems are chosen for here,
+    so that the programs a call needs are resolved (and listed) at once."""
+    multiply = chosen_invoker(handle, problem, solver)[1]
     separate = chosen_invoker(handle, epilogue, None)[1]
-    fuse = getattr(multiply, "fuse", None)
-    fused = fuse(scaled, epilogue.residual, ACTIVATION_CODES[epilogue.activation]) if fuse is not None else None
 
     def run(a, b, c, shift, scale=None, residual=None):
-        if residual is not None and same_memory(residual, c):  # a repeat call skips the full path's check
-            raise ProblemError("residual and c are the same tensor",
-                               "write c elsewhere: the gemm would overwrite the residual before it is added")
-        if fused is not None and aligned16(a, b, c, *(() if residual is None else (residual,))):
-            fused(a, b, c, shift, scale, residual)
-            return
+        if residual is not None:
+            refuse_aliased(residual, c, "c", "gemm")
         multiply(a=a, b=b, c=c)
         separate(y=c, shift=shift, scale=scale, residual=residual)
 
