@@ -10,9 +10,8 @@
  *   NHWC), one 32-bit division where the general kernel does four 64-bit ones.
  * conv_epilogue_fwd, in place: y = y scale[c] + shift[c] (float per channel: a batch norm folded
  * in; scale only where has_scale, so a linear layer's bias is the shift alone), plus res (laid
- * out as y) where has_res, then the
- * activation act (CONV_ACT_*): a convolution's or gemm's epilogue for solvers whose kernels do not
- * take it (ConvTma's and GemmTma's do, tma_wgmma.h, with the same codes).
+ * out as y) where has_res, then the activation act (CONV_ACT_*): a convolution's or gemm's
+ * epilogue for solvers whose kernels do not take it (ConvTma's does, tma_wgmma.h, with ReLU).
  */
 #include "kdb_data.h"
 #include "kdb_reduce.h"

@@ -104,19 +104,26 @@ def wheel_nvrtc_version() -> tuple[int, int] | None:
     the compiler that will run; :func:`compile_cuda` checks that against the loaded library.
     None when no wheel is found (the library is loaded and asked instead).
     """
+    for _, names in _wheel_lib_folders():
+        for n in names:
+            m = _BUILTINS_RE.fullmatch(n)
+            if m:
+                return int(m[1]), int(m[2])
+    return None
+
+
+def _wheel_lib_folders():
+    """(folder, its file names) of each folder where NVIDIA's wheels put a libnvrtc, in the order
+    cuda-bindings looks."""
     for entry in _nvidia_entries():
         for sub in _WHEEL_LIB_DIRS:
+            folder = os.path.join(entry or ".", sub)
             try:
-                names = os.listdir(os.path.join(entry or ".", sub))
+                names = os.listdir(folder)
             except OSError:
                 continue
-            if not any(n.startswith("libnvrtc.so") for n in names):
-                continue
-            for n in names:
-                m = _BUILTINS_RE.fullmatch(n)
-                if m:
-                    return int(m[1]), int(m[2])
-    return None
+            if any(n.startswith("libnvrtc.so") for n in names):
+                yield folder, names
 
 
 @lru_cache(maxsize=1)
@@ -249,15 +256,10 @@ def _check_loaded_version(loaded: tuple[int, int]) -> None:
 def wheel_nvrtc_library() -> str | None:
     """The path of the ``nvidia-cuda-nvrtc`` wheel's libnvrtc (the one cuda-bindings loads
     first), or None without the wheel."""
-    for entry in _nvidia_entries():
-        for sub in _WHEEL_LIB_DIRS:
-            folder = os.path.join(entry or ".", sub)
-            try:
-                names = sorted(n for n in os.listdir(folder) if re.fullmatch(r"libnvrtc\.so(\.\d+)*", n))
-            except OSError:
-                continue
-            if names:
-                return os.path.abspath(os.path.join(folder, names[0]))
+    for folder, names in _wheel_lib_folders():
+        libraries = sorted(n for n in names if re.fullmatch(r"libnvrtc\.so(\.\d+)*", n))
+        if libraries:
+            return os.path.abspath(os.path.join(folder, libraries[0]))
     return None
 
 
