@@ -253,13 +253,13 @@ class Linear(Layer):
         if self.bias:
             k.op_tensor(handle, "add", out, site.params["bias"], c=out)
 
-    def run_fused(self, k, handle, site: Site, out, shift, residual, activation: str) -> None:
-        """This layer, its bias as the float32 ``shift``, then ``residual`` added and
-        ``activation``, as one gemm_fused call writing ``out`` (runtime/models/fusion.py)."""
+    def run_fused(self, k, handle, site: Site, out, scale, shift, residual, activation: str) -> None:
+        """This layer, its bias as the float32 ``shift`` (``scale`` None), then ``residual``
+        added and ``activation``, as one gemm_fused call writing ``out`` (runtime/models/fusion.py)."""
         x = site.ins[0]
         rows, features = self._rows_features(x.desc.shape)
         matrix = (rows, self.out_features)
-        k.gemm_fused(handle, view(x, (rows, features)), site.params["weight"], shift,
+        k.gemm_fused(handle, view(x, (rows, features)), site.params["weight"], shift, scale=scale,
                      residual=None if residual is None else view(residual, matrix), activation=activation,
                      trans_b=True, c=view(out, matrix))
 

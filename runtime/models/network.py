@@ -169,11 +169,7 @@ class Network:
                 out = sites[fusion.last][1].out
                 residual = values[fusion.residual] if fusion.residual is not None else None
                 if out.buffer is None or all(t.buffer is not out.buffer for t in (site.ins[0], residual) if t is not None):
-                    scale, shift = folded[i]
-                    if fusion.linear:
-                        node.layer.run_fused(k, handle, site, out, shift, residual, fusion.activation)
-                    else:
-                        node.layer.run_fused(k, handle, site, out, scale, shift, residual, fusion.activation)
+                    node.layer.run_fused(k, handle, site, out, *folded[i], residual, fusion.activation)
                     i = fusion.last + 1
                     continue
             node.layer.run(k, handle, site)
