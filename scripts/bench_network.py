@@ -68,6 +68,10 @@ def _network(name: str):
 def child(mode: str, name: str) -> None:
     import numpy as np
 
+    if mode == "profile":
+        json.dump(profile_first(name), sys.stdout)
+        return
+
     t_start = time.perf_counter()
     net = _network(name)
     x = np.random.default_rng(1).standard_normal(net.input_shape).astype(np.float32)
@@ -159,25 +163,67 @@ def _later_profile(net, handle, staged) -> dict:
     """One more later forward under cProfile (after the timed ones): where its host time goes,
     the functions with the most time of their own, and how many calls took a primitive's full
     path instead of a repeat plan (each costs several times a plan's host time)."""
-    import cProfile
-    import pstats
-
-    profiler = cProfile.Profile()
-    profiler.enable()
-    net.forward(handle, staged)
-    profiler.disable()
+    stats = _profiled(lambda: net.forward(handle, staged))
     handle.backend.synchronize()
-    stats = pstats.Stats(profiler).stats  # (file, line, name) -> (calls, primitive calls, own s, total s, callers)
-    rows = sorted(stats.items(), key=lambda kv: kv[1][2], reverse=True)[:15]
-    top = [{"function": f"{Path(f).name}:{line}({name})", "calls": calls, "own_us": round(own * 1e6, 1)}
-           for (f, line, name), (calls, _, own, _, _) in rows]
 
     def calls_of(file: str, function: str) -> int:
         return sum(v[0] for (f, _, name), v in stats.items() if name == function and f.endswith(file))
 
     # every primitive call goes through repeat's wrapper; only a full-path one makes its Operands
-    return {"top": top, "primitive_calls": calls_of("repeat.py", "call"),
+    return {"top": _top(stats, 2), "primitive_calls": calls_of("repeat.py", "call"),
             "full_path_calls": calls_of("operands.py", "__init__")}
+
+
+def _profiled(work) -> dict:
+    """pstats' table of ``work()`` run under cProfile: (file, line, name) -> (calls, primitive
+    calls, own s, total s, callers)."""
+    import cProfile
+    import pstats
+
+    profiler = cProfile.Profile()
+    profiler.enable()
+    work()
+    profiler.disable()
+    return pstats.Stats(profiler).stats
+
+
+def _top(stats: dict, column: int, count: int = 15) -> list[dict]:
+    """The ``count`` functions with the most time in pstats' ``column`` (2: their own, 3: with
+    what they call)."""
+    rows = sorted(stats.items(), key=lambda kv: kv[1][column], reverse=True)[:count]
+    return [{"function": f"{Path(f).name}:{line}({name})", "calls": calls, "own_us": round(own * 1e6, 1),
+             "total_us": round(total * 1e6, 1)} for (f, line, name), (calls, _, own, total, _) in rows]
+
+
+def profile_first(name: str) -> dict:
+    """A bundle process's handle and first forward under cProfile, the parameters' upload
+    between them left out as the timed runs leave it (not timed with the others: the profiler
+    slows Python several times): where the first result's time goes, by the functions' own
+    time and by their time with what they call."""
+    import cProfile
+    import pstats
+
+    import numpy as np
+
+    from kdbkit.runtime.backends.registry import default_device, open_backend
+    from kdbkit.runtime.handle import Handle
+
+    net = _network(name)
+    backend = open_backend(default_device())
+    backend.synchronize()
+    profiler = cProfile.Profile()
+    profiler.enable()
+    handle = Handle(backend=backend)
+    profiler.disable()
+    net.to_device(handle)
+    staged = net.input_tensor(handle, np.zeros(net.input_shape, np.float32))
+    backend.synchronize()
+    profiler.enable()
+    net.download(handle, net.forward(handle, staged))
+    profiler.disable()
+    handle.close()
+    stats = pstats.Stats(profiler).stats
+    return {"network": name, "top_own": _top(stats, 2, 25), "top_total": _top(stats, 3, 40)}
 
 
 def _solvers_chosen(handle) -> dict[str, int]:
@@ -274,6 +320,9 @@ def main(argv=None) -> None:
     ap.add_argument("--smoke", action="store_true", help="--small end to end in a temporary folder, one process per "
                     "mode: the networks' bundle built for the default device (kdb build), packaged (kdb package), "
                     "installed and timed; prints the figures, writes nothing under docs/")
+    ap.add_argument("--profile-first", action="store_true", help="also one bundle process per network with its "
+                    "handle and first forward under cProfile (the functions with the most time, in "
+                    "bench_network.json's first_profiles; not among the timed runs)")
     args = ap.parse_args(argv)
     if args.child:
         child(*args.child)
@@ -317,9 +366,14 @@ def main(argv=None) -> None:
         for _ in range(args.jit_runs):
             runs["jit"].append(_run_child(sys.executable, "jit", name, _clean_env(tmp)))
         results["networks"][name] = runs
+        if args.profile_first:
+            results.setdefault("first_profiles", {})[name] = _run_child(
+                python, "profile", name, _clean_env(tmp, user_cache, KDB_DISABLE_JIT="1"))
         print(name, {m: [round(r["first_ms"], 1) for r in rs] for m, rs in runs.items()}, flush=True)
     if args.small:
         print(json.dumps(results, indent=1)[:3000])
+        for name, profile in results.get("first_profiles", {}).items():
+            print(name, "first result profiled, most own time:", ", ".join(r["function"] for r in profile["top_own"][:3]))
         wrong = [f"{name}: {r['resolved']}, finite {r['finite']}" for name, runs in results["networks"].items()
                  for r in runs["bundle"] if not set(r["resolved"]) <= {"system"} or not r["finite"]]
         if wrong:

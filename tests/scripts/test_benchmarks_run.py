@@ -70,10 +70,11 @@ def test_bench_startup_handle_only_runs_on_the_default_device(tmp_path):
 @pytest.mark.slow
 def test_bench_network_smoke_serves_both_networks_from_the_installed_bundle(tmp_path):
     pick_device()  # the test backend's device (KDB_TEST_BACKEND: PoCL here, CUDA on the GPU machine), else a skip
-    done = run_script("bench_network.py", "--smoke", cwd=tmp_path, KDB_BACKEND=chain_backend_name())
+    done = run_script("bench_network.py", "--smoke", "--profile-first", cwd=tmp_path, KDB_BACKEND=chain_backend_name())
     # The script itself fails unless every bundle process resolved every program from the bundle.
     for name in ("resnet50", "bert_base"):
         assert f"{name} {{'bundle': [" in done.stdout
+        assert f"{name} first result profiled, most own time: " in done.stdout
 
 
 @pytest.mark.slow

@@ -115,9 +115,10 @@ def test_the_tensor_maps_follow_each_operands_layout():
     assert b == ((72, 200, 1), (2 * 80, 2 * 200 * 80), (64, 192, 1))  # one B: its own size as batch stride
 
 
-def test_a_launch_is_made_once_per_operand_pair_and_the_oldest_pairs_go_first():
+def test_a_launch_is_made_once_per_operand_pair_and_the_least_recently_met_go_first():
     """The launches the TMA GEMM and convolutions keep by their operands' addresses (a tensor map
-    holds one): a pair met again reuses its launch; past CACHED_PAIRS pairs the oldest is made anew."""
+    holds one): a pair met again reuses its launch; past CACHED_PAIRS pairs the one met least
+    recently is made anew."""
 
     class Buffer:
         def __init__(self, ptr):
@@ -128,13 +129,31 @@ def test_a_launch_is_made_once_per_operand_pair_and_the_oldest_pairs_go_first():
     assert launches.get(Buffer(16), Buffer(32)) == (16, 32)
     assert launches.get(Buffer(16), Buffer(32)) == (16, 32) and made == [(16, 32)]
     assert launches.get(Buffer(32), Buffer(16)) == (32, 16) and len(made) == 2  # the order of a pair counts
-    for i in range(tma.CACHED_PAIRS):
+    for i in range(tma.CACHED_PAIRS - 2):
         launches.get(Buffer(1000 + i), Buffer(0))
-    assert len(made) == 2 + tma.CACHED_PAIRS
-    launches.get(Buffer(1000 + tma.CACHED_PAIRS - 1), Buffer(0))  # among the most recent: kept
-    assert len(made) == 2 + tma.CACHED_PAIRS
-    launches.get(Buffer(16), Buffer(32))  # the oldest, dropped: made again
-    assert made[-1] == (16, 32) and len(made) == 3 + tma.CACHED_PAIRS
+    launches.get(Buffer(16), Buffer(32))  # met again: now the most recent
+    launches.get(Buffer(5000), Buffer(0))  # one pair too many: (32, 16), met least recently, goes
+    assert len(made) == 1 + tma.CACHED_PAIRS
+    launches.get(Buffer(16), Buffer(32))
+    assert len(made) == 1 + tma.CACHED_PAIRS  # kept
+    launches.get(Buffer(32), Buffer(16))
+    assert made[-1] == (32, 16) and len(made) == 2 + tma.CACHED_PAIRS  # made again
+
+
+def test_a_network_cycling_through_its_layers_weights_makes_each_launch_once():
+    """BERT-base calls its 768 x 768 projection with 48 weight matrices in turn, every forward:
+    after the first forward, no launch is made again."""
+
+    class Buffer:
+        def __init__(self, ptr):
+            self.ptr = ptr
+
+    made = []
+    launches = tma.OperandLaunches(lambda a, b: made.append((a, b)) or (a, b))
+    for _ in range(3):
+        for layer in range(48):
+            launches.get(Buffer(0x1000 * (layer + 1)), Buffer(0x100000 + 0x1000 * layer))
+    assert len(made) == 48
 
 
 def test_every_tile_shape_fits_the_shared_memory_of_a_block():

@@ -35,7 +35,12 @@ STAGING = 8 * 2048  # the consumer warps' epilogue staging: 16 rows x 64 values 
 # every multiprocessor has work (smaller tiles read more bytes per multiply-add).
 TILE_SPEED = {256: 1.0, 192: 0.97, 128: 0.9}
 ARCH_OPTION = "--gpu-architecture=sm_90a"  # wgmma and setmaxnreg exist only in the arch-specific code
-CACHED_PAIRS = 32  # (A, B) buffer pairs whose tensor maps and launch an invoker keeps
+# (A, B) buffer pairs whose tensor maps and launch an invoker keeps (two 128-byte maps and the
+# launch's slots each). A network calls one shape with every layer's weights in turn, each
+# forward: BERT-base runs its 768 x 768 projections with 48 weight matrices. An invoker keeping
+# fewer pairs than that cycle drops each pair just before it is met again and encodes every launch
+# anew, every forward.
+CACHED_PAIRS = 512
 
 
 def shared_bytes(tile_n: int, stages: dict[int, int] = STAGES) -> int:
@@ -48,7 +53,7 @@ def shared_bytes(tile_n: int, stages: dict[int, int] = STAGES) -> int:
 class OperandLaunches:
     """An invoker's launches by the addresses of its two TMA operands (a tensor map holds its
     tensor's address): ``make(a, b)`` encodes the maps and the launch for a pair first met; the
-    most recent :data:`CACHED_PAIRS` pairs are kept, the oldest dropped first."""
+    :data:`CACHED_PAIRS` pairs met most recently are kept, the least recently met dropped first."""
 
     def __init__(self, make):
         self._make = make
@@ -57,11 +62,12 @@ class OperandLaunches:
     def get(self, a, b):
         """The launch for the buffers ``a`` and ``b``, made the first time their pair is met."""
         key = (int(a.ptr), int(b.ptr))
-        launch = self._launches.get(key)
+        launch = self._launches.pop(key, None)  # popped and put back: the dict's order is the pairs' last use
         if launch is None:
             if len(self._launches) >= CACHED_PAIRS:
-                del self._launches[next(iter(self._launches))]  # the oldest pair
-            launch = self._launches[key] = self._make(*key)
+                del self._launches[next(iter(self._launches))]  # the pair met least recently
+            launch = self._make(*key)
+        self._launches[key] = launch
         return launch
 
 
