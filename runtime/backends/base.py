@@ -25,6 +25,7 @@ from kdbkit.runtime.errors import (  # noqa: F401 - re-exported: backends raise 
     BinaryLoadError,
     CompileError,
     CompilerUnavailableError,
+    LaunchArgumentError,
 )
 
 
@@ -146,7 +147,10 @@ class Backend(ABC):
                  args: Sequence[Any], shared_bytes: int = 0) -> Callable[..., None]:
         """A launch made once and run many times: ``args`` as :meth:`launch` takes them, with
         ``None`` where a buffer comes at run time; the result takes those buffers, in order.
-        Backends where it pays (CUDA) prepare the fixed arguments' bytes once."""
+        Backends where it pays (CUDA) prepare the fixed arguments' bytes once. The result's
+        ``rebound(*blocks)`` is the same launch with its :class:`ParamBlock` arguments replaced,
+        in order (a TMA kernel's launch for other tensors), made without preparing the rest again
+        where the backend prepares them."""
         slots = [i for i, a in enumerate(args) if a is None]
         template = list(args)
 
@@ -156,6 +160,19 @@ class Backend(ABC):
                 filled[i] = buffer
             self.launch(kernel, grid, block, filled, shared_bytes)
 
+        def rebound(*blocks: Any):
+            from kdbkit.runtime.backends.args import ParamBlock
+
+            places = [i for i, a in enumerate(template) if isinstance(a, ParamBlock)]
+            if len(blocks) != len(places):
+                raise LaunchArgumentError(f"{kernel.name}: a rebound launch takes {len(places)} parameter blocks, "
+                                          f"not {len(blocks)}")
+            given = list(template)
+            for b, i in zip(blocks, places):
+                given[i] = b
+            return self.launcher(kernel, grid, block, given, shared_bytes)
+
+        run.rebound = rebound  # type: ignore[attr-defined]
         return run
 
     @abstractmethod

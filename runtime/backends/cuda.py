@@ -413,20 +413,28 @@ class CudaBackend(Backend):
         """The fixed arguments packed once into the parameter slots; a run writes only the
         buffers' addresses (under a lock: the slots are shared) and calls cuLaunchKernel.
         ``cooperative``: cuLaunchCooperativeKernel, for kernels whose groups wait on each other
-        (the driver refuses a grid whose groups could not all be resident at once)."""
+        (the driver refuses a grid whose groups could not all be resident at once).
+        The run's ``rebound(*blocks)``: the same launch with its parameter blocks replaced, in
+        order (each of the same size and alignment), its slots copied rather than packed again:
+        a TMA kernel's launch for other tensors (a tensor map holds its tensor's address)."""
         if not isinstance(kernel, CudaKernel):
             raise LaunchArgumentError(f"{kernel!r} was not loaded by the CUDA backend")
         check_launch_args(kernel.name, [a for a in args if a is not None], CudaBuffer, blocks=True)
         holders, offsets = pack_launch_slots([CudaBuffer(self, 0, 0, owned=False) if a is None else a for a in args],
                                              CudaBuffer)
+        self._activate()
+        self._allow_shared(kernel, shared_bytes)
+        return self._slots_run(kernel, grid, block, list(args), holders, offsets, shared_bytes, cooperative)
+
+    def _slots_run(self, kernel: "CudaKernel", grid, block, args: list, holders: ctypes.Array, offsets: list[int],
+                   shared_bytes: int, cooperative: bool):
+        """:meth:`launcher`'s run over ``args`` packed in ``holders`` at ``offsets``."""
         slots = [offsets[i] // 8 for i, a in enumerate(args) if a is None]  # the run-time buffers' words
         words = (ctypes.c_uint64 * (len(holders) // 8)).from_buffer(holders)
         base = ctypes.addressof(holders)
         pointers = (ctypes.c_void_p * max(len(args), 1))(*(base + o for o in offsets))
         params = ctypes.addressof(pointers) if args else 0
         dims = (*(int(g) for g in grid), *(int(b) for b in block))
-        self._activate()
-        self._allow_shared(kernel, shared_bytes)
         lock, drv, function, what = threading.Lock(), self._drv, kernel.function, kernel.name
         call = "cuLaunchCooperativeKernel" if cooperative else "cuLaunchKernel"
         tail = () if cooperative else (0,)  # the cooperative call takes no `extra`
@@ -444,6 +452,28 @@ class CudaBackend(Backend):
                 if err != drv.CUresult.CUDA_SUCCESS:
                     _check((err,), f"{call}({what}, grid={tuple(grid)}, block={tuple(block)})", drv, LaunchError)
 
+        def rebound(*blocks: ParamBlock):
+            places = [i for i, a in enumerate(args) if isinstance(a, ParamBlock)]
+            if len(blocks) != len(places) or any(
+                    not isinstance(b, ParamBlock) or len(b.data) != len(args[i].data) or b.align != args[i].align
+                    for b, i in zip(blocks, places)):
+                raise LaunchArgumentError(f"{what}: a rebound launch takes {len(places)} parameter blocks of the "
+                                          f"sizes and alignments of its own ({[len(args[i].data) for i in places]} "
+                                          "bytes)")
+            if not places:
+                return run
+            copy = ctypes.create_string_buffer(len(holders))
+            widest = max([8, *(args[i].align for i in places)])
+            shift = -ctypes.addressof(copy) % widest - offsets[0]  # the first argument's slot starts the aligned run
+            ctypes.memmove(ctypes.addressof(copy) + offsets[0] + shift, base + offsets[0], len(holders) - widest)
+            moved = [o + shift for o in offsets]
+            given = list(args)
+            for b, i in zip(blocks, places):
+                ctypes.memmove(ctypes.addressof(copy) + moved[i], b.data, len(b.data))
+                given[i] = b
+            return self._slots_run(kernel, grid, block, given, copy, moved, shared_bytes, cooperative)
+
+        run.rebound = rebound
         run.keep = (holders, pointers)  # the slots live as long as the launcher
         return run
 

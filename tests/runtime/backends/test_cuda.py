@@ -14,7 +14,7 @@ import pytest
 from kdbkit.kdb import Target
 from kdbkit.runtime.backends import cuda
 from kdbkit.runtime.backends.elf_notes import EM_CUDA, ElfHeader, cubin_arch, cubin_sm, read_elf_header
-from kdbkit.runtime.errors import BinaryLoadError, CompileError, CompilerUnavailableError
+from kdbkit.runtime.errors import BinaryLoadError, CompileError, CompilerUnavailableError, LaunchArgumentError
 from kdbkit.runtime.kernel_sources import list_sources
 
 from ..conftest import build, compile_file, compile_text
@@ -274,4 +274,21 @@ def test_gpu_a_struct_passed_by_value_reaches_the_kernel(cuda_backend):
     got = cuda_backend.to_host(out, np.empty(17, np.uint64))
     np.testing.assert_array_equal(got[:16], words + np.uint64(7))
     assert got[16] == 9
+    # Rebound to other blocks: its slots copied (wherever the copy's alignment falls), the
+    # blocks replaced, the scalars and the run-time buffer's slot as they were; the first launch
+    # keeps its own block.
+    other = cuda_backend.alloc(17 * 8)
+    for k in range(1, 5):
+        again = run.rebound(ParamBlock((words * np.uint64(k + 1)).tobytes(), 64))
+        again(other)
+        got = cuda_backend.to_host(other, np.empty(17, np.uint64))
+        np.testing.assert_array_equal(got[:16], words * np.uint64(k + 1) + np.uint64(7))
+        assert got[16] == 9
+    run(out)
+    np.testing.assert_array_equal(cuda_backend.to_host(out, np.empty(17, np.uint64))[:16], words + np.uint64(7))
+    with pytest.raises(LaunchArgumentError, match="parameter blocks"):
+        run.rebound(ParamBlock(words[:8].tobytes(), 64))  # a block of another size
+    with pytest.raises(LaunchArgumentError, match="parameter blocks"):
+        run.rebound(block, block)
+    other.free()
     out.free()

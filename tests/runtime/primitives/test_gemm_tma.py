@@ -115,44 +115,56 @@ def test_the_tensor_maps_follow_each_operands_layout():
     assert b == ((72, 200, 1), (2 * 80, 2 * 200 * 80), (64, 192, 1))  # one B: its own size as batch stride
 
 
+class _Buffer:
+    def __init__(self, ptr):
+        self.ptr = ptr
+
+
+class _Launch:
+    """A launch as OperandLaunches sees one: its maps, and how it was made."""
+
+    def __init__(self, maps, made, how="made"):
+        self.maps, self._made = maps, made
+        made.append((how, maps))
+
+    def rebound(self, *maps):
+        return _Launch(maps, self._made, "rebound")
+
+
+def _launches():
+    made: list = []
+    return tma.OperandLaunches(lambda a, b: (a, b), lambda maps: _Launch(maps, made)), made
+
+
 def test_a_launch_is_made_once_per_operand_pair_and_the_least_recently_met_go_first():
     """The launches the TMA GEMM and convolutions keep by their operands' addresses (a tensor map
-    holds one): a pair met again reuses its launch; past CACHED_PAIRS pairs the one met least
-    recently is made anew."""
-
-    class Buffer:
-        def __init__(self, ptr):
-            self.ptr = ptr
-
-    made = []
-    launches = tma.OperandLaunches(lambda a, b: made.append((a, b)) or (a, b))
-    assert launches.get(Buffer(16), Buffer(32)) == (16, 32)
-    assert launches.get(Buffer(16), Buffer(32)) == (16, 32) and made == [(16, 32)]
-    assert launches.get(Buffer(32), Buffer(16)) == (32, 16) and len(made) == 2  # the order of a pair counts
+    holds one): the first pair's launch is made, a later pair's is the first one rebound to its
+    maps; a pair met again reuses its launch; past CACHED_PAIRS pairs the one met least recently
+    is made anew."""
+    launches, made = _launches()
+    assert launches.get(_Buffer(16), _Buffer(32)).maps == (16, 32)
+    assert launches.get(_Buffer(16), _Buffer(32)).maps == (16, 32) and made == [("made", (16, 32))]
+    assert launches.get(_Buffer(32), _Buffer(16)).maps == (32, 16)  # the order of a pair counts
+    assert made[-1] == ("rebound", (32, 16)) and len(made) == 2
     for i in range(tma.CACHED_PAIRS - 2):
-        launches.get(Buffer(1000 + i), Buffer(0))
-    launches.get(Buffer(16), Buffer(32))  # met again: now the most recent
-    launches.get(Buffer(5000), Buffer(0))  # one pair too many: (32, 16), met least recently, goes
+        launches.get(_Buffer(1000 + i), _Buffer(0))
+    launches.get(_Buffer(16), _Buffer(32))  # met again: now the most recent
+    launches.get(_Buffer(5000), _Buffer(0))  # one pair too many: (32, 16), met least recently, goes
     assert len(made) == 1 + tma.CACHED_PAIRS
-    launches.get(Buffer(16), Buffer(32))
+    launches.get(_Buffer(16), _Buffer(32))
     assert len(made) == 1 + tma.CACHED_PAIRS  # kept
-    launches.get(Buffer(32), Buffer(16))
-    assert made[-1] == (32, 16) and len(made) == 2 + tma.CACHED_PAIRS  # made again
+    launches.get(_Buffer(32), _Buffer(16))
+    assert made[-1] == ("rebound", (32, 16)) and len(made) == 2 + tma.CACHED_PAIRS  # made again
+    assert sum(how == "made" for how, _ in made) == 1  # only the first pair's launch was packed
 
 
 def test_a_network_cycling_through_its_layers_weights_makes_each_launch_once():
     """BERT-base calls its 768 x 768 projection with 48 weight matrices in turn, every forward:
     after the first forward, no launch is made again."""
-
-    class Buffer:
-        def __init__(self, ptr):
-            self.ptr = ptr
-
-    made = []
-    launches = tma.OperandLaunches(lambda a, b: made.append((a, b)) or (a, b))
+    launches, made = _launches()
     for _ in range(3):
         for layer in range(48):
-            launches.get(Buffer(0x1000 * (layer + 1)), Buffer(0x100000 + 0x1000 * layer))
+            launches.get(_Buffer(0x1000 * (layer + 1)), _Buffer(0x100000 + 0x1000 * layer))
     assert len(made) == 48
 
 

@@ -170,11 +170,10 @@ def map_multiplier(context, program, tile_count: int, tile_n: int, args: list, x
     else:  # scale and shift at run time, the residual too where there is one
         residual, act = epilogue
         tail = [None, None, None if residual else np.uint64(0), np.int32(act)]
-    launches = gemm_tma.OperandLaunches(lambda x, w: backend.launcher(
-        kernel, grid, (THREADS, 1, 1),
-        [backend.tensor_map_im2col(x, 2, *x_map, swizzle=2 * step), backend.tensor_map(w, 2, *w_map, swizzle=2 * step),
-         None, *args, *tail],
-        shared_bytes(tile_n)))
+    launches = gemm_tma.OperandLaunches(
+        lambda x, w: (backend.tensor_map_im2col(x, 2, *x_map, swizzle=2 * step),
+                      backend.tensor_map(w, 2, *w_map, swizzle=2 * step)),
+        lambda maps: backend.launcher(kernel, grid, (THREADS, 1, 1), [*maps, None, *args, *tail], shared_bytes(tile_n)))
 
     def multiply(x, w, y, *epilogue_buffers):
         launches.get(x, w)(y, *epilogue_buffers)

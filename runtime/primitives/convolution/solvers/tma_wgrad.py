@@ -299,9 +299,11 @@ class ConvTmaBwdWeights(tma.TmaConvSolver):
             args = scalars(pr, p)
             map_dy, map_x = operand_maps(pr, p, tile_n)
             x_map = backend.tensor_map if p.direct or plain_x(pr) else backend.tensor_map_im2col
-            launches = gemm_tma.OperandLaunches(lambda dy, x: backend.launcher(
-                kernel.function("conv_wgrad_tma"), grid, (THREADS, 1, 1),
-                [backend.tensor_map(dy, 2, *map_dy), x_map(x, 2, *map_x), ws, *args], tma.shared_bytes(tile_n)))
+            wgrad = kernel.function("conv_wgrad_tma")
+            launches = gemm_tma.OperandLaunches(
+                lambda dy, x: (backend.tensor_map(dy, 2, *map_dy), x_map(x, 2, *map_x)),
+                lambda maps: backend.launcher(wgrad, grid, (THREADS, 1, 1), [*maps, ws, *args],
+                                              tma.shared_bytes(tile_n)))
             weights = pr.w_shape[0] * pr.w_shape[1] * pr.filter[0] * pr.filter[1]
             reduce_any = launcher_1d(context, kernel.function("conv_wgrad_reduce"), weights,
                                      [ws, None, *reduce_arguments(pr, p)], max_groups=1 << 16)

@@ -52,11 +52,15 @@ def shared_bytes(tile_n: int, stages: dict[int, int] = STAGES) -> int:
 
 class OperandLaunches:
     """An invoker's launches by the addresses of its two TMA operands (a tensor map holds its
-    tensor's address): ``make(a, b)`` encodes the maps and the launch for a pair first met; the
-    :data:`CACHED_PAIRS` pairs met most recently are kept, the least recently met dropped first."""
+    tensor's address): ``maps(a, b)`` encodes the pair's tensor maps, ``make(maps)`` the launch
+    taking them, for the first pair; a later pair's launch is the first one rebound to its maps
+    (its other arguments copied, not packed again: a network's first forward meets each layer's
+    pair once). The :data:`CACHED_PAIRS` pairs met most recently are kept, the least recently
+    met dropped first."""
 
-    def __init__(self, make):
-        self._make = make
+    def __init__(self, maps, make):
+        self._maps, self._make = maps, make
+        self._first = None
         self._launches: dict = {}
 
     def get(self, a, b):
@@ -66,7 +70,11 @@ class OperandLaunches:
         if launch is None:
             if len(self._launches) >= CACHED_PAIRS:
                 del self._launches[next(iter(self._launches))]  # the pair met least recently
-            launch = self._make(*key)
+            maps = self._maps(*key)
+            if self._first is None:
+                launch = self._first = self._make(maps)
+            else:
+                launch = self._first.rebound(*maps)
         self._launches[key] = launch
         return launch
 
@@ -152,10 +160,10 @@ class GemmTma(Solver):
                        *(np.int32(v) for v in (c_vec, p.batch, p.stride_a != 0, p.stride_b != 0)),
                        np.float32(p.alpha), np.float32(p.beta)]
             map_a, map_b = operand_maps(p, tile_n)
-            launches = OperandLaunches(lambda a, b: backend.launcher(
-                kernel, grid, (THREADS, 1, 1),
-                [backend.tensor_map(a, 2, *map_a), backend.tensor_map(b, 2, *map_b), None, *scalars],
-                shared_bytes(tile_n)))
+            launches = OperandLaunches(
+                lambda a, b: (backend.tensor_map(a, 2, *map_a), backend.tensor_map(b, 2, *map_b)),
+                lambda maps: backend.launcher(kernel, grid, (THREADS, 1, 1), [*maps, None, *scalars],
+                                              shared_bytes(tile_n)))
             fallback = fallback_invoker(context, problem, "GemmTensorCore")  # the mma.sync kernels
 
             def run(a, b, c):
