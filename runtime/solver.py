@@ -307,7 +307,10 @@ def fallback_invoker(context: Context, problem: Any, solver_name: str) -> Callab
 def aligned16(*buffers) -> bool:
     """Every buffer starts 16-byte aligned, so a kernel may access it as 16-byte vectors
     (OpenCL buffers carry no address and are always aligned far beyond that)."""
-    return all(int(getattr(b, "ptr", 0)) % 16 == 0 for b in buffers)
+    for b in buffers:  # a loop, not all() over a generator: this runs on every launch of those invokers
+        if int(getattr(b, "ptr", 0)) % 16:
+            return False
+    return True
 
 
 def fast_when_aligned(fast: Callable, general: Callable) -> Callable:

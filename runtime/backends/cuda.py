@@ -437,6 +437,8 @@ class CudaBackend(Backend):
         dims = (*(int(g) for g in grid), *(int(b) for b in block))
         lock, drv, function, what = threading.Lock(), self._drv, kernel.function, kernel.name
         call = "cuLaunchCooperativeKernel" if cooperative else "cuLaunchKernel"
+        launch = drv.cuLaunchCooperativeKernel if cooperative else drv.cuLaunchKernel
+        shared = int(shared_bytes)
         tail = () if cooperative else (0,)  # the cooperative call takes no `extra`
 
         def run(*buffers: Buffer) -> None:
@@ -447,8 +449,7 @@ class CudaBackend(Backend):
                 for i, buffer in zip(slots, buffers):
                     words[i] = int(buffer.ptr)
                 self._activate()
-                launch = drv.cuLaunchCooperativeKernel if cooperative else drv.cuLaunchKernel
-                err, = launch(function, *dims, int(shared_bytes), self.stream, params, *tail)
+                err, = launch(function, *dims, shared, self.stream, params, *tail)
                 if err != drv.CUresult.CUDA_SUCCESS:
                     _check((err,), f"{call}({what}, grid={tuple(grid)}, block={tuple(block)})", drv, LaunchError)
 

@@ -227,7 +227,7 @@ class Linear(Layer):
     def _rows_features(x: Shape) -> tuple[int, int]:
         if len(x) == 4:
             return x[0], x[1] * x[2] * x[3]
-        return int(np.prod(x[:-1])), x[-1]
+        return math.prod(x[:-1]), x[-1]  # math's, not NumPy's: every forward calls this per linear layer
 
     def out_shape(self, x: Shape) -> Shape:
         return (x[0], self.out_features) if len(x) == 4 else (*x[:-1], self.out_features)
