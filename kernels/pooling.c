@@ -7,7 +7,8 @@
  *
  * Options: the element type (kdb_data.h).
  * Launch: 1-D, any block size and grid (grid-stride): pool_fwd over N*C*Ho*Wo outputs,
- * pool_bwd over N*C*H*W inputs (each gathers from the outputs whose windows cover it).
+ * pool_bwd over N*C*H*W inputs (each gathers from the outputs whose windows cover it),
+ * pool_fwd_nhwc (channels-last) over N*Ho*Wo*C/lanes items (lanes: KDB_VEC where vec, else 1).
  */
 #include "kdb_data.h"
 
@@ -273,6 +274,74 @@ KDB_KERNEL void pool_fwd_band(const KDB_GLOBAL kdb_data_t* x, KDB_GLOBAL kdb_dat
             POOL_BAND_OUTPUTS(mode, 0, 1)
         } else {
             POOL_BAND_OUTPUTS(mode, 0, 0)
+        }
+    }
+}
+
+/* Forward over channels-last tensors (x's and y's channels contiguous: xs1 == ys1 == 1): an item
+ * is an output pixel and KDB_VEC channels read and written as 16-byte vectors (vec: C a multiple
+ * of KDB_VEC, x, y and their other strides on whole vectors) or one channel, and neighbouring
+ * items hold neighbouring channels. A warp's reads of each window element are then contiguous,
+ * where pool_fwd's threads (one output each, along a row) read elements a row of channels apart.
+ * Indices (save_indices, max) as pool_fwd writes them: h * W + w, at the output's N C Ho Wo
+ * position. */
+KDB_KERNEL void pool_fwd_nhwc(const KDB_GLOBAL kdb_data_t* x, KDB_GLOBAL kdb_data_t* y, KDB_GLOBAL int* indices,
+                              POOL_GEOMETRY, int xs0, int xs1, int xs2, int xs3, int ys0, int ys1, int ys2, int ys3,
+                              int mode, int save_indices, int vec)
+{
+    const int lanes = vec ? KDB_VEC : 1, groups = C / lanes;
+    const long total = (long)N * Ho * Wo * groups;
+    for (long i = KDB_GLOBAL_ID_X; i < total; i += (long)KDB_LOCAL_SIZE_X * KDB_NUM_GROUPS_X) {
+        const int c0 = (int)(i % groups) * lanes;
+        const long pixel = i / groups;
+        const int wo = (int)(pixel % Wo), ho = (int)(pixel / Wo % Ho), n = (int)(pixel / ((long)Wo * Ho));
+        const int h0 = ho * sh - ph, w0 = wo * sw - pw;
+        float best[KDB_VEC], sum[KDB_VEC], v[KDB_VEC];
+        int best_at[KDB_VEC];
+        KDB_UNROLL
+        for (int l = 0; l < KDB_VEC; ++l) {
+            best[l] = -3.402823466e38f;
+            sum[l] = 0.0f;
+            best_at[l] = -1;
+        }
+        int count = 0;
+        for (int a = 0; a < kh; ++a) {
+            const int h = h0 + a;
+            if (h < 0 || h >= H)
+                continue;
+            for (int b = 0; b < kw; ++b) {
+                const int w = w0 + b;
+                if (w < 0 || w >= W)
+                    continue;
+                const long at = (long)n * xs0 + (long)c0 + (long)h * xs2 + (long)w * xs3;
+                if (vec)
+                    kdb_unpack(*(const KDB_GLOBAL kdb_vec4u*)(x + at), v);
+                else
+                    v[0] = KDB_LOAD(x, at);
+                KDB_UNROLL
+                for (int l = 0; l < KDB_VEC; ++l) {
+                    if (l < lanes) {
+                        if (v[l] > best[l] || best_at[l] < 0) {
+                            best[l] = v[l];
+                            best_at[l] = h * W + w;
+                        }
+                        sum[l] += v[l];
+                    }
+                }
+                ++count;
+            }
+        }
+        KDB_UNROLL
+        for (int l = 0; l < KDB_VEC; ++l)
+            v[l] = pool_result(mode, best[l], best_at[l], sum[l], count, kh * kw);
+        const long out = (long)n * ys0 + (long)c0 + (long)ho * ys2 + (long)wo * ys3;
+        if (vec)
+            *(KDB_GLOBAL kdb_vec4u*)(y + out) = kdb_pack(v);
+        else
+            KDB_STORE(y, out, v[0]);
+        if (save_indices) {
+            for (int l = 0; l < lanes; ++l)
+                indices[(((long)n * C + c0 + l) * Ho + ho) * Wo + wo] = best_at[l];
         }
     }
 }

@@ -95,13 +95,33 @@ def test_the_step_follows_the_channels(c, step):
 @pytest.mark.parametrize("k, expected", [(64, 64), (128, 128), (256, 256), (2048, 256)])
 def test_the_tile_follows_the_output_channels(k, expected):
     p = conv(c=64, k=k, hw=(56, 56), n=32)
-    assert tma.tile_n_for(p, 132) == expected
+    assert tma.forward_tile_n(p, 132) == expected
     chosen = [name for name in TMA_SOLVERS if REGISTRY.find(name).suits(p, sm90())]
     assert chosen == [f"ConvTma128x{expected}"]
 
 
 def test_every_tile_shape_fits_the_shared_memory_of_a_block():
     assert all(tma.shared_bytes(n) <= 227 * 1024 for n in tma.STAGES)
+
+
+# ResNet-50's channels-last fp16 forward convolutions at batch 32, as `kdb tune` ranked the three
+# tile widths on an H200 (docs/performance.md): (c, k, hw, filter, stride) -> the fastest width.
+# The share of useful work alone picked 128 x 256 for the first five.
+@pytest.mark.parametrize("c, k, hw, f, stride, fastest", [
+    (512, 2048, (7, 7), (1, 1), (1, 1), 128),  # 13.8 us against 21.5 for 128 x 256
+    (1024, 2048, (14, 14), (1, 1), (2, 2), 128),  # 18.6 against 25.7
+    (256, 512, (56, 56), (1, 1), (2, 2), 128),  # 22.5 against 29.6
+    (128, 512, (28, 28), (1, 1), (1, 1), 128),  # 20.1 against 23.7
+    (64, 256, (56, 56), (1, 1), (1, 1), 128),  # 22.1 against 24.9
+    (512, 512, (7, 7), (3, 3), (1, 1), 64),  # 21.1 against 26.8 for 128 x 128
+    (64, 64, (56, 56), (3, 3), (1, 1), 64),  # 21.4 against 46.9
+    (256, 256, (14, 14), (3, 3), (1, 1), 128),  # 16.2 against 22.7 for 128 x 64
+])
+def test_the_forward_tile_is_the_one_the_h200_ranked_fastest(c, k, hw, f, stride, fastest):
+    p = conv(c=c, k=k, hw=hw, n=32, f=f, pad=tuple(x // 2 for x in f), stride=stride)
+    assert tma.forward_tile_n(p, 132) == fastest
+    chosen = [name for name in TMA_SOLVERS if REGISTRY.find(name).suits(p, sm90())]
+    assert chosen == [f"ConvTma128x{fastest}"]
 
 
 def test_immediate_mode_prefers_the_tma_kernels_on_sm90():

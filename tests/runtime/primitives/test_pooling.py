@@ -196,3 +196,47 @@ def test_the_strip_solver_names_the_geometries_it_takes(handle):
     assert not verdict and "3x3/2 pad 1" in verdict.reason
     with pytest.raises(kdbkit.KdbError, match="PoolStrip"):
         kdbkit.pooling_forward(handle, x, window=(3, 2), stride=2, solver="PoolStrip")
+
+
+# Channels-last tensors: C a multiple of every type's vector (16: 16-byte reads and writes) and
+# not (13: element by element), through the geometries above.
+@pytest.mark.parametrize("dtype", list(TYPES))
+@pytest.mark.parametrize("window, stride, pad", GEOMETRIES)
+@pytest.mark.parametrize("channels", [16, 13])
+def test_channels_last_pooling_matches_the_reference(handle, dtype, window, stride, pad, channels):
+    from .test_convolution import _channels_last, _from_channels_last
+
+    be = handle.backend
+    store, read, tol = TYPES[dtype]
+    x = store(np.random.default_rng(channels + sum(window)).standard_normal((2, channels, 11, 9)))
+    xt = _channels_last(be, x, dtype)
+    for mode, save in (("max", True), ("max", False), ("avg", False), ("avg_in", False)):
+        ry, ridx = ref.forward(read(x), mode, window, stride, pad)
+        yt = _channels_last(be, np.zeros(ry.shape, np.float32).astype(x.dtype), dtype)
+        _, indices = kdbkit.pooling_forward(handle, xt, mode=mode, window=window, stride=stride, pad=pad,
+                                            save_indices=save, y=yt, solver="PoolChannelsLast")
+        np.testing.assert_allclose(read(_from_channels_last(be, yt)), ry, rtol=tol, atol=tol, err_msg=f"{mode} {save}")
+        if save:
+            np.testing.assert_array_equal(be.to_host(indices, np.empty(ry.shape, np.int32)), ridx)
+            indices.free()
+        yt.buffer.free()
+    xt.buffer.free()
+
+
+def test_immediate_mode_pools_channels_last_tensors_by_channels(handle):
+    """Channels-last x and y take PoolChannelsLast; NCHW ones keep the plane-walking solvers,
+    and a channels-last x into an NCHW y too (its writes would be a plane apart)."""
+    from kdbkit.runtime.primitives.pooling.solvers.channels_last import PoolChannelsLast
+
+    def problem(xs, ys, c=64):
+        return PoolProblem("fwd", "max", DataType.FP16, (32, c, 112, 112), (3, 3), (2, 2), (1, 1), xs, ys)
+
+    nhwc_x, nhwc_y = (802816, 1, 7168, 64), (200704, 1, 3584, 64)
+    nchw_x, nchw_y = (802816, 12544, 112, 1), (200704, 3136, 56, 1)
+    solver = PoolChannelsLast()
+    assert solver.is_applicable(problem(nhwc_x, nhwc_y), None)
+    assert not solver.is_applicable(problem(nchw_x, nchw_y), None)
+    assert not solver.is_applicable(problem(nhwc_x, nchw_y), None)
+    assert not solver.is_applicable(problem((12544, 1, 112, 1), (3136, 1, 56, 1), c=1), None)
+    assert handle.dispatcher.choose(problem(nhwc_x, nhwc_y)).solver.name == "PoolChannelsLast"
+    assert handle.dispatcher.choose(problem(nchw_x, nchw_y)).solver.name != "PoolChannelsLast"

@@ -49,6 +49,12 @@ STEPS = (64, 32, 16)
 # A multiprocessor's throughput on each tile shape relative to 128 x 256 when every one has
 # work: narrower tiles read more bytes of A per multiply-add (guesses until find's rankings say more).
 TILE_SPEED = {256: 1.0, 128: 0.92, 64: 0.7}
+# What a multiprocessor's first tile fill and last tile's epilogue cost beyond the tiles'
+# k-loops (hidden behind the next tile for every tile but those), in elements of the reduction a
+# tile of the same width would have gone through meanwhile. One figure fitted to the H200's tuned
+# rankings of ResNet-50's channels-last forward convolutions (docs/performance.md): any value
+# from 192 to 384 picks the same tiles there.
+FILL_AND_DRAIN = 256
 CORNER = range(-128, 128)  # a 4-D im2col map's bounding-box corners
 
 
@@ -92,8 +98,27 @@ def tile_efficiency(problem: ConvProblem, tile_n: int, units: int) -> float:
 
 
 def tile_n_for(problem: ConvProblem, units: int) -> int:
-    """The tile width immediate mode takes: the best :func:`tile_efficiency`, wider on a tie."""
+    """The tile width immediate mode takes for the backward directions' forward-shaped problems:
+    the best :func:`tile_efficiency`, wider on a tie."""
     return max(STAGES, key=lambda n: (round(tile_efficiency(problem, n, units), 3), n))
+
+
+def tile_time(problem: ConvProblem, tile_n: int, units: int) -> float:
+    """A launch's time with 128 x ``tile_n`` tiles, relative: the waves of tiles, each its
+    k-loop at the tile shape's :data:`TILE_SPEED`, plus one :data:`FILL_AND_DRAIN` a
+    multiprocessor. A wide tile's epilogue is long, and a shape of few waves and a short
+    reduction (a 1 x 1 convolution of a few hundred channels) spends much of its time there:
+    the H200's rankings had 128 x 256 tiles up to 1.56x slower than 128 x 128 ones where the
+    tiles' share of useful work said the wider ones would win."""
+    waves = -(-tiles(problem, tile_n) // units)
+    reduction = problem.w_shape[1] * problem.filter[0] * problem.filter[1]
+    return tile_n * (waves * reduction / TILE_SPEED[tile_n] + FILL_AND_DRAIN)
+
+
+def forward_tile_n(problem: ConvProblem, units: int) -> int:
+    """The tile width immediate mode takes for a forward convolution: the least
+    :func:`tile_time`, wider on a tie."""
+    return min(STAGES, key=lambda n: (tile_time(problem, n, units), -n))
 
 
 def corners(problem: ConvProblem) -> tuple[tuple[int, int], tuple[int, int]]:
@@ -284,12 +309,12 @@ class ConvTma(TmaConvSolver):
                 return APPLIES
             return not_applicable(f"the GEMM's 128 x {best} tiles fit this 1 x 1 convolution better on {units} "
                                   "multiprocessors")
-        best = tile_n_for(problem, units)
+        best = forward_tile_n(problem, units)
         if best == self.tile_n:
             return APPLIES
         return not_applicable(f"128 x {best} tiles fit this shape better on {units} multiprocessors "
-                              f"({tile_efficiency(problem, best, units):.0%} against "
-                              f"{tile_efficiency(problem, self.tile_n, units):.0%})")
+                              f"(by the model, {tile_time(problem, best, units) / tile_time(problem, self.tile_n, units):.0%} "
+                              "of these tiles' time)")
 
     def fuses_epilogue(self, problem: ConvProblem) -> bool:
         """Channels-last: the kernel applies a fused convolution's epilogue (convolution/fused.py)."""
