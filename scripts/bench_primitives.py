@@ -146,6 +146,18 @@ def cases(h, torch, kdbkit, gemm: bool = True):
                lambda img=img, pooled=pooled: kdbkit.pooling_forward(h, img, window=3, stride=2, pad=1,
                                                                      save_indices=False, y=pooled),
                lambda img=img: F.max_pool2d(img, 3, 2, 1), (img.numel() + pooled.numel()) * item, 0)
+        # ResNet-50's two pools on channels-last tensors, as its channels-last forward runs them
+        last = torch.channels_last
+        img_cl, pooled_cl = img.contiguous(memory_format=last), pooled.contiguous(memory_format=last)
+        yield ("max pool 3x3/2 channels-last", label,
+               lambda img=img_cl, pooled=pooled_cl: kdbkit.pooling_forward(h, img, window=3, stride=2, pad=1,
+                                                                           save_indices=False, y=pooled),
+               lambda img=img_cl: F.max_pool2d(img, 3, 2, 1), (img.numel() + pooled.numel()) * item, 0)
+        features = torch.randn(32, 2048, 7, 7, device="cuda", dtype=dt).contiguous(memory_format=last)
+        means = torch.empty(32, 2048, 1, 1, device="cuda", dtype=dt).contiguous(memory_format=last)
+        yield ("global avg pool 7x7 channels-last", label,
+               lambda f=features, o=means: kdbkit.pooling_forward(h, f, mode="avg", window=7, y=o),
+               lambda f=features: F.avg_pool2d(f, 7), (features.numel() + means.numel()) * item, 0)
         scale, shift = torch.rand(64, device="cuda") + 0.5, torch.randn(64, device="cuda")
         mean, var = torch.randn(64, device="cuda"), torch.rand(64, device="cuda") + 0.5
         bn_out = torch.empty_like(img)
