@@ -108,8 +108,8 @@ def tile_time(problem: ConvProblem, tile_n: int, units: int) -> float:
     k-loop at the tile shape's :data:`TILE_SPEED`, plus one :data:`FILL_AND_DRAIN` a
     multiprocessor. A wide tile's epilogue is long, and a shape of few waves and a short
     reduction (a 1 x 1 convolution of a few hundred channels) spends much of its time there:
-    the H200's rankings had 128 x 256 tiles up to 1.56x slower than 128 x 128 ones where the
-    tiles' share of useful work said the wider ones would win."""
+    the H200's rankings had 128 x 256 tiles slower than 128 x 128 ones where the tiles' share
+    of useful work said the wider ones would win (docs/performance.md)."""
     waves = -(-tiles(problem, tile_n) // units)
     reduction = problem.w_shape[1] * problem.filter[0] * problem.filter[1]
     return tile_n * (waves * reduction / TILE_SPEED[tile_n] + FILL_AND_DRAIN)
