@@ -11,6 +11,7 @@ from typing import TYPE_CHECKING
 
 from kdbkit.runtime.errors import ProblemError
 from kdbkit.runtime.solver import enabled
+from kdbkit.runtime.tensor import DataType
 
 if TYPE_CHECKING:  # imported by the gemm package, which the convolution package imports
     from kdbkit.runtime.primitives.convolution.epilogue import ConvEpilogueProblem
@@ -49,6 +50,21 @@ def fusing_choice(handle, problem, epilogue: ConvEpilogueProblem):
         if fuses(solver, problem) and enabled(solver):
             return solver
     return None
+
+
+def per_output_vector(ops, value, what: str, count: int, each: str, all_of: str) -> tuple:
+    """A float32 epilogue vector's (buffer, descriptor): ``count`` packed values, one per
+    ``each`` of the output (``output channel`` of a convolution's, ``column of c`` of a gemm's;
+    ``all_of``: the plural, for the message).
+
+    Raises:
+        ProblemError: another shape or not packed.
+    """
+    buffer, desc = ops.input(value, DataType.FP32, what)
+    if desc.shape != (count,) or not desc.is_packed:
+        raise ProblemError(f"{what} has shape {desc.shape} for {count} {all_of}",
+                           f"give {what} as {count} packed float32 values, one per {each}")
+    return buffer, desc
 
 
 def residual_operand(ops, residual, dtype, out: tuple, name: str, what: str) -> tuple:

@@ -20,19 +20,10 @@ from kdbkit.runtime.errors import ProblemError
 from kdbkit.runtime.primitives import repeat
 from kdbkit.runtime.primitives.convolution.api import _four_d, _output, _problem
 from kdbkit.runtime.primitives.convolution.epilogue import ACTIVATION_CODES, ACTIVATIONS, ConvEpilogueProblem
-from kdbkit.runtime.primitives.fusing import fuses, fusing_choice, refuse_aliased, residual_operand
+from kdbkit.runtime.primitives.fusing import fuses, fusing_choice, per_output_vector, refuse_aliased, residual_operand
 from kdbkit.runtime.primitives.invoke import chosen_invoker, invoke
 from kdbkit.runtime.primitives.operands import Operands
 from kdbkit.runtime.solver import aligned16
-from kdbkit.runtime.tensor import DataType
-
-
-def _per_channel(ops: Operands, value: Any, what: str, channels: int):
-    buffer, desc = ops.input(value, DataType.FP32, what)
-    if desc.shape != (channels,) or not desc.is_packed:
-        raise ProblemError(f"{what} has shape {desc.shape} for {channels} output channels",
-                           f"give {what} as {channels} packed float32 values, one per output channel")
-    return buffer, desc
 
 
 @repeat.repeatable("conv_fwd_fused", ("x", "w", "scale", "shift", "residual", "y"))
@@ -56,8 +47,8 @@ def convolution_forward_fused(handle, x: Any, w: Any, scale: Any, shift: Any, *,
         wb, wd = ops.input(w, dtype, "w")
         _four_d(xd, "x"), _four_d(wd, "w")
         problem = _problem("F", xd.shape, wd, {"x": xd, "w": wd}, pad, stride, dilation, groups)
-        sb, sd = _per_channel(ops, scale, "scale", problem.out_channels)
-        hb, hd = _per_channel(ops, shift, "shift", problem.out_channels)
+        sb, sd = per_output_vector(ops, scale, "scale", problem.out_channels, "output channel", "output channels")
+        hb, hd = per_output_vector(ops, shift, "shift", problem.out_channels, "output channel", "output channels")
         yb, yd, result, problem = _output(ops, handle, y, x, problem, "y", "y", {"x": xd, "w": wd})
         tensors = {"y": (yb, yd), "scale": (sb, sd), "shift": (hb, hd)}
         if residual is not None:

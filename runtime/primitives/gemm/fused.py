@@ -17,20 +17,12 @@ from typing import Any
 from kdbkit.runtime.errors import ProblemError
 from kdbkit.runtime.primitives import repeat
 from kdbkit.runtime.primitives.convolution.epilogue import ACTIVATIONS, ConvEpilogueProblem
-from kdbkit.runtime.primitives.fusing import refuse_aliased, residual_operand
+from kdbkit.runtime.primitives.fusing import per_output_vector, refuse_aliased, residual_operand
 from kdbkit.runtime.primitives.gemm.api import gemm_operands
 from kdbkit.runtime.primitives.gemm.problem import GemmProblem
 from kdbkit.runtime.primitives.invoke import chosen_invoker, invoke
 from kdbkit.runtime.primitives.operands import Operands
-from kdbkit.runtime.tensor import DataType, TensorDesc
-
-
-def _per_column(ops: Operands, value: Any, what: str, columns: int):
-    buffer, desc = ops.input(value, DataType.FP32, what)
-    if desc.shape != (columns,) or not desc.is_packed:
-        raise ProblemError(f"{what} has shape {desc.shape} for {columns} columns of c",
-                           f"give {what} as {columns} packed float32 values, one per column of c")
-    return buffer, desc
+from kdbkit.runtime.tensor import TensorDesc
 
 
 def epilogue_problem(problem: GemmProblem, c: TensorDesc, residual: bool, activation: str,
@@ -61,9 +53,9 @@ def gemm_fused(handle, a: Any, b: Any, shift: Any, *, scale: Any = None, residua
     with Operands(handle.backend) as ops:
         call = gemm_operands(ops, handle, a, b, c, trans_a, trans_b, alpha, 0.0, dtype)
         problem, (cb, cd) = call.problem, call.c
-        tensors = {"shift": _per_column(ops, shift, "shift", problem.n)}
+        tensors = {"shift": per_output_vector(ops, shift, "shift", problem.n, "column of c", "columns of c")}
         if scale is not None:
-            tensors["scale"] = _per_column(ops, scale, "scale", problem.n)
+            tensors["scale"] = per_output_vector(ops, scale, "scale", problem.n, "column of c", "columns of c")
         if residual is not None:
             tensors["residual"] = residual_operand(ops, residual, dtype, (cb, cd), "c", "gemm")
         epilogue = epilogue_problem(problem, cd, residual is not None, activation, scale is not None)
