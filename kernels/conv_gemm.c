@@ -175,6 +175,28 @@ KDB_KERNEL void conv_pad_channels(const KDB_GLOBAL kdb_data_t* src, KDB_GLOBAL k
     }
 }
 
+/* conv_pad_channels a 16-byte vector of dst at a time (Cp a multiple of KDB_VEC; the vectors,
+ * N * H * W * Cp / KDB_VEC, and the pixels fit an int): an item is one pixel's KDB_VEC channels,
+ * so one division by Cp / KDB_VEC and three by the sizes in 32 bits, where conv_pad_channels
+ * spends four 64-bit divisions on every element (a first layer's input is large: 224 x 224
+ * pixels an image). Neighbouring items write neighbouring vectors and read, for NCHW, the same
+ * channel at neighbouring pixels. Launch: 1-D, any block size and grid (grid-stride). */
+KDB_KERNEL void conv_pad_channels_vec(const KDB_GLOBAL kdb_data_t* src, KDB_GLOBAL kdb_vec4u* dst, int N, int C, int H,
+                                      int W, int Cp, int s0, int s1, int s2, int s3)
+{
+    const int vecs = Cp / KDB_VEC, total = N * H * W * vecs;
+    for (int e = KDB_GLOBAL_ID_X; e < total; e += KDB_LOCAL_SIZE_X * KDB_NUM_GROUPS_X) {
+        const int c0 = e % vecs * KDB_VEC, pixel = e / vecs;
+        const int v = pixel % W, h = pixel / W % H, n = pixel / (W * H);
+        const long at = (long)n * s0 + (long)h * s2 + (long)v * s3;
+        float values[KDB_VEC];
+        KDB_UNROLL
+        for (int l = 0; l < KDB_VEC; ++l)
+            values[l] = c0 + l < C ? KDB_LOAD(src, at + (long)(c0 + l) * s1) : 0.0f;
+        dst[e] = kdb_pack(values);
+    }
+}
+
 /* Backward data at stride s > 1 by output phase (ConvTmaBwdDataStrided): along each axis, the
  * rows h = s i + a of dx (phase a) are a stride-1 correlation of dy with the taps r = r0 + s t
  * (t < T, r0 = (a + pad) mod s) of the filter, flipped. Phases go H's outer, W's inner. */

@@ -8,7 +8,8 @@
  * Options: the element type (kdb_data.h).
  * Launch: 1-D, any block size and grid (grid-stride): pool_fwd over N*C*Ho*Wo outputs,
  * pool_bwd over N*C*H*W inputs (each gathers from the outputs whose windows cover it),
- * pool_fwd_nhwc (channels-last) over N*Ho*Wo*C/lanes items (lanes: KDB_VEC where vec, else 1).
+ * pool_fwd_nhwc (channels-last) over N*Ho*Wo*C/lanes items (lanes: KDB_VEC where vec, else 1):
+ * its own launch, below.
  */
 #include "kdb_data.h"
 
@@ -284,64 +285,118 @@ KDB_KERNEL void pool_fwd_band(const KDB_GLOBAL kdb_data_t* x, KDB_GLOBAL kdb_dat
  * items hold neighbouring channels. A warp's reads of each window element are then contiguous,
  * where pool_fwd's threads (one output each, along a row) read elements a row of channels apart.
  * Indices (save_indices, max) as pool_fwd writes them: h * W + w, at the output's N C Ho Wo
- * position. */
+ * position.
+ * slices (a power of two dividing the block, at most POOL_SLICES_MAX): each item's window elements
+ * are dealt out to that many threads of one block (element e to slice e % slices), whose partial
+ * results meet in shared memory: a global pool has few outputs and long windows, and one thread
+ * an output would leave the memory system idle waiting on each thread's row of loads.
+ * Launch: block POOL_NHWC_BLOCK, exactly ceil(items * slices / POOL_NHWC_BLOCK) groups (no grid
+ * stride: every thread of a block reaches the barrier). */
+#define POOL_NHWC_BLOCK 256
+#define POOL_SLICES_MAX 32
+
+/* One window element's lanes into an item's running maximum or sum. */
+KDB_DEVICE_FN void pool_take(int mode, const float* v, int at, int lanes, int first, float* acc, int* acc_at)
+{
+    KDB_UNROLL
+    for (int l = 0; l < KDB_VEC; ++l) {
+        if (l < lanes) {
+            if (mode != 0) {
+                acc[l] += v[l];
+            } else if (first || v[l] > acc[l]) {
+                acc[l] = v[l];
+                acc_at[l] = at;
+            }
+        }
+    }
+}
+
 KDB_KERNEL void pool_fwd_nhwc(const KDB_GLOBAL kdb_data_t* x, KDB_GLOBAL kdb_data_t* y, KDB_GLOBAL int* indices,
                               POOL_GEOMETRY, int xs0, int xs1, int xs2, int xs3, int ys0, int ys1, int ys2, int ys3,
-                              int mode, int save_indices, int vec)
+                              int mode, int save_indices, int vec, int slices)
 {
-    const int lanes = vec ? KDB_VEC : 1, groups = C / lanes;
-    const long total = (long)N * Ho * Wo * groups;
-    for (long i = KDB_GLOBAL_ID_X; i < total; i += (long)KDB_LOCAL_SIZE_X * KDB_NUM_GROUPS_X) {
-        const int c0 = (int)(i % groups) * lanes;
-        const long pixel = i / groups;
-        const int wo = (int)(pixel % Wo), ho = (int)(pixel / Wo % Ho), n = (int)(pixel / ((long)Wo * Ho));
-        const int h0 = ho * sh - ph, w0 = wo * sw - pw;
-        float best[KDB_VEC], sum[KDB_VEC], v[KDB_VEC];
-        int best_at[KDB_VEC];
-        KDB_UNROLL
-        for (int l = 0; l < KDB_VEC; ++l) {
-            best[l] = -3.402823466e38f;
-            sum[l] = 0.0f;
-            best_at[l] = -1;
-        }
-        int count = 0;
-        for (int a = 0; a < kh; ++a) {
-            const int h = h0 + a;
-            if (h < 0 || h >= H)
-                continue;
-            for (int b = 0; b < kw; ++b) {
-                const int w = w0 + b;
-                if (w < 0 || w >= W)
-                    continue;
+    KDB_SHARED(float, part_acc, POOL_NHWC_BLOCK * KDB_VEC);
+    KDB_SHARED(int, part_at, POOL_NHWC_BLOCK * KDB_VEC);
+    KDB_SHARED(int, part_count, POOL_NHWC_BLOCK);
+    const int lanes = vec ? KDB_VEC : 1, groups = C / lanes, total = N * Ho * Wo * groups;
+    const int per_block = POOL_NHWC_BLOCK / slices, slot = KDB_LOCAL_ID_X % per_block;
+    const int slice = KDB_LOCAL_ID_X / per_block, i = KDB_GROUP_ID_X * per_block + slot;
+    const int c0 = (i % groups) * lanes, pixel = i / groups;
+    const int wo = pixel % Wo, ho = pixel / Wo % Ho, n = pixel / (Wo * Ho);
+    const int h0 = ho * sh - ph, w0 = wo * sw - pw;
+    float acc[KDB_VEC], v[KDB_VEC];
+    int acc_at[KDB_VEC], count = 0;
+    KDB_UNROLL
+    for (int l = 0; l < KDB_VEC; ++l) {
+        acc[l] = 0.0f;
+        acc_at[l] = -1;
+    }
+    if (i < total) {
+        /* element e = a * kw + b of the window, this slice's share: e = slice, slice + slices, ... */
+        int a = slice / kw, b = slice % kw;
+        const int step_a = slices / kw, step_b = slices % kw;
+        for (int e = slice; e < kh * kw; e += slices) {
+            const int h = h0 + a, w = w0 + b;
+            if (h >= 0 && h < H && w >= 0 && w < W) {
                 const long at = (long)n * xs0 + (long)c0 + (long)h * xs2 + (long)w * xs3;
                 if (vec)
                     kdb_unpack(*(const KDB_GLOBAL kdb_vec4u*)(x + at), v);
                 else
                     v[0] = KDB_LOAD(x, at);
-                KDB_UNROLL
-                for (int l = 0; l < KDB_VEC; ++l) {
-                    if (l < lanes) {
-                        if (v[l] > best[l] || best_at[l] < 0) {
-                            best[l] = v[l];
-                            best_at[l] = h * W + w;
-                        }
-                        sum[l] += v[l];
-                    }
-                }
+                pool_take(mode, v, h * W + w, lanes, count == 0, acc, acc_at);
                 ++count;
             }
+            a += step_a;
+            b += step_b;
+            if (b >= kw) {
+                b -= kw;
+                ++a;
+            }
         }
+    }
+    /* The slices meet: slice 0 takes the others' partial results in window order, so that the
+     * first maximum still wins (h * W + w grows with the window element). The barrier stands
+     * outside the condition, uniform as it is: PoCL's work-group loops mishandle one inside. */
+    if (slices > 1) {
         KDB_UNROLL
-        for (int l = 0; l < KDB_VEC; ++l)
-            v[l] = pool_result(mode, best[l], best_at[l], sum[l], count, kh * kw);
-        const long out = (long)n * ys0 + (long)c0 + (long)ho * ys2 + (long)wo * ys3;
-        if (vec)
-            *(KDB_GLOBAL kdb_vec4u*)(y + out) = kdb_pack(v);
-        else
-            KDB_STORE(y, out, v[0]);
-        if (save_indices) {
-            for (int l = 0; l < lanes; ++l)
-                indices[(((long)n * C + c0 + l) * Ho + ho) * Wo + wo] = best_at[l];
+        for (int l = 0; l < KDB_VEC; ++l) {
+            part_acc[KDB_LOCAL_ID_X * KDB_VEC + l] = acc[l];
+            part_at[KDB_LOCAL_ID_X * KDB_VEC + l] = acc_at[l];
         }
+        part_count[KDB_LOCAL_ID_X] = count;
+    }
+    KDB_BARRIER;
+    if (slices > 1 && slice == 0) {
+        for (int s = 1; s < slices; ++s) {
+            const int t = s * per_block + slot, other = part_count[t];
+            if (other == 0)
+                continue;
+            KDB_UNROLL
+            for (int l = 0; l < KDB_VEC; ++l) {
+                const float o = part_acc[t * KDB_VEC + l];
+                const int o_at = part_at[t * KDB_VEC + l];
+                if (mode != 0)
+                    acc[l] += o;
+                else if (count == 0 || o > acc[l] || (o == acc[l] && o_at < acc_at[l])) {
+                    acc[l] = o;
+                    acc_at[l] = o_at;
+                }
+            }
+            count += other;
+        }
+    }
+    if (slice != 0 || i >= total)
+        return;
+    KDB_UNROLL
+    for (int l = 0; l < KDB_VEC; ++l)
+        v[l] = pool_result(mode, acc[l], count ? 0 : -1, acc[l], count, kh * kw);
+    const long out = (long)n * ys0 + (long)c0 + (long)ho * ys2 + (long)wo * ys3;
+    if (vec)
+        *(KDB_GLOBAL kdb_vec4u*)(y + out) = kdb_pack(v);
+    else
+        KDB_STORE(y, out, v[0]);
+    if (save_indices) {
+        for (int l = 0; l < lanes; ++l)
+            indices[((n * C + c0 + l) * Ho + ho) * Wo + wo] = acc_at[l];
     }
 }

@@ -116,7 +116,7 @@ EXPECTED_LAYOUTS = {
     "pool_fwd": [(0, 8), (8, 8), (16, 8), *((24 + 4 * i, 4) for i in range(22))],
     "pool_fwd_small": [(0, 8), (8, 8), (16, 8), *((24 + 4 * i, 4) for i in range(22))],
     "pool_fwd_band": [(0, 8), (8, 8), (16, 8), *((24 + 4 * i, 4) for i in range(24))],
-    "pool_fwd_nhwc": [(0, 8), (8, 8), (16, 8), *((24 + 4 * i, 4) for i in range(23))],
+    "pool_fwd_nhwc": [(0, 8), (8, 8), (16, 8), *((24 + 4 * i, 4) for i in range(24))],
     "pool_fwd_2d": [(0, 8), (8, 8), (16, 8), *((24 + 4 * i, 4) for i in range(22))],
     "pool_bwd": [(0, 8), (8, 8), (16, 8), *((24 + 4 * i, 4) for i in range(21))],
     # pool_strip.c: three pointers, 7 sizes (with the top pad), 2 x 4 strides, outputs per thread, mode, vec
@@ -170,6 +170,7 @@ EXPECTED_LAYOUTS = {
     "conv_dw_fwd_tiled": [(0, 8), (8, 8), (16, 8), *((24 + 4 * i, 4) for i in range(32))],
     "conv_flip_weights": [(0, 8), (8, 8), *((16 + 4 * i, 4) for i in range(8))],  # two tensors, K C Y X, 4 strides
     "conv_pad_channels": [(0, 8), (8, 8), *((16 + 4 * i, 4) for i in range(9))],  # two tensors, N C H W Cp, 4 strides
+    "conv_pad_channels_vec": [(0, 8), (8, 8), *((16 + 4 * i, 4) for i in range(9))],
     # two tensors; K C Y X, 4 strides, pads, strides
     "conv_phase_weights": [(0, 8), (8, 8), *((16 + 4 * i, 4) for i in range(12))],
     # two tensors; N C H W Y X, pads, strides, dx's 4 strides, align
@@ -186,11 +187,12 @@ EXPECTED_LDS = {  # static LDS bytes at the default options
     "bn_fwd_infer_rows": 0, "bn_fwd_infer_rows_vec": 0,
     "softmax_fwd_lanes": 256 * 4, "softmax_bwd_lanes": 256 * 4,  # scratch for runs wider than 32 lanes
     "softmax_fwd_thread": 0, "softmax_bwd_thread": 0, "softmax_fwd_rows": 256 * 4, "softmax_fwd_block_even": 256 * 4, "op_tensor_packed": 0, "op_tensor_strided": 0, "op_tensor_rows": 0,
-    "layernorm_fwd": 256 * 4, "layernorm_fwd_lanes": 256 * 4, "layernorm_bwd_data": 256 * 4, "layernorm_bwd_weight": 0, "pool_fwd": 0, "pool_fwd_2d": 0, "pool_fwd_small": 0, "pool_fwd_band": 6144 * 4, "pool_bwd": 0, "pool_fwd_nhwc": 0,
+    "layernorm_fwd": 256 * 4, "layernorm_fwd_lanes": 256 * 4, "layernorm_bwd_data": 256 * 4, "layernorm_bwd_weight": 0, "pool_fwd": 0, "pool_fwd_2d": 0, "pool_fwd_small": 0, "pool_fwd_band": 6144 * 4, "pool_bwd": 0,
+    "pool_fwd_nhwc": 256 * 4 * (4 + 4) + 256 * 4,  # a block's partial results: fp32 lanes, their indices, counts
     "bn_fwd_infer": 0, "bn_fwd_train": 256 * 4, "bn_bwd": 256 * 4, "bn_fwd_infer_planes": 0, "bn_train_partial": 256 * 4, "bn_train_partial_vec": 256 * 4, "bn_train_finalize": 0,
     "gemm_tiled": 2 * 16 * 17 * 4,  # two padded TILE x (TILE + 1) float tiles
     "conv_fwd_direct": 0, "conv_bwd_data_direct": 0, "conv_bwd_weights_direct": 256 * 4,  # CONV_WRW_BLOCK floats
-    "conv_im2col": 0, "conv_col2im": 0, "conv_dy_by_channel": 0, "conv_transpose": 32 * 33 * 4, "conv_flip_weights": 0, "conv_pad_channels": 0, "conv_phase_weights": 0, "conv_phase_scatter": 0, "conv_dw_fwd": 0, "conv_dw_bwd_data": 0, "conv_bias_fwd": 0, "wino_filter": 0, "wino_input": 0, "wino_output": 0,
+    "conv_im2col": 0, "conv_col2im": 0, "conv_dy_by_channel": 0, "conv_transpose": 32 * 33 * 4, "conv_flip_weights": 0, "conv_pad_channels": 0, "conv_pad_channels_vec": 0, "conv_phase_weights": 0, "conv_phase_scatter": 0, "conv_dw_fwd": 0, "conv_dw_bwd_data": 0, "conv_bias_fwd": 0, "wino_filter": 0, "wino_input": 0, "wino_output": 0,
     "conv_bias_bwd": 256 * 4, "conv_epilogue_fwd": 0, "conv_epilogue_dense": 0,
     # the double-buffered tiles, then the result rows' offsets (IG_EPILOGUE)
     **{name: 2 * 2 * 8 * 132 * 4 + 128 * 8 for name in ("conv_fwd_igemm", "conv_bwd_data_igemm", "conv_wrw_igemm")},

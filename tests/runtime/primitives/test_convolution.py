@@ -277,6 +277,30 @@ def test_the_staging_transpose_moves_every_element(handle, dtype, matrices, rows
     np.testing.assert_array_equal(be.to_host(dst, np.empty((matrices, cols, rows), src.dtype)), src.transpose(0, 2, 1))
 
 
+@pytest.mark.parametrize("dtype", list(TYPES))
+@pytest.mark.parametrize("channels_last", [False, True], ids=["nchw", "nhwc"])
+@pytest.mark.parametrize("c, wide", [(3, 8), (3, 16), (16, 16), (5, 5)], ids=["3-8", "3-16", "16", "5-moved"])
+def test_the_widening_stage_moves_every_element_and_zeros_the_rest(handle, dtype, channels_last, c, wide):
+    """The tensor-core solvers' staging of x channels-last and widened with zero channels (CUDA
+    only there) on the chain device: conv_gemm.c's conv_pad_channels_vec where the width is a
+    multiple of the 16-byte vector, conv_pad_channels otherwise (a plain move of 5 channels);
+    x read through NCHW's or NHWC's strides, sizes odd."""
+    from kdbkit.runtime.primitives.convolution.solvers.igemm_tc import widener
+
+    store, read, _ = TYPES[dtype]
+    be, dt = handle.backend, DataType.parse(dtype)
+    n, h, w = 2, 7, 9
+    x = store(np.random.default_rng(c).standard_normal((n, c, h, w)))
+    memory = np.ascontiguousarray(x.transpose(0, 2, 3, 1) if channels_last else x)
+    strides = (h * w * c, 1, w * c, c) if channels_last else (c * h * w, h * w, w, 1)
+    move = widener(handle, handle.program("conv_gemm.c", dt.options), (n, c, h, w), wide, strides, dt)
+    dst = be.alloc(n * h * w * wide * x.itemsize)
+    move(be.to_device(memory), dst)
+    got = be.to_host(dst, np.empty((n, h, w, wide), x.dtype))
+    np.testing.assert_array_equal(got[..., :c], x.transpose(0, 2, 3, 1))
+    np.testing.assert_array_equal(read(got[..., c:]), 0.0)
+
+
 @pytest.mark.parametrize("channels_last", [False, True], ids=["nchw", "nhwc"])
 def test_depthwise_backward_weights_over_slices_and_channel_blocks(handle, channels_last):
     """40 channels (a block of 32 and a cut one, channels-last), 2178 positions in several

@@ -240,3 +240,43 @@ def test_immediate_mode_pools_channels_last_tensors_by_channels(handle):
     assert not solver.is_applicable(problem((12544, 1, 112, 1), (3136, 1, 56, 1), c=1), None)
     assert handle.dispatcher.choose(problem(nhwc_x, nhwc_y)).solver.name == "PoolChannelsLast"
     assert handle.dispatcher.choose(problem(nchw_x, nchw_y)).solver.name != "PoolChannelsLast"
+
+
+# Windows dealt out to several threads an output (slices_for's choice forced): the partial maxima,
+# sums and counts meet in shared memory, the first maximum still wins, and a slice that holds no
+# element of the window (more slices than elements, or all of its elements in the padding) is
+# passed over.
+@pytest.mark.parametrize("slices", [1, 2, 8, 32])
+@pytest.mark.parametrize("window, stride, pad", [((11, 9), (1, 1), (0, 0)), ((3, 3), (2, 2), (1, 1)),
+                                                 ((2, 3), (3, 1), (0, 1))])
+def test_channels_last_pooling_deals_a_window_to_slices(handle, monkeypatch, slices, window, stride, pad):
+    from kdbkit.runtime.primitives.pooling.solvers import channels_last
+
+    from .test_convolution import _channels_last, _from_channels_last
+
+    monkeypatch.setattr(channels_last, "slices_for", lambda items, length, units: slices)
+    be = handle.backend
+    x = np.random.default_rng(slices).standard_normal((2, 16, 11, 9)).astype(np.float32)
+    x[0, 3, 4, 2:6] = 7.0  # ties: the first of equal maxima (in the window's order) is recorded
+    xt = _channels_last(be, x)
+    for mode, save in (("max", True), ("avg", False), ("avg_in", False)):
+        ry, ridx = ref.forward(x, mode, window, stride, pad)
+        yt = _channels_last(be, np.zeros(ry.shape, np.float32))
+        _, indices = kdbkit.pooling_forward(handle, xt, mode=mode, window=window, stride=stride, pad=pad,
+                                            save_indices=save, y=yt, solver="PoolChannelsLast")
+        np.testing.assert_allclose(_from_channels_last(be, yt), ry, rtol=1e-5, atol=1e-5, err_msg=mode)
+        if save:
+            np.testing.assert_array_equal(be.to_host(indices, np.empty(ry.shape, np.int32)), ridx)
+            indices.free()
+        yt.buffer.free()
+
+
+def test_slices_grow_only_where_the_outputs_leave_the_device_short_of_threads():
+    from kdbkit.runtime.primitives.pooling.solvers.channels_last import slices_for
+
+    # ResNet-50's max pool (batch 32, 64 fp16 channels in 8 vectors, 56x56 outputs): enough items.
+    assert slices_for(32 * 56 * 56 * 8, 9, 132) == 1
+    # Its global average pool (2048 channels, one output pixel): 8192 items for 132 multiprocessors.
+    assert slices_for(32 * 256, 49, 132) == 32
+    assert slices_for(32 * 256, 49, 8) == 2
+    assert slices_for(100, 3, 132) == 2  # never past the window's length

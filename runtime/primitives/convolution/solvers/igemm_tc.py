@@ -21,7 +21,7 @@ from kdbkit.runtime.primitives.convolution.problem import ConvProblem
 from kdbkit.runtime.primitives.convolution.solvers.common import INT_MAX, shape_args
 from kdbkit.runtime.program_key import ProgramRequest
 from kdbkit.runtime.solver import (APPLIES, Context, Solution, Solver, aligned16, fallback_invoker, launcher_1d,
-                                   not_applicable)
+                                   not_applicable, vector_elements)
 from kdbkit.runtime.tensor import DataType
 
 TILE, THREADS, STAGES, STEP, PAD = 128, 128, 4, 32, 8  # conv_igemm_tc.cu's IG_BM = IG_BN, IG_THREADS, ...
@@ -80,14 +80,21 @@ def split_slices(problem: ConvProblem, units: int) -> int:
     return max(1, min(2 * units // blocks, tiles // 8, 8))
 
 
-def widener(context: Context, moves, shape: tuple[int, int, int, int], wide: int, strides):
+def widener(context: Context, moves, shape: tuple[int, int, int, int], wide: int, strides, dtype: DataType):
     """A launcher of conv_gemm.c's conv_pad_channels (from the loaded program ``moves``) taking
     (source, destination): a tensor of ``shape`` (N C H W, or K C Y X) read through its
     ``strides`` and written packed channels-last with its channels widened by zeros to ``wide``
-    (or not widened: ``wide`` = C, a plain move to NHWC / KYXC)."""
+    (or not widened: ``wide`` = C, a plain move to NHWC / KYXC). Where ``wide`` is a multiple
+    of the 16-byte vector and the vectors fit an int, conv_pad_channels_vec writes a vector an
+    item (the destination is the solvers' own 16-byte aligned workspace)."""
     n, c, h, w = shape
-    return launcher_1d(context, moves.function("conv_pad_channels"), n * h * w * wide,
-                       [None, None, *(np.int32(v) for v in (n, c, h, w, wide, *strides))], max_groups=1 << 16)
+    sizes = [np.int32(v) for v in (n, c, h, w, wide, *strides)]
+    per = vector_elements(dtype)
+    if wide % per == 0 and n * h * w * wide // per <= INT_MAX:
+        return launcher_1d(context, moves.function("conv_pad_channels_vec"), n * h * w * wide // per,
+                           [None, None, *sizes], max_groups=1 << 16)
+    return launcher_1d(context, moves.function("conv_pad_channels"), n * h * w * wide, [None, None, *sizes],
+                       max_groups=1 << 16)
 
 
 def transposer(context: Context, moves, dtype: DataType):
@@ -210,7 +217,7 @@ class ConvImplicitGemmTensorCore(Solver):
                 staged[source] = backend.alloc(d[source].numel // d[source].shape[1] * cin * item)
             shapes = {"x": (n, c, h * w_), "y": (n, k, ho * wo)}  # matrices, channels, positions
             if widen:
-                into = widener(context, moves, (n, c, h, w_), cin, d["x"].strides)
+                into = widener(context, moves, (n, c, h, w_), cin, d["x"].strides, problem.dtype)
             else:
                 into = transpose(*shapes[source]) if nchw else None
             if problem.direction == "B":
@@ -219,7 +226,7 @@ class ConvImplicitGemmTensorCore(Solver):
                                                                            *d["w"].strides))], max_groups=1 << 16)
             elif widen or (nchw and fy * fx > 1):
                 # KCYX -> KYXC, C widened if need be
-                prepare = widener(context, moves, (k, c, fy, fx), cin, d["w"].strides)
+                prepare = widener(context, moves, (k, c, fy, fx), cin, d["w"].strides, problem.dtype)
             else:
                 prepare = None  # KYXC already, or a 1 x 1 filter, whose KCYX is KYXC
             weights = backend.alloc(computed.out_channels * fy * fx * cin * item) if prepare is not None else None
@@ -332,7 +339,7 @@ class ConvWrwImplicitGemmTensorCore(Solver):
             nchw = problem.layout == "NCHW"
             x_in = x_nhwc = None
             if cp != c:  # widened with zero channels (through x's strides: either layout)
-                x_in = widener(context, moves, (n, c, h, w_), cp, d["x"].strides)
+                x_in = widener(context, moves, (n, c, h, w_), cp, d["x"].strides, problem.dtype)
             elif nchw:
                 x_in = transpose(n, c, h * w_)
             if x_in is not None:

@@ -375,7 +375,7 @@ class ConvTma(TmaConvSolver):
             transpose = transposer(context, moves, p.dtype)
             x_in, y_out = transpose(n, c, h * w_), transpose(n, ho * wo, k)
             x_nhwc, y_nhwc = backend.alloc(d["x"].numel * item), backend.alloc(d["y"].numel * item)
-            w_in = widener(context, moves, (k, c, fy, fx), c, d["w"].strides) if (fy, fx) != (1, 1) else None
+            w_in = widener(context, moves, (k, c, fy, fx), c, d["w"].strides, p.dtype) if (fy, fx) != (1, 1) else None
             w_kyxc = backend.alloc(d["w"].numel * item) if w_in is not None else None
 
             def forward_nchw(x, w, y):

@@ -1,15 +1,33 @@
 """PoolChannelsLast (id 53): forward over channels-last tensors, an item per output pixel and
 16-byte vector of channels (or one channel), neighbouring items on neighbouring channels
 (pooling.c's pool_fwd_nhwc): a warp's reads of each window element are contiguous. The other
-forward solvers walk a plane of each channel, whose elements lie a row of channels apart here."""
+forward solvers walk a plane of each channel, whose elements lie a row of channels apart here.
+Where that leaves too few threads to keep the memory system busy (a global pool: few outputs,
+long windows), each item's window is dealt out to several threads of a block (:func:`slices_for`)."""
 
 from __future__ import annotations
 
 import numpy as np
 
 from kdbkit.runtime.primitives.pooling.problem import MODES, PoolProblem
-from kdbkit.runtime.primitives.pooling.solvers.common import fits_int_arguments, geometry, program
-from kdbkit.runtime.solver import Solution, Solver, aligned16, launcher_1d, not_applicable, vector_elements
+from kdbkit.runtime.primitives.pooling.solvers.common import INT_MAX, fits_int_arguments, geometry, program
+from kdbkit.runtime.solver import Solution, Solver, aligned16, not_applicable, vector_elements
+
+BLOCK = 256  # pooling.c's POOL_NHWC_BLOCK
+SLICES_MAX = 32  # pooling.c's POOL_SLICES_MAX
+# Threads a multiprocessor should have in flight: what a memory-bound kernel needs resident
+# to cover DRAM latency on recent GPUs (2048 resident threads a multiprocessor on NVIDIA's).
+THREADS_PER_UNIT = 2048
+
+
+def slices_for(items: int, window: int, units: int) -> int:
+    """How many threads share one item's window: doubled (a power of two, at most SLICES_MAX and
+    the window's length) while the items alone leave the device's multiprocessors short of
+    THREADS_PER_UNIT threads each."""
+    slices = 1
+    while slices * 2 <= min(SLICES_MAX, window) and items * slices < units * THREADS_PER_UNIT:
+        slices *= 2
+    return slices
 
 
 class PoolChannelsLast(Solver):
@@ -24,6 +42,9 @@ class PoolChannelsLast(Solver):
             return not_applicable("x's or y's channels are not contiguous (it reads channels-last tensors)")
         if problem.shape[1] == 1:
             return not_applicable("one channel: nothing lies beside it to read together")
+        n, c = problem.shape[:2]
+        if n * c * problem.out_hw[0] * problem.out_hw[1] > INT_MAX:
+            return not_applicable("the output's size exceeds the kernel's int arguments")
         return fits_int_arguments(problem)
 
     def programs(self, problem: PoolProblem):
@@ -38,9 +59,15 @@ class PoolChannelsLast(Solver):
             whole = c % per == 0 and all(s % per == 0 for s in (xs[0], xs[2], xs[3], ys[0], ys[2], ys[3]))
             tail = [np.int32(MODES.index(problem.mode)), np.int32(problem.indices and problem.mode == "max")]
 
+            units, window = context.device.target.cu or 132, problem.window[0] * problem.window[1]
+
             def make(lanes: int):
-                return launcher_1d(context, kernel, n * ho * wo * (c // lanes),
-                                   [None, None, None, *geometry(problem), *tail, np.int32(lanes > 1)])
+                items = n * ho * wo * (c // lanes)
+                slices = slices_for(items, window, units)
+                groups = -(-items * slices // BLOCK)
+                return context.backend.launcher(kernel, (groups, 1, 1), (BLOCK, 1, 1),
+                                                [None, None, None, *geometry(problem), *tail, np.int32(lanes > 1),
+                                                 np.int32(slices)])
 
             element = make(1)
             vector = make(per) if whole else None
