@@ -25,8 +25,9 @@
  * map_x: 4-D im2col map (cuTensorMapEncodeIm2col) over (C, W, H, N), CONV_BK channels by 128
  * pixels, element strides (1, stride_w, stride_h, 1), corners (-pad_w, -pad_h) and (pad_w - dil_w
  * (S - 1), pad_h - dil_h (R - 1)); map_w: 3-D tile map over (C, R S, K), box (CONV_BK, 1,
- * CONV_BN); both 16-bit elements, the swizzle 2 CONV_BK bytes wide, zero fill. y: 16-byte aligned, K even; y_vec: 1 where K is a
- * multiple of 8 (16-byte stores). Sizes, strides, padding and dilation are arguments.
+ * CONV_BN); both 16-bit elements, the swizzle 2 CONV_BK bytes wide, zero fill. y: 16-byte
+ * aligned; y_vec: 1 where K is a multiple of 8 (16-byte stores through the staging, edge tiles
+ * too), else element stores (K odd too). Sizes, strides, padding and dilation are arguments.
  */
 #if !defined(__CUDACC__) && !defined(__CUDACC_RTC__)
 #error "conv_tma.cu is CUDA only"

@@ -120,6 +120,20 @@ def test_immediate_mode_prefers_the_tma_kernels_on_sm90():
     assert heuristic(conv(k=256, direction="W"), sm90(), ()).solver.name.startswith("ConvTmaBwdWeights")
 
 
+def test_immediate_mode_and_find_take_the_narrow_steps():
+    """An expansion from 24 channels and a 3 x 3 over 32, channels-last: immediate mode's
+    ConvTma runs the 32-channel step's program, and every tile width is find's to time."""
+    from kdbkit.runtime.immediate import heuristic
+
+    for p in (conv(c=24, k=144, hw=(56, 56), n=192, f=(1, 1), pad=(0, 0)),
+              conv(c=32, k=32, hw=(149, 149), n=48, pad=(0, 0)), conv(c=16, k=96, hw=(112, 112), n=96, f=(1, 1),
+                                                                    pad=(0, 0))):
+        chosen = heuristic(p, sm90(), ()).solver
+        assert chosen.name.startswith("ConvTma")
+        assert f"-DCONV_BK={tma.step_for(p)}" in chosen.programs(p)[0].options
+        assert all(REGISTRY.find(name).is_applicable(p, sm90()) for name in TMA_SOLVERS)
+
+
 def test_a_pointwise_nchw_convolution_is_a_batched_gemm():
     """y[n] (K x HW) = w (K x C) x[n] (C x HW): the TMA GEMM's program and tiles, no staging."""
     p = conv(c=256, k=64, hw=(56, 56), n=32, f=(1, 1), pad=(0, 0), layout="NCHW")
