@@ -26,10 +26,10 @@
  * pixels, element strides (1, stride_w, stride_h, 1), corners (-pad_w, -pad_h) and (pad_w - dil_w
  * (S - 1), pad_h - dil_h (R - 1)); map_w: 3-D tile map over (C, R S, K), box (CONV_BK, 1,
  * CONV_BN); both 16-bit elements, the swizzle 2 CONV_BK bytes wide, zero fill. y: 16-byte
- * aligned; y_vec: 1 where K is a multiple of 8 (whole tiles in 16-byte stores), else element
- * stores (K odd too). Sizes, strides, padding and dilation are arguments. The epilogue
- * (tma_wgmma.h's TmEpilogue): scale and shift, K floats each (or both null), res, a tensor laid
- * out as y (or null), relu 0 or 1: a batch norm, residual addition and ReLU fused.
+ * aligned; y_vec: 1 where K is a multiple of 8 (16-byte stores through the staging, edge tiles
+ * too), else element stores (K odd too). Sizes, strides, padding and dilation are arguments.
+ * The epilogue (tma_wgmma.h's TmEpilogue): scale and shift, K floats each (or both null), res,
+ * a tensor laid out as y (or null), relu 0 or 1: a batch norm, residual addition and ReLU fused.
  */
 #if !defined(__CUDACC__) && !defined(__CUDACC_RTC__)
 #error "conv_tma.cu is CUDA only"

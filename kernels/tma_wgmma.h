@@ -299,23 +299,28 @@ __device__ __forceinline__ void tm_store_one(unsigned short* c, long o, float v,
 }
 
 /* A consumer warpgroup's rows of tile (tm, tn) of the M x N row-major c (leading dimension
- * ldc, even), alpha, beta and the epilogue ``ep`` applied: a whole tile with beta 0 and c_vec (ldc a multiple of
- * 8) through the warp's staging area (stmatrix) as 16-byte stores of whole 128-byte rows, any
- * other tile as element pairs straight from the registers. d[4j + 0..1]: row r, columns 8j +
- * 2 (lane % 4) and the next; d[4j + 2..3]: row r + 8. */
+ * ldc), alpha, beta and the epilogue ``ep`` applied: with beta 0 and c_vec (ldc a multiple of
+ * 8) through the warp's staging area (stmatrix) as 16-byte stores of 128-byte rows, a tile cut
+ * by M or N too (its rows and 8-column chunks past the edges left out, a chunk cut by N stored
+ * element by element, the 64-column parts wholly past N skipped), any other tile as element
+ * pairs straight from the registers. d[4j + 0..1]: row r, columns 8j + 2 (lane % 4) and the
+ * next; d[4j + 2..3]: row r + 8. */
 __device__ __forceinline__ void tm_store(const float* d, unsigned short* c, int tm, int tn, int M, int N, int ldc,
                                          int c_vec, float alpha, float beta, unsigned int staging, int half, int warp,
                                          int lane, const TmEpilogue ep = TmEpilogue())
 {
-    if (beta == 0.0f && c_vec && (tm + 1) * TM_BM <= M && (tn + 1) * TM_BN <= N) {
-        /* A whole tile: each warp's 16 rows go through its staging area 64 columns at a time
-         * (stmatrix, 16-byte chunks swizzled by row), then out as 16-byte stores, each
-         * instruction 4 rows of 128 contiguous bytes. */
+    if (beta == 0.0f && c_vec) {
+        /* Each warp's 16 rows go through its staging area 64 columns at a time (stmatrix,
+         * 16-byte chunks swizzled by row), then out as 16-byte stores, each instruction 4 rows
+         * of 128 contiguous bytes where the tile is whole. */
         const unsigned int own = staging + half * 4 * TM_STAGING_BYTES + warp * TM_STAGING_BYTES;
         const int quad = lane / 8, srow = lane % 8 + 8 * (quad & 1);
-        unsigned short* rows = c + (long)(tm * TM_BM + half * 64 + warp * 16) * ldc + tn * TM_BN;
+        const int first = tm * TM_BM + half * 64 + warp * 16, rows_in = M - first, cols_in = N - tn * TM_BN;
+        unsigned short* rows = c + (long)first * ldc + tn * TM_BN;
 #pragma unroll
         for (int part = 0; part < TM_BN / 64; ++part) {
+            if (part * 64 >= cols_in) /* the same for the whole warp: no stmatrix is left half-done */
+                break;
 #pragma unroll
             for (int p = 0; p < 4; ++p) {
                 /* matrices: columns 8j0.. rows 0-7 and 8-15, then columns 8j0 + 8.. the same */
@@ -341,20 +346,38 @@ __device__ __forceinline__ void tm_store(const float* d, unsigned short* c, int 
                 asm volatile("ld.shared.v4.u32 {%0, %1, %2, %3}, [%4];"
                              : "=r"(v0), "=r"(v1), "=r"(v2), "=r"(v3)
                              : "r"(own + row * 128 + ((col ^ (row & 7)) << 4)));
-                unsigned short* out = rows + (long)row * ldc + part * 64 + col * 8;
-                if (ep.res) {
-                    unsigned int r0, r1, r2, r3;
-                    asm volatile("ld.global.v4.u32 {%0, %1, %2, %3}, [%4];"
-                                 : "=r"(r0), "=r"(r1), "=r"(r2), "=r"(r3)
-                                 : "l"(ep.res + (out - c)));
-                    v0 = tm_add_pair(v0, r0, ep.relu);
-                    v1 = tm_add_pair(v1, r1, ep.relu);
-                    v2 = tm_add_pair(v2, r2, ep.relu);
-                    v3 = tm_add_pair(v3, r3, ep.relu);
+                const int at_col = part * 64 + col * 8;
+                if (row >= rows_in || at_col >= cols_in)
+                    continue;
+                unsigned short* out = rows + (long)row * ldc + at_col;
+                if (at_col + 8 <= cols_in) {
+                    if (ep.res) {
+                        unsigned int r0, r1, r2, r3;
+                        asm volatile("ld.global.v4.u32 {%0, %1, %2, %3}, [%4];"
+                                     : "=r"(r0), "=r"(r1), "=r"(r2), "=r"(r3)
+                                     : "l"(ep.res + (out - c)));
+                        v0 = tm_add_pair(v0, r0, ep.relu);
+                        v1 = tm_add_pair(v1, r1, ep.relu);
+                        v2 = tm_add_pair(v2, r2, ep.relu);
+                        v3 = tm_add_pair(v3, r3, ep.relu);
+                    }
+                    asm volatile("st.global.v4.u32 [%0], {%1, %2, %3, %4};" ::"l"(out), "r"(v0), "r"(v1), "r"(v2),
+                                 "r"(v3)
+                                 : "memory");
+                } else { /* a chunk cut by N (N not a multiple of 8) */
+                    const unsigned int v[4] = {v0, v1, v2, v3};
+#pragma unroll
+                    for (int e = 0; e < 8; ++e) {
+                        if (at_col + e >= cols_in)
+                            continue;
+                        unsigned short value = (unsigned short)(v[e / 2] >> (16 * (e % 2)));
+                        if (ep.res) { /* the sum of two stored values, as the whole chunks' */
+                            float sum = tc_to_float(value) + tc_to_float(ep.res[(out - c) + e]);
+                            value = tc_from_float(ep.relu ? fmaxf(sum, 0.0f) : sum);
+                        }
+                        out[e] = value;
+                    }
                 }
-                asm volatile("st.global.v4.u32 [%0], {%1, %2, %3, %4};" ::"l"(out), "r"(v0), "r"(v1), "r"(v2),
-                             "r"(v3)
-                             : "memory");
             }
             __syncwarp(); /* the staging area is read before the next part overwrites it */
         }

@@ -224,12 +224,22 @@ def test_tiles_cut_at_every_edge(sm90_handle, name, dtype, ta, tb):
 
 @pytest.mark.gpu
 @pytest.mark.parametrize("name", TMA_SOLVERS)
+@pytest.mark.parametrize("dtype", [DataType.FP16, DataType.BF16])
+def test_a_chunk_cut_by_n_leaves_the_staging_element_by_element(sm90_handle, name, dtype):
+    """beta 0 and 16-byte rows of C (ldc 344) but N = 333: the edge tiles' last 8-column chunk
+    is five columns of C and three of its padding, which must survive."""
+    run_and_check(sm90_handle, name, problem(300, 333, 77, dtype=dtype, pad=8), seed=11)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("name", TMA_SOLVERS)
 @pytest.mark.parametrize("ta, tb", TRANSPOSITIONS)
 @pytest.mark.parametrize("beta", [0.0, 0.5])
 def test_more_tiles_than_multiprocessors_and_a_shared_b(sm90_handle, name, ta, tb, beta):
     """Each block walks several tiles (its ring of stages runs on across them), over three
-    batches that share one B; whole tiles leave through the staged 16-byte stores (beta 0,
-    which never reads C) or the element path (beta 0.5), the edge tiles through the latter."""
+    batches that share one B; tiles leave through the staged 16-byte stores (beta 0, which
+    never reads C; the edge tiles' rows and chunks past M and N left out) or the element path
+    (beta 0.5)."""
     p = problem(128 * 20 - 5, 256 * 9 + 64, 320, ta, tb, batch=3, shared_b=True)
     run_and_check(sm90_handle, name, GemmProblem(**{**p.__dict__, "beta": beta}), seed=7)
 
