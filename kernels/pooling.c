@@ -286,14 +286,15 @@ KDB_KERNEL void pool_fwd_band(const KDB_GLOBAL kdb_data_t* x, KDB_GLOBAL kdb_dat
  * where pool_fwd's threads (one output each, along a row) read elements a row of channels apart.
  * Indices (save_indices, max) as pool_fwd writes them: h * W + w, at the output's N C Ho Wo
  * position.
- * slices (a power of two dividing the block, at most POOL_SLICES_MAX): each item's window elements
+ * slices (a power of two, at most POOL_SLICES_MAX): each item's window elements
  * are dealt out to that many threads of one block (element e to slice e % slices), whose partial
  * results meet in shared memory: a global pool has few outputs and long windows, and one thread
  * an output would leave the memory system idle waiting on each thread's row of loads.
  * Launch: block POOL_NHWC_BLOCK, exactly ceil(items * slices / POOL_NHWC_BLOCK) groups (no grid
  * stride: every thread of a block reaches the barrier). */
 #define POOL_NHWC_BLOCK 256
-#define POOL_SLICES_MAX 32
+#define POOL_SLICES_MAX 8
+#define POOL_BATCH 4 /* window elements a thread loads before it uses them */
 
 /* One window element's lanes into an item's running maximum or sum. */
 KDB_DEVICE_FN void pool_take(int mode, const float* v, int at, int lanes, int first, float* acc, int* acc_at)
@@ -332,25 +333,50 @@ KDB_KERNEL void pool_fwd_nhwc(const KDB_GLOBAL kdb_data_t* x, KDB_GLOBAL kdb_dat
         acc_at[l] = -1;
     }
     if (i < total) {
-        /* element e = a * kw + b of the window, this slice's share: e = slice, slice + slices, ... */
+        /* element e = a * kw + b of the window, this slice's share: e = slice, slice + slices, ...,
+         * POOL_BATCH at a time: every load of a batch issued before any is used (an element past
+         * the window or in the padding reads the image's first pixel, and is not taken), so that
+         * a thread waits on memory once a batch rather than once an element. */
+        const long base = (long)n * xs0 + (long)c0;
+        const int length = kh * kw, step_a = slices / kw, step_b = slices % kw;
         int a = slice / kw, b = slice % kw;
-        const int step_a = slices / kw, step_b = slices % kw;
-        for (int e = slice; e < kh * kw; e += slices) {
-            const int h = h0 + a, w = w0 + b;
-            if (h >= 0 && h < H && w >= 0 && w < W) {
-                const long at = (long)n * xs0 + (long)c0 + (long)h * xs2 + (long)w * xs3;
-                if (vec)
-                    kdb_unpack(*(const KDB_GLOBAL kdb_vec4u*)(x + at), v);
-                else
-                    v[0] = KDB_LOAD(x, at);
-                pool_take(mode, v, h * W + w, lanes, count == 0, acc, acc_at);
-                ++count;
+        for (int e = slice; e < length; e += POOL_BATCH * slices) {
+            long at[POOL_BATCH];
+            int where[POOL_BATCH]; /* h * W + w, or -1: not an element to take */
+            KDB_UNROLL
+            for (int u = 0; u < POOL_BATCH; ++u) {
+                const int h = h0 + a, w = w0 + b;
+                const int inside = e + u * slices < length && h >= 0 && h < H && w >= 0 && w < W;
+                at[u] = inside ? base + (long)h * xs2 + (long)w * xs3 : base;
+                where[u] = inside ? h * W + w : -1;
+                a += step_a;
+                b += step_b;
+                if (b >= kw) {
+                    b -= kw;
+                    ++a;
+                }
             }
-            a += step_a;
-            b += step_b;
-            if (b >= kw) {
-                b -= kw;
-                ++a;
+            kdb_vec4u q[POOL_BATCH];
+            float one[POOL_BATCH];
+            if (vec) {
+                KDB_UNROLL
+                for (int u = 0; u < POOL_BATCH; ++u)
+                    q[u] = *(const KDB_GLOBAL kdb_vec4u*)(x + at[u]);
+            } else {
+                KDB_UNROLL
+                for (int u = 0; u < POOL_BATCH; ++u)
+                    one[u] = KDB_LOAD(x, at[u]);
+            }
+            KDB_UNROLL
+            for (int u = 0; u < POOL_BATCH; ++u) {
+                if (where[u] < 0)
+                    continue;
+                if (vec)
+                    kdb_unpack(q[u], v);
+                else
+                    v[0] = one[u];
+                pool_take(mode, v, where[u], lanes, count == 0, acc, acc_at);
+                ++count;
             }
         }
     }

@@ -246,7 +246,7 @@ def test_immediate_mode_pools_channels_last_tensors_by_channels(handle):
 # sums and counts meet in shared memory, the first maximum still wins, and a slice that holds no
 # element of the window (more slices than elements, or all of its elements in the padding) is
 # passed over.
-@pytest.mark.parametrize("slices", [1, 2, 8, 32])
+@pytest.mark.parametrize("slices", [1, 2, 8])
 @pytest.mark.parametrize("window, stride, pad", [((11, 9), (1, 1), (0, 0)), ((3, 3), (2, 2), (1, 1)),
                                                  ((2, 3), (3, 1), (0, 1))])
 def test_channels_last_pooling_deals_a_window_to_slices(handle, monkeypatch, slices, window, stride, pad):
@@ -277,6 +277,6 @@ def test_slices_grow_only_where_the_outputs_leave_the_device_short_of_threads():
     # ResNet-50's max pool (batch 32, 64 fp16 channels in 8 vectors, 56x56 outputs): enough items.
     assert slices_for(32 * 56 * 56 * 8, 9, 132) == 1
     # Its global average pool (2048 channels, one output pixel): 8192 items for 132 multiprocessors.
-    assert slices_for(32 * 256, 49, 132) == 32
+    assert slices_for(32 * 256, 49, 132) == 8
     assert slices_for(32 * 256, 49, 8) == 2
     assert slices_for(100, 3, 132) == 2  # never past the window's length

@@ -14,7 +14,7 @@ from kdbkit.runtime.primitives.pooling.solvers.common import INT_MAX, fits_int_a
 from kdbkit.runtime.solver import Solution, Solver, aligned16, not_applicable, vector_elements
 
 BLOCK = 256  # pooling.c's POOL_NHWC_BLOCK
-SLICES_MAX = 32  # pooling.c's POOL_SLICES_MAX
+SLICES_MAX = 8  # pooling.c's POOL_SLICES_MAX: slice 0 meets the others one by one
 # Threads a multiprocessor should have in flight: what a memory-bound kernel needs resident
 # to cover DRAM latency on recent GPUs (2048 resident threads a multiprocessor on NVIDIA's).
 THREADS_PER_UNIT = 2048
