@@ -8,8 +8,7 @@
  * Options: the element type (kdb_data.h).
  * Launch: 1-D, any block size and grid (grid-stride): pool_fwd over N*C*Ho*Wo outputs,
  * pool_bwd over N*C*H*W inputs (each gathers from the outputs whose windows cover it),
- * pool_fwd_nhwc (channels-last) over N*Ho*Wo*C/lanes items (lanes: KDB_VEC where vec, else 1):
- * its own launch, below.
+ * pool_fwd_nhwc (channels-last) over N*Ho*Wo*C/lanes items (lanes: KDB_VEC where vec, else 1).
  */
 #include "kdb_data.h"
 
@@ -285,16 +284,14 @@ KDB_KERNEL void pool_fwd_band(const KDB_GLOBAL kdb_data_t* x, KDB_GLOBAL kdb_dat
  * items hold neighbouring channels. A warp's reads of each window element are then contiguous,
  * where pool_fwd's threads (one output each, along a row) read elements a row of channels apart.
  * Indices (save_indices, max) as pool_fwd writes them: h * W + w, at the output's N C Ho Wo
- * position.
- * slices (a power of two, at most POOL_SLICES_MAX): each item's window elements
- * are dealt out to that many threads of one block (element e to slice e % slices), whose partial
- * results meet in shared memory: a global pool has few outputs and long windows, and one thread
- * an output would leave the memory system idle waiting on each thread's row of loads.
- * Launch: block POOL_NHWC_BLOCK, exactly ceil(items * slices / POOL_NHWC_BLOCK) groups (no grid
- * stride: every thread of a block reaches the barrier). */
-#define POOL_NHWC_BLOCK 256
-#define POOL_SLICES_MAX 8
-#define POOL_BATCH 4 /* window elements a thread loads before it uses them */
+ * position. The window's elements go POOL_BATCH at a time, every load of a batch issued before
+ * any is used (an element past the window or in the padding reads the image's first pixel and is
+ * not taken): a thread waits on memory once a batch rather than once an element, which is what
+ * bounds a global pool (few outputs, long windows). The caller checks that N Ho Wo C fits an int.
+ */
+#ifndef POOL_BATCH
+#define POOL_BATCH 8
+#endif
 
 /* One window element's lanes into an item's running maximum or sum. */
 KDB_DEVICE_FN void pool_take(int mode, const float* v, int at, int lanes, int first, float* acc, int* acc_at)
@@ -314,45 +311,33 @@ KDB_DEVICE_FN void pool_take(int mode, const float* v, int at, int lanes, int fi
 
 KDB_KERNEL void pool_fwd_nhwc(const KDB_GLOBAL kdb_data_t* x, KDB_GLOBAL kdb_data_t* y, KDB_GLOBAL int* indices,
                               POOL_GEOMETRY, int xs0, int xs1, int xs2, int xs3, int ys0, int ys1, int ys2, int ys3,
-                              int mode, int save_indices, int vec, int slices)
+                              int mode, int save_indices, int vec)
 {
-    KDB_SHARED(float, part_acc, POOL_NHWC_BLOCK * KDB_VEC);
-    KDB_SHARED(int, part_at, POOL_NHWC_BLOCK * KDB_VEC);
-    KDB_SHARED(int, part_count, POOL_NHWC_BLOCK);
-    const int lanes = vec ? KDB_VEC : 1, groups = C / lanes, total = N * Ho * Wo * groups;
-    const int per_block = POOL_NHWC_BLOCK / slices, slot = KDB_LOCAL_ID_X % per_block;
-    const int slice = KDB_LOCAL_ID_X / per_block, i = KDB_GROUP_ID_X * per_block + slot;
-    const int c0 = (i % groups) * lanes, pixel = i / groups;
-    const int wo = pixel % Wo, ho = pixel / Wo % Ho, n = pixel / (Wo * Ho);
-    const int h0 = ho * sh - ph, w0 = wo * sw - pw;
-    float acc[KDB_VEC], v[KDB_VEC];
-    int acc_at[KDB_VEC], count = 0;
-    KDB_UNROLL
-    for (int l = 0; l < KDB_VEC; ++l) {
-        acc[l] = 0.0f;
-        acc_at[l] = -1;
-    }
-    if (i < total) {
-        /* element e = a * kw + b of the window, this slice's share: e = slice, slice + slices, ...,
-         * POOL_BATCH at a time: every load of a batch issued before any is used (an element past
-         * the window or in the padding reads the image's first pixel, and is not taken), so that
-         * a thread waits on memory once a batch rather than once an element. */
+    const int lanes = vec ? KDB_VEC : 1, groups = C / lanes, total = N * Ho * Wo * groups, length = kh * kw;
+    for (int i = KDB_GLOBAL_ID_X; i < total; i += KDB_LOCAL_SIZE_X * KDB_NUM_GROUPS_X) {
+        const int c0 = (i % groups) * lanes, pixel = i / groups;
+        const int wo = pixel % Wo, ho = pixel / Wo % Ho, n = pixel / (Wo * Ho);
+        const int h0 = ho * sh - ph, w0 = wo * sw - pw;
         const long base = (long)n * xs0 + (long)c0;
-        const int length = kh * kw, step_a = slices / kw, step_b = slices % kw;
-        int a = slice / kw, b = slice % kw;
-        for (int e = slice; e < length; e += POOL_BATCH * slices) {
+        float acc[KDB_VEC], v[KDB_VEC];
+        int acc_at[KDB_VEC], count = 0;
+        KDB_UNROLL
+        for (int l = 0; l < KDB_VEC; ++l) {
+            acc[l] = 0.0f;
+            acc_at[l] = -1;
+        }
+        int a = 0, b = 0; /* element e = a * kw + b of the window */
+        for (int e = 0; e < length; e += POOL_BATCH) {
             long at[POOL_BATCH];
             int where[POOL_BATCH]; /* h * W + w, or -1: not an element to take */
             KDB_UNROLL
             for (int u = 0; u < POOL_BATCH; ++u) {
                 const int h = h0 + a, w = w0 + b;
-                const int inside = e + u * slices < length && h >= 0 && h < H && w >= 0 && w < W;
+                const int inside = e + u < length && h >= 0 && h < H && w >= 0 && w < W;
                 at[u] = inside ? base + (long)h * xs2 + (long)w * xs3 : base;
                 where[u] = inside ? h * W + w : -1;
-                a += step_a;
-                b += step_b;
-                if (b >= kw) {
-                    b -= kw;
+                if (++b == kw) {
+                    b = 0;
                     ++a;
                 }
             }
@@ -379,50 +364,17 @@ KDB_KERNEL void pool_fwd_nhwc(const KDB_GLOBAL kdb_data_t* x, KDB_GLOBAL kdb_dat
                 ++count;
             }
         }
-    }
-    /* The slices meet: slice 0 takes the others' partial results in window order, so that the
-     * first maximum still wins (h * W + w grows with the window element). The barrier stands
-     * outside the condition, uniform as it is: PoCL's work-group loops mishandle one inside. */
-    if (slices > 1) {
         KDB_UNROLL
-        for (int l = 0; l < KDB_VEC; ++l) {
-            part_acc[KDB_LOCAL_ID_X * KDB_VEC + l] = acc[l];
-            part_at[KDB_LOCAL_ID_X * KDB_VEC + l] = acc_at[l];
+        for (int l = 0; l < KDB_VEC; ++l)
+            v[l] = pool_result(mode, acc[l], count ? 0 : -1, acc[l], count, length);
+        const long out = (long)n * ys0 + (long)c0 + (long)ho * ys2 + (long)wo * ys3;
+        if (vec)
+            *(KDB_GLOBAL kdb_vec4u*)(y + out) = kdb_pack(v);
+        else
+            KDB_STORE(y, out, v[0]);
+        if (save_indices) {
+            for (int l = 0; l < lanes; ++l)
+                indices[((n * C + c0 + l) * Ho + ho) * Wo + wo] = acc_at[l];
         }
-        part_count[KDB_LOCAL_ID_X] = count;
-    }
-    KDB_BARRIER;
-    if (slices > 1 && slice == 0) {
-        for (int s = 1; s < slices; ++s) {
-            const int t = s * per_block + slot, other = part_count[t];
-            if (other == 0)
-                continue;
-            KDB_UNROLL
-            for (int l = 0; l < KDB_VEC; ++l) {
-                const float o = part_acc[t * KDB_VEC + l];
-                const int o_at = part_at[t * KDB_VEC + l];
-                if (mode != 0)
-                    acc[l] += o;
-                else if (count == 0 || o > acc[l] || (o == acc[l] && o_at < acc_at[l])) {
-                    acc[l] = o;
-                    acc_at[l] = o_at;
-                }
-            }
-            count += other;
-        }
-    }
-    if (slice != 0 || i >= total)
-        return;
-    KDB_UNROLL
-    for (int l = 0; l < KDB_VEC; ++l)
-        v[l] = pool_result(mode, acc[l], count ? 0 : -1, acc[l], count, kh * kw);
-    const long out = (long)n * ys0 + (long)c0 + (long)ho * ys2 + (long)wo * ys3;
-    if (vec)
-        *(KDB_GLOBAL kdb_vec4u*)(y + out) = kdb_pack(v);
-    else
-        KDB_STORE(y, out, v[0]);
-    if (save_indices) {
-        for (int l = 0; l < lanes; ++l)
-            indices[((n * C + c0 + l) * Ho + ho) * Wo + wo] = acc_at[l];
     }
 }

@@ -116,7 +116,7 @@ EXPECTED_LAYOUTS = {
     "pool_fwd": [(0, 8), (8, 8), (16, 8), *((24 + 4 * i, 4) for i in range(22))],
     "pool_fwd_small": [(0, 8), (8, 8), (16, 8), *((24 + 4 * i, 4) for i in range(22))],
     "pool_fwd_band": [(0, 8), (8, 8), (16, 8), *((24 + 4 * i, 4) for i in range(24))],
-    "pool_fwd_nhwc": [(0, 8), (8, 8), (16, 8), *((24 + 4 * i, 4) for i in range(24))],
+    "pool_fwd_nhwc": [(0, 8), (8, 8), (16, 8), *((24 + 4 * i, 4) for i in range(23))],
     "pool_fwd_2d": [(0, 8), (8, 8), (16, 8), *((24 + 4 * i, 4) for i in range(22))],
     "pool_bwd": [(0, 8), (8, 8), (16, 8), *((24 + 4 * i, 4) for i in range(21))],
     # pool_strip.c: three pointers, 7 sizes (with the top pad), 2 x 4 strides, outputs per thread, mode, vec
@@ -188,7 +188,7 @@ EXPECTED_LDS = {  # static LDS bytes at the default options
     "softmax_fwd_lanes": 256 * 4, "softmax_bwd_lanes": 256 * 4,  # scratch for runs wider than 32 lanes
     "softmax_fwd_thread": 0, "softmax_bwd_thread": 0, "softmax_fwd_rows": 256 * 4, "softmax_fwd_block_even": 256 * 4, "op_tensor_packed": 0, "op_tensor_strided": 0, "op_tensor_rows": 0,
     "layernorm_fwd": 256 * 4, "layernorm_fwd_lanes": 256 * 4, "layernorm_bwd_data": 256 * 4, "layernorm_bwd_weight": 0, "pool_fwd": 0, "pool_fwd_2d": 0, "pool_fwd_small": 0, "pool_fwd_band": 6144 * 4, "pool_bwd": 0,
-    "pool_fwd_nhwc": 256 * 4 * (4 + 4) + 256 * 4,  # a block's partial results: fp32 lanes, their indices, counts
+    "pool_fwd_nhwc": 0,
     "bn_fwd_infer": 0, "bn_fwd_train": 256 * 4, "bn_bwd": 256 * 4, "bn_fwd_infer_planes": 0, "bn_train_partial": 256 * 4, "bn_train_partial_vec": 256 * 4, "bn_train_finalize": 0,
     "gemm_tiled": 2 * 16 * 17 * 4,  # two padded TILE x (TILE + 1) float tiles
     "conv_fwd_direct": 0, "conv_bwd_data_direct": 0, "conv_bwd_weights_direct": 256 * 4,  # CONV_WRW_BLOCK floats

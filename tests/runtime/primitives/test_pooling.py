@@ -242,22 +242,18 @@ def test_immediate_mode_pools_channels_last_tensors_by_channels(handle):
     assert handle.dispatcher.choose(problem(nchw_x, nchw_y)).solver.name != "PoolChannelsLast"
 
 
-# Windows dealt out to several threads an output (slices_for's choice forced): the partial maxima,
-# sums and counts meet in shared memory, the first maximum still wins, and a slice that holds no
-# element of the window (more slices than elements, or all of its elements in the padding) is
-# passed over.
-@pytest.mark.parametrize("slices", [1, 2, 8])
+# Windows of every length against the kernel's batches of eight loads (shorter, longer, a
+# multiple, 99 at once as a global pool), ties (the first of equal maxima in the window's order is
+# recorded), padding and element reads (5 channels).
+@pytest.mark.parametrize("channels", [16, 5])
 @pytest.mark.parametrize("window, stride, pad", [((11, 9), (1, 1), (0, 0)), ((3, 3), (2, 2), (1, 1)),
-                                                 ((2, 3), (3, 1), (0, 1))])
-def test_channels_last_pooling_deals_a_window_to_slices(handle, monkeypatch, slices, window, stride, pad):
-    from kdbkit.runtime.primitives.pooling.solvers import channels_last
-
+                                                 ((2, 4), (3, 1), (0, 1)), ((4, 4), (1, 1), (2, 2))])
+def test_channels_last_pooling_takes_windows_in_batches(handle, channels, window, stride, pad):
     from .test_convolution import _channels_last, _from_channels_last
 
-    monkeypatch.setattr(channels_last, "slices_for", lambda items, length, units: slices)
     be = handle.backend
-    x = np.random.default_rng(slices).standard_normal((2, 16, 11, 9)).astype(np.float32)
-    x[0, 3, 4, 2:6] = 7.0  # ties: the first of equal maxima (in the window's order) is recorded
+    x = np.random.default_rng(channels + sum(window)).standard_normal((2, channels, 11, 9)).astype(np.float32)
+    x[0, 3, 4, 2:6] = 7.0
     xt = _channels_last(be, x)
     for mode, save in (("max", True), ("avg", False), ("avg_in", False)):
         ry, ridx = ref.forward(x, mode, window, stride, pad)
@@ -269,14 +265,3 @@ def test_channels_last_pooling_deals_a_window_to_slices(handle, monkeypatch, sli
             np.testing.assert_array_equal(be.to_host(indices, np.empty(ry.shape, np.int32)), ridx)
             indices.free()
         yt.buffer.free()
-
-
-def test_slices_grow_only_where_the_outputs_leave_the_device_short_of_threads():
-    from kdbkit.runtime.primitives.pooling.solvers.channels_last import slices_for
-
-    # ResNet-50's max pool (batch 32, 64 fp16 channels in 8 vectors, 56x56 outputs): enough items.
-    assert slices_for(32 * 56 * 56 * 8, 9, 132) == 1
-    # Its global average pool (2048 channels, one output pixel): 8192 items for 132 multiprocessors.
-    assert slices_for(32 * 256, 49, 132) == 8
-    assert slices_for(32 * 256, 49, 8) == 2
-    assert slices_for(100, 3, 132) == 2  # never past the window's length

@@ -2,8 +2,10 @@
 16-byte vector of channels (or one channel), neighbouring items on neighbouring channels
 (pooling.c's pool_fwd_nhwc): a warp's reads of each window element are contiguous. The other
 forward solvers walk a plane of each channel, whose elements lie a row of channels apart here.
-Where that leaves too few threads to keep the memory system busy (a global pool: few outputs,
-long windows), each item's window is dealt out to several threads of a block (:func:`slices_for`)."""
+Each item loads its window's elements eight at a time before it uses them (a global pool's
+threads wait on memory once a batch); dealing a window out to several threads of a block, their
+partial results met in shared memory, was slower on the H200 in every case measured
+(docs/performance.md)."""
 
 from __future__ import annotations
 
@@ -11,23 +13,7 @@ import numpy as np
 
 from kdbkit.runtime.primitives.pooling.problem import MODES, PoolProblem
 from kdbkit.runtime.primitives.pooling.solvers.common import INT_MAX, fits_int_arguments, geometry, program
-from kdbkit.runtime.solver import Solution, Solver, aligned16, not_applicable, vector_elements
-
-BLOCK = 256  # pooling.c's POOL_NHWC_BLOCK
-SLICES_MAX = 8  # pooling.c's POOL_SLICES_MAX: slice 0 meets the others one by one
-# Threads a multiprocessor should have in flight: what a memory-bound kernel needs resident
-# to cover DRAM latency on recent GPUs (2048 resident threads a multiprocessor on NVIDIA's).
-THREADS_PER_UNIT = 2048
-
-
-def slices_for(items: int, window: int, units: int) -> int:
-    """How many threads share one item's window: doubled (a power of two, at most SLICES_MAX and
-    the window's length) while the items alone leave the device's multiprocessors short of
-    THREADS_PER_UNIT threads each."""
-    slices = 1
-    while slices * 2 <= min(SLICES_MAX, window) and items * slices < units * THREADS_PER_UNIT:
-        slices *= 2
-    return slices
+from kdbkit.runtime.solver import Solution, Solver, aligned16, launcher_1d, not_applicable, vector_elements
 
 
 class PoolChannelsLast(Solver):
@@ -59,15 +45,9 @@ class PoolChannelsLast(Solver):
             whole = c % per == 0 and all(s % per == 0 for s in (xs[0], xs[2], xs[3], ys[0], ys[2], ys[3]))
             tail = [np.int32(MODES.index(problem.mode)), np.int32(problem.indices and problem.mode == "max")]
 
-            units, window = context.device.target.cu or 132, problem.window[0] * problem.window[1]
-
             def make(lanes: int):
-                items = n * ho * wo * (c // lanes)
-                slices = slices_for(items, window, units)
-                groups = -(-items * slices // BLOCK)
-                return context.backend.launcher(kernel, (groups, 1, 1), (BLOCK, 1, 1),
-                                                [None, None, None, *geometry(problem), *tail, np.int32(lanes > 1),
-                                                 np.int32(slices)])
+                return launcher_1d(context, kernel, n * ho * wo * (c // lanes),
+                                   [None, None, None, *geometry(problem), *tail, np.int32(lanes > 1)])
 
             element = make(1)
             vector = make(per) if whole else None
