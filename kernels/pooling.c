@@ -290,7 +290,7 @@ KDB_KERNEL void pool_fwd_band(const KDB_GLOBAL kdb_data_t* x, KDB_GLOBAL kdb_dat
  * bounds a global pool (few outputs, long windows). The caller checks that N Ho Wo C fits an int.
  */
 #ifndef POOL_BATCH
-#define POOL_BATCH 8
+#define POOL_BATCH 4
 #endif
 
 /* One window element's lanes into an item's running maximum or sum. */

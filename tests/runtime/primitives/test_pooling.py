@@ -242,7 +242,7 @@ def test_immediate_mode_pools_channels_last_tensors_by_channels(handle):
     assert handle.dispatcher.choose(problem(nchw_x, nchw_y)).solver.name != "PoolChannelsLast"
 
 
-# Windows of every length against the kernel's batches of eight loads (shorter, longer, a
+# Windows of every length against the kernel's batches of four loads (shorter, longer, a
 # multiple, 99 at once as a global pool), ties (the first of equal maxima in the window's order is
 # recorded), padding and element reads (5 channels).
 @pytest.mark.parametrize("channels", [16, 5])

@@ -2,7 +2,7 @@
 16-byte vector of channels (or one channel), neighbouring items on neighbouring channels
 (pooling.c's pool_fwd_nhwc): a warp's reads of each window element are contiguous. The other
 forward solvers walk a plane of each channel, whose elements lie a row of channels apart here.
-Each item loads its window's elements eight at a time before it uses them (a global pool's
+Each item loads its window's elements four at a time before it uses them (a global pool's
 threads wait on memory once a batch); dealing a window out to several threads of a block, their
 partial results met in shared memory, was slower on the H200 in every case measured
 (docs/performance.md)."""
