@@ -126,6 +126,7 @@ EXPECTED_LAYOUTS = {
     "bn_fwd_infer": [*((8 * i, 8) for i in range(6)), *((48 + 4 * i, 4) for i in range(14))],
     "bn_fwd_infer_planes": [*((8 * i, 8) for i in range(6)), *((48 + 4 * i, 4) for i in range(8))],
     "bn_fwd_infer_vec": [*((8 * i, 8) for i in range(6)), *((48 + 4 * i, 4) for i in range(8))],
+    "bn_fwd_infer_plane_vec": [*((8 * i, 8) for i in range(6)), *((48 + 4 * i, 4) for i in range(7))],
     "bn_fwd_infer_rows": [*((8 * i, 8) for i in range(6)), *((48 + 4 * i, 4) for i in range(4))],
     "bn_fwd_infer_rows_vec": [*((8 * i, 8) for i in range(6)), *((48 + 4 * i, 4) for i in range(4))],
     "bn_train_partial": [(0, 8), (8, 8), *((16 + 4 * i, 4) for i in range(6))],
@@ -183,7 +184,7 @@ EXPECTED_LDS = {  # static LDS bytes at the default options
     "relu_fwd": 0, "leaky_relu_fwd": 0,
     "activ_fwd_packed": 0, "activ_bwd_packed": 0, "activ_fwd_strided": 0, "activ_bwd_strided": 0,
     "softmax_fwd_block": 256 * 4, "softmax_bwd_block": 256 * 4,  # BLOCK floats of scratch
-    "activ_fwd_vec": 0, "activ_fwd_vec_light": 0, "activ_bwd_vec": 0, "op_tensor_vec": 0, "bn_fwd_infer_vec": 0,
+    "activ_fwd_vec": 0, "activ_fwd_vec_light": 0, "activ_bwd_vec": 0, "op_tensor_vec": 0, "bn_fwd_infer_vec": 0, "bn_fwd_infer_plane_vec": 0,
     "bn_fwd_infer_rows": 0, "bn_fwd_infer_rows_vec": 0,
     "softmax_fwd_lanes": 256 * 4, "softmax_bwd_lanes": 256 * 4,  # scratch for runs wider than 32 lanes
     "softmax_fwd_thread": 0, "softmax_bwd_thread": 0, "softmax_fwd_rows": 256 * 4, "softmax_fwd_block_even": 256 * 4, "op_tensor_packed": 0, "op_tensor_strided": 0, "op_tensor_rows": 0,

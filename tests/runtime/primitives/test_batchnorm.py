@@ -11,7 +11,7 @@ from kdbkit.runtime.primitives.batchnorm import BatchNormProblem
 from kdbkit.runtime.problem import parse_config
 from kdbkit.runtime.reference import batchnorm as ref
 from kdbkit.runtime.solver import REGISTRY
-from kdbkit.runtime.tensor import DataType
+from kdbkit.runtime.tensor import DataType, DeviceTensor, TensorDesc, packed_strides
 
 from .conftest import TYPES
 
@@ -53,6 +53,28 @@ def test_training_backward_and_inference_match_the_reference(handle, mode, dtype
     yi = kdbkit.batchnorm_inference(handle, x, scale, bias, rm, rv, mode=mode, dtype=dtype)
     np.testing.assert_allclose(read(yi), ref.inference(read(x), scale, bias, rm, rv, mode), rtol=tol * 4,
                                atol=tol * 4)
+
+
+@pytest.mark.parametrize("dtype", list(TYPES))
+@pytest.mark.parametrize("hw", [(48, 48), (40, 52)], ids=["2304", "2080"])
+def test_inference_over_large_planes_matches_the_reference(handle, dtype, hw):
+    """Planes of 2304 and 2080 elements (bn_fwd_infer_plane_vec: 260 to 576 vectors a plane,
+    each plane's last chunk cut), and a y with planes apart (the strides the kernel takes)."""
+    store, read, tol = TYPES[dtype]
+    rng = np.random.default_rng(hw[1])
+    x = store(rng.standard_normal((2, 3, *hw)) * 2 + 0.5)
+    scale, bias = _params(rng, 3)
+    mean, var = rng.standard_normal(3).astype(np.float32), rng.random(3).astype(np.float32) + 0.5
+    expected = ref.inference(read(x), scale, bias, mean, var, "spatial")
+    np.testing.assert_allclose(read(kdbkit.batchnorm_inference(handle, x, scale, bias, mean, var, dtype=dtype)),
+                               expected, rtol=tol * 4, atol=tol * 4)
+    be = handle.backend
+    wide = store(np.full((2, 4, *hw), 9.0))  # y's channel 3 of each image is not written
+    y = DeviceTensor(be.to_device(wide), TensorDesc(DataType.parse(dtype), x.shape, packed_strides((2, 4, *hw))))
+    kdbkit.batchnorm_inference(handle, x, scale, bias, mean, var, y=y, dtype=dtype)
+    got = read(be.to_host(y.buffer, np.empty_like(wide)))
+    np.testing.assert_allclose(got[:, :3], expected, rtol=tol * 4, atol=tol * 4)
+    np.testing.assert_array_equal(got[:, 3], 9.0)
 
 
 def test_parameters_in_miopen_shapes_and_no_running_statistics(handle):

@@ -20,6 +20,10 @@ from kdbkit.runtime.solver import (
 
 
 ROW_THREADS = 1 << 18  # enough threads in flight for any GPU; each keeps one channel slot
+# Planes of at least PLANE_VECTORS 16-byte vectors go to bn_fwd_infer_plane_vec: blocks of
+# PLANE_BLOCK threads, PLANE_VECS vectors each (batchnorm.c's BN_PLANE_VECS), a block within
+# one plane; smaller planes would leave most of such a block idle.
+PLANE_BLOCK, PLANE_VECS, PLANE_VECTORS = 256, 4, 256
 
 
 def _infer_rows(context: Context, prog, problem: BatchNormProblem, eps):
@@ -75,10 +79,15 @@ class BatchNormBlock(Solver):
                     per = vector_elements(problem.dtype)
                     if all(v % per == 0 for v in (h * w, *problem.x_strides[:2], *problem.y_strides[:2])):
                         # Every plane starts on a 16-byte vector (given aligned tensors): 16 bytes per access.
-                        vec, vargs = prog.function("bn_fwd_infer_vec"), [np.int32(v // per) for v in args[2:]]
-                        vectors = n * c * h * w // per
-
-                        fast = launcher_1d(context, vec, vectors, [*(None,) * 6, *args[:2], *vargs, eps])
+                        vargs = [np.int32(v // per) for v in args[2:]]
+                        plane = h * w // per
+                        chunks = -(-plane // (PLANE_BLOCK * PLANE_VECS))
+                        if plane >= PLANE_VECTORS and chunks <= 65535:  # a grid's y: at most 65535 on CUDA
+                            fast = context.backend.launcher(prog.function("bn_fwd_infer_plane_vec"), (n * c, chunks, 1),
+                                                            (PLANE_BLOCK, 1, 1), [*(None,) * 6, args[1], *vargs, eps])
+                        else:
+                            fast = launcher_1d(context, prog.function("bn_fwd_infer_vec"), n * c * plane,
+                                               [*(None,) * 6, *args[:2], *vargs, eps])
 
                         def infer(x, y, scale, bias, mean, var):
                             if aligned16(x, y):
