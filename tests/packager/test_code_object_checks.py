@@ -172,6 +172,7 @@ EXPECTED_LAYOUTS = {
     "conv_flip_weights": [(0, 8), (8, 8), *((16 + 4 * i, 4) for i in range(8))],  # two tensors, K C Y X, 4 strides
     "conv_pad_channels": [(0, 8), (8, 8), *((16 + 4 * i, 4) for i in range(9))],  # two tensors, N C H W Cp, 4 strides
     "conv_pad_channels_vec": [(0, 8), (8, 8), *((16 + 4 * i, 4) for i in range(9))],
+    "conv_stem_fwd": [(0, 8), (8, 8), (16, 8), *((24 + 4 * i, 4) for i in range(30))],  # CONV_SHAPE_ARGS, ROWS, COLS
     # two tensors; K C Y X, 4 strides, pads, strides
     "conv_phase_weights": [(0, 8), (8, 8), *((16 + 4 * i, 4) for i in range(12))],
     # two tensors; N C H W Y X, pads, strides, dx's 4 strides, align
@@ -193,7 +194,7 @@ EXPECTED_LDS = {  # static LDS bytes at the default options
     "bn_fwd_infer": 0, "bn_fwd_train": 256 * 4, "bn_bwd": 256 * 4, "bn_fwd_infer_planes": 0, "bn_train_partial": 256 * 4, "bn_train_partial_vec": 256 * 4, "bn_train_finalize": 0,
     "gemm_tiled": 2 * 16 * 17 * 4,  # two padded TILE x (TILE + 1) float tiles
     "conv_fwd_direct": 0, "conv_bwd_data_direct": 0, "conv_bwd_weights_direct": 256 * 4,  # CONV_WRW_BLOCK floats
-    "conv_im2col": 0, "conv_col2im": 0, "conv_dy_by_channel": 0, "conv_transpose": 32 * 33 * 4, "conv_flip_weights": 0, "conv_pad_channels": 0, "conv_pad_channels_vec": 0, "conv_phase_weights": 0, "conv_phase_scatter": 0, "conv_dw_fwd": 0, "conv_dw_bwd_data": 0, "conv_bias_fwd": 0, "wino_filter": 0, "wino_input": 0, "wino_output": 0,
+    "conv_im2col": 0, "conv_col2im": 0, "conv_dy_by_channel": 0, "conv_transpose": 32 * 33 * 4, "conv_flip_weights": 0, "conv_pad_channels": 0, "conv_pad_channels_vec": 0, "conv_stem_fwd": (7680 + 192 * 16) * 4, "conv_phase_weights": 0, "conv_phase_scatter": 0, "conv_dw_fwd": 0, "conv_dw_bwd_data": 0, "conv_bias_fwd": 0, "wino_filter": 0, "wino_input": 0, "wino_output": 0,
     "conv_bias_bwd": 256 * 4, "conv_epilogue_fwd": 0, "conv_epilogue_dense": 0,
     # the double-buffered tiles, then the result rows' offsets (IG_EPILOGUE)
     **{name: 2 * 2 * 8 * 132 * 4 + 128 * 8 for name in ("conv_fwd_igemm", "conv_bwd_data_igemm", "conv_wrw_igemm")},

@@ -442,3 +442,46 @@ def test_immediate_mode_takes_winograd_for_wide_fp32_3x3_layers_only(layout):
     assert chosen("W") == "ConvImplicitGemm"
     assert chosen(stride=2) == "ConvImplicitGemm"
     assert chosen(dtype=DataType.FP16) != "ConvWinogradF2x3"
+
+
+# A first layer's few channels (ConvStem): ResNet's 7 x 7 / 2 and MobileNet's 3 x 3 / 2 over 3
+# channels, a one-channel 3 x 3 dilated 2, on sizes that cut the block's 16 x 32 output tile and
+# its 16 output channels, both layouts, every type.
+STEMS = [((2, 3, 37, 70), 20, (7, 7), (3, 3), (2, 2), (1, 1)), ((3, 3, 33, 35), 16, (3, 3), (1, 1), (2, 2), (1, 1)),
+         ((1, 1, 20, 40), 5, (3, 3), (0, 2), (1, 1), (2, 2)), ((2, 4, 17, 9), 33, (5, 3), (2, 0), (1, 2), (1, 1))]
+
+
+@pytest.mark.parametrize("dtype", list(TYPES))
+@pytest.mark.parametrize("channels_last", [False, True], ids=["nchw", "nhwc"])
+@pytest.mark.parametrize("case", STEMS, ids=["7x7s2", "3x3s2", "1ch-dil2", "4ch-5x3"])
+def test_the_stem_kernel_matches_the_reference(handle, dtype, channels_last, case):
+    shape, k, filt, pad, stride, dilation = case
+    store, read, tol = TYPES[dtype]
+    be = handle.backend
+    rng = np.random.default_rng(shape[2])
+    x, wt = store(rng.standard_normal(shape)), store(rng.standard_normal((k, shape[1], *filt)) * 0.3)
+    expected = ref.forward(read(x).astype(np.float64), read(wt).astype(np.float64), pad, stride, dilation, 1)
+    geometry = {"pad": pad, "stride": stride, "dilation": dilation, "solver": "ConvStem", "dtype": dtype}
+    if channels_last:  # y as kdbkit lays it out (with one channel, x's strides are NCHW's too)
+        out = kdbkit.convolution_forward(handle, _channels_last(be, x, dtype), _channels_last(be, wt, dtype),
+                                         **geometry)
+        flat = be.to_host(out.buffer, np.empty(out.desc.numel, x.dtype))
+        y = np.lib.stride_tricks.as_strided(flat, out.desc.shape, [s * x.itemsize for s in out.desc.strides])
+    else:
+        y = kdbkit.convolution_forward(handle, x, wt, **geometry)
+    np.testing.assert_allclose(read(y), expected, rtol=tol * 4, atol=tol * 4 * np.sqrt(wt[0].size))
+
+
+def test_the_stem_kernel_names_what_it_does_not_take(handle):
+    from kdbkit.runtime.solver import REGISTRY
+
+    stem = REGISTRY.find("ConvStem")
+    fp16 = DataType.FP16
+    assert stem.is_applicable(ConvProblem("F", fp16, "NHWC", (32, 3, 224, 224), 64, (7, 7), (3, 3), (2, 2)),
+                              handle.device)
+    for problem, words in ((ConvProblem("F", fp16, "NCHW", (1, 8, 16, 16), 8, (3, 3)), "8 channels"),
+                           (ConvProblem("B", fp16, "NCHW", (1, 3, 16, 16), 8, (3, 3)), "forward"),
+                           (ConvProblem("F", fp16, "NCHW", (1, 3, 64, 64), 8, (11, 11)), "363 taps"),
+                           (ConvProblem("F", fp16, "NCHW", (1, 3, 512, 512), 8, (3, 3), (0, 0), (8, 8)), "window")):
+        verdict = stem.is_applicable(problem, handle.device)
+        assert not verdict and words in verdict.reason, verdict

@@ -6,13 +6,14 @@ ConvImplicitGemm (26 is the bias's, ConvBias; 52 the fused epilogue's pass, Conv
 (tma_dgrad), 39-41 ConvTmaBwdDataStrided128x256/128x128/128x64 (tma_sdgrad), 42-44
 ConvTmaBwdWeights128x256/128x128/128x64 (tma_wgrad), 45 ConvImplicitGemmTf32 (igemm_tf32:
 fp32 on the tensor cores in TF32, only with KDB_CONV_ALLOW_TF32=1), 48 ConvGroupedTensorCore
-(grouped_tc), 50 ConvGroupedFp32 (grouped_fp32).
+(grouped_tc), 50 ConvGroupedFp32 (grouped_fp32), 54 ConvStem (stem).
 Immediate mode tries the grouped tensor-core kernel first (forward, fp16/bf16, more than one
 group: ResNeXt's grouped convolutions on sm_80+, MobileNet's depthwise ones only on NCHW planes
 of 56 x 56 or more: other strided or at most 3 wide ones it passes to the next), then the
 depthwise kernels (depthwise forward and backward data, every type), then the grouped fp32
 kernel on the CUDA cores (forward, 2 to 8 output channels a group: ResNeXt's narrow groups,
-sm_80+), then
+sm_80+), then a first layer's few input channels through a short filter on the general cores
+(forward, every type and backend), then
 Hopper's TMA + wgmma kernels (sm_90, fp16/bf16, the tile that wastes least: forward, then
 backward data at stride 1, then at a larger stride, one forward convolution per output phase,
 then backward weights, the reduction over the pixels split into fp32 slabs summed in order),
@@ -35,6 +36,7 @@ from kdbkit.runtime.primitives.convolution.solvers.igemm_tc import (ConvImplicit
                                                                     ConvWrwImplicitGemmTensorCore)
 from kdbkit.runtime.primitives.convolution.solvers.igemm_tf32 import ConvImplicitGemmTf32
 from kdbkit.runtime.primitives.convolution.solvers.im2col import ConvIm2colGemm
+from kdbkit.runtime.primitives.convolution.solvers.stem import ConvStem
 from kdbkit.runtime.primitives.convolution.solvers.tma import ConvTma, ConvTma128x64, ConvTma128x128
 from kdbkit.runtime.primitives.convolution.solvers.tma_dgrad import (ConvTmaBwdData, ConvTmaBwdData128x64,
                                                                      ConvTmaBwdData128x128)
@@ -46,7 +48,7 @@ from kdbkit.runtime.primitives.convolution.solvers.tma_wgrad import (ConvTmaBwdW
 from kdbkit.runtime.primitives.convolution.solvers.winograd import ConvWinogradF2x3
 from kdbkit.runtime.solver import REGISTRY
 
-SOLVERS = (ConvGroupedTensorCore, ConvDepthwise, ConvGroupedFp32, ConvTma, ConvTma128x128, ConvTma128x64,
+SOLVERS = (ConvGroupedTensorCore, ConvDepthwise, ConvGroupedFp32, ConvStem, ConvTma, ConvTma128x128, ConvTma128x64,
            ConvTmaBwdData, ConvTmaBwdData128x128, ConvTmaBwdData128x64, ConvTmaBwdDataStrided,
            ConvTmaBwdDataStrided128x128, ConvTmaBwdDataStrided128x64,
            ConvTmaBwdWeights, ConvTmaBwdWeights128x128, ConvTmaBwdWeights128x64,

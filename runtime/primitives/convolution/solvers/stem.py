@@ -1,0 +1,65 @@
+"""ConvStem (id 54): the forward convolution of a network's first layer (few input channels,
+C x Y x X at most 192 taps: RGB through a 3 x 3, 5 x 5 or 7 x 7 filter) on the general cores in
+fp32 (kernels/conv_stem.c): a block stages its tile's input window and 16 output channels'
+weights in shared memory once, each thread then sums 4 pixels for 8 channels. Any layout and
+type; one group; no workspace. The tensor-core implicit GEMM pads such a layer's 3 channels to
+8 and its 16 or 32 outputs to a 128-wide tile, and stages the input widened in a workspace."""
+
+from __future__ import annotations
+
+import numpy as np
+
+from kdbkit.runtime.primitives.convolution.problem import ConvProblem
+from kdbkit.runtime.primitives.convolution.solvers.common import fits_int_arguments, shape_args
+from kdbkit.runtime.program_key import ProgramRequest
+from kdbkit.runtime.solver import Solution, Solver, not_applicable
+
+# conv_stem.c's tile, block and stages
+ROWS, COLS, CHANNELS, THREADS = 16, 32, 16, 256
+STAGE, TAPS = 7680, 192
+MAX_C = 4  # a first layer's channels (RGB, RGBA, a mask): past it the tensor-core GEMM's padding costs little
+
+
+def stage_size(problem: ConvProblem) -> tuple[int, int]:
+    """The rows and columns of input a block stages for its tile of outputs."""
+    (fy, fx), (sh, sw), (dh, dw) = problem.filter, problem.stride, problem.dilation
+    return (ROWS - 1) * sh + (fy - 1) * dh + 1, (COLS - 1) * sw + (fx - 1) * dw + 1
+
+
+class ConvStem(Solver):
+    id = 54
+    name = "ConvStem"
+    primitive = "conv"
+
+    def is_applicable(self, problem: ConvProblem, device):
+        if problem.direction != "F":
+            return not_applicable("it computes the forward direction only")
+        if problem.groups != 1:
+            return not_applicable(f"it takes one group, not {problem.groups}")
+        n, c = problem.x_shape[:2]
+        if c > MAX_C:
+            return not_applicable(f"x has {c} channels; it takes a first layer's few (at most {MAX_C})")
+        taps = c * problem.filter[0] * problem.filter[1]
+        if taps > TAPS:
+            return not_applicable(f"{taps} taps (channels x filter) exceed its weights' stage of {TAPS}")
+        rows, cols = stage_size(problem)
+        if c * rows * cols > STAGE:
+            return not_applicable(f"a tile's input window ({c} x {rows} x {cols}) exceeds its stage of {STAGE} "
+                                  "(stride or dilation too large)")
+        if n * -(-problem.out_channels // CHANNELS) > 65535:
+            return not_applicable("images x blocks of 16 output channels exceed a grid's 65535")
+        return fits_int_arguments(problem)
+
+    def programs(self, problem: ConvProblem):
+        return [ProgramRequest("conv_stem.c", problem.dtype.options)]
+
+    def solution(self, problem: ConvProblem, device):
+        def invoker_factory(programs, context):
+            n, k, (ho, wo) = problem.x_shape[0], problem.out_channels, problem.out_hw
+            grid = (-(-wo // COLS), -(-ho // ROWS), n * -(-k // CHANNELS))
+            rows, cols = stage_size(problem)
+            fast = context.backend.launcher(programs[0].function("conv_stem_fwd"), grid, (THREADS, 1, 1),
+                                            [None, None, None, *shape_args(problem), np.int32(rows), np.int32(cols)])
+            return lambda x, w, y: fast(x, w, y)
+
+        return Solution(self.programs(problem), invoker_factory)
