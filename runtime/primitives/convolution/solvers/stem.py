@@ -3,7 +3,9 @@ C x Y x X at most 192 taps: RGB through a 3 x 3, 5 x 5 or 7 x 7 filter) on the g
 fp32 (kernels/conv_stem.c): a block stages its tile's input window and 16 output channels'
 weights in shared memory once, each thread then sums 4 pixels for 8 channels. Any layout and
 type; one group; no workspace. The tensor-core implicit GEMM pads such a layer's 3 channels to
-8 and its 16 or 32 outputs to a 128-wide tile, and stages the input widened in a workspace."""
+8 and its 16 or 32 outputs to a 128-wide tile, and stages the input widened in a workspace:
+immediate mode takes this kernel for NCHW stems of little work a pixel (:data:`MAX_WORK`),
+where that padding costs the most."""
 
 from __future__ import annotations
 
@@ -12,12 +14,17 @@ import numpy as np
 from kdbkit.runtime.primitives.convolution.problem import ConvProblem
 from kdbkit.runtime.primitives.convolution.solvers.common import fits_int_arguments, shape_args
 from kdbkit.runtime.program_key import ProgramRequest
-from kdbkit.runtime.solver import Solution, Solver, not_applicable
+from kdbkit.runtime.solver import APPLIES, Solution, Solver, not_applicable
 
 # conv_stem.c's tile, block and stages
 ROWS, COLS, CHANNELS, THREADS = 16, 32, 16, 256
 STAGE, TAPS = 7680, 192
 MAX_C = 4  # a first layer's channels (RGB, RGBA, a mask): past it the tensor-core GEMM's padding costs little
+# Immediate mode's bound on the multiply-adds a pixel (output channels x taps): on the H200 the
+# kernel beat the tensor-core GEMM on NCHW stems up to 864 a pixel and lost past it (a 7 x 7
+# filter's 147 taps x 64 outputs took twice as long); channels-last it lost on every stem
+# (docs/performance.md).
+MAX_WORK = 864
 
 
 def stage_size(problem: ConvProblem) -> tuple[int, int]:
@@ -49,6 +56,15 @@ class ConvStem(Solver):
         if n * -(-problem.out_channels // CHANNELS) > 65535:
             return not_applicable("images x blocks of 16 output channels exceed a grid's 65535")
         return fits_int_arguments(problem)
+
+    def suits(self, problem: ConvProblem, device):
+        if problem.layout != "NCHW":
+            return not_applicable("channels-last: its reads of x and writes of y step a row of channels "
+                                  "apart (the tensor-core GEMM is faster there)")
+        work = problem.out_channels * problem.x_shape[1] * problem.filter[0] * problem.filter[1]
+        if work > MAX_WORK:
+            return not_applicable(f"{work} multiply-adds a pixel: past {MAX_WORK} the tensor-core GEMM is faster")
+        return APPLIES
 
     def programs(self, problem: ConvProblem):
         return [ProgramRequest("conv_stem.c", problem.dtype.options)]
