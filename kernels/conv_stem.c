@@ -12,7 +12,10 @@
  * Options: the element type (kdb_data.h).
  * Arguments, after x, w, y: conv_shape.h's CONV_SHAPE_ARGS (G is 1), then the stage's input rows
  *   and columns (ROWS and COLS below: (STEM_ROWS - 1) * sh + (Y - 1) * dlh + 1, and the same
- *   for the columns). Any layout through the strides.
+ *   for the columns), then vec_y: 1 where y is channels-last in whole 16-byte vectors (ys1 1,
+ *   K and y's other strides multiples of KDB_VEC, y 16-byte aligned), so that a thread writes
+ *   each pixel's channels as vectors; 0 writes element by element. Any layout through the
+ *   strides.
  * Launch: blocks of STEM_THREADS, grid (ceil(Wo / STEM_COLS), ceil(Ho / STEM_ROWS),
  *   N * ceil(K / STEM_KB)); the solver checks that C * ROWS * COLS <= STEM_STAGE and
  *   C * Y * X <= STEM_TAPS.
@@ -32,7 +35,7 @@
 #define STEM_TAPS 192                        /* C * Y * X at most: the weights' stage, 12 KiB */
 
 KDB_KERNEL void conv_stem_fwd(const KDB_GLOBAL kdb_data_t* x, const KDB_GLOBAL kdb_data_t* w, KDB_GLOBAL kdb_data_t* y,
-                              CONV_SHAPE_ARGS, int ROWS, int COLS)
+                              CONV_SHAPE_ARGS, int ROWS, int COLS, int vec_y)
 {
     KDB_SHARED(float, stage, STEM_STAGE);
     KDB_SHARED(float, weights, STEM_TAPS * STEM_KB); /* [tap][k]: a thread's STEM_KG weights of a tap side by side */
@@ -53,7 +56,9 @@ KDB_KERNEL void conv_stem_fwd(const KDB_GLOBAL kdb_data_t* x, const KDB_GLOBAL k
         weights[e] = k < K ? KDB_LOAD(w, (long)k * ws0 + (long)c * ws1 + (long)a * ws2 + (long)b * ws3) : 0.0f;
     }
     KDB_BARRIER;
-    const int group = t / (STEM_THREADS_X * STEM_ROWS), u = t % (STEM_THREADS_X * STEM_ROWS);
+    /* Neighbouring threads hold the two channel groups of one pixel: channels-last, their
+     * vector stores are one run of the pixel's channels. */
+    const int group = t % STEM_GROUPS, u = t / STEM_GROUPS;
     const int tx = u % STEM_THREADS_X, ty = u / STEM_THREADS_X;
     float acc[STEM_PX][STEM_KG];
     KDB_UNROLL
@@ -88,11 +93,21 @@ KDB_KERNEL void conv_stem_fwd(const KDB_GLOBAL kdb_data_t* x, const KDB_GLOBAL k
         const int wo = wo0 + tx + p * STEM_THREADS_X;
         if (wo >= Wo)
             continue;
+        const long at = (long)n * ys0 + (long)ho * ys2 + (long)wo * ys3;
+        if (vec_y) {
+            KDB_UNROLL
+            for (int j = 0; j < STEM_KG; j += KDB_VEC) {
+                const int k = k0 + group * STEM_KG + j;
+                if (k < K)
+                    *(KDB_GLOBAL kdb_vec4u*)(y + at + k) = kdb_pack(acc[p] + j);
+            }
+            continue;
+        }
         KDB_UNROLL
         for (int g = 0; g < STEM_KG; ++g) {
             const int k = k0 + group * STEM_KG + g;
             if (k < K)
-                KDB_STORE(y, (long)n * ys0 + (long)k * ys1 + (long)ho * ys2 + (long)wo * ys3, acc[p][g]);
+                KDB_STORE(y, at + (long)k * ys1, acc[p][g]);
         }
     }
 }

@@ -172,7 +172,7 @@ EXPECTED_LAYOUTS = {
     "conv_flip_weights": [(0, 8), (8, 8), *((16 + 4 * i, 4) for i in range(8))],  # two tensors, K C Y X, 4 strides
     "conv_pad_channels": [(0, 8), (8, 8), *((16 + 4 * i, 4) for i in range(9))],  # two tensors, N C H W Cp, 4 strides
     "conv_pad_channels_vec": [(0, 8), (8, 8), *((16 + 4 * i, 4) for i in range(9))],
-    "conv_stem_fwd": [(0, 8), (8, 8), (16, 8), *((24 + 4 * i, 4) for i in range(30))],  # CONV_SHAPE_ARGS, ROWS, COLS
+    "conv_stem_fwd": [(0, 8), (8, 8), (16, 8), *((24 + 4 * i, 4) for i in range(31))],  # CONV_SHAPE_ARGS, ROWS, COLS, vec_y
     # two tensors; K C Y X, 4 strides, pads, strides
     "conv_phase_weights": [(0, 8), (8, 8), *((16 + 4 * i, 4) for i in range(12))],
     # two tensors; N C H W Y X, pads, strides, dx's 4 strides, align

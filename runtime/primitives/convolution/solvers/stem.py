@@ -1,7 +1,8 @@
 """ConvStem (id 54): the forward convolution of a network's first layer (few input channels,
 C x Y x X at most 192 taps: RGB through a 3 x 3, 5 x 5 or 7 x 7 filter) on the general cores in
 fp32 (kernels/conv_stem.c): a block stages its tile's input window and 16 output channels'
-weights in shared memory once, each thread then sums 4 pixels for 8 channels. Any layout and
+weights in shared memory once, each thread then sums 4 pixels for 8 channels (written as 16-byte
+vectors where y is channels-last in whole vectors). Any layout and
 type; one group; no workspace. The tensor-core implicit GEMM pads such a layer's 3 channels to
 8 and its 16 or 32 outputs to a 128-wide tile, and stages the input widened in a workspace:
 immediate mode takes this kernel for NCHW stems of little work a pixel (:data:`MAX_WORK`),
@@ -14,7 +15,7 @@ import numpy as np
 from kdbkit.runtime.primitives.convolution.problem import ConvProblem
 from kdbkit.runtime.primitives.convolution.solvers.common import fits_int_arguments, shape_args
 from kdbkit.runtime.program_key import ProgramRequest
-from kdbkit.runtime.solver import APPLIES, Solution, Solver, not_applicable
+from kdbkit.runtime.solver import APPLIES, Solution, Solver, aligned16, not_applicable, vector_elements
 
 # conv_stem.c's tile, block and stages
 ROWS, COLS, CHANNELS, THREADS = 16, 32, 16, 256
@@ -74,8 +75,16 @@ class ConvStem(Solver):
             n, k, (ho, wo) = problem.x_shape[0], problem.out_channels, problem.out_hw
             grid = (-(-wo // COLS), -(-ho // ROWS), n * -(-k // CHANNELS))
             rows, cols = stage_size(problem)
-            fast = context.backend.launcher(programs[0].function("conv_stem_fwd"), grid, (THREADS, 1, 1),
-                                            [None, None, None, *shape_args(problem), np.int32(rows), np.int32(cols)])
-            return lambda x, w, y: fast(x, w, y)
+            kernel, args = programs[0].function("conv_stem_fwd"), [*shape_args(problem), np.int32(rows), np.int32(cols)]
+            per, ys = vector_elements(problem.dtype), problem.descs()["y"].strides
+            elements = context.backend.launcher(kernel, grid, (THREADS, 1, 1), [None, None, None, *args, np.int32(0)])
+            if not (ys[1] == 1 and k % per == 0 and all(s % per == 0 for s in (ys[0], ys[2], ys[3]))):
+                return lambda x, w, y: elements(x, w, y)
+            vectors = context.backend.launcher(kernel, grid, (THREADS, 1, 1), [None, None, None, *args, np.int32(1)])
+
+            def forward(x, w, y):  # channels-last y in whole vectors: each pixel's channels as 16-byte stores
+                (vectors if aligned16(y) else elements)(x, w, y)
+
+            return forward
 
         return Solution(self.programs(problem), invoker_factory)
