@@ -56,9 +56,11 @@ KDB_KERNEL void conv_stem_fwd(const KDB_GLOBAL kdb_data_t* x, const KDB_GLOBAL k
         weights[e] = k < K ? KDB_LOAD(w, (long)k * ws0 + (long)c * ws1 + (long)a * ws2 + (long)b * ws3) : 0.0f;
     }
     KDB_BARRIER;
-    /* Neighbouring threads hold the two channel groups of one pixel: channels-last, their
-     * vector stores are one run of the pixel's channels. */
-    const int group = t % STEM_GROUPS, u = t / STEM_GROUPS;
+    /* Vector stores: neighbouring threads hold the two channel groups of one pixel, so that
+     * their stores are one run of the pixel's channels; else a warp holds one group (its stores
+     * along rows of a plane, as measured for NCHW). */
+    const int group = vec_y ? t % STEM_GROUPS : t / (STEM_THREADS / STEM_GROUPS);
+    const int u = vec_y ? t / STEM_GROUPS : t % (STEM_THREADS / STEM_GROUPS);
     const int tx = u % STEM_THREADS_X, ty = u / STEM_THREADS_X;
     float acc[STEM_PX][STEM_KG];
     KDB_UNROLL
