@@ -289,9 +289,7 @@ KDB_KERNEL void pool_fwd_band(const KDB_GLOBAL kdb_data_t* x, KDB_GLOBAL kdb_dat
  * not taken): a thread waits on memory once a batch rather than once an element, which is what
  * bounds a global pool (few outputs, long windows). The caller checks that N Ho Wo C fits an int.
  */
-#ifndef POOL_BATCH
 #define POOL_BATCH 4
-#endif
 
 /* One window element's lanes into an item's running maximum or sum. */
 KDB_DEVICE_FN void pool_take(int mode, const float* v, int at, int lanes, int first, float* acc, int* acc_at)

@@ -204,13 +204,21 @@ def test_the_strip_solver_names_the_geometries_it_takes(handle):
 @pytest.mark.parametrize("window, stride, pad", GEOMETRIES)
 @pytest.mark.parametrize("channels", [16, 13])
 def test_channels_last_pooling_matches_the_reference(handle, dtype, window, stride, pad, channels):
+    store, _, _ = TYPES[dtype]
+    x = store(np.random.default_rng(channels + sum(window)).standard_normal((2, channels, 11, 9)))
+    _check_channels_last_pooling(handle, x, dtype, window, stride, pad,
+                                 (("max", True), ("max", False), ("avg", False), ("avg_in", False)))
+
+
+def _check_channels_last_pooling(handle, x, dtype, window, stride, pad, modes):
+    """PoolChannelsLast on ``x`` (N C H W, stored as ``dtype``) laid out channels-last, into a
+    channels-last y, against the reference for each (mode, save indices) of ``modes``."""
     from .test_convolution import _channels_last, _from_channels_last
 
     be = handle.backend
-    store, read, tol = TYPES[dtype]
-    x = store(np.random.default_rng(channels + sum(window)).standard_normal((2, channels, 11, 9)))
+    _, read, tol = TYPES[dtype]
     xt = _channels_last(be, x, dtype)
-    for mode, save in (("max", True), ("max", False), ("avg", False), ("avg_in", False)):
+    for mode, save in modes:
         ry, ridx = ref.forward(read(x), mode, window, stride, pad)
         yt = _channels_last(be, np.zeros(ry.shape, np.float32).astype(x.dtype), dtype)
         _, indices = kdbkit.pooling_forward(handle, xt, mode=mode, window=window, stride=stride, pad=pad,
@@ -249,19 +257,7 @@ def test_immediate_mode_pools_channels_last_tensors_by_channels(handle):
 @pytest.mark.parametrize("window, stride, pad", [((11, 9), (1, 1), (0, 0)), ((3, 3), (2, 2), (1, 1)),
                                                  ((2, 4), (3, 1), (0, 1)), ((4, 4), (1, 1), (2, 2))])
 def test_channels_last_pooling_takes_windows_in_batches(handle, channels, window, stride, pad):
-    from .test_convolution import _channels_last, _from_channels_last
-
-    be = handle.backend
     x = np.random.default_rng(channels + sum(window)).standard_normal((2, channels, 11, 9)).astype(np.float32)
     x[0, 3, 4, 2:6] = 7.0
-    xt = _channels_last(be, x)
-    for mode, save in (("max", True), ("avg", False), ("avg_in", False)):
-        ry, ridx = ref.forward(x, mode, window, stride, pad)
-        yt = _channels_last(be, np.zeros(ry.shape, np.float32))
-        _, indices = kdbkit.pooling_forward(handle, xt, mode=mode, window=window, stride=stride, pad=pad,
-                                            save_indices=save, y=yt, solver="PoolChannelsLast")
-        np.testing.assert_allclose(_from_channels_last(be, yt), ry, rtol=1e-5, atol=1e-5, err_msg=mode)
-        if save:
-            np.testing.assert_array_equal(be.to_host(indices, np.empty(ry.shape, np.int32)), ridx)
-            indices.free()
-        yt.buffer.free()
+    _check_channels_last_pooling(handle, x, "fp32", window, stride, pad,
+                                 (("max", True), ("avg", False), ("avg_in", False)))

@@ -28,6 +28,11 @@ MAX_C = 4  # a first layer's channels (RGB, RGBA, a mask): past it the tensor-co
 MAX_WORK = 864
 
 
+def taps(problem: ConvProblem) -> int:
+    """The reduction a pixel's output channel sums: input channels x filter taps."""
+    return problem.x_shape[1] * problem.filter[0] * problem.filter[1]
+
+
 def stage_size(problem: ConvProblem) -> tuple[int, int]:
     """The rows and columns of input a block stages for its tile of outputs."""
     (fy, fx), (sh, sw), (dh, dw) = problem.filter, problem.stride, problem.dilation
@@ -47,9 +52,8 @@ class ConvStem(Solver):
         n, c = problem.x_shape[:2]
         if c > MAX_C:
             return not_applicable(f"x has {c} channels; it takes a first layer's few (at most {MAX_C})")
-        taps = c * problem.filter[0] * problem.filter[1]
-        if taps > TAPS:
-            return not_applicable(f"{taps} taps (channels x filter) exceed its weights' stage of {TAPS}")
+        if taps(problem) > TAPS:
+            return not_applicable(f"{taps(problem)} taps (channels x filter) exceed its weights' stage of {TAPS}")
         rows, cols = stage_size(problem)
         if c * rows * cols > STAGE:
             return not_applicable(f"a tile's input window ({c} x {rows} x {cols}) exceeds its stage of {STAGE} "
@@ -62,7 +66,7 @@ class ConvStem(Solver):
         if problem.layout != "NCHW":
             return not_applicable("channels-last: its reads of x and writes of y step a row of channels "
                                   "apart (the tensor-core GEMM is faster there)")
-        work = problem.out_channels * problem.x_shape[1] * problem.filter[0] * problem.filter[1]
+        work = problem.out_channels * taps(problem)
         if work > MAX_WORK:
             return not_applicable(f"{work} multiply-adds a pixel: past {MAX_WORK} the tensor-core GEMM is faster")
         return APPLIES
