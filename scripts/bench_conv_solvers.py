@@ -9,6 +9,9 @@ mode picks (``*``) and the error against PyTorch (the output poisoned first). Wr
 
     python scripts/bench_conv_solvers.py --out /tmp/bs --directions FB               # on the GPU machine
     python scripts/bench_conv_solvers.py --models mobilenet_v2 --types fp16,fp32 --directions F --only-grouped
+    python scripts/bench_conv_solvers.py --models problems --only '3>,7x7/2' --types fp16 --directions F
+
+``--models problems`` is bench_conv.py's benchmark set, each problem at its own batch.
 """
 
 from __future__ import annotations
@@ -24,7 +27,7 @@ from bench_conv import Parser, _count  # noqa: E402  (a bad option: one line)
 from bench_primitives import timed_pair  # noqa: E402
 
 MODELS = {"resnet50": conv_problems.resnet50, "mobilenet_v2": conv_problems.mobilenet_v2,
-          "resnext50": conv_problems.resnext50}
+          "resnext50": conv_problems.resnext50, "problems": conv_problems.problem_set}
 TYPES = ("fp32", "fp16", "bf16")
 LAYOUTS = ("NCHW", "NHWC")
 
@@ -49,6 +52,8 @@ def parse_args(argv=None):
     parser.add_argument("--blocks", type=_count(1), default=3)
     parser.add_argument("--only-3x3", action="store_true", help="only the 3 x 3 layers at stride 1")
     parser.add_argument("--only-grouped", action="store_true", help="only the grouped (and depthwise) layers")
+    parser.add_argument("--only", default="", help="only the layers whose '<model> <layer>' contains one of "
+                        "these comma-separated texts")
     args = parser.parse_args(argv)
     args.models = _choices(args.models, MODELS, "models", parser)
     args.types = _choices(args.types, TYPES, "types", parser)
@@ -67,6 +72,8 @@ def layers(args) -> list[tuple[str, object]]:
             if args.only_3x3 and (layer.filter != (3, 3) or layer.stride != (1, 1)):
                 continue
             if args.only_grouped and layer.groups == 1:
+                continue
+            if args.only and not any(text in f"{model} {layer.name}" for text in args.only.split(",") if text):
                 continue
             kept.append((model, layer))
     return kept
