@@ -5,8 +5,8 @@ weights in shared memory once, each thread then sums 4 pixels for 8 channels (wr
 vectors where y is channels-last in whole vectors). Any layout and
 type; one group; no workspace. The tensor-core implicit GEMM pads such a layer's 3 channels to
 8 and its 16 or 32 outputs to a 128-wide tile, and stages the input widened in a workspace:
-immediate mode takes this kernel for NCHW stems of little work a pixel (:data:`MAX_WORK`),
-where that padding costs the most."""
+immediate mode takes this kernel for stems of little work a pixel (:data:`MAX_WORK`), in either
+layout, where that padding costs the most."""
 
 from __future__ import annotations
 
@@ -22,9 +22,9 @@ ROWS, COLS, CHANNELS, THREADS = 16, 32, 16, 256
 STAGE, TAPS = 7680, 192
 MAX_C = 4  # a first layer's channels (RGB, RGBA, a mask): past it the tensor-core GEMM's padding costs little
 # Immediate mode's bound on the multiply-adds a pixel (output channels x taps): on the H200 the
-# kernel beat the tensor-core GEMM on NCHW stems up to 864 a pixel and lost past it (a 7 x 7
-# filter's 147 taps x 64 outputs took twice as long); channels-last it lost on every stem
-# (docs/performance.md).
+# kernel beat the tensor-core GEMM on most stems up to 864 a pixel, in both layouts (channels-
+# last once y is written a pixel's vector at a time), and lost past it (a 7 x 7 filter's 147
+# taps x 64 outputs took twice as long): docs/performance.md.
 MAX_WORK = 864
 
 
@@ -63,9 +63,6 @@ class ConvStem(Solver):
         return fits_int_arguments(problem)
 
     def suits(self, problem: ConvProblem, device):
-        if problem.layout != "NCHW":
-            return not_applicable("channels-last: its reads of x and writes of y step a row of channels "
-                                  "apart (the tensor-core GEMM is faster there)")
         work = problem.out_channels * taps(problem)
         if work > MAX_WORK:
             return not_applicable(f"{work} multiply-adds a pixel: past {MAX_WORK} the tensor-core GEMM is faster")
