@@ -21,6 +21,7 @@ and a program that bundle lacks leaves that problem to the caller (nothing is ca
 from __future__ import annotations
 
 import threading
+from contextlib import contextmanager
 from pathlib import Path
 from types import MappingProxyType
 from typing import TYPE_CHECKING, Callable, Iterator
@@ -78,6 +79,7 @@ class Dispatcher:
         self._asked = asked
         self._choices: dict[str, Choice] = {}
         self._invokers: dict[tuple[str, int], Invoker] = {}
+        self._contexts: dict[tuple[str, int], Context] = {}  # each invoker's, holding its workspace
         self.plans: dict[tuple, object] = {}  # repeat calls' plans by call signature (primitives/repeat.py)
         self.choices = MappingProxyType(self._choices)  # read-only views, for tools and tests
         self.invokers = MappingProxyType(self._invokers)
@@ -171,10 +173,27 @@ class Dispatcher:
         key = (problem.config(), solver.id)
         cached = self._invokers.get(key)
         if cached is None:
-            cached = self._invokers[key] = self._make(problem, solver, resolver or self._resolve)
+            cached, context = self._make(problem, solver, resolver or self._resolve)
+            self._invokers[key], self._contexts[key] = cached, context
         return cached
 
-    def _make(self, problem: "Problem", solver: Solver, resolver: Resolver) -> Invoker:
+    def workspace_buffers(self) -> list:
+        """The device buffers the kept invokers hold as workspace (freed by :meth:`close`)."""
+        return [b for context in list(self._contexts.values()) for b in context.owned]
+
+    @contextmanager
+    def scratch_invoker(self, problem: "Problem", solver: Solver) -> Iterator[Invoker]:
+        """An invoker of ``solver`` for ``problem`` made now and not kept: the workspace it
+        allocates is freed when the block ends (after a synchronising call: find's timing), so
+        that find over many problems holds no more memory than one invoker's. Invokers it makes
+        for other problems (a convolution's GEMM) are kept as any other."""
+        run, context = self._make(problem, solver, self._resolve)
+        try:
+            yield run
+        finally:
+            _free(context)
+
+    def _make(self, problem: "Problem", solver: Solver, resolver: Resolver) -> tuple[Invoker, Context]:
         solution = solver.solution(problem, self.device)
         programs = []
         for request in solution.programs:
@@ -182,7 +201,12 @@ class Dispatcher:
             if program is None:
                 raise _Unresolved(f"{request} not resolved for {solver.name}: left to the caller")
             programs.append(program)
-        return solution.invoker_factory(programs, Context(self.backend, self.device, self, resolver))
+        context = Context(self.backend, self.device, self, resolver)
+        try:
+            return solution.invoker_factory(programs, context), context
+        except BaseException:
+            _free(context)  # what the factory allocated before it failed
+            raise
 
     def forget(self, config: str) -> None:
         """Drop the choice kept for ``config`` (find just ranked it anew: the next call reads
@@ -193,9 +217,27 @@ class Dispatcher:
         self.plans.clear()
 
     def close(self) -> None:
-        """Close the find-db if it was opened."""
+        """Close the find-db if it was opened, and free the invokers' workspaces (the handle
+        refuses calls from now on, and the repeat-call plans that keep invokers go)."""
         if self._find_db is not None:
             self._find_db.close()
+        self.plans.clear()
+        self._invokers.clear()
+        for context in self._contexts.values():
+            _free(context)
+        self._contexts.clear()
+
+
+def _free(context: Context) -> None:
+    """Free the buffers an invoker's factory and calls allocated (the backend's own errors
+    warned about, never raised: the memory goes with the process anyway)."""
+    while context.owned:
+        buffer = context.owned.pop()
+        try:
+            buffer.free()
+        except Exception as e:
+            warn_once(f"free:{type(e).__name__}", f"an invoker's workspace could not be freed "
+                      f"({type(e).__name__}: {e}); it stays allocated until the process ends", logger=_log)
 
 
 def _find_db_target(device) -> str:

@@ -177,9 +177,11 @@ def _scratch(handle: "Handle", problem: Problem) -> dict[str, Any]:
 
 
 def _time(handle: "Handle", problem: Problem, solver: Solver, scratch: dict[str, Any], repeat: int) -> Solution:
-    run = handle.dispatcher.invoker(problem, solver)
-    run(**scratch)  # warm-up: first-launch costs are not the solver's
-    ms = handle.backend.time_ms(lambda: run(**scratch), repeat=repeat)
+    # Each candidate's own invoker, its workspace freed once timed: kept, every solver's staging
+    # of every problem found would stay allocated (a set of hundreds ran a GPU out of memory).
+    with handle.dispatcher.scratch_invoker(problem, solver) as run:
+        run(**scratch)  # warm-up: first-launch costs are not the solver's
+        ms = handle.backend.time_ms(lambda: run(**scratch), repeat=repeat)
     _log.info("find %s: %s %.4f ms", problem.config(), solver.name, ms)
     return Solution(problem, solver.id, solver.name, ms, solver.workspace(problem), "timed")
 

@@ -20,7 +20,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Callable, Iterable, Iterator, Sequence
 
 from kdbkit.runtime import env
-from kdbkit.runtime.backends.base import Backend, DeviceInfo
+from kdbkit.runtime.backends.base import Backend, Buffer, DeviceInfo
 from kdbkit.runtime.env import EnvVar
 from kdbkit.runtime.program_key import ProgramRequest
 
@@ -32,21 +32,37 @@ Invoker = Callable[..., None]
 
 
 class Context:
-    """What an invoker factory may use besides its programs: the backend it launches on (and
-    allocates its workspace with), the device, and the invokers of other problems (the GEMM
-    inside a convolution) or of other solvers (a fallback). Made by the dispatcher for one
-    solution; never the handle.
+    """What an invoker factory may use besides its programs: the backend it launches on, the
+    device, its workspace (:meth:`alloc`), and the invokers of other problems (the GEMM inside a
+    convolution) or of other solvers (a fallback). Made by the dispatcher for one solution;
+    never the handle.
 
     Attributes:
         backend: the :class:`~kdbkit.runtime.backends.base.Backend` the invoker launches on.
         device: its :class:`~kdbkit.runtime.backends.base.DeviceInfo` (``device.target.cu``...).
+        owned: the buffers :meth:`alloc` gave, freed with the invoker (``Dispatcher.close``, or
+            as soon as find has timed it).
     """
 
-    __slots__ = ("backend", "device", "_dispatcher", "_resolver")
+    __slots__ = ("backend", "device", "owned", "_dispatcher", "_resolver")
 
     def __init__(self, backend: Backend, device: DeviceInfo, dispatcher: Any, resolver: Any):
         self.backend, self.device = backend, device
+        self.owned: list[Buffer] = []
         self._dispatcher, self._resolver = dispatcher, resolver
+
+    def alloc(self, nbytes: int) -> Buffer:
+        """``nbytes`` of device memory for the invoker's workspace (in its factory or on a later
+        call), owned by the invoker: the dispatcher frees it when it drops the invoker."""
+        buffer = self.backend.alloc(nbytes)
+        self.owned.append(buffer)
+        return buffer
+
+    def to_device(self, array) -> Buffer:
+        """A copy of ``array`` in device memory the invoker owns, as :meth:`alloc`."""
+        buffer = self.backend.to_device(array)
+        self.owned.append(buffer)
+        return buffer
 
     def invoker(self, problem: "Problem", solver: "Solver | int | str | None" = None) -> Invoker:
         """The invoker of ``problem`` with ``solver`` (immediate mode's choice if None), made now

@@ -164,8 +164,8 @@ class BatchNormPersistent(Solver):
             groups = members * teams
             # The invoker's own workspace, zero before the first launch: each member's tagged pair of
             # sums per channel, and each channel's generation.
-            pairs = backend.to_device(np.zeros(2 * c * members, np.uint64))
-            gen = backend.to_device(np.zeros(c, np.uint32))
+            pairs = context.to_device(np.zeros(2 * c * members, np.uint64))
+            gen = context.to_device(np.zeros(c, np.uint32))
             strides = tuple(s // per for s in (*problem.x_strides[:2], *problem.y_strides[:2]))
             fast = backend.launcher(kernel, (groups, 1, 1), (BLOCK, 1, 1), [
                 *(None,) * 8, pairs, gen, *kernel_args(n, c, h * w // per, strides, members, chunk, n * h * w,

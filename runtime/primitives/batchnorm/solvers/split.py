@@ -57,8 +57,8 @@ class BatchNormSplit(Solver):
             chunks = chunks_for(problem)
             xs0, xs1 = problem.x_strides[:2]
             # The invoker's own workspace, allocated once: partial sums, then the batch variance.
-            partial = context.backend.alloc(4 * c * 2 * chunks)
-            var = context.backend.alloc(4 * c)
+            partial = context.alloc(4 * c * 2 * chunks)
+            var = context.alloc(4 * c)
             launch, i32 = context.backend.launch, np.int32
             eps = np.float32(problem.eps)
 

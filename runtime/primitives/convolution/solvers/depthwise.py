@@ -183,7 +183,7 @@ class ConvDepthwise(Solver):
                 return lambda dy, w, dx: fast(dy, w, dx)
             lanes, slices, length = wrw_split(problem, context.device.target.cu or 132)
             k, (fy, fx) = problem.out_channels, problem.filter
-            partial = context.backend.alloc(4 * k * slices * fy * fx)
+            partial = context.alloc(4 * k * slices * fy * fx)
             sums = context.backend.launcher(prog.function("conv_dw_bwd_weights"), (-(-k // lanes), slices, 1),
                                             (THREADS, 1, 1), [None, None, partial, *shape_args(problem), order,
                                                               np.int32(length)])

@@ -192,11 +192,11 @@ class ConvGroupedTensorCore(Solver):
                                     shared_bytes=chosen.shared)
             n, c, h, w = problem.x_shape
             wide = expanded_weights(problem)
-            weights = backend.alloc(wide * item) if wide else None
+            weights = context.alloc(wide * item) if wide else None
             expand = launcher_1d(context, prog.function("conv_grouped_weights"), wide, [None, None, *(
                 np.int32(v) for v in (problem.out_channels, problem.groups, c // problem.groups, chosen.f,
                                       *problem.filter, *problem.descs()["w"].strides))]) if wide else None
-            staged = backend.alloc(problem.descs()["x"].numel * item) if nchw else None
+            staged = context.alloc(problem.descs()["x"].numel * item) if nchw else None
             into = transposer(context, programs[1], problem.dtype)(n, c, h * w) if nchw else None
             unaligned = fallback_invoker(context, problem, "ConvImplicitGemm")
 

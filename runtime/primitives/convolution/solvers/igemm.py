@@ -178,7 +178,7 @@ class ConvImplicitGemm(Solver):
                     if problem.direction == "F":
                         return lambda x, w, y: fast(x, w, y, y)
                     return lambda dy, w, dx: fast(dy, w, dx, dx)
-                partial = context.backend.alloc(4 * rows * cols * layers * slices)
+                partial = context.alloc(4 * rows * cols * layers * slices)
                 # the output's positions, the stride phases' steps (the forward's: one), channels
                 (n, c, h, w), k = problem.x_shape, problem.out_channels
                 forward = problem.direction == "F"
@@ -208,7 +208,7 @@ class ConvImplicitGemm(Solver):
                 split_backward_data.workspace = (partial,)
                 return split_backward_data
             slices, length = wrw_slices(problem, units, shape)
-            partial = context.backend.alloc(4 * rows * cols * problem.groups * slices)
+            partial = context.alloc(4 * rows * cols * problem.groups * slices)
             multiply = context.backend.launcher(prog.function("conv_wrw_igemm"), (*tiles, problem.groups * slices),
                                                 (THREADS, 1, 1), [*args, np.int32(length), np.int32(slices)])
             (k, cg, fy, fx), ws = problem.w_shape, problem.descs()["w"].strides

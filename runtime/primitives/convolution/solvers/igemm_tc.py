@@ -189,7 +189,7 @@ class ConvImplicitGemmTensorCore(Solver):
             backend, d, item = context.backend, problem.descs(), problem.dtype.itemsize
             # Too few output tiles to fill the GPU: the reduction split, fp32 slabs summed after.
             slices = split_slices(problem, context.device.target.cu or 132)
-            partial = backend.alloc(4 * slices * positions * computed.out_channels if slices > 1 else 16)
+            partial = context.alloc(4 * slices * positions * computed.out_channels if slices > 1 else 16)
             grid = (-(-computed.out_channels // TILE), -(-positions // TILE), slices)
             nchw = problem.layout == "NCHW"  # the kernel writes NCHW itself; only its input is staged
             fast = backend.launcher(prog.function(name), grid, (THREADS, 1, 1),
@@ -214,7 +214,7 @@ class ConvImplicitGemmTensorCore(Solver):
             source = "x" if problem.direction == "F" else "y"
             staged = {}
             if nchw or widen:
-                staged[source] = backend.alloc(d[source].numel // d[source].shape[1] * cin * item)
+                staged[source] = context.alloc(d[source].numel // d[source].shape[1] * cin * item)
             shapes = {"x": (n, c, h * w_), "y": (n, k, ho * wo)}  # matrices, channels, positions
             if widen:
                 into = widener(context, moves, (n, c, h, w_), cin, d["x"].strides, problem.dtype)
@@ -229,7 +229,7 @@ class ConvImplicitGemmTensorCore(Solver):
                 prepare = widener(context, moves, (k, c, fy, fx), cin, d["w"].strides, problem.dtype)
             else:
                 prepare = None  # KYXC already, or a 1 x 1 filter, whose KCYX is KYXC
-            weights = backend.alloc(computed.out_channels * fy * fx * cin * item) if prepare is not None else None
+            weights = context.alloc(computed.out_channels * fy * fx * cin * item) if prepare is not None else None
             unaligned = fallback_invoker(context, problem, "ConvIm2colGemm")  # a tensor not 16-byte aligned
 
             def run(inp, w, out):
@@ -326,7 +326,7 @@ class ConvWrwImplicitGemmTensorCore(Solver):
             cp = wide_channels(problem)
             r = cp * fy * fx
             slices = wrw_slices(problem, context.device.target.cu or 132)
-            partial = backend.to_device(np.zeros(k * r, np.float32))  # zero again after every call (finish)
+            partial = context.to_device(np.zeros(k * r, np.float32))  # zero again after every call (finish)
             staged = dataclasses.replace(problem, layout="NHWC", x_shape=(n, cp, h, w_))
             multiply = backend.launcher(prog.function("conv_wrw_igemm_nhwc"), (-(-r // TILE), -(-k // TILE), slices),
                                         (THREADS, 1, 1), [None, None, partial, *shape_args(staged)],
@@ -343,9 +343,9 @@ class ConvWrwImplicitGemmTensorCore(Solver):
             elif nchw:
                 x_in = transpose(n, c, h * w_)
             if x_in is not None:
-                x_nhwc = backend.alloc(n * h * w_ * cp * item)
+                x_nhwc = context.alloc(n * h * w_ * cp * item)
             dy_in = transpose(n, k, ho * wo) if nchw else None
-            dy_nhwc = backend.alloc(d["y"].numel * item) if nchw else None
+            dy_nhwc = context.alloc(d["y"].numel * item) if nchw else None
             unaligned = fallback_invoker(context, problem, "ConvIm2colGemm")
 
             def backward_weights(dy, x, dw):

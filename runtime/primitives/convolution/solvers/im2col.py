@@ -111,13 +111,13 @@ class ConvIm2colGemm(Solver):
     def solution(self, problem: ConvProblem, device):
         def invoker_factory(programs, context):
             prog = programs[0]
-            backend, args = context.backend, shape_args(problem)
+            args = shape_args(problem)
             gemm = _gemm(problem)
             multiply = context.invoker(gemm)  # immediate mode's choice of GEMM solver
             col_elements, regrouped_elements = _workspace_elements(problem)
             item = problem.dtype.itemsize
-            col = backend.alloc(col_elements * item) if col_elements else None
-            regrouped = backend.alloc(regrouped_elements * item) if regrouped_elements else None
+            col = context.alloc(col_elements * item) if col_elements else None
+            regrouped = context.alloc(regrouped_elements * item) if regrouped_elements else None
             order, strides = np.int32(problem.layout == "NHWC"), _column_strides(problem)
             n, k, r, p = _sizes(problem)
 

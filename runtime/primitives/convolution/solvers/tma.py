@@ -354,7 +354,7 @@ class ConvTma(TmaConvSolver):
             return Solution(self.programs(problem), gemm_invoker_factory)
 
         def invoker_factory(programs, context):
-            p, backend = problem, context.backend
+            p = problem
             (n, c, h, w_), k, (ho, wo), (fy, fx) = p.x_shape, p.out_channels, p.out_hw, p.filter
             multiply = multiplier(context, programs[0], p, tile_n, step_for(p))
             unaligned = fallback_invoker(context, problem, "ConvImplicitGemmTensorCore")
@@ -374,9 +374,9 @@ class ConvTma(TmaConvSolver):
             moves, d, item = programs[1], p.descs(), p.dtype.itemsize
             transpose = transposer(context, moves, p.dtype)
             x_in, y_out = transpose(n, c, h * w_), transpose(n, ho * wo, k)
-            x_nhwc, y_nhwc = backend.alloc(d["x"].numel * item), backend.alloc(d["y"].numel * item)
+            x_nhwc, y_nhwc = context.alloc(d["x"].numel * item), context.alloc(d["y"].numel * item)
             w_in = widener(context, moves, (k, c, fy, fx), c, d["w"].strides, p.dtype) if (fy, fx) != (1, 1) else None
-            w_kyxc = backend.alloc(d["w"].numel * item) if w_in is not None else None
+            w_kyxc = context.alloc(d["w"].numel * item) if w_in is not None else None
 
             def forward_nchw(x, w, y):
                 if w_in is None and not aligned16(w):  # the weights' tensor map reads w itself

@@ -151,13 +151,13 @@ class ConvTmaBwdData(tma.TmaConvSolver):
             return Solution(self.programs(problem), gemm_invoker_factory)
 
         def invoker_factory(programs, context):
-            p, backend, computed = problem, context.backend, as_forward(problem)
+            p, computed = problem, as_forward(problem)
             (n, c, h, w_), k, (ho, wo) = p.x_shape, p.out_channels, p.out_hw
             d, item, moves = p.descs(), p.dtype.itemsize, programs[1]
             multiply = tma.multiplier(context, programs[0], computed, tile_n)
             flip = launcher_1d(context, moves.function("conv_flip_weights"), d["w"].numel,
                                [None, None, *flip_arguments(p)], max_groups=1 << 16)
-            flipped = backend.alloc(d["w"].numel * item)  # C x Y x X x K: the forward's KYXC
+            flipped = context.alloc(d["w"].numel * item)  # C x Y x X x K: the forward's KYXC
             unaligned = fallback_invoker(context, problem, "ConvImplicitGemmTensorCore")
 
             if p.layout == "NHWC":
@@ -174,7 +174,7 @@ class ConvTmaBwdData(tma.TmaConvSolver):
             # NCHW: dy moved channels-last, the kernel's channels-last dx moved back
             transpose = transposer(context, moves, p.dtype)
             dy_in, dx_out = transpose(n, k, ho * wo), transpose(n, h * w_, c)
-            dy_nhwc, dx_nhwc = backend.alloc(d["y"].numel * item), backend.alloc(d["x"].numel * item)
+            dy_nhwc, dx_nhwc = context.alloc(d["y"].numel * item), context.alloc(d["x"].numel * item)
 
             def backward_data_nchw(dy, w, dx):
                 flip(w, flipped)

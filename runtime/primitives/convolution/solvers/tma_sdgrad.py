@@ -256,8 +256,8 @@ class ConvTmaBwdDataStrided(tma.TmaConvSolver):
             flip = launcher_1d(context, moves.function("conv_phase_weights"), d["w"].numel,
                                [None, None, *weight_arguments(p)], max_groups=1 << 16)
             scatter = scatter_launcher(context, moves, p, dx_strides)
-            subs, offsets = backend.alloc(d["w"].numel * item), output_offsets(p)
-            outs = backend.alloc(offsets[-1] * item)
+            subs, offsets = context.alloc(d["w"].numel * item), output_offsets(p)
+            outs = context.alloc(offsets[-1] * item)
             steps = []  # per phase with taps: multiply, its sub-filter, its output (views of subs and outs)
             for phase, offset in zip(phases(p), offsets):
                 if offset is None:
@@ -290,7 +290,7 @@ class ConvTmaBwdDataStrided(tma.TmaConvSolver):
             # NCHW: dy moved channels-last, dx scattered channels-last and moved back
             transpose = transposer(context, moves, p.dtype)
             dy_in, dx_out = transpose(n, k, ho * wo), transpose(n, h * w_, c)
-            dy_nhwc, dx_nhwc = backend.alloc(d["y"].numel * item), backend.alloc(d["x"].numel * item)
+            dy_nhwc, dx_nhwc = context.alloc(d["y"].numel * item), context.alloc(d["x"].numel * item)
 
             def backward_data_nchw(dy, w, dx):
                 dy_in(dy, dy_nhwc)

@@ -294,7 +294,7 @@ class ConvTmaBwdWeights(tma.TmaConvSolver):
             units = device_units(context.device)
             p = plan(pr, tile_n, units)
             kernel, moves = programs[0], (programs[1] if len(programs) > 1 else None)
-            ws = backend.alloc(4 * p.slices * p.m * p.n)
+            ws = context.alloc(4 * p.slices * p.m * p.n)
             grid = (min(p.items(tile_n), units), 1, 1)
             args = scalars(pr, p)
             map_dy, map_x = operand_maps(pr, p, tile_n)
@@ -322,7 +322,7 @@ class ConvTmaBwdWeights(tma.TmaConvSolver):
             d, item = pr.descs(), pr.dtype.itemsize
             x_in = dy_in = x_staged = dy_staged = None
             if packed_taps(pr):
-                x_staged = backend.alloc(computed(pr).descs()["x"].numel * item)
+                x_staged = context.alloc(computed(pr).descs()["x"].numel * item)
                 pixels = column_pixels(pr)
                 blocks = min(-(-n * ho * wo // pixels), 1 << 16)
                 x_in = backend.launcher(kernel.function("conv_wgrad_columns"), (blocks, 1, 1), (256, 1, 1),
@@ -330,9 +330,9 @@ class ConvTmaBwdWeights(tma.TmaConvSolver):
                                         shared_bytes=pixels * computed(pr).x_shape[1] * 2)
             if moves is not None:
                 transpose = transposer(context, moves, pr.dtype)
-                dy_in, dy_staged = transpose(n, k, ho * wo), backend.alloc(d["y"].numel * item)
+                dy_in, dy_staged = transpose(n, k, ho * wo), context.alloc(d["y"].numel * item)
                 if x_in is None:
-                    x_in, x_staged = transpose(n, c, h * w_), backend.alloc(d["x"].numel * item)
+                    x_in, x_staged = transpose(n, c, h * w_), context.alloc(d["x"].numel * item)
 
             def backward_weights(dy, x, dw):
                 # tensor maps need 16-byte aligned tensors (the staging reads any)

@@ -100,7 +100,7 @@ class ConvWinogradF2x3(Solver):
     def solution(self, problem: ConvProblem, device):
         def invoker_factory(programs, context):
             prog = programs[0]
-            backend, d = context.backend, problem.descs()
+            d = problem.descs()
             (k, c), (th, tw, p) = _channels(problem), _tiles(problem)
             forward = problem.direction == "F"
             # The forward convolution computed: its input, output and filter axes (backward data:
@@ -111,7 +111,7 @@ class ConvWinogradF2x3(Solver):
             into, out = (d["x"], d["y"]) if forward else (d["y"], d["x"])
             s0, s1, s2, s3 = d["w"].strides
             wstrides = (s0, s1, s2, s3) if forward else (s1, s0, s2, s3)
-            u, v, m = (backend.alloc(16 * size * 4) for size in (k * c, c * p, k * p))
+            u, v, m = (context.alloc(16 * size * 4) for size in (k * c, c * p, k * p))
             gemm = GemmProblem(DataType.FP32, k, p, c, batch=16, lda=c, ldb=p, ldc=p, stride_a=k * c, stride_b=c * p,
                                stride_c=k * p)
             multiply = context.invoker(gemm)  # immediate mode's choice of GEMM solver

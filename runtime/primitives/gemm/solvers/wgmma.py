@@ -59,7 +59,7 @@ class GemmWgmma(Solver):
             if p.trans_b:  # B is already N x K
                 ldbt, stride_bt, transpose, bt = p.ldb, p.stride_b, None, None
             else:
-                bt = context.backend.alloc(self.workspace(problem))  # the invoker's own, allocated once
+                bt = context.alloc(self.workspace(problem))  # the invoker's own, allocated once
                 ldbt, stride_bt = p.k, p.n * p.k if p.stride_b else 0
                 transpose = context.backend.launcher(prog.function("gemm_transpose"), (p.n // 32, p.k // 32, copies),
                                                      (32, 8, 1), [None, bt, i32(p.k), i32(p.n), i32(p.ldb),
