@@ -124,6 +124,18 @@ def test_the_forward_tile_is_the_one_the_h200_ranked_fastest(c, k, hw, f, stride
     assert chosen == [f"ConvTma128x{fastest}"]
 
 
+@pytest.mark.parametrize("n, hw, d, fastest", [
+    (16, (65, 65), 36, 256),  # DeepLab's ASPP: 0.898 against 1.446 ms for 128 x 128 (channels-last)
+    (6, (97, 97), 12, 256),  # 0.816 against 0.888
+    (1, (65, 65), 24, 128),  # one image: every tile in one wave, the narrower ones the shorter
+])
+def test_a_dilated_filter_takes_the_tile_the_h200_ranked_fastest(n, hw, d, fastest):
+    """A dilated 3 x 3 over 2048 channels: each narrower tile reads x again, from memory (the
+    taps lie rows apart), so the wider tile wins where the waves alone said otherwise."""
+    p = conv(c=2048, k=256, hw=hw, n=n, pad=(d, d), dilation=(d, d))
+    assert tma.forward_tile_n(p, 132) == fastest
+
+
 def test_immediate_mode_prefers_the_tma_kernels_on_sm90():
     from kdbkit.runtime.immediate import heuristic
 

@@ -49,6 +49,11 @@ STEPS = (64, 32, 16)
 # A multiprocessor's throughput on each tile shape relative to 128 x 256 when every one has
 # work: narrower tiles read more bytes of A per multiply-add (guesses until find's rankings say more).
 TILE_SPEED = {256: 1.0, 128: 0.92, 64: 0.7}
+# The same where the filter is dilated: each narrower tile reads x's pixels again, and a dilated
+# filter's taps lie rows apart, so that those reads come from memory rather than L2. On the
+# H200, DeepLab's ASPP 3 x 3 over 2048 channels at dilation 12 and 36 ran 128 x 128 tiles at
+# 0.80 and 0.56-0.58 of 128 x 256 tiles' speed (docs/performance.md).
+DILATED_TILE_SPEED = {256: 1.0, 128: 0.75, 64: 0.5}
 # What a multiprocessor's first tile fill and last tile's epilogue cost beyond the tiles'
 # k-loops (hidden behind the next tile for every tile but those), in elements of the reduction a
 # tile of the same width would have gone through meanwhile. One figure fitted to the H200's tuned
@@ -105,14 +110,15 @@ def tile_n_for(problem: ConvProblem, units: int) -> int:
 
 def tile_time(problem: ConvProblem, tile_n: int, units: int) -> float:
     """A launch's time with 128 x ``tile_n`` tiles, relative: the waves of tiles, each its
-    k-loop at the tile shape's :data:`TILE_SPEED`, plus one :data:`FILL_AND_DRAIN` a
+    k-loop at the tile shape's :data:`TILE_SPEED` (:data:`DILATED_TILE_SPEED`), plus one :data:`FILL_AND_DRAIN` a
     multiprocessor. A wide tile's epilogue is long, and a shape of few waves and a short
     reduction (a 1 x 1 convolution of a few hundred channels) spends much of its time there:
     the H200's rankings had 128 x 256 tiles slower than 128 x 128 ones where the tiles' share
     of useful work said the wider ones would win (docs/performance.md)."""
     waves = -(-tiles(problem, tile_n) // units)
     reduction = problem.w_shape[1] * problem.filter[0] * problem.filter[1]
-    return tile_n * (waves * reduction / TILE_SPEED[tile_n] + FILL_AND_DRAIN)
+    speed = (DILATED_TILE_SPEED if max(problem.dilation) > 1 else TILE_SPEED)[tile_n]
+    return tile_n * (waves * reduction / speed + FILL_AND_DRAIN)
 
 
 def forward_tile_n(problem: ConvProblem, units: int) -> int:
