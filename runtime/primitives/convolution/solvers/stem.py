@@ -24,7 +24,7 @@ MAX_C = 4  # a first layer's channels (RGB, RGBA, a mask): past it the tensor-co
 # Immediate mode's bound on the multiply-adds a pixel (output channels x taps): on the H200 the
 # kernel beat the tensor-core GEMM on most stems up to 864 a pixel, in both layouts (channels-
 # last once y is written a pixel's vector at a time), and lost past it (a 7 x 7 filter's 147
-# taps x 64 outputs took twice as long): docs/performance.md.
+# taps x 64 outputs): docs/performance.md.
 MAX_WORK = 864
 
 

@@ -50,9 +50,9 @@ STEPS = (64, 32, 16)
 # work: narrower tiles read more bytes of A per multiply-add (guesses until find's rankings say more).
 TILE_SPEED = {256: 1.0, 128: 0.92, 64: 0.7}
 # The same where the filter is dilated: each narrower tile reads x's pixels again, and a dilated
-# filter's taps lie rows apart, so that those reads come from memory rather than L2. On the
-# H200, DeepLab's ASPP 3 x 3 over 2048 channels at dilation 12 and 36 ran 128 x 128 tiles at
-# 0.80 and 0.56-0.58 of 128 x 256 tiles' speed (docs/performance.md).
+# filter's taps lie rows apart, so that those reads come from memory rather than L2 (find
+# ranked the wider tiles first on DeepLab's ASPP layers where the waves alone said otherwise:
+# docs/performance.md).
 DILATED_TILE_SPEED = {256: 1.0, 128: 0.75, 64: 0.5}
 # What a multiprocessor's first tile fill and last tile's epilogue cost beyond the tiles'
 # k-loops (hidden behind the next tile for every tile but those), in elements of the reduction a
