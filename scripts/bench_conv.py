@@ -40,6 +40,7 @@ from conv_problems import BATCH, MODELS, SET_BATCHES, SET_ELEMENTS_CAP, SET_NETW
 from conv_report import write_compare_report, write_report
 
 TYPES = ("fp16", "fp32", "bf16")
+LAYOUTS = ("NCHW", "NHWC")
 DIRECTIONS = {"F": "forward", "B": "backward data", "W": "backward weights"}
 
 
@@ -96,6 +97,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
                              "(default: FBW; F with --set problems)")
     parser.add_argument("--types", type=_names(TYPES), default=["fp16", "fp32"],
                         help=f"comma-separated, of {', '.join(TYPES)} (default: fp16,fp32)")
+    parser.add_argument("--layouts", type=_names(LAYOUTS), default=list(LAYOUTS),
+                        help="comma-separated, of NCHW, NHWC (default: both; a set split over two calls)")
     parser.add_argument("--models", type=_names(tuple(MODELS)), default=None,
                         help=f"comma-separated, of {', '.join(MODELS)} (--set models; default: all three)")
     parser.add_argument("--layers", type=_count(1), default=None,
@@ -214,7 +217,7 @@ def main(argv: list[str] | None = None) -> int:
             sys.exit(f"kdbkit's default device is {h.device.name} ({h.device.backend}), not a CUDA GPU")
         for model, layers in selected(args):
             for label in args.types:
-                for layout in ("NCHW", "NHWC"):
+                for layout in args.layouts:
                     for layer in layers:
                         rows += measure_layer(h, torch, kdbkit, args, model, label, layout, layer)
                         # the rows so far, kept should the run be stopped (a time limit)
@@ -247,7 +250,8 @@ def result_of(args, torch, kdbkit, rows: list[dict], partial: bool) -> dict:
     """The run's JSON: its settings, the summary and every row (``partial``: the run is not over)."""
     result = {"device": torch.cuda.get_device_name(), "batch": BATCH if args.set == "models" else "per problem",
               "iters": args.iters, "blocks": args.blocks, "mode": mode_of(args), "set": args.set,
-              "layers": args.layers, "only": args.only, "graph_calls": args.graph, "commit": args.commit,
+              "layers": args.layers, "layouts": args.layouts, "only": args.only, "graph_calls": args.graph,
+              "commit": args.commit,
               "torch": torch.__version__,
               "cudnn": torch.backends.cudnn.version(), "kdbkit": kdbkit.__version__,
               "summary": summarise(rows, args.compare_find), "failed": sum("error" in r for r in rows), "rows": rows}
