@@ -26,8 +26,7 @@ import conv_problems  # noqa: E402
 from bench_conv import Parser, _count  # noqa: E402  (a bad option: one line)
 from bench_primitives import timed_pair  # noqa: E402
 
-MODELS = {"resnet50": conv_problems.resnet50, "mobilenet_v2": conv_problems.mobilenet_v2,
-          "resnext50": conv_problems.resnext50, "problems": conv_problems.problem_set}
+MODELS = {**conv_problems.MODELS, "problems": conv_problems.problem_set}
 TYPES = ("fp32", "fp16", "bf16")
 LAYOUTS = ("NCHW", "NHWC")
 
