@@ -179,7 +179,6 @@ class BatchNormPersistent(Solver):
                 else:
                     unaligned(x, y, scale, bias, running_mean, running_var, saved_mean, saved_invstd)
 
-            train.workspace = (pairs, gen)  # kept alive with the invoker
             train.grid = (members, chunk, teams)
             return train
 

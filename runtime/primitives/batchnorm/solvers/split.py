@@ -94,7 +94,6 @@ class BatchNormSplit(Solver):
                        [x, y, scale, bias, saved_mean, var, i32(n), i32(c), i32(h * w), i32(xs0), i32(xs1),
                         i32(ys0), i32(ys1), eps])
 
-            train.workspace = (partial, var)  # kept alive with the invoker
             return train
 
         return Solution(self.programs(problem), invoker_factory)

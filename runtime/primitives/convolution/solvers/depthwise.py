@@ -195,7 +195,6 @@ class ConvDepthwise(Solver):
                 sums(dy, x)
                 finish(dw)
 
-            backward_weights.workspace = (partial,)
             return backward_weights
 
         return Solution(self.programs(problem), invoker_factory)

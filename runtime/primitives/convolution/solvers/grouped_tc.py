@@ -212,7 +212,6 @@ class ConvGroupedTensorCore(Solver):
                     x = staged
                 fast(x, w, y)
 
-            forward.workspace = (staged, weights)
             return forward
 
         return Solution(self.programs(problem), invoker_factory)

@@ -199,13 +199,11 @@ class ConvImplicitGemm(Solver):
                     def split_forward(x, w, y):
                         split(x, w, y)
 
-                    split_forward.workspace = (partial,)
                     return split_forward
 
                 def split_backward_data(dy, w, dx):
                     split(dy, w, dx)
 
-                split_backward_data.workspace = (partial,)
                 return split_backward_data
             slices, length = wrw_slices(problem, units, shape)
             partial = context.alloc(4 * rows * cols * problem.groups * slices)
@@ -220,7 +218,6 @@ class ConvImplicitGemm(Solver):
                 multiply(dy, x, partial)
                 finish(dw)
 
-            backward_weights.workspace = (partial,)
             return backward_weights
 
         return Solution(self.programs(problem), invoker_factory)

@@ -249,13 +249,11 @@ class ConvImplicitGemmTensorCore(Solver):
                 def forward(x, w, y):
                     run(x, w, y)
 
-                forward.workspace = (*staged.values(), weights, partial)
                 return forward
 
             def backward_data(dy, w, dx):
                 run(dy, w, dx)
 
-            backward_data.workspace = (*staged.values(), weights, partial)
             return backward_data
 
         return Solution(self.programs(problem), invoker_factory)
@@ -361,7 +359,6 @@ class ConvWrwImplicitGemmTensorCore(Solver):
                 multiply(dy, x)
                 finish(dw)
 
-            backward_weights.workspace = (partial, x_nhwc, dy_nhwc)
             return backward_weights
 
         return Solution(self.programs(problem), invoker_factory)

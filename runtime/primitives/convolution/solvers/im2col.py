@@ -135,7 +135,6 @@ class ConvIm2colGemm(Solver):
                         fields = col
                     multiply(a=w, b=fields, c=y) if nchw else multiply(a=fields, b=w, c=y)
 
-                forward.workspace = (col,)
                 return forward
             if problem.direction == "B":
                 col2im = kernel_1d("conv_col2im", int(np.prod(problem.x_shape)), [*strides, order])
@@ -146,7 +145,6 @@ class ConvIm2colGemm(Solver):
                     if col is not None:
                         col2im(col, dx)
 
-                backward_data.workspace = (col,)
                 return backward_data
             regroup = kernel_1d("conv_dy_by_channel", k * n * p, []) if regrouped is not None else None
 
@@ -159,7 +157,6 @@ class ConvIm2colGemm(Solver):
                 else:
                     multiply(a=dy, b=x if col is None else col, c=dw)
 
-            backward_weights.workspace = (col, regrouped)
             return backward_weights
 
         return Solution(self.programs(problem), invoker_factory)

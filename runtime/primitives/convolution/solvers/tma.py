@@ -354,7 +354,6 @@ class ConvTma(TmaConvSolver):
                 def forward_gemm(x, w, y):
                     multiply(w, x, y)  # y[n] = w x[n]
 
-                forward_gemm.workspace = ()
                 return forward_gemm
 
             return Solution(self.programs(problem), gemm_invoker_factory)
@@ -372,7 +371,6 @@ class ConvTma(TmaConvSolver):
                         return
                     multiply(x, w, y)
 
-                forward.workspace = ()
                 forward.fuse = fuser(context, programs[0], p, tile_n)
                 return forward
 
@@ -394,7 +392,6 @@ class ConvTma(TmaConvSolver):
                 multiply(x_nhwc, w if w_kyxc is None else w_kyxc, y_nhwc)
                 y_out(y_nhwc, y)
 
-            forward_nchw.workspace = tuple(b for b in (x_nhwc, y_nhwc, w_kyxc) if b is not None)
             return forward_nchw
 
         return Solution(self.programs(problem), invoker_factory)

@@ -145,7 +145,6 @@ class ConvTmaBwdData(tma.TmaConvSolver):
                 def backward_data_gemm(dy, w, dx):
                     multiply(w, dy, dx)  # dx[n] = w^T dy[n]
 
-                backward_data_gemm.workspace = ()
                 return backward_data_gemm
 
             return Solution(self.programs(problem), gemm_invoker_factory)
@@ -168,7 +167,6 @@ class ConvTmaBwdData(tma.TmaConvSolver):
                     flip(w, flipped)
                     multiply(dy, flipped, dx)
 
-                backward_data.workspace = (flipped,)
                 return backward_data
 
             # NCHW: dy moved channels-last, the kernel's channels-last dx moved back
@@ -182,7 +180,6 @@ class ConvTmaBwdData(tma.TmaConvSolver):
                 multiply(dy_nhwc, flipped, dx_nhwc)
                 dx_out(dx_nhwc, dx)
 
-            backward_data_nchw.workspace = (flipped, dy_nhwc, dx_nhwc)
             return backward_data_nchw
 
         return Solution(self.programs(problem), invoker_factory)

@@ -284,7 +284,6 @@ class ConvTmaBwdDataStrided(tma.TmaConvSolver):
                         return
                     run_phases(dy, w, dx)
 
-                backward_data.workspace = (subs, outs)
                 return backward_data
 
             # NCHW: dy moved channels-last, dx scattered channels-last and moved back
@@ -297,7 +296,6 @@ class ConvTmaBwdDataStrided(tma.TmaConvSolver):
                 run_phases(dy_nhwc, w, dx_nhwc)
                 dx_out(dx_nhwc, dx)
 
-            backward_data_nchw.workspace = (subs, outs, dy_nhwc, dx_nhwc)
             return backward_data_nchw
 
         return Solution(self.programs(problem), invoker_factory)

@@ -348,7 +348,6 @@ class ConvTmaBwdWeights(tma.TmaConvSolver):
                 launches.get(dy, x)()
                 reduce(dw)
 
-            backward_weights.workspace = tuple(b for b in (ws, x_staged, dy_staged) if b is not None)
             return backward_weights
 
         return Solution(self.programs(problem), invoker_factory)

@@ -139,7 +139,6 @@ class ConvWinogradF2x3(Solver):
                 def run(dy, w, dx):
                     convolve(dy, w, dx)
 
-            run.workspace = (u, v, m)
             return run
 
         return Solution(self.programs(problem), invoker_factory)

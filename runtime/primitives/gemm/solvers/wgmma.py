@@ -80,7 +80,6 @@ class GemmWgmma(Solver):
                     transpose(b)
                     main(a, c)
 
-            run.workspace = bt
             return run
 
         return Solution(self.programs(problem), invoker_factory)
