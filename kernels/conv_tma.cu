@@ -25,9 +25,11 @@
  * map_x: 4-D im2col map (cuTensorMapEncodeIm2col) over (C, W, H, N), CONV_BK channels by 128
  * pixels, element strides (1, stride_w, stride_h, 1), corners (-pad_w, -pad_h) and (pad_w - dil_w
  * (S - 1), pad_h - dil_h (R - 1)); map_w: 3-D tile map over (C, R S, K), box (CONV_BK, 1,
- * CONV_BN); both 16-bit elements, the swizzle 2 CONV_BK bytes wide, zero fill. y: 16-byte
- * aligned; y_vec: 1 where K is a multiple of 8 (16-byte stores through the staging, edge tiles
- * too), else element stores (K odd too). Sizes, strides, padding and dilation are arguments.
+ * CONV_BN); both 16-bit elements, the swizzle 2 CONV_BK bytes wide, zero fill. y_vec, how y is
+ * written: 1 channels-last, 16-byte aligned, K a multiple of 8 (16-byte stores through the
+ * staging, edge tiles too); 0 channels-last element stores (K odd too); 2 y in planes, N x K x
+ * Ho x Wo (NCHW), any alignment, transposed through the staging (conv_store_planes), so that an
+ * NCHW convolution's output needs no channels-last copy moved back. Sizes, strides, padding and dilation are arguments.
  * The epilogue (tma_wgmma.h's TmEpilogue): scale and shift, K floats each (or both null), res,
  * a tensor laid out as y (or null), relu 0 or 1: a batch norm, residual addition and ReLU fused.
  */
@@ -48,6 +50,79 @@
 #define TM_TA 0 /* both tiles K-major: channels contiguous */
 #define TM_TB 0
 #include "tma_wgmma.h"
+
+/* y_vec 2: a consumer warpgroup's 64 rows (output pixels) of tile (tm, tn) into y's planes,
+ * each value at its pixel's image, its channel's plane and its place in the plane (the
+ * epilogue's residual read at the same place). 64 channels at a time go through the
+ * warpgroup's staging (its four warps' areas, 8 KiB) transposed: stmatrix.trans puts each
+ * channel's 64 pixels in one 128-byte row (16-byte chunks swizzled by channel), then each warp
+ * writes 16 channels, a channel an instruction: 4 bytes a lane (two neighbouring pixels of one
+ * image, 4-byte aligned), else two 2-byte stores, so that an instruction writes up to 128
+ * contiguous bytes of a plane rather than 16-byte pieces of four. d[4j + 0..1]: row r,
+ * columns 8j + 2 (lane % 4) and the next; d[4j + 2..3]: row r + 8 (tma_wgmma.h's tm_store). */
+__device__ __forceinline__ void conv_store_planes(const float* d, unsigned short* y, int tm, int tn, int M, int K,
+                                                  int plane, unsigned int staging, int half, int warp, int lane,
+                                                  const TmEpilogue& ep)
+{
+    const unsigned int block = staging + half * 4 * TM_STAGING_BYTES;
+    const int first = tm * TM_BM + half * 64, cols_in = K - tn * TM_BN, quad = lane / 8;
+    /* This lane's two pixels at the stores, and their places in their images' first planes. */
+    const int row = first + 2 * lane, n0 = row / plane, n1 = (row + 1) / plane;
+    const bool in0 = row < M, in1 = row + 1 < M, one_image = n0 == n1;
+    const long at0 = (long)n0 * K * plane + (row - n0 * plane), at1 = (long)n1 * K * plane + (row + 1 - n1 * plane);
+#pragma unroll
+    for (int part = 0; part < TM_BN / 64; ++part) {
+        if (part * 64 >= cols_in) /* the same for the whole warpgroup: its barriers stay matched */
+            break;
+#pragma unroll
+        for (int p = 0; p < 4; ++p) {
+            /* matrices: columns 8j0.. rows 0-7 and 8-15, then columns 8j0 + 8.. the same; stored
+             * transposed, lane 8m + i names matrix m's channel i */
+            const int j0 = part * 8 + 2 * p, ch = 16 * p + 8 * (quad >> 1) + lane % 8;
+            const unsigned int at = block + ch * 128 + (((2 * warp + (quad & 1)) ^ (ch & 7)) << 4);
+            float e[8];
+#pragma unroll
+            for (int q = 0; q < 8; ++q) {
+                const int col = tn * TM_BN + 8 * (j0 + q / 4) + 2 * (lane % 4) + (q & 1);
+                e[q] = col < K ? tm_affine(d[4 * j0 + q], col, ep) : 0.0f; /* scale and shift end at K */
+            }
+            asm volatile("stmatrix.sync.aligned.m8n8.x4.trans.shared.b16 [%0], {%1, %2, %3, %4};" ::"r"(at),
+                         "r"(tm_pack(e[0], e[1])), "r"(tm_pack(e[2], e[3])), "r"(tm_pack(e[4], e[5])),
+                         "r"(tm_pack(e[6], e[7]))
+                         : "memory");
+        }
+        asm volatile("bar.sync %0, 128;" ::"r"(1 + half) : "memory");
+#pragma unroll 4
+        for (int c = 0; c < 16; ++c) {
+            const int ch = 16 * warp + c, col = tn * TM_BN + part * 64 + ch;
+            if (col >= K || !in0)
+                continue;
+            unsigned int v;
+            asm volatile("ld.shared.u32 %0, [%1];"
+                         : "=r"(v)
+                         : "r"(block + ch * 128 + (((lane / 4) ^ (ch & 7)) << 4) + 4 * (lane % 4)));
+            const long o0 = at0 + (long)col * plane, o1 = at1 + (long)col * plane;
+            if (in1 && one_image && !(o0 & 1)) {
+                if (ep.res)
+                    v = tm_add_pair(v, *(const unsigned int*)(ep.res + o0), ep.relu);
+                *(unsigned int*)(y + o0) = v;
+                continue;
+            }
+            for (int i = 0; i < 2; ++i) {
+                if (i == 1 && !in1)
+                    break;
+                const long o = i ? o1 : o0;
+                unsigned short value = (unsigned short)(v >> (16 * i));
+                if (ep.res) { /* the sum of two stored values, as the pairs' */
+                    const float sum = tc_to_float(value) + tc_to_float(ep.res[o]);
+                    value = tc_from_float(ep.relu ? fmaxf(sum, 0.0f) : sum);
+                }
+                y[o] = value;
+            }
+        }
+        asm volatile("bar.sync %0, 128;" ::"r"(1 + half) : "memory"); /* read before the next part overwrites it */
+    }
+}
 
 extern "C" __global__ void __launch_bounds__(384, 1)
 conv_fwd_tma(const __grid_constant__ TmaMap map_x, const __grid_constant__ TmaMap map_w, unsigned short* y, int M,
@@ -109,8 +184,12 @@ conv_fwd_tma(const __grid_constant__ TmaMap map_x, const __grid_constant__ TmaMa
             int tm, tn, z;
             tm_tile(id, tiles_m, tiles_n, &tm, &tn, &z);
             tm_consume(d, base, full, empty, stage, phase, k_steps, half, wt);
-            tm_store(d, y, tm, tn, M, K, K, y_vec, 1.0f, 0.0f, staging, half, warp, lane,
-                     TmEpilogue{scale, shift, res, relu});
+            if (y_vec == 2)
+                conv_store_planes(d, y, tm, tn, M, K, Ho * Wo, staging, half, warp, lane,
+                                  TmEpilogue{scale, shift, res, relu});
+            else
+                tm_store(d, y, tm, tn, M, K, K, y_vec, 1.0f, 0.0f, staging, half, warp, lane,
+                         TmEpilogue{scale, shift, res, relu});
         }
     }
 }

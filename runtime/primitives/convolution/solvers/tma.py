@@ -11,8 +11,9 @@ Channels-last tensors go as they are. An NCHW 1 x 1 convolution at stride 1 with
 is a batched GEMM, y[n] (K x HW) = w (K x C) x[n] (C x HW): it runs through the TMA GEMM's
 kernel (gemm_tma.cu, GemmTma's invoker) on the tensors as they are, where H W is a multiple of
 8 (x's rows 16-byte aligned) and the solver's tile is 256 or 128 wide. Other NCHW ones are
-staged: x and the weights moved channels-last into a workspace (conv_gemm.c's transposes), the
-kernel's channels-last output moved back into y. x's channels must be a multiple of 8 (the
+staged: x and the weights moved channels-last into a workspace (conv_gemm.c's transposes), and
+the kernel writes y's planes itself (conv_tma.cu's y_vec 2: no channels-last copy of y moved
+back, one launch and a round trip of y fewer). x's channels must be a multiple of 8 (the
 copies step in 16 bytes); a first layer's 3 go to the mma.sync kernel
 (ConvImplicitGemmTensorCore).
 
@@ -160,12 +161,18 @@ def kernel_request(dtype: DataType, tile_n: int, step: int = STEP) -> ProgramReq
                                           f"-DCONV_STAGES={stages(tile_n, step)}", *narrow, ARCH_OPTION))
 
 
-def scalars(problem: ConvProblem) -> list:
-    """conv_fwd_tma's int arguments after y for the channels-last forward ``problem``: M, K, C,
-    Ho, Wo, S, the pads, strides and dilations (H, W), the taps, and y_vec (K a multiple of 8)."""
+# conv_fwd_tma's y_vec where y is written in planes (NCHW) rather than channels-last
+Y_PLANES = 2
+
+
+def scalars(problem: ConvProblem, planes: bool = False) -> list:
+    """conv_fwd_tma's int arguments after y for the forward ``problem`` (x channels-last): M,
+    K, C, Ho, Wo, S, the pads, strides and dilations (H, W), the taps, and y_vec: y channels-last
+    in 16-byte stores where K is a multiple of 8, or (``planes``) y written NCHW."""
     (n, c), k, (ho, wo), (fy, fx) = problem.x_shape[:2], problem.out_channels, problem.out_hw, problem.filter
+    y_vec = Y_PLANES if planes else int(k % 8 == 0)
     return [np.int32(v) for v in (n * ho * wo, k, c, ho, wo, fx, *problem.pad, *problem.stride, *problem.dilation,
-                                  fy * fx, k % 8 == 0)]
+                                  fy * fx, y_vec)]
 
 
 # conv_fwd_tma's epilogue arguments when it has none: null scale, shift and residual, no ReLU
@@ -176,15 +183,15 @@ KERNEL_ACTIVATIONS = (0, 1)
 
 
 def multiplier(context, program, problem: ConvProblem, tile_n: int, step: int = STEP,
-               epilogue: tuple[bool, int] | None = None):
+               epilogue: tuple[bool, int] | None = None, planes: bool = False):
     """``multiply(x, w, y)``: conv_fwd_tma (from the loaded conv_tma.cu ``program``, built for
     ``step`` channels a stage) computing the forward ``problem`` on 16-byte aligned
-    channels-last x, KYXC w and channels-last y. The tensor maps hold the addresses: they are
+    channels-last x, KYXC w and channels-last y (``planes``: NCHW y, any alignment). The tensor maps hold the addresses: they are
     encoded with a launch for each (x, w) pair met, the
     :data:`~kdbkit.runtime.primitives.gemm.solvers.tma.CACHED_PAIRS` met most recently kept. ``epilogue``:
     (residual, activation code) for ``multiply(x, w, y, scale, shift[, residual])`` with the
     kernel's epilogue (tma_wgmma.h's TmEpilogue)."""
-    return map_multiplier(context, program, tiles(problem, tile_n), tile_n, scalars(problem),
+    return map_multiplier(context, program, tiles(problem, tile_n), tile_n, scalars(problem, planes),
                           input_map(problem, step), filter_map(problem, tile_n, step), step, epilogue)
 
 
@@ -331,7 +338,7 @@ class ConvTma(TmaConvSolver):
             return 0
         d = problem.descs()
         moved_w = d["w"].numel if problem.filter != (1, 1) else 0
-        return (d["x"].numel + moved_w + d["y"].numel) * problem.dtype.itemsize
+        return (d["x"].numel + moved_w) * problem.dtype.itemsize
 
     def programs(self, problem: ConvProblem):
         if problem.dtype not in (DataType.FP16, DataType.BF16):
@@ -360,11 +367,12 @@ class ConvTma(TmaConvSolver):
 
         def invoker_factory(programs, context):
             p = problem
-            (n, c, h, w_), k, (ho, wo), (fy, fx) = p.x_shape, p.out_channels, p.out_hw, p.filter
-            multiply = multiplier(context, programs[0], p, tile_n, step_for(p))
+            (n, c, h, w_), k, (fy, fx) = p.x_shape, p.out_channels, p.filter
             unaligned = fallback_invoker(context, problem, "ConvImplicitGemmTensorCore")
 
             if p.layout == "NHWC":
+                multiply = multiplier(context, programs[0], p, tile_n, step_for(p))
+
                 def forward(x, w, y):
                     if not aligned16(x, w, y):  # tensor maps and 16-byte stores need aligned tensors
                         unaligned(x, w, y)
@@ -374,11 +382,11 @@ class ConvTma(TmaConvSolver):
                 forward.fuse = fuser(context, programs[0], p, tile_n)
                 return forward
 
-            # NCHW: x and w moved channels-last, the kernel's output moved back
+            # NCHW: x and w moved channels-last; the kernel writes y's planes itself
             moves, d, item = programs[1], p.descs(), p.dtype.itemsize
-            transpose = transposer(context, moves, p.dtype)
-            x_in, y_out = transpose(n, c, h * w_), transpose(n, ho * wo, k)
-            x_nhwc, y_nhwc = context.alloc(d["x"].numel * item), context.alloc(d["y"].numel * item)
+            to_planes = multiplier(context, programs[0], p, tile_n, step_for(p), planes=True)
+            x_in = transposer(context, moves, p.dtype)(n, c, h * w_)
+            x_nhwc = context.alloc(d["x"].numel * item)
             w_in = widener(context, moves, (k, c, fy, fx), c, d["w"].strides, p.dtype) if (fy, fx) != (1, 1) else None
             w_kyxc = context.alloc(d["w"].numel * item) if w_in is not None else None
 
@@ -389,8 +397,7 @@ class ConvTma(TmaConvSolver):
                 x_in(x, x_nhwc)
                 if w_in is not None:
                     w_in(w, w_kyxc)
-                multiply(x_nhwc, w if w_kyxc is None else w_kyxc, y_nhwc)
-                y_out(y_nhwc, y)
+                to_planes(x_nhwc, w if w_kyxc is None else w_kyxc, y)
 
             return forward_nchw
 

@@ -15,8 +15,8 @@ K, conv_gemm.c's conv_flip_weights, read through w's strides: either layout), th
 conv_fwd_tma with dy as its input: output pixels by dx's channels, 128 x 256, 128 x 128 or 128
 x 64 tiles (one solver each, the forward's choice of tile on that forward problem).
 
-Channels-last tensors go as they are; NCHW dy and dx are staged channels-last as the forward
-solver stages x and y. An NCHW 1 x 1 one without padding is the batched GEMM dx[n] (C x HW) =
+Channels-last tensors go as they are; an NCHW dy is staged channels-last as the forward
+solver stages x, and the kernel writes dx's planes itself, as the forward's y. An NCHW 1 x 1 one without padding is the batched GEMM dx[n] (C x HW) =
 w^T (C x K) dy[n] (K x HW): it runs through GemmTma's invoker (A transposed, on the tensors as
 they are) where H W and C are multiples of 8 and the tile is 256 or 128 wide, as the forward's
 1 x 1 convolutions do. A stride above 1 is ConvTmaBwdDataStrided's (tma_sdgrad: one forward
@@ -117,11 +117,11 @@ class ConvTmaBwdData(tma.TmaConvSolver):
                               f"{tma.tile_efficiency(computed, self.tile_n, units):.0%})")
 
     def workspace(self, problem: ConvProblem) -> int:
-        """The flipped weights; NCHW: dy and dx channels-last too; nothing for the GEMM."""
+        """The flipped weights; NCHW: dy channels-last too; nothing for the GEMM."""
         if self.tile_n in tma.GEMMS and as_gemm(problem) is not None:
             return 0
         d = problem.descs()
-        staged = d["y"].numel + d["x"].numel if problem.layout == "NCHW" else 0
+        staged = d["y"].numel if problem.layout == "NCHW" else 0
         return (d["w"].numel + staged) * problem.dtype.itemsize
 
     def programs(self, problem: ConvProblem):
@@ -151,15 +151,16 @@ class ConvTmaBwdData(tma.TmaConvSolver):
 
         def invoker_factory(programs, context):
             p, computed = problem, as_forward(problem)
-            (n, c, h, w_), k, (ho, wo) = p.x_shape, p.out_channels, p.out_hw
+            n, k, (ho, wo) = p.x_shape[0], p.out_channels, p.out_hw
             d, item, moves = p.descs(), p.dtype.itemsize, programs[1]
-            multiply = tma.multiplier(context, programs[0], computed, tile_n)
             flip = launcher_1d(context, moves.function("conv_flip_weights"), d["w"].numel,
                                [None, None, *flip_arguments(p)], max_groups=1 << 16)
             flipped = context.alloc(d["w"].numel * item)  # C x Y x X x K: the forward's KYXC
             unaligned = fallback_invoker(context, problem, "ConvImplicitGemmTensorCore")
 
             if p.layout == "NHWC":
+                multiply = tma.multiplier(context, programs[0], computed, tile_n)
+
                 def backward_data(dy, w, dx):
                     if not aligned16(dy, dx):  # dy's tensor map and dx's 16-byte stores (w is read by the flip)
                         unaligned(dy, w, dx)
@@ -169,16 +170,15 @@ class ConvTmaBwdData(tma.TmaConvSolver):
 
                 return backward_data
 
-            # NCHW: dy moved channels-last, the kernel's channels-last dx moved back
-            transpose = transposer(context, moves, p.dtype)
-            dy_in, dx_out = transpose(n, k, ho * wo), transpose(n, h * w_, c)
-            dy_nhwc, dx_nhwc = context.alloc(d["y"].numel * item), context.alloc(d["x"].numel * item)
+            # NCHW: dy moved channels-last; the kernel writes dx's planes itself
+            to_planes = tma.multiplier(context, programs[0], computed, tile_n, planes=True)
+            dy_in = transposer(context, moves, p.dtype)(n, k, ho * wo)
+            dy_nhwc = context.alloc(d["y"].numel * item)
 
             def backward_data_nchw(dy, w, dx):
                 flip(w, flipped)
                 dy_in(dy, dy_nhwc)
-                multiply(dy_nhwc, flipped, dx_nhwc)
-                dx_out(dx_nhwc, dx)
+                to_planes(dy_nhwc, flipped, dx)
 
             return backward_data_nchw
 
