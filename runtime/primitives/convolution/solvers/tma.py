@@ -186,8 +186,8 @@ def multiplier(context, program, problem: ConvProblem, tile_n: int, step: int = 
                epilogue: tuple[bool, int] | None = None, planes: bool = False):
     """``multiply(x, w, y)``: conv_fwd_tma (from the loaded conv_tma.cu ``program``, built for
     ``step`` channels a stage) computing the forward ``problem`` on 16-byte aligned
-    channels-last x, KYXC w and channels-last y (``planes``: NCHW y, any alignment). The tensor maps hold the addresses: they are
-    encoded with a launch for each (x, w) pair met, the
+    channels-last x, KYXC w and channels-last y (``planes``: NCHW y, any alignment). The tensor
+    maps hold the addresses: they are encoded with a launch for each (x, w) pair met, the
     :data:`~kdbkit.runtime.primitives.gemm.solvers.tma.CACHED_PAIRS` met most recently kept. ``epilogue``:
     (residual, activation code) for ``multiply(x, w, y, scale, shift[, residual])`` with the
     kernel's epilogue (tma_wgmma.h's TmEpilogue)."""
