@@ -40,11 +40,15 @@ def fusing_choice(handle, problem, epilogue: ConvEpilogueProblem):
     """Where the find-db ranks first a solver that does not take the epilogue, the best-ranked
     one that does, if its time is within what the separate pass would add; else None. (Find
     times the convolution or gemm alone; the call costs it and the pass.)"""
-    ranking = list(handle.dispatcher.ranked(problem))
-    if not ranking or fuses(ranking[0][1], problem):
+    # Taken lazily: each solver's applicability is asked only when the walk reaches it, and the
+    # walk stops at the first one slower than the limit (a network's first forward asks this
+    # of every fused convolution).
+    ranking = handle.dispatcher.ranked(problem)
+    first = next(ranking, None)
+    if first is None or fuses(first[1], problem):
         return None
-    limit = ranking[0][0].time_ms + separate_pass_ms(epilogue, handle.device)
-    for record, solver, _ in ranking[1:]:
+    limit = first[0].time_ms + separate_pass_ms(epilogue, handle.device)
+    for record, solver, _ in ranking:
         if record.time_ms > limit:
             return None
         if fuses(solver, problem) and enabled(solver):

@@ -186,3 +186,12 @@ def test_find_db_winners_that_do_not_fuse_give_way_within_the_cost_of_the_pass()
     assert fusing_choice(handle_ranking([(im2col, 0.020), (tma, 0.020 + pass_ms * 0.9)]), problem, epilogue) is tma
     assert fusing_choice(handle_ranking([(im2col, 0.020), (tma, 0.020 + pass_ms * 1.1)]), problem, epilogue) is None
     assert fusing_choice(handle_ranking([(tma, 0.020), (im2col, 0.021)]), problem, epilogue) is None
+
+    # the walk stops at the first solver slower than the limit: those behind it are not asked
+    def stops_at_the_limit(_):
+        yield FindRecord(im2col.id, im2col.name, 0, 0.020, 0), im2col, "test"
+        yield FindRecord(tma.id, tma.name, 1, 0.020 + pass_ms * 1.1, 0), tma, "test"
+        raise AssertionError("the ranking was walked past the first solver slower than the limit")
+
+    walked = SimpleNamespace(device=device, dispatcher=SimpleNamespace(ranked=stops_at_the_limit))
+    assert fusing_choice(walked, problem, epilogue) is None
