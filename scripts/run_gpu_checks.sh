@@ -11,6 +11,7 @@
 # (BENCH_ARGS: more of its options, e.g. --compare-prefetch).
 # PART=startup: only the startup benchmark.
 # PART=compare: bench_network and bench_startup of this tree and of a baseline tree (BASE=<dir>), in turn.
+# PART=ab: one command (AB=...) against this tree and a baseline tree (BASE=<dir>), in turn (see there).
 # PART=suite: the whole test suite with KDB_TEST_BACKEND=cuda; TUNE=1 also tunes the networks'
 # problems alongside (the find-db comes back as $OUT/tuned.fdb, for PART=compare's FDB).
 # PART=cluster: the cluster tier's tests on CUDA and scripts/bench_cluster.py (a redis-server in .whl: see there).
@@ -108,17 +109,42 @@ if [ "$PART" = primitives ]; then
     python3 scripts/bench_primitives.py --out "$OUT" 2>&1 | tee "$OUT/bench_primitives.txt" | tail -40
     exit 0
 fi
+# The baseline tree (BASE=<folder holding it>, carried) installed as its own wheel beside this
+# tree's dependencies, in BASE_SITE: PART=compare and PART=ab measure both trees in one call.
+BASE_SITE=/tmp/site-base
+install_baseline() {
+    [ -d "${BASE:-}" ] || { echo "BASE=<folder holding the baseline tree> is needed (e.g. git archive main)" >&2; exit 1; }
+    rm -rf "$BASE_SITE" /tmp/kdbkit-base-wheel && cp -r "$SITE" "$BASE_SITE"
+    (cd "$BASE" && python3 -m pip wheel -q --no-deps --no-build-isolation --no-index -w /tmp/kdbkit-base-wheel .) &&
+        python3 -m pip install -q --no-index --no-deps --upgrade --target "$BASE_SITE" /tmp/kdbkit-base-wheel/kdbkit-*.whl ||
+        { echo "building the baseline's wheel failed" >&2; exit 1; }
+}
+if [ "$PART" = ab ]; then
+    # One command against two trees in one call, the baseline first: AB, run from each tree's root
+    # with that tree's kdbkit on PYTHONPATH, a fresh user cache, and AB_OUT a folder of its own
+    # (e.g. AB='python3 scripts/bench_conv.py --set problems --types fp16 --layouts NCHW --out
+    # $AB_OUT'). Each side's log and JSON files come back as $OUT/<base|new>-<name>; the device
+    # tool returns 8 files at most, so AB should write few.
+    [ -n "${AB:-}" ] || { echo "AB=<command> is needed" >&2; exit 1; }
+    install_baseline
+    for side in base new; do
+        tree=.; site=$SITE
+        [ $side = base ] && { tree=$BASE; site=$BASE_SITE; }
+        AB_OUT=$(mktemp -d)
+        (cd "$tree" && AB_OUT=$AB_OUT PYTHONPATH=$site KDB_CUSTOM_CACHE_DIR=$(mktemp -d) bash -c "$AB") \
+            > "$OUT/$side-ab.log" 2>&1
+        echo "== $side (exit $?)"; tail -3 "$OUT/$side-ab.log"
+        for f in "$AB_OUT"/*.json; do [ -e "$f" ] && cp "$f" "$OUT/$side-$(basename "$f")"; done
+    done
+    exit 0
+fi
 if [ "$PART" = compare ]; then
     # No regression against a baseline tree (BASE=<folder holding it>, carried): each tree's own
     # kdbkit wheel, `kdb package` and benchmark scripts, the same bundle (.gpu-bundles/, carried)
     # and the same find-db (FDB=<file>, else tuned here with this tree), measured in turn in this
     # one call: bench_network (WHAT=network), bench_startup (WHAT=startup) or both (the default).
     KDB="python3 -m kdbkit.runtime.cli.app"
-    BASE_SITE=/tmp/site-base
-    rm -rf "$BASE_SITE" /tmp/kdbkit-base-wheel && cp -r "$SITE" "$BASE_SITE"
-    (cd "$BASE" && python3 -m pip wheel -q --no-deps --no-build-isolation --no-index -w /tmp/kdbkit-base-wheel .) &&
-        python3 -m pip install -q --no-index --no-deps --upgrade --target "$BASE_SITE" /tmp/kdbkit-base-wheel/kdbkit-*.whl ||
-        { echo "building the baseline's wheel failed" >&2; exit 1; }
+    install_baseline
     WHAT=${WHAT:-network,startup}
     if [[ $WHAT == cold ]]; then
         # A user's very first process (no startup memo, so no prefetch): each tree's bundle child,
