@@ -57,7 +57,7 @@
  * warpgroup's staging (its four warps' areas, 8 KiB) transposed: stmatrix.trans puts each
  * channel's 64 pixels in one 128-byte row (16-byte chunks swizzled by channel), then each warp
  * writes 16 channels, a channel an instruction: 4 bytes a lane (two neighbouring pixels of one
- * image, 4-byte aligned), else two 2-byte stores, so that an instruction writes up to 128
+ * image, at a 4-byte aligned address), else two 2-byte stores, so that an instruction writes up to 128
  * contiguous bytes of a plane rather than 16-byte pieces of four. d[4j + 0..1]: row r,
  * columns 8j + 2 (lane % 4) and the next; d[4j + 2..3]: row r + 8 (tma_wgmma.h's tm_store). */
 __device__ __forceinline__ void conv_store_planes(const float* d, unsigned short* y, int tm, int tn, int M, int K,
@@ -70,6 +70,10 @@ __device__ __forceinline__ void conv_store_planes(const float* d, unsigned short
     const int row = first + 2 * lane, n0 = row / plane, n1 = (row + 1) / plane;
     const bool in0 = row < M, in1 = row + 1 < M, one_image = n0 == n1;
     const long at0 = (long)n0 * K * plane + (row - n0 * plane), at1 = (long)n1 * K * plane + (row + 1 - n1 * plane);
+    /* y (and the residual) may start 2 bytes off 4: a pair is stored whole only where its address
+     * is 4-byte aligned in both. */
+    const int y_odd = (int)(((unsigned long long)y >> 1) & 1);
+    const bool res_even = !ep.res || (int)(((unsigned long long)ep.res >> 1) & 1) == y_odd;
 #pragma unroll
     for (int part = 0; part < TM_BN / 64; ++part) {
         if (part * 64 >= cols_in) /* the same for the whole warpgroup: its barriers stay matched */
@@ -102,7 +106,7 @@ __device__ __forceinline__ void conv_store_planes(const float* d, unsigned short
                          : "=r"(v)
                          : "r"(block + ch * 128 + (((lane / 4) ^ (ch & 7)) << 4) + 4 * (lane % 4)));
             const long o0 = at0 + (long)col * plane, o1 = at1 + (long)col * plane;
-            if (in1 && one_image && !(o0 & 1)) {
+            if (in1 && one_image && res_even && !((o0 + y_odd) & 1)) {
                 if (ep.res)
                     v = tm_add_pair(v, *(const unsigned int*)(ep.res + o0), ep.relu);
                 *(unsigned int*)(y + o0) = v;

@@ -249,6 +249,24 @@ def test_tiles_cut_at_every_edge(sm90_torch, name, layout, dtype, case):
 
 
 @pytest.mark.gpu
+@pytest.mark.parametrize("name", TMA_SOLVERS)
+def test_nchw_planes_written_two_bytes_off_alignment(sm90_torch, name):
+    """y a view one element into its storage (2 bytes off 4-byte alignment): the staged NCHW
+    path's planes store writes its pairs element by element there, and every value is right."""
+    import kdbkit
+
+    handle, torch = sm90_torch
+    x = torch.randn(2, 64, 14, 14, device="cuda", dtype=torch.float16)  # 196 pixels: staged, y in planes
+    wt = torch.randn(72, 64, 3, 3, device="cuda", dtype=torch.float16) / 24
+    ref = torch.nn.functional.conv2d(x.double(), wt.double(), None, 1, 1)
+    storage = torch.full((ref.numel() + 1,), float("nan"), device="cuda", dtype=torch.float16)
+    y = storage[1:].view(ref.shape)
+    assert y.data_ptr() % 4 == 2
+    out = kdbkit.convolution_forward(handle, x, wt, pad=1, y=y, solver=name)
+    assert_written_in_place(out, y, ref, f"{name} y two bytes off")
+
+
+@pytest.mark.gpu
 def test_immediate_mode_takes_the_tma_kernel_on_new_tensors(sm90_torch):
     import kdbkit
     from kdbkit.runtime.immediate import choose

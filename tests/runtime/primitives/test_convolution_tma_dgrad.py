@@ -354,6 +354,24 @@ def test_backward_data_matches_pytorch(sm90_torch, name, layout, dtype, case):
 
 
 @pytest.mark.gpu
+@pytest.mark.parametrize("name", SOLVERS)
+def test_nchw_dx_written_two_bytes_off_alignment(sm90_torch, name):
+    """dx a view one element into its storage (2 bytes off 4-byte alignment): the kernel's planes
+    store writes its pairs element by element there, and every value is right."""
+    import kdbkit
+
+    handle, torch = sm90_torch
+    dy = torch.randn(2, 64, 14, 14, device="cuda", dtype=torch.float16)
+    wt = torch.randn(64, 72, 3, 3, device="cuda", dtype=torch.float16) / 24
+    expected = torch.nn.grad.conv2d_input((2, 72, 14, 14), wt.double(), dy.double(), 1, 1)
+    storage = torch.full((expected.numel() + 1,), float("nan"), device="cuda", dtype=torch.float16)
+    dx = storage[1:].view(expected.shape)
+    assert dx.data_ptr() % 4 == 2
+    out = kdbkit.convolution_backward_data(handle, dy, wt, (2, 72, 14, 14), pad=1, dx=dx, solver=name)
+    assert_written_in_place(out, dx, expected, f"{name} dx two bytes off")
+
+
+@pytest.mark.gpu
 def test_immediate_mode_takes_it_on_new_tensors(sm90_torch):
     import kdbkit
     from kdbkit.runtime.immediate import choose
