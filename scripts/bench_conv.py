@@ -105,7 +105,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
                         help="only each model's first N layers, or N problems spread over the set (a check of the "
                              "script; the report says so)")
     parser.add_argument("--only", default="", help="only the layers whose '<model or network> <layer>' contains "
-                                                   "this text")
+                                                   "one of these comma-separated texts")
     parser.add_argument("--graph", type=_count(0), default=0, metavar="N",
                         help="time replays of a CUDA graph of N calls (0: back-to-back eager calls)")
     parser.add_argument("--commit", default="", help="the commit measured (default: git rev-parse HEAD, if any)")
@@ -134,7 +134,9 @@ def selected(args) -> list[tuple[str, list]]:
         chosen = [("set", spread(problem_set(), args.layers))]
     else:
         chosen = [(model, MODELS[model]()[:args.layers]) for model in args.models]
-    return [(model, [c for c in layers if args.only in f"{model} {c.name}"]) for model, layers in chosen]
+    texts = [text for text in args.only.split(",") if text] or [""]
+    return [(model, [c for c in layers if any(text in f"{model} {c.name}" for text in texts)])
+            for model, layers in chosen]
 
 
 def stem_for(chosen_set: str, mode: str, graph: int) -> str:

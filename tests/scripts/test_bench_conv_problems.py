@@ -59,6 +59,16 @@ def test_resnext50_is_torchvisions_32x4d(scripts):
     assert {c.c // c.groups for c in grouped} == {4, 8, 16, 32}  # 32 groups of 4 to 32 channels, never depthwise
 
 
+def test_only_takes_several_texts_as_bench_conv_solvers_does(scripts):
+    bc, _, _ = scripts
+    picked = bc.selected(bc.parse_args(["--set", "problems", "--only", "ASPP 3x3,conv1 7x7/2"]))
+    names = [c.name for _, layers in picked for c in layers]
+    assert names and all("ASPP 3x3" in n or "conv1 7x7/2" in n for n in names)
+    assert any("ASPP 3x3" in n for n in names) and any("conv1 7x7/2" in n for n in names)
+    every = bc.selected(bc.parse_args(["--set", "problems"]))
+    assert sum(len(layers) for _, layers in every) > len(names)
+
+
 def test_problem_set_has_200_distinct_problems_of_every_kind(scripts):
     _, cp, _ = scripts
     from kdbkit.runtime.primitives.convolution import ConvProblem  # noqa: F401  (kdbkit checks each shape)
