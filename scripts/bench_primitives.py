@@ -114,6 +114,21 @@ def copy_bandwidth(iters: int, blocks: int) -> float:
     return 2 * a.numel() * a.element_size() / ms / 1e6
 
 
+def same_size_copy_gbs(nbytes: int, iters: int, blocks: int, graph: int, handle) -> float:
+    """GB/s of a device-to-device copy moving ``nbytes`` (read plus written), timed as the cases
+    are (eager, or replays of a graph of ``graph`` calls): the copy share a kernel of that size
+    can reach at all, since a launch's fixed costs weigh on a small one (a 1 GiB copy sets
+    ``copy_gbs``)."""
+    import torch
+
+    a = torch.empty(max(nbytes // 2, 1), dtype=torch.uint8, device="cuda")
+    b = torch.empty_like(a)
+    copy, calls = (lambda: b.copy_(a)), 1
+    if graph:
+        copy, calls = graphed(copy, graph, handle), graph
+    return 2 * a.numel() / (timed(copy, iters=iters, blocks=blocks) / calls) / 1e6
+
+
 def cases(h, torch, kdbkit, gemm: bool = True):
     """(name, dtype, kdbkit call, torch call, bytes moved, flops) per benchmark; inputs random, outputs reused
     (``gemm``: the matrix products too)."""
@@ -292,6 +307,7 @@ def main() -> int:
               flush=True)
         runs, keep = {}, []  # keep: every placement's tensors stay allocated, so the next ones land elsewhere
         extras = {}  # (name, type) -> a case's extra report (the GEMM cases': solver, error)
+        same_size = {}  # bytes moved -> GB/s of a copy of that size
         for placement in range(args.placements):
             chosen = cases(h, torch, kdbkit, gemm=args.set == "all") if args.set != "gemm" else \
                 (case for dt, label in ((torch.float16, "fp16"), (torch.bfloat16, "bf16"))
@@ -306,6 +322,10 @@ def main() -> int:
                 resolve_s = time.perf_counter() - started
                 if extra and placement == 0:
                     extras.setdefault((name, label), {}).update(extra[0]())
+                if not flops and placement == 0:  # a memory-bound case: the same bytes copied, for scale
+                    if nbytes not in same_size:
+                        same_size[nbytes] = same_size_copy_gbs(nbytes, args.iters, args.blocks, args.graph, h)
+                    extras.setdefault((name, label), {})["same_size_copy_gbs"] = same_size[nbytes]
                 calls = 1
                 if args.graph:
                     try:
@@ -322,8 +342,12 @@ def main() -> int:
         rows = [{**summary_row(name, label, found, copy_gbs), **extras.get((name, label), {})}
                 for (name, label), found in runs.items()]
         for row in rows:
+            if "same_size_copy_gbs" in row:
+                row["kdbkit_same_size_share"] = row["kdbkit_gbs"] / row["same_size_copy_gbs"]
+        for row in rows:
             flops = "kdbkit_tflops" in row
-            share = (f"{row['kdbkit_copy_share']:.0%} of copy (torch {row['torch_copy_share']:.0%})" if not flops
+            share = (f"{row['kdbkit_copy_share']:.0%} of copy (torch {row['torch_copy_share']:.0%}; "
+                     f"{row['kdbkit_same_size_share']:.0%} of a same-size copy)" if not flops
                      else f"{row['kdbkit_tflops']:.0f} TFLOP/s (torch {row['torch_tflops']:.0f})")
             q1, q3 = row["speedup_quartiles"]
             print(f"{row['primitive']:24s} {row['type']}: kdbkit {row['kdbkit_ms']:8.4f} ms  torch {row['torch_ms']:8.4f} "
@@ -436,6 +460,8 @@ def write_report(result: dict, out: Path, stem: str = "bench_primitives") -> Non
             ours, theirs = f"{r['kdbkit_tflops']:.0f} TFLOP/s", f"{r['torch_tflops']:.0f} TFLOP/s"
         else:
             ours, theirs = f"{r['kdbkit_copy_share']:.0%} of copy", f"{r['torch_copy_share']:.0%} of copy"
+            if "same_size_copy_gbs" in r:  # the copy of the same bytes, which a small case's launch costs cap
+                ours += f" ({r['kdbkit_same_size_share']:.0%} of a same-size copy's {r['same_size_copy_gbs']:.0f} GB/s)"
         q1, q3 = r["speedup_quartiles"]
         each = " ".join(f"{v:.3f}" for v in r.get("placement_speedups", []))
         lines.append(f"| {r['primitive']} | {r['type']} | {r['kdbkit_ms']:.4f} | {r['torch_ms']:.4f} | "

@@ -117,6 +117,7 @@ def test_bench_primitives_one_case_on_cuda(tmp_path):
     done = run_script("bench_primitives.py", "--only", "relu fp16", "--iters", "2", "--blocks", "1",
                       "--placements", "1", "--out", str(tmp_path / "out"), cwd=tmp_path)
     assert "placement 0:" in done.stdout  # at least one case matched and ran
+    assert "of a same-size copy" in done.stdout  # a memory-bound case beside a copy of its bytes
 
 
 @pytest.mark.gpu
