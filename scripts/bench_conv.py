@@ -134,9 +134,14 @@ def selected(args) -> list[tuple[str, list]]:
         chosen = [("set", spread(problem_set(), args.layers))]
     else:
         chosen = [(model, MODELS[model]()[:args.layers]) for model in args.models]
-    texts = [text for text in args.only.split(",") if text] or [""]
-    return [(model, [c for c in layers if any(text in f"{model} {c.name}" for text in texts)])
-            for model, layers in chosen]
+    return [(model, [c for c in layers if picked(args.only, f"{model} {c.name}")]) for model, layers in chosen]
+
+
+def picked(only: str, name: str) -> bool:
+    """Whether ``name`` ('<model> <layer>') contains one of --only's comma-separated texts (any
+    name, where --only is empty)."""
+    texts = [text for text in only.split(",") if text]
+    return not texts or any(text in name for text in texts)
 
 
 def stem_for(chosen_set: str, mode: str, graph: int) -> str:

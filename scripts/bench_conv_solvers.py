@@ -23,12 +23,11 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 import conv_problems  # noqa: E402
-from bench_conv import Parser, _count  # noqa: E402  (a bad option: one line)
+from bench_conv import LAYOUTS, Parser, _count, picked  # noqa: E402  (a bad option: one line)
 from bench_primitives import timed_pair  # noqa: E402
 
 MODELS = {**conv_problems.MODELS, "problems": conv_problems.problem_set}
 TYPES = ("fp32", "fp16", "bf16")
-LAYOUTS = ("NCHW", "NHWC")
 
 
 def _choices(text: str, allowed, what: str, parser) -> list[str]:
@@ -72,7 +71,7 @@ def layers(args) -> list[tuple[str, object]]:
                 continue
             if args.only_grouped and layer.groups == 1:
                 continue
-            if args.only and not any(text in f"{model} {layer.name}" for text in args.only.split(",") if text):
+            if not picked(args.only, f"{model} {layer.name}"):
                 continue
             kept.append((model, layer))
     return kept

@@ -322,10 +322,8 @@ def main() -> int:
                 resolve_s = time.perf_counter() - started
                 if extra and placement == 0:
                     extras.setdefault((name, label), {}).update(extra[0]())
-                if not flops and placement == 0:  # a memory-bound case: the same bytes copied, for scale
-                    if nbytes not in same_size:
-                        same_size[nbytes] = same_size_copy_gbs(nbytes, args.iters, args.blocks, args.graph, h)
-                    extras.setdefault((name, label), {})["same_size_copy_gbs"] = same_size[nbytes]
+                if not flops and nbytes not in same_size:  # a memory-bound case: the same bytes copied, for scale
+                    same_size[nbytes] = same_size_copy_gbs(nbytes, args.iters, args.blocks, args.graph, h)
                 calls = 1
                 if args.graph:
                     try:
@@ -339,11 +337,8 @@ def main() -> int:
                 runs.setdefault((name, label), []).append((t_ours, t_torch, ratios, resolve_s, nbytes, flops))
                 print(f"placement {placement}: {name:32s} {label}: kdbkit {t_ours:8.4f} ms  torch {t_torch:8.4f} ms  "
                       f"x{statistics.median(ratios):5.3f}", flush=True)
-        rows = [{**summary_row(name, label, found, copy_gbs), **extras.get((name, label), {})}
-                for (name, label), found in runs.items()]
-        for row in rows:
-            if "same_size_copy_gbs" in row:
-                row["kdbkit_same_size_share"] = row["kdbkit_gbs"] / row["same_size_copy_gbs"]
+        rows = [{**summary_row(name, label, found, copy_gbs, same_size.get(found[0][4])),
+                 **extras.get((name, label), {})} for (name, label), found in runs.items()]
         for row in rows:
             flops = "kdbkit_tflops" in row
             share = (f"{row['kdbkit_copy_share']:.0%} of copy (torch {row['torch_copy_share']:.0%}; "
@@ -379,10 +374,11 @@ def git_commit() -> str:
         return ""
 
 
-def summary_row(name: str, label: str, runs: list, copy_gbs: float) -> dict:
+def summary_row(name: str, label: str, runs: list, copy_gbs: float, same_size_gbs: float | None = None) -> dict:
     """One case's row from its placements' (kdbkit ms, torch ms, ratios, first call s, bytes,
     flops): each time the median over placements, the speedup their ratio, the quartiles those
-    of every pair of blocks, and each placement's speedup beside."""
+    of every pair of blocks, and each placement's speedup beside; a memory-bound case's shares of
+    ``copy_gbs`` and (where timed) of ``same_size_gbs``, a copy of its own bytes."""
     t_ours = statistics.median(r[0] for r in runs)
     t_torch = statistics.median(r[1] for r in runs)
     ratios = [q for r in runs for q in r[2]]
@@ -398,6 +394,8 @@ def summary_row(name: str, label: str, runs: list, copy_gbs: float) -> dict:
         row.update(kdbkit_gbs=nbytes / t_ours / 1e6, torch_gbs=nbytes / t_torch / 1e6,
                    kdbkit_copy_share=nbytes / t_ours / 1e6 / copy_gbs,
                    torch_copy_share=nbytes / t_torch / 1e6 / copy_gbs)
+        if same_size_gbs:
+            row.update(same_size_copy_gbs=same_size_gbs, kdbkit_same_size_share=nbytes / t_ours / 1e6 / same_size_gbs)
     return row
 
 
@@ -461,7 +459,8 @@ def write_report(result: dict, out: Path, stem: str = "bench_primitives") -> Non
         else:
             ours, theirs = f"{r['kdbkit_copy_share']:.0%} of copy", f"{r['torch_copy_share']:.0%} of copy"
             if "same_size_copy_gbs" in r:  # the copy of the same bytes, which a small case's launch costs cap
-                ours += f" ({r['kdbkit_same_size_share']:.0%} of a same-size copy's {r['same_size_copy_gbs']:.0f} GB/s)"
+                ours += (f" ({r['kdbkit_same_size_share']:.0%} of a same-size copy's "
+                         f"{r['same_size_copy_gbs']:.0f} GB/s)")
         q1, q3 = r["speedup_quartiles"]
         each = " ".join(f"{v:.3f}" for v in r.get("placement_speedups", []))
         lines.append(f"| {r['primitive']} | {r['type']} | {r['kdbkit_ms']:.4f} | {r['torch_ms']:.4f} | "

@@ -26,7 +26,8 @@ def _subset(result: dict) -> str:
     if result.get("merged"):
         text += " Rows of " + str(len(result["merged"])) + " runs: " + "; ".join(
             f"{m['file']} ({m['rows']} rows, commit {m['commit']}"
-            + (f", --layers {m['layers']}" if m.get("layers") else "") + (f", only '{m['only']}'" if m.get("only") else "")
+            + (f", --layers {m['layers']}" if m.get("layers") else "")
+            + (f", only '{m['only']}'" if m.get("only") else "")
             + (", **stopped before its end**" if m.get("stopped") else "") + ")" for m in result["merged"]) + "."
     if result.get("failed"):
         text += f" **{result['failed']} measurements failed: their rows say why.**"

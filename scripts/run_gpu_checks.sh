@@ -113,7 +113,8 @@ fi
 # tree's dependencies, in BASE_SITE: PART=compare and PART=ab measure both trees in one call.
 BASE_SITE=/tmp/site-base
 install_baseline() {
-    [ -d "${BASE:-}" ] || { echo "BASE=<folder holding the baseline tree> is needed (e.g. git archive main)" >&2; exit 1; }
+    [ -d "${BASE:-}" ] ||
+        { echo "BASE=<folder holding the baseline tree> is needed (e.g. git archive main)" >&2; exit 1; }
     rm -rf "$BASE_SITE" /tmp/kdbkit-base-wheel && cp -r "$SITE" "$BASE_SITE"
     (cd "$BASE" && python3 -m pip wheel -q --no-deps --no-build-isolation --no-index -w /tmp/kdbkit-base-wheel .) &&
         python3 -m pip install -q --no-index --no-deps --upgrade --target "$BASE_SITE" /tmp/kdbkit-base-wheel/kdbkit-*.whl ||

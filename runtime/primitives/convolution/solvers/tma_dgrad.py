@@ -19,8 +19,9 @@ Channels-last tensors go as they are; an NCHW dy is staged channels-last as the 
 solver stages x, and the kernel writes dx's planes itself, as the forward's y. An NCHW 1 x 1
 one without padding is the batched GEMM dx[n] (C x HW) = w^T (C x K) dy[n] (K x HW): it runs
 through GemmTma's invoker (A transposed, on the tensors as they are) where H W and C are
-multiples of 8 and the tile is 256 or 128 wide, as the forward's 1 x 1 convolutions do. A stride above 1 is ConvTmaBwdDataStrided's (tma_sdgrad: one forward
-convolution per output phase).
+multiples of 8 and the tile is 256 or 128 wide, as the forward's 1 x 1 convolutions do. A
+stride above 1 is ConvTmaBwdDataStrided's (tma_sdgrad: one forward convolution per output
+phase).
 """
 
 from __future__ import annotations
